@@ -3,7 +3,19 @@
 //! See `README.md` for what it is and `AGENTS.md` for where things live.
 #![forbid(unsafe_code)]
 
+pub mod config;
+pub mod counters;
+pub mod driver;
+pub mod error;
 pub mod limits;
+pub mod oob;
+pub mod rml;
+pub mod routed;
+
+pub use counters::Counters;
+pub use driver::{Daemon, Handle, StopReason, start};
+pub use error::{RecvError, SendError, StartError};
+pub use rml::{Message, Peer, Tag};
 
 /// A daemon's rank in the DVM: 0 is the root (the HNP), ranks run `0..size`.
 pub type Rank = u32;

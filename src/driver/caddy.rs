@@ -1,0 +1,47 @@
+//! The commands ("caddies") that other threads hand to a daemon's loop thread, as PRRTE
+//! thread-shifts every API call onto its progress thread.
+
+use crate::error::SendError;
+use crate::rml::{Message, Peer, Tag};
+use crate::{Counters, Rank};
+use bytes::Bytes;
+use crossbeam_channel::Sender;
+
+/// Called once on the loop thread when a send is finished: `Ok` once the frame was handed to the
+/// kernel (or delivered locally), an error when it could not be carried.
+pub type Completion = Box<dyn FnOnce(Result<(), SendError>) + Send + 'static>;
+
+/// Called on the loop thread for every message a receive matches.
+pub type RecvCallback = Box<dyn FnMut(Message) + Send + 'static>;
+
+pub(crate) enum Caddy {
+    Send {
+        dst: Rank,
+        tag: Tag,
+        payload: Bytes,
+        done: Option<Completion>,
+    },
+    Broadcast {
+        tag: Tag,
+        payload: Bytes,
+        done: Option<Completion>,
+    },
+    Recv {
+        peer: Peer,
+        tag: Tag,
+        persistent: bool,
+        callback: RecvCallback,
+    },
+    Cancel {
+        peer: Peer,
+        tag: Tag,
+    },
+    Purge {
+        peer: Rank,
+    },
+    Counters(Sender<Counters>),
+    /// Stop this daemon; with `dvm` (rank 0 only) first tell every daemon to stop.
+    Shutdown {
+        dvm: bool,
+    },
+}

@@ -1,0 +1,137 @@
+//! One TCP connection as the loop sees it: the socket, its incremental frame decoder, its
+//! bounded send queue (with the completions of the frames in it), and its handshake state.
+
+use super::caddy::Completion;
+use crate::Rank;
+use crate::limits;
+use crate::oob::frame::FrameDecoder;
+use crate::oob::handshake::Handshake;
+use crate::oob::header::Header;
+use crate::oob::send_queue::{QueueFull, SendQueue};
+use bytes::Bytes;
+use mio::net::TcpStream;
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Write};
+use std::net::SocketAddr;
+
+pub(crate) enum ConnState {
+    /// Our non-blocking connect is in progress.
+    Connecting,
+    /// Exchanging Hello / HelloAck; no data frames yet.
+    Handshaking(Box<Handshake>),
+    /// Data frames flow.
+    Established,
+}
+
+pub(crate) struct Conn {
+    pub stream: TcpStream,
+    pub addr: SocketAddr,
+    pub state: ConnState,
+    /// The rank we dialled, for an outgoing connection.
+    pub dialled: Option<Rank>,
+    /// The peer's rank, once the handshake named it.
+    pub peer: Option<Rank>,
+    /// Distinguishes this connection from a later one in the same slab slot (stale timers).
+    pub generation: u64,
+    pub decoder: FrameDecoder,
+    pub queue: SendQueue,
+    /// One entry per frame in `queue`, in the same order.
+    pub completions: VecDeque<Option<Completion>>,
+    next_seq: u64,
+}
+
+impl Conn {
+    pub(crate) fn new(
+        stream: TcpStream,
+        addr: SocketAddr,
+        state: ConnState,
+        dialled: Option<Rank>,
+        generation: u64,
+        send_queue_max_bytes: usize,
+    ) -> Self {
+        Conn {
+            stream,
+            addr,
+            state,
+            dialled,
+            peer: None,
+            generation,
+            decoder: FrameDecoder::new(limits::HANDSHAKE_MAX_PAYLOAD),
+            queue: SendQueue::new(send_queue_max_bytes),
+            completions: VecDeque::new(),
+            next_seq: 0,
+        }
+    }
+
+    pub(crate) fn is_established(&self) -> bool {
+        matches!(self.state, ConnState::Established)
+    }
+
+    /// Queues one frame, stamping the link's next sequence number. On `QueueFull` the
+    /// completion is handed back so the caller can fail it.
+    pub(crate) fn push(
+        &mut self,
+        mut header: Header,
+        payload: Bytes,
+        done: Option<Completion>,
+    ) -> Result<(), (QueueFull, Option<Completion>)> {
+        header.seq = self.next_seq;
+        match self.queue.push(&header, payload) {
+            Ok(()) => {
+                self.next_seq += 1;
+                self.completions.push_back(done);
+                Ok(())
+            }
+            Err(e) => Err((e, done)),
+        }
+    }
+
+    /// Writes as much of the queue as the socket takes, many frames per `writev`. Returns the
+    /// completions of the frames fully written; `WouldBlock` is not an error (the writable event
+    /// resumes it).
+    pub(crate) fn flush(&mut self, completed: &mut Vec<Option<Completion>>) -> io::Result<()> {
+        let mut rounds = 0;
+        while !self.queue.is_empty() && rounds < limits::WRITES_PER_FLUSH_MAX {
+            rounds += 1;
+            let mut iov = [IoSlice::new(&[]); limits::IOV_MAX_SLICES];
+            let n = self.queue.io_slices(&mut iov);
+            if n == 0 {
+                break;
+            }
+            let written = match self.stream.write_vectored(&iov[..n]) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
+                Ok(w) => w,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            let frames = self.queue.advance(written);
+            for _ in 0..frames {
+                completed.push(self.completions.pop_front().flatten());
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes back the frames not yet started, with their completions, so they can be sent on
+    /// another connection. The completion of a frame cut off mid-write is returned separately:
+    /// that frame is lost with the connection.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn take_unsent(
+        &mut self,
+    ) -> (
+        Vec<(Header, Bytes, Option<Completion>)>,
+        Vec<Option<Completion>>,
+    ) {
+        let frames = self.queue.drain_unsent();
+        let keep = self.completions.len().saturating_sub(frames.len());
+        let tail = self.completions.split_off(keep);
+        let lost: Vec<_> = self.completions.drain(..).collect();
+        let unsent = frames
+            .into_iter()
+            .zip(tail)
+            .map(|((h, p), d)| (h, p, d))
+            .collect();
+        (unsent, lost)
+    }
+}

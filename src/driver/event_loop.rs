@@ -1,0 +1,1295 @@
+//! The daemon's one loop: a `mio::Poll` that owns every piece of the daemon's state — sockets,
+//! peers, routing, receive matching, wire-up and timers. Nothing else touches that state; other
+//! threads reach it through [`Caddy`] commands.
+//!
+//! One turn of the loop: drain commands (bounded batch), deliver local messages, flush the
+//! connections that got frames (so a burst coalesces into one `writev` per peer), poll with the
+//! nearest timer as timeout, handle socket events, fire expired timers.
+
+use super::caddy::{Caddy, Completion, RecvCallback};
+use super::conn::{Conn, ConnState};
+use super::handle::{Shared, StopReason, lock};
+use super::timers::{TimerKind, Timers};
+use super::wireup::{self, WireupCollector};
+use crate::config::Config;
+use crate::counters::Counters;
+use crate::error::SendError;
+use crate::limits;
+use crate::oob::frame::Frame;
+use crate::oob::handshake::{Handshake, HandshakeConfig, HandshakeEvent, keep_dialled_by};
+use crate::oob::header::{Header, Kind};
+use crate::oob::uri::ContactUri;
+use crate::rml::{Dispatch, Matcher, Message, Peer, ReceiveId, TAG_USER_MIN, Tag};
+use crate::routed::{Route, RoutingState, Scope};
+use crate::Rank;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use crossbeam_channel::Receiver;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+use slab::Slab;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{self, Read};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+pub(crate) const WAKER_TOKEN: Token = Token(usize::MAX);
+/// Listener i uses token `LISTENER_TOKEN_BASE - i`.
+pub(crate) const LISTENER_TOKEN_BASE: usize = usize::MAX - 1;
+
+/// A frame waiting for a connection to its next hop.
+struct Pending {
+    header: Header,
+    payload: Bytes,
+    done: Option<Completion>,
+}
+
+/// What this daemon knows of one neighbour it talks to directly.
+#[derive(Default)]
+struct Link {
+    /// The established connection.
+    conn: Option<usize>,
+    /// Our outgoing attempt, connecting or handshaking.
+    dialing: Option<usize>,
+    /// Frames waiting for `conn` (bounded by `send_queue_max_bytes`).
+    pending: VecDeque<Pending>,
+    pending_bytes: usize,
+    /// Consecutive failed dial attempts.
+    attempt: u32,
+    redial_armed: bool,
+}
+
+enum Wire {
+    /// Rank 0 collecting reports.
+    Collecting(WireupCollector),
+    /// Waiting for the contact table; sends are held (bounded).
+    Waiting,
+    Wired,
+}
+
+pub(crate) struct EventLoop {
+    poll: Poll,
+    shared: Arc<Shared>,
+    rx: Receiver<Caddy>,
+    cfg: Config,
+    me: Rank,
+    size: u32,
+    epoch: u64,
+    hs_cfg: HandshakeConfig,
+    uri: ContactUri,
+    routing: RoutingState,
+    listeners: Vec<TcpListener>,
+    conns: Slab<Conn>,
+    next_generation: u64,
+    links: HashMap<Rank, Link>,
+    contacts: Vec<Option<ContactUri>>,
+    matcher: Matcher,
+    receives: HashMap<ReceiveId, (Peer, Tag, RecvCallback)>,
+    timers: Timers,
+    wire: Wire,
+    prewire: VecDeque<Caddy>,
+    local: VecDeque<Message>,
+    dirty: Vec<usize>,
+    readable_again: HashSet<usize>,
+    counters: Counters,
+    stopping: Option<StopReason>,
+}
+
+impl EventLoop {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        poll: Poll,
+        shared: Arc<Shared>,
+        rx: Receiver<Caddy>,
+        cfg: Config,
+        routing: RoutingState,
+        listeners: Vec<TcpListener>,
+        uri: ContactUri,
+        hnp: Option<ContactUri>,
+    ) -> Self {
+        let me = routing.me();
+        let size = routing.size();
+        let epoch = 0;
+        let hs_cfg = HandshakeConfig {
+            me,
+            size,
+            epoch,
+            dvm_id: cfg.dvm_id.clone(),
+        };
+        let mut contacts = vec![None; size as usize];
+        let wire = if me == 0 {
+            Wire::Collecting(WireupCollector::new(size, uri.clone()))
+        } else {
+            if let (Some(slot), Some(h)) = (contacts.get_mut(0), hnp) {
+                *slot = Some(h);
+            }
+            Wire::Waiting
+        };
+        EventLoop {
+            poll,
+            shared,
+            rx,
+            matcher: Matcher::new(cfg.unmatched_max),
+            cfg,
+            me,
+            size,
+            epoch,
+            hs_cfg,
+            uri,
+            routing,
+            listeners,
+            conns: Slab::new(),
+            next_generation: 0,
+            links: HashMap::new(),
+            contacts,
+            receives: HashMap::new(),
+            timers: Timers::default(),
+            wire,
+            prewire: VecDeque::new(),
+            local: VecDeque::new(),
+            dirty: Vec::new(),
+            readable_again: HashSet::new(),
+            counters: Counters::default(),
+            stopping: None,
+        }
+    }
+
+    /// Runs until the daemon stops. Never panics on network input; returns after closing every
+    /// socket and failing every pending send.
+    pub(crate) fn run(mut self) {
+        if let Err(e) = self.run_inner() {
+            log::error!("rank {}: event loop failed: {e}", self.me);
+            self.stopping = Some(StopReason::Fatal(e.to_string()));
+        }
+        self.finish();
+    }
+
+    fn run_inner(&mut self) -> io::Result<()> {
+        for (i, l) in self.listeners.iter_mut().enumerate() {
+            self.poll
+                .registry()
+                .register(l, Token(LISTENER_TOKEN_BASE - i), Interest::READABLE)?;
+        }
+        self.start_wireup();
+        let mut events = Events::with_capacity(limits::POLL_EVENTS_MAX);
+        loop {
+            let drained_all = self.drain_commands();
+            self.deliver_local();
+            self.flush_dirty();
+            if self.ready_to_exit() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            let mut timeout = self.timers.poll_timeout(now);
+            if !drained_all || !self.local.is_empty() || !self.readable_again.is_empty() {
+                timeout = Some(Duration::ZERO);
+            }
+            if timeout != Some(Duration::ZERO) {
+                // Announce sleep, then re-check: a command pushed after this store sees
+                // `asleep` and wakes us; one pushed before it is seen by `is_empty`.
+                self.shared.asleep.store(true, Ordering::SeqCst);
+                if !self.rx.is_empty() {
+                    timeout = Some(Duration::ZERO);
+                }
+            }
+            let res = self.poll.poll(&mut events, timeout);
+            self.shared.asleep.store(false, Ordering::SeqCst);
+            match res {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    WAKER_TOKEN => {}
+                    Token(t) if t > LISTENER_TOKEN_BASE - self.listeners.len() => {
+                        self.accept(LISTENER_TOKEN_BASE - t);
+                    }
+                    Token(t) => {
+                        if ev.is_writable() {
+                            self.on_writable(t);
+                        }
+                        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                            self.on_readable(t);
+                        }
+                    }
+                }
+            }
+            let again: Vec<usize> = self.readable_again.drain().collect();
+            for t in again {
+                self.on_readable(t);
+            }
+            self.fire_timers();
+        }
+    }
+
+    // ----- commands -------------------------------------------------------------------------
+
+    /// Drains at most a batch of commands; returns whether the channel is now empty.
+    fn drain_commands(&mut self) -> bool {
+        for _ in 0..limits::COMMANDS_PER_TURN_MAX {
+            match self.rx.try_recv() {
+                Ok(c) => {
+                    self.counters.commands += 1;
+                    self.command(c);
+                }
+                Err(_) => return true,
+            }
+        }
+        false
+    }
+
+    fn command(&mut self, c: Caddy) {
+        if self.stopping.is_some() {
+            self.refuse(c);
+            return;
+        }
+        match c {
+            Caddy::Send {
+                dst,
+                tag,
+                payload,
+                done,
+            } => {
+                if !matches!(self.wire, Wire::Wired) && dst != self.me {
+                    if self.prewire.len() >= self.cfg.prewire_queue_max {
+                        complete(done, Err(SendError::Busy("the pre-wire-up queue")));
+                    } else {
+                        self.prewire.push_back(Caddy::Send {
+                            dst,
+                            tag,
+                            payload,
+                            done,
+                        });
+                    }
+                    return;
+                }
+                self.counters.sent += 1;
+                self.send(dst, tag, payload, done);
+            }
+            Caddy::Broadcast { tag, payload, done } => {
+                if !matches!(self.wire, Wire::Wired) {
+                    if self.prewire.len() >= self.cfg.prewire_queue_max {
+                        complete(done, Err(SendError::Busy("the pre-wire-up queue")));
+                    } else {
+                        self.prewire
+                            .push_back(Caddy::Broadcast { tag, payload, done });
+                    }
+                    return;
+                }
+                self.broadcast(tag, payload, done);
+            }
+            Caddy::Recv {
+                peer,
+                tag,
+                persistent,
+                callback,
+            } => match self.matcher.post(peer, tag, persistent) {
+                Ok((id, deliveries)) => {
+                    self.receives.insert(id, (peer, tag, callback));
+                    for d in deliveries {
+                        self.dispatch(d);
+                    }
+                }
+                Err(e) => log::warn!("rank {}: {e}", self.me),
+            },
+            Caddy::Cancel { peer, tag } => {
+                if let Some(id) = self.matcher.cancel(peer, tag) {
+                    self.receives.remove(&id);
+                }
+            }
+            Caddy::Purge { peer } => {
+                let (ids, dropped) = self.matcher.purge(peer);
+                for id in ids {
+                    self.receives.remove(&id);
+                }
+                log::debug!("rank {}: purged rank {peer} ({dropped} held messages)", self.me);
+            }
+            Caddy::Counters(tx) => {
+                let _ = tx.send(self.snapshot());
+            }
+            Caddy::Shutdown { dvm } => {
+                if dvm && self.me == 0 {
+                    self.xcast(0, wireup::TAG_SHUTDOWN, Bytes::new(), None);
+                }
+                self.begin_stop(StopReason::Requested);
+            }
+        }
+    }
+
+    /// Answers a command that arrives while stopping.
+    fn refuse(&mut self, c: Caddy) {
+        match c {
+            Caddy::Send { done, .. } | Caddy::Broadcast { done, .. } => {
+                complete(done, Err(SendError::ShutDown))
+            }
+            Caddy::Recv { peer, tag, .. } => {
+                lock(&self.shared.posted).remove(&(peer, tag));
+            }
+            Caddy::Counters(tx) => {
+                let _ = tx.send(self.snapshot());
+            }
+            Caddy::Cancel { .. } | Caddy::Purge { .. } | Caddy::Shutdown { .. } => {}
+        }
+    }
+
+    fn snapshot(&self) -> Counters {
+        let mut c = self.counters.clone();
+        c.wakeups = self.shared.wakeups.load(Ordering::Relaxed);
+        c.connections = self.conns.len() as u64;
+        c.parent = self.routing.parent();
+        c.children = self.routing.children().to_vec();
+        c.epoch = self.epoch;
+        c
+    }
+
+    // ----- sending and routing --------------------------------------------------------------
+
+    fn header(&self, kind: Kind, origin: Rank, dst: Rank, tag: Tag, len: usize) -> Header {
+        Header {
+            kind,
+            origin,
+            dst,
+            tag,
+            epoch: self.epoch,
+            seq: 0,
+            len: len as u32,
+        }
+    }
+
+    /// Sends a message originated here (user or runtime tag) along the tree.
+    fn send(&mut self, dst: Rank, tag: Tag, payload: Bytes, done: Option<Completion>) {
+        if dst == self.me {
+            self.local.push_back(Message {
+                origin: self.me,
+                tag,
+                payload,
+            });
+            complete(done, Ok(()));
+            return;
+        }
+        let header = self.header(Kind::Msg, self.me, dst, tag, payload.len());
+        self.forward(header, payload, done);
+    }
+
+    /// Routes a point-to-point frame one hop towards its destination.
+    fn forward(&mut self, header: Header, payload: Bytes, done: Option<Completion>) {
+        let dst = header.dst;
+        match self.routing.route(dst) {
+            Route::Local => {
+                // Only reachable for frames addressed to us, which are delivered before.
+                complete(done, Ok(()));
+            }
+            Route::Parent(hop) | Route::Child(hop) => self.enqueue(hop, header, payload, done),
+            Route::Unreachable => {
+                self.counters.dropped_unreachable += 1;
+                let err = if self.routing.is_failed(dst) {
+                    SendError::NodeDown(dst)
+                } else {
+                    SendError::Unreachable(dst)
+                };
+                log::debug!("rank {}: dropping frame for {dst}: {err}", self.me);
+                complete(done, Err(err));
+            }
+        }
+    }
+
+    /// Queues a frame for a directly connected neighbour, dialling it if needed.
+    fn enqueue(&mut self, peer: Rank, header: Header, payload: Bytes, done: Option<Completion>) {
+        let link = self.links.entry(peer).or_default();
+        if let Some(tok) = link.conn {
+            if let Some(conn) = self.conns.get_mut(tok) {
+                match conn.push(header, payload, done) {
+                    Ok(()) => self.dirty.push(tok),
+                    Err((_, done)) => complete(done, Err(SendError::Busy("the peer's send queue"))),
+                }
+                return;
+            }
+        }
+        let len = payload.len() + crate::oob::header::HEADER_LEN;
+        if !link.pending.is_empty() && link.pending_bytes + len > self.cfg.send_queue_max_bytes {
+            complete(done, Err(SendError::Busy("the peer's send queue")));
+            return;
+        }
+        link.pending_bytes += len;
+        link.pending.push_back(Pending {
+            header,
+            payload,
+            done,
+        });
+        self.ensure_dial(peer);
+    }
+
+    fn broadcast(&mut self, tag: Tag, payload: Bytes, done: Option<Completion>) {
+        if self.me == 0 {
+            self.xcast(0, tag, payload, done);
+        } else {
+            let mut b = BytesMut::with_capacity(4 + payload.len());
+            b.put_u32(tag);
+            b.put_slice(&payload);
+            self.counters.sent += 1;
+            self.send(0, wireup::TAG_BCAST_REQUEST, b.freeze(), done);
+        }
+    }
+
+    /// Rank 0: sends a broadcast down the tree and delivers it here.
+    fn xcast(&mut self, origin: Rank, tag: Tag, payload: Bytes, done: Option<Completion>) {
+        let header = self.header(Kind::Xcast, origin, 0, tag, payload.len());
+        self.xcast_children(header, &payload);
+        complete(done, Ok(()));
+        self.xcast_deliver(header, payload);
+    }
+
+    /// Forwards one broadcast frame to every child: the payload is shared, never copied.
+    fn xcast_children(&mut self, header: Header, payload: &Bytes) {
+        let children: Vec<Rank> = self.routing.children().to_vec();
+        for c in children {
+            let mut h = header;
+            h.dst = c;
+            self.counters.xcast_forwarded += 1;
+            self.enqueue(c, h, payload.clone(), None);
+        }
+    }
+
+    fn xcast_deliver(&mut self, header: Header, payload: Bytes) {
+        match header.tag {
+            wireup::TAG_SHUTDOWN => {
+                log::info!("rank {}: the DVM is shutting down", self.me);
+                self.begin_stop(StopReason::DvmShutdown);
+            }
+            wireup::TAG_WIREUP_TABLE => {}
+            t if t >= TAG_USER_MIN => self.deliver(Message {
+                origin: header.origin,
+                tag: t,
+                payload,
+            }),
+            t => log::warn!("rank {}: broadcast with unknown runtime tag {t} dropped", self.me),
+        }
+    }
+
+    // ----- delivery -------------------------------------------------------------------------
+
+    fn deliver_local(&mut self) {
+        // Bounded by the messages queued before this turn; callbacks may queue more.
+        for _ in 0..self.local.len() {
+            match self.local.pop_front() {
+                Some(m) => self.deliver(m),
+                None => break,
+            }
+        }
+    }
+
+    fn deliver(&mut self, msg: Message) {
+        if msg.tag < TAG_USER_MIN {
+            self.runtime_message(msg);
+            return;
+        }
+        let d = self.matcher.handle_message(msg);
+        self.dispatch(d);
+    }
+
+    fn dispatch(&mut self, d: Dispatch) {
+        match d {
+            Dispatch::Deliver { id, retired, msg } => {
+                self.counters.delivered += 1;
+                if retired {
+                    if let Some((peer, tag, mut cb)) = self.receives.remove(&id) {
+                        lock(&self.shared.posted).remove(&(peer, tag));
+                        cb(msg);
+                    }
+                } else if let Some((_, _, cb)) = self.receives.get_mut(&id) {
+                    cb(msg);
+                }
+            }
+            Dispatch::Held => {}
+            Dispatch::HeldEvicted(old) => {
+                self.counters.dropped_unmatched += 1;
+                log::warn!(
+                    "rank {}: unmatched list full; dropped the oldest held message (from {}, tag {})",
+                    self.me,
+                    old.origin,
+                    old.tag
+                );
+            }
+        }
+    }
+
+    fn runtime_message(&mut self, msg: Message) {
+        match msg.tag {
+            wireup::TAG_WIREUP_REPORT if self.me == 0 => {
+                match wireup::decode_report(msg.origin, &msg.payload) {
+                    Ok(uri) => {
+                        log::debug!("rank 0: rank {} reported {uri}", msg.origin);
+                        let done = match &mut self.wire {
+                            Wire::Collecting(c) => c.record(uri),
+                            _ => {
+                                log::warn!(
+                                    "rank 0: late wire-up report from rank {} ignored",
+                                    msg.origin
+                                );
+                                false
+                            }
+                        };
+                        if done {
+                            self.finish_wireup();
+                        }
+                    }
+                    Err(e) => log::warn!("rank 0: bad report from rank {}: {e}", msg.origin),
+                }
+            }
+            wireup::TAG_BCAST_REQUEST if self.me == 0 => {
+                let mut p = msg.payload;
+                if p.len() < 4 {
+                    log::warn!("rank 0: short broadcast request from rank {}", msg.origin);
+                    return;
+                }
+                let tag = p.get_u32();
+                if tag < TAG_USER_MIN {
+                    log::warn!("rank 0: broadcast request with reserved tag {tag} refused");
+                    return;
+                }
+                if matches!(self.wire, Wire::Wired) {
+                    self.xcast(msg.origin, tag, p, None);
+                }
+            }
+            t => log::warn!(
+                "rank {}: message with unexpected runtime tag {t} from {} dropped",
+                self.me,
+                msg.origin
+            ),
+        }
+    }
+
+    // ----- wire-up --------------------------------------------------------------------------
+
+    fn start_wireup(&mut self) {
+        if self.me == 0 {
+            if self.size == 1 {
+                self.finish_wireup();
+            } else {
+                let at = Instant::now() + Duration::from_millis(self.cfg.wireup_timeout_ms);
+                self.timers.arm(at, TimerKind::Wireup);
+            }
+            return;
+        }
+        let report = Bytes::from(self.uri.to_string());
+        let header = self.header(Kind::Msg, self.me, 0, wireup::TAG_WIREUP_REPORT, report.len());
+        // Straight to rank 0, not along the tree: nobody knows the tree's addresses yet.
+        self.enqueue(0, header, report, None);
+    }
+
+    /// Rank 0: every rank reported, or time ran out. Ranks that never reported are failed.
+    fn finish_wireup(&mut self) {
+        let Wire::Collecting(c) = &self.wire else {
+            return;
+        };
+        let missing = c.missing();
+        let table = c.encode();
+        self.contacts = c.contacts().to_vec();
+        if !missing.is_empty() {
+            log::warn!(
+                "rank 0: wire-up without {} daemon(s) that never reported: {:?}",
+                missing.len(),
+                missing
+            );
+            if let Err(e) = self.routing.fail(&missing, Scope::Global, Some(self.epoch)) {
+                log::error!("rank 0: cannot mark missing ranks failed: {e}");
+            }
+        }
+        self.wire = Wire::Wired;
+        log::info!("rank 0: wire-up complete, {} daemons", self.size as usize - missing.len());
+        self.xcast(0, wireup::TAG_WIREUP_TABLE, table, None);
+        self.wired();
+    }
+
+    fn apply_table(&mut self, payload: &[u8]) {
+        if matches!(self.wire, Wire::Wired) {
+            return;
+        }
+        let table = match wireup::decode_table(self.size, payload) {
+            Ok(t) => t,
+            Err(e) => {
+                log::error!("rank {}: bad contact table: {e}", self.me);
+                return;
+            }
+        };
+        let missing: Vec<Rank> = table
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_none())
+            .map(|(r, _)| r as Rank)
+            .collect();
+        if missing.contains(&self.me) {
+            log::error!(
+                "rank {}: the DVM started without this daemon (its report came too late)",
+                self.me
+            );
+            self.begin_stop(StopReason::Fatal("left out of wire-up".into()));
+            return;
+        }
+        if !missing.is_empty() {
+            if let Err(e) = self.routing.fail(&missing, Scope::Global, Some(self.epoch)) {
+                log::error!("rank {}: bad failed list in contact table: {e}", self.me);
+            }
+        }
+        self.contacts = table;
+        self.wire = Wire::Wired;
+        log::info!(
+            "rank {}: wired up (parent {:?}, {} children)",
+            self.me,
+            self.routing.parent(),
+            self.routing.children().len()
+        );
+        self.wired();
+    }
+
+    fn wired(&mut self) {
+        self.shared.set_wired();
+        let held: Vec<Caddy> = self.prewire.drain(..).collect();
+        for c in held {
+            self.command(c);
+        }
+    }
+
+    // ----- connections ----------------------------------------------------------------------
+
+    fn ensure_dial(&mut self, peer: Rank) {
+        let link = self.links.entry(peer).or_default();
+        if link.conn.is_none() && link.dialing.is_none() && !link.redial_armed {
+            self.dial(peer);
+        }
+    }
+
+    fn dial(&mut self, peer: Rank) {
+        let addrs: Vec<SocketAddr> = self
+            .contacts
+            .get(peer as usize)
+            .and_then(|c| c.as_ref())
+            .map(|c| c.addrs.clone())
+            .unwrap_or_default();
+        let attempt = self.links.get(&peer).map_or(0, |l| l.attempt);
+        let Some(addr) = addrs.get(attempt as usize % addrs.len().max(1)).copied() else {
+            log::warn!("rank {}: no address known for rank {peer}", self.me);
+            self.give_up(peer, SendError::Unreachable(peer));
+            return;
+        };
+        let mut stream = match TcpStream::connect(addr) {
+            Ok(s) => s,
+            Err(e) => {
+                log::debug!("rank {}: connect to {peer} at {addr}: {e}", self.me);
+                self.dial_failed(peer);
+                return;
+            }
+        };
+        self.tune(&stream);
+        let generation = self.bump_generation();
+        let entry = self.conns.vacant_entry();
+        let tok = entry.key();
+        if let Err(e) = self.poll.registry().register(
+            &mut stream,
+            Token(tok),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            log::warn!("rank {}: cannot register a socket: {e}", self.me);
+            self.dial_failed(peer);
+            return;
+        }
+        entry.insert(Conn::new(
+            stream,
+            addr,
+            ConnState::Connecting,
+            Some(peer),
+            generation,
+            self.cfg.send_queue_max_bytes,
+        ));
+        self.links.entry(peer).or_default().dialing = Some(tok);
+        let at = Instant::now() + Duration::from_millis(self.cfg.handshake_timeout_ms);
+        self.timers.arm(
+            at,
+            TimerKind::Handshake {
+                token: tok,
+                generation,
+            },
+        );
+        log::debug!("rank {}: dialling rank {peer} at {addr}", self.me);
+    }
+
+    fn dial_failed(&mut self, peer: Rank) {
+        let retries = self.cfg.reconnect_retries;
+        let link = self.links.entry(peer).or_default();
+        link.dialing = None;
+        link.attempt += 1;
+        if link.pending.is_empty() {
+            link.attempt = 0;
+            return;
+        }
+        if link.attempt > retries {
+            log::warn!(
+                "rank {}: rank {peer} unreachable after {} attempts",
+                self.me,
+                link.attempt
+            );
+            link.attempt = 0;
+            self.give_up(peer, SendError::Unreachable(peer));
+            return;
+        }
+        self.counters.reconnects += 1;
+        let shift = (link.attempt - 1).min(20);
+        let delay = self
+            .cfg
+            .reconnect_base_ms
+            .saturating_mul(1 << shift)
+            .min(self.cfg.reconnect_max_ms);
+        link.redial_armed = true;
+        let attempt = link.attempt;
+        self.timers.arm(
+            Instant::now() + Duration::from_millis(delay),
+            TimerKind::Redial { rank: peer, attempt },
+        );
+    }
+
+    /// Fails every frame waiting for `peer`.
+    fn give_up(&mut self, peer: Rank, err: SendError) {
+        if let Some(link) = self.links.get_mut(&peer) {
+            link.pending_bytes = 0;
+            let pending: Vec<Pending> = link.pending.drain(..).collect();
+            for p in pending {
+                complete(p.done, Err(err.clone()));
+            }
+        }
+    }
+
+    fn tune(&self, stream: &TcpStream) {
+        let sock = socket2::SockRef::from(stream);
+        if let Err(e) = stream.set_nodelay(true) {
+            log::debug!("rank {}: TCP_NODELAY: {e}", self.me);
+        }
+        let ka = socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(self.cfg.keepalive_idle_s))
+            .with_interval(Duration::from_secs(self.cfg.keepalive_interval_s))
+            .with_retries(self.cfg.keepalive_count);
+        if let Err(e) = sock.set_tcp_keepalive(&ka) {
+            log::debug!("rank {}: keepalive: {e}", self.me);
+        }
+        if self.cfg.socket_buffer_bytes > 0 {
+            let _ = sock.set_send_buffer_size(self.cfg.socket_buffer_bytes);
+            let _ = sock.set_recv_buffer_size(self.cfg.socket_buffer_bytes);
+        }
+    }
+
+    fn bump_generation(&mut self) -> u64 {
+        self.next_generation += 1;
+        self.next_generation
+    }
+
+    fn accept(&mut self, index: usize) {
+        for _ in 0..limits::ACCEPTS_PER_EVENT_MAX {
+            let Some(listener) = self.listeners.get(index) else {
+                return;
+            };
+            let (mut stream, addr) = match listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    log::warn!("rank {}: accept: {e}", self.me);
+                    return;
+                }
+            };
+            if self.conns.len() >= limits::CONNECTIONS_MAX {
+                log::warn!("rank {}: too many connections; refusing {addr}", self.me);
+                continue;
+            }
+            self.tune(&stream);
+            let generation = self.bump_generation();
+            let entry = self.conns.vacant_entry();
+            let tok = entry.key();
+            if let Err(e) = self.poll.registry().register(
+                &mut stream,
+                Token(tok),
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                log::warn!("rank {}: cannot register a socket: {e}", self.me);
+                continue;
+            }
+            let hs = Handshake::accept(&self.hs_cfg);
+            entry.insert(Conn::new(
+                stream,
+                addr,
+                ConnState::Handshaking(Box::new(hs)),
+                None,
+                generation,
+                self.cfg.send_queue_max_bytes,
+            ));
+            let at = Instant::now() + Duration::from_millis(self.cfg.handshake_timeout_ms);
+            self.timers.arm(
+                at,
+                TimerKind::Handshake {
+                    token: tok,
+                    generation,
+                },
+            );
+            // A peer may have written its Hello already.
+            self.readable_again.insert(tok);
+        }
+        // More may be waiting: come back next turn rather than starve the other sockets.
+    }
+
+    fn on_writable(&mut self, tok: usize) {
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        if let ConnState::Connecting = conn.state {
+            let peer = conn.dialled.unwrap_or(0);
+            let failed = match conn.stream.take_error() {
+                Ok(Some(e)) | Err(e) => Some(e),
+                Ok(None) => match conn.stream.peer_addr() {
+                    Ok(_) => None,
+                    Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
+                    Err(e) => Some(e),
+                },
+            };
+            if let Some(e) = failed {
+                log::debug!("rank {}: connect to {peer} at {}: {e}", self.me, conn.addr);
+                self.close(tok, None);
+                self.dial_failed(peer);
+                return;
+            }
+            conn.state = ConnState::Handshaking(Box::new(Handshake::dial(&self.hs_cfg, peer)));
+            self.pump_handshake(tok);
+        }
+        self.dirty.push(tok);
+    }
+
+    fn pump_handshake(&mut self, tok: usize) {
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        let mut out = Vec::new();
+        if let ConnState::Handshaking(hs) = &mut conn.state {
+            while let Some(f) = hs.poll_transmit() {
+                out.push(f);
+            }
+        }
+        for (h, p) in out {
+            // An empty queue always takes one frame, and handshake frames are tiny.
+            let _ = conn.push(h, p, None);
+        }
+        self.dirty.push(tok);
+    }
+
+    fn on_readable(&mut self, tok: usize) {
+        for _ in 0..limits::READS_PER_EVENT_MAX {
+            let Some(conn) = self.conns.get_mut(tok) else {
+                return;
+            };
+            if matches!(conn.state, ConnState::Connecting) {
+                return;
+            }
+            let generation = conn.generation;
+            let space = conn.decoder.read_space();
+            match conn.stream.read(space) {
+                Ok(0) => {
+                    let why = "connection closed by peer";
+                    self.lost(tok, why);
+                    return;
+                }
+                Ok(n) => conn.decoder.commit(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.lost(tok, &e.to_string());
+                    return;
+                }
+            }
+            // Take every complete frame out before acting on any: acting needs `&mut self`.
+            let mut frames = Vec::new();
+            let mut error = None;
+            while frames.len() < limits::FRAMES_PER_READ_MAX {
+                match conn.decoder.next_frame() {
+                    Ok(Some(f)) => frames.push(f),
+                    Ok(None) => break,
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                }
+            }
+            for f in frames {
+                if !self.alive(tok, generation) {
+                    return;
+                }
+                self.on_frame(tok, f);
+            }
+            if let Some(e) = error {
+                if self.alive(tok, generation) {
+                    self.protocol_error(tok, &e.to_string());
+                }
+                return;
+            }
+            if !self.alive(tok, generation) {
+                return;
+            }
+        }
+        // Still readable: continue next turn so other sockets get their share.
+        self.readable_again.insert(tok);
+    }
+
+    fn alive(&self, tok: usize, generation: u64) -> bool {
+        self.conns.get(tok).is_some_and(|c| c.generation == generation)
+    }
+
+    fn on_frame(&mut self, tok: usize, frame: Frame) {
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        if let ConnState::Handshaking(hs) = &mut conn.state {
+            match hs.handle_frame(frame) {
+                Ok(None) => self.pump_handshake(tok),
+                Ok(Some(HandshakeEvent::HelloReceived(ident))) => self.on_hello(tok, ident.rank),
+                Ok(Some(HandshakeEvent::Established(ident))) => {
+                    self.pump_handshake(tok);
+                    self.established(tok, ident.rank);
+                }
+                Err(e) => self.protocol_error(tok, &format!("handshake: {e}")),
+            }
+            return;
+        }
+        let Some(from) = conn.peer else {
+            return;
+        };
+        let h = frame.header;
+        if h.origin >= self.size || (h.kind == Kind::Msg && h.dst >= self.size) {
+            self.protocol_error(tok, &format!("frame names a rank beyond {}", self.size));
+            return;
+        }
+        match h.kind {
+            Kind::Msg if h.dst == self.me => self.deliver(Message {
+                origin: h.origin,
+                tag: h.tag,
+                payload: frame.payload,
+            }),
+            Kind::Msg => {
+                self.counters.relayed += 1;
+                self.forward(h, frame.payload, None);
+            }
+            Kind::Xcast => self.on_xcast(from, h, frame.payload),
+            Kind::Heartbeat => {}
+            Kind::Hello | Kind::HelloAck => {
+                self.protocol_error(tok, "handshake frame on an established connection")
+            }
+        }
+    }
+
+    fn on_xcast(&mut self, from: Rank, header: Header, payload: Bytes) {
+        if header.tag == wireup::TAG_WIREUP_TABLE {
+            // The table must be applied before forwarding: it holds the children's addresses.
+            // It is taken from whoever sends it first while not wired (authentication of peers
+            // is the handshake's job).
+            self.apply_table(&payload);
+        } else if Some(from) != self.routing.parent() {
+            log::warn!(
+                "rank {}: broadcast from rank {from}, which is not my parent, dropped",
+                self.me
+            );
+            return;
+        }
+        self.xcast_children(header, &payload);
+        self.xcast_deliver(header, payload);
+    }
+
+    fn on_hello(&mut self, tok: usize, peer: Rank) {
+        let link = self.links.entry(peer).or_default();
+        if let Some(d) = link.dialing.filter(|d| *d != tok) {
+            if keep_dialled_by(self.me, peer) == self.me {
+                log::debug!(
+                    "rank {}: simultaneous connect with {peer}: keeping the one I dialled",
+                    self.me
+                );
+                self.close(tok, None);
+                return;
+            }
+            log::debug!(
+                "rank {}: simultaneous connect with {peer}: keeping the one it dialled",
+                self.me
+            );
+            link.dialing = None;
+            self.close(d, None);
+        }
+        if let Some(old) = self.links.get(&peer).and_then(|l| l.conn) {
+            log::info!("rank {}: rank {peer} reconnected; replacing the old connection", self.me);
+            self.requeue_and_close(old);
+        }
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        if let ConnState::Handshaking(hs) = &mut conn.state {
+            let _ = hs.accept_peer();
+        }
+        self.pump_handshake(tok);
+        self.established(tok, peer);
+    }
+
+    fn established(&mut self, tok: usize, peer: Rank) {
+        let msg_max = self.cfg.msg_max_bytes as u32;
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        conn.state = ConnState::Established;
+        conn.peer = Some(peer);
+        conn.decoder.set_max_payload(msg_max);
+        log::debug!("rank {}: connected to rank {peer} ({})", self.me, conn.addr);
+        let link = self.links.entry(peer).or_default();
+        if link.dialing == Some(tok) {
+            link.dialing = None;
+        }
+        link.conn = Some(tok);
+        link.attempt = 0;
+        link.redial_armed = false;
+        link.pending_bytes = 0;
+        let pending: Vec<Pending> = link.pending.drain(..).collect();
+        for p in pending {
+            match conn.push(p.header, p.payload, p.done) {
+                Ok(()) => {}
+                Err((_, done)) => complete(done, Err(SendError::Busy("the peer's send queue"))),
+            }
+        }
+        self.dirty.push(tok);
+    }
+
+    fn protocol_error(&mut self, tok: usize, why: &str) {
+        self.counters.protocol_errors += 1;
+        if let Some(c) = self.conns.get(tok) {
+            log::warn!(
+                "rank {}: closing connection from {} (rank {:?}): {why}",
+                self.me,
+                c.addr,
+                c.peer
+            );
+        }
+        self.lost(tok, why);
+    }
+
+    /// A connection ended (EOF, error, protocol violation, handshake timeout).
+    fn lost(&mut self, tok: usize, why: &str) {
+        let Some(conn) = self.conns.get(tok) else {
+            return;
+        };
+        log::debug!("rank {}: connection {} lost: {why}", self.me, conn.addr);
+        let dialled = conn.dialled;
+        let established = conn.is_established();
+        let peer = conn.peer;
+        if established {
+            let p = peer.unwrap_or(0);
+            let is_current = self.links.get(&p).and_then(|l| l.conn) == Some(tok);
+            if is_current {
+                self.requeue_and_close(tok);
+                // Frames still waiting go out on a new connection (the fault layer decides
+                // whether the peer is gone).
+                if self.links.get(&p).is_some_and(|l| !l.pending.is_empty())
+                    && self.stopping.is_none()
+                {
+                    self.ensure_dial(p);
+                }
+                return;
+            }
+            self.close(tok, None);
+            return;
+        }
+        self.close(tok, None);
+        if let Some(p) = dialled {
+            if self.links.get(&p).and_then(|l| l.dialing) == Some(tok) {
+                self.dial_failed(p);
+            }
+        }
+    }
+
+    /// Closes an established connection and puts its unsent frames back at the head of the
+    /// peer's pending queue; a frame cut off mid-write is lost and its sender told so.
+    fn requeue_and_close(&mut self, tok: usize) {
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        let peer = conn.peer.unwrap_or(0);
+        let (unsent, lost) = conn.take_unsent();
+        for done in lost {
+            complete(done, Err(SendError::Unreachable(peer)));
+        }
+        self.close(tok, None);
+        let link = self.links.entry(peer).or_default();
+        if link.conn == Some(tok) {
+            link.conn = None;
+        }
+        for (header, payload, done) in unsent.into_iter().rev() {
+            if matches!(header.kind, Kind::Msg | Kind::Xcast) {
+                link.pending_bytes += payload.len() + crate::oob::header::HEADER_LEN;
+                link.pending.push_front(Pending {
+                    header,
+                    payload,
+                    done,
+                });
+            }
+        }
+    }
+
+    /// Deregisters and drops a connection; its remaining completions fail with `err` (or
+    /// `ShutDown`).
+    fn close(&mut self, tok: usize, err: Option<SendError>) {
+        if !self.conns.contains(tok) {
+            return;
+        }
+        let mut conn = self.conns.remove(tok);
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        let err = err.unwrap_or(SendError::ShutDown);
+        for done in conn.completions.drain(..) {
+            complete(done, Err(err.clone()));
+        }
+        if let Some(p) = conn.peer.or(conn.dialled) {
+            if let Some(link) = self.links.get_mut(&p) {
+                if link.conn == Some(tok) {
+                    link.conn = None;
+                }
+                if link.dialing == Some(tok) {
+                    link.dialing = None;
+                }
+            }
+        }
+        self.readable_again.remove(&tok);
+    }
+
+    fn flush_dirty(&mut self) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        let mut completed = Vec::new();
+        for tok in dirty.drain(..) {
+            let Some(conn) = self.conns.get_mut(tok) else {
+                continue;
+            };
+            if matches!(conn.state, ConnState::Connecting) {
+                continue;
+            }
+            if let Err(e) = conn.flush(&mut completed) {
+                self.lost(tok, &format!("write: {e}"));
+            }
+        }
+        for done in completed {
+            complete(done, Ok(()));
+        }
+        // Keep the allocation for the next turn.
+        if self.dirty.is_empty() {
+            self.dirty = dirty;
+        }
+    }
+
+    // ----- timers and shutdown --------------------------------------------------------------
+
+    fn fire_timers(&mut self) {
+        let now = Instant::now();
+        while let Some(t) = self.timers.pop_expired(now) {
+            match t {
+                TimerKind::Handshake { token, generation } => {
+                    let stuck = self
+                        .conns
+                        .get(token)
+                        .is_some_and(|c| c.generation == generation && !c.is_established());
+                    if stuck {
+                        self.counters.protocol_errors += 1;
+                        if let Some(c) = self.conns.get(token) {
+                            log::warn!(
+                                "rank {}: closing connection {}: handshake timed out",
+                                self.me,
+                                c.addr
+                            );
+                        }
+                        self.lost(token, "handshake timed out");
+                    }
+                }
+                TimerKind::Redial { rank, attempt } => {
+                    let link = self.links.entry(rank).or_default();
+                    if link.redial_armed && link.attempt == attempt {
+                        link.redial_armed = false;
+                        if !link.pending.is_empty() && link.conn.is_none() {
+                            self.dial(rank);
+                        }
+                    }
+                }
+                TimerKind::Wireup => {
+                    if matches!(self.wire, Wire::Collecting(_)) {
+                        self.finish_wireup();
+                    }
+                }
+                TimerKind::Linger => {
+                    log::debug!("rank {}: linger over; dropping unsent frames", self.me);
+                    let toks: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
+                    for t in toks {
+                        self.close(t, None);
+                    }
+                }
+            }
+        }
+    }
+
+    fn begin_stop(&mut self, reason: StopReason) {
+        if self.stopping.is_some() {
+            return;
+        }
+        log::debug!("rank {}: stopping ({reason:?})", self.me);
+        self.shared.set_stopped(reason.clone());
+        self.stopping = Some(reason);
+        let held: Vec<Caddy> = self.prewire.drain(..).collect();
+        for c in held {
+            self.refuse(c);
+        }
+        let peers: Vec<Rank> = self.links.keys().copied().collect();
+        for p in peers {
+            self.give_up(p, SendError::ShutDown);
+        }
+        // Connections still connecting or handshaking carry no data: close them now.
+        let idle: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.is_established() || c.queue.is_empty())
+            .map(|(t, _)| t)
+            .collect();
+        for t in idle {
+            self.close(t, None);
+        }
+        let at = Instant::now() + Duration::from_millis(limits::SHUTDOWN_LINGER_MS);
+        self.timers.arm(at, TimerKind::Linger);
+    }
+
+    /// Stopping, and every queued frame has reached the kernel (or the linger ran out).
+    fn ready_to_exit(&self) -> bool {
+        self.stopping.is_some() && self.conns.iter().all(|(_, c)| c.queue.is_empty())
+    }
+
+    /// Closes everything and fails whatever is still waiting.
+    fn finish(mut self) {
+        let toks: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
+        for t in toks {
+            self.close(t, None);
+        }
+        let peers: Vec<Rank> = self.links.keys().copied().collect();
+        for p in peers {
+            self.give_up(p, SendError::ShutDown);
+        }
+        let reason = self.stopping.clone().unwrap_or(StopReason::Requested);
+        self.shared.set_stopped(reason);
+        while let Ok(c) = self.rx.try_recv() {
+            self.refuse(c);
+        }
+        let held: Vec<Caddy> = self.prewire.drain(..).collect();
+        for c in held {
+            self.refuse(c);
+        }
+        lock(&self.shared.posted).clear();
+        log::debug!("rank {}: loop stopped", self.me);
+    }
+}
+
+fn complete(done: Option<Completion>, res: Result<(), SendError>) {
+    if let Some(d) = done {
+        d(res);
+    }
+}

@@ -1,0 +1,426 @@
+//! The thread-safe face of a daemon: [`Handle`] (cheap to clone, usable from any thread and from
+//! callbacks) and [`Daemon`] (the owner: dropping it stops the daemon and joins its thread).
+//!
+//! Every call becomes a [`Caddy`] pushed onto a bounded crossbeam channel. The loop is woken with
+//! a `mio::Waker` only when it is asleep in `poll` (the `asleep` flag), so a burst of commands, or
+//! commands issued by callbacks on the loop thread, cost no wake-up system call.
+
+use super::caddy::{Caddy, Completion, RecvCallback};
+use crate::Rank;
+use crate::counters::Counters;
+use crate::error::{RecvError, SendError};
+use crate::rml::{Message, Peer, TAG_USER_MIN, Tag};
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
+
+/// Why the loop stopped, readable after it has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// A local shutdown request.
+    Requested,
+    /// Rank 0 told the DVM to stop.
+    DvmShutdown,
+    /// The loop hit an error it cannot continue after (e.g. the poller failed).
+    Fatal(String),
+}
+
+#[derive(Default)]
+pub(crate) struct Lifecycle {
+    pub wired: bool,
+    pub stopped: Option<StopReason>,
+}
+
+/// State shared between the loop thread and every handle.
+pub(crate) struct Shared {
+    pub tx: Sender<Caddy>,
+    pub waker: mio::Waker,
+    /// True while the loop is (about to be) blocked in `poll` with an empty command channel.
+    pub asleep: AtomicBool,
+    pub wakeups: AtomicU64,
+    pub rank: Rank,
+    pub size: u32,
+    pub msg_max_bytes: usize,
+    pub uri: String,
+    /// (peer, tag) pairs with a posted receive, so a duplicate post fails synchronously.
+    pub posted: Mutex<HashSet<(Peer, Tag)>>,
+    pub lifecycle: Mutex<Lifecycle>,
+    pub lifecycle_cv: Condvar,
+    pub loop_thread: Mutex<Option<ThreadId>>,
+    pub join: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Locks a mutex, ignoring poisoning: every critical section here leaves the data consistent,
+/// and a panicking user callback must not take the daemon's bookkeeping down with it.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn on_loop_thread(&self) -> bool {
+        *lock(&self.loop_thread) == Some(std::thread::current().id())
+    }
+
+    /// Hands a command to the loop. From the loop thread itself (callbacks) a full channel is
+    /// `Busy` rather than a deadlock; other threads block until there is room (back-pressure).
+    pub(crate) fn submit(&self, caddy: Caddy) -> Result<(), SendError> {
+        if self.is_stopped() {
+            return Err(SendError::ShutDown);
+        }
+        let res = if self.on_loop_thread() {
+            match self.tx.try_send(caddy) {
+                Ok(()) => Ok(()),
+                Err(TrySendError::Full(_)) => Err(SendError::Busy("the command channel")),
+                Err(TrySendError::Disconnected(_)) => Err(SendError::ShutDown),
+            }
+        } else {
+            self.tx.send(caddy).map_err(|_| SendError::ShutDown)
+        };
+        res?;
+        if self.asleep.swap(false, Ordering::SeqCst) {
+            self.wakeups.fetch_add(1, Ordering::Relaxed);
+            // A failed wake means the poller is gone, i.e. the loop is stopping; the command is
+            // then failed by the loop's final drain.
+            let _ = self.waker.wake();
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_stopped(&self) -> bool {
+        lock(&self.lifecycle).stopped.is_some()
+    }
+
+    pub(crate) fn set_wired(&self) {
+        lock(&self.lifecycle).wired = true;
+        self.lifecycle_cv.notify_all();
+    }
+
+    pub(crate) fn set_stopped(&self, reason: StopReason) {
+        let mut l = lock(&self.lifecycle);
+        if l.stopped.is_none() {
+            l.stopped = Some(reason);
+        }
+        drop(l);
+        self.lifecycle_cv.notify_all();
+    }
+
+    /// Asks the loop to stop and, unless called on the loop thread, waits for its thread to end.
+    fn stop_and_join(&self, dvm: bool) {
+        // Ignore the error: a stopped loop is what we want.
+        let _ = self.submit(Caddy::Shutdown { dvm });
+        if self.on_loop_thread() {
+            return;
+        }
+        let handle = lock(&self.join).take();
+        if let Some(h) = handle {
+            if h.join().is_err() {
+                log::error!("rank {}: the loop thread panicked", self.rank);
+            }
+        }
+    }
+}
+
+/// A cheap, cloneable reference to a running daemon, usable from any thread, including from
+/// receive and completion callbacks (which run on the daemon's loop thread).
+///
+/// A `Handle` does not keep the daemon alive: once the [`Daemon`] is dropped or
+/// [`Handle::shutdown`] is called, every call returns a shut-down error.
+#[derive(Clone)]
+pub struct Handle {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("rank", &self.shared.rank)
+            .field("size", &self.shared.size)
+            .finish()
+    }
+}
+
+impl Handle {
+    /// This daemon's rank.
+    pub fn rank(&self) -> Rank {
+        self.shared.rank
+    }
+
+    /// The number of daemons in the DVM.
+    pub fn size(&self) -> u32 {
+        self.shared.size
+    }
+
+    /// This daemon's contact URI (`<dvm_id>.<rank>;tcp://addr,...:port`). Rank 0's is the one
+    /// other daemons need to join.
+    pub fn contact_uri(&self) -> &str {
+        &self.shared.uri
+    }
+
+    fn check_send(&self, dst: Rank, tag: Tag, payload: &Bytes) -> Result<(), SendError> {
+        if tag < TAG_USER_MIN {
+            return Err(SendError::ReservedTag(tag));
+        }
+        if dst >= self.shared.size {
+            return Err(SendError::RankOutOfRange {
+                rank: dst,
+                size: self.shared.size,
+            });
+        }
+        if payload.len() > self.shared.msg_max_bytes {
+            return Err(SendError::TooLarge {
+                len: payload.len(),
+                max: self.shared.msg_max_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Sends `payload` to `dst` with `tag`, without waiting. Argument errors are returned at
+    /// once; errors the DVM meets later (destination failed, unreachable, shut down) are only
+    /// logged and counted — use [`Handle::send_with`] to see them. The payload is shared, never
+    /// copied, on its way through this daemon.
+    pub fn send(&self, dst: Rank, tag: Tag, payload: impl Into<Bytes>) -> Result<(), SendError> {
+        self.send_inner(dst, tag, payload.into(), None)
+    }
+
+    /// Like [`Handle::send`], and calls `done` once on the loop thread: `Ok` when the message
+    /// was handed to the kernel on the first hop (or delivered, for a self-send), otherwise the
+    /// error. If this returns an error, `done` is not called.
+    pub fn send_with(
+        &self,
+        dst: Rank,
+        tag: Tag,
+        payload: impl Into<Bytes>,
+        done: impl FnOnce(Result<(), SendError>) + Send + 'static,
+    ) -> Result<(), SendError> {
+        self.send_inner(dst, tag, payload.into(), Some(Box::new(done)))
+    }
+
+    /// Sends and blocks until the send completed (see [`Handle::send_with`]). Must not be called
+    /// from a callback: it would wait for the loop thread it is running on.
+    pub fn send_wait(&self, dst: Rank, tag: Tag, payload: impl Into<Bytes>) -> Result<(), SendError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.send_with(dst, tag, payload, move |r| {
+            let _ = tx.send(r);
+        })?;
+        rx.recv().unwrap_or(Err(SendError::ShutDown))
+    }
+
+    fn send_inner(
+        &self,
+        dst: Rank,
+        tag: Tag,
+        payload: Bytes,
+        done: Option<Completion>,
+    ) -> Result<(), SendError> {
+        self.check_send(dst, tag, &payload)?;
+        self.shared.submit(Caddy::Send {
+            dst,
+            tag,
+            payload,
+            done,
+        })
+    }
+
+    /// Broadcasts `payload` with `tag` to every living daemon (this one included), down the
+    /// tree from rank 0 with one shared buffer. From a non-zero rank the payload first travels
+    /// to rank 0. `done` (optional) is called when rank 0 has forwarded it to its children (this
+    /// is the unacknowledged broadcast; it is not a proof of delivery).
+    pub fn broadcast(
+        &self,
+        tag: Tag,
+        payload: impl Into<Bytes>,
+        done: Option<Box<dyn FnOnce(Result<(), SendError>) + Send + 'static>>,
+    ) -> Result<(), SendError> {
+        let payload = payload.into();
+        self.check_send(0, tag, &payload)?;
+        self.shared.submit(Caddy::Broadcast { tag, payload, done })
+    }
+
+    fn check_recv(&self, peer: Peer, tag: Tag) -> Result<(), RecvError> {
+        if tag < TAG_USER_MIN {
+            return Err(RecvError::ReservedTag(tag));
+        }
+        if let Peer::Rank(r) = peer {
+            if r >= self.shared.size {
+                return Err(RecvError::RankOutOfRange {
+                    rank: r,
+                    size: self.shared.size,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts a receive for messages from `peer` (or [`Peer::Any`]) with `tag`. `callback` runs on
+    /// the loop thread for each match (once for a one-shot receive, until cancelled for a
+    /// persistent one). Messages that arrived before the post are held and matched now, in
+    /// arrival order. A receive for (Rank(r), tag) wins over one for (Any, tag).
+    ///
+    /// Errors: a reserved tag, an out-of-range peer, or a receive already posted for exactly the
+    /// same (peer, tag) (PRRTE aborts there; we refuse the second post).
+    pub fn recv(
+        &self,
+        peer: Peer,
+        tag: Tag,
+        persistent: bool,
+        callback: impl FnMut(Message) + Send + 'static,
+    ) -> Result<(), RecvError> {
+        self.check_recv(peer, tag)?;
+        if !lock(&self.shared.posted).insert((peer, tag)) {
+            return Err(RecvError::Duplicate);
+        }
+        let callback: RecvCallback = Box::new(callback);
+        let res = self.shared.submit(Caddy::Recv {
+            peer,
+            tag,
+            persistent,
+            callback,
+        });
+        if res.is_err() {
+            lock(&self.shared.posted).remove(&(peer, tag));
+            return Err(RecvError::ShutDown);
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for one message from `peer` with `tag` (a one-shot receive), for
+    /// callers that would rather block than use callbacks. Must not be called from a callback.
+    pub fn recv_blocking(
+        &self,
+        peer: Peer,
+        tag: Tag,
+        timeout: Duration,
+    ) -> Result<Message, RecvError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.recv(peer, tag, false, move |m| {
+            let _ = tx.send(m);
+        })?;
+        match rx.recv_timeout(timeout) {
+            Ok(m) => Ok(m),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                self.cancel(peer, tag);
+                // The message may have matched between the timeout and the cancel.
+                rx.try_recv().map_err(|_| RecvError::TimedOut)
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(RecvError::ShutDown),
+        }
+    }
+
+    /// Cancels the receive posted for exactly (peer, tag); does nothing if there is none.
+    pub fn cancel(&self, peer: Peer, tag: Tag) {
+        lock(&self.shared.posted).remove(&(peer, tag));
+        let _ = self.shared.submit(Caddy::Cancel { peer, tag });
+    }
+
+    /// Drops every receive posted for `peer` and every held message from it.
+    pub fn purge(&self, peer: Rank) {
+        lock(&self.shared.posted).retain(|(p, _)| *p != Peer::Rank(peer));
+        let _ = self.shared.submit(Caddy::Purge { peer });
+    }
+
+    /// A snapshot of this daemon's counters. Blocks for a round trip to the loop thread; from a
+    /// callback it returns `Busy` rather than deadlocking.
+    pub fn counters(&self) -> Result<Counters, SendError> {
+        if self.shared.on_loop_thread() {
+            return Err(SendError::Busy("the loop thread (called from a callback)"));
+        }
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.shared.submit(Caddy::Counters(tx))?;
+        rx.recv().map_err(|_| SendError::ShutDown)
+    }
+
+    /// Blocks until wire-up has completed (the contact table arrived) or `timeout` passed.
+    /// Returns whether the daemon is wired. Sends made before then are queued, not lost.
+    pub fn wait_wired(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut l = lock(&self.shared.lifecycle);
+        while !l.wired && l.stopped.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            l = self
+                .shared
+                .lifecycle_cv
+                .wait_timeout(l, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        l.wired
+    }
+
+    /// Blocks until the daemon has stopped or `timeout` passed; returns why it stopped.
+    pub fn wait_stopped(&self, timeout: Duration) -> Option<StopReason> {
+        let deadline = Instant::now() + timeout;
+        let mut l = lock(&self.shared.lifecycle);
+        while l.stopped.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            l = self
+                .shared
+                .lifecycle_cv
+                .wait_timeout(l, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        l.stopped.clone()
+    }
+
+    /// Whether the daemon has stopped.
+    pub fn is_stopped(&self) -> bool {
+        self.shared.is_stopped()
+    }
+
+    /// Stops this daemon: pending sends fail with [`SendError::ShutDown`], queued frames get a
+    /// short, bounded linger to reach the kernel, every socket is closed, and (unless called
+    /// from a callback on the loop thread) the loop thread is joined before this returns.
+    pub fn shutdown(&self) {
+        self.shared.stop_and_join(false);
+    }
+
+    /// Rank 0 only (on other ranks this is [`Handle::shutdown`]): tells every daemon to stop,
+    /// by a broadcast down the tree, then stops this one.
+    pub fn shutdown_dvm(&self) {
+        self.shared.stop_and_join(self.shared.rank == 0);
+    }
+}
+
+/// The owner of a running daemon. Dropping it stops the daemon and joins its loop thread.
+pub struct Daemon {
+    handle: Handle,
+}
+
+impl Daemon {
+    pub(crate) fn new(handle: Handle) -> Self {
+        Daemon { handle }
+    }
+
+    /// A handle for use from other threads and callbacks.
+    pub fn handle(&self) -> Handle {
+        self.handle.clone()
+    }
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = Handle;
+    fn deref(&self) -> &Handle {
+        &self.handle
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.handle.shutdown();
+    }
+}
+
+pub(crate) fn channel(cap: usize) -> (Sender<Caddy>, Receiver<Caddy>) {
+    crossbeam_channel::bounded(cap)
+}

@@ -1,0 +1,106 @@
+//! The driver: the only code that touches sockets, the clock and threads. It runs one
+//! `mio::Poll` loop per daemon ([`event_loop`]) that drives the sans-IO cores (`routed`, `oob`,
+//! `rml`), and gives other threads a [`Handle`].
+//!
+//! Start a daemon with [`start`]: rank 0 first (it needs no contact), then every other rank with
+//! rank 0's contact URI ([`Handle::contact_uri`] on rank 0). Several daemons may run in one
+//! process, each on its own loop thread.
+
+mod caddy;
+mod conn;
+mod event_loop;
+mod handle;
+mod listen;
+mod timers;
+pub mod wireup;
+
+pub use caddy::{Completion, RecvCallback};
+pub use handle::{Daemon, Handle, StopReason};
+
+use crate::Rank;
+use crate::config::Config;
+use crate::error::StartError;
+use crate::limits;
+use crate::oob::uri::ContactUri;
+use crate::routed::RoutingState;
+use handle::{Lifecycle, Shared};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Starts daemon `rank` of a DVM of `size` daemons and returns once its listener is bound.
+/// `hnp` is rank 0's contact URI, required for every rank but 0 (ignored there). Wire-up then
+/// proceeds in the background: see [`Handle::wait_wired`].
+///
+/// Errors: an invalid configuration, rank or size; a missing or malformed `hnp`; no port to
+/// listen on; no usable interface address.
+pub fn start(config: Config, rank: Rank, size: u32, hnp: Option<&str>) -> Result<Daemon, StartError> {
+    config.validate().map_err(|e| StartError::Config(e.to_string()))?;
+    let routing = RoutingState::new(config.radix.max(2), size, rank).map_err(StartError::Tree)?;
+    let hnp = if rank == 0 {
+        None
+    } else {
+        let s = hnp.ok_or_else(|| StartError::Hnp("rank 0's contact URI is required".into()))?;
+        let uri: ContactUri = s
+            .trim()
+            .parse()
+            .map_err(|e| StartError::Hnp(format!("{s:?}: {e}")))?;
+        if uri.rank != 0 {
+            return Err(StartError::Hnp(format!("{s:?} is not rank 0's URI")));
+        }
+        if uri.dvm_id != config.dvm_id {
+            return Err(StartError::Hnp(format!(
+                "{s:?} belongs to DVM {:?}, not {:?}",
+                uri.dvm_id, config.dvm_id
+            )));
+        }
+        Some(uri)
+    };
+    let (listeners, addrs) = listen::bind(&config)?;
+    let uri = ContactUri {
+        dvm_id: config.dvm_id.clone(),
+        rank,
+        addrs,
+    };
+    let poll = mio::Poll::new()?;
+    let waker = mio::Waker::new(poll.registry(), event_loop::WAKER_TOKEN)?;
+    let (tx, rx) = handle::channel(limits::COMMAND_QUEUE_MAX);
+    let shared = Arc::new(Shared {
+        tx,
+        waker,
+        asleep: AtomicBool::new(false),
+        wakeups: AtomicU64::new(0),
+        rank,
+        size,
+        msg_max_bytes: config.msg_max_bytes as usize,
+        uri: uri.to_string(),
+        posted: Mutex::new(HashSet::new()),
+        lifecycle: Mutex::new(Lifecycle::default()),
+        lifecycle_cv: Condvar::new(),
+        loop_thread: Mutex::new(None),
+        join: Mutex::new(None),
+    });
+    let ev = event_loop::EventLoop::new(
+        poll,
+        shared.clone(),
+        rx,
+        config,
+        routing,
+        listeners,
+        uri,
+        hnp,
+    );
+    let on_thread = shared.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("tbon-{rank}"))
+        .spawn(move || {
+            // Set before the loop runs any callback, so calls from callbacks never block on
+            // the loop itself.
+            *handle::lock(&on_thread.loop_thread) = Some(std::thread::current().id());
+            drop(on_thread);
+            ev.run()
+        })?;
+    *handle::lock(&shared.join) = Some(thread);
+    log::debug!("rank {rank}: started, contact {}", shared.uri);
+    Ok(Daemon::new(Handle { shared }))
+}

@@ -1,0 +1,242 @@
+//! The messaging core end to end on real loopback sockets: wire-up, routing and relaying,
+//! receive matching, size limits and shutdown. No timing assertions: timeouts only guard
+//! against hangs.
+
+mod common;
+
+use bytes::Bytes;
+use common::{HANG_GUARD, loopback_config, start_dvm, start_dvm_with};
+use crossbeam_channel::unbounded;
+use std::collections::HashMap;
+use tbon::{Peer, RecvError, SendError};
+
+const TAG: u32 = 100;
+
+/// Every daemon sends one tagged message to every other; each arrives once, intact.
+fn all_to_all(size: u32, radix: u32) {
+    let dvm = start_dvm(size, &loopback_config(radix));
+    let (tx, rx) = unbounded();
+    for d in &dvm {
+        let tx = tx.clone();
+        let me = d.rank();
+        d.recv(Peer::Any, TAG, true, move |m| {
+            tx.send((me, m)).unwrap();
+        })
+        .unwrap();
+    }
+    for d in &dvm {
+        for dst in 0..size {
+            if dst != d.rank() {
+                let body = format!("{} -> {dst}", d.rank());
+                d.send(dst, TAG, Bytes::from(body)).unwrap();
+            }
+        }
+    }
+    let expected = (size * (size - 1)) as usize;
+    let mut seen = HashMap::new();
+    for _ in 0..expected {
+        let (me, m) = rx.recv_timeout(HANG_GUARD).expect("a message went missing");
+        assert_eq!(m.tag, TAG);
+        assert_eq!(m.payload, Bytes::from(format!("{} -> {me}", m.origin)));
+        *seen.entry((m.origin, me)).or_insert(0) += 1;
+    }
+    assert_eq!(seen.len(), expected);
+    assert!(seen.values().all(|n| *n == 1));
+    // Nothing extra arrives (no duplicates): the last of the expected messages was delivered, and
+    // a probe sent after it on every path comes in order behind anything still in flight.
+    let relayed: u64 = dvm.iter().map(|d| d.counters().unwrap().relayed).sum();
+    assert!(relayed > 0, "a tree of {size} at radix {radix} must relay");
+    drop(dvm);
+    assert!(rx.try_recv().is_err(), "a duplicate arrived");
+}
+
+#[test]
+fn all_to_all_32_daemons_radix_2() {
+    all_to_all(32, 2);
+}
+
+#[test]
+fn all_to_all_32_daemons_radix_64() {
+    all_to_all(32, 64);
+}
+
+#[test]
+fn fifty_mib_crosses_relays_with_tiny_socket_buffers() {
+    // Radix 2, 8 daemons: 7 -> 3 -> 1 -> 0 -> 2 -> 6 has four relays.
+    let mut cfg = loopback_config(2);
+    cfg.socket_buffer_bytes = 4096;
+    let dvm = start_dvm(8, &cfg);
+    let big: Vec<u8> = (0..50 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let big = Bytes::from(big);
+    let (tx, rx) = unbounded();
+    dvm[6]
+        .recv(Peer::Rank(7), TAG, false, move |m| tx.send(m).unwrap())
+        .unwrap();
+    dvm[7].send_wait(6, TAG, big.clone()).unwrap();
+    let m = rx.recv_timeout(HANG_GUARD).expect("the big message did not arrive");
+    assert_eq!(m.origin, 7);
+    assert!(m.payload == big, "payload corrupted");
+    for r in [3, 1, 0, 2] {
+        assert_eq!(dvm[r].counters().unwrap().relayed, 1, "rank {r} relays once");
+    }
+}
+
+#[test]
+fn specific_receive_wins_over_wildcard_and_one_shot_retires() {
+    let dvm = start_dvm(3, &loopback_config(2));
+    let (tx, rx) = unbounded();
+    let t1 = tx.clone();
+    dvm[0]
+        .recv(Peer::Any, TAG, true, move |m| t1.send(("any", m)).unwrap())
+        .unwrap();
+    let t2 = tx.clone();
+    dvm[0]
+        .recv(Peer::Rank(2), TAG, false, move |m| t2.send(("two", m)).unwrap())
+        .unwrap();
+    dvm[2].send_wait(0, TAG, "first").unwrap();
+    let (who, m) = rx.recv_timeout(HANG_GUARD).unwrap();
+    assert_eq!((who, m.origin, &m.payload[..]), ("two", 2, &b"first"[..]));
+    // The one-shot receive is gone: the next one from rank 2 goes to the wildcard.
+    dvm[2].send_wait(0, TAG, "second").unwrap();
+    let (who, m) = rx.recv_timeout(HANG_GUARD).unwrap();
+    assert_eq!((who, &m.payload[..]), ("any", &b"second"[..]));
+    // And it may be posted again now that it retired.
+    let t3 = tx.clone();
+    dvm[0]
+        .recv(Peer::Rank(2), TAG, false, move |m| t3.send(("two", m)).unwrap())
+        .unwrap();
+    dvm[1].send_wait(0, TAG, "from one").unwrap();
+    let (who, m) = rx.recv_timeout(HANG_GUARD).unwrap();
+    assert_eq!((who, m.origin), ("any", 1));
+}
+
+#[test]
+fn unmatched_messages_wait_for_a_receive() {
+    let dvm = start_dvm(2, &loopback_config(64));
+    for i in 0..5u8 {
+        dvm[1].send_wait(0, TAG + 1, vec![i]).unwrap();
+    }
+    // A self-send is matched the same way, so once it arrives the five are held too
+    // (rank 1 -> rank 0 is one FIFO link).
+    dvm[1].send_wait(0, TAG + 2, "marker").unwrap();
+    let m = dvm[0]
+        .recv_blocking(Peer::Rank(1), TAG + 2, HANG_GUARD)
+        .unwrap();
+    assert_eq!(&m.payload[..], b"marker");
+    // A one-shot takes the first held message...
+    let first = dvm[0].recv_blocking(Peer::Any, TAG + 1, HANG_GUARD).unwrap();
+    assert_eq!(&first.payload[..], &[0]);
+    // ...a persistent receive takes all the rest, in arrival order.
+    let (tx, rx) = unbounded();
+    dvm[0]
+        .recv(Peer::Rank(1), TAG + 1, true, move |m| tx.send(m.payload[0]).unwrap())
+        .unwrap();
+    let got: Vec<u8> = (0..4).map(|_| rx.recv_timeout(HANG_GUARD).unwrap()).collect();
+    assert_eq!(got, vec![1, 2, 3, 4]);
+}
+
+#[test]
+fn api_misuse_is_an_error_not_a_crash() {
+    let mut cfg = loopback_config(64);
+    cfg.msg_max_bytes = 1024;
+    let dvm = start_dvm(2, &cfg);
+    let d = &dvm[0];
+    assert_eq!(d.send(1, 5, "x"), Err(SendError::ReservedTag(5)));
+    assert_eq!(
+        d.send(2, TAG, "x"),
+        Err(SendError::RankOutOfRange { rank: 2, size: 2 })
+    );
+    assert_eq!(
+        d.send(1, TAG, vec![0u8; 1025]),
+        Err(SendError::TooLarge { len: 1025, max: 1024 })
+    );
+    d.recv(Peer::Any, TAG, true, |_| {}).unwrap();
+    assert_eq!(d.recv(Peer::Any, TAG, false, |_| {}), Err(RecvError::Duplicate));
+    assert_eq!(
+        d.recv(Peer::Any, 1, false, |_| {}),
+        Err(RecvError::ReservedTag(1))
+    );
+    assert_eq!(
+        d.recv(Peer::Rank(9), TAG, false, |_| {}),
+        Err(RecvError::RankOutOfRange { rank: 9, size: 2 })
+    );
+    // Cancel, then the same (peer, tag) may be posted again.
+    d.cancel(Peer::Any, TAG);
+    d.recv(Peer::Any, TAG, true, |_| {}).unwrap();
+}
+
+#[test]
+fn self_send_goes_through_matching_asynchronously() {
+    let dvm = start_dvm(1, &loopback_config(64));
+    let d = &dvm[0];
+    d.send_wait(0, TAG, "to myself").unwrap();
+    let m = d.recv_blocking(Peer::Rank(0), TAG, HANG_GUARD).unwrap();
+    assert_eq!((m.origin, &m.payload[..]), (0, &b"to myself"[..]));
+}
+
+#[test]
+fn cancelled_receive_gets_nothing_and_purge_drops_held() {
+    let dvm = start_dvm(2, &loopback_config(64));
+    let (tx, rx) = unbounded();
+    dvm[0]
+        .recv(Peer::Rank(1), TAG, true, move |m| tx.send(m).unwrap())
+        .unwrap();
+    dvm[0].cancel(Peer::Rank(1), TAG);
+    dvm[1].send_wait(0, TAG, "held").unwrap();
+    // A marker on the same link proves "held" arrived before we look.
+    dvm[1].send_wait(0, TAG + 1, "marker").unwrap();
+    dvm[0]
+        .recv_blocking(Peer::Rank(1), TAG + 1, HANG_GUARD)
+        .unwrap();
+    assert!(rx.try_recv().is_err(), "a cancelled receive was called");
+    dvm[0].purge(1);
+    let got = dvm[0].recv_blocking(Peer::Rank(1), TAG, std::time::Duration::from_millis(200));
+    assert_eq!(got.unwrap_err(), RecvError::TimedOut, "purge must drop held messages");
+}
+
+#[test]
+fn oversize_at_the_receiver_closes_only_that_connection() {
+    // Rank 1 accepts at most 1 KiB; rank 0 (its parent) may send up to 1 MiB.
+    let dvm = start_dvm_with(3, |r| {
+        let mut c = loopback_config(64);
+        c.msg_max_bytes = if r == 1 { 1024 } else { 1 << 20 };
+        c
+    });
+    dvm[0].send_wait(1, TAG, vec![7u8; 4096]).unwrap();
+    // Rank 1 keeps serving: a message from rank 2 (over rank 0, on a new connection) arrives.
+    dvm[2].send_wait(1, TAG, "still here").unwrap();
+    let m = dvm[1].recv_blocking(Peer::Any, TAG, HANG_GUARD).unwrap();
+    assert_eq!(&m.payload[..], b"still here");
+    assert!(dvm[1].counters().unwrap().protocol_errors >= 1);
+}
+
+#[test]
+fn broadcast_reaches_every_daemon_once() {
+    let dvm = start_dvm(13, &loopback_config(3));
+    let (tx, rx) = unbounded();
+    for d in &dvm {
+        let tx = tx.clone();
+        let me = d.rank();
+        d.recv(Peer::Any, TAG, true, move |m| tx.send((me, m)).unwrap())
+            .unwrap();
+    }
+    dvm[5].broadcast(TAG, "hello all", None).unwrap();
+    let mut got: Vec<u32> = (0..13)
+        .map(|_| {
+            let (me, m) = rx.recv_timeout(HANG_GUARD).unwrap();
+            assert_eq!((m.origin, &m.payload[..]), (5, &b"hello all"[..]));
+            me
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got, (0..13).collect::<Vec<_>>());
+}
+
+#[test]
+fn sends_after_shutdown_fail_with_shut_down() {
+    let dvm = start_dvm(2, &loopback_config(64));
+    let h = dvm[1].handle();
+    h.shutdown();
+    assert_eq!(h.send(0, TAG, "late"), Err(SendError::ShutDown));
+    assert!(h.is_stopped());
+}
