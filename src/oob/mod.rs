@@ -4,6 +4,8 @@
 
 pub mod frame;
 pub mod header;
+pub mod send_queue;
 
 pub use frame::{Frame, FrameDecoder};
 pub use header::{HEADER_LEN, Header, Kind, MAGIC, PROTOCOL_VERSION, WireError};
+pub use send_queue::{QueueFull, SendQueue};
