@@ -347,6 +347,19 @@ mod tests {
     }
 
     #[test]
+    fn read_space_sizes_from_undecoded_header_capped_by_max() {
+        let mut d = FrameDecoder::new(1 << 20);
+        d.feed(&hdr(Kind::Msg, 0, 200_000).encode());
+        // Header in, next_frame not called yet: still sized for the whole frame.
+        assert_eq!(d.read_space().len(), 200_000);
+        // A hostile header announcing 4 GiB does not make us allocate more than the maximum.
+        let mut d = FrameDecoder::new(100_000);
+        d.feed(&hdr(Kind::Msg, 0, u32::MAX as usize).encode());
+        assert_eq!(d.read_space().len(), 100_000);
+        assert!(matches!(d.next_frame(), Err(WireError::TooLarge { .. })));
+    }
+
+    #[test]
     fn commit_truncates_unreceived_tail() {
         let h = hdr(Kind::Heartbeat, 0, 0);
         let mut d = FrameDecoder::new(16);

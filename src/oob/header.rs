@@ -224,6 +224,27 @@ mod tests {
         assert_eq!(Header::decode(&GOLDEN), Ok(sample()));
     }
 
+    /// The example in `docs/wire.md`.
+    #[test]
+    fn documented_example() {
+        let h = Header {
+            kind: Kind::Msg,
+            origin: 1,
+            dst: 2,
+            tag: 3,
+            epoch: 4,
+            seq: 5,
+            len: 6,
+        };
+        #[rustfmt::skip]
+        let want: [u8; HEADER_LEN] = [
+            0x54, 0x42, 0x01, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
+            0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5,
+            0, 0, 0, 6, 0, 0, 0, 0,
+        ];
+        assert_eq!(h.encode(), want);
+    }
+
     #[test]
     fn roundtrip_every_kind() {
         for kind in Kind::ALL {
