@@ -44,3 +44,60 @@ pub const PORT_RANGE_TRIES_MAX: usize = 1_024;
 
 /// The listen backlog of each listener.
 pub const LISTEN_BACKLOG: i32 = 1_024;
+// ---------------------------------------------------------------------------------------------
+// oob: the TCP transport (see `docs/wire.md`)
+// ---------------------------------------------------------------------------------------------
+
+/// Default largest payload (bytes) of one message, on the wire and at the API.
+///
+/// At the bound: a sender asking for a larger message gets an error and nothing is queued; a
+/// receiver seeing a header that announces a larger payload fails the frame decoder with
+/// `WireError::TooLarge` (before the payload arrives), logs the reason and closes that one
+/// connection. The daemon keeps running. PRRTE's default is 100 MB.
+pub const MSG_MAX_BYTES_DEFAULT: u32 = 64 * 1024 * 1024;
+
+/// Largest payload (bytes) the frame decoder accepts before the handshake has completed.
+///
+/// A `Hello`/`HelloAck` payload is at most `2 + DVM_ID_MAX_BYTES + 16` = 273 bytes, so a
+/// stranger cannot make a daemon buffer more than this before it has proved it belongs to the
+/// DVM. At the bound: `WireError::TooLarge`, the connection is closed.
+pub const HANDSHAKE_MAX_PAYLOAD: u32 = 512;
+
+/// Longest DVM identity string (UTF-8 bytes) carried in the handshake.
+///
+/// At the bound: a longer identity in a received `Hello`/`HelloAck` is a malformed handshake
+/// (connection closed); a longer configured identity is truncated at a character boundary by
+/// the sender's handshake code, which logs an error (configuration must validate it earlier).
+pub const DVM_ID_MAX_BYTES: usize = 255;
+
+/// Smallest writable region (bytes) the frame decoder offers for one socket read.
+///
+/// Not a limit on frame size: when a header announcing a larger payload has been seen, the
+/// decoder offers room for the whole rest of that frame so it is read into one allocation.
+/// Memory: each connection keeps at most one such region of uncommitted space.
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Most `IoSlice`s the driver passes to one `writev` (Linux `IOV_MAX` is 1024).
+///
+/// At the bound: the rest of the send queue is written by the next `writev`; nothing is lost.
+pub const IOV_MAX_SLICES: usize = 64;
+
+/// Default bound (bytes, headers included) of one peer's send queue.
+///
+/// At the bound: `SendQueue::push` returns `QueueFull` and the frame is not queued; the caller
+/// applies back-pressure or reports the error. An empty queue always accepts one frame, so a
+/// single message larger than the bound can still be sent.
+pub const SEND_QUEUE_MAX_BYTES: usize = 256 * 1024 * 1024;
+
+/// Largest payload (bytes) the send queue copies, together with its header, into a shared
+/// contiguous buffer instead of referencing it, so that many tiny frames need few `IoSlice`s.
+///
+/// At the bound: larger payloads are never copied; they are written straight from the caller's
+/// `Bytes` (one `IoSlice` for the header, one for the payload).
+pub const SEND_COALESCE_MAX_PAYLOAD: usize = 256;
+
+/// Size (bytes) at which the send queue stops appending small frames to one shared buffer and
+/// starts a new one, so a buffer can be freed as soon as it has been written.
+///
+/// At the bound: a new buffer is started; nothing else changes.
+pub const SEND_COALESCE_BUFFER_BYTES: usize = 64 * 1024;

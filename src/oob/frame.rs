@@ -1,0 +1,512 @@
+//! Incremental frame decoder: socket bytes in, whole frames out.
+//!
+//! Payload bytes are copied at most once, by the socket read into [`FrameDecoder::read_space`];
+//! a frame's payload is then split off the receive buffer as a [`Bytes`] that shares its
+//! allocation. Consequence the consumer must know: a payload keeps the read chunk it was read into
+//! alive (at most [`READ_CHUNK_BYTES`] for small frames; a large frame gets an allocation of its
+//! own). Code that keeps many small payloads for a long time should copy them
+//! (`Bytes::copy_from_slice`).
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::header::{HEADER_LEN, Header, WireError};
+use crate::limits::READ_CHUNK_BYTES;
+
+/// One complete frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub header: Header,
+    pub payload: Bytes,
+}
+
+/// Incremental decoder for one connection's byte stream.
+///
+/// Driver loop: `let buf = dec.read_space(); let n = sock.read(buf)?; dec.commit(n);` then call
+/// [`next_frame`](Self::next_frame) until it returns `Ok(None)`. On `Err` the connection must be
+/// closed (the decoder stays poisoned and returns the same error again).
+#[derive(Debug)]
+pub struct FrameDecoder {
+    /// `buf[..filled]` is received data; `buf[filled..]` is initialised spare room for reads.
+    buf: BytesMut,
+    filled: usize,
+    max_payload: u32,
+    /// Header of the frame at the front of `buf`, once its 40 bytes have arrived.
+    pending: Option<Header>,
+    poisoned: Option<WireError>,
+}
+
+impl FrameDecoder {
+    /// A decoder that refuses frames whose payload exceeds `max_payload` bytes.
+    pub fn new(max_payload: u32) -> Self {
+        FrameDecoder {
+            buf: BytesMut::new(),
+            filled: 0,
+            max_payload,
+            pending: None,
+            poisoned: None,
+        }
+    }
+
+    /// Change the largest payload accepted. Applies to the frame in progress too: if its header
+    /// announced more than the new maximum, the next [`next_frame`](Self::next_frame) fails.
+    /// The driver uses `limits::HANDSHAKE_MAX_PAYLOAD` until the handshake completes.
+    pub fn set_max_payload(&mut self, max: u32) {
+        self.max_payload = max;
+    }
+
+    /// The largest payload currently accepted.
+    pub fn max_payload(&self) -> u32 {
+        self.max_payload
+    }
+
+    /// A writable, initialised region to read socket bytes into; follow with
+    /// [`commit`](Self::commit)`(n)` where `n` is how many bytes were written at its start.
+    ///
+    /// At least [`READ_CHUNK_BYTES`] long; when the header of a frame whose remainder is larger
+    /// has been decoded, long enough for the whole rest of that frame, so that a large payload is
+    /// read in few syscalls into a single allocation. Zero-filling happens once per region, not
+    /// once per call: unused room is kept for the next call.
+    pub fn read_space(&mut self) -> &mut [u8] {
+        let mut want = READ_CHUNK_BYTES;
+        if let Some(len) = self.front_payload_len() {
+            // Never size by more than the maximum: a hostile header must not make us allocate.
+            let frame_end = HEADER_LEN + len.min(self.max_payload) as usize;
+            want = want.max(frame_end.saturating_sub(self.filled));
+        }
+        if self.buf.len().saturating_sub(self.filled) < want {
+            // Drop the stale spare room first so `reserve` only moves received bytes.
+            self.buf.truncate(self.filled);
+            self.buf.reserve(want);
+            self.buf.resize(self.filled + want, 0);
+        }
+        &mut self.buf[self.filled..]
+    }
+
+    /// Payload length announced by the frame at the front of the buffer, if its header is in,
+    /// whether or not `next_frame` has decoded it yet.
+    fn front_payload_len(&self) -> Option<u32> {
+        if let Some(h) = &self.pending {
+            return Some(h.len);
+        }
+        if self.filled < HEADER_LEN {
+            return None;
+        }
+        let raw: [u8; 4] = self.buf.get(32..36)?.try_into().ok()?;
+        Some(u32::from_be_bytes(raw))
+    }
+
+    /// Record that the first `n` bytes of the last [`read_space`](Self::read_space) region
+    /// were filled. `n` larger than that region is a driver bug: it is clamped and logged.
+    /// After an error (poisoned decoder) the bytes are discarded.
+    pub fn commit(&mut self, n: usize) {
+        if self.poisoned.is_some() {
+            return;
+        }
+        let room = self.buf.len().saturating_sub(self.filled);
+        if n > room {
+            log::error!("FrameDecoder::commit({n}) exceeds the read space of {room} bytes");
+        }
+        self.filled += n.min(room);
+    }
+
+    /// Copy `bytes` in (tests, the simulator). Equivalent to `read_space` + copy + `commit`.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        if self.poisoned.is_some() {
+            return;
+        }
+        self.buf.truncate(self.filled);
+        self.buf.extend_from_slice(bytes);
+        self.filled = self.buf.len();
+    }
+
+    /// The next complete frame, `Ok(None)` if more bytes are needed.
+    ///
+    /// Errors (the connection must then be closed; the decoder is poisoned, drops its buffer and
+    /// returns the same error on every later call): any [`Header::decode`] error, and
+    /// [`WireError::TooLarge`] as soon as a header announces more than the maximum payload,
+    /// before that payload arrives.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, WireError> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        match self.try_next() {
+            Ok(f) => Ok(f),
+            Err(e) => {
+                self.poisoned = Some(e.clone());
+                self.buf = BytesMut::new();
+                self.filled = 0;
+                self.pending = None;
+                Err(e)
+            }
+        }
+    }
+
+    fn try_next(&mut self) -> Result<Option<Frame>, WireError> {
+        let header = match self.pending {
+            Some(h) => h,
+            None => {
+                let Some(raw) = self
+                    .buf
+                    .get(..HEADER_LEN)
+                    .filter(|_| self.filled >= HEADER_LEN)
+                else {
+                    return Ok(None);
+                };
+                let raw: &[u8; HEADER_LEN] = match raw.try_into() {
+                    Ok(r) => r,
+                    Err(_) => return Ok(None),
+                };
+                let h = Header::decode(raw)?;
+                self.pending = Some(h);
+                h
+            }
+        };
+        if header.len > self.max_payload {
+            return Err(WireError::TooLarge {
+                len: header.len,
+                max: self.max_payload,
+            });
+        }
+        let frame_len = HEADER_LEN + header.len as usize;
+        if self.filled < frame_len {
+            return Ok(None);
+        }
+        let mut whole = self.buf.split_to(frame_len);
+        whole.advance(HEADER_LEN);
+        self.filled -= frame_len;
+        self.pending = None;
+        Ok(Some(Frame {
+            header,
+            payload: whole.freeze(),
+        }))
+    }
+
+    /// Bytes received but not yet returned as frames (including a decoded pending header).
+    pub fn buffered(&self) -> usize {
+        self.filled
+    }
+
+    /// Whether an error has been returned; the connection must be closed.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oob::header::Kind;
+    use proptest::prelude::*;
+
+    fn hdr(kind: Kind, seq: u64, len: usize) -> Header {
+        Header {
+            kind,
+            origin: 3,
+            dst: 7,
+            tag: 42,
+            epoch: 9,
+            seq,
+            len: len as u32,
+        }
+    }
+
+    fn encode(frames: &[Frame]) -> Vec<u8> {
+        let mut v = Vec::new();
+        for f in frames {
+            v.extend_from_slice(&f.header.encode());
+            v.extend_from_slice(&f.payload);
+        }
+        v
+    }
+
+    fn sample_frames() -> Vec<Frame> {
+        [0usize, 1, 5, 300, 0, 70_000, 2]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| Frame {
+                header: hdr(Kind::Msg, i as u64, len),
+                payload: Bytes::from((0..len).map(|b| (b * 7 + i) as u8).collect::<Vec<_>>()),
+            })
+            .collect()
+    }
+
+    fn drain(d: &mut FrameDecoder, out: &mut Vec<Frame>) {
+        while let Some(f) = d.next_frame().expect("valid stream") {
+            out.push(f);
+        }
+    }
+
+    /// Feed through read_space/commit in pieces of the given sizes.
+    fn via_read_space(bytes: &[u8], piece: usize, max: u32) -> Vec<Frame> {
+        let mut d = FrameDecoder::new(max);
+        let mut out = Vec::new();
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let space = d.read_space();
+            assert!(space.len() >= READ_CHUNK_BYTES);
+            let n = piece.min(rest.len()).min(space.len());
+            space[..n].copy_from_slice(&rest[..n]);
+            d.commit(n);
+            rest = &rest[n..];
+            drain(&mut d, &mut out);
+        }
+        assert_eq!(d.buffered(), 0);
+        out
+    }
+
+    #[test]
+    fn all_at_once() {
+        let frames = sample_frames();
+        let mut d = FrameDecoder::new(1 << 20);
+        d.feed(&encode(&frames));
+        let mut out = Vec::new();
+        drain(&mut d, &mut out);
+        assert_eq!(out, frames);
+        assert_eq!(d.buffered(), 0);
+    }
+
+    #[test]
+    fn one_byte_at_a_time() {
+        let frames = sample_frames();
+        let bytes = encode(&frames);
+        let mut d = FrameDecoder::new(1 << 20);
+        let mut out = Vec::new();
+        for b in &bytes {
+            d.feed(std::slice::from_ref(b));
+            drain(&mut d, &mut out);
+        }
+        assert_eq!(out, frames);
+        assert_eq!(via_read_space(&bytes, 1, 1 << 20), frames);
+    }
+
+    #[test]
+    fn various_read_sizes() {
+        let frames = sample_frames();
+        let bytes = encode(&frames);
+        for piece in [2, 39, 40, 41, 1000, 65_536, usize::MAX] {
+            assert_eq!(
+                via_read_space(&bytes, piece, 1 << 20),
+                frames,
+                "piece {piece}"
+            );
+        }
+    }
+
+    #[test]
+    fn split_at_every_offset() {
+        let frames: Vec<Frame> = sample_frames()
+            .into_iter()
+            .filter(|f| f.payload.len() < 1000)
+            .collect();
+        let bytes = encode(&frames);
+        for cut in 0..=bytes.len() {
+            let mut d = FrameDecoder::new(1 << 20);
+            let mut out = Vec::new();
+            d.feed(&bytes[..cut]);
+            drain(&mut d, &mut out);
+            d.feed(&bytes[cut..]);
+            drain(&mut d, &mut out);
+            assert_eq!(out, frames, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn large_payload_single_allocation() {
+        const LEN: usize = 50 * 1024 * 1024;
+        let h = hdr(Kind::Msg, 1, LEN);
+        let mut d = FrameDecoder::new(64 * 1024 * 1024);
+        // The first read: a chunk containing the header and the start of the payload.
+        let space = d.read_space();
+        assert_eq!(space.len(), READ_CHUNK_BYTES);
+        space[..HEADER_LEN].copy_from_slice(&h.encode());
+        space[HEADER_LEN] = 0xAB;
+        d.commit(HEADER_LEN + 1);
+        assert_eq!(d.next_frame(), Ok(None));
+        // Now the decoder knows the frame size: it asks for the exact remainder.
+        let space = d.read_space();
+        assert_eq!(space.len(), LEN - 1);
+        let first_ptr = space.as_ptr();
+        space[LEN - 2] = 0xCD;
+        d.commit(LEN / 2);
+        assert_eq!(d.next_frame(), Ok(None));
+        // The second read lands in the same allocation (no move).
+        let space = d.read_space();
+        assert_eq!(space.len(), LEN - 1 - LEN / 2);
+        assert_eq!(space.as_ptr(), first_ptr.wrapping_add(LEN / 2));
+        let n = space.len();
+        d.commit(n);
+        let f = d.next_frame().expect("ok").expect("complete");
+        assert_eq!(f.header, h);
+        assert_eq!(f.payload.len(), LEN);
+        assert_eq!(f.payload[0], 0xAB);
+        assert_eq!(f.payload[LEN - 1], 0xCD);
+        assert_eq!(f.payload.as_ptr(), first_ptr.wrapping_sub(1));
+        assert_eq!(d.buffered(), 0);
+        // The next read gets a fresh ordinary chunk, not a 50 MiB one.
+        assert_eq!(d.read_space().len(), READ_CHUNK_BYTES);
+    }
+
+    #[test]
+    fn read_space_sizes_from_undecoded_header_capped_by_max() {
+        let mut d = FrameDecoder::new(1 << 20);
+        d.feed(&hdr(Kind::Msg, 0, 200_000).encode());
+        // Header in, next_frame not called yet: still sized for the whole frame.
+        assert_eq!(d.read_space().len(), 200_000);
+        // A hostile header announcing 4 GiB does not make us allocate more than the maximum.
+        let mut d = FrameDecoder::new(100_000);
+        d.feed(&hdr(Kind::Msg, 0, u32::MAX as usize).encode());
+        assert_eq!(d.read_space().len(), 100_000);
+        assert!(matches!(d.next_frame(), Err(WireError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn commit_truncates_unreceived_tail() {
+        let h = hdr(Kind::Heartbeat, 0, 0);
+        let mut d = FrameDecoder::new(16);
+        let space = d.read_space();
+        space[..HEADER_LEN].copy_from_slice(&h.encode());
+        d.commit(HEADER_LEN);
+        assert_eq!(d.buffered(), HEADER_LEN);
+        let f = d.next_frame().expect("ok").expect("frame");
+        assert_eq!(f.header, h);
+        assert!(f.payload.is_empty());
+        assert_eq!(d.next_frame(), Ok(None));
+        // An oversized commit is clamped, never a panic.
+        let room = d.read_space().len();
+        d.commit(room + 10);
+        assert_eq!(d.buffered(), room);
+    }
+
+    #[test]
+    fn memory_stays_bounded_over_many_frames() {
+        let frames = sample_frames();
+        let bytes = encode(&frames);
+        let mut d = FrameDecoder::new(1 << 20);
+        for _ in 0..200 {
+            let mut out = Vec::new();
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let space = d.read_space();
+                let n = 1500.min(rest.len()).min(space.len());
+                space[..n].copy_from_slice(&rest[..n]);
+                d.commit(n);
+                rest = &rest[n..];
+                drain(&mut d, &mut out);
+            }
+            assert_eq!(out.len(), frames.len());
+            assert!(d.buf.capacity() <= 4 * READ_CHUNK_BYTES + 70_000);
+        }
+    }
+
+    #[test]
+    fn too_large_from_header_alone() {
+        let h = hdr(Kind::Msg, 0, 1001);
+        let mut d = FrameDecoder::new(1000);
+        d.feed(&h.encode());
+        assert_eq!(
+            d.next_frame(),
+            Err(WireError::TooLarge {
+                len: 1001,
+                max: 1000
+            })
+        );
+        // Exactly the maximum is fine.
+        let mut d = FrameDecoder::new(1000);
+        let h = hdr(Kind::Msg, 0, 1000);
+        d.feed(&h.encode());
+        d.feed(&[0; 1000]);
+        assert_eq!(
+            d.next_frame().expect("ok").expect("frame").payload.len(),
+            1000
+        );
+    }
+
+    #[test]
+    fn lowering_max_applies_to_pending_header() {
+        let mut d = FrameDecoder::new(1000);
+        d.feed(&hdr(Kind::Msg, 0, 600).encode());
+        assert_eq!(d.next_frame(), Ok(None));
+        d.set_max_payload(500);
+        assert!(matches!(d.next_frame(), Err(WireError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn raising_max_after_handshake() {
+        let mut d = FrameDecoder::new(10);
+        d.feed(&hdr(Kind::Hello, 0, 4).encode());
+        d.feed(&[1, 2, 3, 4]);
+        d.feed(&hdr(Kind::Msg, 1, 100).encode());
+        d.feed(&[0; 100]);
+        assert_eq!(d.next_frame().expect("ok").expect("hello").payload.len(), 4);
+        d.set_max_payload(1000);
+        assert_eq!(d.next_frame().expect("ok").expect("msg").payload.len(), 100);
+    }
+
+    #[test]
+    fn poisoned_after_error() {
+        let mut d = FrameDecoder::new(1000);
+        let mut bad = hdr(Kind::Msg, 0, 0).encode();
+        bad[0] = 0;
+        d.feed(&bad);
+        d.feed(&hdr(Kind::Msg, 0, 0).encode());
+        let e = WireError::BadMagic([0, b'B']);
+        assert_eq!(d.next_frame(), Err(e.clone()));
+        assert_eq!(d.next_frame(), Err(e.clone()));
+        assert!(d.is_poisoned());
+        d.feed(&hdr(Kind::Msg, 0, 0).encode());
+        let room = d.read_space().len();
+        d.commit(room);
+        assert_eq!(d.next_frame(), Err(e));
+        assert_eq!(d.buffered(), 0);
+    }
+
+    #[test]
+    fn header_errors_surface() {
+        for (at, val, want) in [
+            (2usize, 7u8, WireError::BadVersion(7)),
+            (3, 0, WireError::UnknownKind(0)),
+            (37, 1, WireError::ReservedNonZero(0x0001_0000)),
+        ] {
+            let mut b = hdr(Kind::Msg, 0, 0).encode();
+            b[at] = val;
+            let mut d = FrameDecoder::new(10);
+            d.feed(&b);
+            assert_eq!(d.next_frame(), Err(want));
+        }
+    }
+
+    fn run_bytes(max: u32, chunks: &[Vec<u8>]) {
+        let mut d = FrameDecoder::new(max);
+        for c in chunks {
+            let space = d.read_space();
+            let n = c.len().min(space.len());
+            space[..n].copy_from_slice(&c[..n]);
+            d.commit(n);
+            while let Ok(Some(f)) = d.next_frame() {
+                assert_eq!(f.payload.len(), f.header.len as usize);
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(
+            chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..200), 0..20),
+            max in 0u32..5000,
+        ) {
+            run_bytes(max, &chunks);
+        }
+
+        #[test]
+        fn bit_flipped_streams_never_panic(flips in proptest::collection::vec((any::<usize>(), 0u8..8), 1..6), piece in 1usize..500) {
+            let frames: Vec<Frame> = sample_frames().into_iter().filter(|f| f.payload.len() < 1000).collect();
+            let mut bytes = encode(&frames);
+            let n = bytes.len();
+            for (at, bit) in flips {
+                if let Some(b) = bytes.get_mut(at % n) { *b ^= 1 << bit; }
+            }
+            let chunks: Vec<Vec<u8>> = bytes.chunks(piece).map(|c| c.to_vec()).collect();
+            run_bytes(2000, &chunks);
+        }
+    }
+}

@@ -1,0 +1,737 @@
+//! The connection handshake, sans-IO and frame-level: the [`FrameDecoder`](super::FrameDecoder)
+//! reads bytes incrementally (so one stray byte never stalls the loop), this state machine
+//! judges whole frames. Wire layout: `docs/wire.md`.
+//!
+//! ```text
+//! dialler                                   acceptor
+//!   Handshake::dial ──── Hello ────────────▶ Handshake::accept
+//!                                            handle_frame -> HelloReceived(peer)
+//!                                            driver: accept_peer() (or reject() + close)
+//!   handle_frame ◀────── HelloAck ────────── accept_peer -> Established(peer)
+//!   -> Established(peer)
+//! ```
+//!
+//! Driver duties: use `limits::HANDSHAKE_MAX_PAYLOAD` as the decoder's maximum until
+//! `Established`, then the configured message maximum; push every [`Handshake::poll_transmit`]
+//! frame into the connection's send queue; on any `Err` log its `Display` text and close the
+//! connection. A rejected dialler sees the connection closed before any `HelloAck`.
+//!
+//! Authentication (planned): the identity payload ends in a 16-byte nonce, zero for now and
+//! ignored on receipt. A challenge-response fills the dialler's nonce with a challenge, has the
+//! acceptor answer with a MAC over it under the shared job key (and its own challenge) in the
+//! `HelloAck`, and adds a third frame from the dialler; the checks slot into
+//! `on_hello`/`on_hello_ack` and a new state between them, without changing the header.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::frame::Frame;
+use super::header::{Header, Kind, WireError};
+use crate::Rank;
+use crate::limits::DVM_ID_MAX_BYTES;
+
+/// Length of the reserved nonce at the end of a `Hello`/`HelloAck` payload.
+pub const NONCE_LEN: usize = 16;
+
+/// This daemon's side of every handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandshakeConfig {
+    pub me: Rank,
+    /// Number of daemons in the DVM; valid ranks are `0..size`.
+    pub size: u32,
+    /// This daemon's incarnation epoch.
+    pub epoch: u64,
+    /// The DVM identity both sides must share (UTF-8, at most `DVM_ID_MAX_BYTES` bytes).
+    pub dvm_id: String,
+}
+
+impl HandshakeConfig {
+    /// Check the configuration before use: an identity longer than `DVM_ID_MAX_BYTES` would be
+    /// truncated on the wire (and logged), and `me` must be a rank of the DVM.
+    pub fn validate(&self) -> Result<(), HandshakeError> {
+        if self.dvm_id.len() > DVM_ID_MAX_BYTES {
+            return Err(HandshakeError::Malformed(
+                "DVM identity longer than 255 bytes",
+            ));
+        }
+        if self.me >= self.size {
+            return Err(HandshakeError::BadRank {
+                rank: self.me,
+                size: self.size,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Who is on the other end of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PeerIdent {
+    pub rank: Rank,
+    /// The peer's incarnation epoch, from its handshake header.
+    pub epoch: u64,
+}
+
+/// What the driver must act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeEvent {
+    /// Acceptor: a valid `Hello` arrived. Resolve a simultaneous connect (see
+    /// [`keep_dialled_by`]) and call [`Handshake::accept_peer`] or [`Handshake::reject`].
+    HelloReceived(PeerIdent),
+    /// The handshake is complete: raise the decoder's maximum; data frames may flow.
+    Established(PeerIdent),
+}
+
+/// Why a handshake failed. Every variant means: log the `Display` text, close the connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandshakeError {
+    /// The peer belongs to another DVM.
+    WrongDvm { expected: String, got: String },
+    /// A frame of the wrong kind for this point of the handshake.
+    UnexpectedKind(Kind),
+    /// The handshake payload does not parse.
+    Malformed(&'static str),
+    /// The peer claims a rank outside `0..size`, or our own rank.
+    BadRank { rank: Rank, size: u32 },
+    /// The peer addressed its frame to another rank.
+    WrongDestination { dst: Rank, me: Rank },
+    /// The dialled address answered as another rank.
+    WrongPeer { expected: Rank, got: Rank },
+    /// This side rejected the peer (e.g. the losing half of a simultaneous connect).
+    Rejected,
+    /// The byte stream was invalid (from the frame decoder).
+    Wire(WireError),
+}
+
+impl fmt::Display for HandshakeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HandshakeError::WrongDvm { expected, got } => write!(
+                f,
+                "handshake refused: peer belongs to DVM {got:?}, this daemon to {expected:?}"
+            ),
+            HandshakeError::UnexpectedKind(k) => {
+                write!(f, "handshake refused: unexpected {k:?} frame")
+            }
+            HandshakeError::Malformed(why) => {
+                write!(f, "handshake refused: malformed payload ({why})")
+            }
+            HandshakeError::BadRank { rank, size } => write!(
+                f,
+                "handshake refused: rank {rank} is not a peer rank in a DVM of size {size}"
+            ),
+            HandshakeError::WrongDestination { dst, me } => write!(
+                f,
+                "handshake refused: frame addressed to rank {dst}, this daemon is rank {me}"
+            ),
+            HandshakeError::WrongPeer { expected, got } => write!(
+                f,
+                "handshake refused: dialled rank {expected} but rank {got} answered"
+            ),
+            HandshakeError::Rejected => write!(f, "handshake rejected by this daemon"),
+            HandshakeError::Wire(e) => write!(f, "handshake failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for HandshakeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            HandshakeError::Wire(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<WireError> for HandshakeError {
+    fn from(e: WireError) -> Self {
+        HandshakeError::Wire(e)
+    }
+}
+
+/// Simultaneous connect: when daemons `a` and `b` have dialled each other, both keep the
+/// connection dialled by the returned rank (the higher one) and close the other.
+pub fn keep_dialled_by(a: Rank, b: Rank) -> Rank {
+    a.max(b)
+}
+
+/// Encode a `Hello`/`HelloAck` payload: u16 BE identity length, identity bytes, nonce.
+/// An identity over `DVM_ID_MAX_BYTES` is truncated at a character boundary (and logged).
+pub fn encode_identity(dvm_id: &str, nonce: &[u8; NONCE_LEN]) -> Bytes {
+    let mut id = dvm_id;
+    if id.len() > DVM_ID_MAX_BYTES {
+        log::error!(
+            "DVM identity of {} bytes exceeds {DVM_ID_MAX_BYTES}; truncating",
+            id.len()
+        );
+        let mut cut = DVM_ID_MAX_BYTES;
+        while !id.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        id = id.get(..cut).unwrap_or("");
+    }
+    let mut b = BytesMut::with_capacity(2 + id.len() + NONCE_LEN);
+    // id.len() <= 255 here, so the cast is lossless.
+    b.put_u16(id.len() as u16);
+    b.put_slice(id.as_bytes());
+    b.put_slice(nonce);
+    b.freeze()
+}
+
+/// Parse a `Hello`/`HelloAck` payload into (identity, nonce). The payload must be exactly
+/// `2 + identity length + NONCE_LEN` bytes with a UTF-8 identity of at most `DVM_ID_MAX_BYTES`.
+pub fn decode_identity(payload: &[u8]) -> Result<(&str, [u8; NONCE_LEN]), HandshakeError> {
+    let (len, rest) = payload
+        .split_first_chunk::<2>()
+        .ok_or(HandshakeError::Malformed(
+            "payload shorter than its length field",
+        ))?;
+    let len = usize::from(u16::from_be_bytes(*len));
+    if len > DVM_ID_MAX_BYTES {
+        return Err(HandshakeError::Malformed(
+            "DVM identity longer than 255 bytes",
+        ));
+    }
+    let id = rest.get(..len).ok_or(HandshakeError::Malformed(
+        "payload shorter than its identity",
+    ))?;
+    let nonce_bytes = rest.get(len..).unwrap_or(&[]);
+    let nonce: [u8; NONCE_LEN] = nonce_bytes
+        .try_into()
+        .map_err(|_| HandshakeError::Malformed("nonce is not exactly 16 bytes"))?;
+    let id =
+        std::str::from_utf8(id).map_err(|_| HandshakeError::Malformed("DVM identity not UTF-8"))?;
+    Ok((id, nonce))
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    /// Dialler: Hello queued, waiting for the HelloAck.
+    AwaitAck {
+        peer: Rank,
+    },
+    /// Acceptor: waiting for the Hello.
+    AwaitHello,
+    /// Acceptor: valid Hello received; the driver decides.
+    Deciding(PeerIdent),
+    Established(PeerIdent),
+    Failed(HandshakeError),
+}
+
+/// One connection's handshake. Create with [`dial`](Self::dial) or [`accept`](Self::accept);
+/// feed decoded frames to [`handle_frame`](Self::handle_frame) until `Established`; send what
+/// [`poll_transmit`](Self::poll_transmit) returns.
+#[derive(Debug, Clone)]
+pub struct Handshake {
+    cfg: HandshakeConfig,
+    state: State,
+    out: VecDeque<(Header, Bytes)>,
+}
+
+impl Handshake {
+    /// Dialler side: queues the `Hello` for `peer` (take it with `poll_transmit`).
+    pub fn dial(cfg: &HandshakeConfig, peer: Rank) -> Self {
+        let mut hs = Handshake {
+            cfg: cfg.clone(),
+            state: State::AwaitAck { peer },
+            out: VecDeque::new(),
+        };
+        hs.queue(Kind::Hello, peer);
+        hs
+    }
+
+    /// Acceptor side: waits for the dialler's `Hello`.
+    pub fn accept(cfg: &HandshakeConfig) -> Self {
+        Handshake {
+            cfg: cfg.clone(),
+            state: State::AwaitHello,
+            out: VecDeque::new(),
+        }
+    }
+
+    fn queue(&mut self, kind: Kind, dst: Rank) {
+        let payload = encode_identity(&self.cfg.dvm_id, &[0; NONCE_LEN]);
+        let header = Header {
+            kind,
+            origin: self.cfg.me,
+            dst,
+            tag: 0,
+            epoch: self.cfg.epoch,
+            seq: 0,
+            // Payload is at most 2 + 255 + 16 bytes.
+            len: payload.len() as u32,
+        };
+        self.out.push_back((header, payload));
+    }
+
+    /// The next frame to send, if any. Push it into the connection's `SendQueue`.
+    pub fn poll_transmit(&mut self) -> Option<(Header, Bytes)> {
+        self.out.pop_front()
+    }
+
+    /// Judge one decoded frame from the peer.
+    ///
+    /// Returns `Ok(Some(event))` to act on, or `Err` (log it, close the connection; the
+    /// handshake then returns the same error for every later frame). Once established, data
+    /// frames belong to the messaging layer, not here: passing one returns `UnexpectedKind`
+    /// without changing state. On the acceptor, frames arriving after `HelloReceived` and before
+    /// the decision are a protocol violation (the dialler must wait for the `HelloAck`).
+    pub fn handle_frame(&mut self, frame: Frame) -> Result<Option<HandshakeEvent>, HandshakeError> {
+        let result = match &self.state {
+            State::Failed(e) => return Err(e.clone()),
+            State::Established(_) => return Err(HandshakeError::UnexpectedKind(frame.header.kind)),
+            State::AwaitAck { peer } => self.on_hello_ack(*peer, &frame),
+            State::AwaitHello => self.on_hello(&frame),
+            State::Deciding(_) => Err(HandshakeError::UnexpectedKind(frame.header.kind)),
+        };
+        match result {
+            Ok(state) => {
+                let event = match state {
+                    State::Deciding(p) => Some(HandshakeEvent::HelloReceived(p)),
+                    State::Established(p) => Some(HandshakeEvent::Established(p)),
+                    _ => None,
+                };
+                self.state = state;
+                Ok(event)
+            }
+            Err(e) => {
+                log::debug!("{e}");
+                self.state = State::Failed(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    fn check_identity(&self, frame: &Frame) -> Result<(), HandshakeError> {
+        let (id, _nonce) = decode_identity(&frame.payload)?;
+        if id != self.cfg.dvm_id {
+            return Err(HandshakeError::WrongDvm {
+                expected: self.cfg.dvm_id.clone(),
+                got: id.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_dst(&self, h: &Header) -> Result<(), HandshakeError> {
+        if h.dst != self.cfg.me {
+            return Err(HandshakeError::WrongDestination {
+                dst: h.dst,
+                me: self.cfg.me,
+            });
+        }
+        Ok(())
+    }
+
+    fn on_hello(&self, frame: &Frame) -> Result<State, HandshakeError> {
+        let h = &frame.header;
+        if h.kind != Kind::Hello {
+            return Err(HandshakeError::UnexpectedKind(h.kind));
+        }
+        self.check_identity(frame)?;
+        if h.origin >= self.cfg.size || h.origin == self.cfg.me {
+            return Err(HandshakeError::BadRank {
+                rank: h.origin,
+                size: self.cfg.size,
+            });
+        }
+        self.check_dst(h)?;
+        Ok(State::Deciding(PeerIdent {
+            rank: h.origin,
+            epoch: h.epoch,
+        }))
+    }
+
+    fn on_hello_ack(&self, peer: Rank, frame: &Frame) -> Result<State, HandshakeError> {
+        let h = &frame.header;
+        if h.kind != Kind::HelloAck {
+            return Err(HandshakeError::UnexpectedKind(h.kind));
+        }
+        self.check_identity(frame)?;
+        if h.origin != peer {
+            return Err(HandshakeError::WrongPeer {
+                expected: peer,
+                got: h.origin,
+            });
+        }
+        self.check_dst(h)?;
+        Ok(State::Established(PeerIdent {
+            rank: peer,
+            epoch: h.epoch,
+        }))
+    }
+
+    /// Acceptor, after `HelloReceived`: queue the `HelloAck` and complete the handshake.
+    /// Returns `Established`. Calling it again once established returns the same event and
+    /// queues nothing. Use [`try_accept_peer`](Self::try_accept_peer) to avoid the panic.
+    ///
+    /// # Panics
+    /// If no `HelloReceived` is pending (driver bug; never caused by network input).
+    pub fn accept_peer(&mut self) -> HandshakeEvent {
+        match self.try_accept_peer() {
+            Some(ev) => ev,
+            None => panic!("Handshake::accept_peer called without a pending HelloReceived"),
+        }
+    }
+
+    /// As [`accept_peer`](Self::accept_peer), but `None` (state unchanged) when no
+    /// `HelloReceived` is pending.
+    pub fn try_accept_peer(&mut self) -> Option<HandshakeEvent> {
+        match self.state {
+            State::Deciding(p) => {
+                self.queue(Kind::HelloAck, p.rank);
+                self.state = State::Established(p);
+                Some(HandshakeEvent::Established(p))
+            }
+            State::Established(p) => Some(HandshakeEvent::Established(p)),
+            _ => None,
+        }
+    }
+
+    /// Refuse the peer (e.g. the losing connection of a simultaneous connect). Nothing is sent:
+    /// the driver closes the connection. Later frames return `HandshakeError::Rejected`.
+    pub fn reject(&mut self) {
+        self.out.clear();
+        self.state = State::Failed(HandshakeError::Rejected);
+    }
+
+    /// Whether the handshake completed; data frames may flow.
+    pub fn is_established(&self) -> bool {
+        matches!(self.state, State::Established(_))
+    }
+
+    /// Whether the handshake failed (or was rejected); the connection must be closed.
+    pub fn is_failed(&self) -> bool {
+        matches!(self.state, State::Failed(_))
+    }
+
+    /// The peer, once known: the dialled rank for a dialler (epoch once established), the
+    /// `Hello`'s origin for an acceptor.
+    pub fn peer(&self) -> Option<PeerIdent> {
+        match &self.state {
+            State::Deciding(p) | State::Established(p) => Some(*p),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::HANDSHAKE_MAX_PAYLOAD;
+    use crate::oob::{FrameDecoder, SendQueue};
+    use proptest::prelude::*;
+    use std::io::IoSlice;
+
+    fn cfg(me: Rank) -> HandshakeConfig {
+        HandshakeConfig {
+            me,
+            size: 8,
+            epoch: 100 + u64::from(me),
+            dvm_id: "prterun-host-1234@0".to_owned(),
+        }
+    }
+
+    /// Move every queued frame of `from` through a SendQueue, raw bytes and a FrameDecoder.
+    fn transfer(from: &mut Handshake) -> Vec<Frame> {
+        let mut q = SendQueue::new(1 << 20);
+        while let Some((h, p)) = from.poll_transmit() {
+            q.push(&h, p).expect("room");
+        }
+        let mut wire = Vec::new();
+        while !q.is_empty() {
+            let mut iov = [IoSlice::new(&[]); 8];
+            let n = q.io_slices(&mut iov);
+            let before = wire.len();
+            for s in &iov[..n] {
+                wire.extend_from_slice(s);
+            }
+            q.advance(wire.len() - before);
+        }
+        let mut dec = FrameDecoder::new(HANDSHAKE_MAX_PAYLOAD);
+        let mut frames = Vec::new();
+        for b in wire {
+            dec.feed(&[b]);
+            while let Some(f) = dec.next_frame().expect("valid") {
+                frames.push(f);
+            }
+        }
+        frames
+    }
+
+    fn one(from: &mut Handshake) -> Frame {
+        let mut v = transfer(from);
+        assert_eq!(v.len(), 1);
+        v.remove(0)
+    }
+
+    fn hello_from(me: Rank, to: Rank) -> Frame {
+        one(&mut Handshake::dial(&cfg(me), to))
+    }
+
+    #[test]
+    fn happy_path() {
+        let mut d = Handshake::dial(&cfg(2), 5);
+        let mut a = Handshake::accept(&cfg(5));
+        assert!(a.poll_transmit().is_none());
+        let hello = one(&mut d);
+        assert_eq!(hello.header.kind, Kind::Hello);
+        assert_eq!(hello.header.len as usize, hello.payload.len());
+        assert!(hello.payload.len() <= HANDSHAKE_MAX_PAYLOAD as usize);
+        let p2 = PeerIdent {
+            rank: 2,
+            epoch: 102,
+        };
+        assert_eq!(
+            a.handle_frame(hello),
+            Ok(Some(HandshakeEvent::HelloReceived(p2)))
+        );
+        assert!(!a.is_established());
+        assert_eq!(a.peer(), Some(p2));
+        assert_eq!(a.accept_peer(), HandshakeEvent::Established(p2));
+        assert!(a.is_established());
+        let ack = one(&mut a);
+        assert_eq!(ack.header.kind, Kind::HelloAck);
+        assert_eq!((ack.header.origin, ack.header.dst), (5, 2));
+        // Idempotent: no second ack.
+        assert_eq!(a.accept_peer(), HandshakeEvent::Established(p2));
+        assert!(a.poll_transmit().is_none());
+        let p5 = PeerIdent {
+            rank: 5,
+            epoch: 105,
+        };
+        assert_eq!(
+            d.handle_frame(ack),
+            Ok(Some(HandshakeEvent::Established(p5)))
+        );
+        assert!(d.is_established());
+        assert_eq!(d.peer(), Some(p5));
+        // Data frames are not the handshake's business.
+        let data = Frame {
+            header: Header {
+                kind: Kind::Msg,
+                ..hello_from(2, 5).header
+            },
+            payload: Bytes::new(),
+        };
+        assert_eq!(
+            d.handle_frame(data),
+            Err(HandshakeError::UnexpectedKind(Kind::Msg))
+        );
+        assert!(d.is_established());
+    }
+
+    #[test]
+    fn identity_payload_layout() {
+        let p = encode_identity("ab", &[0; NONCE_LEN]);
+        let mut want = vec![0, 2, b'a', b'b'];
+        want.extend_from_slice(&[0; NONCE_LEN]);
+        assert_eq!(&p[..], &want[..]);
+        assert_eq!(decode_identity(&p), Ok(("ab", [0; NONCE_LEN])));
+    }
+
+    #[test]
+    fn long_identity_is_truncated_and_flagged() {
+        let mut c = cfg(1);
+        c.dvm_id = "é".repeat(200); // 400 bytes
+        assert!(c.validate().is_err());
+        let p = encode_identity(&c.dvm_id, &[0; NONCE_LEN]);
+        let (id, _) = decode_identity(&p).expect("valid");
+        assert_eq!(id.len(), 254);
+        assert!(cfg(1).validate().is_ok());
+    }
+
+    #[test]
+    fn wrong_dvm() {
+        let mut a = Handshake::accept(&cfg(5));
+        let mut other = cfg(2);
+        other.dvm_id = "someone-else".to_owned();
+        let hello = one(&mut Handshake::dial(&other, 5));
+        let e = a.handle_frame(hello).expect_err("refused");
+        assert_eq!(
+            e,
+            HandshakeError::WrongDvm {
+                expected: cfg(5).dvm_id,
+                got: "someone-else".to_owned()
+            }
+        );
+        assert!(e.to_string().contains("someone-else"));
+        assert!(a.is_failed());
+        // Poisoned: the same error again.
+        assert_eq!(a.handle_frame(hello_from(2, 5)), Err(e));
+    }
+
+    #[test]
+    fn acceptor_rejections() {
+        let cases: Vec<(Frame, HandshakeError)> = vec![
+            (
+                hello_from(8, 5),
+                HandshakeError::BadRank { rank: 8, size: 8 },
+            ),
+            (
+                hello_from(5, 5),
+                HandshakeError::BadRank { rank: 5, size: 8 },
+            ),
+            (
+                hello_from(2, 4),
+                HandshakeError::WrongDestination { dst: 4, me: 5 },
+            ),
+            (
+                Frame {
+                    header: Header {
+                        kind: Kind::HelloAck,
+                        ..hello_from(2, 5).header
+                    },
+                    ..hello_from(2, 5)
+                },
+                HandshakeError::UnexpectedKind(Kind::HelloAck),
+            ),
+            (
+                Frame {
+                    header: Header {
+                        kind: Kind::Msg,
+                        ..hello_from(2, 5).header
+                    },
+                    ..hello_from(2, 5)
+                },
+                HandshakeError::UnexpectedKind(Kind::Msg),
+            ),
+        ];
+        for (frame, want) in cases {
+            let mut a = Handshake::accept(&cfg(5));
+            assert_eq!(a.handle_frame(frame), Err(want));
+            assert!(a.is_failed());
+        }
+    }
+
+    #[test]
+    fn dialler_rejections() {
+        let ack_from = |me: Rank, to: Rank, kind: Kind| {
+            let mut a = Handshake::accept(&cfg(me));
+            a.handle_frame(hello_from(to, me)).expect("hello ok");
+            a.accept_peer();
+            let mut f = one(&mut a);
+            f.header.kind = kind;
+            f
+        };
+        let cases = [
+            (
+                ack_from(6, 2, Kind::HelloAck),
+                HandshakeError::WrongPeer {
+                    expected: 5,
+                    got: 6,
+                },
+            ),
+            (
+                ack_from(5, 3, Kind::HelloAck),
+                HandshakeError::WrongDestination { dst: 3, me: 2 },
+            ),
+            (
+                ack_from(5, 2, Kind::Hello),
+                HandshakeError::UnexpectedKind(Kind::Hello),
+            ),
+        ];
+        for (frame, want) in cases {
+            let mut d = Handshake::dial(&cfg(2), 5);
+            assert_eq!(d.handle_frame(frame), Err(want));
+            assert!(!d.is_established());
+        }
+    }
+
+    #[test]
+    fn malformed_payloads() {
+        let good = hello_from(2, 5);
+        let id = cfg(2).dvm_id;
+        let with = |payload: Vec<u8>| Frame {
+            header: Header {
+                len: payload.len() as u32,
+                ..good.header
+            },
+            payload: Bytes::from(payload),
+        };
+        let mut too_long = vec![1, 0];
+        too_long.extend_from_slice(&[b'a'; 256]);
+        too_long.extend_from_slice(&[0; NONCE_LEN]);
+        let mut bad_utf8 = vec![0, 2, 0xff, 0xfe];
+        bad_utf8.extend_from_slice(&[0; NONCE_LEN]);
+        let mut trailing = good.payload.to_vec();
+        trailing.push(0);
+        let truncated = good.payload[..good.payload.len() - 1].to_vec();
+        let mut short_id = vec![0, id.len() as u8 + 20];
+        short_id.extend_from_slice(id.as_bytes());
+        let cases = [
+            vec![],
+            vec![0],
+            vec![0, 0],
+            truncated,
+            trailing,
+            too_long,
+            bad_utf8,
+            short_id,
+            b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+        ];
+        for payload in cases {
+            let mut a = Handshake::accept(&cfg(5));
+            let r = a.handle_frame(with(payload.clone()));
+            assert!(
+                matches!(r, Err(HandshakeError::Malformed(_))),
+                "{payload:?}: {r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn reject_and_misuse() {
+        let mut a = Handshake::accept(&cfg(5));
+        assert_eq!(a.try_accept_peer(), None);
+        a.handle_frame(hello_from(2, 5)).expect("ok");
+        a.reject();
+        assert!(a.is_failed());
+        assert!(a.poll_transmit().is_none());
+        assert_eq!(a.try_accept_peer(), None);
+        assert_eq!(
+            a.handle_frame(hello_from(2, 5)),
+            Err(HandshakeError::Rejected)
+        );
+        // A frame while the driver is still deciding is a protocol violation.
+        let mut a = Handshake::accept(&cfg(5));
+        a.handle_frame(hello_from(2, 5)).expect("ok");
+        assert!(a.handle_frame(hello_from(2, 5)).is_err());
+    }
+
+    #[test]
+    fn simultaneous_connect_rule() {
+        assert_eq!(keep_dialled_by(3, 7), 7);
+        assert_eq!(keep_dialled_by(7, 3), 7);
+        assert_eq!(keep_dialled_by(0, 1), 1);
+    }
+
+    #[test]
+    fn wire_error_converts() {
+        let e = HandshakeError::from(WireError::BadVersion(2));
+        assert!(e.to_string().contains("version 2"));
+    }
+
+    proptest! {
+        #[test]
+        fn random_frames_never_panic(
+            kind in 1u8..=5, origin in any::<u32>(), dst in 0u32..10, epoch in any::<u64>(),
+            payload in proptest::collection::vec(any::<u8>(), 0..300),
+            flip in any::<(usize, u8)>(),
+        ) {
+            let kind = Kind::try_from(kind).expect("valid kind");
+            let header = Header { kind, origin, dst, tag: 0, epoch, seq: 0, len: payload.len() as u32 };
+            let f = Frame { header, payload: Bytes::from(payload) };
+            let _ = Handshake::accept(&cfg(5)).handle_frame(f.clone());
+            let _ = Handshake::dial(&cfg(5), 2).handle_frame(f);
+            // A bit-flipped valid Hello.
+            let mut good = hello_from(2, 5).payload.to_vec();
+            let n = good.len();
+            if let Some(b) = good.get_mut(flip.0 % n) { *b ^= 1 << (flip.1 % 8); }
+            let f = Frame { header: Header { len: n as u32, ..hello_from(2, 5).header }, payload: Bytes::from(good) };
+            let _ = Handshake::accept(&cfg(5)).handle_frame(f);
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! The fixed 40-byte frame header, in network byte order. Layout: `docs/wire.md`.
+//!
+//! ```text
+//! off len field
+//! 0   2   magic  b"TB"
+//! 2   1   version (PROTOCOL_VERSION)
+//! 3   1   kind   (Kind as u8)
+//! 4   4   origin rank (u32)
+//! 8   4   dst rank (u32)
+//! 12  4   tag (u32)
+//! 16  8   epoch (u64)  sender's incarnation epoch
+//! 24  8   seq (u64)    per-link sequence number
+//! 32  4   len (u32)    payload length in bytes
+//! 36  4   reserved, must be zero
+//! ```
+
+use std::fmt;
+
+use crate::Rank;
+
+/// Length in bytes of every frame header.
+pub const HEADER_LEN: usize = 40;
+/// The first two bytes of every frame.
+pub const MAGIC: [u8; 2] = *b"TB";
+/// The wire protocol version this code speaks; a header with any other version is refused.
+pub const PROTOCOL_VERSION: u8 = 1;
+
+/// What a frame is. The numeric values are the wire encoding and never change meaning.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// First frame of a connection, sent by the dialler (payload: handshake identity).
+    Hello = 1,
+    /// The acceptor's answer to a `Hello` it accepted (payload: handshake identity).
+    HelloAck = 2,
+    /// A routed point-to-point message (user tags and reserved runtime tags).
+    Msg = 3,
+    /// A broadcast frame forwarded down the tree.
+    Xcast = 4,
+    /// A liveness probe on an otherwise idle link.
+    Heartbeat = 5,
+}
+
+impl Kind {
+    /// Every kind, in wire order.
+    pub const ALL: [Kind; 5] = [
+        Kind::Hello,
+        Kind::HelloAck,
+        Kind::Msg,
+        Kind::Xcast,
+        Kind::Heartbeat,
+    ];
+}
+
+impl From<Kind> for u8 {
+    fn from(k: Kind) -> u8 {
+        k as u8
+    }
+}
+
+impl TryFrom<u8> for Kind {
+    type Error = WireError;
+    /// Fails with `WireError::UnknownKind` for a value no `Kind` has.
+    fn try_from(v: u8) -> Result<Kind, WireError> {
+        match v {
+            1 => Ok(Kind::Hello),
+            2 => Ok(Kind::HelloAck),
+            3 => Ok(Kind::Msg),
+            4 => Ok(Kind::Xcast),
+            5 => Ok(Kind::Heartbeat),
+            other => Err(WireError::UnknownKind(other)),
+        }
+    }
+}
+
+/// A decoded frame header. `len` is the length of the payload that follows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Header {
+    pub kind: Kind,
+    pub origin: Rank,
+    pub dst: Rank,
+    pub tag: u32,
+    pub epoch: u64,
+    pub seq: u64,
+    pub len: u32,
+}
+
+/// Why bytes from a peer are not a valid frame. Every variant means the connection is unusable:
+/// the caller logs the `Display` text and closes that connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireError {
+    /// The frame does not start with `b"TB"`: not a tbon peer, or the stream lost sync.
+    BadMagic([u8; 2]),
+    /// The peer speaks another protocol version.
+    BadVersion(u8),
+    /// A kind byte no `Kind` has.
+    UnknownKind(u8),
+    /// The reserved header field is not zero (a later protocol version may use it).
+    ReservedNonZero(u32),
+    /// The header announces a payload longer than the receiver accepts.
+    TooLarge { len: u32, max: u32 },
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::BadMagic(m) => write!(
+                f,
+                "bad frame magic {:02x}{:02x} (expected \"TB\"): not a tbon peer or stream out of sync",
+                m[0], m[1]
+            ),
+            WireError::BadVersion(v) => write!(
+                f,
+                "unsupported protocol version {v} (this daemon speaks version {PROTOCOL_VERSION})"
+            ),
+            WireError::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
+            WireError::ReservedNonZero(r) => {
+                write!(f, "reserved header field is {r:#010x}, must be zero")
+            }
+            WireError::TooLarge { len, max } => write!(
+                f,
+                "frame payload of {len} bytes exceeds the maximum of {max} bytes"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+fn be_u32(b: &[u8; HEADER_LEN], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_be_bytes(a)
+}
+
+fn be_u64(b: &[u8; HEADER_LEN], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(a)
+}
+
+impl Header {
+    /// The 40 wire bytes of this header (reserved field zero).
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..2].copy_from_slice(&MAGIC);
+        b[2] = PROTOCOL_VERSION;
+        b[3] = self.kind as u8;
+        b[4..8].copy_from_slice(&self.origin.to_be_bytes());
+        b[8..12].copy_from_slice(&self.dst.to_be_bytes());
+        b[12..16].copy_from_slice(&self.tag.to_be_bytes());
+        b[16..24].copy_from_slice(&self.epoch.to_be_bytes());
+        b[24..32].copy_from_slice(&self.seq.to_be_bytes());
+        b[32..36].copy_from_slice(&self.len.to_be_bytes());
+        // 36..40 reserved: zero.
+        b
+    }
+
+    /// Parse 40 wire bytes. Checks, in this order: magic, version, kind, reserved == 0.
+    /// Does not check `len` against any maximum (the frame decoder does).
+    pub fn decode(bytes: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
+        // All indices below are constants within the fixed-size array.
+        let magic = [bytes[0], bytes[1]];
+        if magic != MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        if bytes[2] != PROTOCOL_VERSION {
+            return Err(WireError::BadVersion(bytes[2]));
+        }
+        let kind = Kind::try_from(bytes[3])?;
+        let reserved = be_u32(bytes, 36);
+        if reserved != 0 {
+            return Err(WireError::ReservedNonZero(reserved));
+        }
+        Ok(Header {
+            kind,
+            origin: be_u32(bytes, 4),
+            dst: be_u32(bytes, 8),
+            tag: be_u32(bytes, 12),
+            epoch: be_u64(bytes, 16),
+            seq: be_u64(bytes, 24),
+            len: be_u32(bytes, 32),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Header {
+        Header {
+            kind: Kind::Msg,
+            origin: 0x0102_0304,
+            dst: 0x0506_0708,
+            tag: 0x090a_0b0c,
+            epoch: 0x1112_1314_1516_1718,
+            seq: 0x2122_2324_2526_2728,
+            len: 0x3132_3334,
+        }
+    }
+
+    #[rustfmt::skip]
+    const GOLDEN: [u8; HEADER_LEN] = [
+        b'T', b'B',                                     // magic
+        1,                                              // version
+        3,                                              // kind = Msg
+        0x01, 0x02, 0x03, 0x04,                         // origin
+        0x05, 0x06, 0x07, 0x08,                         // dst
+        0x09, 0x0a, 0x0b, 0x0c,                         // tag
+        0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, // epoch
+        0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x27, 0x28, // seq
+        0x31, 0x32, 0x33, 0x34,                         // len
+        0, 0, 0, 0,                                     // reserved
+    ];
+
+    #[test]
+    fn encode_golden_bytes() {
+        assert_eq!(sample().encode(), GOLDEN);
+    }
+
+    #[test]
+    fn decode_golden_bytes() {
+        assert_eq!(Header::decode(&GOLDEN), Ok(sample()));
+    }
+
+    /// The example in `docs/wire.md`.
+    #[test]
+    fn documented_example() {
+        let h = Header {
+            kind: Kind::Msg,
+            origin: 1,
+            dst: 2,
+            tag: 3,
+            epoch: 4,
+            seq: 5,
+            len: 6,
+        };
+        #[rustfmt::skip]
+        let want: [u8; HEADER_LEN] = [
+            0x54, 0x42, 0x01, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
+            0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5,
+            0, 0, 0, 6, 0, 0, 0, 0,
+        ];
+        assert_eq!(h.encode(), want);
+    }
+
+    #[test]
+    fn roundtrip_every_kind() {
+        for kind in Kind::ALL {
+            let h = Header { kind, ..sample() };
+            assert_eq!(Header::decode(&h.encode()), Ok(h));
+            assert_eq!(Kind::try_from(u8::from(kind)), Ok(kind));
+        }
+    }
+
+    #[test]
+    fn kind_mapping() {
+        assert_eq!(Kind::try_from(0), Err(WireError::UnknownKind(0)));
+        assert_eq!(Kind::try_from(6), Err(WireError::UnknownKind(6)));
+        assert_eq!(Kind::try_from(255), Err(WireError::UnknownKind(255)));
+        assert_eq!(u8::from(Kind::Hello), 1);
+        assert_eq!(u8::from(Kind::Heartbeat), 5);
+    }
+
+    #[test]
+    fn bad_magic() {
+        let mut b = GOLDEN;
+        b[0] = b'X';
+        assert_eq!(Header::decode(&b), Err(WireError::BadMagic([b'X', b'B'])));
+    }
+
+    #[test]
+    fn bad_version() {
+        let mut b = GOLDEN;
+        b[2] = 2;
+        assert_eq!(Header::decode(&b), Err(WireError::BadVersion(2)));
+    }
+
+    #[test]
+    fn unknown_kind() {
+        let mut b = GOLDEN;
+        b[3] = 0;
+        assert_eq!(Header::decode(&b), Err(WireError::UnknownKind(0)));
+        b[3] = 99;
+        assert_eq!(Header::decode(&b), Err(WireError::UnknownKind(99)));
+    }
+
+    #[test]
+    fn reserved_non_zero() {
+        let mut b = GOLDEN;
+        b[39] = 1;
+        assert_eq!(Header::decode(&b), Err(WireError::ReservedNonZero(1)));
+        let mut b = GOLDEN;
+        b[36] = 0x80;
+        assert_eq!(
+            Header::decode(&b),
+            Err(WireError::ReservedNonZero(0x8000_0000))
+        );
+    }
+
+    #[test]
+    fn display_is_informative() {
+        let e = WireError::TooLarge { len: 10, max: 5 };
+        assert!(e.to_string().contains("10"));
+        assert!(e.to_string().contains('5'));
+        assert!(WireError::BadVersion(9).to_string().contains('9'));
+    }
+}

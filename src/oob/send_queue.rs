@@ -1,0 +1,476 @@
+//! Per-peer bounded send queue, written with vectored writes.
+//!
+//! Frames are queued as segments: a large payload is referenced as-is (never copied) behind its
+//! encoded header; a small payload (at most [`SEND_COALESCE_MAX_PAYLOAD`] bytes) is copied,
+//! together with its header, into a shared contiguous buffer (at most
+//! [`SEND_COALESCE_BUFFER_BYTES`] each), so a burst of tiny frames is written with one `IoSlice`
+//! rather than two per frame.
+//!
+//! Driver loop: `let n = q.io_slices(&mut iov); let w = sock.write_vectored(&iov[..n])?;
+//! q.advance(w);` until the socket would block or the queue is empty.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io::IoSlice;
+
+use bytes::{Bytes, BytesMut};
+
+use super::header::{HEADER_LEN, Header};
+use crate::limits::{SEND_COALESCE_BUFFER_BYTES, SEND_COALESCE_MAX_PAYLOAD};
+
+/// A frame was refused because the queue is at its bound. Nothing was queued; the caller keeps
+/// its payload (a `Bytes` clone is cheap) and applies back-pressure or reports an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueFull {
+    /// Bytes already queued (headers included).
+    pub queued: usize,
+    /// Wire size of the refused frame (header + payload).
+    pub frame: usize,
+    /// The queue's bound.
+    pub max: usize,
+}
+
+impl fmt::Display for QueueFull {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "send queue full: {} bytes queued + {}-byte frame exceeds the bound of {} bytes",
+            self.queued, self.frame, self.max
+        )
+    }
+}
+
+impl std::error::Error for QueueFull {}
+
+/// A contiguous run of bytes to write.
+#[derive(Debug)]
+enum Seg {
+    Header([u8; HEADER_LEN]),
+    Payload(Bytes),
+    /// Several small frames, header and payload each, back to back. Only the last segment of the
+    /// queue is ever appended to.
+    Packed(BytesMut),
+}
+
+impl Seg {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Seg::Header(h) => h,
+            Seg::Payload(p) => p,
+            Seg::Packed(b) => b,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct QueuedFrame {
+    header: Header,
+    payload: Bytes,
+    wire_len: usize,
+}
+
+/// Frames waiting to be written to one peer, in order, bounded in bytes.
+#[derive(Debug)]
+pub struct SendQueue {
+    segs: VecDeque<Seg>,
+    /// Bytes of `segs.front()` already written.
+    seg_off: usize,
+    frames: VecDeque<QueuedFrame>,
+    /// Bytes of `frames.front()` already written.
+    frame_off: usize,
+    /// Unwritten bytes in the queue.
+    queued: usize,
+    max_bytes: usize,
+}
+
+impl SendQueue {
+    /// An empty queue holding at most `max_bytes` unwritten bytes (see [`push`](Self::push)).
+    /// Default bound: `limits::SEND_QUEUE_MAX_BYTES`.
+    pub fn new(max_bytes: usize) -> Self {
+        SendQueue {
+            segs: VecDeque::new(),
+            seg_off: 0,
+            frames: VecDeque::new(),
+            frame_off: 0,
+            queued: 0,
+            max_bytes,
+        }
+    }
+
+    /// Queue one frame. The header is encoded now with `len` set from `payload.len()` (the
+    /// caller's `header.len` is ignored); a large payload is shared, never copied.
+    ///
+    /// Fails with [`QueueFull`] (nothing queued) when the unwritten bytes plus this frame would
+    /// exceed the bound, except that an empty queue always accepts one frame, so a frame larger
+    /// than the bound can still be sent. A payload longer than `u32::MAX` cannot be framed: the
+    /// caller must enforce the message maximum (`limits::MSG_MAX_BYTES_DEFAULT`) before this.
+    pub fn push(&mut self, header: &Header, payload: Bytes) -> Result<(), QueueFull> {
+        let wire_len = HEADER_LEN + payload.len();
+        if !self.is_empty() && self.queued.saturating_add(wire_len) > self.max_bytes {
+            return Err(QueueFull {
+                queued: self.queued,
+                frame: wire_len,
+                max: self.max_bytes,
+            });
+        }
+        let len = u32::try_from(payload.len()).unwrap_or_else(|_| {
+            log::error!(
+                "payload of {} bytes cannot be framed; the header will be wrong",
+                payload.len()
+            );
+            u32::MAX
+        });
+        let header = Header { len, ..*header };
+        let encoded = header.encode();
+        if payload.len() <= SEND_COALESCE_MAX_PAYLOAD {
+            let append = match self.segs.back() {
+                Some(Seg::Packed(b)) => b.len() < SEND_COALESCE_BUFFER_BYTES,
+                _ => false,
+            };
+            if !append {
+                self.segs.push_back(Seg::Packed(BytesMut::new()));
+            }
+            if let Some(Seg::Packed(b)) = self.segs.back_mut() {
+                b.extend_from_slice(&encoded);
+                b.extend_from_slice(&payload);
+            }
+        } else {
+            self.segs.push_back(Seg::Header(encoded));
+            self.segs.push_back(Seg::Payload(payload.clone()));
+        }
+        self.frames.push_back(QueuedFrame {
+            header,
+            payload,
+            wire_len,
+        });
+        self.queued += wire_len;
+        Ok(())
+    }
+
+    /// Fill `out` with slices covering the unwritten bytes in order, at most `out.len()` of
+    /// them (pass `limits::IOV_MAX_SLICES`); returns how many were filled. Pass
+    /// `&out[..n]` to `write_vectored`, then call [`advance`](Self::advance) with its result.
+    pub fn io_slices<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
+        let mut filled = 0;
+        let mut skip = self.seg_off;
+        for seg in &self.segs {
+            if filled == out.len() {
+                break;
+            }
+            let bytes = seg.bytes().get(skip..).unwrap_or(&[]);
+            skip = 0;
+            if bytes.is_empty() {
+                continue;
+            }
+            if let Some(slot) = out.get_mut(filled) {
+                *slot = IoSlice::new(bytes);
+                filled += 1;
+            }
+        }
+        filled
+    }
+
+    /// Record that `n` bytes were written (a partial write may end mid-frame). Returns how many
+    /// frames are now completely written. `n` beyond the queued bytes is a driver bug: it is
+    /// clamped and logged.
+    pub fn advance(&mut self, n: usize) -> usize {
+        if n > self.queued {
+            log::error!(
+                "SendQueue::advance({n}) exceeds the {} queued bytes",
+                self.queued
+            );
+        }
+        let n = n.min(self.queued);
+        self.queued -= n;
+
+        let mut left = n;
+        while left > 0 {
+            let Some(seg) = self.segs.front() else { break };
+            let rest = seg.bytes().len().saturating_sub(self.seg_off);
+            if left >= rest {
+                left -= rest;
+                self.segs.pop_front();
+                self.seg_off = 0;
+            } else {
+                self.seg_off += left;
+                left = 0;
+            }
+        }
+
+        let mut left = n;
+        let mut done = 0;
+        while left > 0 {
+            let Some(f) = self.frames.front() else { break };
+            let rest = f.wire_len.saturating_sub(self.frame_off);
+            if left >= rest {
+                left -= rest;
+                self.frames.pop_front();
+                self.frame_off = 0;
+                done += 1;
+            } else {
+                self.frame_off += left;
+                left = 0;
+            }
+        }
+        done
+    }
+
+    /// Whether nothing is left to write.
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// Unwritten bytes, headers included.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued
+    }
+
+    /// Frames not completely written (a partly written one included).
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Whether the front frame has been partly written (it cannot be drained: the peer has seen
+    /// its start, so the rest must follow on this connection or the connection be closed).
+    pub fn front_in_progress(&self) -> bool {
+        self.frame_off > 0
+    }
+
+    /// The bound given to [`new`](Self::new).
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// Remove and return, in order, every frame of which no byte has been written (for
+    /// re-routing when a link dies). A partly written front frame stays queued; see
+    /// [`front_in_progress`](Self::front_in_progress). The returned headers have `len` set.
+    pub fn drain_unsent(&mut self) -> Vec<(Header, Bytes)> {
+        let keep = usize::from(self.frame_off > 0);
+        let unsent: Vec<QueuedFrame> = self.frames.drain(keep.min(self.frames.len())..).collect();
+        let mut remove: usize = unsent.iter().map(|f| f.wire_len).sum();
+        self.queued -= remove.min(self.queued);
+        // The unsent frames are a suffix of the byte stream, ending on a frame boundary.
+        while remove > 0 {
+            let front_started = self.segs.len() == 1 && self.seg_off > 0;
+            let Some(seg) = self.segs.back_mut() else {
+                break;
+            };
+            let seg_len = seg.bytes().len();
+            if seg_len <= remove && !front_started {
+                remove -= seg_len;
+                self.segs.pop_back();
+            } else if let Seg::Packed(b) = seg {
+                b.truncate(seg_len.saturating_sub(remove));
+                remove = 0;
+            } else {
+                log::error!("SendQueue::drain_unsent: segment boundary mismatch");
+                break;
+            }
+        }
+        if self.segs.is_empty() {
+            self.seg_off = 0;
+        }
+        unsent.into_iter().map(|f| (f.header, f.payload)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oob::header::Kind;
+
+    fn hdr(seq: u64) -> Header {
+        Header {
+            kind: Kind::Msg,
+            origin: 1,
+            dst: 2,
+            tag: 3,
+            epoch: 4,
+            seq,
+            len: 0,
+        }
+    }
+
+    fn payload(i: usize, len: usize) -> Bytes {
+        Bytes::from((0..len).map(|b| (b + i * 13) as u8).collect::<Vec<_>>())
+    }
+
+    const SIZES: [usize; 8] = [0, 1, 256, 257, 1000, 3, 0, 5000];
+
+    fn fill(q: &mut SendQueue) -> (Vec<u8>, Vec<(Header, Bytes)>) {
+        let mut stream = Vec::new();
+        let mut frames = Vec::new();
+        for (i, &len) in SIZES.iter().enumerate() {
+            let p = payload(i, len);
+            let h = Header {
+                len: len as u32,
+                ..hdr(i as u64)
+            };
+            q.push(&h, p.clone()).expect("room");
+            stream.extend_from_slice(&h.encode());
+            stream.extend_from_slice(&p);
+            frames.push((h, p));
+        }
+        (stream, frames)
+    }
+
+    /// Write everything, `step(i)` bytes at a time, with at most `iov` slices per call.
+    fn write_all(q: &mut SendQueue, iov: usize, step: impl Fn(usize) -> usize) -> (Vec<u8>, usize) {
+        let mut out = Vec::new();
+        let mut done = 0;
+        let mut i = 0;
+        while !q.is_empty() {
+            let mut slots = vec![IoSlice::new(&[]); iov];
+            let n = q.io_slices(&mut slots);
+            assert!(n > 0);
+            let avail: Vec<u8> = slots[..n].iter().flat_map(|s| s.iter().copied()).collect();
+            let w = step(i).min(avail.len()).max(1);
+            out.extend_from_slice(&avail[..w]);
+            done += q.advance(w);
+            i += 1;
+        }
+        (out, done)
+    }
+
+    #[test]
+    fn whole_writes_reproduce_stream() {
+        let mut q = SendQueue::new(1 << 20);
+        let (stream, _) = fill(&mut q);
+        assert_eq!(q.queued_bytes(), stream.len());
+        assert_eq!(q.len(), SIZES.len());
+        let (out, done) = write_all(&mut q, 64, |_| usize::MAX);
+        assert_eq!(out, stream);
+        assert_eq!(done, SIZES.len());
+        assert_eq!(q.queued_bytes(), 0);
+    }
+
+    #[test]
+    fn small_frames_are_coalesced() {
+        let mut q = SendQueue::new(1 << 20);
+        for i in 0..100 {
+            q.push(&hdr(i), payload(i as usize, 10)).expect("room");
+        }
+        let mut slots = vec![IoSlice::new(&[]); 64];
+        assert_eq!(q.io_slices(&mut slots), 1);
+        assert_eq!(slots[0].len(), 100 * (HEADER_LEN + 10));
+    }
+
+    #[test]
+    fn partial_write_at_every_offset() {
+        let mut q = SendQueue::new(1 << 20);
+        let (stream, _) = fill(&mut q);
+        drop(q);
+        for first in 1..stream.len() {
+            let mut q = SendQueue::new(1 << 20);
+            fill(&mut q);
+            let (out, done) = write_all(&mut q, 64, |i| if i == 0 { first } else { usize::MAX });
+            assert_eq!(out, stream, "first write {first}");
+            assert_eq!(done, SIZES.len());
+        }
+    }
+
+    #[test]
+    fn tiny_writes_and_few_slices() {
+        for iov in [1, 2, 3] {
+            for step in [1, 7, 40, 41] {
+                let mut q = SendQueue::new(1 << 20);
+                let (stream, _) = fill(&mut q);
+                let (out, done) = write_all(&mut q, iov, |_| step);
+                assert_eq!(out, stream, "iov {iov} step {step}");
+                assert_eq!(done, SIZES.len());
+            }
+        }
+    }
+
+    #[test]
+    fn advance_counts_completed_frames() {
+        let mut q = SendQueue::new(1 << 20);
+        q.push(&hdr(0), payload(0, 1000)).expect("room");
+        q.push(&hdr(1), payload(1, 1000)).expect("room");
+        assert_eq!(q.advance(HEADER_LEN + 999), 0);
+        assert_eq!(q.advance(1), 1);
+        assert_eq!(q.advance(HEADER_LEN + 1000 + 50), 1); // clamped
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn bound_is_enforced() {
+        let frame = HEADER_LEN + 100;
+        let mut q = SendQueue::new(2 * frame);
+        q.push(&hdr(0), payload(0, 100)).expect("room");
+        q.push(&hdr(1), payload(1, 100)).expect("room");
+        let e = q.push(&hdr(2), payload(2, 100)).expect_err("full");
+        assert_eq!(
+            e,
+            QueueFull {
+                queued: 2 * frame,
+                frame,
+                max: 2 * frame
+            }
+        );
+        assert!(e.to_string().contains("full"));
+        assert_eq!(q.len(), 2);
+        // Writing frees room.
+        assert_eq!(q.advance(frame), 1);
+        q.push(&hdr(2), payload(2, 100)).expect("room again");
+    }
+
+    #[test]
+    fn empty_queue_accepts_oversized_frame() {
+        let mut q = SendQueue::new(10);
+        q.push(&hdr(0), payload(0, 1000))
+            .expect("empty queue accepts");
+        assert!(q.push(&hdr(1), payload(1, 0)).is_err());
+    }
+
+    #[test]
+    fn drain_unsent_untouched_queue() {
+        let mut q = SendQueue::new(1 << 20);
+        let (_, frames) = fill(&mut q);
+        assert_eq!(q.drain_unsent(), frames);
+        assert!(q.is_empty());
+        assert_eq!(q.queued_bytes(), 0);
+        let mut slots = vec![IoSlice::new(&[]); 4];
+        assert_eq!(q.io_slices(&mut slots), 0);
+    }
+
+    #[test]
+    fn drain_unsent_at_every_offset_keeps_partial_frame() {
+        let mut q = SendQueue::new(1 << 20);
+        let (stream, frames) = fill(&mut q);
+        drop(q);
+        // Frame boundaries in the stream.
+        let mut ends = Vec::new();
+        let mut at = 0;
+        for (h, _) in &frames {
+            at += HEADER_LEN + h.len as usize;
+            ends.push(at);
+        }
+        for written in 0..stream.len() {
+            let mut q = SendQueue::new(1 << 20);
+            fill(&mut q);
+            let done = q.advance(written);
+            let complete = ends.iter().filter(|&&e| e <= written).count();
+            assert_eq!(done, complete);
+            let partial = written > 0 && !ends.contains(&written);
+            assert_eq!(q.front_in_progress(), partial);
+            let drained = q.drain_unsent();
+            let first_unsent = complete + usize::from(partial);
+            assert_eq!(
+                drained,
+                frames[first_unsent..].to_vec(),
+                "written {written}"
+            );
+            // What remains is exactly the rest of the partial frame.
+            let end = if partial { ends[complete] } else { written };
+            assert_eq!(q.queued_bytes(), end - written);
+            let (out, done) = write_all(&mut q, 64, |_| usize::MAX);
+            assert_eq!(out, stream[written..end].to_vec());
+            assert_eq!(done, usize::from(partial));
+            // The queue is usable afterwards.
+            q.push(&hdr(99), payload(0, 3)).expect("room");
+            let (out, _) = write_all(&mut q, 64, |_| usize::MAX);
+            assert_eq!(out.len(), HEADER_LEN + 3);
+        }
+    }
+}
