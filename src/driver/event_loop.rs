@@ -1024,7 +1024,7 @@ impl EventLoop {
             return;
         };
         if let ConnState::Handshaking(hs) = &mut conn.state {
-            let _ = hs.accept_peer();
+            let _ = hs.try_accept_peer();
         }
         self.pump_handshake(tok);
         self.established(tok, peer);

@@ -1,0 +1,102 @@
+//! `tbon daemon` as separate processes on 127.0.0.1: rank 0 plus 7 others wire up, exchange
+//! messages all-to-all (`--ping-all`), and stop cleanly when rank 0 gets SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const HANG_GUARD: Duration = Duration::from_secs(90);
+
+struct Dvm(Vec<Child>);
+
+impl Drop for Dvm {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn daemon(rank: u32, size: u32, uri_file: &std::path::Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tbon"));
+    cmd.args(["daemon", "--rank", &rank.to_string(), "--size", &size.to_string()])
+        .args(["--radix", "2", "--if-include", "127.0.0.1/32", "--ping-all"])
+        .env("RUST_LOG", "tbon=info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if rank == 0 {
+        cmd.arg("--uri-file").arg(uri_file);
+    } else {
+        cmd.arg("--hnp-file").arg(uri_file);
+    }
+    cmd
+}
+
+#[test]
+fn eight_daemon_processes_exchange_messages_and_stop_cleanly() {
+    let dir = std::env::temp_dir().join(format!("tbon-proc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let uri_file = dir.join("hnp.uri");
+    let _ = std::fs::remove_file(&uri_file);
+    let size = 8;
+    let mut dvm = Dvm(Vec::new());
+    let (tx, rx) = mpsc::channel();
+    for rank in 0..size {
+        let mut child = daemon(rank, size, &uri_file).spawn().expect("spawn tbon daemon");
+        let out = child.stdout.take().unwrap();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if line.contains("all-to-all ok") {
+                    let _ = tx.send((rank, line));
+                }
+            }
+        });
+        dvm.0.push(child);
+    }
+    let mut ok = vec![false; size as usize];
+    for _ in 0..size {
+        let (rank, line) = rx.recv_timeout(HANG_GUARD).expect("a daemon never heard from all others");
+        assert!(line.contains(&format!("({} of {})", size - 1, size - 1)), "{line}");
+        ok[rank as usize] = true;
+    }
+    assert!(ok.iter().all(|x| *x));
+    // SIGTERM to rank 0 stops the whole DVM; every daemon exits 0.
+    let pid = nix::unistd::Pid::from_raw(dvm.0[0].id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let (done_tx, done_rx) = mpsc::channel();
+    let children = std::mem::take(&mut dvm.0);
+    // Should a daemon hang, kill them all rather than leave orphans behind.
+    let pids: Vec<nix::unistd::Pid> = children
+        .iter()
+        .map(|c| nix::unistd::Pid::from_raw(c.id() as i32))
+        .collect();
+    let _reaper = KillOnDrop(pids);
+    std::thread::spawn(move || {
+        for (rank, mut c) in children.into_iter().enumerate() {
+            let status = c.wait().unwrap();
+            let _ = done_tx.send((rank, status));
+        }
+    });
+    for _ in 0..size {
+        let (rank, status) = done_rx
+            .recv_timeout(HANG_GUARD)
+            .expect("a daemon did not stop after the DVM shutdown");
+        assert!(status.success(), "rank {rank} exited with {status}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+struct KillOnDrop(Vec<nix::unistd::Pid>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for p in &self.0 {
+                let _ = nix::sys::signal::kill(*p, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
+}
