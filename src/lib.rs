@@ -3,7 +3,9 @@
 //! See `README.md` for what it is and `AGENTS.md` for where things live.
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod limits;
+pub mod oob;
 pub mod rml;
 
 /// A daemon's rank in the DVM: 0 is the root (the HNP), ranks run `0..size`.

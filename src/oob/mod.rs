@@ -1,0 +1,2 @@
+pub mod interfaces;
+pub mod uri;
