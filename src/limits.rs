@@ -48,14 +48,6 @@ pub const LISTEN_BACKLOG: i32 = 1_024;
 // oob: the TCP transport (see `docs/wire.md`)
 // ---------------------------------------------------------------------------------------------
 
-/// Default largest payload (bytes) of one message, on the wire and at the API.
-///
-/// At the bound: a sender asking for a larger message gets an error and nothing is queued; a
-/// receiver seeing a header that announces a larger payload fails the frame decoder with
-/// `WireError::TooLarge` (before the payload arrives), logs the reason and closes that one
-/// connection. The daemon keeps running. PRRTE's default is 100 MB.
-pub const MSG_MAX_BYTES_DEFAULT: u32 = 64 * 1024 * 1024;
-
 /// Largest payload (bytes) the frame decoder accepts before the handshake has completed.
 ///
 /// A `Hello`/`HelloAck` payload is at most `2 + DVM_ID_MAX_BYTES + 16` = 273 bytes, so a
@@ -82,13 +74,6 @@ pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// At the bound: the rest of the send queue is written by the next `writev`; nothing is lost.
 pub const IOV_MAX_SLICES: usize = 64;
 
-/// Default bound (bytes, headers included) of one peer's send queue.
-///
-/// At the bound: `SendQueue::push` returns `QueueFull` and the frame is not queued; the caller
-/// applies back-pressure or reports the error. An empty queue always accepts one frame, so a
-/// single message larger than the bound can still be sent.
-pub const SEND_QUEUE_MAX_BYTES: usize = 256 * 1024 * 1024;
-
 /// Largest payload (bytes) the send queue copies, together with its header, into a shared
 /// contiguous buffer instead of referencing it, so that many tiny frames need few `IoSlice`s.
 ///
@@ -101,3 +86,49 @@ pub const SEND_COALESCE_MAX_PAYLOAD: usize = 256;
 ///
 /// At the bound: a new buffer is started; nothing else changes.
 pub const SEND_COALESCE_BUFFER_BYTES: usize = 64 * 1024;
+
+// ----- rml and configuration defaults ---------------------------------------------------------
+
+/// Default bound on the unmatched list: messages that arrived before any receive was posted for
+/// them (PRRTE's list is unbounded). At the bound the oldest held message is dropped to make room
+/// and handed back to the driver, which counts it and logs a warning. Setting: `unmatched_max`.
+pub const UNMATCHED_MAX_DEFAULT: usize = 65_536;
+
+/// Default largest message payload, in bytes (PRRTE: 100 MB). A larger send is refused at the
+/// sender with an error; a larger frame arriving closes that connection with a logged reason.
+/// Setting: `msg_max_bytes`.
+pub const MSG_MAX_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+
+/// Hard ceiling on `msg_max_bytes`: the wire's payload length field is 32 bits. A configuration
+/// above it is refused by `Config::validate`.
+pub const MSG_MAX_BYTES_CEILING: u64 = u32::MAX as u64;
+
+/// Default bound on the bytes queued for one peer's connection and not yet written (PRRTE's send
+/// queues are unbounded). At the bound a send is refused with a back-pressure error; nothing
+/// queued is dropped. Must be at least `msg_max_bytes` so that one maximal message fits.
+/// Setting: `send_queue_max_bytes`.
+pub const SEND_QUEUE_MAX_BYTES_DEFAULT: usize = 128 * 1024 * 1024;
+
+/// Default bound on messages sent before wire-up completes (the tree's connections are not up
+/// yet). At the bound further sends are refused with a back-pressure error.
+/// Setting: `prewire_queue_max`.
+pub const PREWIRE_QUEUE_MAX_DEFAULT: usize = 4096;
+
+/// Default time a connection may spend in the handshake, in milliseconds. At the bound the
+/// connection is closed with a logged reason (a stray or stalled peer cannot hold a slot).
+/// Setting: `handshake_timeout_ms`.
+pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+
+/// Default time for a daemon to report in during wire-up, in milliseconds. A daemon that has not
+/// reported within it is marked failed and the tree is repaired around it.
+/// Setting: `wireup_timeout_ms`.
+pub const WIREUP_TIMEOUT_MS_DEFAULT: u64 = 60_000;
+
+/// Default number of reconnect attempts to a peer after its connection is lost (PRRTE: 2 per
+/// address). When they are used up the peer is treated as failed and its queued sends fail.
+/// Setting: `reconnect_retries`.
+pub const RECONNECT_RETRIES_DEFAULT: u32 = 5;
+
+/// Longest contact URI accepted by `ContactUri::from_str`, in bytes. A longer string is refused
+/// with an error before it is looked at (a URI comes from the network or the environment).
+pub const CONTACT_URI_MAX_BYTES: usize = 4096;

@@ -5,7 +5,9 @@
 pub mod frame;
 pub mod handshake;
 pub mod header;
+pub mod interfaces;
 pub mod send_queue;
+pub mod uri;
 
 pub use frame::{Frame, FrameDecoder};
 pub use handshake::{

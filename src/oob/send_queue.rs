@@ -85,7 +85,7 @@ pub struct SendQueue {
 
 impl SendQueue {
     /// An empty queue holding at most `max_bytes` unwritten bytes (see [`push`](Self::push)).
-    /// Default bound: `limits::SEND_QUEUE_MAX_BYTES`.
+    /// Default bound: `limits::SEND_QUEUE_MAX_BYTES_DEFAULT`.
     pub fn new(max_bytes: usize) -> Self {
         SendQueue {
             segs: VecDeque::new(),

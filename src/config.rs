@@ -1,0 +1,459 @@
+//! Run-time settings of a tbon daemon, with PRRTE-like defaults.
+//!
+//! Every setting has one entry in the table below, which generates the [`Config`] struct (with
+//! its `clap` attributes, so `--help` lists every setting with its default and environment
+//! variable), [`Default`], [`Config::names`] and the by-name setter [`Config::set`]. Precedence
+//! when a daemon starts: command-line flag, then `TBON_<NAME>` environment variable, then the
+//! default. `docs/config.md` lists them all.
+
+use std::fmt;
+
+use crate::limits;
+use crate::oob::interfaces::IfSpec;
+
+/// Why a setting was refused: which setting and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    /// No setting has this name.
+    Unknown { name: String },
+    /// The value could not be parsed for this setting.
+    BadValue {
+        setting: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// The value parsed but is not allowed (alone or together with another setting).
+    Invalid {
+        setting: &'static str,
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    fn invalid(setting: &'static str, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            setting,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Unknown { name } => write!(
+                f,
+                "unknown setting {name:?} (known settings: {})",
+                NAMES.join(", ")
+            ),
+            ConfigError::BadValue {
+                setting,
+                value,
+                reason,
+            } => write!(
+                f,
+                "setting {setting} (TBON_{}): cannot use {value:?}: {reason}",
+                setting.to_ascii_uppercase()
+            ),
+            ConfigError::Invalid { setting, reason } => write!(
+                f,
+                "setting {setting} (TBON_{}): {reason}",
+                setting.to_ascii_uppercase()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Parsing a setting's value from text, the same way for `set`, `from_env` and the C API.
+trait SettingValue: Sized {
+    fn parse_setting(s: &str) -> Result<Self, String>;
+}
+
+macro_rules! numeric_setting {
+    ($($t:ty),*) => {$(
+        impl SettingValue for $t {
+            fn parse_setting(s: &str) -> Result<Self, String> {
+                s.trim().parse::<$t>().map_err(|e| format!("{e} (expected an integer 0..={})", <$t>::MAX))
+            }
+        }
+    )*};
+}
+numeric_setting!(u16, u32, u64, usize);
+
+impl SettingValue for bool {
+    /// The same words clap's `BoolishValueParser` accepts, so flags, environment and `set` agree.
+    fn parse_setting(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "y" | "yes" | "t" | "true" | "on" | "1" => Ok(true),
+            "n" | "no" | "f" | "false" | "off" | "0" => Ok(false),
+            _ => Err("expected true or false (also yes/no, on/off, 1/0)".into()),
+        }
+    }
+}
+
+impl SettingValue for String {
+    fn parse_setting(s: &str) -> Result<Self, String> {
+        Ok(s.trim().to_string())
+    }
+}
+
+impl SettingValue for Option<String> {
+    /// Empty means unset.
+    fn parse_setting(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        Ok((!s.is_empty()).then(|| s.to_string()))
+    }
+}
+
+impl SettingValue for Vec<String> {
+    /// A comma-separated list; empty items are skipped, so "" is the empty list.
+    fn parse_setting(s: &str) -> Result<Self, String> {
+        Ok(s.split(',')
+            .map(str::trim)
+            .filter(|x| !x.is_empty())
+            .map(String::from)
+            .collect())
+    }
+}
+
+/// One table for every setting. Each entry: doc comment, `name: Type [= default]`, its
+/// environment variable (must be `TBON_` + the upper-cased name: a test checks), and optional
+/// extra clap attributes. Entries without a default use `Default::default()` (empty/None).
+macro_rules! settings {
+    (@default $d:expr) => { $d };
+    (@default) => { Default::default() };
+    ($(
+        $(#[doc = $doc:literal])*
+        $name:ident : $ty:ty $(= $default:expr)? , env $env:literal $(, clap($($extra:tt)*))? ;
+    )*) => {
+        /// Every run-time setting of a daemon. Build it with [`Config::default`],
+        /// [`Config::from_env`], clap (flatten it into a command), or [`Config::set`]; then call
+        /// [`Config::validate`] before use (`from_env` does).
+        #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+        pub struct Config {
+            $(
+                $(#[doc = $doc])*
+                #[arg(long, env = $env $(, default_value_t = $default)? $(, $($extra)*)?)]
+                pub $name: $ty,
+            )*
+        }
+
+        impl Default for Config {
+            /// The defaults, without reading the environment.
+            fn default() -> Self {
+                Config { $($name: settings!(@default $($default)?),)* }
+            }
+        }
+
+        /// Setting names, in table order.
+        const NAMES: &[&str] = &[$(stringify!($name)),*];
+        #[cfg(test)]
+        const ENV_NAMES: &[&str] = &[$($env),*];
+
+        impl Config {
+            /// Parse `value` into the setting whose canonical (lower-case) name is `name`.
+            /// `None` if there is no such setting.
+            fn set_canonical(&mut self, name: &str, value: &str) -> Option<Result<(), String>> {
+                match name {
+                    $(stringify!($name) => Some(
+                        <$ty as SettingValue>::parse_setting(value).map(|v| self.$name = v)
+                    ),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+settings! {
+    /// Radix (fan-out) of the routing tree. Values below 2 are used as 2, as in PRRTE.
+    radix: u32 = 64, env "TBON_RADIX";
+    /// Identity of the DVM: checked in the handshake (a daemon of another DVM is refused) and the
+    /// first part of contact URIs. At most 255 bytes, no ';' and no whitespace.
+    dvm_id: String = String::from("tbon"), env "TBON_DVM_ID";
+    /// Listen and connect over IPv4.
+    ipv4: bool = true, env "TBON_IPV4", clap(action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1,
+        require_equals = true, default_missing_value = "true");
+    /// Listen and connect over IPv6.
+    ipv6: bool = false, env "TBON_IPV6", clap(action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1,
+        require_equals = true, default_missing_value = "true");
+    /// TCP port to listen on; 0 picks an ephemeral port (the actual one goes into the contact
+    /// URI). Exclusive with port_range.
+    port: u16 = 0, env "TBON_PORT";
+    /// Listen on the first free port in "LO-HI" (inclusive, 1..=65535), for sites whose
+    /// firewalls only open a range. Unset: use `port`.
+    port_range: Option<String>, env "TBON_PORT_RANGE";
+    /// Comma list of interface names or CIDRs (10.0.0.0/8, fe80::/10) to use; empty = all.
+    /// Exclusive with if_exclude. Loopback is used only if nothing else is left or if it is
+    /// included explicitly (lo, 127.0.0.0/8).
+    if_include: Vec<String>, env "TBON_IF_INCLUDE", clap(value_delimiter = ',',
+        value_parser = trimmed);
+    /// Comma list of interface names or CIDRs not to use; empty = none. Exclusive with
+    /// if_include.
+    if_exclude: Vec<String>, env "TBON_IF_EXCLUDE", clap(value_delimiter = ',',
+        value_parser = trimmed);
+    /// Largest message payload in bytes (PRRTE: 100 MB). Larger sends are refused; a larger
+    /// incoming frame closes that connection. At most 4294967295 (32-bit length on the wire).
+    msg_max_bytes: u64 = limits::MSG_MAX_BYTES_DEFAULT, env "TBON_MSG_MAX_BYTES";
+    /// Bytes queued per peer connection before sends are refused with back-pressure. At least
+    /// msg_max_bytes.
+    send_queue_max_bytes: usize = limits::SEND_QUEUE_MAX_BYTES_DEFAULT, env "TBON_SEND_QUEUE_MAX_BYTES";
+    /// Messages held for receives not posted yet; at the bound the oldest is dropped with a
+    /// warning (PRRTE: unbounded).
+    unmatched_max: usize = limits::UNMATCHED_MAX_DEFAULT, env "TBON_UNMATCHED_MAX";
+    /// Messages that may be sent before wire-up completes; further sends are refused with
+    /// back-pressure until the tree is up.
+    prewire_queue_max: usize = limits::PREWIRE_QUEUE_MAX_DEFAULT, env "TBON_PREWIRE_QUEUE_MAX";
+    /// Milliseconds a connection may spend in the handshake before it is closed.
+    handshake_timeout_ms: u64 = limits::HANDSHAKE_TIMEOUT_MS_DEFAULT, env "TBON_HANDSHAKE_TIMEOUT_MS";
+    /// Milliseconds for every daemon to report in at start-up; a daemon that never reports
+    /// within this is marked failed.
+    wireup_timeout_ms: u64 = limits::WIREUP_TIMEOUT_MS_DEFAULT, env "TBON_WIREUP_TIMEOUT_MS";
+    /// First reconnect delay in milliseconds after a lost connection; doubles per attempt.
+    reconnect_base_ms: u64 = 50, env "TBON_RECONNECT_BASE_MS";
+    /// Cap on the reconnect delay in milliseconds.
+    reconnect_max_ms: u64 = 2000, env "TBON_RECONNECT_MAX_MS";
+    /// Reconnect attempts before the peer is treated as failed (PRRTE: 2 per address).
+    reconnect_retries: u32 = limits::RECONNECT_RETRIES_DEFAULT, env "TBON_RECONNECT_RETRIES";
+    /// TCP keepalive: idle seconds before the first probe. Tighter than PRRTE's 300 s so a
+    /// half-open connection to a vanished host is found in about 2 minutes, not 8; it is only
+    /// the backstop, heartbeats (a later layer) detect silent daemons in seconds.
+    keepalive_idle_s: u32 = 60, env "TBON_KEEPALIVE_IDLE_S";
+    /// TCP keepalive: seconds between probes (PRRTE: 20).
+    keepalive_interval_s: u32 = 10, env "TBON_KEEPALIVE_INTERVAL_S";
+    /// TCP keepalive: unanswered probes before the connection is dropped (PRRTE: 9).
+    keepalive_count: u32 = 6, env "TBON_KEEPALIVE_COUNT";
+    /// Milliseconds between heartbeats to tree neighbours (used by the fault-detection layer,
+    /// not yet built).
+    heartbeat_interval_ms: u64 = 1000, env "TBON_HEARTBEAT_INTERVAL_MS";
+    /// Milliseconds without any traffic or heartbeat from a neighbour before it is declared
+    /// failed (used by the fault-detection layer, not yet built). Must exceed
+    /// heartbeat_interval_ms.
+    heartbeat_timeout_ms: u64 = 10_000, env "TBON_HEARTBEAT_TIMEOUT_MS";
+}
+
+/// clap value parser for list items: trims each, like [`Config::set`] does.
+fn trimmed(s: &str) -> Result<String, std::convert::Infallible> {
+    Ok(s.trim().to_string())
+}
+
+/// Linux's upper bounds for TCP_KEEPIDLE/TCP_KEEPINTVL and TCP_KEEPCNT; larger values make
+/// setsockopt fail.
+const KEEPALIVE_SECS_MAX: u32 = 32_767;
+const KEEPALIVE_COUNT_MAX: u32 = 127;
+
+impl Config {
+    /// The names of every setting, lower case, in table order (`radix`, `dvm_id`, ...). The
+    /// environment variable of each is `TBON_` followed by the name in upper case.
+    pub fn names() -> &'static [&'static str] {
+        NAMES
+    }
+
+    /// Defaults, then every `TBON_<NAME>` variable that is set and not empty, then
+    /// [`Config::validate`]. Errors name the offending setting; a variable that is not UTF-8 is
+    /// an error too.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Self::from_lookup(|var| std::env::var_os(var))
+    }
+
+    /// [`Config::from_env`] with the environment replaced by `lookup` (variable name to value).
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Option<std::ffi::OsString>,
+    ) -> Result<Config, ConfigError> {
+        let mut cfg = Config::default();
+        for &name in NAMES {
+            let var = format!("TBON_{}", name.to_ascii_uppercase());
+            let Some(raw) = lookup(&var) else { continue };
+            let Some(value) = raw.to_str() else {
+                return Err(ConfigError::BadValue {
+                    setting: name,
+                    value: raw.to_string_lossy().into_owned(),
+                    reason: "not valid UTF-8".into(),
+                });
+            };
+            // Set-but-empty counts as unset, as shells make it easy to export an empty variable.
+            if !value.trim().is_empty() {
+                cfg.set(name, value)?;
+            }
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Set one setting by name from text. `name` may be `radix`, `RADIX`, `TBON_RADIX` or the
+    /// flag spelling `port-range`. Lists are comma-separated; booleans accept true/false,
+    /// yes/no, on/off, 1/0. Only the value's syntax is checked here: call
+    /// [`Config::validate`] once all settings are made.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
+        let mut canon = name.trim().to_ascii_lowercase().replace('-', "_");
+        if let Some(rest) = canon.strip_prefix("tbon_") {
+            canon = rest.to_string();
+        }
+        let Some(&setting) = NAMES.iter().find(|n| **n == canon) else {
+            return Err(ConfigError::Unknown {
+                name: name.to_string(),
+            });
+        };
+        match self.set_canonical(setting, value) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(reason)) => Err(ConfigError::BadValue {
+                setting,
+                value: value.to_string(),
+                reason,
+            }),
+            None => Err(ConfigError::Unknown {
+                name: name.to_string(),
+            }),
+        }
+    }
+
+    /// The radix actually used: `radix`, with values below 2 clamped to 2 (as PRRTE does).
+    pub fn effective_radix(&self) -> u32 {
+        self.radix.max(2)
+    }
+
+    /// `port_range` as inclusive bounds, or `None` if unset.
+    pub fn port_range_bounds(&self) -> Result<Option<(u16, u16)>, ConfigError> {
+        let Some(range) = self.port_range.as_deref() else {
+            return Ok(None);
+        };
+        let bad = |reason: &str| ConfigError::BadValue {
+            setting: "port_range",
+            value: range.to_string(),
+            reason: reason.to_string(),
+        };
+        let (lo, hi) = range
+            .split_once('-')
+            .ok_or_else(|| bad("expected LO-HI, e.g. 20000-20100"))?;
+        let lo: u16 = lo
+            .trim()
+            .parse()
+            .map_err(|_| bad("LO is not a port number"))?;
+        let hi: u16 = hi
+            .trim()
+            .parse()
+            .map_err(|_| bad("HI is not a port number"))?;
+        if lo == 0 {
+            return Err(bad("ports start at 1"));
+        }
+        if lo > hi {
+            return Err(bad("LO is above HI"));
+        }
+        Ok(Some((lo, hi)))
+    }
+
+    /// Check the settings alone and together. Returns the first problem found.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let id = &self.dvm_id;
+        if id.is_empty() || id.len() > 255 {
+            return Err(ConfigError::invalid(
+                "dvm_id",
+                "must be 1 to 255 bytes long",
+            ));
+        }
+        if id
+            .chars()
+            .any(|c| c == ';' || c.is_whitespace() || c.is_control())
+        {
+            return Err(ConfigError::invalid(
+                "dvm_id",
+                "must not contain ';', whitespace or control characters (it is part of contact URIs)",
+            ));
+        }
+        if !self.ipv4 && !self.ipv6 {
+            return Err(ConfigError::invalid(
+                "ipv4",
+                "ipv4 and ipv6 are both off: no address family left",
+            ));
+        }
+        if self.port_range_bounds()?.is_some() && self.port != 0 {
+            return Err(ConfigError::invalid(
+                "port_range",
+                "port and port_range are exclusive: set port to 0 to use a range",
+            ));
+        }
+        let given = |l: &[String]| l.iter().any(|e| !e.trim().is_empty());
+        if given(&self.if_include) && given(&self.if_exclude) {
+            return Err(ConfigError::invalid(
+                "if_include",
+                "if_include and if_exclude are exclusive",
+            ));
+        }
+        for (setting, list) in [
+            ("if_include", &self.if_include),
+            ("if_exclude", &self.if_exclude),
+        ] {
+            for entry in list.iter().filter(|e| !e.trim().is_empty()) {
+                IfSpec::parse(entry).map_err(|e| ConfigError::BadValue {
+                    setting,
+                    value: entry.clone(),
+                    reason: e.to_string(),
+                })?;
+            }
+        }
+        if self.msg_max_bytes == 0 || self.msg_max_bytes > limits::MSG_MAX_BYTES_CEILING {
+            return Err(ConfigError::invalid(
+                "msg_max_bytes",
+                format!("must be 1..={}", limits::MSG_MAX_BYTES_CEILING),
+            ));
+        }
+        if (self.send_queue_max_bytes as u64) < self.msg_max_bytes {
+            return Err(ConfigError::invalid(
+                "send_queue_max_bytes",
+                "must be at least msg_max_bytes, or a maximal message could never be queued",
+            ));
+        }
+        if self.unmatched_max == 0 {
+            return Err(ConfigError::invalid("unmatched_max", "must be at least 1"));
+        }
+        for (setting, v) in [
+            ("handshake_timeout_ms", self.handshake_timeout_ms),
+            ("wireup_timeout_ms", self.wireup_timeout_ms),
+            ("reconnect_base_ms", self.reconnect_base_ms),
+            ("reconnect_max_ms", self.reconnect_max_ms),
+            ("heartbeat_interval_ms", self.heartbeat_interval_ms),
+            ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::invalid(setting, "must be greater than 0"));
+            }
+        }
+        if self.reconnect_base_ms > self.reconnect_max_ms {
+            return Err(ConfigError::invalid(
+                "reconnect_base_ms",
+                "must not exceed reconnect_max_ms",
+            ));
+        }
+        for (setting, v, max) in [
+            (
+                "keepalive_idle_s",
+                self.keepalive_idle_s,
+                KEEPALIVE_SECS_MAX,
+            ),
+            (
+                "keepalive_interval_s",
+                self.keepalive_interval_s,
+                KEEPALIVE_SECS_MAX,
+            ),
+            ("keepalive_count", self.keepalive_count, KEEPALIVE_COUNT_MAX),
+        ] {
+            if v == 0 || v > max {
+                return Err(ConfigError::invalid(setting, format!("must be 1..={max}")));
+            }
+        }
+        if self.heartbeat_timeout_ms <= self.heartbeat_interval_ms {
+            return Err(ConfigError::invalid(
+                "heartbeat_timeout_ms",
+                "must exceed heartbeat_interval_ms, or every neighbour times out between beats",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,255 @@
+use std::collections::HashMap;
+use std::ffi::OsString;
+
+use clap::{Args, CommandFactory, FromArgMatches, Parser};
+
+use super::*;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    config: Config,
+}
+
+/// clap's view of the settings, with environment lookups switched off so the test does not
+/// depend on the caller's environment.
+fn command() -> clap::Command {
+    Cli::command().mut_args(|a| a.env(None::<&'static str>))
+}
+
+fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+    let m = command().try_get_matches_from(std::iter::once("tbon").chain(args.iter().copied()))?;
+    Config::from_arg_matches(&m)
+}
+
+#[test]
+fn defaults_are_prrte_like_and_valid() {
+    let c = Config::default();
+    assert_eq!(c.radix, 64);
+    assert_eq!(c.dvm_id, "tbon");
+    assert!(c.ipv4 && !c.ipv6);
+    assert_eq!(c.msg_max_bytes, 64 * 1024 * 1024);
+    assert_eq!(
+        (
+            c.keepalive_idle_s,
+            c.keepalive_interval_s,
+            c.keepalive_count
+        ),
+        (60, 10, 6)
+    );
+    assert_eq!(c.port_range, None);
+    assert!(c.if_include.is_empty());
+    c.validate().unwrap();
+}
+
+#[test]
+fn clap_defaults_equal_default() {
+    assert_eq!(parse(&[]).unwrap(), Config::default());
+}
+
+#[test]
+fn names_match_clap_flags_and_env() {
+    assert_eq!(NAMES.len(), ENV_NAMES.len());
+    for (name, env) in NAMES.iter().zip(ENV_NAMES) {
+        assert_eq!(*env, format!("TBON_{}", name.to_ascii_uppercase()));
+    }
+    let cmd = Config::augment_args(clap::Command::new("t"));
+    let args: Vec<_> = cmd.get_arguments().collect();
+    assert_eq!(args.len(), NAMES.len());
+    for (arg, name) in args.iter().zip(NAMES) {
+        assert_eq!(arg.get_long(), Some(name.replace('_', "-").as_str()));
+        let env = arg.get_env().and_then(|e| e.to_str()).unwrap_or("");
+        assert_eq!(env, format!("TBON_{}", name.to_ascii_uppercase()));
+        // Every setting documents itself in --help.
+        assert!(arg.get_help().is_some(), "{name} has no doc comment");
+    }
+    assert_eq!(Config::names(), NAMES);
+}
+
+/// A value for each setting that differs from its default, as text.
+fn non_default_value(name: &str) -> &'static str {
+    match name {
+        "dvm_id" => "other.dvm",
+        "ipv4" => "false",
+        "ipv6" => "yes",
+        "port_range" => "20000-20100",
+        "if_include" => "lo, 10.0.0.0/8",
+        "if_exclude" => "eth9",
+        _ => "7",
+    }
+}
+
+#[test]
+fn every_setting_is_settable_by_each_spelling_and_by_flag() {
+    for &name in Config::names() {
+        let value = non_default_value(name);
+        let spellings = [
+            name.to_string(),
+            name.to_ascii_uppercase(),
+            format!("TBON_{}", name.to_ascii_uppercase()),
+            name.replace('_', "-"),
+        ];
+        let mut first = None;
+        for spelling in spellings {
+            let mut c = Config::default();
+            c.set(&spelling, value).unwrap();
+            assert_ne!(c, Config::default(), "{spelling}={value} changed nothing");
+            assert_eq!(*first.get_or_insert_with(|| c.clone()), c);
+        }
+        // The flag gives the same result as `set`.
+        let flag = format!("--{}={value}", name.replace('_', "-"));
+        assert_eq!(parse(&[&flag]).unwrap(), first.unwrap(), "{flag}");
+    }
+}
+
+#[test]
+fn list_and_bool_values() {
+    let mut c = Config::default();
+    c.set("if_include", " lo, 10.0.0.0/8,,").unwrap();
+    assert_eq!(
+        c.if_include,
+        vec!["lo".to_string(), "10.0.0.0/8".to_string()]
+    );
+    c.set("ipv6", "on").unwrap();
+    assert!(c.ipv6);
+    c.set("port_range", "").unwrap();
+    assert_eq!(c.port_range, None);
+    // Bare boolean flag means true.
+    assert!(parse(&["--ipv6"]).unwrap().ipv6);
+    assert!(!parse(&["--ipv4=false", "--ipv6"]).unwrap().ipv4);
+}
+
+#[test]
+fn bad_names_and_values_say_which_setting() {
+    let mut c = Config::default();
+    let e = c.set("radixx", "2").unwrap_err();
+    assert!(matches!(e, ConfigError::Unknown { .. }));
+    assert!(e.to_string().contains("radixx"));
+    let e = c.set("TBON_RADIX", "sixty").unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ConfigError::BadValue {
+                setting: "radix",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("TBON_RADIX"), "{e}");
+    assert!(c.set("ipv4", "maybe").is_err());
+    assert!(c.set("port", "70000").is_err());
+    assert_eq!(c, Config::default(), "failed sets change nothing");
+}
+
+#[test]
+fn radix_clamps() {
+    let mut c = Config::default();
+    c.set("radix", "1").unwrap();
+    assert_eq!(c.effective_radix(), 2);
+    c.validate().unwrap();
+    c.set("radix", "3").unwrap();
+    assert_eq!(c.effective_radix(), 3);
+}
+
+fn invalid(changes: &[(&str, &str)]) -> &'static str {
+    let mut c = Config::default();
+    for (n, v) in changes {
+        c.set(n, v).unwrap();
+    }
+    match c.validate() {
+        Err(ConfigError::Invalid { setting, .. }) | Err(ConfigError::BadValue { setting, .. }) => {
+            setting
+        }
+        other => panic!("{changes:?}: expected an error, got {other:?}"),
+    }
+}
+
+#[test]
+fn validate_catches_each_problem() {
+    assert_eq!(invalid(&[("port_range", "5-4")]), "port_range");
+    assert_eq!(invalid(&[("port_range", "0-4")]), "port_range");
+    assert_eq!(invalid(&[("port_range", "4")]), "port_range");
+    assert_eq!(invalid(&[("port_range", "a-b")]), "port_range");
+    assert_eq!(invalid(&[("port_range", "1-99999")]), "port_range");
+    assert_eq!(
+        invalid(&[("port_range", "5-6"), ("port", "80")]),
+        "port_range"
+    );
+    assert_eq!(invalid(&[("msg_max_bytes", "0")]), "msg_max_bytes");
+    assert_eq!(invalid(&[("msg_max_bytes", "4294967296")]), "msg_max_bytes");
+    assert_eq!(
+        invalid(&[("send_queue_max_bytes", "1000")]),
+        "send_queue_max_bytes"
+    );
+    assert_eq!(
+        invalid(&[("if_include", "lo"), ("if_exclude", "eth0")]),
+        "if_include"
+    );
+    assert_eq!(invalid(&[("if_exclude", "10.0.0.0/40")]), "if_exclude");
+    assert_eq!(invalid(&[("ipv4", "0")]), "ipv4");
+    assert_eq!(invalid(&[("dvm_id", "a;b")]), "dvm_id");
+    assert_eq!(invalid(&[("dvm_id", "")]), "dvm_id");
+    assert_eq!(invalid(&[("unmatched_max", "0")]), "unmatched_max");
+    assert_eq!(
+        invalid(&[("handshake_timeout_ms", "0")]),
+        "handshake_timeout_ms"
+    );
+    assert_eq!(invalid(&[("wireup_timeout_ms", "0")]), "wireup_timeout_ms");
+    assert_eq!(
+        invalid(&[("reconnect_base_ms", "5000")]),
+        "reconnect_base_ms"
+    );
+    assert_eq!(invalid(&[("keepalive_count", "0")]), "keepalive_count");
+    assert_eq!(
+        invalid(&[("keepalive_idle_s", "40000")]),
+        "keepalive_idle_s"
+    );
+    assert_eq!(
+        invalid(&[("heartbeat_timeout_ms", "1000")]),
+        "heartbeat_timeout_ms"
+    );
+    // And a valid non-default combination passes.
+    let mut c = Config::default();
+    c.set("port_range", "20000-20100").unwrap();
+    c.set("if_include", "lo,10.0.0.0/8").unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.port_range_bounds().unwrap(), Some((20000, 20100)));
+}
+
+#[test]
+fn from_lookup_applies_env_overrides() {
+    let env: HashMap<&str, &str> = [
+        ("TBON_RADIX", "8"),
+        ("TBON_IPV6", "true"),
+        ("TBON_PORT_RANGE", ""),
+        ("UNRELATED", "x"),
+    ]
+    .into_iter()
+    .collect();
+    let c = Config::from_lookup(|k| env.get(k).map(OsString::from)).unwrap();
+    assert_eq!(c.radix, 8);
+    assert!(c.ipv6);
+    assert_eq!(c.port_range, None);
+
+    let e =
+        Config::from_lookup(|k| (k == "TBON_PORT").then(|| OsString::from("http"))).unwrap_err();
+    assert!(matches!(
+        e,
+        ConfigError::BadValue {
+            setting: "port",
+            ..
+        }
+    ));
+    let e = Config::from_lookup(|k| (k == "TBON_IPV4").then(|| OsString::from("no"))).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ConfigError::Invalid {
+                setting: "ipv4",
+                ..
+            }
+        ),
+        "from_lookup validates"
+    );
+}

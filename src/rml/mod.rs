@@ -1,0 +1,10 @@
+//! The messaging API's sans-IO core: tags, posted receives and the unmatched list.
+//!
+//! The [`Matcher`] stores no callbacks: it hands out a [`ReceiveId`] per posted receive and
+//! says which id each message goes to; the driver keeps the callbacks keyed by that id.
+
+mod matcher;
+mod tag;
+
+pub use matcher::{Dispatch, Matcher, Message, Peer, PostError, ReceiveId};
+pub use tag::{TAG_USER_MIN, Tag, is_user_tag};
