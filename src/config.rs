@@ -227,6 +227,9 @@ settings! {
     keepalive_interval_s: u32 = 10, env "TBON_KEEPALIVE_INTERVAL_S";
     /// TCP keepalive: unanswered probes before the connection is dropped (PRRTE: 9).
     keepalive_count: u32 = 6, env "TBON_KEEPALIVE_COUNT";
+    /// SO_SNDBUF and SO_RCVBUF of every connection in bytes; 0 keeps the kernel's default (and
+    /// its autotuning, which is what you want outside tests).
+    socket_buffer_bytes: usize = 0, env "TBON_SOCKET_BUFFER_BYTES";
     /// Milliseconds between heartbeats to tree neighbours (used by the fault-detection layer,
     /// not yet built).
     heartbeat_interval_ms: u64 = 1000, env "TBON_HEARTBEAT_INTERVAL_MS";

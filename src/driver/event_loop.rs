@@ -766,8 +766,8 @@ impl EventLoop {
             log::debug!("rank {}: TCP_NODELAY: {e}", self.me);
         }
         let ka = socket2::TcpKeepalive::new()
-            .with_time(Duration::from_secs(self.cfg.keepalive_idle_s))
-            .with_interval(Duration::from_secs(self.cfg.keepalive_interval_s))
+            .with_time(Duration::from_secs(self.cfg.keepalive_idle_s.into()))
+            .with_interval(Duration::from_secs(self.cfg.keepalive_interval_s.into()))
             .with_retries(self.cfg.keepalive_count);
         if let Err(e) = sock.set_tcp_keepalive(&ka) {
             log::debug!("rank {}: keepalive: {e}", self.me);

@@ -22,7 +22,10 @@ pub(crate) fn bind(cfg: &Config) -> Result<(Vec<TcpListener>, Vec<SocketAddr>), 
     }
     let want_v4 = ips.iter().any(IpAddr::is_ipv4);
     let want_v6 = ips.iter().any(IpAddr::is_ipv6);
-    let candidates: Vec<u16> = match (cfg.port, cfg.port_range()) {
+    let range = cfg
+        .port_range_bounds()
+        .map_err(|e| StartError::Config(e.to_string()))?;
+    let candidates: Vec<u16> = match (cfg.port, range) {
         (p, _) if p != 0 => vec![p],
         (_, Some((lo, hi))) => (lo..=hi).take(limits::PORT_RANGE_TRIES_MAX).collect(),
         _ => vec![0],
