@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod limits;
+pub mod routed;
 
 /// A daemon's rank in the DVM: 0 is the root (the HNP), ranks run `0..size`.
 pub type Rank = u32;
