@@ -14,7 +14,12 @@ use crate::Rank;
 
 /// The first living rank of the walk rooted at `slot`, after `after` (from `slot` itself when
 /// `after` is `None`); `failed` must be sorted.
-pub(crate) fn heir(shape: &Shape, failed: &[Rank], slot: Rank, after: Option<Rank>) -> Option<Rank> {
+pub(crate) fn heir(
+    shape: &Shape,
+    failed: &[Rank],
+    slot: Rank,
+    after: Option<Rank>,
+) -> Option<Rank> {
     let dead = |r: Rank| failed.binary_search(&r).is_ok();
     match after {
         None if !dead(slot) => Some(slot),
@@ -83,8 +88,10 @@ impl Occupancy {
             self.displaced.clear();
             self.promoted.clear();
         } else {
-            self.displaced.retain(|&slot, _| !shape.in_subtree(top, slot));
-            self.promoted.retain(|_, &mut slot| !shape.in_subtree(top, slot));
+            self.displaced
+                .retain(|&slot, _| !shape.in_subtree(top, slot));
+            self.promoted
+                .retain(|_, &mut slot| !shape.in_subtree(top, slot));
         }
         self.visit(shape, failed, top, used);
         // A failed slot not reached from above has no used ranks: any used rank would have

@@ -121,7 +121,10 @@ impl Shape {
     /// Every ancestor of `r`, parent first and the root (0) last; empty for the root.
     pub fn ancestors(&self, r: Rank) -> Vec<Rank> {
         let d = self.depth(r);
-        (0..d).rev().filter_map(|j| self.ancestor_at(r, j)).collect()
+        (0..d)
+            .rev()
+            .filter_map(|j| self.ancestor_at(r, j))
+            .collect()
     }
 
     /// The children of `r`, ascending; empty if `r >= size`.
@@ -256,7 +259,9 @@ impl DoubleEndedIterator for Children {
         }
         self.remaining -= 1;
         // remaining * step <= size - 1 - parent, so this cannot overflow.
-        let r = self.next.checked_add(self.remaining.checked_mul(self.step)?)?;
+        let r = self
+            .next
+            .checked_add(self.remaining.checked_mul(self.step)?)?;
         Rank::try_from(r).ok()
     }
 }
@@ -353,7 +358,17 @@ mod tests {
     fn limits_do_not_overflow() {
         for k in [2, 3, 64, 1 << 16, u32::MAX - 1, u32::MAX] {
             let s = Shape::new(k, u32::MAX).unwrap();
-            for r in [0, 1, 2, k / 2, k - 1, k, u32::MAX - 2, u32::MAX - 1, u32::MAX] {
+            for r in [
+                0,
+                1,
+                2,
+                k / 2,
+                k - 1,
+                k,
+                u32::MAX - 2,
+                u32::MAX - 1,
+                u32::MAX,
+            ] {
                 let d = s.depth(r);
                 let anc = s.ancestors(r);
                 assert_eq!(anc.len(), d as usize);
@@ -374,7 +389,13 @@ mod tests {
         assert_eq!(depth(2, u32::MAX), 32);
         assert_eq!(depth(u32::MAX, u32::MAX), 1);
         assert_eq!(parent(u32::MAX, u32::MAX - 1), Some(0));
-        assert_eq!(children(u32::MAX, u32::MAX, 0).len(), (u32::MAX - 1) as usize);
-        assert_eq!(children(u32::MAX, u32::MAX, 0).next_back(), Some(u32::MAX - 1));
+        assert_eq!(
+            children(u32::MAX, u32::MAX, 0).len(),
+            (u32::MAX - 1) as usize
+        );
+        assert_eq!(
+            children(u32::MAX, u32::MAX, 0).next_back(),
+            Some(u32::MAX - 1)
+        );
     }
 }

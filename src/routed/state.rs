@@ -303,13 +303,20 @@ impl RoutingState {
         }
         // Ancestor slots of an occupied slot are all occupied.
         let ancestor_slots = self.shape.ancestors(self.slot);
-        self.ancestors
-            .extend(ancestor_slots.into_iter().filter_map(|a| self.occupancy.occupant(a)));
+        self.ancestors.extend(
+            ancestor_slots
+                .into_iter()
+                .filter_map(|a| self.occupancy.occupant(a)),
+        );
         self.parent = self.ancestors.first().copied();
         let occupancy = &self.occupancy;
-        self.child_slots
-            .extend(self.shape.children(self.slot).map(|c| occupancy.occupant(c)));
-        self.children.extend(self.child_slots.iter().flatten().copied());
+        self.child_slots.extend(
+            self.shape
+                .children(self.slot)
+                .map(|c| occupancy.occupant(c)),
+        );
+        self.children
+            .extend(self.child_slots.iter().flatten().copied());
         self.children.sort_unstable();
     }
 }
@@ -343,7 +350,10 @@ mod tests {
         let status = s.fail(&[1], Scope::Global, Some(3)).unwrap();
         assert!(status.promoted && !status.demoted);
         assert_eq!(status.epoch, Some(3));
-        assert_eq!((status.previous_parent, status.new_parent), (Some(1), Some(0)));
+        assert_eq!(
+            (status.previous_parent, status.new_parent),
+            (Some(1), Some(0))
+        );
         assert_eq!(status.new_children, [3]);
         assert_eq!(s.ancestors(), [0]);
     }
@@ -352,7 +362,10 @@ mod tests {
     fn bad_failures_change_nothing() {
         let mut s = RoutingState::new(3, 20, 4).unwrap();
         let before = s.clone();
-        assert_eq!(s.fail(&[2, 0], Scope::Local, None), Err(TreeError::RootFailed));
+        assert_eq!(
+            s.fail(&[2, 0], Scope::Local, None),
+            Err(TreeError::RootFailed)
+        );
         assert_eq!(
             s.fail(&[2, 20], Scope::Local, None),
             Err(TreeError::RankOutOfRange { rank: 20, size: 20 })
@@ -361,13 +374,24 @@ mod tests {
         assert_eq!(s.grow(19), Err(TreeError::ShrinkNotAllowed));
         let again = s.fail(&[2, 2], Scope::Local, None).unwrap();
         assert_eq!(again.newly_failed, [2]);
-        assert!(s.fail(&[2], Scope::Local, None).unwrap().newly_failed.is_empty());
+        assert!(
+            s.fail(&[2], Scope::Local, None)
+                .unwrap()
+                .newly_failed
+                .is_empty()
+        );
     }
 
     #[test]
     fn rejects_bad_construction() {
-        assert_eq!(RoutingState::new(1, 4, 0).unwrap_err(), TreeError::RadixTooSmall);
-        assert_eq!(RoutingState::new(2, 0, 0).unwrap_err(), TreeError::EmptyTree);
+        assert_eq!(
+            RoutingState::new(1, 4, 0).unwrap_err(),
+            TreeError::RadixTooSmall
+        );
+        assert_eq!(
+            RoutingState::new(2, 0, 0).unwrap_err(),
+            TreeError::EmptyTree
+        );
         assert_eq!(
             RoutingState::new(2, 4, 4).unwrap_err(),
             TreeError::RankOutOfRange { rank: 4, size: 4 }
