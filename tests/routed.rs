@@ -87,13 +87,11 @@ impl Reference {
                 .preorder(s)
                 .into_iter()
                 .find(|r| !failed.contains(r) && !above.contains(r));
-            if occupant[s as usize].is_some() {
-                if let Some(p) = self.parent[s as usize] {
-                    assert!(
-                        occupant[p as usize].is_some(),
-                        "occupied slot {s} under a hole"
-                    );
-                }
+            if let (Some(_), Some(p)) = (occupant[s as usize], self.parent[s as usize]) {
+                assert!(
+                    occupant[p as usize].is_some(),
+                    "occupied slot {s} under a hole"
+                );
             }
         }
         let mut out = BTreeMap::new();

@@ -1,0 +1,2 @@
+//! Subcommands of the `tbon` binary; each module parses its arguments and renders its output.
+pub mod tree;
