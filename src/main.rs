@@ -4,7 +4,11 @@ use clap::{Parser, Subcommand};
 mod cli;
 
 #[derive(Parser)]
-#[command(name = "tbon", version, about = "A fault-tolerant tree-based overlay network for HPC daemons")]
+#[command(
+    name = "tbon",
+    version,
+    about = "A fault-tolerant tree-based overlay network for HPC daemons"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -12,19 +16,22 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Show the repaired routing tree for a size, radix and set of failed ranks.
+    Tree(cli::tree::TreeArgs),
     /// Run one daemon of a DVM until SIGTERM or a DVM shutdown.
     Daemon(Box<cli::daemon::DaemonArgs>),
 }
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let result = match Cli::parse().command {
-        Command::Daemon(args) => cli::daemon::run(*args),
+    let (name, result) = match Cli::parse().command {
+        Command::Tree(tree) => ("tree", cli::tree::run(&tree).map(|()| 0)),
+        Command::Daemon(args) => ("daemon", cli::daemon::run(*args)),
     };
     match result {
         Ok(code) => std::process::exit(code),
-        Err(e) => {
-            eprintln!("tbon: {e}");
+        Err(message) => {
+            eprintln!("tbon {name}: {message}");
             std::process::exit(2);
         }
     }

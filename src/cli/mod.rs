@@ -1,1 +1,3 @@
+//! Subcommands of the `tbon` binary; each module parses its arguments and renders its output.
 pub mod daemon;
+pub mod tree;
