@@ -228,7 +228,8 @@ settings! {
     /// TCP keepalive: unanswered probes before the connection is dropped (PRRTE: 9).
     keepalive_count: u32 = 6, env "TBON_KEEPALIVE_COUNT";
     /// SO_SNDBUF and SO_RCVBUF of every connection in bytes; 0 keeps the kernel's default (and
-    /// its autotuning, which is what you want outside tests).
+    /// its autotuning, which is what you want outside tests). Otherwise at least 65536: below
+    /// one MSS (64 KiB on loopback) the receiver withholds window updates and TCP crawls.
     socket_buffer_bytes: usize = 0, env "TBON_SOCKET_BUFFER_BYTES";
     /// Milliseconds between heartbeats to tree neighbours (used by the fault-detection layer,
     /// not yet built).
@@ -351,6 +352,14 @@ impl Config {
 
     /// Check the settings alone and together. Returns the first problem found.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.socket_buffer_bytes != 0
+            && self.socket_buffer_bytes < limits::SOCKET_BUFFER_MIN_BYTES
+        {
+            return Err(ConfigError::invalid(
+                "socket_buffer_bytes",
+                "must be 0 (kernel default) or at least 65536: smaller buffers stall TCP",
+            ));
+        }
         let id = &self.dvm_id;
         if id.is_empty() || id.len() > 255 {
             return Err(ConfigError::invalid(

@@ -31,13 +31,19 @@ impl fmt::Display for SendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SendError::ReservedTag(t) => {
-                write!(f, "tag {t} is reserved for the runtime (user tags start at 100)")
+                write!(
+                    f,
+                    "tag {t} is reserved for the runtime (user tags start at 100)"
+                )
             }
             SendError::RankOutOfRange { rank, size } => {
                 write!(f, "rank {rank} is out of range for a DVM of {size} daemons")
             }
             SendError::TooLarge { len, max } => {
-                write!(f, "message of {len} bytes exceeds the maximum of {max} bytes")
+                write!(
+                    f,
+                    "message of {len} bytes exceeds the maximum of {max} bytes"
+                )
             }
             SendError::NodeDown(r) => write!(f, "rank {r} has failed"),
             SendError::Unreachable(r) => write!(f, "rank {r} is unreachable"),
@@ -68,7 +74,10 @@ impl fmt::Display for RecvError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RecvError::ReservedTag(t) => {
-                write!(f, "tag {t} is reserved for the runtime (user tags start at 100)")
+                write!(
+                    f,
+                    "tag {t} is reserved for the runtime (user tags start at 100)"
+                )
             }
             RecvError::Duplicate => write!(f, "a receive for this (peer, tag) is already posted"),
             RecvError::RankOutOfRange { rank, size } => {

@@ -132,3 +132,8 @@ pub const RECONNECT_RETRIES_DEFAULT: u32 = 5;
 /// Longest contact URI accepted by `ContactUri::from_str`, in bytes. A longer string is refused
 /// with an error before it is looked at (a URI comes from the network or the environment).
 pub const CONTACT_URI_MAX_BYTES: usize = 4096;
+
+/// Smallest non-zero `socket_buffer_bytes`. Below about one MSS (65,483 bytes on loopback) Linux
+/// withholds receive-window updates, and the sender falls back to zero-window probes with
+/// exponential backoff: a 50 MiB message then takes minutes. `Config::validate` refuses less.
+pub const SOCKET_BUFFER_MIN_BYTES: usize = 64 * 1024;

@@ -21,11 +21,17 @@ impl Drop for Dvm {
 
 fn daemon(rank: u32, size: u32, uri_file: &std::path::Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tbon"));
-    cmd.args(["daemon", "--rank", &rank.to_string(), "--size", &size.to_string()])
-        .args(["--radix", "2", "--if-include", "127.0.0.1/32", "--ping-all"])
-        .env("RUST_LOG", "tbon=info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+    cmd.args([
+        "daemon",
+        "--rank",
+        &rank.to_string(),
+        "--size",
+        &size.to_string(),
+    ])
+    .args(["--radix", "2", "--if-include", "127.0.0.1/32", "--ping-all"])
+    .env("RUST_LOG", "tbon=info")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
     if rank == 0 {
         cmd.arg("--uri-file").arg(uri_file);
     } else {
@@ -44,7 +50,9 @@ fn eight_daemon_processes_exchange_messages_and_stop_cleanly() {
     let mut dvm = Dvm(Vec::new());
     let (tx, rx) = mpsc::channel();
     for rank in 0..size {
-        let mut child = daemon(rank, size, &uri_file).spawn().expect("spawn tbon daemon");
+        let mut child = daemon(rank, size, &uri_file)
+            .spawn()
+            .expect("spawn tbon daemon");
         let out = child.stdout.take().unwrap();
         let tx = tx.clone();
         std::thread::spawn(move || {
@@ -58,8 +66,13 @@ fn eight_daemon_processes_exchange_messages_and_stop_cleanly() {
     }
     let mut ok = vec![false; size as usize];
     for _ in 0..size {
-        let (rank, line) = rx.recv_timeout(HANG_GUARD).expect("a daemon never heard from all others");
-        assert!(line.contains(&format!("({} of {})", size - 1, size - 1)), "{line}");
+        let (rank, line) = rx
+            .recv_timeout(HANG_GUARD)
+            .expect("a daemon never heard from all others");
+        assert!(
+            line.contains(&format!("({} of {})", size - 1, size - 1)),
+            "{line}"
+        );
         ok[rank as usize] = true;
     }
     assert!(ok.iter().all(|x| *x));

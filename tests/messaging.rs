@@ -64,7 +64,7 @@ fn all_to_all_32_daemons_radix_64() {
 fn fifty_mib_crosses_relays_with_tiny_socket_buffers() {
     // Radix 2, 8 daemons: 7 -> 3 -> 1 -> 0 -> 2 -> 6 has four relays.
     let mut cfg = loopback_config(2);
-    cfg.socket_buffer_bytes = 4096;
+    cfg.socket_buffer_bytes = 64 * 1024;
     let dvm = start_dvm(8, &cfg);
     let big: Vec<u8> = (0..50 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
     let big = Bytes::from(big);
@@ -73,11 +73,17 @@ fn fifty_mib_crosses_relays_with_tiny_socket_buffers() {
         .recv(Peer::Rank(7), TAG, false, move |m| tx.send(m).unwrap())
         .unwrap();
     dvm[7].send_wait(6, TAG, big.clone()).unwrap();
-    let m = rx.recv_timeout(HANG_GUARD).expect("the big message did not arrive");
+    let m = rx
+        .recv_timeout(HANG_GUARD)
+        .expect("the big message did not arrive");
     assert_eq!(m.origin, 7);
     assert!(m.payload == big, "payload corrupted");
     for r in [3, 1, 0, 2] {
-        assert_eq!(dvm[r].counters().unwrap().relayed, 1, "rank {r} relays once");
+        assert_eq!(
+            dvm[r].counters().unwrap().relayed,
+            1,
+            "rank {r} relays once"
+        );
     }
 }
 
@@ -91,7 +97,9 @@ fn specific_receive_wins_over_wildcard_and_one_shot_retires() {
         .unwrap();
     let t2 = tx.clone();
     dvm[0]
-        .recv(Peer::Rank(2), TAG, false, move |m| t2.send(("two", m)).unwrap())
+        .recv(Peer::Rank(2), TAG, false, move |m| {
+            t2.send(("two", m)).unwrap()
+        })
         .unwrap();
     dvm[2].send_wait(0, TAG, "first").unwrap();
     let (who, m) = rx.recv_timeout(HANG_GUARD).unwrap();
@@ -103,7 +111,9 @@ fn specific_receive_wins_over_wildcard_and_one_shot_retires() {
     // And it may be posted again now that it retired.
     let t3 = tx.clone();
     dvm[0]
-        .recv(Peer::Rank(2), TAG, false, move |m| t3.send(("two", m)).unwrap())
+        .recv(Peer::Rank(2), TAG, false, move |m| {
+            t3.send(("two", m)).unwrap()
+        })
         .unwrap();
     dvm[1].send_wait(0, TAG, "from one").unwrap();
     let (who, m) = rx.recv_timeout(HANG_GUARD).unwrap();
@@ -124,14 +134,20 @@ fn unmatched_messages_wait_for_a_receive() {
         .unwrap();
     assert_eq!(&m.payload[..], b"marker");
     // A one-shot takes the first held message...
-    let first = dvm[0].recv_blocking(Peer::Any, TAG + 1, HANG_GUARD).unwrap();
+    let first = dvm[0]
+        .recv_blocking(Peer::Any, TAG + 1, HANG_GUARD)
+        .unwrap();
     assert_eq!(&first.payload[..], &[0]);
     // ...a persistent receive takes all the rest, in arrival order.
     let (tx, rx) = unbounded();
     dvm[0]
-        .recv(Peer::Rank(1), TAG + 1, true, move |m| tx.send(m.payload[0]).unwrap())
+        .recv(Peer::Rank(1), TAG + 1, true, move |m| {
+            tx.send(m.payload[0]).unwrap()
+        })
         .unwrap();
-    let got: Vec<u8> = (0..4).map(|_| rx.recv_timeout(HANG_GUARD).unwrap()).collect();
+    let got: Vec<u8> = (0..4)
+        .map(|_| rx.recv_timeout(HANG_GUARD).unwrap())
+        .collect();
     assert_eq!(got, vec![1, 2, 3, 4]);
 }
 
@@ -148,10 +164,16 @@ fn api_misuse_is_an_error_not_a_crash() {
     );
     assert_eq!(
         d.send(1, TAG, vec![0u8; 1025]),
-        Err(SendError::TooLarge { len: 1025, max: 1024 })
+        Err(SendError::TooLarge {
+            len: 1025,
+            max: 1024
+        })
     );
     d.recv(Peer::Any, TAG, true, |_| {}).unwrap();
-    assert_eq!(d.recv(Peer::Any, TAG, false, |_| {}), Err(RecvError::Duplicate));
+    assert_eq!(
+        d.recv(Peer::Any, TAG, false, |_| {}),
+        Err(RecvError::Duplicate)
+    );
     assert_eq!(
         d.recv(Peer::Any, 1, false, |_| {}),
         Err(RecvError::ReservedTag(1))
@@ -191,7 +213,11 @@ fn cancelled_receive_gets_nothing_and_purge_drops_held() {
     assert!(rx.try_recv().is_err(), "a cancelled receive was called");
     dvm[0].purge(1);
     let got = dvm[0].recv_blocking(Peer::Rank(1), TAG, std::time::Duration::from_millis(200));
-    assert_eq!(got.unwrap_err(), RecvError::TimedOut, "purge must drop held messages");
+    assert_eq!(
+        got.unwrap_err(),
+        RecvError::TimedOut,
+        "purge must drop held messages"
+    );
 }
 
 #[test]

@@ -22,9 +22,20 @@ fn shutdown_leaves_no_threads_or_sockets() {
                 }
             }
         }
-        assert!(count("/proc/self/task") >= threads_before + 8, "round {round}");
+        assert!(
+            count("/proc/self/task") >= threads_before + 8,
+            "round {round}"
+        );
         drop(dvm);
-        assert_eq!(count("/proc/self/task"), threads_before, "threads left (round {round})");
-        assert_eq!(count("/proc/self/fd"), fds_before, "descriptors left (round {round})");
+        assert_eq!(
+            count("/proc/self/task"),
+            threads_before,
+            "threads left (round {round})"
+        );
+        assert_eq!(
+            count("/proc/self/fd"),
+            fds_before,
+            "descriptors left (round {round})"
+        );
     }
 }

@@ -10,9 +10,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use tbon::driver::wireup::TAG_WIREUP_REPORT;
 use tbon::oob::uri::ContactUri;
-use tbon::oob::{
-    Frame, FrameDecoder, Handshake, HandshakeConfig, HandshakeEvent, Header, Kind,
-};
+use tbon::oob::{Frame, FrameDecoder, Handshake, HandshakeConfig, HandshakeEvent, Header, Kind};
 
 /// One end of a connection driven by the test.
 struct Wire {
@@ -74,7 +72,10 @@ fn cfg(me: u32) -> HandshakeConfig {
 fn wait_connections(d: &tbon::Daemon, n: u64) {
     let deadline = std::time::Instant::now() + HANG_GUARD;
     while d.counters().unwrap().connections != n {
-        assert!(std::time::Instant::now() < deadline, "connections never reached {n}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "connections never reached {n}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
@@ -101,9 +102,20 @@ fn lower_real_rank_keeps_the_connection_the_higher_rank_dialled() {
     let mut hs = Handshake::dial(&cfg(1), 0);
     c1.send_all(&mut hs);
     let ack = c1.recv().unwrap();
-    assert!(matches!(hs.handle_frame(ack), Ok(Some(HandshakeEvent::Established(_)))));
+    assert!(matches!(
+        hs.handle_frame(ack),
+        Ok(Some(HandshakeEvent::Established(_)))
+    ));
     let report = Bytes::from(fake_uri.to_string());
-    let h = Header { kind: Kind::Msg, origin: 1, dst: 0, tag: TAG_WIREUP_REPORT, epoch: 0, seq: 0, len: 0 };
+    let h = Header {
+        kind: Kind::Msg,
+        origin: 1,
+        dst: 0,
+        tag: TAG_WIREUP_REPORT,
+        epoch: 0,
+        seq: 0,
+        len: 0,
+    };
     c1.send(&h, &report);
     let table = c1.recv().unwrap();
     assert_eq!(table.header.kind, Kind::Xcast);
@@ -123,9 +135,15 @@ fn lower_real_rank_keeps_the_connection_the_higher_rank_dialled() {
 
     // The connection rank 1 dialled wins: it is acknowledged and carries the message...
     let ack = c3.recv().unwrap();
-    assert!(matches!(hs3.handle_frame(ack), Ok(Some(HandshakeEvent::Established(_)))));
+    assert!(matches!(
+        hs3.handle_frame(ack),
+        Ok(Some(HandshakeEvent::Established(_)))
+    ));
     let m = c3.recv().unwrap();
-    assert_eq!((m.header.kind, m.header.origin, &m.payload[..]), (Kind::Msg, 0, &b"which connection?"[..]));
+    assert_eq!(
+        (m.header.kind, m.header.origin, &m.payload[..]),
+        (Kind::Msg, 0, &b"which connection?"[..])
+    );
     // ...and rank 0 closes the one it dialled.
     assert!(c2.recv().is_none(), "the losing connection must be closed");
     wait_connections(&real, 1);
@@ -147,7 +165,10 @@ fn higher_real_rank_refuses_the_lower_ranks_dial() {
     let mut c1 = Wire::new(s);
     let mut acceptor = Handshake::accept(&cfg(0));
     let hello = c1.recv().unwrap();
-    assert!(matches!(acceptor.handle_frame(hello), Ok(Some(HandshakeEvent::HelloReceived(_)))));
+    assert!(matches!(
+        acceptor.handle_frame(hello),
+        Ok(Some(HandshakeEvent::HelloReceived(_)))
+    ));
     let mut c2 = Wire::dial(uri_addr(real.contact_uri()));
     let mut hs2 = Handshake::dial(&cfg(0), 1);
     c2.send_all(&mut hs2);
@@ -158,6 +179,9 @@ fn higher_real_rank_refuses_the_lower_ranks_dial() {
     acceptor.try_accept_peer().unwrap();
     c1.send_all(&mut acceptor);
     let report = c1.recv().unwrap();
-    assert_eq!((report.header.kind, report.header.origin, report.header.tag), (Kind::Msg, 1, TAG_WIREUP_REPORT));
+    assert_eq!(
+        (report.header.kind, report.header.origin, report.header.tag),
+        (Kind::Msg, 1, TAG_WIREUP_REPORT)
+    );
     wait_connections(&real, 1);
 }

@@ -106,7 +106,10 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
     };
     let wireup_timeout = Duration::from_millis(args.config.wireup_timeout_ms);
     let daemon = tbon::start(args.config, rank, size, hnp.as_deref()).map_err(|e| e.to_string())?;
-    log::info!("rank {rank} of {size}: listening at {}", daemon.contact_uri());
+    log::info!(
+        "rank {rank} of {size}: listening at {}",
+        daemon.contact_uri()
+    );
     if rank == 0 {
         println!("TBON_HNP_URI={}", daemon.contact_uri());
         if let Some(p) = &args.uri_file {

@@ -86,22 +86,24 @@ impl Conn {
         }
     }
 
-    /// Writes as much of the queue as the socket takes, many frames per `writev`. Returns the
-    /// completions of the frames fully written; `WouldBlock` is not an error (the writable event
-    /// resumes it).
-    pub(crate) fn flush(&mut self, completed: &mut Vec<Option<Completion>>) -> io::Result<()> {
-        let mut rounds = 0;
-        while !self.queue.is_empty() && rounds < limits::WRITES_PER_FLUSH_MAX {
-            rounds += 1;
+    /// Writes as much of the queue as the socket takes, many frames per `writev`, and collects
+    /// the completions of the frames fully written. Returns `true` when it stopped at its bound
+    /// of writes with the socket still writable: the caller must flush again next turn, as no
+    /// writable event will come. `WouldBlock` is not an error (the writable event resumes it).
+    pub(crate) fn flush(&mut self, completed: &mut Vec<Option<Completion>>) -> io::Result<bool> {
+        for _ in 0..limits::WRITES_PER_FLUSH_MAX {
+            if self.queue.is_empty() {
+                return Ok(false);
+            }
             let mut iov = [IoSlice::new(&[]); limits::IOV_MAX_SLICES];
             let n = self.queue.io_slices(&mut iov);
             if n == 0 {
-                break;
+                return Ok(false);
             }
             let written = match self.stream.write_vectored(&iov[..n]) {
                 Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
                 Ok(w) => w,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
@@ -110,7 +112,7 @@ impl Conn {
                 completed.push(self.completions.pop_front().flatten());
             }
         }
-        Ok(())
+        Ok(!self.queue.is_empty())
     }
 
     /// Takes back the frames not yet started, with their completions, so they can be sent on

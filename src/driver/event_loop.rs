@@ -11,6 +11,7 @@ use super::conn::{Conn, ConnState};
 use super::handle::{Shared, StopReason, lock};
 use super::timers::{TimerKind, Timers};
 use super::wireup::{self, WireupCollector};
+use crate::Rank;
 use crate::config::Config;
 use crate::counters::Counters;
 use crate::error::SendError;
@@ -21,7 +22,6 @@ use crate::oob::header::{Header, Kind};
 use crate::oob::uri::ContactUri;
 use crate::rml::{Dispatch, Matcher, Message, Peer, ReceiveId, TAG_USER_MIN, Tag};
 use crate::routed::{Route, RoutingState, Scope};
-use crate::Rank;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use crossbeam_channel::Receiver;
 use mio::net::{TcpListener, TcpStream};
@@ -182,7 +182,11 @@ impl EventLoop {
             }
             let now = Instant::now();
             let mut timeout = self.timers.poll_timeout(now);
-            if !drained_all || !self.local.is_empty() || !self.readable_again.is_empty() {
+            if !drained_all
+                || !self.local.is_empty()
+                || !self.readable_again.is_empty()
+                || !self.dirty.is_empty()
+            {
                 timeout = Some(Duration::ZERO);
             }
             if timeout != Some(Duration::ZERO) {
@@ -304,7 +308,10 @@ impl EventLoop {
                 for id in ids {
                     self.receives.remove(&id);
                 }
-                log::debug!("rank {}: purged rank {peer} ({dropped} held messages)", self.me);
+                log::debug!(
+                    "rank {}: purged rank {peer} ({dropped} held messages)",
+                    self.me
+                );
             }
             Caddy::Counters(tx) => {
                 let _ = tx.send(self.snapshot());
@@ -464,7 +471,10 @@ impl EventLoop {
                 tag: t,
                 payload,
             }),
-            t => log::warn!("rank {}: broadcast with unknown runtime tag {t} dropped", self.me),
+            t => log::warn!(
+                "rank {}: broadcast with unknown runtime tag {t} dropped",
+                self.me
+            ),
         }
     }
 
@@ -574,7 +584,13 @@ impl EventLoop {
             return;
         }
         let report = Bytes::from(self.uri.to_string());
-        let header = self.header(Kind::Msg, self.me, 0, wireup::TAG_WIREUP_REPORT, report.len());
+        let header = self.header(
+            Kind::Msg,
+            self.me,
+            0,
+            wireup::TAG_WIREUP_REPORT,
+            report.len(),
+        );
         // Straight to rank 0, not along the tree: nobody knows the tree's addresses yet.
         self.enqueue(0, header, report, None);
     }
@@ -598,7 +614,10 @@ impl EventLoop {
             }
         }
         self.wire = Wire::Wired;
-        log::info!("rank 0: wire-up complete, {} daemons", self.size as usize - missing.len());
+        log::info!(
+            "rank 0: wire-up complete, {} daemons",
+            self.size as usize - missing.len()
+        );
         self.xcast(0, wireup::TAG_WIREUP_TABLE, table, None);
         self.wired();
     }
@@ -745,7 +764,10 @@ impl EventLoop {
         let attempt = link.attempt;
         self.timers.arm(
             Instant::now() + Duration::from_millis(delay),
-            TimerKind::Redial { rank: peer, attempt },
+            TimerKind::Redial {
+                rank: peer,
+                attempt,
+            },
         );
     }
 
@@ -936,7 +958,9 @@ impl EventLoop {
     }
 
     fn alive(&self, tok: usize, generation: u64) -> bool {
-        self.conns.get(tok).is_some_and(|c| c.generation == generation)
+        self.conns
+            .get(tok)
+            .is_some_and(|c| c.generation == generation)
     }
 
     fn on_frame(&mut self, tok: usize, frame: Frame) {
@@ -1017,7 +1041,10 @@ impl EventLoop {
             self.close(d, None);
         }
         if let Some(old) = self.links.get(&peer).and_then(|l| l.conn) {
-            log::info!("rank {}: rank {peer} reconnected; replacing the old connection", self.me);
+            log::info!(
+                "rank {}: rank {peer} reconnected; replacing the old connection",
+                self.me
+            );
             self.requeue_and_close(old);
         }
         let Some(conn) = self.conns.get_mut(tok) else {
@@ -1162,6 +1189,7 @@ impl EventLoop {
         dirty.sort_unstable();
         dirty.dedup();
         let mut completed = Vec::new();
+        let mut again = Vec::new();
         for tok in dirty.drain(..) {
             let Some(conn) = self.conns.get_mut(tok) else {
                 continue;
@@ -1169,16 +1197,16 @@ impl EventLoop {
             if matches!(conn.state, ConnState::Connecting) {
                 continue;
             }
-            if let Err(e) = conn.flush(&mut completed) {
-                self.lost(tok, &format!("write: {e}"));
+            match conn.flush(&mut completed) {
+                Ok(true) => again.push(tok),
+                Ok(false) => {}
+                Err(e) => self.lost(tok, &format!("write: {e}")),
             }
         }
+        // Stopped at the write bound with the socket still writable: no event will come.
+        self.dirty.extend(again);
         for done in completed {
             complete(done, Ok(()));
-        }
-        // Keep the allocation for the next turn.
-        if self.dirty.is_empty() {
-            self.dirty = dirty;
         }
     }
 

@@ -202,7 +202,12 @@ impl Handle {
 
     /// Sends and blocks until the send completed (see [`Handle::send_with`]). Must not be called
     /// from a callback: it would wait for the loop thread it is running on.
-    pub fn send_wait(&self, dst: Rank, tag: Tag, payload: impl Into<Bytes>) -> Result<(), SendError> {
+    pub fn send_wait(
+        &self,
+        dst: Rank,
+        tag: Tag,
+        payload: impl Into<Bytes>,
+    ) -> Result<(), SendError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.send_with(dst, tag, payload, move |r| {
             let _ = tx.send(r);

@@ -34,9 +34,17 @@ use std::sync::{Arc, Condvar, Mutex};
 ///
 /// Errors: an invalid configuration, rank or size; a missing or malformed `hnp`; no port to
 /// listen on; no usable interface address.
-pub fn start(config: Config, rank: Rank, size: u32, hnp: Option<&str>) -> Result<Daemon, StartError> {
-    config.validate().map_err(|e| StartError::Config(e.to_string()))?;
-    let routing = RoutingState::new(config.effective_radix(), size, rank).map_err(StartError::Tree)?;
+pub fn start(
+    config: Config,
+    rank: Rank,
+    size: u32,
+    hnp: Option<&str>,
+) -> Result<Daemon, StartError> {
+    config
+        .validate()
+        .map_err(|e| StartError::Config(e.to_string()))?;
+    let routing =
+        RoutingState::new(config.effective_radix(), size, rank).map_err(StartError::Tree)?;
     let hnp = if rank == 0 {
         None
     } else {

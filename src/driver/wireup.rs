@@ -207,14 +207,20 @@ mod tests {
         let good = encode_table(&[Some(uri(0, 1)), Some(uri(1, 2))]);
         assert_eq!(
             decode_table(3, &good),
-            Err(WireupError::WrongSize { got: 2, expected: 3 })
+            Err(WireupError::WrongSize {
+                got: 2,
+                expected: 3
+            })
         );
         for cut in 0..good.len() {
             assert!(decode_table(2, &good[..cut]).is_err(), "cut at {cut}");
         }
         // Entries in the wrong order.
         let swapped = encode_table(&[Some(uri(1, 1)), Some(uri(0, 2))]);
-        assert!(matches!(decode_table(2, &swapped), Err(WireupError::BadUri(_))));
+        assert!(matches!(
+            decode_table(2, &swapped),
+            Err(WireupError::BadUri(_))
+        ));
     }
 
     #[test]

@@ -31,7 +31,11 @@ pub fn start_dvm_with(size: u32, cfg: impl Fn(Rank) -> Config) -> Vec<Daemon> {
         dvm.push(tbon::start(cfg(r), r, size, Some(&uri)).expect("start daemon"));
     }
     for d in &dvm {
-        assert!(d.wait_wired(HANG_GUARD), "rank {} did not wire up", d.rank());
+        assert!(
+            d.wait_wired(HANG_GUARD),
+            "rank {} did not wire up",
+            d.rank()
+        );
     }
     dvm
 }
