@@ -405,14 +405,14 @@ impl EventLoop {
     /// Queues a frame for a directly connected neighbour, dialling it if needed.
     fn enqueue(&mut self, peer: Rank, header: Header, payload: Bytes, done: Option<Completion>) {
         let link = self.links.entry(peer).or_default();
-        if let Some(tok) = link.conn {
-            if let Some(conn) = self.conns.get_mut(tok) {
-                match conn.push(header, payload, done) {
-                    Ok(()) => self.dirty.push(tok),
-                    Err((_, done)) => complete(done, Err(SendError::Busy("the peer's send queue"))),
-                }
-                return;
+        if let Some(tok) = link.conn
+            && let Some(conn) = self.conns.get_mut(tok)
+        {
+            match conn.push(header, payload, done) {
+                Ok(()) => self.dirty.push(tok),
+                Err((_, done)) => complete(done, Err(SendError::Busy("the peer's send queue"))),
             }
+            return;
         }
         let len = payload.len() + crate::oob::header::HEADER_LEN;
         if !link.pending.is_empty() && link.pending_bytes + len > self.cfg.send_queue_max_bytes {
@@ -647,10 +647,10 @@ impl EventLoop {
             self.begin_stop(StopReason::Fatal("left out of wire-up".into()));
             return;
         }
-        if !missing.is_empty() {
-            if let Err(e) = self.routing.fail(&missing, Scope::Global, Some(self.epoch)) {
-                log::error!("rank {}: bad failed list in contact table: {e}", self.me);
-            }
+        if !missing.is_empty()
+            && let Err(e) = self.routing.fail(&missing, Scope::Global, Some(self.epoch))
+        {
+            log::error!("rank {}: bad failed list in contact table: {e}", self.me);
         }
         self.contacts = table;
         self.wire = Wire::Wired;
@@ -1124,10 +1124,10 @@ impl EventLoop {
             return;
         }
         self.close(tok, None);
-        if let Some(p) = dialled {
-            if self.links.get(&p).and_then(|l| l.dialing) == Some(tok) {
-                self.dial_failed(p);
-            }
+        if let Some(p) = dialled
+            && self.links.get(&p).and_then(|l| l.dialing) == Some(tok)
+        {
+            self.dial_failed(p);
         }
     }
 
@@ -1171,14 +1171,14 @@ impl EventLoop {
         for done in conn.completions.drain(..) {
             complete(done, Err(err.clone()));
         }
-        if let Some(p) = conn.peer.or(conn.dialled) {
-            if let Some(link) = self.links.get_mut(&p) {
-                if link.conn == Some(tok) {
-                    link.conn = None;
-                }
-                if link.dialing == Some(tok) {
-                    link.dialing = None;
-                }
+        if let Some(p) = conn.peer.or(conn.dialled)
+            && let Some(link) = self.links.get_mut(&p)
+        {
+            if link.conn == Some(tok) {
+                link.conn = None;
+            }
+            if link.dialing == Some(tok) {
+                link.dialing = None;
             }
         }
         self.readable_again.remove(&tok);

@@ -116,10 +116,10 @@ impl Shared {
             return;
         }
         let handle = lock(&self.join).take();
-        if let Some(h) = handle {
-            if h.join().is_err() {
-                log::error!("rank {}: the loop thread panicked", self.rank);
-            }
+        if let Some(h) = handle
+            && h.join().is_err()
+        {
+            log::error!("rank {}: the loop thread panicked", self.rank);
         }
     }
 }
@@ -239,7 +239,7 @@ impl Handle {
         &self,
         tag: Tag,
         payload: impl Into<Bytes>,
-        done: Option<Box<dyn FnOnce(Result<(), SendError>) + Send + 'static>>,
+        done: Option<Completion>,
     ) -> Result<(), SendError> {
         let payload = payload.into();
         self.check_send(0, tag, &payload)?;
@@ -250,13 +250,13 @@ impl Handle {
         if tag < TAG_USER_MIN {
             return Err(RecvError::ReservedTag(tag));
         }
-        if let Peer::Rank(r) = peer {
-            if r >= self.shared.size {
-                return Err(RecvError::RankOutOfRange {
-                    rank: r,
-                    size: self.shared.size,
-                });
-            }
+        if let Peer::Rank(r) = peer
+            && r >= self.shared.size
+        {
+            return Err(RecvError::RankOutOfRange {
+                rank: r,
+                size: self.shared.size,
+            });
         }
         Ok(())
     }

@@ -10,10 +10,11 @@ pub const HANG_GUARD: Duration = Duration::from_secs(60);
 
 /// A configuration that keeps every daemon on loopback.
 pub fn loopback_config(radix: u32) -> Config {
-    let mut cfg = Config::default();
-    cfg.radix = radix;
-    cfg.if_include = vec!["127.0.0.1/32".to_string()];
-    cfg
+    Config {
+        radix,
+        if_include: vec!["127.0.0.1/32".to_string()],
+        ..Config::default()
+    }
 }
 
 /// Starts `size` daemons in this process (rank 0 first) and waits until all are wired.
