@@ -25,12 +25,20 @@ pub struct Counters {
     pub commands: u64,
     /// Wake-up system calls paid to rouse the loop (at most one per command; far fewer in bursts).
     pub wakeups: u64,
+    /// Frames dropped because they came from (or over a link from) a rank known to have
+    /// failed: stale traffic of a daemon the DVM declared dead.
+    pub dropped_stale: u64,
+    /// Repairs of the routing tree (local and global scope each count).
+    pub repairs: u64,
+    /// Ranks this daemon knows have failed, ascending.
+    pub failed: Vec<u32>,
     /// Connections currently open (established or handshaking).
     pub connections: u64,
     /// The loop's current parent (lifeline) in the tree.
     pub parent: Option<u32>,
     /// The loop's current children in the tree.
     pub children: Vec<u32>,
-    /// The DVM epoch this daemon knows.
+    /// The DVM epoch this daemon knows: rank 0 increments it with every confirmation of
+    /// deaths.
     pub epoch: u64,
 }

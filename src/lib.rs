@@ -7,6 +7,7 @@ pub mod config;
 pub mod counters;
 pub mod driver;
 pub mod error;
+pub mod faults;
 pub mod limits;
 pub mod oob;
 pub mod rml;
@@ -16,6 +17,7 @@ pub use counters::Counters;
 pub use driver::{Daemon, Handle, StopReason, start};
 pub use error::{RecvError, SendError, StartError};
 pub use rml::{Message, Peer, Tag};
+pub use routed::{RecoveryStatus, Scope};
 
 /// A daemon's rank in the DVM: 0 is the root (the HNP), ranks run `0..size`.
 pub type Rank = u32;

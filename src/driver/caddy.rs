@@ -3,6 +3,7 @@
 
 use crate::error::SendError;
 use crate::rml::{Message, Peer, Tag};
+use crate::routed::RecoveryStatus;
 use crate::{Counters, Rank};
 use bytes::Bytes;
 use crossbeam_channel::Sender;
@@ -10,6 +11,9 @@ use crossbeam_channel::Sender;
 /// Called once on the loop thread when a send is finished: `Ok` once the frame was handed to the
 /// kernel (or delivered locally), an error when it could not be carried.
 pub type Completion = Box<dyn FnOnce(Result<(), SendError>) + Send + 'static>;
+
+/// Called on the loop thread after every repair of the routing tree, once per scope.
+pub type FaultHandler = Box<dyn FnMut(&RecoveryStatus) + Send + 'static>;
 
 /// Called on the loop thread for every message a receive matches.
 pub type RecvCallback = Box<dyn FnMut(Message) + Send + 'static>;
@@ -40,6 +44,9 @@ pub(crate) enum Caddy {
         peer: Rank,
     },
     Counters(Sender<Counters>),
+    OnFault(FaultHandler),
+    /// Stop at once, as a crash would: no linger, no notices (tests and fault injection).
+    Abort,
     /// Stop this daemon; with `dvm` (rank 0 only) first tell every daemon to stop.
     Shutdown {
         dvm: bool,

@@ -6,7 +6,9 @@
 //! connections that got frames (so a burst coalesces into one `writev` per peer), poll with the
 //! nearest timer as timeout, handle socket events, fire expired timers.
 
-use super::caddy::{Caddy, Completion, RecvCallback};
+mod faults;
+
+use super::caddy::{Caddy, Completion, FaultHandler, RecvCallback};
 use super::conn::{Conn, ConnState};
 use super::handle::{Shared, StopReason, lock};
 use super::timers::{TimerKind, Timers};
@@ -15,6 +17,10 @@ use crate::Rank;
 use crate::config::Config;
 use crate::counters::Counters;
 use crate::error::SendError;
+use crate::faults::HeartbeatMonitor;
+use crate::faults::notice::{
+    TAG_ADOPTED, TAG_DECLARED_DEAD, TAG_FAULT_CONFIRM, TAG_FAULT_REPORT, TAG_ROOT_LOST,
+};
 use crate::limits;
 use crate::oob::frame::Frame;
 use crate::oob::handshake::{Handshake, HandshakeConfig, HandshakeEvent, keep_dialled_by};
@@ -57,6 +63,9 @@ struct Link {
     pending_bytes: usize,
     /// Consecutive failed dial attempts.
     attempt: u32,
+    /// The connection to this tree neighbour was lost: keep redialling (bounded) even with
+    /// nothing to send, and declare it failed if it cannot be reached.
+    probe: bool,
     redial_armed: bool,
 }
 
@@ -94,6 +103,10 @@ pub(crate) struct EventLoop {
     readable_again: HashSet<usize>,
     counters: Counters,
     stopping: Option<StopReason>,
+    monitor: HeartbeatMonitor,
+    /// Ranks rank 0 has confirmed dead (all of them, ascending).
+    confirmed: Vec<Rank>,
+    fault_handlers: Vec<FaultHandler>,
 }
 
 impl EventLoop {
@@ -117,6 +130,7 @@ impl EventLoop {
             epoch,
             dvm_id: cfg.dvm_id.clone(),
         };
+        let cfg_hb = (cfg.heartbeat_interval_ms, cfg.heartbeat_timeout_ms);
         let mut contacts = vec![None; size as usize];
         let wire = if me == 0 {
             Wire::Collecting(WireupCollector::new(size, uri.clone()))
@@ -152,6 +166,12 @@ impl EventLoop {
             readable_again: HashSet::new(),
             counters: Counters::default(),
             stopping: None,
+            monitor: HeartbeatMonitor::new(
+                Duration::from_millis(cfg_hb.0),
+                Duration::from_millis(cfg_hb.1),
+            ),
+            confirmed: Vec::new(),
+            fault_handlers: Vec::new(),
         }
     }
 
@@ -316,6 +336,15 @@ impl EventLoop {
             Caddy::Counters(tx) => {
                 let _ = tx.send(self.snapshot());
             }
+            Caddy::OnFault(h) => self.fault_handlers.push(h),
+            Caddy::Abort => {
+                log::info!("rank {}: aborting", self.me);
+                self.begin_stop(StopReason::Requested);
+                let toks: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
+                for t in toks {
+                    self.close(t, None);
+                }
+            }
             Caddy::Shutdown { dvm } => {
                 if dvm && self.me == 0 {
                     self.xcast(0, wireup::TAG_SHUTDOWN, Bytes::new(), None);
@@ -337,7 +366,16 @@ impl EventLoop {
             Caddy::Counters(tx) => {
                 let _ = tx.send(self.snapshot());
             }
-            Caddy::Cancel { .. } | Caddy::Purge { .. } | Caddy::Shutdown { .. } => {}
+            Caddy::Abort => {
+                let toks: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
+                for t in toks {
+                    self.close(t, None);
+                }
+            }
+            Caddy::Cancel { .. }
+            | Caddy::Purge { .. }
+            | Caddy::Shutdown { .. }
+            | Caddy::OnFault(_) => {}
         }
     }
 
@@ -348,6 +386,7 @@ impl EventLoop {
         c.parent = self.routing.parent();
         c.children = self.routing.children().to_vec();
         c.epoch = self.epoch;
+        c.failed = self.routing.failed().collect();
         c
     }
 
@@ -548,6 +587,11 @@ impl EventLoop {
                     Err(e) => log::warn!("rank 0: bad report from rank {}: {e}", msg.origin),
                 }
             }
+            TAG_FAULT_REPORT if self.me == 0 => self.on_report(msg.origin, &msg.payload),
+            TAG_ADOPTED => self.on_adopted(msg.origin, &msg.payload),
+            TAG_DECLARED_DEAD => {
+                self.declared_dead(&format!("rank {} refused this daemon", msg.origin))
+            }
             wireup::TAG_BCAST_REQUEST if self.me == 0 => {
                 let mut p = msg.payload;
                 if p.len() < 4 {
@@ -612,6 +656,7 @@ impl EventLoop {
             if let Err(e) = self.routing.fail(&missing, Scope::Global, Some(self.epoch)) {
                 log::error!("rank 0: cannot mark missing ranks failed: {e}");
             }
+            self.confirmed = missing.clone();
         }
         self.wire = Wire::Wired;
         log::info!(
@@ -653,6 +698,7 @@ impl EventLoop {
             log::error!("rank {}: bad failed list in contact table: {e}", self.me);
         }
         self.contacts = table;
+        self.confirmed = missing;
         self.wire = Wire::Wired;
         log::info!(
             "rank {}: wired up (parent {:?}, {} children)",
@@ -665,6 +711,11 @@ impl EventLoop {
 
     fn wired(&mut self) {
         self.shared.set_wired();
+        self.watch_neighbours();
+        self.timers.arm(
+            Instant::now() + self.monitor.tick_every(),
+            TimerKind::Heartbeat,
+        );
         let held: Vec<Caddy> = self.prewire.drain(..).collect();
         for c in held {
             self.command(c);
@@ -690,7 +741,7 @@ impl EventLoop {
         let attempt = self.links.get(&peer).map_or(0, |l| l.attempt);
         let Some(addr) = addrs.get(attempt as usize % addrs.len().max(1)).copied() else {
             log::warn!("rank {}: no address known for rank {peer}", self.me);
-            self.give_up(peer, SendError::Unreachable(peer));
+            self.unreachable(peer, 0);
             return;
         };
         let mut stream = match TcpStream::connect(addr) {
@@ -739,18 +790,15 @@ impl EventLoop {
         let link = self.links.entry(peer).or_default();
         link.dialing = None;
         link.attempt += 1;
-        if link.pending.is_empty() {
+        if link.pending.is_empty() && !link.probe {
             link.attempt = 0;
             return;
         }
         if link.attempt > retries {
-            log::warn!(
-                "rank {}: rank {peer} unreachable after {} attempts",
-                self.me,
-                link.attempt
-            );
+            let attempts = link.attempt;
             link.attempt = 0;
-            self.give_up(peer, SendError::Unreachable(peer));
+            link.probe = false;
+            self.unreachable(peer, attempts);
             return;
         }
         self.counters.reconnects += 1;
@@ -769,6 +817,25 @@ impl EventLoop {
                 attempt,
             },
         );
+    }
+
+    /// A peer could not be reached within the bounded reconnect policy. Once wired, that is a
+    /// failure of the peer; before, only rank 0 is ever dialled and the daemon cannot join.
+    fn unreachable(&mut self, peer: Rank, attempts: u32) {
+        if matches!(self.wire, Wire::Wired) {
+            let cause = format!("unreachable after {attempts} connection attempts");
+            self.declare_failed(&[peer], &cause, true);
+            self.give_up(peer, SendError::Unreachable(peer));
+        } else {
+            log::error!(
+                "rank {}: cannot reach rank {peer} after {attempts} attempts",
+                self.me
+            );
+            self.give_up(peer, SendError::Unreachable(peer));
+            if self.me != 0 {
+                self.begin_stop(StopReason::Fatal("cannot reach rank 0".into()));
+            }
+        }
     }
 
     /// Fails every frame waiting for `peer`.
@@ -916,7 +983,12 @@ impl EventLoop {
                     self.lost(tok, why);
                     return;
                 }
-                Ok(n) => conn.decoder.commit(n),
+                Ok(n) => {
+                    conn.decoder.commit(n);
+                    if let Some(p) = conn.peer.filter(|_| conn.is_established()) {
+                        self.monitor.heard(p, Instant::now());
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
@@ -983,6 +1055,15 @@ impl EventLoop {
             return;
         };
         let h = frame.header;
+        if self.routing.is_failed(from) || self.routing.is_failed(h.origin) {
+            self.counters.dropped_stale += 1;
+            log::debug!(
+                "rank {}: dropped a frame from failed rank {} (link {from})",
+                self.me,
+                h.origin
+            );
+            return;
+        }
         if h.origin >= self.size || (h.kind == Kind::Msg && h.dst >= self.size) {
             self.protocol_error(tok, &format!("frame names a rank beyond {}", self.size));
             return;
@@ -1006,6 +1087,18 @@ impl EventLoop {
     }
 
     fn on_xcast(&mut self, from: Rank, header: Header, payload: Bytes) {
+        if header.tag == TAG_FAULT_CONFIRM {
+            // Applied before forwarding, so it goes down the repaired tree; each epoch once.
+            if !self.on_confirm(&payload) {
+                return;
+            }
+            self.xcast_children(header, &payload);
+            return;
+        }
+        if header.tag == TAG_ROOT_LOST {
+            self.root_lost(&format!("told by rank {from}"));
+            return;
+        }
         if header.tag == wireup::TAG_WIREUP_TABLE {
             // The table must be applied before forwarding: it holds the children's addresses.
             // It is taken from whoever sends it first while not wired (authentication of peers
@@ -1023,6 +1116,19 @@ impl EventLoop {
     }
 
     fn on_hello(&mut self, tok: usize, peer: Rank) {
+        if self.routing.is_failed(peer) {
+            if let Some(ConnState::Handshaking(hs)) = self.conns.get_mut(tok).map(|c| &mut c.state)
+            {
+                let _ = hs.try_accept_peer();
+            }
+            self.pump_handshake(tok);
+            if let Some(c) = self.conns.get_mut(tok) {
+                c.state = ConnState::Established;
+                c.peer = Some(peer);
+            }
+            self.tell_dead_and_close(tok, peer);
+            return;
+        }
         let link = self.links.entry(peer).or_default();
         if let Some(d) = link.dialing.filter(|d| *d != tok) {
             if keep_dialled_by(self.me, peer) == self.me {
@@ -1072,6 +1178,7 @@ impl EventLoop {
         }
         link.conn = Some(tok);
         link.attempt = 0;
+        link.probe = false;
         link.redial_armed = false;
         link.pending_bytes = 0;
         let pending: Vec<Pending> = link.pending.drain(..).collect();
@@ -1111,11 +1218,25 @@ impl EventLoop {
             let is_current = self.links.get(&p).and_then(|l| l.conn) == Some(tok);
             if is_current {
                 self.requeue_and_close(tok);
-                // Frames still waiting go out on a new connection (the fault layer decides
-                // whether the peer is gone).
-                if self.links.get(&p).is_some_and(|l| !l.pending.is_empty())
-                    && self.stopping.is_none()
-                {
+                if self.stopping.is_some() {
+                    return;
+                }
+                // A lost tree neighbour (or rank 0) is probed by redialling: a peer that is
+                // gone refuses or times out, and is declared failed after the bounded retries;
+                // a live one answers (and, if the DVM already declared this daemon dead, says
+                // so). Frames still waiting go out on the new connection.
+                let watch = matches!(self.wire, Wire::Wired)
+                    && (p == 0 || self.is_neighbour(p))
+                    && !self.routing.is_failed(p);
+                let link = self.links.entry(p).or_default();
+                if watch {
+                    link.probe = true;
+                    log::info!(
+                        "rank {}: lost connection to rank {p} ({why}); probing",
+                        self.me
+                    );
+                }
+                if watch || !link.pending.is_empty() {
                     self.ensure_dial(p);
                 }
                 return;
@@ -1237,7 +1358,7 @@ impl EventLoop {
                     let link = self.links.entry(rank).or_default();
                     if link.redial_armed && link.attempt == attempt {
                         link.redial_armed = false;
-                        if !link.pending.is_empty() && link.conn.is_none() {
+                        if (!link.pending.is_empty() || link.probe) && link.conn.is_none() {
                             self.dial(rank);
                         }
                     }
@@ -1247,6 +1368,7 @@ impl EventLoop {
                         self.finish_wireup();
                     }
                 }
+                TimerKind::Heartbeat => self.heartbeat_tick(),
                 TimerKind::Linger => {
                     log::debug!("rank {}: linger over; dropping unsent frames", self.me);
                     let toks: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();

@@ -5,11 +5,12 @@
 //! a `mio::Waker` only when it is asleep in `poll` (the `asleep` flag), so a burst of commands, or
 //! commands issued by callbacks on the loop thread, cost no wake-up system call.
 
-use super::caddy::{Caddy, Completion, RecvCallback};
+use super::caddy::{Caddy, Completion, FaultHandler, RecvCallback};
 use crate::Rank;
 use crate::counters::Counters;
 use crate::error::{RecvError, SendError};
 use crate::rml::{Message, Peer, TAG_USER_MIN, Tag};
+use crate::routed::RecoveryStatus;
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::collections::HashSet;
@@ -112,6 +113,11 @@ impl Shared {
     fn stop_and_join(&self, dvm: bool) {
         // Ignore the error: a stopped loop is what we want.
         let _ = self.submit(Caddy::Shutdown { dvm });
+        self.join_loop();
+    }
+
+    /// Waits for the loop thread to end, unless called on it.
+    fn join_loop(&self) {
         if self.on_loop_thread() {
             return;
         }
@@ -376,6 +382,27 @@ impl Handle {
                 .unwrap_or_else(|e| e.into_inner().0);
         }
         l.stopped.clone()
+    }
+
+    /// Registers a fault handler. It runs on the loop thread after every repair of this
+    /// daemon's routing tree, once for the local repair (scope `Local`, when this daemon learns
+    /// of a death itself) and once for rank 0's confirmation (scope `Global`, with the new
+    /// epoch), after the built-in messaging layer has re-routed or failed what was queued.
+    /// Handlers run in registration order.
+    pub fn on_fault(
+        &self,
+        handler: impl FnMut(&RecoveryStatus) + Send + 'static,
+    ) -> Result<(), SendError> {
+        let h: FaultHandler = Box::new(handler);
+        self.shared.submit(Caddy::OnFault(h))
+    }
+
+    /// Stops this daemon at once, as a crash would look to the others: sockets are closed
+    /// without flushing, no notice is sent. For fault injection in tests and harnesses; use
+    /// [`Handle::shutdown`] otherwise. Joins the loop thread unless called from a callback.
+    pub fn abort(&self) {
+        let _ = self.shared.submit(Caddy::Abort);
+        self.shared.join_loop();
     }
 
     /// Whether the daemon has stopped.

@@ -17,6 +17,8 @@ pub(crate) enum TimerKind {
     Wireup,
     /// Stop lingering to flush frames and exit.
     Linger,
+    /// Send heartbeats to tree neighbours and look for silent ones.
+    Heartbeat,
 }
 
 #[derive(Default)]

@@ -1,0 +1,192 @@
+//! Faults in a live DVM on loopback: detection, repair, notices and epochs. A daemon "crashes"
+//! by `abort()` (sockets closed without notice, as the kernel does for a killed process). After
+//! each case: every survivor holds the same tree, equal to the pure routing tree for the same
+//! failed set; all-to-all traffic among survivors arrives; a send to a dead rank gets node-down.
+//! No timing assertions: waits poll for a state, with a hang guard.
+
+mod common;
+
+use bytes::Bytes;
+use common::{HANG_GUARD, loopback_config, start_dvm};
+use crossbeam_channel::unbounded;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+use tbon::routed::tree_view;
+use tbon::{Daemon, Peer, Rank, RecoveryStatus, Scope, SendError, StopReason};
+
+const TAG: u32 = 200;
+
+/// Polls `cond` until it holds; panics with `what` at the hang guard.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + HANG_GUARD;
+    while !cond() {
+        assert!(Instant::now() < deadline, "gave up waiting: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn survivors<'a>(dvm: &'a [Daemon], dead: &[Rank]) -> Vec<&'a Daemon> {
+    dvm.iter().filter(|d| !dead.contains(&d.rank())).collect()
+}
+
+/// Waits until every survivor knows exactly `dead` failed, at rank 0's epoch, then checks each
+/// one's parent and children against the pure tree for that failed set.
+fn converged(dvm: &[Daemon], dead: &[Rank], radix: u32) {
+    let mut dead = dead.to_vec();
+    dead.sort_unstable();
+    let alive = survivors(dvm, &dead);
+    wait_for("every survivor to agree on the failed set", || {
+        let root = dvm[0].counters().unwrap();
+        root.failed == dead
+            && alive.iter().all(|d| {
+                let c = d.counters().unwrap();
+                c.failed == dead && c.epoch == root.epoch
+            })
+    });
+    let size = dvm.len() as u32;
+    let view = tree_view(radix, size, &dead).unwrap();
+    for d in &alive {
+        let c = d.counters().unwrap();
+        let node = view.iter().find(|n| n.rank == d.rank()).unwrap();
+        assert_eq!(c.parent, node.parent, "parent of rank {}", d.rank());
+        assert_eq!(c.children, node.children, "children of rank {}", d.rank());
+        assert!(!d.is_stopped(), "survivor {} stopped", d.rank());
+    }
+}
+
+/// Every survivor sends one message to every other survivor; all arrive, once.
+fn all_to_all(dvm: &[Daemon], dead: &[Rank], tag: u32) {
+    let alive = survivors(dvm, dead);
+    let (tx, rx) = unbounded();
+    for d in &alive {
+        let tx = tx.clone();
+        let me = d.rank();
+        d.recv(Peer::Any, tag, true, move |m| {
+            tx.send((m.origin, me)).unwrap()
+        })
+        .unwrap();
+    }
+    for d in &alive {
+        for e in &alive {
+            if d.rank() != e.rank() {
+                d.send(e.rank(), tag, Bytes::from_static(b"after the fault"))
+                    .unwrap();
+            }
+        }
+    }
+    let n = alive.len() * (alive.len() - 1);
+    let mut seen = HashSet::new();
+    for _ in 0..n {
+        let pair = rx
+            .recv_timeout(HANG_GUARD)
+            .expect("a message between survivors was lost");
+        assert!(seen.insert(pair), "duplicate {pair:?}");
+    }
+}
+
+fn send_to_dead_is_node_down(from: &Daemon, dead: Rank) {
+    let (tx, rx) = unbounded();
+    from.send_with(dead, TAG, "hello?", move |r| tx.send(r).unwrap())
+        .unwrap();
+    assert_eq!(
+        rx.recv_timeout(HANG_GUARD).unwrap(),
+        Err(SendError::NodeDown(dead))
+    );
+}
+
+fn case(size: u32, radix: u32, kill: &[Rank]) -> Vec<Daemon> {
+    let dvm = start_dvm(size, &loopback_config(radix));
+    for r in kill {
+        dvm[*r as usize].abort();
+    }
+    converged(&dvm, kill, radix);
+    all_to_all(&dvm, kill, TAG);
+    send_to_dead_is_node_down(&dvm[0], kill[0]);
+    dvm
+}
+
+#[test]
+fn a_leaf_dies() {
+    case(15, 2, &[14]);
+}
+
+#[test]
+fn an_interior_daemon_dies() {
+    let dvm = case(15, 2, &[1]);
+    // Rank 1's heir (its highest child, 5) took its slot under rank 0.
+    assert_eq!(dvm[0].counters().unwrap().children, vec![2, 5]);
+}
+
+#[test]
+fn a_parent_and_its_child_die_together() {
+    case(21, 4, &[1, 5]);
+}
+
+#[test]
+fn two_siblings_die_together() {
+    case(21, 4, &[1, 2]);
+}
+
+#[test]
+fn the_heir_dies_while_the_repair_spreads() {
+    // 1's heir is 5; it dies right after 1, before anyone could have settled.
+    case(15, 2, &[1, 5]);
+}
+
+#[test]
+fn three_of_seven_die_at_radix_2() {
+    case(7, 2, &[1, 2, 5]);
+}
+
+#[test]
+fn faults_one_after_another_keep_epochs_and_trees_in_step() {
+    let dvm = start_dvm(16, &loopback_config(2));
+    let mut dead = Vec::new();
+    for r in [3, 1, 12] {
+        dvm[r as usize].abort();
+        dead.push(r);
+        converged(&dvm, &dead, 2);
+        all_to_all(&dvm, &dead, TAG + r);
+    }
+    assert!(dvm[0].counters().unwrap().epoch >= 3);
+}
+
+#[test]
+fn fault_handlers_run_per_scope_with_the_status() {
+    let dvm = start_dvm(7, &loopback_config(2));
+    let (tx, rx) = unbounded();
+    // Rank 3's parent is 1: it sees the local repair, then rank 0's confirmation.
+    dvm[3]
+        .on_fault(move |s: &RecoveryStatus| tx.send(s.clone()).unwrap())
+        .unwrap();
+    dvm[1].abort();
+    let mut scopes = Vec::new();
+    let deadline = Instant::now() + HANG_GUARD;
+    while !scopes.contains(&Scope::Global) {
+        let s = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("no global-scope status");
+        assert_eq!(s.newly_failed, vec![1]);
+        if s.scope == Scope::Global {
+            assert_eq!(s.epoch, Some(1));
+        }
+        scopes.push(s.scope);
+    }
+    // Local first if at all, and each scope once.
+    assert!(scopes == vec![Scope::Global] || scopes == vec![Scope::Local, Scope::Global]);
+}
+
+#[test]
+fn losing_rank_0_ends_every_daemon() {
+    let dvm = start_dvm(15, &loopback_config(2));
+    dvm[0].abort();
+    for d in &dvm[1..] {
+        let r = d.wait_stopped(HANG_GUARD);
+        assert_eq!(
+            r,
+            Some(StopReason::Fatal("lost rank 0".into())),
+            "rank {}",
+            d.rank()
+        );
+    }
+}
