@@ -231,11 +231,12 @@ settings! {
     /// its autotuning, which is what you want outside tests). Otherwise at least 65536: below
     /// one MSS (64 KiB on loopback) the receiver withholds window updates and TCP crawls.
     socket_buffer_bytes: usize = 0, env "TBON_SOCKET_BUFFER_BYTES";
-    /// Milliseconds between heartbeats to tree neighbours (used by the fault-detection layer,
-    /// not yet built).
+    /// Milliseconds between heartbeats to each tree neighbour (sent whatever other traffic
+    /// there is; any bytes received count as a sign of life).
     heartbeat_interval_ms: u64 = 1000, env "TBON_HEARTBEAT_INTERVAL_MS";
-    /// Milliseconds without any traffic or heartbeat from a neighbour before it is declared
-    /// failed (used by the fault-detection layer, not yet built). Must exceed
+    /// Milliseconds without any bytes from a tree neighbour before it is declared failed (a
+    /// SIGSTOPped, hung or cut-off daemon). PRRTE relies on TCP keepalive (300 s); Flux waits
+    /// 20-30 s. 10 s stays clear of false alarms on a loaded 2-core machine. Must exceed
     /// heartbeat_interval_ms.
     heartbeat_timeout_ms: u64 = 10_000, env "TBON_HEARTBEAT_TIMEOUT_MS";
 }

@@ -120,11 +120,9 @@ fn lower_real_rank_keeps_the_connection_the_higher_rank_dialled() {
     let table = c1.recv().unwrap();
     assert_eq!(table.header.kind, Kind::Xcast);
     assert!(real.wait_wired(HANG_GUARD));
+    // The fake drops its connection. Rank 0 probes its lost child by dialling it, while the
+    // fake (rank 1) dials rank 0: a simultaneous connect.
     drop(c1);
-    wait_connections(&real, 0);
-
-    // Rank 0 dials rank 1 to send; rank 1 (the fake) dials rank 0 at the same time.
-    real.send(1, 100, "which connection?").unwrap();
     let (s, _) = fake_listener.accept().unwrap();
     let mut c2 = Wire::new(s);
     let hello = c2.recv().unwrap();
@@ -133,13 +131,16 @@ fn lower_real_rank_keeps_the_connection_the_higher_rank_dialled() {
     let mut hs3 = Handshake::dial(&cfg(1), 0);
     c3.send_all(&mut hs3);
 
-    // The connection rank 1 dialled wins: it is acknowledged and carries the message...
+    // The connection rank 1 dialled wins: it is acknowledged and carries traffic...
     let ack = c3.recv().unwrap();
     assert!(matches!(
         hs3.handle_frame(ack),
         Ok(Some(HandshakeEvent::Established(_)))
     ));
-    let m = c3.recv().unwrap();
+    real.send(1, 100, "which connection?").unwrap();
+    let m = std::iter::from_fn(|| c3.recv())
+        .find(|f| f.header.kind != Kind::Heartbeat)
+        .unwrap();
     assert_eq!(
         (m.header.kind, m.header.origin, &m.payload[..]),
         (Kind::Msg, 0, &b"which connection?"[..])

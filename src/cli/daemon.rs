@@ -37,6 +37,10 @@ pub struct DaemonArgs {
     /// has arrived from every other daemon.
     #[arg(long)]
     pub ping_all: bool,
+    /// Print one JSON line per repair of this daemon's tree to stdout (`{"fault": {...}}`), for
+    /// scripts and tests; the same is logged at info level in any case.
+    #[arg(long)]
+    pub print_faults: bool,
     #[command(flatten)]
     pub config: Config,
 }
@@ -121,6 +125,23 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, term.clone()).map_err(|e| e.to_string())?;
+    }
+
+    if args.print_faults {
+        daemon
+            .on_fault(move |s| {
+                let line = serde_json::json!({ "fault": {
+                    "rank": rank,
+                    "scope": match s.scope { tbon::Scope::Local => "local", tbon::Scope::Global => "global" },
+                    "epoch": s.epoch,
+                    "newly_failed": s.newly_failed,
+                    "parent": s.new_parent,
+                    "children": s.new_children,
+                    "promoted": s.promoted,
+                }});
+                println!("{line}");
+            })
+            .map_err(|e| e.to_string())?;
     }
 
     if args.ping_all {

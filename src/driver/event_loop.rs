@@ -468,13 +468,13 @@ impl EventLoop {
     }
 
     fn broadcast(&mut self, tag: Tag, payload: Bytes, done: Option<Completion>) {
+        self.counters.sent += 1;
         if self.me == 0 {
             self.xcast(0, tag, payload, done);
         } else {
             let mut b = BytesMut::with_capacity(4 + payload.len());
             b.put_u32(tag);
             b.put_slice(&payload);
-            self.counters.sent += 1;
             self.send(0, wireup::TAG_BCAST_REQUEST, b.freeze(), done);
         }
     }
@@ -504,7 +504,8 @@ impl EventLoop {
                 log::info!("rank {}: the DVM is shutting down", self.me);
                 self.begin_stop(StopReason::DvmShutdown);
             }
-            wireup::TAG_WIREUP_TABLE => {}
+            // Handled before forwarding (see `on_xcast`); nothing to deliver.
+            wireup::TAG_WIREUP_TABLE | TAG_FAULT_CONFIRM => {}
             t if t >= TAG_USER_MIN => self.deliver(Message {
                 origin: header.origin,
                 tag: t,
@@ -1100,6 +1101,11 @@ impl EventLoop {
             return;
         }
         if header.tag == wireup::TAG_WIREUP_TABLE {
+            if matches!(self.wire, Wire::Wired) {
+                // A second copy (e.g. from a new parent after a repair): already applied and
+                // already forwarded.
+                return;
+            }
             // The table must be applied before forwarding: it holds the children's addresses.
             // It is taken from whoever sends it first while not wired (authentication of peers
             // is the handshake's job).

@@ -239,8 +239,9 @@ impl Handle {
 
     /// Broadcasts `payload` with `tag` to every living daemon (this one included), down the
     /// tree from rank 0 with one shared buffer. From a non-zero rank the payload first travels
-    /// to rank 0. `done` (optional) is called when rank 0 has forwarded it to its children (this
-    /// is the unacknowledged broadcast; it is not a proof of delivery).
+    /// to rank 0. This is the unacknowledged broadcast: `done` (optional) says the broadcast was
+    /// handed on — on rank 0 once the frames are queued to its children, on other ranks once the
+    /// request to rank 0 reached the kernel on the first hop — not that anyone received it.
     pub fn broadcast(
         &self,
         tag: Tag,

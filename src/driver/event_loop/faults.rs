@@ -340,12 +340,11 @@ impl EventLoop {
             let h = self.header(Kind::Heartbeat, self.me, r, 0, 0);
             // Only over a connection that is up: a missing one is being redialled already,
             // and silence is what the timeout measures.
-            if let Some(tok) = self.links.get(&r).and_then(|l| l.conn) {
-                if let Some(conn) = self.conns.get_mut(tok) {
-                    if conn.push(h, Bytes::new(), None).is_ok() {
-                        self.dirty.push(tok);
-                    }
-                }
+            if let Some(tok) = self.links.get(&r).and_then(|l| l.conn)
+                && let Some(conn) = self.conns.get_mut(tok)
+                && conn.push(h, Bytes::new(), None).is_ok()
+            {
+                self.dirty.push(tok);
             }
         }
         if !tick.silent.is_empty() {
