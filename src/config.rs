@@ -221,7 +221,7 @@ settings! {
     reconnect_retries: u32 = limits::RECONNECT_RETRIES_DEFAULT, env "TBON_RECONNECT_RETRIES";
     /// TCP keepalive: idle seconds before the first probe. Tighter than PRRTE's 300 s so a
     /// half-open connection to a vanished host is found in about 2 minutes, not 8; it is only
-    /// the backstop, heartbeats (a later layer) detect silent daemons in seconds.
+    /// the backstop: heartbeats detect a silent tree neighbour in seconds.
     keepalive_idle_s: u32 = 60, env "TBON_KEEPALIVE_IDLE_S";
     /// TCP keepalive: seconds between probes (PRRTE: 20).
     keepalive_interval_s: u32 = 10, env "TBON_KEEPALIVE_INTERVAL_S";
