@@ -224,6 +224,10 @@ impl EventLoop {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
+            // Commands before socket events: a command issued before a frame it caused (a
+            // cancel before the peer's send, say) was pushed before `poll` saw that frame, so
+            // handling commands first keeps cause before effect.
+            self.drain_commands();
             for ev in events.iter() {
                 match ev.token() {
                     WAKER_TOKEN => {}
