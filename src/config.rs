@@ -173,6 +173,16 @@ settings! {
     /// Identity of the DVM: checked in the handshake (a daemon of another DVM is refused) and the
     /// first part of contact URIs. At most 255 bytes, no ';' and no whitespace.
     dvm_id: String = String::from("tbon"), env "TBON_DVM_ID";
+    /// File holding the DVM's job key (at least 16 bytes; keep it private, mode 0600). Every
+    /// connection proves both ways that it knows the key. Without it the key is read from the
+    /// TBON_KEY environment variable; the key itself is never a flag (any user can read
+    /// command lines). `tbon keygen FILE` makes one.
+    key_file: Option<String>, env "TBON_KEY_FILE";
+    /// Run without authentication when no key is given: anyone who can reach a daemon's port
+    /// and knows the DVM identity can join and inject messages. Logged loudly.
+    insecure: bool = false, env "TBON_INSECURE", clap(action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1,
+        require_equals = true, default_missing_value = "true");
     /// Listen and connect over IPv4.
     ipv4: bool = true, env "TBON_IPV4", clap(action = clap::ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1,

@@ -24,6 +24,11 @@ pub const READS_PER_EVENT_MAX: usize = 16;
 /// extra bytes).
 pub const FRAMES_PER_READ_MAX: usize = 4_096;
 
+/// Batches of buffered frames acted on per readiness event (each batch up to
+/// `FRAMES_PER_READ_MAX` frames, one frame while handshaking); a connection with more is
+/// revisited next turn.
+pub const FRAME_BATCHES_PER_EVENT_MAX: usize = 64;
+
 /// `writev` calls per connection per flush; a socket that still takes data is flushed again
 /// on its next writable event or turn.
 pub const WRITES_PER_FLUSH_MAX: usize = 64;
@@ -137,3 +142,10 @@ pub const CONTACT_URI_MAX_BYTES: usize = 4096;
 /// withholds receive-window updates, and the sender falls back to zero-window probes with
 /// exponential backoff: a 50 MiB message then takes minutes. `Config::validate` refuses less.
 pub const SOCKET_BUFFER_MIN_BYTES: usize = 64 * 1024;
+
+/// Shortest job key accepted (bytes). A shorter key is refused at start-up: it could be guessed.
+pub const JOB_KEY_MIN_BYTES: usize = 16;
+
+/// Longest job key accepted (bytes); a longer file is refused at start-up rather than read into
+/// memory whole.
+pub const JOB_KEY_MAX_BYTES: usize = 4096;

@@ -20,6 +20,12 @@ enum Command {
     Tree(cli::tree::TreeArgs),
     /// Run one daemon of a DVM until SIGTERM or a DVM shutdown.
     Daemon(Box<cli::daemon::DaemonArgs>),
+    /// Write a fresh random job key to FILE (mode 0600; refuses to overwrite). Give every
+    /// daemon of the DVM the same file with --key-file.
+    Keygen {
+        /// Where to write the key.
+        file: std::path::PathBuf,
+    },
 }
 
 fn main() {
@@ -27,6 +33,12 @@ fn main() {
     let (name, result) = match Cli::parse().command {
         Command::Tree(tree) => ("tree", cli::tree::run(&tree).map(|()| 0)),
         Command::Daemon(args) => ("daemon", cli::daemon::run(*args)),
+        Command::Keygen { file } => (
+            "keygen",
+            tbon::driver::key::generate(&file)
+                .map(|()| 0)
+                .map_err(|e| format!("{}: {e}", file.display())),
+        ),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -10,6 +10,23 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+static KEY_FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// A job key made the way users make one.
+fn key_file() -> &'static std::path::Path {
+    KEY_FILE.get_or_init(|| {
+        let p = std::env::temp_dir().join(format!("tbon-key-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let st = Command::new(env!("CARGO_BIN_EXE_tbon"))
+            .arg("keygen")
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(st.success(), "tbon keygen failed");
+        p
+    })
+}
+
 const HANG_GUARD: Duration = Duration::from_secs(90);
 const SIZE: u32 = 7;
 
@@ -100,6 +117,8 @@ fn stopped_daemon_is_declared_dead_and_exits_on_resume_killed_one_is_repaired() 
             "--size",
             &SIZE.to_string(),
         ])
+        .arg("--key-file")
+        .arg(key_file())
         .args([
             "--radix",
             "2",

@@ -6,6 +6,23 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+static KEY_FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// A job key made the way users make one.
+fn key_file() -> &'static std::path::Path {
+    KEY_FILE.get_or_init(|| {
+        let p = std::env::temp_dir().join(format!("tbon-key-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let st = Command::new(env!("CARGO_BIN_EXE_tbon"))
+            .arg("keygen")
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(st.success(), "tbon keygen failed");
+        p
+    })
+}
+
 const HANG_GUARD: Duration = Duration::from_secs(90);
 
 struct Dvm(Vec<Child>);
@@ -28,6 +45,8 @@ fn daemon(rank: u32, size: u32, uri_file: &std::path::Path) -> Command {
         "--size",
         &size.to_string(),
     ])
+    .arg("--key-file")
+    .arg(key_file())
     .args(["--radix", "2", "--if-include", "127.0.0.1/32", "--ping-all"])
     .env("RUST_LOG", "tbon=info")
     .stdout(Stdio::piped())

@@ -16,11 +16,15 @@ use tbon::{Daemon, Peer, Rank, RecoveryStatus, Scope, SendError, StopReason};
 
 const TAG: u32 = 200;
 
-/// Polls `cond` until it holds; panics with `what` at the hang guard.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+/// Polls `cond` until it holds; panics with `what` and `state()` at the hang guard.
+fn wait_for_or(what: &str, cond: &mut impl FnMut() -> bool, state: impl Fn() -> String) {
     let deadline = Instant::now() + HANG_GUARD;
     while !cond() {
-        assert!(Instant::now() < deadline, "gave up waiting: {what}");
+        assert!(
+            Instant::now() < deadline,
+            "gave up waiting: {what}; {}",
+            state()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -35,14 +39,35 @@ fn converged(dvm: &[Daemon], dead: &[Rank], radix: u32) {
     let mut dead = dead.to_vec();
     dead.sort_unstable();
     let alive = survivors(dvm, &dead);
-    wait_for("every survivor to agree on the failed set", || {
+    let state = || {
+        alive
+            .iter()
+            .map(|d| {
+                let c = d.counters().unwrap();
+                format!(
+                    "{}: failed {:?} epoch {} parent {:?}",
+                    d.rank(),
+                    c.failed,
+                    c.epoch,
+                    c.parent
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let mut agreed = || {
         let root = dvm[0].counters().unwrap();
         root.failed == dead
             && alive.iter().all(|d| {
                 let c = d.counters().unwrap();
                 c.failed == dead && c.epoch == root.epoch
             })
-    });
+    };
+    wait_for_or(
+        &format!("every survivor to agree on the failed set {dead:?}"),
+        &mut agreed,
+        state,
+    );
     let size = dvm.len() as u32;
     let view = tree_view(radix, size, &dead).unwrap();
     for d in &alive {

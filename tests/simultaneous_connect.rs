@@ -9,6 +9,7 @@ use common::{HANG_GUARD, loopback_config};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use tbon::driver::wireup::TAG_WIREUP_REPORT;
+use tbon::oob::handshake::JobKey;
 use tbon::oob::uri::ContactUri;
 use tbon::oob::{Frame, FrameDecoder, Handshake, HandshakeConfig, HandshakeEvent, Header, Kind};
 
@@ -66,6 +67,7 @@ fn cfg(me: u32) -> HandshakeConfig {
         size: 2,
         epoch: 0,
         dvm_id: "tbon".into(),
+        key: JobKey::new(std::fs::read(common::key_file()).unwrap().trim_ascii_end()),
     }
 }
 
@@ -106,6 +108,7 @@ fn lower_real_rank_keeps_the_connection_the_higher_rank_dialled() {
         hs.handle_frame(ack),
         Ok(Some(HandshakeEvent::Established(_)))
     ));
+    c1.send_all(&mut hs); // the proof of the key
     let report = Bytes::from(fake_uri.to_string());
     let h = Header {
         kind: Kind::Msg,
@@ -137,6 +140,7 @@ fn lower_real_rank_keeps_the_connection_the_higher_rank_dialled() {
         hs3.handle_frame(ack),
         Ok(Some(HandshakeEvent::Established(_)))
     ));
+    c3.send_all(&mut hs3);
     real.send(1, 100, "which connection?").unwrap();
     let m = std::iter::from_fn(|| c3.recv())
         .find(|f| f.header.kind != Kind::Heartbeat)
@@ -177,8 +181,13 @@ fn higher_real_rank_refuses_the_lower_ranks_dial() {
     assert!(c2.recv().is_none(), "the lower rank's dial must be refused");
 
     // Its own dial completes and carries the wire-up report.
-    acceptor.try_accept_peer().unwrap();
+    assert!(acceptor.try_accept_peer());
     c1.send_all(&mut acceptor);
+    let auth = c1.recv().unwrap();
+    assert!(matches!(
+        acceptor.handle_frame(auth),
+        Ok(Some(HandshakeEvent::Established(_)))
+    ));
     let report = c1.recv().unwrap();
     assert_eq!(
         (report.header.kind, report.header.origin, report.header.tag),

@@ -71,6 +71,8 @@ fn non_default_value(name: &str) -> &'static str {
     match name {
         "dvm_id" => "other.dvm",
         "ipv4" => "false",
+        "insecure" => "true",
+        "key_file" => "/etc/tbon/job.key",
         "ipv6" => "yes",
         "port_range" => "20000-20100",
         "if_include" => "lo, 10.0.0.0/8",

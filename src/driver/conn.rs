@@ -31,6 +31,8 @@ pub(crate) struct Conn {
     pub dialled: Option<Rank>,
     /// The peer's rank, once the handshake named it.
     pub peer: Option<Rank>,
+    /// An incoming connection accepted for this rank (Hello checked, proof pending).
+    pub claimed: Option<Rank>,
     /// Distinguishes this connection from a later one in the same slab slot (stale timers).
     pub generation: u64,
     pub decoder: FrameDecoder,
@@ -55,6 +57,7 @@ impl Conn {
             state,
             dialled,
             peer: None,
+            claimed: None,
             generation,
             decoder: FrameDecoder::new(limits::HANDSHAKE_MAX_PAYLOAD),
             queue: SendQueue::new(send_queue_max_bytes),

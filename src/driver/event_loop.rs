@@ -23,7 +23,7 @@ use crate::faults::notice::{
 };
 use crate::limits;
 use crate::oob::frame::Frame;
-use crate::oob::handshake::{Handshake, HandshakeConfig, HandshakeEvent, keep_dialled_by};
+use crate::oob::handshake::{Handshake, HandshakeConfig, HandshakeEvent, JobKey, keep_dialled_by};
 use crate::oob::header::{Header, Kind};
 use crate::oob::uri::ContactUri;
 use crate::rml::{Dispatch, Matcher, Message, Peer, ReceiveId, TAG_USER_MIN, Tag};
@@ -58,6 +58,10 @@ struct Link {
     conn: Option<usize>,
     /// Our outgoing attempt, connecting or handshaking.
     dialing: Option<usize>,
+    /// An incoming connection from this peer whose handshake is under way (Hello accepted,
+    /// proof pending). No dial is started meanwhile: two connections established at once
+    /// could each be kept by one side and closed by the other, losing what was sent on them.
+    incoming: Option<usize>,
     /// Frames waiting for `conn` (bounded by `send_queue_max_bytes`).
     pending: VecDeque<Pending>,
     pending_bytes: usize,
@@ -120,6 +124,7 @@ impl EventLoop {
         listeners: Vec<TcpListener>,
         uri: ContactUri,
         hnp: Option<ContactUri>,
+        key: JobKey,
     ) -> Self {
         let me = routing.me();
         let size = routing.size();
@@ -129,6 +134,7 @@ impl EventLoop {
             size,
             epoch,
             dvm_id: cfg.dvm_id.clone(),
+            key,
         };
         let cfg_hb = (cfg.heartbeat_interval_ms, cfg.heartbeat_timeout_ms);
         let mut contacts = vec![None; size as usize];
@@ -731,7 +737,11 @@ impl EventLoop {
 
     fn ensure_dial(&mut self, peer: Rank) {
         let link = self.links.entry(peer).or_default();
-        if link.conn.is_none() && link.dialing.is_none() && !link.redial_armed {
+        if link.conn.is_none()
+            && link.dialing.is_none()
+            && link.incoming.is_none()
+            && !link.redial_armed
+        {
             self.dial(peer);
         }
     }
@@ -973,7 +983,9 @@ impl EventLoop {
     }
 
     fn on_readable(&mut self, tok: usize) {
-        for _ in 0..limits::READS_PER_EVENT_MAX {
+        let mut reads = 0;
+        let mut batches = 0;
+        loop {
             let Some(conn) = self.conns.get_mut(tok) else {
                 return;
             };
@@ -981,30 +993,16 @@ impl EventLoop {
                 return;
             }
             let generation = conn.generation;
-            let space = conn.decoder.read_space();
-            match conn.stream.read(space) {
-                Ok(0) => {
-                    let why = "connection closed by peer";
-                    self.lost(tok, why);
-                    return;
-                }
-                Ok(n) => {
-                    conn.decoder.commit(n);
-                    if let Some(p) = conn.peer.filter(|_| conn.is_established()) {
-                        self.monitor.heard(p, Instant::now());
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    self.lost(tok, &e.to_string());
-                    return;
-                }
-            }
-            // Take every complete frame out before acting on any: acting needs `&mut self`.
+            // While handshaking, one frame at a time: the frame that completes the handshake
+            // raises the decoder's size limit for the data frames pipelined behind it.
+            let max = if conn.is_established() {
+                limits::FRAMES_PER_READ_MAX
+            } else {
+                1
+            };
             let mut frames = Vec::new();
             let mut error = None;
-            while frames.len() < limits::FRAMES_PER_READ_MAX {
+            while frames.len() < max {
                 match conn.decoder.next_frame() {
                     Ok(Some(f)) => frames.push(f),
                     Ok(None) => break,
@@ -1013,6 +1011,35 @@ impl EventLoop {
                         break;
                     }
                 }
+            }
+            if frames.is_empty() && error.is_none() {
+                // Nothing buffered: read more.
+                if reads == limits::READS_PER_EVENT_MAX {
+                    // Still readable: continue next turn so other sockets get their share.
+                    self.readable_again.insert(tok);
+                    return;
+                }
+                reads += 1;
+                let space = conn.decoder.read_space();
+                match conn.stream.read(space) {
+                    Ok(0) => {
+                        self.lost(tok, "connection closed by peer");
+                        return;
+                    }
+                    Ok(n) => {
+                        conn.decoder.commit(n);
+                        if let Some(p) = conn.peer.filter(|_| conn.is_established()) {
+                            self.monitor.heard(p, Instant::now());
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        self.lost(tok, &e.to_string());
+                        return;
+                    }
+                }
+                continue;
             }
             for f in frames {
                 if !self.alive(tok, generation) {
@@ -1029,9 +1056,12 @@ impl EventLoop {
             if !self.alive(tok, generation) {
                 return;
             }
+            batches += 1;
+            if batches == limits::FRAME_BATCHES_PER_EVENT_MAX {
+                self.readable_again.insert(tok);
+                return;
+            }
         }
-        // Still readable: continue next turn so other sockets get their share.
-        self.readable_again.insert(tok);
     }
 
     fn alive(&self, tok: usize, generation: u64) -> bool {
@@ -1085,7 +1115,7 @@ impl EventLoop {
             }
             Kind::Xcast => self.on_xcast(from, h, frame.payload),
             Kind::Heartbeat => {}
-            Kind::Hello | Kind::HelloAck => {
+            Kind::Hello | Kind::HelloAck | Kind::Auth => {
                 self.protocol_error(tok, "handshake frame on an established connection")
             }
         }
@@ -1125,20 +1155,9 @@ impl EventLoop {
         self.xcast_deliver(header, payload);
     }
 
+    /// A valid Hello: resolve a simultaneous connect, then answer with our proof of the key.
+    /// The connection is established when the dialler's proof arrives.
     fn on_hello(&mut self, tok: usize, peer: Rank) {
-        if self.routing.is_failed(peer) {
-            if let Some(ConnState::Handshaking(hs)) = self.conns.get_mut(tok).map(|c| &mut c.state)
-            {
-                let _ = hs.try_accept_peer();
-            }
-            self.pump_handshake(tok);
-            if let Some(c) = self.conns.get_mut(tok) {
-                c.state = ConnState::Established;
-                c.peer = Some(peer);
-            }
-            self.tell_dead_and_close(tok, peer);
-            return;
-        }
         let link = self.links.entry(peer).or_default();
         if let Some(d) = link.dialing.filter(|d| *d != tok) {
             if keep_dialled_by(self.me, peer) == self.me {
@@ -1156,24 +1175,39 @@ impl EventLoop {
             link.dialing = None;
             self.close(d, None);
         }
-        if let Some(old) = self.links.get(&peer).and_then(|l| l.conn) {
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        conn.claimed = Some(peer);
+        if let ConnState::Handshaking(hs) = &mut conn.state {
+            hs.try_accept_peer();
+        }
+        let link = self.links.entry(peer).or_default();
+        if let Some(other) = link.incoming.replace(tok)
+            && other != tok
+        {
+            // A newer attempt from the same peer supersedes one still in its handshake.
+            self.close(other, None);
+            self.links.entry(peer).or_default().incoming = Some(tok);
+        }
+        self.pump_handshake(tok);
+    }
+
+    fn established(&mut self, tok: usize, peer: Rank) {
+        if self.routing.is_failed(peer) {
+            // It proved it is rank `peer`, which the DVM declared dead: it must not rejoin.
+            self.tell_dead_and_close(tok, peer);
+            return;
+        }
+        if let Some(old) = self.links.get(&peer).and_then(|l| l.conn)
+            && old != tok
+        {
             log::info!(
                 "rank {}: rank {peer} reconnected; replacing the old connection",
                 self.me
             );
             self.requeue_and_close(old);
         }
-        let Some(conn) = self.conns.get_mut(tok) else {
-            return;
-        };
-        if let ConnState::Handshaking(hs) = &mut conn.state {
-            let _ = hs.try_accept_peer();
-        }
-        self.pump_handshake(tok);
-        self.established(tok, peer);
-    }
-
-    fn established(&mut self, tok: usize, peer: Rank) {
         let msg_max = self.cfg.msg_max_bytes as u32;
         let Some(conn) = self.conns.get_mut(tok) else {
             return;
@@ -1187,6 +1221,9 @@ impl EventLoop {
             link.dialing = None;
         }
         link.conn = Some(tok);
+        if link.incoming == Some(tok) {
+            link.incoming = None;
+        }
         link.attempt = 0;
         link.probe = false;
         link.redial_armed = false;
@@ -1254,10 +1291,23 @@ impl EventLoop {
             self.close(tok, None);
             return;
         }
+        let claimed = conn.claimed;
+        // Read before `close`, which clears the link's record of this dial.
+        let was_dialing =
+            dialled.filter(|p| self.links.get(p).and_then(|l| l.dialing) == Some(tok));
         self.close(tok, None);
-        if let Some(p) = dialled
-            && self.links.get(&p).and_then(|l| l.dialing) == Some(tok)
+        // An incoming connection that won a simultaneous connect failed before it was
+        // established: our own dial was closed for it, so dial again if anything waits.
+        if let Some(p) = claimed
+            && self.stopping.is_none()
+            && self
+                .links
+                .get(&p)
+                .is_some_and(|l| l.conn.is_none() && (l.probe || !l.pending.is_empty()))
         {
+            self.ensure_dial(p);
+        }
+        if let Some(p) = was_dialing {
             self.dial_failed(p);
         }
     }
@@ -1302,7 +1352,7 @@ impl EventLoop {
         for done in conn.completions.drain(..) {
             complete(done, Err(err.clone()));
         }
-        if let Some(p) = conn.peer.or(conn.dialled)
+        if let Some(p) = conn.peer.or(conn.dialled).or(conn.claimed)
             && let Some(link) = self.links.get_mut(&p)
         {
             if link.conn == Some(tok) {
@@ -1310,6 +1360,9 @@ impl EventLoop {
             }
             if link.dialing == Some(tok) {
                 link.dialing = None;
+            }
+            if link.incoming == Some(tok) {
+                link.incoming = None;
             }
         }
         self.readable_again.remove(&tok);

@@ -426,6 +426,7 @@ impl Handle {
 }
 
 /// The owner of a running daemon. Dropping it stops the daemon and joins its loop thread.
+#[derive(Debug)]
 pub struct Daemon {
     handle: Handle,
 }

@@ -10,6 +10,7 @@ mod caddy;
 mod conn;
 mod event_loop;
 mod handle;
+pub mod key;
 mod listen;
 mod timers;
 pub mod wireup;
@@ -64,6 +65,7 @@ pub fn start(
         }
         Some(uri)
     };
+    let key = key::load(&config, rank)?;
     let (listeners, addrs) = listen::bind(&config)?;
     let uri = ContactUri {
         dvm_id: config.dvm_id.clone(),
@@ -97,6 +99,7 @@ pub fn start(
         listeners,
         uri,
         hnp,
+        key,
     );
     let on_thread = shared.clone();
     let thread = std::thread::Builder::new()

@@ -4,36 +4,91 @@
 //!
 //! ```text
 //! dialler                                   acceptor
-//!   Handshake::dial ──── Hello ────────────▶ Handshake::accept
+//!   Handshake::dial ── Hello(nonce_d) ─────▶ Handshake::accept
 //!                                            handle_frame -> HelloReceived(peer)
-//!                                            driver: accept_peer() (or reject() + close)
-//!   handle_frame ◀────── HelloAck ────────── accept_peer -> Established(peer)
+//!                                            driver: try_accept_peer() (or reject() + close)
+//!   handle_frame ◀── HelloAck(nonce_a, ─────
+//!     checks mac_a         mac_a)
 //!   -> Established(peer)
+//!   ─────────────── Auth(mac_d) ───────────▶ handle_frame: checks mac_d
+//!                                            -> Established(peer)
 //! ```
+//!
+//! Authentication: both sides prove they hold the DVM's job key. Each side contributes a fresh
+//! random 16-byte nonce; `mac_a = HMAC-SHA256(key, "tbon-ack" ‖ identity ‖ dialler ‖ acceptor ‖
+//! nonce_d ‖ nonce_a)` and `mac_d = HMAC-SHA256(key, "tbon-dial" ‖ identity ‖ dialler ‖
+//! acceptor ‖ nonce_a ‖ nonce_d)`. The two labels keep one side's answer from being reflected
+//! as the other's; the fresh nonces keep a recorded handshake from being replayed; MACs are
+//! compared in constant time. An empty key (a DVM run unauthenticated) runs the same exchange,
+//! so mixing keyed and unkeyed daemons fails like a wrong key does.
 //!
 //! Driver duties: use `limits::HANDSHAKE_MAX_PAYLOAD` as the decoder's maximum until
 //! `Established`, then the configured message maximum; push every [`Handshake::poll_transmit`]
 //! frame into the connection's send queue; on any `Err` log its `Display` text and close the
 //! connection. A rejected dialler sees the connection closed before any `HelloAck`.
-//!
-//! Authentication (planned): the identity payload ends in a 16-byte nonce, zero for now and
-//! ignored on receipt. A challenge-response fills the dialler's nonce with a challenge, has the
-//! acceptor answer with a MAC over it under the shared job key (and its own challenge) in the
-//! `HelloAck`, and adds a third frame from the dialler; the checks slot into
-//! `on_hello`/`on_hello_ack` and a new state between them, without changing the header.
 
 use std::collections::VecDeque;
 use std::fmt;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 
 use super::frame::Frame;
 use super::header::{Header, Kind, WireError};
 use crate::Rank;
 use crate::limits::DVM_ID_MAX_BYTES;
 
-/// Length of the reserved nonce at the end of a `Hello`/`HelloAck` payload.
+/// Length of the nonce at the end of a `Hello`/`HelloAck` identity.
 pub const NONCE_LEN: usize = 16;
+
+/// Length of a handshake MAC (HMAC-SHA256).
+pub const MAC_LEN: usize = 32;
+
+/// The DVM's shared secret. Its `Debug` never shows the bytes. An empty key means the DVM runs
+/// unauthenticated (anyone who can reach a port and knows the identity can join).
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct JobKey(Vec<u8>);
+
+impl JobKey {
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        JobKey(bytes.into())
+    }
+
+    /// No key: the DVM runs unauthenticated.
+    pub fn none() -> Self {
+        JobKey(Vec::new())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for JobKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JobKey(<{} bytes>)", self.0.len())
+    }
+}
+
+/// A fresh random nonce. The OS generator does not fail on Linux once booted; should it, the
+/// fallback mixes the clock and a counter (unpredictable enough to prevent replay of a recorded
+/// handshake, which is what the nonce is for) and logs an error.
+fn fresh_nonce() -> [u8; NONCE_LEN] {
+    let mut n = [0u8; NONCE_LEN];
+    if let Err(e) = getrandom::fill(&mut n) {
+        log::error!("no OS randomness for a handshake nonce ({e}); using the clock");
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let c = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        n[..8].copy_from_slice(&(t as u64).to_le_bytes());
+        n[8..].copy_from_slice(&c.to_le_bytes());
+    }
+    n
+}
 
 /// This daemon's side of every handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +100,8 @@ pub struct HandshakeConfig {
     pub epoch: u64,
     /// The DVM identity both sides must share (UTF-8, at most `DVM_ID_MAX_BYTES` bytes).
     pub dvm_id: String,
+    /// The job key both sides must hold.
+    pub key: JobKey,
 }
 
 impl HandshakeConfig {
@@ -101,6 +158,9 @@ pub enum HandshakeError {
     WrongPeer { expected: Rank, got: Rank },
     /// This side rejected the peer (e.g. the losing half of a simultaneous connect).
     Rejected,
+    /// The peer's MAC is wrong: it does not hold the DVM's job key (or replays an old
+    /// handshake).
+    BadKey,
     /// The byte stream was invalid (from the frame decoder).
     Wire(WireError),
 }
@@ -131,6 +191,10 @@ impl fmt::Display for HandshakeError {
                 "handshake refused: dialled rank {expected} but rank {got} answered"
             ),
             HandshakeError::Rejected => write!(f, "handshake rejected by this daemon"),
+            HandshakeError::BadKey => write!(
+                f,
+                "handshake refused: peer does not hold the DVM's job key (MAC mismatch)"
+            ),
             HandshakeError::Wire(e) => write!(f, "handshake failed: {e}"),
         }
     }
@@ -208,14 +272,21 @@ pub fn decode_identity(payload: &[u8]) -> Result<(&str, [u8; NONCE_LEN]), Handsh
 
 #[derive(Debug, Clone)]
 enum State {
-    /// Dialler: Hello queued, waiting for the HelloAck.
+    /// Dialler: Hello sent, waiting for the HelloAck.
     AwaitAck {
         peer: Rank,
+        nonce_d: [u8; NONCE_LEN],
     },
     /// Acceptor: waiting for the Hello.
     AwaitHello,
     /// Acceptor: valid Hello received; the driver decides.
-    Deciding(PeerIdent),
+    Deciding(PeerIdent, [u8; NONCE_LEN]),
+    /// Acceptor: HelloAck sent; waiting for the dialler's proof.
+    AwaitAuth {
+        peer: PeerIdent,
+        nonce_d: [u8; NONCE_LEN],
+        nonce_a: [u8; NONCE_LEN],
+    },
     Established(PeerIdent),
     Failed(HandshakeError),
 }
@@ -230,15 +301,52 @@ pub struct Handshake {
     out: VecDeque<(Header, Bytes)>,
 }
 
+/// HMAC-SHA256 over the handshake transcript, under the job key, with a role label.
+fn transcript_mac(
+    key: &JobKey,
+    label: &[u8],
+    dvm_id: &str,
+    dialler: Rank,
+    acceptor: Rank,
+    first: &[u8; NONCE_LEN],
+    second: &[u8; NONCE_LEN],
+) -> Hmac<Sha256> {
+    // HMAC takes keys of any length (an empty one included), so this cannot fail.
+    let mut mac = match Hmac::<Sha256>::new_from_slice(&key.0) {
+        Ok(m) => m,
+        Err(_) => unreachable_hmac(),
+    };
+    mac.update(label);
+    mac.update(&[0]);
+    mac.update(&(dvm_id.len() as u16).to_be_bytes());
+    mac.update(dvm_id.as_bytes());
+    mac.update(&dialler.to_be_bytes());
+    mac.update(&acceptor.to_be_bytes());
+    mac.update(first);
+    mac.update(second);
+    mac
+}
+
+/// `Hmac::new_from_slice` accepts every key length; reaching this is a bug in the hmac crate.
+#[cold]
+fn unreachable_hmac() -> ! {
+    unreachable!("HMAC accepts keys of any length")
+}
+
+const LABEL_ACK: &[u8] = b"tbon-ack";
+const LABEL_DIAL: &[u8] = b"tbon-dial";
+
 impl Handshake {
     /// Dialler side: queues the `Hello` for `peer` (take it with `poll_transmit`).
     pub fn dial(cfg: &HandshakeConfig, peer: Rank) -> Self {
+        let nonce_d = fresh_nonce();
         let mut hs = Handshake {
             cfg: cfg.clone(),
-            state: State::AwaitAck { peer },
+            state: State::AwaitAck { peer, nonce_d },
             out: VecDeque::new(),
         };
-        hs.queue(Kind::Hello, peer);
+        let payload = encode_identity(&hs.cfg.dvm_id, &nonce_d);
+        hs.queue(Kind::Hello, peer, payload);
         hs
     }
 
@@ -251,8 +359,7 @@ impl Handshake {
         }
     }
 
-    fn queue(&mut self, kind: Kind, dst: Rank) {
-        let payload = encode_identity(&self.cfg.dvm_id, &[0; NONCE_LEN]);
+    fn queue(&mut self, kind: Kind, dst: Rank, payload: Bytes) {
         let header = Header {
             kind,
             origin: self.cfg.me,
@@ -260,7 +367,7 @@ impl Handshake {
             tag: 0,
             epoch: self.cfg.epoch,
             seq: 0,
-            // Payload is at most 2 + 255 + 16 bytes.
+            // Payload is at most 2 + 255 + 16 + 32 bytes.
             len: payload.len() as u32,
         };
         self.out.push_back((header, payload));
@@ -282,14 +389,22 @@ impl Handshake {
         let result = match &self.state {
             State::Failed(e) => return Err(e.clone()),
             State::Established(_) => return Err(HandshakeError::UnexpectedKind(frame.header.kind)),
-            State::AwaitAck { peer } => self.on_hello_ack(*peer, &frame),
+            State::AwaitAck { peer, nonce_d } => {
+                let (peer, nonce_d) = (*peer, *nonce_d);
+                self.on_hello_ack(peer, nonce_d, &frame)
+            }
             State::AwaitHello => self.on_hello(&frame),
-            State::Deciding(_) => Err(HandshakeError::UnexpectedKind(frame.header.kind)),
+            State::Deciding(..) => Err(HandshakeError::UnexpectedKind(frame.header.kind)),
+            State::AwaitAuth {
+                peer,
+                nonce_d,
+                nonce_a,
+            } => self.on_auth(*peer, *nonce_d, *nonce_a, &frame),
         };
         match result {
             Ok(state) => {
                 let event = match state {
-                    State::Deciding(p) => Some(HandshakeEvent::HelloReceived(p)),
+                    State::Deciding(p, _) => Some(HandshakeEvent::HelloReceived(p)),
                     State::Established(p) => Some(HandshakeEvent::Established(p)),
                     _ => None,
                 };
@@ -304,15 +419,15 @@ impl Handshake {
         }
     }
 
-    fn check_identity(&self, frame: &Frame) -> Result<(), HandshakeError> {
-        let (id, _nonce) = decode_identity(&frame.payload)?;
+    fn check_identity(&self, identity: &[u8]) -> Result<[u8; NONCE_LEN], HandshakeError> {
+        let (id, nonce) = decode_identity(identity)?;
         if id != self.cfg.dvm_id {
             return Err(HandshakeError::WrongDvm {
                 expected: self.cfg.dvm_id.clone(),
                 got: id.to_owned(),
             });
         }
-        Ok(())
+        Ok(nonce)
     }
 
     fn check_dst(&self, h: &Header) -> Result<(), HandshakeError> {
@@ -330,7 +445,7 @@ impl Handshake {
         if h.kind != Kind::Hello {
             return Err(HandshakeError::UnexpectedKind(h.kind));
         }
-        self.check_identity(frame)?;
+        let nonce_d = self.check_identity(&frame.payload)?;
         if h.origin >= self.cfg.size || h.origin == self.cfg.me {
             return Err(HandshakeError::BadRank {
                 rank: h.origin,
@@ -338,18 +453,32 @@ impl Handshake {
             });
         }
         self.check_dst(h)?;
-        Ok(State::Deciding(PeerIdent {
-            rank: h.origin,
-            epoch: h.epoch,
-        }))
+        Ok(State::Deciding(
+            PeerIdent {
+                rank: h.origin,
+                epoch: h.epoch,
+            },
+            nonce_d,
+        ))
     }
 
-    fn on_hello_ack(&self, peer: Rank, frame: &Frame) -> Result<State, HandshakeError> {
+    fn on_hello_ack(
+        &mut self,
+        peer: Rank,
+        nonce_d: [u8; NONCE_LEN],
+        frame: &Frame,
+    ) -> Result<State, HandshakeError> {
         let h = &frame.header;
         if h.kind != Kind::HelloAck {
             return Err(HandshakeError::UnexpectedKind(h.kind));
         }
-        self.check_identity(frame)?;
+        let split = frame
+            .payload
+            .len()
+            .checked_sub(MAC_LEN)
+            .ok_or(HandshakeError::Malformed("HelloAck shorter than its MAC"))?;
+        let (identity, mac_a) = frame.payload.split_at(split);
+        let nonce_a = self.check_identity(identity)?;
         if h.origin != peer {
             return Err(HandshakeError::WrongPeer {
                 expected: peer,
@@ -357,37 +486,102 @@ impl Handshake {
             });
         }
         self.check_dst(h)?;
+        let me = self.cfg.me;
+        transcript_mac(
+            &self.cfg.key,
+            LABEL_ACK,
+            &self.cfg.dvm_id,
+            me,
+            peer,
+            &nonce_d,
+            &nonce_a,
+        )
+        .verify_slice(mac_a)
+        .map_err(|_| HandshakeError::BadKey)?;
+        let mac_d = transcript_mac(
+            &self.cfg.key,
+            LABEL_DIAL,
+            &self.cfg.dvm_id,
+            me,
+            peer,
+            &nonce_a,
+            &nonce_d,
+        )
+        .finalize()
+        .into_bytes();
+        self.queue(Kind::Auth, peer, Bytes::copy_from_slice(&mac_d));
         Ok(State::Established(PeerIdent {
             rank: peer,
             epoch: h.epoch,
         }))
     }
 
-    /// Acceptor, after `HelloReceived`: queue the `HelloAck` and complete the handshake.
-    /// Returns `Established`. Calling it again once established returns the same event and
-    /// queues nothing. Use [`try_accept_peer`](Self::try_accept_peer) to avoid the panic.
-    ///
-    /// # Panics
-    /// If no `HelloReceived` is pending (driver bug; never caused by network input).
-    pub fn accept_peer(&mut self) -> HandshakeEvent {
-        match self.try_accept_peer() {
-            Some(ev) => ev,
-            None => panic!("Handshake::accept_peer called without a pending HelloReceived"),
+    fn on_auth(
+        &self,
+        peer: PeerIdent,
+        nonce_d: [u8; NONCE_LEN],
+        nonce_a: [u8; NONCE_LEN],
+        frame: &Frame,
+    ) -> Result<State, HandshakeError> {
+        let h = &frame.header;
+        if h.kind != Kind::Auth {
+            return Err(HandshakeError::UnexpectedKind(h.kind));
         }
+        if h.origin != peer.rank {
+            return Err(HandshakeError::WrongPeer {
+                expected: peer.rank,
+                got: h.origin,
+            });
+        }
+        self.check_dst(h)?;
+        if frame.payload.len() != MAC_LEN {
+            return Err(HandshakeError::Malformed("Auth payload is not one MAC"));
+        }
+        let me = self.cfg.me;
+        transcript_mac(
+            &self.cfg.key,
+            LABEL_DIAL,
+            &self.cfg.dvm_id,
+            peer.rank,
+            me,
+            &nonce_a,
+            &nonce_d,
+        )
+        .verify_slice(&frame.payload)
+        .map_err(|_| HandshakeError::BadKey)?;
+        Ok(State::Established(peer))
     }
 
-    /// As [`accept_peer`](Self::accept_peer), but `None` (state unchanged) when no
+    /// Acceptor, after `HelloReceived`: queue the `HelloAck` (with this side's nonce and proof
+    /// of the key). The handshake completes when the dialler's `Auth` arrives and checks out
+    /// (`handle_frame` then returns `Established`). Returns false, changing nothing, when no
     /// `HelloReceived` is pending.
-    pub fn try_accept_peer(&mut self) -> Option<HandshakeEvent> {
-        match self.state {
-            State::Deciding(p) => {
-                self.queue(Kind::HelloAck, p.rank);
-                self.state = State::Established(p);
-                Some(HandshakeEvent::Established(p))
-            }
-            State::Established(p) => Some(HandshakeEvent::Established(p)),
-            _ => None,
-        }
+    pub fn try_accept_peer(&mut self) -> bool {
+        let State::Deciding(p, nonce_d) = self.state else {
+            return false;
+        };
+        let nonce_a = fresh_nonce();
+        let me = self.cfg.me;
+        let mac_a = transcript_mac(
+            &self.cfg.key,
+            LABEL_ACK,
+            &self.cfg.dvm_id,
+            p.rank,
+            me,
+            &nonce_d,
+            &nonce_a,
+        )
+        .finalize()
+        .into_bytes();
+        let mut payload = BytesMut::from(&encode_identity(&self.cfg.dvm_id, &nonce_a)[..]);
+        payload.put_slice(&mac_a);
+        self.queue(Kind::HelloAck, p.rank, payload.freeze());
+        self.state = State::AwaitAuth {
+            peer: p,
+            nonce_d,
+            nonce_a,
+        };
+        true
     }
 
     /// Refuse the peer (e.g. the losing connection of a simultaneous connect). Nothing is sent:
@@ -411,7 +605,9 @@ impl Handshake {
     /// `Hello`'s origin for an acceptor.
     pub fn peer(&self) -> Option<PeerIdent> {
         match &self.state {
-            State::Deciding(p) | State::Established(p) => Some(*p),
+            State::Deciding(p, _) | State::AwaitAuth { peer: p, .. } | State::Established(p) => {
+                Some(*p)
+            }
             _ => None,
         }
     }
@@ -431,6 +627,7 @@ mod tests {
             size: 8,
             epoch: 100 + u64::from(me),
             dvm_id: "prterun-host-1234@0".to_owned(),
+            key: JobKey::new(*b"a test key of 32 bytes, exactly!"),
         }
     }
 
@@ -490,13 +687,14 @@ mod tests {
         );
         assert!(!a.is_established());
         assert_eq!(a.peer(), Some(p2));
-        assert_eq!(a.accept_peer(), HandshakeEvent::Established(p2));
-        assert!(a.is_established());
+        assert!(a.try_accept_peer());
+        // Not established until the dialler proves it holds the key.
+        assert!(!a.is_established());
         let ack = one(&mut a);
         assert_eq!(ack.header.kind, Kind::HelloAck);
         assert_eq!((ack.header.origin, ack.header.dst), (5, 2));
         // Idempotent: no second ack.
-        assert_eq!(a.accept_peer(), HandshakeEvent::Established(p2));
+        assert!(!a.try_accept_peer());
         assert!(a.poll_transmit().is_none());
         let p5 = PeerIdent {
             rank: 5,
@@ -508,6 +706,13 @@ mod tests {
         );
         assert!(d.is_established());
         assert_eq!(d.peer(), Some(p5));
+        let auth = one(&mut d);
+        assert_eq!(auth.header.kind, Kind::Auth);
+        assert_eq!(
+            a.handle_frame(auth),
+            Ok(Some(HandshakeEvent::Established(p2)))
+        );
+        assert!(a.is_established());
         // Data frames are not the handshake's business.
         let data = Frame {
             header: Header {
@@ -611,7 +816,7 @@ mod tests {
         let ack_from = |me: Rank, to: Rank, kind: Kind| {
             let mut a = Handshake::accept(&cfg(me));
             a.handle_frame(hello_from(to, me)).expect("hello ok");
-            a.accept_peer();
+            assert!(a.try_accept_peer());
             let mut f = one(&mut a);
             f.header.kind = kind;
             f
@@ -685,12 +890,12 @@ mod tests {
     #[test]
     fn reject_and_misuse() {
         let mut a = Handshake::accept(&cfg(5));
-        assert_eq!(a.try_accept_peer(), None);
+        assert!(!a.try_accept_peer());
         a.handle_frame(hello_from(2, 5)).expect("ok");
         a.reject();
         assert!(a.is_failed());
         assert!(a.poll_transmit().is_none());
-        assert_eq!(a.try_accept_peer(), None);
+        assert!(!a.try_accept_peer());
         assert_eq!(
             a.handle_frame(hello_from(2, 5)),
             Err(HandshakeError::Rejected)
@@ -733,5 +938,86 @@ mod tests {
             let f = Frame { header: Header { len: n as u32, ..hello_from(2, 5).header }, payload: Bytes::from(good) };
             let _ = Handshake::accept(&cfg(5)).handle_frame(f);
         }
+    }
+
+    /// Runs a full handshake between a dialler and an acceptor holding the given keys.
+    fn run(
+        dial_key: JobKey,
+        accept_key: JobKey,
+    ) -> (Result<(), HandshakeError>, Result<(), HandshakeError>) {
+        let mut dc = cfg(2);
+        dc.key = dial_key;
+        let mut ac = cfg(5);
+        ac.key = accept_key;
+        let mut d = Handshake::dial(&dc, 5);
+        let mut a = Handshake::accept(&ac);
+        a.handle_frame(one(&mut d)).expect("hello");
+        assert!(a.try_accept_peer());
+        let dr = d.handle_frame(one(&mut a)).map(|_| ());
+        if dr.is_err() {
+            return (dr, Err(HandshakeError::Rejected));
+        }
+        let ar = a.handle_frame(one(&mut d)).map(|_| ());
+        (dr, ar)
+    }
+
+    #[test]
+    fn both_sides_must_hold_the_key() {
+        let k = JobKey::new(*b"0123456789abcdef");
+        assert_eq!(run(k.clone(), k.clone()), (Ok(()), Ok(())));
+        // The dialler catches an acceptor without the key from its HelloAck.
+        let (dr, _) = run(k.clone(), JobKey::new(*b"fedcba9876543210"));
+        assert_eq!(dr, Err(HandshakeError::BadKey));
+        // An unauthenticated daemon cannot join a keyed one, nor the other way round.
+        assert_eq!(
+            run(JobKey::none(), k.clone()).0,
+            Err(HandshakeError::BadKey)
+        );
+        assert_eq!(run(k, JobKey::none()).0, Err(HandshakeError::BadKey));
+        // Two unauthenticated daemons run the same exchange.
+        assert_eq!(run(JobKey::none(), JobKey::none()), (Ok(()), Ok(())));
+    }
+
+    #[test]
+    fn a_forged_or_replayed_proof_is_refused() {
+        // The acceptor catches a dialler that cannot compute the proof.
+        let mut a = Handshake::accept(&cfg(5));
+        let mut d = Handshake::dial(&cfg(2), 5);
+        a.handle_frame(one(&mut d)).expect("hello");
+        assert!(a.try_accept_peer());
+        let _ack = one(&mut a);
+        let forged = Frame {
+            header: Header {
+                kind: Kind::Auth,
+                origin: 2,
+                dst: 5,
+                tag: 0,
+                epoch: 0,
+                seq: 0,
+                len: MAC_LEN as u32,
+            },
+            payload: Bytes::from(vec![0u8; MAC_LEN]),
+        };
+        assert_eq!(a.handle_frame(forged), Err(HandshakeError::BadKey));
+        // A proof recorded from one handshake does not open another: the acceptor's nonce is
+        // fresh every time.
+        let mut d1 = Handshake::dial(&cfg(2), 5);
+        let hello = one(&mut d1);
+        let mut a1 = Handshake::accept(&cfg(5));
+        a1.handle_frame(hello.clone()).expect("hello");
+        assert!(a1.try_accept_peer());
+        d1.handle_frame(one(&mut a1)).expect("ack");
+        let recorded_auth = one(&mut d1);
+        let mut a2 = Handshake::accept(&cfg(5));
+        a2.handle_frame(hello).expect("replayed hello");
+        assert!(a2.try_accept_peer());
+        let _ = one(&mut a2);
+        assert_eq!(a2.handle_frame(recorded_auth), Err(HandshakeError::BadKey));
+    }
+
+    #[test]
+    fn the_key_never_shows_in_debug_output() {
+        let c = cfg(1);
+        assert!(!format!("{c:?}").contains("test key"));
     }
 }

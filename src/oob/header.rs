@@ -39,16 +39,20 @@ pub enum Kind {
     Xcast = 4,
     /// A liveness probe on an otherwise idle link.
     Heartbeat = 5,
+    /// The dialler's proof that it holds the job key, the handshake's third frame
+    /// (payload: a 32-byte HMAC-SHA256).
+    Auth = 6,
 }
 
 impl Kind {
     /// Every kind, in wire order.
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Hello,
         Kind::HelloAck,
         Kind::Msg,
         Kind::Xcast,
         Kind::Heartbeat,
+        Kind::Auth,
     ];
 }
 
@@ -68,6 +72,7 @@ impl TryFrom<u8> for Kind {
             3 => Ok(Kind::Msg),
             4 => Ok(Kind::Xcast),
             5 => Ok(Kind::Heartbeat),
+            6 => Ok(Kind::Auth),
             other => Err(WireError::UnknownKind(other)),
         }
     }
@@ -257,7 +262,7 @@ mod tests {
     #[test]
     fn kind_mapping() {
         assert_eq!(Kind::try_from(0), Err(WireError::UnknownKind(0)));
-        assert_eq!(Kind::try_from(6), Err(WireError::UnknownKind(6)));
+        assert_eq!(Kind::try_from(7), Err(WireError::UnknownKind(7)));
         assert_eq!(Kind::try_from(255), Err(WireError::UnknownKind(255)));
         assert_eq!(u8::from(Kind::Hello), 1);
         assert_eq!(u8::from(Kind::Heartbeat), 5);

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: in-process DVMs on loopback.
 #![allow(dead_code)]
 
+use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
 use tbon::config::Config;
 use tbon::{Daemon, Rank};
@@ -8,11 +10,26 @@ use tbon::{Daemon, Rank};
 /// Generous: only a guard against hangs, never a performance assertion.
 pub const HANG_GUARD: Duration = Duration::from_secs(60);
 
-/// A configuration that keeps every daemon on loopback.
+/// A job key file shared by this test binary's daemons.
+pub fn key_file() -> &'static PathBuf {
+    static KEY: OnceLock<PathBuf> = OnceLock::new();
+    KEY.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("tbon-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("job.key");
+        std::fs::write(&path, "0123456789abcdef-test-key\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        path
+    })
+}
+
+/// A configuration that keeps every daemon on loopback, authenticated with the test key.
 pub fn loopback_config(radix: u32) -> Config {
     Config {
         radix,
         if_include: vec!["127.0.0.1/32".to_string()],
+        key_file: Some(key_file().display().to_string()),
         ..Config::default()
     }
 }

@@ -303,7 +303,7 @@ impl EventLoop {
         self.begin_stop(StopReason::Fatal("declared dead by the DVM".into()));
     }
 
-    /// A rank we know failed connected to us: tell it, then hang up.
+    /// A rank we know failed connected to us (and proved who it is): tell it, then hang up.
     pub(super) fn tell_dead_and_close(&mut self, tok: usize, peer: Rank) {
         self.counters.dropped_stale += 1;
         log::warn!(

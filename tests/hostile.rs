@@ -1,0 +1,172 @@
+//! Strangers and hostile input against a live, authenticated DVM: a daemon with the wrong key,
+//! garbage bytes, a header announcing a huge payload, a wrong protocol version, a forged proof,
+//! a peer that sends one byte and stops, and many connections opened and abandoned. Each is
+//! closed with a logged reason and counted; the DVM keeps serving its own traffic.
+
+mod common;
+
+use common::{HANG_GUARD, loopback_config, start_dvm};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+use tbon::oob::handshake::JobKey;
+use tbon::oob::uri::ContactUri;
+use tbon::oob::{Handshake, HandshakeConfig, Header, Kind};
+use tbon::{Peer, StopReason};
+
+fn addr_of(d: &tbon::Daemon) -> std::net::SocketAddr {
+    let u: ContactUri = d.contact_uri().parse().unwrap();
+    u.addrs[0]
+}
+
+/// Connects, writes `bytes`, and waits until the daemon closes the connection.
+fn expect_closed(addr: std::net::SocketAddr, bytes: &[u8]) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(HANG_GUARD)).unwrap();
+    let _ = s.write_all(bytes);
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
+            Err(e) => panic!("the daemon did not close a hostile connection: {e}"),
+        }
+    }
+}
+
+fn still_serving(dvm: &[tbon::Daemon], tag: u32) {
+    for d in dvm {
+        for e in dvm {
+            if d.rank() != e.rank() {
+                d.send(e.rank(), tag, "ok").unwrap();
+            }
+        }
+    }
+    for d in dvm {
+        for _ in 1..dvm.len() {
+            d.recv_blocking(Peer::Any, tag, HANG_GUARD)
+                .expect("legitimate traffic stopped");
+        }
+    }
+}
+
+#[test]
+fn a_daemon_with_the_wrong_key_cannot_join() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let root = tbon::start(loopback_config(2), 0, 2, None).unwrap();
+    let dir = std::env::temp_dir().join(format!("tbon-wrongkey-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let wrong = dir.join("other.key");
+    std::fs::write(&wrong, "not-the-dvm-key-at-all").unwrap();
+    let mut cfg = loopback_config(2);
+    cfg.key_file = Some(wrong.display().to_string());
+    cfg.reconnect_base_ms = 10;
+    let intruder = tbon::start(cfg, 1, 2, Some(root.contact_uri())).unwrap();
+    assert_eq!(
+        intruder.wait_stopped(HANG_GUARD),
+        Some(StopReason::Fatal("cannot reach rank 0".into()))
+    );
+    assert!(!root.wait_wired(Duration::from_millis(10)));
+    assert!(!root.is_stopped());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn no_key_and_not_insecure_refuses_to_start() {
+    let mut cfg = loopback_config(2);
+    cfg.key_file = None;
+    // The test process has no TBON_KEY in its environment.
+    if std::env::var_os("TBON_KEY").is_none() {
+        let err = tbon::start(cfg.clone(), 0, 1, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no job key"), "{err}");
+        cfg.insecure = true;
+        let d = tbon::start(cfg, 0, 1, None).expect("insecure start");
+        assert!(d.wait_wired(HANG_GUARD));
+    }
+}
+
+#[test]
+fn hostile_connections_are_closed_and_the_dvm_keeps_serving() {
+    let mut cfg = loopback_config(2);
+    cfg.handshake_timeout_ms = 300;
+    let dvm = start_dvm(4, &cfg);
+    let addr = addr_of(&dvm[0]);
+    let before = dvm[0].counters().unwrap().protocol_errors;
+
+    // Garbage.
+    expect_closed(addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    // A valid-looking Hello announcing a 4 GiB payload.
+    let huge = Header {
+        kind: Kind::Hello,
+        origin: 1,
+        dst: 0,
+        tag: 0,
+        epoch: 0,
+        seq: 0,
+        len: u32::MAX,
+    };
+    expect_closed(addr, &huge.encode());
+    // A wrong protocol version.
+    let mut v = huge;
+    v.len = 0;
+    let mut bytes = v.encode();
+    bytes[2] = 99;
+    expect_closed(addr, &bytes);
+    // A real Hello with the right identity but no key: refused at the proof.
+    let stranger = HandshakeConfig {
+        me: 3,
+        size: 4,
+        epoch: 0,
+        dvm_id: "tbon".into(),
+        key: JobKey::new(*b"guessed-key-0123456789"),
+    };
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(HANG_GUARD)).unwrap();
+    let mut hs = Handshake::dial(&stranger, 0);
+    while let Some((h, p)) = hs.poll_transmit() {
+        s.write_all(&h.encode()).unwrap();
+        s.write_all(&p).unwrap();
+    }
+    // Send a forged proof without waiting, with a forged origin message behind it.
+    let auth = Header {
+        kind: Kind::Auth,
+        origin: 3,
+        dst: 0,
+        tag: 0,
+        epoch: 0,
+        seq: 0,
+        len: 32,
+    };
+    s.write_all(&auth.encode()).unwrap();
+    s.write_all(&[0u8; 32]).unwrap();
+    let mut buf = [0u8; 4096];
+    while !matches!(s.read(&mut buf), Ok(0) | Err(_)) {}
+
+    // One byte, then silence: the handshake timeout closes it.
+    expect_closed(addr, b"T");
+    // Many connections opened and abandoned.
+    let abandoned: Vec<TcpStream> = (0..200)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+
+    let deadline = Instant::now() + HANG_GUARD;
+    while dvm[0].counters().unwrap().protocol_errors < before + 5 {
+        assert!(
+            Instant::now() < deadline,
+            "hostile connections were not counted"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    still_serving(&dvm, 300);
+    // The abandoned connections are closed by the handshake timeout, not kept forever.
+    let deadline = Instant::now() + HANG_GUARD;
+    while dvm[0].counters().unwrap().connections > 3 {
+        assert!(Instant::now() < deadline, "abandoned connections were kept");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(abandoned);
+    still_serving(&dvm, 301);
+}
