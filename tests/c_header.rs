@@ -26,3 +26,15 @@ fn committed_header_matches_a_fresh_generation() {
         "include/tbon.h is stale: regenerate it with `TBON_BLESS=1 cargo test --release --test c_header` and commit it"
     );
 }
+
+/// `tbon.pc` (pkg-config) states the crate's version.
+#[test]
+fn pkg_config_file_has_the_crate_version() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let pc = std::fs::read_to_string(root.join("tbon.pc")).expect("tbon.pc");
+    let want = format!("Version: {}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        pc.lines().any(|l| l.trim() == want),
+        "tbon.pc must say `{want}`"
+    );
+}
