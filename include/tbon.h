@@ -27,9 +27,11 @@
  * TBON_ERR_BUSY there instead of deadlocking. A send from a callback gets TBON_ERR_BUSY if the
  * command queue is full (from other threads it blocks until there is room: back-pressure).
  * The `void *user` pointers are handed back untouched, on the loop thread: what they point to
- * must be usable from that thread and stay alive until the callback can no longer run (a
- * one-shot receive matched, a cancel, or tbon_shutdown / tbon_free returned: after those no
- * callback of that daemon runs).
+ * must be usable from that thread and stay alive while the callback can still run. A send
+ * completion and a one-shot receive run at most once. After tbon_cancel returns, a receive
+ * callback may still run for a message the loop matched before it handled the cancel. After
+ * tbon_shutdown, tbon_shutdown_dvm, tbon_abort or tbon_free has returned, no callback of that
+ * daemon runs any more: the safe point to free `user` data.
  *
  * MEMORY. tbon never keeps a caller pointer past a call except `user`. Payloads are COPIED by
  * tbon_send / tbon_broadcast before they return (the caller keeps ownership). Received data is

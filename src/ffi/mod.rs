@@ -365,12 +365,17 @@ unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str, Fail> {
     }
 }
 
-/// Copies a caller's payload (`data` may be NULL only when `len` is 0).
-unsafe fn payload_arg(data: *const c_void, len: usize) -> Result<Bytes, Fail> {
+/// Copies a caller's payload (`data` may be NULL only when `len` is 0). A payload above the
+/// daemon's `msg_max_bytes` is refused before anything is copied.
+unsafe fn payload_arg(h: &Handle, data: *const c_void, len: usize) -> Result<Bytes, Fail> {
     if len == 0 {
         return Ok(Bytes::new());
     }
     non_null(data, "data")?;
+    let max = h.shared.msg_max_bytes;
+    if len > max {
+        return Err(SendError::TooLarge { len, max }.into());
+    }
     // SAFETY: non-null, and the caller promised `len` readable bytes for the call.
     let s = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
     Ok(Bytes::copy_from_slice(s))
@@ -748,7 +753,7 @@ pub unsafe extern "C" fn tbon_send(
     guard(|| {
         let h = handle(d)?;
         // SAFETY: the caller's buffer, valid for this call.
-        let payload = unsafe { payload_arg(data, len)? };
+        let payload = unsafe { payload_arg(&h, data, len)? };
         match completion(cb, user) {
             Some(done) => h.send_with(dst, tag, payload, done)?,
             None => h.send(dst, tag, payload)?,
@@ -772,7 +777,7 @@ pub unsafe extern "C" fn tbon_broadcast(
     guard(|| {
         let h = handle(d)?;
         // SAFETY: the caller's buffer, valid for this call.
-        let payload = unsafe { payload_arg(data, len)? };
+        let payload = unsafe { payload_arg(&h, data, len)? };
         h.broadcast(tag, payload, completion(cb, user))?;
         Ok(())
     })
@@ -869,7 +874,9 @@ pub unsafe extern "C" fn tbon_recv_blocking(
         // SAFETY: `buf` has `cap` writable bytes (checked non-null when `cap > 0`), `len` and
         // `origin` are checked for null.
         unsafe {
-            std::ptr::copy_nonoverlapping(m.payload.as_ptr(), buf.cast::<u8>(), n.min(cap));
+            if n.min(cap) > 0 {
+                std::ptr::copy_nonoverlapping(m.payload.as_ptr(), buf.cast::<u8>(), n.min(cap));
+            }
             put(len, n);
             if !origin.is_null() {
                 put(origin, m.origin);
