@@ -5,7 +5,7 @@
  * OVERVIEW
  *   tbon_config_new / tbon_config_set / tbon_config_free   settings by name (as TBON_<NAME>)
  *   tbon_start -> tbon_daemon; tbon_contact_uri (rank 0's is what the others join with)
- *   tbon_wait_wired, tbon_send, tbon_broadcast, tbon_recv, tbon_cancel, tbon_recv_blocking
+ *   tbon_wait_wired, tbon_send, tbon_send_nocopy, tbon_broadcast, tbon_recv, tbon_cancel, tbon_recv_blocking
  *   tbon_on_fault, tbon_counters_get, tbon_rank, tbon_size
  *   tbon_shutdown / tbon_shutdown_dvm (rank 0: stop the whole DVM) / tbon_abort, then tbon_free
  *
@@ -33,8 +33,9 @@
  * tbon_shutdown, tbon_shutdown_dvm, tbon_abort or tbon_free has returned, no callback of that
  * daemon runs any more: the safe point to free `user` data.
  *
- * MEMORY. tbon never keeps a caller pointer past a call except `user`. Payloads are COPIED by
- * tbon_send / tbon_broadcast before they return (the caller keeps ownership). Received data is
+ * MEMORY. tbon never keeps a caller pointer past a call except `user` (and the lent buffer of
+ * tbon_send_nocopy). Payloads are COPIED by tbon_send / tbon_broadcast before they return (the
+ * caller keeps ownership). tbon_send_nocopy lends the buffer instead and gets a free callback. Received data is
  * valid only during the receive callback; tbon_recv_blocking copies into the caller's buffer.
  *
  * MESSAGES. Tags below TBON_TAG_USER_MIN (100) are reserved. Plain sends are not acknowledged
@@ -114,6 +115,9 @@ typedef uint64_t tbon_daemon;
 // to the kernel on the first hop (or delivered, for a self-send), otherwise the error
 // (`TBON_ERR_NODE_DOWN`, `TBON_ERR_UNREACHABLE`, `TBON_ERR_BUSY`, `TBON_ERR_SHUT_DOWN`).
 typedef void (*tbon_send_cb)(tbon_rc rc, void *user);
+
+// Frees a zero-copy payload (`tbon_send_nocopy`): called with the `data` and `free_user` given.
+typedef void (*tbon_free_cb)(void *data, void *free_user);
 
 // Receive callback: called on the loop thread for each matched message. `data` (may be NULL
 // when `len` is 0) is valid only until the callback returns: copy what you keep.
@@ -268,6 +272,21 @@ tbon_rc tbon_send(tbon_daemon d,
                   size_t len,
                   tbon_send_cb cb,
                   void *user);
+
+// `tbon_send` without the copy: tbon reads `len` bytes at `data` in place, and calls
+// `free_cb(data, free_user)` exactly once when it no longer needs them, WHATEVER this call
+// returns (on an error, before it returns), on any thread (usually the loop thread; it counts
+// as a callback). Until then the buffer must stay valid and unmodified. `free_cb` must not be
+// NULL (`TBON_ERR_BAD_PARAM`, and then it is not called). `cb` and `user` as `tbon_send`.
+tbon_rc tbon_send_nocopy(tbon_daemon d,
+                         uint32_t dst,
+                         uint32_t tag,
+                         void *data,
+                         size_t len,
+                         tbon_free_cb free_cb,
+                         void *free_user,
+                         tbon_send_cb cb,
+                         void *user);
 
 // Broadcasts `len` bytes at `data` with `tag` to every living daemon (this one included), down
 // the tree from rank 0. Copies like `tbon_send`. `cb` (may be NULL) says the broadcast was

@@ -2,10 +2,10 @@
 //! the `libtbon.so` that cargo built for this test run, and run. Each checks its own results and
 //! exits non-zero on any failure.
 //!
-//! The library: cargo builds the `cdylib` with the library this test links, into the test
-//! binary's own directory (`target/<profile>/deps/libtbon.so`; a `cdylib` has no hash in its
-//! name) or, when uplifted, `target/<profile>/`. If neither exists, the test runs
-//! `cargo build --lib` for the same profile and target directory.
+//! The library: the test runs `cargo build --lib` for its own profile and target directory
+//! (derived from the test binary's path, `target/<profile>/deps/`), a no-op when the library is
+//! fresh, and links `target/<profile>/libtbon.so`. (The copy cargo leaves in `deps/` while
+//! building tests is not always rebuilt, so it may be stale.)
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -15,23 +15,14 @@ use std::time::{Duration, Instant};
 /// Generous: a guard against hangs only.
 const HANG_GUARD: Duration = Duration::from_secs(120);
 
-fn find_lib(dirs: &[PathBuf]) -> Option<PathBuf> {
-    dirs.iter()
-        .find(|d| d.join("libtbon.so").is_file())
-        .cloned()
-}
-
-/// The directory holding the `libtbon.so` of this build.
+/// The directory holding this build's `libtbon.so`: `cargo build --lib` for the test binary's
+/// profile and target directory (a no-op when it is fresh), then `target/<profile>/`.
 fn lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let exe = std::env::current_exe().expect("current_exe");
-        let deps = exe.parent().expect("test binary directory").to_path_buf();
+        let deps = exe.parent().expect("test binary directory");
         let profile_dir = deps.parent().expect("profile directory").to_path_buf();
-        let dirs = [deps.clone(), profile_dir.clone()];
-        if let Some(d) = find_lib(&dirs) {
-            return d;
-        }
         let profile = profile_dir
             .file_name()
             .and_then(|p| p.to_str())
@@ -52,7 +43,12 @@ fn lib_dir() -> &'static Path {
         cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
         let status = cmd.status().expect("run cargo build --lib");
         assert!(status.success(), "cargo build --lib failed");
-        find_lib(&dirs).expect("libtbon.so not found after cargo build --lib")
+        assert!(
+            profile_dir.join("libtbon.so").is_file(),
+            "no libtbon.so in {}",
+            profile_dir.display()
+        );
+        profile_dir
     })
 }
 

@@ -762,6 +762,85 @@ pub unsafe extern "C" fn tbon_send(
     })
 }
 
+/// Frees a zero-copy payload (`tbon_send_nocopy`): called with the `data` and `free_user` given.
+pub type tbon_free_cb = Option<unsafe extern "C" fn(data: *mut c_void, free_user: *mut c_void)>;
+
+/// A caller's buffer lent to tbon: handed back to `free` when the last reference is dropped.
+struct Lent {
+    data: *mut c_void,
+    len: usize,
+    free: unsafe extern "C" fn(*mut c_void, *mut c_void),
+    user: *mut c_void,
+}
+
+// SAFETY: the caller promised (header) that the buffer stays valid and unmodified until `free`
+// runs, and that `free` may run on any thread; tbon only reads the bytes.
+unsafe impl Send for Lent {}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 || self.data.is_null() {
+            return &[];
+        }
+        // SAFETY: non-null; `len` readable bytes until `free` runs (the caller's promise).
+        unsafe { std::slice::from_raw_parts(self.data.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let _scope = CallbackScope::enter();
+        // SAFETY: the caller's function, called once, with the arguments it gave.
+        unsafe { (self.free)(self.data, self.user) }
+    }
+}
+
+/// `tbon_send` without the copy: tbon reads `len` bytes at `data` in place, and calls
+/// `free_cb(data, free_user)` exactly once when it no longer needs them, WHATEVER this call
+/// returns (on an error, before it returns), on any thread (usually the loop thread; it counts
+/// as a callback). Until then the buffer must stay valid and unmodified. `free_cb` must not be
+/// NULL (`TBON_ERR_BAD_PARAM`, and then it is not called). `cb` and `user` as `tbon_send`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn tbon_send_nocopy(
+    d: tbon_daemon,
+    dst: u32,
+    tag: u32,
+    data: *mut c_void,
+    len: usize,
+    free_cb: tbon_free_cb,
+    free_user: *mut c_void,
+    cb: tbon_send_cb,
+    user: *mut c_void,
+) -> tbon_rc {
+    guard(|| {
+        let Some(free) = free_cb else {
+            return fail(tbon_rc::TBON_ERR_BAD_PARAM, "free_cb is NULL");
+        };
+        // From here on, every way out (errors, panics) drops `lent` at most once via `Bytes`.
+        let lent = Lent {
+            data,
+            len,
+            free,
+            user: free_user,
+        };
+        if len > 0 {
+            non_null(data, "data")?;
+        }
+        let h = handle(d)?;
+        let max = h.shared.msg_max_bytes;
+        if len > max {
+            return Err(SendError::TooLarge { len, max }.into());
+        }
+        let payload = Bytes::from_owner(lent);
+        match completion(cb, user) {
+            Some(done) => h.send_with(dst, tag, payload, done)?,
+            None => h.send(dst, tag, payload)?,
+        }
+        Ok(())
+    })
+}
+
 /// Broadcasts `len` bytes at `data` with `tag` to every living daemon (this one included), down
 /// the tree from rank 0. Copies like `tbon_send`. `cb` (may be NULL) says the broadcast was
 /// handed on, not that anyone received it.
