@@ -1,0 +1,161 @@
+/* fault.c: a fault demo. 4 tbon daemons in one C process (radix 2: 0 -> {1, 2}, 1 -> {3}).
+ * Rank 1, an interior daemon, is stopped the way a crash looks (tbon_abort). The survivors'
+ * fault handlers fire (rank 0's confirmation reaches every survivor with a new epoch), rank 3
+ * is adopted around the hole, messaging among the survivors goes on, and a send to the dead
+ * rank completes with TBON_ERR_NODE_DOWN. Exits non-zero on any failure.
+ *
+ * Build and run like ring.c (see README.md, "Using tbon from C").
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "tbon.h"
+
+#define N 4
+#define DEAD 1
+#define TAG_MSG 100
+#define TIMEOUT_MS 60000 /* hang guard only */
+
+struct rank_state {
+    tbon_daemon d;
+    uint32_t rank;
+    atomic_uint failed_mask;   /* every rank any handler call reported */
+    atomic_ullong global_epoch; /* epoch of the last TBON_SCOPE_GLOBAL call, 0 if none */
+    atomic_uint calls;
+};
+
+static struct rank_state ranks[N];
+static atomic_int send_rc = -1;
+static int failures;
+
+#define CHECK(cond, ...)                                                  \
+    do {                                                                  \
+        if (!(cond)) {                                                    \
+            fprintf(stderr, "fault: FAILED %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                                 \
+            fprintf(stderr, "\n");                                        \
+            failures++;                                                   \
+        }                                                                 \
+    } while (0)
+
+#define CHECK_RC(call)                                                                \
+    do {                                                                              \
+        tbon_rc rc_ = (call);                                                         \
+        CHECK(rc_ == TBON_OK, "%s -> %s (%s)", #call, tbon_strerror(rc_), tbon_last_error()); \
+    } while (0)
+
+/* Runs on the loop thread of the daemon that registered it. */
+static void on_fault(const uint32_t *failed, size_t nfailed, tbon_scope scope, uint64_t epoch,
+                     void *user) {
+    struct rank_state *s = user;
+    for (size_t i = 0; i < nfailed; i++)
+        if (failed[i] < 32)
+            atomic_fetch_or(&s->failed_mask, 1u << failed[i]);
+    if (scope == TBON_SCOPE_GLOBAL)
+        atomic_store(&s->global_epoch, epoch);
+    atomic_fetch_add(&s->calls, 1);
+}
+
+static void on_sent(tbon_rc rc, void *user) {
+    (void)user;
+    atomic_store(&send_rc, (int)rc);
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Sends a string from rank `from` to rank `to` and receives it there with a blocking receive. */
+static void exchange(uint32_t from, uint32_t to) {
+    char msg[64], buf[64];
+    int n = snprintf(msg, sizeof msg, "from %u to %u after the fault", from, to);
+    size_t len = sizeof buf;
+    uint32_t origin = 99;
+    CHECK_RC(tbon_send(ranks[from].d, to, TAG_MSG, msg, (size_t)n + 1, NULL, NULL));
+    CHECK_RC(tbon_recv_blocking(ranks[to].d, from, TAG_MSG, TIMEOUT_MS, buf, &len, &origin));
+    CHECK(origin == from && len == (size_t)n + 1 && strcmp(buf, msg) == 0, "%u -> %u", from, to);
+}
+
+int main(void) {
+    tbon_config cfg;
+    CHECK_RC(tbon_config_new(&cfg));
+    CHECK_RC(tbon_config_set(cfg, "if_include", "127.0.0.1/32"));
+    CHECK_RC(tbon_config_set(cfg, "radix", "2"));
+
+    char uri[512];
+    size_t len = sizeof uri;
+    CHECK_RC(tbon_start(cfg, 0, N, NULL, &ranks[0].d));
+    CHECK_RC(tbon_contact_uri(ranks[0].d, uri, &len));
+    for (uint32_t r = 1; r < N; r++)
+        CHECK_RC(tbon_start(cfg, r, N, uri, &ranks[r].d));
+    CHECK_RC(tbon_config_free(cfg));
+    if (failures)
+        return 1;
+    for (uint32_t r = 0; r < N; r++) {
+        ranks[r].rank = r;
+        CHECK_RC(tbon_wait_wired(ranks[r].d, TIMEOUT_MS));
+        CHECK_RC(tbon_on_fault(ranks[r].d, on_fault, &ranks[r]));
+    }
+    exchange(3, 2); /* through rank 1 before the fault */
+
+    /* The crash. */
+    CHECK_RC(tbon_abort(ranks[DEAD].d));
+
+    /* Every survivor hears rank 0's confirmation. */
+    for (long waited = 0; waited < TIMEOUT_MS; waited += 10) {
+        int all = 1;
+        for (uint32_t r = 0; r < N; r++)
+            if (r != DEAD && atomic_load(&ranks[r].global_epoch) == 0)
+                all = 0;
+        if (all)
+            break;
+        sleep_ms(10);
+    }
+    for (uint32_t r = 0; r < N; r++) {
+        if (r == DEAD)
+            continue;
+        unsigned mask = atomic_load(&ranks[r].failed_mask);
+        unsigned long long epoch = atomic_load(&ranks[r].global_epoch);
+        CHECK(epoch > 0 && mask == 1u << DEAD, "rank %u: epoch %llu, failed mask %#x", r, epoch, mask);
+        tbon_counters c;
+        CHECK_RC(tbon_counters_get(ranks[r].d, &c));
+        CHECK(c.failed_count == 1 && c.epoch == epoch, "rank %u counters: failed %llu epoch %llu", r,
+              (unsigned long long)c.failed_count, (unsigned long long)c.epoch);
+        if (r == 3)
+            CHECK(c.parent != DEAD, "rank 3 still has the dead rank as its parent");
+        printf("fault: rank %u saw rank %d fail (%u handler calls, epoch %llu, parent %d)\n", r, DEAD,
+               atomic_load(&ranks[r].calls), epoch, c.parent == TBON_RANK_NONE ? -1 : (int)c.parent);
+    }
+
+    /* Messaging goes on among the survivors, including through the repaired tree. */
+    exchange(3, 2);
+    exchange(2, 3);
+    exchange(0, 3);
+    exchange(3, 0);
+
+    /* A send to the dead rank fails in its completion. */
+    CHECK_RC(tbon_send(ranks[2].d, DEAD, TAG_MSG, "x", 1, on_sent, NULL));
+    for (long waited = 0; atomic_load(&send_rc) < 0 && waited < TIMEOUT_MS; waited += 1)
+        sleep_ms(1);
+    CHECK(atomic_load(&send_rc) == TBON_ERR_NODE_DOWN, "send to the dead rank: %d",
+          atomic_load(&send_rc));
+    /* The aborted daemon's handle is still valid until freed, and says it is shut down. */
+    CHECK(tbon_send(ranks[DEAD].d, 0, TAG_MSG, "x", 1, NULL, NULL) == TBON_ERR_SHUT_DOWN,
+          "send from the aborted daemon");
+
+    CHECK_RC(tbon_shutdown_dvm(ranks[0].d));
+    for (uint32_t r = 0; r < N; r++) {
+        CHECK_RC(tbon_wait_stopped(ranks[r].d, TIMEOUT_MS));
+        CHECK_RC(tbon_free(ranks[r].d));
+    }
+    if (failures) {
+        fprintf(stderr, "fault: %d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("fault: ok\n");
+    return 0;
+}

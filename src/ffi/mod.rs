@@ -1,0 +1,1020 @@
+//! The C API: `include/tbon.h` is generated from this file by cbindgen (`cbindgen.toml`,
+//! checked by `tests/c_header.rs`). This module is the only place in the crate where `unsafe`
+//! is allowed (see `lib.rs`).
+//!
+//! Rules kept here:
+//! - every entry point runs inside [`guard`], which catches panics and turns every failure into
+//!   a [`tbon_rc`]; nothing unwinds into C;
+//! - handles are ids (`u64`, never reused, 0 never valid) looked up in a global registry, so a
+//!   freed or made-up handle gives `TBON_ERR_BAD_HANDLE`, never a use-after-free;
+//! - caller memory is only read during the call (payloads are copied) and only written through
+//!   pointers checked for null;
+//! - callbacks run on the daemon's loop thread with a thread-local flag set, and the blocking
+//!   calls refuse to run under that flag (`TBON_ERR_BUSY`) instead of deadlocking.
+
+#![allow(non_camel_case_types)]
+#![allow(clippy::missing_safety_doc)] // the pointer contract is documented once, in the header
+
+use crate::config::Config;
+use crate::counters::Counters;
+use crate::driver::{Daemon, Handle};
+use crate::error::{RecvError, SendError, StartError};
+use crate::rml::{Message, Peer};
+use crate::routed::{RecoveryStatus, Scope};
+use bytes::Bytes;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+/// Result code of every tbon call (and the argument of send completions).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum tbon_rc {
+    /// Success.
+    TBON_OK = 0,
+    /// A null pointer where one is not allowed, a string that is not UTF-8, a bad value.
+    TBON_ERR_BAD_PARAM = 1,
+    /// The handle is not (or no longer) known: never created, or already freed.
+    TBON_ERR_BAD_HANDLE = 2,
+    /// The tag is reserved for the runtime (user tags are >= TBON_TAG_USER_MIN).
+    TBON_ERR_RESERVED_TAG = 3,
+    /// No such rank in this DVM.
+    TBON_ERR_RANK_OUT_OF_RANGE = 4,
+    /// The payload exceeds `msg_max_bytes`, or a caller buffer is too small (see the call).
+    TBON_ERR_TOO_LARGE = 5,
+    /// The destination is known to have failed.
+    TBON_ERR_NODE_DOWN = 6,
+    /// No route leads to the destination.
+    TBON_ERR_UNREACHABLE = 7,
+    /// A bounded queue is full (retry later), or a blocking call was made from a callback.
+    TBON_ERR_BUSY = 8,
+    /// The daemon is shutting down or has stopped.
+    TBON_ERR_SHUT_DOWN = 9,
+    /// The timeout passed first.
+    TBON_ERR_TIMED_OUT = 10,
+    /// A receive for exactly this (peer, tag) is already posted.
+    TBON_ERR_DUPLICATE = 11,
+    /// An unknown setting name, a bad setting value, or an invalid configuration.
+    TBON_ERR_CONFIG = 12,
+    /// The daemon could not start (bad rank/size, bad or missing rank 0 URI, no address, I/O).
+    TBON_ERR_START = 13,
+    /// A bug inside tbon (a caught Rust panic); the call had no effect or an unknown one.
+    TBON_ERR_INTERNAL = 14,
+}
+
+/// Which repair a fault handler reports.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum tbon_scope {
+    /// This daemon learned of the death itself (lost connection, missed heartbeats).
+    TBON_SCOPE_LOCAL = 0,
+    /// Rank 0 confirmed the death to every daemon, with a new epoch.
+    TBON_SCOPE_GLOBAL = 1,
+}
+
+/// A configuration: an id from `tbon_config_new`/`tbon_config_from_env`; 0 is never valid.
+pub type tbon_config = u64;
+
+/// A daemon: an id from `tbon_start`; 0 is never valid. Ids are never reused, so a freed one
+/// gives `TBON_ERR_BAD_HANDLE`.
+pub type tbon_daemon = u64;
+
+/// The wildcard peer of `tbon_recv`/`tbon_recv_blocking`/`tbon_cancel`: any origin.
+pub const TBON_RANK_ANY: u32 = 0xFFFF_FFFF;
+
+/// "No rank", e.g. `tbon_counters.parent` on rank 0.
+pub const TBON_RANK_NONE: u32 = 0xFFFF_FFFF;
+
+/// The lowest user tag; tags below it are reserved for the runtime.
+pub const TBON_TAG_USER_MIN: u32 = 100;
+
+/// Send completion: called once, on the loop thread, with `TBON_OK` when the message was handed
+/// to the kernel on the first hop (or delivered, for a self-send), otherwise the error
+/// (`TBON_ERR_NODE_DOWN`, `TBON_ERR_UNREACHABLE`, `TBON_ERR_BUSY`, `TBON_ERR_SHUT_DOWN`).
+pub type tbon_send_cb = Option<unsafe extern "C" fn(rc: tbon_rc, user: *mut c_void)>;
+
+/// Receive callback: called on the loop thread for each matched message. `data` (may be NULL
+/// when `len` is 0) is valid only until the callback returns: copy what you keep.
+pub type tbon_recv_cb = Option<
+    unsafe extern "C" fn(origin: u32, tag: u32, data: *const u8, len: usize, user: *mut c_void),
+>;
+
+/// Fault handler: called on the loop thread after every repair of this daemon's tree, once with
+/// `TBON_SCOPE_LOCAL` (this daemon learned of the death) and once with `TBON_SCOPE_GLOBAL` (rank
+/// 0's confirmation). `failed` lists the newly failed ranks, ascending (valid during the call
+/// only). `epoch` is the DVM epoch the repair carries, 0 when it carries none (local repairs).
+pub type tbon_fault_cb = Option<
+    unsafe extern "C" fn(
+        failed: *const u32,
+        nfailed: usize,
+        scope: tbon_scope,
+        epoch: u64,
+        user: *mut c_void,
+    ),
+>;
+
+/// A snapshot of one daemon's counters (`tbon_counters`), counts since it started.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct tbon_counters {
+    /// Messages this daemon originated (including self-sends).
+    pub sent: u64,
+    /// Messages delivered to a receive on this daemon.
+    pub delivered: u64,
+    /// Messages for other daemons forwarded by this one.
+    pub relayed: u64,
+    /// Broadcast frames forwarded to children.
+    pub xcast_forwarded: u64,
+    /// Messages dropped because no route led to their destination.
+    pub dropped_unreachable: u64,
+    /// Held (unmatched) messages dropped to keep the unmatched list within its bound.
+    pub dropped_unmatched: u64,
+    /// Connections closed because the peer broke the protocol.
+    pub protocol_errors: u64,
+    /// Outgoing connection attempts that were retried.
+    pub reconnects: u64,
+    /// Commands received from other threads.
+    pub commands: u64,
+    /// Wake-up system calls paid to rouse the loop.
+    pub wakeups: u64,
+    /// Frames dropped because they came from a rank known to have failed.
+    pub dropped_stale: u64,
+    /// Repairs of the routing tree (local and global scope each count).
+    pub repairs: u64,
+    /// How many ranks this daemon knows have failed.
+    pub failed_count: u64,
+    /// Connections currently open.
+    pub connections: u64,
+    /// The DVM epoch this daemon knows.
+    pub epoch: u64,
+    /// The current parent in the tree, `TBON_RANK_NONE` if none (rank 0).
+    pub parent: u32,
+    /// How many children this daemon currently has in the tree.
+    pub children_count: u32,
+}
+
+impl From<&Counters> for tbon_counters {
+    fn from(c: &Counters) -> Self {
+        tbon_counters {
+            sent: c.sent,
+            delivered: c.delivered,
+            relayed: c.relayed,
+            xcast_forwarded: c.xcast_forwarded,
+            dropped_unreachable: c.dropped_unreachable,
+            dropped_unmatched: c.dropped_unmatched,
+            protocol_errors: c.protocol_errors,
+            reconnects: c.reconnects,
+            commands: c.commands,
+            wakeups: c.wakeups,
+            dropped_stale: c.dropped_stale,
+            repairs: c.repairs,
+            failed_count: c.failed.len() as u64,
+            connections: c.connections,
+            epoch: c.epoch,
+            parent: c.parent.unwrap_or(TBON_RANK_NONE),
+            children_count: u32::try_from(c.children.len()).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plumbing: errors, the panic guard, the registry, the callback flag.
+
+/// A failed call: its code and the message `tbon_last_error` will return.
+struct Fail(tbon_rc, String);
+
+type Res = Result<(), Fail>;
+
+fn fail<T>(rc: tbon_rc, msg: impl Into<String>) -> Result<T, Fail> {
+    Err(Fail(rc, msg.into()))
+}
+
+fn send_rc(e: &SendError) -> tbon_rc {
+    match e {
+        SendError::ReservedTag(_) => tbon_rc::TBON_ERR_RESERVED_TAG,
+        SendError::RankOutOfRange { .. } => tbon_rc::TBON_ERR_RANK_OUT_OF_RANGE,
+        SendError::TooLarge { .. } => tbon_rc::TBON_ERR_TOO_LARGE,
+        SendError::NodeDown(_) => tbon_rc::TBON_ERR_NODE_DOWN,
+        SendError::Unreachable(_) => tbon_rc::TBON_ERR_UNREACHABLE,
+        SendError::Busy(_) => tbon_rc::TBON_ERR_BUSY,
+        SendError::ShutDown => tbon_rc::TBON_ERR_SHUT_DOWN,
+    }
+}
+
+impl From<SendError> for Fail {
+    fn from(e: SendError) -> Self {
+        Fail(send_rc(&e), e.to_string())
+    }
+}
+
+impl From<RecvError> for Fail {
+    fn from(e: RecvError) -> Self {
+        let rc = match e {
+            RecvError::ReservedTag(_) => tbon_rc::TBON_ERR_RESERVED_TAG,
+            RecvError::Duplicate => tbon_rc::TBON_ERR_DUPLICATE,
+            RecvError::RankOutOfRange { .. } => tbon_rc::TBON_ERR_RANK_OUT_OF_RANGE,
+            RecvError::TimedOut => tbon_rc::TBON_ERR_TIMED_OUT,
+            RecvError::ShutDown => tbon_rc::TBON_ERR_SHUT_DOWN,
+        };
+        Fail(rc, e.to_string())
+    }
+}
+
+thread_local! {
+    /// Set while a tbon callback runs on this thread.
+    static IN_CALLBACK: Cell<bool> = const { Cell::new(false) };
+    /// The message of the last failed call on this thread.
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+/// Runs one entry point: no panic escapes, every failure becomes a code (and a message).
+fn guard(f: impl FnOnce() -> Res) -> tbon_rc {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => tbon_rc::TBON_OK,
+        Ok(Err(Fail(rc, msg))) => {
+            set_last_error(&msg);
+            rc
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            set_last_error(&format!("internal error (panic): {what}"));
+            tbon_rc::TBON_ERR_INTERNAL
+        }
+    }
+}
+
+/// Marks this thread as running a callback until dropped (restoring the previous state).
+struct CallbackScope(bool);
+
+impl CallbackScope {
+    fn enter() -> Self {
+        CallbackScope(IN_CALLBACK.with(|f| f.replace(true)))
+    }
+}
+
+impl Drop for CallbackScope {
+    fn drop(&mut self) {
+        IN_CALLBACK.with(|f| f.set(self.0));
+    }
+}
+
+fn not_in_callback(call: &str) -> Res {
+    if IN_CALLBACK.with(|f| f.get()) {
+        return fail(
+            tbon_rc::TBON_ERR_BUSY,
+            format!("{call} blocks and must not be called from a tbon callback"),
+        );
+    }
+    Ok(())
+}
+
+/// A caller's `void *user`, carried to the loop thread. tbon never dereferences it; the caller
+/// promised (in the header) that using it from the loop thread is fine.
+#[derive(Clone, Copy)]
+struct UserPtr(*mut c_void);
+
+// SAFETY: the pointer is only handed back to the caller's own callback; thread-safety of what it
+// points to is the caller's contract, stated in the header.
+unsafe impl Send for UserPtr {}
+
+impl UserPtr {
+    /// A method, not `.0`, so that closures capture the whole `Send` wrapper.
+    fn get(self) -> *mut c_void {
+        self.0
+    }
+}
+
+struct DaemonEntry {
+    handle: Handle,
+    /// The owner; taken by `tbon_free`.
+    owner: Mutex<Option<Daemon>>,
+}
+
+#[derive(Default)]
+struct Registry {
+    next_id: u64,
+    configs: HashMap<u64, Config>,
+    daemons: HashMap<u64, Arc<DaemonEntry>>,
+}
+
+impl Registry {
+    fn new_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Gives the tables' memory back once they are empty, so that a program that freed all its
+    /// handles leaves nothing allocated behind (clean memory-checker runs).
+    fn release_if_empty(&mut self) {
+        if self.configs.is_empty() {
+            self.configs = HashMap::new();
+        }
+        if self.daemons.is_empty() {
+            self.daemons = HashMap::new();
+        }
+    }
+}
+
+static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
+
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn entry(d: tbon_daemon) -> Result<Arc<DaemonEntry>, Fail> {
+    match registry().daemons.get(&d) {
+        Some(e) => Ok(Arc::clone(e)),
+        None => fail(
+            tbon_rc::TBON_ERR_BAD_HANDLE,
+            format!("no daemon with handle {d} (never started or already freed)"),
+        ),
+    }
+}
+
+fn handle(d: tbon_daemon) -> Result<Handle, Fail> {
+    Ok(entry(d)?.handle.clone())
+}
+
+fn non_null<T>(p: *const T, what: &str) -> Res {
+    if p.is_null() {
+        return fail(tbon_rc::TBON_ERR_BAD_PARAM, format!("{what} is NULL"));
+    }
+    Ok(())
+}
+
+/// Borrows a C string for the duration of a call.
+unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str, Fail> {
+    non_null(p, what)?;
+    // SAFETY: non-null, and the caller promised a NUL-terminated string valid for the call.
+    let s = unsafe { CStr::from_ptr(p) };
+    match s.to_str() {
+        Ok(s) => Ok(s),
+        Err(_) => fail(tbon_rc::TBON_ERR_BAD_PARAM, format!("{what} is not UTF-8")),
+    }
+}
+
+/// Copies a caller's payload (`data` may be NULL only when `len` is 0). A payload above the
+/// daemon's `msg_max_bytes` is refused before anything is copied.
+unsafe fn payload_arg(h: &Handle, data: *const c_void, len: usize) -> Result<Bytes, Fail> {
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    non_null(data, "data")?;
+    let max = h.shared.msg_max_bytes;
+    if len > max {
+        return Err(SendError::TooLarge { len, max }.into());
+    }
+    // SAFETY: non-null, and the caller promised `len` readable bytes for the call.
+    let s = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
+    Ok(Bytes::copy_from_slice(s))
+}
+
+fn peer_arg(peer: u32) -> Peer {
+    if peer == TBON_RANK_ANY {
+        Peer::Any
+    } else {
+        Peer::Rank(peer)
+    }
+}
+
+/// Writes `v` through an out-pointer already checked for null.
+unsafe fn put<T>(p: *mut T, v: T) {
+    // SAFETY: checked for null by the caller of `put`; the C caller promised it is writable.
+    unsafe { p.write(v) }
+}
+
+fn completion(cb: tbon_send_cb, user: *mut c_void) -> Option<crate::driver::Completion> {
+    let cb = cb?;
+    let user = UserPtr(user);
+    Some(Box::new(move |r: Result<(), SendError>| {
+        let rc = match &r {
+            Ok(()) => tbon_rc::TBON_OK,
+            Err(e) => send_rc(e),
+        };
+        let _scope = CallbackScope::enter();
+        // SAFETY: the caller's function, called with the arguments its type promises.
+        unsafe { cb(rc, user.get()) }
+    }))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors.
+
+/// A static, NUL-terminated description of a result code (never NULL; unknown codes get
+/// "unknown tbon_rc"). Takes an `int` so that any value is safe to pass.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_strerror(rc: c_int) -> *const c_char {
+    let s: &'static CStr = match rc {
+        0 => c"success",
+        1 => c"bad parameter",
+        2 => c"unknown or freed handle",
+        3 => c"reserved tag",
+        4 => c"rank out of range",
+        5 => c"too large",
+        6 => c"destination has failed",
+        7 => c"destination unreachable",
+        8 => c"busy",
+        9 => c"shut down",
+        10 => c"timed out",
+        11 => c"duplicate receive",
+        12 => c"configuration error",
+        13 => c"start failed",
+        14 => c"internal error",
+        _ => c"unknown tbon_rc",
+    };
+    s.as_ptr()
+}
+
+/// A description of the last call on this thread that returned an error (more detail than
+/// `tbon_strerror`, e.g. which setting was bad). "" if none. Owned by tbon: valid until the next
+/// tbon call on this thread.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration.
+
+/// Creates a configuration with the defaults (no environment) and stores its id in `*out`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_config_new(out: *mut tbon_config) -> tbon_rc {
+    guard(|| {
+        non_null(out, "out")?;
+        let mut r = registry();
+        let id = r.new_id();
+        r.configs.insert(id, Config::default());
+        drop(r);
+        // SAFETY: checked above.
+        unsafe { put(out, id) };
+        Ok(())
+    })
+}
+
+/// Like `tbon_config_new`, then applies every `TBON_<NAME>` environment variable that is set
+/// and validates. `TBON_ERR_CONFIG` names the bad variable in `tbon_last_error()`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_config_from_env(out: *mut tbon_config) -> tbon_rc {
+    guard(|| {
+        non_null(out, "out")?;
+        let cfg = match Config::from_env() {
+            Ok(c) => c,
+            Err(e) => return fail(tbon_rc::TBON_ERR_CONFIG, e.to_string()),
+        };
+        let mut r = registry();
+        let id = r.new_id();
+        r.configs.insert(id, cfg);
+        drop(r);
+        // SAFETY: checked above.
+        unsafe { put(out, id) };
+        Ok(())
+    })
+}
+
+/// Sets one setting by name, from text: the names of the `TBON_<NAME>` environment variables
+/// (`"if_include"`, `"IF_INCLUDE"`, `"TBON_IF_INCLUDE"` and `"if-include"` all work), the same
+/// syntax (lists comma-separated, booleans true/false/yes/no/on/off/1/0). Only the syntax is
+/// checked here; `tbon_start` validates the whole. Unknown name or bad value: `TBON_ERR_CONFIG`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_config_set(
+    cfg: tbon_config,
+    name: *const c_char,
+    value: *const c_char,
+) -> tbon_rc {
+    guard(|| {
+        // SAFETY: the caller's strings, valid for this call.
+        let (name, value) = unsafe { (str_arg(name, "name")?, str_arg(value, "value")?) };
+        let mut r = registry();
+        let Some(c) = r.configs.get_mut(&cfg) else {
+            return fail(
+                tbon_rc::TBON_ERR_BAD_HANDLE,
+                format!("no configuration {cfg}"),
+            );
+        };
+        c.set(name, value)
+            .or_else(|e| fail(tbon_rc::TBON_ERR_CONFIG, e.to_string()))
+    })
+}
+
+/// Frees a configuration. Daemons started with it keep their own copy.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_config_free(cfg: tbon_config) -> tbon_rc {
+    guard(|| match registry().configs.remove(&cfg) {
+        Some(_) => Ok(()),
+        None => fail(
+            tbon_rc::TBON_ERR_BAD_HANDLE,
+            format!("no configuration {cfg}"),
+        ),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Daemon lifecycle.
+
+/// Starts daemon `rank` of a DVM of `size` daemons and stores its handle in `*out`. Returns once
+/// the listener is bound; wire-up goes on in the background (`tbon_wait_wired`). `cfg` is copied
+/// (0 means the defaults). `hnp_uri` is rank 0's contact URI (`tbon_contact_uri` on rank 0):
+/// required for every other rank, ignored (may be NULL) on rank 0.
+/// Errors: `TBON_ERR_CONFIG` (invalid configuration), `TBON_ERR_START` (bad rank/size, missing or
+/// bad URI, no address, I/O), `TBON_ERR_BAD_HANDLE`, `TBON_ERR_BAD_PARAM`. Not from a callback.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_start(
+    cfg: tbon_config,
+    rank: u32,
+    size: u32,
+    hnp_uri: *const c_char,
+    out: *mut tbon_daemon,
+) -> tbon_rc {
+    guard(|| {
+        not_in_callback("tbon_start")?;
+        non_null(out, "out")?;
+        let hnp = if hnp_uri.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's string, valid for this call.
+            Some(unsafe { str_arg(hnp_uri, "hnp_uri")? })
+        };
+        let config = if cfg == 0 {
+            Config::default()
+        } else {
+            match registry().configs.get(&cfg) {
+                Some(c) => c.clone(),
+                None => {
+                    return fail(
+                        tbon_rc::TBON_ERR_BAD_HANDLE,
+                        format!("no configuration {cfg}"),
+                    );
+                }
+            }
+        };
+        let daemon = match crate::start(config, rank, size, hnp) {
+            Ok(d) => d,
+            Err(e @ StartError::Config(_)) => return fail(tbon_rc::TBON_ERR_CONFIG, e.to_string()),
+            Err(e) => return fail(tbon_rc::TBON_ERR_START, e.to_string()),
+        };
+        let entry = Arc::new(DaemonEntry {
+            handle: daemon.handle(),
+            owner: Mutex::new(Some(daemon)),
+        });
+        let mut r = registry();
+        let id = r.new_id();
+        r.daemons.insert(id, entry);
+        drop(r);
+        // SAFETY: checked above.
+        unsafe { put(out, id) };
+        Ok(())
+    })
+}
+
+/// Copies this daemon's contact URI, NUL-terminated, into `buf`. `*len` is the size of `buf` on
+/// entry and the size needed (URI length + 1) on return. If `buf` is too small (or NULL with
+/// `*len` 0, to ask the size) nothing is copied and `TBON_ERR_TOO_LARGE` is returned.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_contact_uri(
+    d: tbon_daemon,
+    buf: *mut c_char,
+    len: *mut usize,
+) -> tbon_rc {
+    guard(|| {
+        non_null(len, "len")?;
+        let h = handle(d)?;
+        let uri = h.contact_uri().as_bytes();
+        let need = uri.len() + 1;
+        // SAFETY: checked above; the caller's in/out length.
+        let cap = unsafe { len.read() };
+        unsafe { put(len, need) };
+        if cap < need || buf.is_null() {
+            return fail(
+                tbon_rc::TBON_ERR_TOO_LARGE,
+                format!("the contact URI needs {need} bytes, the buffer has {cap}"),
+            );
+        }
+        // SAFETY: `buf` is non-null with `cap >= need` writable bytes (the caller's promise).
+        unsafe {
+            std::ptr::copy_nonoverlapping(uri.as_ptr(), buf.cast::<u8>(), uri.len());
+            buf.add(uri.len()).write(0);
+        }
+        Ok(())
+    })
+}
+
+/// Stores this daemon's rank in `*out`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_rank(d: tbon_daemon, out: *mut u32) -> tbon_rc {
+    guard(|| {
+        non_null(out, "out")?;
+        let r = handle(d)?.rank();
+        // SAFETY: checked above.
+        unsafe { put(out, r) };
+        Ok(())
+    })
+}
+
+/// Stores the number of daemons in the DVM in `*out`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_size(d: tbon_daemon, out: *mut u32) -> tbon_rc {
+    guard(|| {
+        non_null(out, "out")?;
+        let s = handle(d)?.size();
+        // SAFETY: checked above.
+        unsafe { put(out, s) };
+        Ok(())
+    })
+}
+
+/// Blocks until wire-up has completed (`TBON_OK`), the daemon stopped (`TBON_ERR_SHUT_DOWN`) or
+/// `timeout_ms` passed (`TBON_ERR_TIMED_OUT`). Sends made before are queued, not lost. Not from
+/// a callback.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_wait_wired(d: tbon_daemon, timeout_ms: u32) -> tbon_rc {
+    guard(|| {
+        not_in_callback("tbon_wait_wired")?;
+        let h = handle(d)?;
+        if h.wait_wired(Duration::from_millis(timeout_ms.into())) {
+            Ok(())
+        } else if h.is_stopped() {
+            fail(
+                tbon_rc::TBON_ERR_SHUT_DOWN,
+                "the daemon stopped before wire-up completed",
+            )
+        } else {
+            fail(
+                tbon_rc::TBON_ERR_TIMED_OUT,
+                "wire-up did not complete in time",
+            )
+        }
+    })
+}
+
+/// Blocks until the daemon has stopped (`TBON_OK`; e.g. rank 0 shut the DVM down, or rank 0 was
+/// lost) or `timeout_ms` passed (`TBON_ERR_TIMED_OUT`). With 0, just tells whether it has
+/// stopped. The handle stays valid until `tbon_free`. Not from a callback.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_wait_stopped(d: tbon_daemon, timeout_ms: u32) -> tbon_rc {
+    guard(|| {
+        not_in_callback("tbon_wait_stopped")?;
+        let h = handle(d)?;
+        match h.wait_stopped(Duration::from_millis(timeout_ms.into())) {
+            Some(_) => Ok(()),
+            None => fail(tbon_rc::TBON_ERR_TIMED_OUT, "the daemon is still running"),
+        }
+    })
+}
+
+fn stop_call(d: tbon_daemon, call: &str, f: impl FnOnce(&Handle)) -> Res {
+    not_in_callback(call)?;
+    let h = handle(d)?;
+    f(&h);
+    Ok(())
+}
+
+/// Stops this daemon: pending sends complete with `TBON_ERR_SHUT_DOWN`, queued frames get a
+/// short bounded linger, sockets close, and the loop thread is joined before this returns, so
+/// no callback of this daemon runs afterwards. Stopping a stopped daemon is `TBON_OK`. The
+/// handle stays valid (other calls give `TBON_ERR_SHUT_DOWN`) until `tbon_free`. Not from a
+/// callback.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_shutdown(d: tbon_daemon) -> tbon_rc {
+    guard(|| stop_call(d, "tbon_shutdown", Handle::shutdown))
+}
+
+/// On rank 0: tells every daemon of the DVM to stop (a broadcast down the tree), then stops this
+/// one as `tbon_shutdown` does. On other ranks: `tbon_shutdown`. Not from a callback.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_shutdown_dvm(d: tbon_daemon) -> tbon_rc {
+    guard(|| stop_call(d, "tbon_shutdown_dvm", Handle::shutdown_dvm))
+}
+
+/// Stops this daemon the way a crash looks to the others (sockets closed without flushing, no
+/// notice), for fault injection and tests. Joins the loop thread. Not from a callback.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_abort(d: tbon_daemon) -> tbon_rc {
+    guard(|| stop_call(d, "tbon_abort", Handle::abort))
+}
+
+/// Stops the daemon if it is running (as `tbon_shutdown`) and frees the handle: afterwards every
+/// call with it returns `TBON_ERR_BAD_HANDLE`, and no callback of it runs any more, so the
+/// caller may free its `user` data. Not from a callback.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_free(d: tbon_daemon) -> tbon_rc {
+    guard(|| {
+        not_in_callback("tbon_free")?;
+        let removed = {
+            let mut r = registry();
+            let e = r.daemons.remove(&d);
+            r.release_if_empty();
+            e
+        };
+        let Some(e) = removed else {
+            return fail(
+                tbon_rc::TBON_ERR_BAD_HANDLE,
+                format!("no daemon with handle {d} (never started or already freed)"),
+            );
+        };
+        let owner = e.owner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(owner); // Daemon::drop: shutdown + join
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Messaging.
+
+/// Sends `len` bytes at `data` to rank `dst` with `tag`, without waiting. tbon COPIES the bytes
+/// before returning: the buffer stays the caller's and may be reused at once. `data` may be NULL
+/// when `len` is 0. Plain (unacknowledged) delivery; see the header's overview.
+///
+/// `cb` (may be NULL) is called exactly once, on the loop thread, if and only if this returns
+/// `TBON_OK`. Argument errors are returned at once (`TBON_ERR_RESERVED_TAG`,
+/// `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`), as is `TBON_ERR_SHUT_DOWN` or
+/// `TBON_ERR_BUSY` (from a callback, when the command queue is full).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_send(
+    d: tbon_daemon,
+    dst: u32,
+    tag: u32,
+    data: *const c_void,
+    len: usize,
+    cb: tbon_send_cb,
+    user: *mut c_void,
+) -> tbon_rc {
+    guard(|| {
+        let h = handle(d)?;
+        // SAFETY: the caller's buffer, valid for this call.
+        let payload = unsafe { payload_arg(&h, data, len)? };
+        match completion(cb, user) {
+            Some(done) => h.send_with(dst, tag, payload, done)?,
+            None => h.send(dst, tag, payload)?,
+        }
+        Ok(())
+    })
+}
+
+/// Frees a zero-copy payload (`tbon_send_nocopy`): called with the `data` and `free_user` given.
+pub type tbon_free_cb = Option<unsafe extern "C" fn(data: *mut c_void, free_user: *mut c_void)>;
+
+/// A caller's buffer lent to tbon: handed back to `free` when the last reference is dropped.
+struct Lent {
+    data: *mut c_void,
+    len: usize,
+    free: unsafe extern "C" fn(*mut c_void, *mut c_void),
+    user: *mut c_void,
+}
+
+// SAFETY: the caller promised (header) that the buffer stays valid and unmodified until `free`
+// runs, and that `free` may run on any thread; tbon only reads the bytes.
+unsafe impl Send for Lent {}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 || self.data.is_null() {
+            return &[];
+        }
+        // SAFETY: non-null; `len` readable bytes until `free` runs (the caller's promise).
+        unsafe { std::slice::from_raw_parts(self.data.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let _scope = CallbackScope::enter();
+        // SAFETY: the caller's function, called once, with the arguments it gave.
+        unsafe { (self.free)(self.data, self.user) }
+    }
+}
+
+/// `tbon_send` without the copy: tbon reads `len` bytes at `data` in place, and calls
+/// `free_cb(data, free_user)` exactly once when it no longer needs them, WHATEVER this call
+/// returns (on an error, before it returns), on any thread (usually the loop thread; it counts
+/// as a callback). Until then the buffer must stay valid and unmodified. `free_cb` must not be
+/// NULL (`TBON_ERR_BAD_PARAM`, and then it is not called). `cb` and `user` as `tbon_send`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn tbon_send_nocopy(
+    d: tbon_daemon,
+    dst: u32,
+    tag: u32,
+    data: *mut c_void,
+    len: usize,
+    free_cb: tbon_free_cb,
+    free_user: *mut c_void,
+    cb: tbon_send_cb,
+    user: *mut c_void,
+) -> tbon_rc {
+    guard(|| {
+        let Some(free) = free_cb else {
+            return fail(tbon_rc::TBON_ERR_BAD_PARAM, "free_cb is NULL");
+        };
+        // From here on, every way out (errors, panics) drops `lent` at most once via `Bytes`.
+        let lent = Lent {
+            data,
+            len,
+            free,
+            user: free_user,
+        };
+        if len > 0 {
+            non_null(data, "data")?;
+        }
+        let h = handle(d)?;
+        let max = h.shared.msg_max_bytes;
+        if len > max {
+            return Err(SendError::TooLarge { len, max }.into());
+        }
+        let payload = Bytes::from_owner(lent);
+        match completion(cb, user) {
+            Some(done) => h.send_with(dst, tag, payload, done)?,
+            None => h.send(dst, tag, payload)?,
+        }
+        Ok(())
+    })
+}
+
+/// Broadcasts `len` bytes at `data` with `tag` to every living daemon (this one included), down
+/// the tree from rank 0. Copies like `tbon_send`. `cb` (may be NULL) says the broadcast was
+/// handed on, not that anyone received it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_broadcast(
+    d: tbon_daemon,
+    tag: u32,
+    data: *const c_void,
+    len: usize,
+    cb: tbon_send_cb,
+    user: *mut c_void,
+) -> tbon_rc {
+    guard(|| {
+        let h = handle(d)?;
+        // SAFETY: the caller's buffer, valid for this call.
+        let payload = unsafe { payload_arg(&h, data, len)? };
+        h.broadcast(tag, payload, completion(cb, user))?;
+        Ok(())
+    })
+}
+
+/// Posts a receive for messages from `peer` (a rank, or `TBON_RANK_ANY`) with `tag`. `cb` (not
+/// NULL) runs on the loop thread for each match: once if `persistent` is 0, else until
+/// `tbon_cancel`. Messages that arrived before the post are held (bounded) and matched now. A
+/// receive for a rank wins over one for `TBON_RANK_ANY` with the same tag. Errors:
+/// `TBON_ERR_DUPLICATE` (same peer and tag already posted), `TBON_ERR_RESERVED_TAG`,
+/// `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_SHUT_DOWN`.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_recv(
+    d: tbon_daemon,
+    peer: u32,
+    tag: u32,
+    persistent: c_int,
+    cb: tbon_recv_cb,
+    user: *mut c_void,
+) -> tbon_rc {
+    guard(|| {
+        let Some(cb) = cb else {
+            return fail(tbon_rc::TBON_ERR_BAD_PARAM, "cb is NULL");
+        };
+        let h = handle(d)?;
+        let user = UserPtr(user);
+        h.recv(peer_arg(peer), tag, persistent != 0, move |m: Message| {
+            let _scope = CallbackScope::enter();
+            let data = if m.payload.is_empty() {
+                std::ptr::null()
+            } else {
+                m.payload.as_ptr()
+            };
+            // SAFETY: the caller's function; `data` points to `len` bytes alive for the call.
+            unsafe { cb(m.origin, m.tag, data, m.payload.len(), user.get()) }
+        })?;
+        Ok(())
+    })
+}
+
+/// Cancels the receive posted for exactly (`peer`, `tag`); `TBON_OK` also if there was none. A
+/// callback already running may finish; no new match starts after the loop handles the cancel.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_cancel(d: tbon_daemon, peer: u32, tag: u32) -> tbon_rc {
+    guard(|| {
+        handle(d)?.cancel(peer_arg(peer), tag);
+        Ok(())
+    })
+}
+
+/// Drops every receive posted for rank `peer` and every message held from it.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_purge(d: tbon_daemon, peer: u32) -> tbon_rc {
+    guard(|| {
+        handle(d)?.purge(peer);
+        Ok(())
+    })
+}
+
+/// Waits up to `timeout_ms` for one message from `peer` (or `TBON_RANK_ANY`) with `tag`, for
+/// callers without callbacks, and copies its payload into `buf`. `*len` is the size of `buf` on
+/// entry and the message's full length on return. `*origin` (if `origin` is not NULL) gets the
+/// sender. If the message is longer than the buffer, the first `*len`-on-entry bytes are copied,
+/// the rest is discarded (the message is consumed, as MPI truncates) and `TBON_ERR_TOO_LARGE`
+/// is returned with the required length in `*len`: size `buf` for `msg_max_bytes` if in doubt.
+/// `buf` may be NULL only if `*len` is 0. Errors: `TBON_ERR_TIMED_OUT`, `TBON_ERR_DUPLICATE`
+/// (a receive for this peer and tag is posted), `TBON_ERR_SHUT_DOWN`, argument errors as
+/// `tbon_recv`. Not from a callback (`TBON_ERR_BUSY`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_recv_blocking(
+    d: tbon_daemon,
+    peer: u32,
+    tag: u32,
+    timeout_ms: u32,
+    buf: *mut c_void,
+    len: *mut usize,
+    origin: *mut u32,
+) -> tbon_rc {
+    guard(|| {
+        not_in_callback("tbon_recv_blocking")?;
+        non_null(len, "len")?;
+        // SAFETY: checked above; the caller's in/out length.
+        let cap = unsafe { len.read() };
+        if cap > 0 {
+            non_null(buf, "buf")?;
+        }
+        let h = handle(d)?;
+        let m = h.recv_blocking(
+            peer_arg(peer),
+            tag,
+            Duration::from_millis(timeout_ms.into()),
+        )?;
+        let n = m.payload.len();
+        // SAFETY: `buf` has `cap` writable bytes (checked non-null when `cap > 0`), `len` and
+        // `origin` are checked for null.
+        unsafe {
+            if n.min(cap) > 0 {
+                std::ptr::copy_nonoverlapping(m.payload.as_ptr(), buf.cast::<u8>(), n.min(cap));
+            }
+            put(len, n);
+            if !origin.is_null() {
+                put(origin, m.origin);
+            }
+        }
+        if n > cap {
+            return fail(
+                tbon_rc::TBON_ERR_TOO_LARGE,
+                format!("message of {n} bytes truncated to the buffer's {cap}"),
+            );
+        }
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Faults and counters.
+
+/// Registers a fault handler (see `tbon_fault_cb`); handlers run in registration order, after
+/// tbon has re-routed or failed what was queued for the dead ranks. `cb` must not be NULL.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_on_fault(d: tbon_daemon, cb: tbon_fault_cb, user: *mut c_void) -> tbon_rc {
+    guard(|| {
+        let Some(cb) = cb else {
+            return fail(tbon_rc::TBON_ERR_BAD_PARAM, "cb is NULL");
+        };
+        let h = handle(d)?;
+        let user = UserPtr(user);
+        h.on_fault(move |s: &RecoveryStatus| {
+            let _scope = CallbackScope::enter();
+            let scope = match s.scope {
+                Scope::Local => tbon_scope::TBON_SCOPE_LOCAL,
+                Scope::Global => tbon_scope::TBON_SCOPE_GLOBAL,
+            };
+            // SAFETY: the caller's function; the slice is alive for the call.
+            unsafe {
+                cb(
+                    s.newly_failed.as_ptr(),
+                    s.newly_failed.len(),
+                    scope,
+                    s.epoch.unwrap_or(0),
+                    user.get(),
+                )
+            }
+        })?;
+        Ok(())
+    })
+}
+
+/// Fills `*out` with a snapshot of this daemon's counters (a round trip to the loop thread).
+/// Not from a callback (`TBON_ERR_BUSY`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_counters_get(d: tbon_daemon, out: *mut tbon_counters) -> tbon_rc {
+    guard(|| {
+        not_in_callback("tbon_counters_get")?;
+        non_null(out, "out")?;
+        let c = handle(d)?.counters()?;
+        // SAFETY: checked above.
+        unsafe { put(out, tbon_counters::from(&c)) };
+        Ok(())
+    })
+}

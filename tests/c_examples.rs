@@ -1,0 +1,117 @@
+//! The C examples (`examples/c/*.c`), built with the system C compiler (`cc`, or `$CC`) against
+//! the `libtbon.so` that cargo built for this test run, and run. Each checks its own results and
+//! exits non-zero on any failure.
+//!
+//! The library: the test runs `cargo build --lib` for its own profile and target directory
+//! (derived from the test binary's path, `target/<profile>/deps/`), a no-op when the library is
+//! fresh, and links `target/<profile>/libtbon.so`. (The copy cargo leaves in `deps/` while
+//! building tests is not always rebuilt, so it may be stale.)
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Generous: a guard against hangs only.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+/// The directory holding this build's `libtbon.so`: `cargo build --lib` for the test binary's
+/// profile and target directory (a no-op when it is fresh), then `target/<profile>/`.
+fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("current_exe");
+        let deps = exe.parent().expect("test binary directory");
+        let profile_dir = deps.parent().expect("profile directory").to_path_buf();
+        let profile = profile_dir
+            .file_name()
+            .and_then(|p| p.to_str())
+            .unwrap_or("debug");
+        let target_dir = profile_dir.parent().expect("target directory");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--lib", "--target-dir"]).arg(target_dir);
+        match profile {
+            "debug" => {}
+            "release" => {
+                cmd.arg("--release");
+            }
+            other => {
+                cmd.args(["--profile", other]);
+            }
+        }
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
+        let status = cmd.status().expect("run cargo build --lib");
+        assert!(status.success(), "cargo build --lib failed");
+        assert!(
+            profile_dir.join("libtbon.so").is_file(),
+            "no libtbon.so in {}",
+            profile_dir.display()
+        );
+        profile_dir
+    })
+}
+
+/// Compiles `examples/c/<name>.c` into the test binary's directory and returns the executable.
+fn build_example(name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = lib_dir();
+    let out = lib.join(format!("c-example-{name}"));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let output = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1"])
+        .arg("-I")
+        .arg(root.join("include"))
+        .arg(root.join(format!("examples/c/{name}.c")))
+        .arg("-L")
+        .arg(lib)
+        .arg("-ltbon")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("run {cc}: {e}"));
+    assert!(
+        output.status.success(),
+        "{cc} failed on {name}.c:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    out
+}
+
+/// Runs an example to completion (hang guard: kill after [`HANG_GUARD`]) and checks exit 0.
+fn run_example(name: &str) {
+    let exe = build_example(name);
+    let mut child = Command::new(&exe)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {}: {e}", exe.display()));
+    let start = Instant::now();
+    while child.try_wait().expect("try_wait").is_none() {
+        if start.elapsed() > HANG_GUARD {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("wait_with_output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{name} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    assert!(stdout.contains(&format!("{name}: ok")), "{name}: {stdout}");
+}
+
+#[test]
+fn c_ring_passes_the_token_1000_times() {
+    run_example("ring");
+}
+
+#[test]
+fn c_fault_survivors_see_the_fault_and_keep_talking() {
+    run_example("fault");
+}
