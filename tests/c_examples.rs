@@ -82,7 +82,10 @@ fn build_example(name: &str) -> PathBuf {
 /// Runs an example to completion (hang guard: kill after [`HANG_GUARD`]) and checks exit 0.
 fn run_example(name: &str) {
     let exe = build_example(name);
+    let key = std::env::temp_dir().join(format!("tbon-c-{}-{name}.key", std::process::id()));
+    std::fs::write(&key, "c-examples-job-key-0123456789").expect("write the key");
     let mut child = Command::new(&exe)
+        .env("TBON_KEY_FILE", &key)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

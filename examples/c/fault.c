@@ -9,6 +9,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -84,6 +85,10 @@ int main(void) {
     tbon_config cfg;
     CHECK_RC(tbon_config_new(&cfg));
     CHECK_RC(tbon_config_set(cfg, "if_include", "127.0.0.1/32"));
+    /* The DVM's job key (`tbon keygen FILE` makes one); never pass it on a command line. */
+    const char *key_file = getenv("TBON_KEY_FILE");
+    CHECK(key_file != NULL, "set TBON_KEY_FILE to a job key file (tbon keygen FILE)");
+    CHECK_RC(tbon_config_set(cfg, "key_file", key_file));
     CHECK_RC(tbon_config_set(cfg, "radix", "2"));
 
     char uri[512];

@@ -109,6 +109,10 @@ int main(void) {
     tbon_config cfg;
     CHECK_RC(tbon_config_new(&cfg));
     CHECK_RC(tbon_config_set(cfg, "if_include", "127.0.0.1/32"));
+    /* The DVM's job key (`tbon keygen FILE` makes one); never pass it on a command line. */
+    const char *key_file = getenv("TBON_KEY_FILE");
+    CHECK(key_file != NULL, "set TBON_KEY_FILE to a job key file (tbon keygen FILE)");
+    CHECK_RC(tbon_config_set(cfg, "key_file", key_file));
     CHECK(tbon_config_set(cfg, "no_such_setting", "1") == TBON_ERR_CONFIG, "unknown setting");
     CHECK(tbon_config_set(cfg, "radix", NULL) == TBON_ERR_BAD_PARAM, "NULL value");
     CHECK_RC(tbon_config_set(cfg, "radix", "2")); /* a deep tree: tokens are relayed */
