@@ -20,6 +20,9 @@ enum Command {
     Tree(cli::tree::TreeArgs),
     /// Run one daemon of a DVM until SIGTERM or a DVM shutdown.
     Daemon(Box<cli::daemon::DaemonArgs>),
+    /// Start a DVM of daemons on this machine, drive traffic through it, kill daemons in the
+    /// middle, and check what was delivered.
+    Harness(Box<cli::harness::HarnessArgs>),
 }
 
 fn main() {
@@ -27,6 +30,7 @@ fn main() {
     let (name, result) = match Cli::parse().command {
         Command::Tree(tree) => ("tree", cli::tree::run(&tree).map(|()| 0)),
         Command::Daemon(args) => ("daemon", cli::daemon::run(*args)),
+        Command::Harness(args) => ("harness", cli::harness::run(*args)),
     };
     match result {
         Ok(code) => std::process::exit(code),
