@@ -43,6 +43,7 @@ struct Counts {
     expected: u64,
     delivered: u64,
     lost_in_fault_window: u64,
+    lost_in_fault_window_broadcast: u64,
     lost_outside_fault_window: u64,
     duplicated: u64,
     reordered_in_fault_window: u64,
@@ -220,6 +221,9 @@ pub fn analyse(inp: Input<'_>) -> Report {
         if !got.contains_key(key) {
             if in_window(t) {
                 c.lost_in_fault_window += 1;
+                if key.1 == TAG_BCAST {
+                    c.lost_in_fault_window_broadcast += 1;
+                }
             } else {
                 c.lost_outside_fault_window += 1;
                 if lost_examples.len() < 5 {
@@ -302,7 +306,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
     if !faults.is_empty() {
         let _ = writeln!(
             t,
-            "\n  fault                          detected after   repaired everywhere after"
+            "\n  fault                                        detected after   repaired everywhere after"
         );
         for row in &fault_rows {
             let f = |k: &str| {
@@ -323,7 +327,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
             }
             let _ = writeln!(
                 t,
-                "  {what:<30} {:<16} {} (epoch {})",
+                "  {what:<44} {:<16} {} (epoch {})",
                 f("detected_after_ms"),
                 f("repaired_everywhere_after_ms"),
                 row["epoch"]
@@ -333,7 +337,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
             let rel = |x: u64| t0.map_or(0.0, |t0| (x as f64 - t0 as f64) / 1e9);
             let _ = writeln!(
                 t,
-                "  fault window (losses allowed)  {:.1} s .. {}",
+                "  fault window (losses allowed)                {:.1} s .. {}",
                 rel(a),
                 if b == u64::MAX {
                     "never closed".into()
@@ -358,7 +362,10 @@ pub fn analyse(inp: Input<'_>) -> Report {
         row(
             &mut t,
             "lost in fault window",
-            format!("{} (allowed, reported)", c.lost_in_fault_window),
+            format!(
+                "{} ({} of them broadcast copies; allowed, reported)",
+                c.lost_in_fault_window, c.lost_in_fault_window_broadcast
+            ),
         );
         row(
             &mut t,
