@@ -37,7 +37,8 @@ pub struct DaemonArgs {
     /// has arrived from every other daemon.
     #[arg(long)]
     pub ping_all: bool,
-    /// Print one JSON line per repair of this daemon's tree to stdout (`{"fault": {...}}`), for
+    /// Print one JSON line per repair of this daemon's tree to stdout (`{"fault": {...}}`, with a
+    /// CLOCK_MONOTONIC `mono_ns` time stamp), for
     /// scripts and tests; the same is logged at info level in any case.
     #[arg(long)]
     pub print_faults: bool,
