@@ -198,12 +198,17 @@ impl Procs {
             let _ = kill(Pid::from_raw(c.id() as i32), sig);
         }
     }
-    /// Reaps `rank` if it exited; returns its exit code (None inside: killed by a signal).
-    fn try_exit(&mut self, rank: u32) -> Option<Option<i32>> {
+    /// Reaps `rank` if it exited; returns its exit code (None inside: killed by a signal,
+    /// whose number goes to `signals`).
+    fn try_exit(&mut self, rank: u32, signals: &mut BTreeMap<u32, i32>) -> Option<Option<i32>> {
+        use std::os::unix::process::ExitStatusExt;
         let c = self.0[rank as usize].as_mut()?;
         match c.try_wait() {
             Ok(Some(st)) => {
                 self.0[rank as usize] = None;
+                if let Some(sig) = st.signal() {
+                    signals.insert(rank, sig);
+                }
                 Some(st.code())
             }
             _ => None,
@@ -403,6 +408,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let mut drain_since: Option<(Instant, u64)> = None;
     let mut shutdown_sent = false;
     let mut exits: BTreeMap<u32, Option<i32>> = BTreeMap::new();
+    let mut signals: BTreeMap<u32, i32> = BTreeMap::new();
 
     loop {
         if interrupted.load(Ordering::SeqCst) {
@@ -426,7 +432,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         }
         // Exits: expected for resumed stopped daemons and after the shutdown; else a crash.
         for rank in 0..n {
-            if let Some(code) = procs.try_exit(rank) {
+            if let Some(code) = procs.try_exit(rank, &mut signals) {
                 let fault = faults.iter_mut().find(|f| f.rank == rank);
                 match fault {
                     Some(f) if f.kind == FaultKind::Kill => {}
@@ -444,7 +450,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             for (r, code) in &crashed {
                 problems.push(format!(
                     "rank {r} exited on its own during {phase} ({}); its log: {}",
-                    describe_exit(*code),
+                    describe_exit(*code, signals.get(r)),
                     tail(&log_file(*r))
                 ));
             }
@@ -529,7 +535,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             Some(Some(0)) => {}
             Some(code) => problems.push(format!(
                 "rank {r} did not stop cleanly after the DVM shutdown ({}); its log: {}",
-                describe_exit(*code),
+                describe_exit(*code, signals.get(r)),
                 tail(&log_file(*r))
             )),
             None if shutdown_sent => problems.push(format!("rank {r} did not exit")),
@@ -574,10 +580,14 @@ pub fn value_name<T: clap::ValueEnum>(v: &T) -> String {
         .unwrap_or_default()
 }
 
-fn describe_exit(code: Option<i32>) -> String {
-    match code {
-        Some(c) => format!("exit code {c}"),
-        None => "killed by a signal".into(),
+fn describe_exit(code: Option<i32>, signal: Option<&i32>) -> String {
+    match (code, signal) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => match Signal::try_from(*s) {
+            Ok(sig) => format!("killed by {sig}"),
+            Err(_) => format!("killed by signal {s}"),
+        },
+        (None, None) => "killed by a signal".into(),
     }
 }
 
