@@ -6,6 +6,7 @@
 //! [`super::workload`]); the harness only starts, watches, signals and judges them.
 
 mod check;
+mod net;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -67,10 +68,19 @@ pub struct HarnessArgs {
     /// to exit non-zero.
     #[arg(long, value_delimiter = ',')]
     pub stop: Vec<String>,
-    /// Passed to the daemons (default 300 with --stop, else the daemon default).
+    /// Emulate this many hosts (network namespaces joined by veth pairs to a bridge; needs root
+    /// and iproute2); consecutive ranks share a host. 0: every daemon on 127.0.0.1.
+    #[arg(long, default_value_t = 0)]
+    pub hosts: u32,
+    /// Cut the link of the host of these ranks at these times: RANK@SECONDS, comma separated
+    /// (needs --hosts). Every daemon on that host is cut off; heartbeats find them. Once every
+    /// survivor confirmed them dead the link comes back, and they must exit non-zero.
+    #[arg(long, value_delimiter = ',', requires = "hosts")]
+    pub cut: Vec<String>,
+    /// Passed to the daemons (default 300 with --stop or --cut, else the daemon default).
     #[arg(long)]
     pub heartbeat_interval_ms: Option<u64>,
-    /// Passed to the daemons (default 3000 with --stop, else the daemon default).
+    /// Passed to the daemons (default 3000 with --stop or --cut, else the daemon default).
     #[arg(long)]
     pub heartbeat_timeout_ms: Option<u64>,
     /// Seed of the workload and of the choice of victims.
@@ -95,6 +105,8 @@ pub struct HarnessArgs {
 pub enum FaultKind {
     Kill,
     Stop,
+    /// The link of this host was cut (every daemon on it is a victim).
+    Cut(u32),
 }
 
 /// One planned fault and what became of it.
@@ -131,6 +143,18 @@ fn plan(args: &HarnessArgs, traffic_s: f64) -> Result<Vec<Fault>, String> {
         exit_after_resume: None,
     };
     let mut faults = Vec::new();
+    for s in &args.cut {
+        let (r, t) = parse_at(s)?;
+        let host = net::host_of(args.hosts, r, n);
+        if host == net::host_of(args.hosts, 0, n) {
+            return Err(format!(
+                "--cut {s}: rank {r} shares a host with rank 0, and losing rank 0 ends the DVM"
+            ));
+        }
+        for victim in (0..n).filter(|v| net::host_of(args.hosts, *v, n) == host) {
+            faults.push(fault(victim, t, FaultKind::Cut(host)));
+        }
+    }
     for s in &args.stop {
         let (r, t) = parse_at(s)?;
         faults.push(fault(r, t, FaultKind::Stop));
@@ -315,7 +339,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         .unwrap_or((args.duration * args.rate).round().max(1.0) as u64);
     let traffic_s = messages as f64 / args.rate;
     let mut faults = plan(&args, traffic_s)?;
-    let has_stop = faults.iter().any(|f| f.kind == FaultKind::Stop);
+    let has_stop = faults.iter().any(|f| f.kind != FaultKind::Kill);
     let hb_interval = args.heartbeat_interval_ms.or(has_stop.then_some(300));
     let hb_timeout = args.heartbeat_timeout_ms.or(has_stop.then_some(3000));
 
@@ -324,6 +348,11 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         signal_hook::flag::register(sig, interrupted.clone()).map_err(|e| e.to_string())?;
     }
 
+    let hosts = match args.hosts {
+        0 => None,
+        h if h > n => return Err("--hosts cannot exceed --daemons".into()),
+        h => Some(net::Hosts::create(h)?),
+    };
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the tbon binary: {e}"))?;
     let dir = std::env::temp_dir().join(format!("tbon-harness-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -344,11 +373,20 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let (tx, rx) = mpsc::channel::<(u32, String)>();
     let mut procs = Procs(Vec::with_capacity(n as usize));
     for rank in 0..n {
-        let mut cmd = Command::new(&exe);
+        let (mut cmd, subnet) = match &hosts {
+            Some(h) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec"])
+                    .arg(h.namespace(net::host_of(args.hosts, rank, n)))
+                    .arg(&exe);
+                (c, net::Hosts::SUBNET)
+            }
+            None => (Command::new(&exe), "127.0.0.1/32"),
+        };
         cmd.arg("daemon")
             .args(["--rank", &rank.to_string(), "--size", &n.to_string()])
             .args(["--radix", &args.radix.to_string()])
-            .args(["--if-include", "127.0.0.1/32", "--print-faults"])
+            .args(["--if-include", subnet, "--print-faults"])
             .arg("--workload-out")
             .arg(result_file(rank))
             .args([
@@ -436,7 +474,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                 let fault = faults.iter_mut().find(|f| f.rank == rank);
                 match fault {
                     Some(f) if f.kind == FaultKind::Kill => {}
-                    Some(f) if f.resumed => f.exit_after_resume = Some(code),
+                    Some(f) if f.injected_ns.is_some() => f.exit_after_resume = Some(code),
                     _ if shutdown_sent => {
                         exits.insert(rank, code);
                     }
@@ -466,23 +504,53 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             }
             Some(t0) => {
                 let since = mono_ns().saturating_sub(t0) as f64 / 1e9;
-                for f in faults.iter_mut() {
+                for i in 0..faults.len() {
+                    let f = &faults[i];
                     if f.injected_ns.is_none() && since >= f.at_s {
-                        let sig = match f.kind {
-                            FaultKind::Kill => Signal::SIGKILL,
-                            FaultKind::Stop => Signal::SIGSTOP,
-                        };
-                        procs.signal(f.rank, sig);
-                        f.injected_ns = Some(mono_ns());
+                        match f.kind {
+                            FaultKind::Kill => procs.signal(f.rank, Signal::SIGKILL),
+                            FaultKind::Stop => procs.signal(f.rank, Signal::SIGSTOP),
+                            FaultKind::Cut(host) => {
+                                let already = faults
+                                    .iter()
+                                    .any(|g| g.kind == f.kind && g.injected_ns.is_some());
+                                if let (Some(h), false) = (&hosts, already) {
+                                    h.set_link(host, false)?;
+                                }
+                            }
+                        }
                         victims.insert(f.rank);
+                        faults[i].injected_ns = Some(mono_ns());
                     }
-                    if f.kind == FaultKind::Stop
-                        && f.injected_ns.is_some()
-                        && !f.resumed
-                        && seen.confirmed_by(f.rank, &survivors)
+                    let f = &faults[i];
+                    if f.kind == FaultKind::Kill || f.injected_ns.is_none() || f.resumed {
+                        continue;
+                    }
+                    // Resume (SIGCONT, or the link back up) once every survivor confirmed the
+                    // death of every daemon this fault took.
+                    let together: Vec<u32> = faults
+                        .iter()
+                        .filter(|g| g.kind == f.kind && g.at_s == f.at_s)
+                        .map(|g| g.rank)
+                        .collect();
+                    if together
+                        .iter()
+                        .all(|r| victims.contains(r) && seen.confirmed_by(*r, &survivors))
                     {
-                        procs.signal(f.rank, Signal::SIGCONT);
-                        f.resumed = true;
+                        match f.kind {
+                            FaultKind::Cut(host) => {
+                                if let Some(h) = &hosts {
+                                    h.set_link(host, true)?;
+                                }
+                                for g in faults.iter_mut().filter(|g| together.contains(&g.rank)) {
+                                    g.resumed = true;
+                                }
+                            }
+                            _ => {
+                                procs.signal(f.rank, Signal::SIGCONT);
+                                faults[i].resumed = true;
+                            }
+                        }
                     }
                 }
                 let all_injected = faults.iter().all(|f| f.injected_ns.is_some());
@@ -571,6 +639,11 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         print!("{}", report.text);
     }
     Ok(if report.passed { 0 } else { 1 })
+}
+
+/// Whether the victims of `f` must exit non-zero once resumed (stopped or cut off ones).
+pub fn resumable(f: &Fault) -> bool {
+    f.kind != FaultKind::Kill
 }
 
 /// The command-line spelling of a clap value.

@@ -122,15 +122,15 @@ pub fn analyse(inp: Input<'_>) -> Report {
             last_settled = Some(last_settled.map_or(t, |l: u64| l.max(t)));
         }
         let epoch = confirmed.values().map(|x| x.0).max();
-        if f.kind == FaultKind::Stop {
+        if super::resumable(f) {
             match f.exit_after_resume {
                 Some(Some(c)) if c != 0 => {}
                 Some(code) => problems.push(format!(
-                    "rank {} was stopped, declared dead and resumed, but then exited with {code:?} (expected a non-zero exit code)",
+                    "rank {} was stopped or cut off, declared dead and resumed, but then exited with {code:?} (expected a non-zero exit code)",
                     f.rank
                 )),
                 None if problems.is_empty() => problems.push(format!(
-                    "rank {} was stopped and resumed but did not exit",
+                    "rank {} was stopped or cut off and resumed but did not exit",
                     f.rank
                 )),
                 None => {}
@@ -138,7 +138,11 @@ pub fn analyse(inp: Input<'_>) -> Report {
         }
         fault_rows.push(serde_json::json!({
             "rank": f.rank,
-            "kind": match f.kind { FaultKind::Kill => "SIGKILL", FaultKind::Stop => "SIGSTOP" },
+            "kind": match f.kind {
+                FaultKind::Kill => "SIGKILL".to_string(),
+                FaultKind::Stop => "SIGSTOP".to_string(),
+                FaultKind::Cut(h) => format!("cut host {h}:"),
+            },
             "at_s": t0.map(|t0| at.saturating_sub(t0) as f64 / 1e9),
             "detected_after_ms": detected.map(|t| ms(t.saturating_sub(at))),
             "repaired_everywhere_after_ms": repaired.map(|t| ms(t.saturating_sub(at))),
@@ -323,7 +327,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
                     .map_or("-".into(), |v| format!("{v:.1} s"))
             );
             if let Some(code) = row["resumed_exit_code"].as_i64() {
-                let _ = write!(what, ", exit {code} after SIGCONT");
+                let _ = write!(what, ", exit {code} after resume");
             }
             let _ = writeln!(
                 t,
