@@ -26,6 +26,9 @@ enum Command {
         /// Where to write the key.
         file: std::path::PathBuf,
     },
+    /// Start a DVM of daemons on this machine, drive traffic through it, kill daemons in the
+    /// middle, and check what was delivered.
+    Harness(Box<cli::harness::HarnessArgs>),
 }
 
 fn main() {
@@ -39,6 +42,7 @@ fn main() {
                 .map(|()| 0)
                 .map_err(|e| format!("{}: {e}", file.display())),
         ),
+        Command::Harness(args) => ("harness", cli::harness::run(*args)),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -37,10 +37,13 @@ pub struct DaemonArgs {
     /// has arrived from every other daemon.
     #[arg(long)]
     pub ping_all: bool,
-    /// Print one JSON line per repair of this daemon's tree to stdout (`{"fault": {...}}`), for
+    /// Print one JSON line per repair of this daemon's tree to stdout (`{"fault": {...}}`, with a
+    /// CLOCK_MONOTONIC `mono_ns` time stamp), for
     /// scripts and tests; the same is logged at info level in any case.
     #[arg(long)]
     pub print_faults: bool,
+    #[command(flatten)]
+    pub workload: super::workload::WorkloadArgs,
     #[command(flatten)]
     pub config: Config,
 }
@@ -134,6 +137,7 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
                     "rank": rank,
                     "scope": match s.scope { tbon::Scope::Local => "local", tbon::Scope::Global => "global" },
                     "epoch": s.epoch,
+                    "mono_ns": super::workload::mono_ns(),
                     "newly_failed": s.newly_failed,
                     "parent": s.new_parent,
                     "children": s.new_children,
@@ -171,7 +175,26 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
         }
     }
 
+    let workload = super::workload::Workload::post(&args.workload, &daemon.handle())?;
+    if let Some(w) = &workload {
+        if !daemon.wait_wired(wireup_timeout * 2) {
+            return Err("wire-up did not complete".into());
+        }
+        println!(
+            "{}",
+            serde_json::json!({"wired": {"rank": rank, "mono_ns": super::workload::mono_ns()}})
+        );
+        w.start_sending(&args.workload, daemon.handle());
+    }
+
+    let mut next_progress = Instant::now();
     let reason = loop {
+        if let Some(w) = &workload
+            && Instant::now() >= next_progress
+        {
+            println!("{}", w.progress_line(rank));
+            next_progress = Instant::now() + Duration::from_millis(250);
+        }
         if term.load(Ordering::SeqCst) {
             log::info!("rank {rank}: signal received, stopping");
             if rank == 0 {
@@ -185,6 +208,10 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
         }
     };
     drop(daemon);
+    if let Some(w) = &workload {
+        w.write(rank)
+            .map_err(|e| format!("cannot write the workload results: {e}"))?;
+    }
     match reason {
         StopReason::Requested | StopReason::DvmShutdown => {
             log::info!("rank {rank}: stopped");

@@ -1,3 +1,5 @@
 //! Subcommands of the `tbon` binary; each module parses its arguments and renders its output.
 pub mod daemon;
+pub mod harness;
 pub mod tree;
+pub mod workload;

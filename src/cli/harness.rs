@@ -1,0 +1,693 @@
+//! `tbon harness`: start a DVM of `tbon daemon` processes on this machine, drive a workload
+//! through it, inject faults (SIGKILL, SIGSTOP), collect what every daemon sent and received,
+//! check it, print a report, and stop every daemon.
+//!
+//! The daemons run the workload themselves (hidden `--workload-*` flags, see
+//! [`super::workload`]); the harness only starts, watches, signals and judges them.
+
+mod check;
+mod net;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use std::os::unix::process::CommandExt;
+
+use super::workload::{Mode, Pattern, PayloadRange, Rng, mono_ns};
+
+#[derive(Debug, clap::Args)]
+pub struct HarnessArgs {
+    /// Number of daemons (rank 0 included).
+    #[arg(long, default_value_t = 16)]
+    pub daemons: u32,
+    /// Radix of the routing tree.
+    #[arg(long, default_value_t = 4)]
+    pub radix: u32,
+    /// Messages each daemon originates (default: rate × duration).
+    #[arg(long, conflicts_with = "duration")]
+    pub messages: Option<u64>,
+    /// Seconds of traffic (each daemon sends at --rate for this long).
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// Messages per second each daemon originates.
+    #[arg(long, default_value_t = 200.0)]
+    pub rate: f64,
+    /// Payload bytes, or an inclusive range MIN..MAX drawn uniformly (at least 40).
+    #[arg(long, default_value = "64..4096")]
+    pub payload: PayloadRange,
+    /// Who sends to whom.
+    #[arg(long, value_enum, default_value = "all-to-all")]
+    pub pattern: Pattern,
+    /// plain: point-to-point sends only; mixed: one message in 20 is a broadcast instead;
+    /// reliable: not available yet.
+    #[arg(long, value_enum, default_value = "mixed")]
+    pub mode: Mode,
+    /// Kill this many daemons with SIGKILL while traffic flows (interior ones unless
+    /// --kill-any), at times spread over the run. Ignored if --kill-at is given.
+    #[arg(long, default_value_t = 2)]
+    pub kill: usize,
+    /// Kill these ranks at these times: RANK@SECONDS (since traffic started), comma separated.
+    #[arg(long, value_delimiter = ',')]
+    pub kill_at: Vec<String>,
+    /// Pick the --kill victims among interior daemons (those with children): the default.
+    #[arg(long, conflicts_with = "kill_any")]
+    pub kill_interior: bool,
+    /// Pick the --kill victims among every rank but 0 (leaves too).
+    #[arg(long)]
+    pub kill_any: bool,
+    /// SIGSTOP these ranks at these times: RANK@SECONDS, comma separated. Heartbeats find them;
+    /// once every survivor confirmed the death the harness sends SIGCONT and expects the daemon
+    /// to exit non-zero.
+    #[arg(long, value_delimiter = ',')]
+    pub stop: Vec<String>,
+    /// Emulate this many hosts (network namespaces joined by veth pairs to a bridge; needs root
+    /// and iproute2); consecutive ranks share a host. 0: every daemon on 127.0.0.1.
+    #[arg(long, default_value_t = 0)]
+    pub hosts: u32,
+    /// Cut the link of the host of these ranks at these times: RANK@SECONDS, comma separated
+    /// (needs --hosts). Every daemon on that host is cut off; heartbeats find them. Once every
+    /// survivor confirmed them dead the link comes back, and they must exit non-zero.
+    #[arg(long, value_delimiter = ',', requires = "hosts")]
+    pub cut: Vec<String>,
+    /// Passed to the daemons (default 300 with --stop or --cut, else the daemon default).
+    #[arg(long)]
+    pub heartbeat_interval_ms: Option<u64>,
+    /// Passed to the daemons (default 3000 with --stop or --cut, else the daemon default).
+    #[arg(long)]
+    pub heartbeat_timeout_ms: Option<u64>,
+    /// Seed of the workload and of the choice of victims.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Plain messages sent up to this long before a fault may be lost (they may have been in
+    /// flight through the dying daemon).
+    #[arg(long, default_value_t = 2000)]
+    pub loss_grace_ms: u64,
+    /// Give up (and fail) if the run has not finished after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No progress display and no table; only the final verdict line (and errors).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    Kill,
+    Stop,
+    /// The link of this host was cut (every daemon on it is a victim).
+    Cut(u32),
+}
+
+/// One planned fault and what became of it.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    pub rank: u32,
+    pub at_s: f64,
+    pub kind: FaultKind,
+    /// CLOCK_MONOTONIC ns when the signal was sent.
+    pub injected_ns: Option<u64>,
+    /// For a stopped daemon: when SIGCONT was sent, and its exit code afterwards.
+    pub resumed: bool,
+    pub exit_after_resume: Option<Option<i32>>,
+}
+
+fn parse_at(spec: &str) -> Result<(u32, f64), String> {
+    let (r, t) = spec
+        .split_once('@')
+        .ok_or_else(|| format!("{spec:?}: expected RANK@SECONDS"))?;
+    let r = r.trim().parse().map_err(|e| format!("{spec:?}: {e}"))?;
+    let t = t.trim().parse().map_err(|e| format!("{spec:?}: {e}"))?;
+    Ok((r, t))
+}
+
+/// The faults to inject, in time order.
+fn plan(args: &HarnessArgs, traffic_s: f64) -> Result<Vec<Fault>, String> {
+    let n = args.daemons;
+    let fault = |rank, at_s, kind| Fault {
+        rank,
+        at_s,
+        kind,
+        injected_ns: None,
+        resumed: false,
+        exit_after_resume: None,
+    };
+    let mut faults = Vec::new();
+    for s in &args.cut {
+        let (r, t) = parse_at(s)?;
+        let host = net::host_of(args.hosts, r, n);
+        if host == net::host_of(args.hosts, 0, n) {
+            return Err(format!(
+                "--cut {s}: rank {r} shares a host with rank 0, and losing rank 0 ends the DVM"
+            ));
+        }
+        for victim in (0..n).filter(|v| net::host_of(args.hosts, *v, n) == host) {
+            faults.push(fault(victim, t, FaultKind::Cut(host)));
+        }
+    }
+    for s in &args.stop {
+        let (r, t) = parse_at(s)?;
+        faults.push(fault(r, t, FaultKind::Stop));
+    }
+    if !args.kill_at.is_empty() {
+        for s in &args.kill_at {
+            let (r, t) = parse_at(s)?;
+            faults.push(fault(r, t, FaultKind::Kill));
+        }
+    } else if args.kill > 0 {
+        let shape = tbon::routed::radix::Shape::new(args.radix, n).map_err(|e| e.to_string())?;
+        let taken: BTreeSet<u32> = faults.iter().map(|f| f.rank).collect();
+        let mut pool: Vec<u32> = (1..n)
+            .filter(|r| !taken.contains(r))
+            .filter(|r| args.kill_any || shape.children(*r).next().is_some())
+            .collect();
+        if pool.len() < args.kill {
+            return Err(format!(
+                "--kill {}: only {} {} daemons to choose from (try more --daemons, a smaller --radix or --kill-any)",
+                args.kill,
+                pool.len(),
+                if args.kill_any {
+                    "non-root"
+                } else {
+                    "interior"
+                }
+            ));
+        }
+        let mut rng = Rng::new(args.seed ^ 0xfa17);
+        for i in 0..args.kill {
+            let r = pool.swap_remove(rng.below(pool.len() as u64) as usize);
+            // Spread over 25%..60% of the traffic: the repairs happen while traffic flows.
+            let frac = if args.kill == 1 {
+                0.3
+            } else {
+                0.25 + 0.35 * i as f64 / (args.kill - 1) as f64
+            };
+            faults.push(fault(r, traffic_s * frac, FaultKind::Kill));
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for f in &faults {
+        if f.rank == 0 || f.rank >= n {
+            return Err(format!(
+                "cannot inject a fault into rank {} (ranks 1..{} only: losing rank 0 ends the DVM)",
+                f.rank,
+                n.saturating_sub(1)
+            ));
+        }
+        if !seen.insert(f.rank) {
+            return Err(format!("rank {} is faulted twice", f.rank));
+        }
+    }
+    faults.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    Ok(faults)
+}
+
+/// The daemon processes; every one still running is SIGKILLed and reaped on drop (also on
+/// error paths and after Ctrl-C), so no daemon outlives the harness.
+struct Procs(Vec<Option<Child>>);
+
+impl Procs {
+    fn signal(&self, rank: u32, sig: Signal) {
+        if let Some(c) = &self.0[rank as usize] {
+            let _ = kill(Pid::from_raw(c.id() as i32), sig);
+        }
+    }
+    /// Reaps `rank` if it exited; returns its exit code (None inside: killed by a signal,
+    /// whose number goes to `signals`).
+    fn try_exit(&mut self, rank: u32, signals: &mut BTreeMap<u32, i32>) -> Option<Option<i32>> {
+        use std::os::unix::process::ExitStatusExt;
+        let c = self.0[rank as usize].as_mut()?;
+        match c.try_wait() {
+            Ok(Some(st)) => {
+                self.0[rank as usize] = None;
+                if let Some(sig) = st.signal() {
+                    signals.insert(rank, sig);
+                }
+                Some(st.code())
+            }
+            _ => None,
+        }
+    }
+    fn alive(&self) -> usize {
+        self.0.iter().filter(|c| c.is_some()).count()
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in self.0.iter_mut().flatten() {
+            let _ = c.kill();
+        }
+        for c in self.0.iter_mut().flatten() {
+            let _ = c.wait();
+        }
+    }
+}
+
+/// What the harness learned from the daemons' stdout.
+#[derive(Default)]
+pub struct Seen {
+    /// rank -> CLOCK_MONOTONIC ns it was wired.
+    pub wired: BTreeMap<u32, u64>,
+    /// rank -> (sent, received, done) from its latest progress line.
+    pub progress: BTreeMap<u32, (u64, u64, bool)>,
+    /// (rank, scope is global, newly failed, epoch, mono_ns) of every fault line.
+    pub faults: Vec<(u32, bool, Vec<u32>, u64, u64)>,
+}
+
+impl Seen {
+    fn take(&mut self, rank: u32, line: &str) {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            return;
+        };
+        if let Some(w) = v.get("wired") {
+            self.wired
+                .insert(rank, w["mono_ns"].as_u64().unwrap_or_else(mono_ns));
+        } else if let Some(p) = v.get("progress") {
+            self.progress.insert(
+                rank,
+                (
+                    p["sent"].as_u64().unwrap_or(0),
+                    p["received"].as_u64().unwrap_or(0),
+                    p["done"].as_bool().unwrap_or(false),
+                ),
+            );
+        } else if let Some(f) = v.get("fault") {
+            let newly = f["newly_failed"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_u64())
+                        .map(|x| x as u32)
+                        .collect()
+                })
+                .unwrap_or_default();
+            self.faults.push((
+                rank,
+                f["scope"] == "global",
+                newly,
+                f["epoch"].as_u64().unwrap_or(0),
+                f["mono_ns"].as_u64().unwrap_or_else(mono_ns),
+            ));
+        }
+    }
+
+    /// Whether every rank in `who` has a global confirmation naming `victim`.
+    fn confirmed_by(&self, victim: u32, who: &BTreeSet<u32>) -> bool {
+        who.iter().all(|r| {
+            self.faults
+                .iter()
+                .any(|(fr, g, nf, _, _)| fr == r && *g && nf.contains(&victim))
+        })
+    }
+
+    fn received(&self) -> u64 {
+        self.progress.values().map(|p| p.1).sum()
+    }
+    fn sent(&self) -> u64 {
+        self.progress.values().map(|p| p.0).sum()
+    }
+}
+
+/// Runs the harness; returns the exit code (0: every check held).
+pub fn run(args: HarnessArgs) -> Result<i32, String> {
+    if args.mode == Mode::Reliable {
+        return Err(
+            "--mode reliable is not available yet: reliable messaging (acknowledged sends) is not built; use --mode plain or mixed"
+                .into(),
+        );
+    }
+    let n = args.daemons;
+    if n < 2 {
+        return Err("--daemons must be at least 2".into());
+    }
+    if args.radix < 1 {
+        return Err("--radix must be at least 1".into());
+    }
+    let messages = args
+        .messages
+        .unwrap_or((args.duration * args.rate).round().max(1.0) as u64);
+    let traffic_s = messages as f64 / args.rate;
+    let mut faults = plan(&args, traffic_s)?;
+    let has_stop = faults.iter().any(|f| f.kind != FaultKind::Kill);
+    let hb_interval = args.heartbeat_interval_ms.or(has_stop.then_some(300));
+    let hb_timeout = args.heartbeat_timeout_ms.or(has_stop.then_some(3000));
+
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, interrupted.clone()).map_err(|e| e.to_string())?;
+    }
+
+    let hosts = match args.hosts {
+        0 => None,
+        h if h > n => return Err("--hosts cannot exceed --daemons".into()),
+        h => Some(net::Hosts::create(h)?),
+    };
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the tbon binary: {e}"))?;
+    let dir = std::env::temp_dir().join(format!("tbon-harness-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let _cleanup = RemoveDir(dir.clone());
+    let uri_file = dir.join("hnp.uri");
+    // The harness is the launcher here, so it makes the DVM's job key (mode 0600, in the run's
+    // private folder, which is removed at the end).
+    let key_file = dir.join("job.key");
+    let _ = std::fs::remove_file(&key_file);
+    tbon::driver::key::generate(&key_file)
+        .map_err(|e| format!("cannot make the job key {}: {e}", key_file.display()))?;
+    let result_file = |r: u32| dir.join(format!("rank-{r}.res"));
+    let log_file = |r: u32| dir.join(format!("rank-{r}.log"));
+
+    let bar = if args.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let b = indicatif::ProgressBar::new_spinner();
+        b.enable_steady_tick(Duration::from_millis(120));
+        b
+    };
+    let started = Instant::now();
+    let spawn_ns = mono_ns();
+    let (tx, rx) = mpsc::channel::<(u32, String)>();
+    let mut procs = Procs(Vec::with_capacity(n as usize));
+    for rank in 0..n {
+        let (mut cmd, subnet) = match &hosts {
+            Some(h) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec"])
+                    .arg(h.namespace(net::host_of(args.hosts, rank, n)))
+                    .arg(&exe);
+                (c, net::Hosts::SUBNET)
+            }
+            None => (Command::new(&exe), "127.0.0.1/32"),
+        };
+        cmd.arg("daemon")
+            .arg("--key-file")
+            .arg(&key_file)
+            .args(["--rank", &rank.to_string(), "--size", &n.to_string()])
+            .args(["--radix", &args.radix.to_string()])
+            .args(["--if-include", subnet, "--print-faults"])
+            .arg("--workload-out")
+            .arg(result_file(rank))
+            .args([
+                "--workload-pattern",
+                &value_name(&args.pattern),
+                "--workload-mode",
+                &value_name(&args.mode),
+            ])
+            .args(["--workload-messages", &messages.to_string()])
+            .args(["--workload-rate", &args.rate.to_string()])
+            .args(["--workload-payload", &args.payload.to_string()])
+            .args(["--workload-seed", &args.seed.to_string()]);
+        if let Some(ms) = hb_interval {
+            cmd.args(["--heartbeat-interval-ms", &ms.to_string()]);
+        }
+        if let Some(ms) = hb_timeout {
+            cmd.args(["--heartbeat-timeout-ms", &ms.to_string()]);
+        }
+        if rank == 0 {
+            cmd.arg("--uri-file").arg(&uri_file);
+        } else {
+            cmd.arg("--hnp-file").arg(&uri_file);
+        }
+        let log = std::fs::File::create(log_file(rank)).map_err(|e| e.to_string())?;
+        cmd.env("RUST_LOG", "tbon=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            // Own process group: a Ctrl-C in the terminal reaches only the harness, which then
+            // kills every daemon itself.
+            .process_group(0);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        if let Some(out) = child.stdout.take() {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if tx.send((rank, line)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        procs.0.push(Some(child));
+    }
+    drop(tx);
+
+    let deadline = started + Duration::from_secs(args.timeout);
+    let mut seen = Seen::default();
+    let mut problems: Vec<String> = Vec::new();
+    // Ranks the harness killed or stopped, and ranks that exited on their own.
+    let mut victims: BTreeSet<u32> = BTreeSet::new();
+    let mut crashed: BTreeMap<u32, Option<i32>> = BTreeMap::new();
+    let mut t0: Option<u64> = None;
+    let mut phase = "wire-up";
+    let mut drain_since: Option<(Instant, u64)> = None;
+    let mut shutdown_sent = false;
+    let mut exits: BTreeMap<u32, Option<i32>> = BTreeMap::new();
+    let mut signals: BTreeMap<u32, i32> = BTreeMap::new();
+
+    loop {
+        if interrupted.load(Ordering::SeqCst) {
+            bar.finish_and_clear();
+            drop(procs);
+            eprintln!("tbon harness: interrupted; every daemon was killed");
+            return Ok(130);
+        }
+        if Instant::now() >= deadline {
+            problems.push(format!(
+                "hang: the run did not finish within --timeout {} s (phase: {phase})",
+                args.timeout
+            ));
+            break;
+        }
+        if let Ok((rank, line)) = rx.recv_timeout(Duration::from_millis(20)) {
+            seen.take(rank, &line);
+        }
+        while let Ok((rank, line)) = rx.try_recv() {
+            seen.take(rank, &line);
+        }
+        // Exits: expected for resumed stopped daemons and after the shutdown; else a crash.
+        for rank in 0..n {
+            if let Some(code) = procs.try_exit(rank, &mut signals) {
+                let fault = faults.iter_mut().find(|f| f.rank == rank);
+                match fault {
+                    Some(f) if f.kind == FaultKind::Kill => {}
+                    Some(f) if f.injected_ns.is_some() => f.exit_after_resume = Some(code),
+                    _ if shutdown_sent => {
+                        exits.insert(rank, code);
+                    }
+                    _ => {
+                        crashed.insert(rank, code);
+                    }
+                }
+            }
+        }
+        if !crashed.is_empty() && !shutdown_sent {
+            for (r, code) in &crashed {
+                problems.push(format!(
+                    "rank {r} exited on its own during {phase} ({}); its log: {}",
+                    describe_exit(*code, signals.get(r)),
+                    tail(&log_file(*r))
+                ));
+            }
+            break;
+        }
+        let survivors: BTreeSet<u32> = (0..n).filter(|r| !victims.contains(r)).collect();
+        match t0 {
+            None => {
+                if seen.wired.len() == n as usize {
+                    t0 = seen.wired.values().copied().max();
+                    phase = "traffic";
+                }
+            }
+            Some(t0) => {
+                let since = mono_ns().saturating_sub(t0) as f64 / 1e9;
+                for i in 0..faults.len() {
+                    let f = &faults[i];
+                    if f.injected_ns.is_none() && since >= f.at_s {
+                        match f.kind {
+                            FaultKind::Kill => procs.signal(f.rank, Signal::SIGKILL),
+                            FaultKind::Stop => procs.signal(f.rank, Signal::SIGSTOP),
+                            FaultKind::Cut(host) => {
+                                let already = faults
+                                    .iter()
+                                    .any(|g| g.kind == f.kind && g.injected_ns.is_some());
+                                if let (Some(h), false) = (&hosts, already) {
+                                    h.set_link(host, false)?;
+                                }
+                            }
+                        }
+                        victims.insert(f.rank);
+                        faults[i].injected_ns = Some(mono_ns());
+                    }
+                    let f = &faults[i];
+                    if f.kind == FaultKind::Kill || f.injected_ns.is_none() || f.resumed {
+                        continue;
+                    }
+                    // Resume (SIGCONT, or the link back up) once every survivor confirmed the
+                    // death of every daemon this fault took.
+                    let together: Vec<u32> = faults
+                        .iter()
+                        .filter(|g| g.kind == f.kind && g.at_s == f.at_s)
+                        .map(|g| g.rank)
+                        .collect();
+                    if together
+                        .iter()
+                        .all(|r| victims.contains(r) && seen.confirmed_by(*r, &survivors))
+                    {
+                        match f.kind {
+                            FaultKind::Cut(host) => {
+                                if let Some(h) = &hosts {
+                                    h.set_link(host, true)?;
+                                }
+                                for g in faults.iter_mut().filter(|g| together.contains(&g.rank)) {
+                                    g.resumed = true;
+                                }
+                            }
+                            _ => {
+                                procs.signal(f.rank, Signal::SIGCONT);
+                                faults[i].resumed = true;
+                            }
+                        }
+                    }
+                }
+                let all_injected = faults.iter().all(|f| f.injected_ns.is_some());
+                let all_settled = faults.iter().all(|f| {
+                    seen.confirmed_by(f.rank, &survivors)
+                        && (f.kind == FaultKind::Kill || f.exit_after_resume.is_some())
+                });
+                let sending_done = survivors
+                    .iter()
+                    .all(|r| seen.progress.get(r).is_some_and(|p| p.2));
+                if !shutdown_sent && all_injected && all_settled && sending_done {
+                    phase = "drain";
+                    // Wait until deliveries stop growing for a second (bounded by --timeout).
+                    let got = seen.received();
+                    match drain_since {
+                        Some((at, before)) if before == got => {
+                            if at.elapsed() >= Duration::from_secs(1) {
+                                phase = "shutdown";
+                                procs.signal(0, Signal::SIGTERM);
+                                shutdown_sent = true;
+                            }
+                        }
+                        _ => drain_since = Some((Instant::now(), got)),
+                    }
+                }
+                if shutdown_sent && procs.alive() == 0 {
+                    break;
+                }
+            }
+        }
+        bar.set_message(format!(
+            "{phase}: wired {}/{n} · sent {} · delivered {} · alive {}/{n} · faults {}/{}",
+            seen.wired.len(),
+            seen.sent(),
+            seen.received(),
+            procs.alive(),
+            faults.iter().filter(|f| f.injected_ns.is_some()).count(),
+            faults.len()
+        ));
+    }
+    bar.finish_and_clear();
+    let ended = Instant::now();
+    drop(procs); // kills whatever is left (only on a failed run)
+
+    let survivors: BTreeSet<u32> = (0..n)
+        .filter(|r| !victims.contains(r) && !crashed.contains_key(r))
+        .collect();
+    for r in &survivors {
+        match exits.get(r) {
+            Some(Some(0)) => {}
+            Some(code) => problems.push(format!(
+                "rank {r} did not stop cleanly after the DVM shutdown ({}); its log: {}",
+                describe_exit(*code, signals.get(r)),
+                tail(&log_file(*r))
+            )),
+            None if shutdown_sent => problems.push(format!("rank {r} did not exit")),
+            None => {}
+        }
+    }
+    let mut results = BTreeMap::new();
+    if problems.is_empty() {
+        for r in &survivors {
+            results.insert(*r, super::workload::read_results(&result_file(*r))?);
+        }
+    }
+    let input = check::Input {
+        args: &args,
+        messages,
+        faults: &faults,
+        seen: &seen,
+        survivors: &survivors,
+        results: &results,
+        spawn_ns,
+        t0,
+        elapsed: ended - started,
+        problems,
+    };
+    let report = check::analyse(input);
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report.json).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if args.quiet {
+        println!("{}", report.verdict);
+    } else {
+        print!("{}", report.text);
+    }
+    Ok(if report.passed { 0 } else { 1 })
+}
+
+/// Whether the victims of `f` must exit non-zero once resumed (stopped or cut off ones).
+pub fn resumable(f: &Fault) -> bool {
+    f.kind != FaultKind::Kill
+}
+
+/// The command-line spelling of a clap value.
+pub fn value_name<T: clap::ValueEnum>(v: &T) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
+}
+
+fn describe_exit(code: Option<i32>, signal: Option<&i32>) -> String {
+    match (code, signal) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => match Signal::try_from(*s) {
+            Ok(sig) => format!("killed by {sig}"),
+            Err(_) => format!("killed by signal {s}"),
+        },
+        (None, None) => "killed by a signal".into(),
+    }
+}
+
+/// The last lines of a daemon's log, for the report.
+fn tail(path: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.len().saturating_sub(3);
+    if lines.is_empty() {
+        "(empty)".into()
+    } else {
+        lines[start..].join(" | ")
+    }
+}
+
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

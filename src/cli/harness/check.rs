@@ -1,0 +1,484 @@
+//! The checks of `tbon harness` and its report (text table and JSON).
+//!
+//! The rule for plain messages (which are not acknowledged end to end; README "Which plain
+//! messages can be lost"): only messages between survivors are checked. A message sent inside
+//! the *fault window* — from `--loss-grace-ms` before the first injected fault until every
+//! survivor had confirmed the last one — may be lost or reordered: such losses are counted and
+//! reported, not failed. Outside the window (and always, in a run without faults) every message
+//! must arrive exactly once and in order. Duplicates, corruption and misdelivery always fail.
+//! Messages from or to a faulted daemon are counted separately and never checked.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write;
+use std::time::Duration;
+
+use super::super::workload::{DST_ALL, Results, TAG_BCAST, TAG_PLAIN};
+use super::{Fault, FaultKind, HarnessArgs, Seen, value_name};
+
+pub struct Input<'a> {
+    pub args: &'a HarnessArgs,
+    pub messages: u64,
+    pub faults: &'a [Fault],
+    pub seen: &'a Seen,
+    pub survivors: &'a BTreeSet<u32>,
+    pub results: &'a BTreeMap<u32, Results>,
+    pub spawn_ns: u64,
+    pub t0: Option<u64>,
+    pub elapsed: Duration,
+    /// Problems the run itself found (crashes, hangs, unclean stops).
+    pub problems: Vec<String>,
+}
+
+pub struct Report {
+    pub text: String,
+    pub json: serde_json::Value,
+    pub verdict: String,
+    pub passed: bool,
+}
+
+#[derive(Default, serde::Serialize)]
+struct Counts {
+    sent_plain: u64,
+    sent_broadcast: u64,
+    expected: u64,
+    delivered: u64,
+    lost_in_fault_window: u64,
+    lost_in_fault_window_broadcast: u64,
+    lost_outside_fault_window: u64,
+    duplicated: u64,
+    reordered_in_fault_window: u64,
+    reordered_outside_fault_window: u64,
+    corrupted: u64,
+    misdelivered: u64,
+    send_errors: BTreeMap<String, u64>,
+    to_faulted: u64,
+    from_faulted_delivered: u64,
+}
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+pub fn analyse(inp: Input<'_>) -> Report {
+    let Input {
+        args,
+        messages,
+        faults,
+        seen,
+        survivors,
+        results,
+        spawn_ns,
+        t0,
+        elapsed,
+        mut problems,
+    } = inp;
+    let n = args.daemons;
+
+    // Per fault: detection (first line naming it anywhere) and repair (the last survivor's
+    // global confirmation naming it).
+    let mut fault_rows = Vec::new();
+    let mut last_settled: Option<u64> = None;
+    for f in faults {
+        let Some(at) = f.injected_ns else {
+            fault_rows.push(serde_json::json!({"rank": f.rank, "injected": false}));
+            continue;
+        };
+        let naming = |global_only: bool| {
+            seen.faults
+                .iter()
+                .filter(move |(r, g, nf, _, _)| {
+                    survivors.contains(r) && (*g || !global_only) && nf.contains(&f.rank)
+                })
+                .map(|(r, _, _, e, t)| (*r, *e, *t))
+        };
+        let detected = naming(false).map(|x| x.2).min();
+        let mut confirmed: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        for (r, e, t) in naming(true) {
+            confirmed.entry(r).or_insert((e, t));
+        }
+        let missing: Vec<u32> = survivors
+            .iter()
+            .copied()
+            .filter(|r| !confirmed.contains_key(r))
+            .collect();
+        let repaired = if missing.is_empty() {
+            confirmed.values().map(|x| x.1).max()
+        } else {
+            problems.push(format!(
+                "fault of rank {}: survivors {missing:?} never confirmed it",
+                f.rank
+            ));
+            None
+        };
+        if let Some(t) = repaired {
+            last_settled = Some(last_settled.map_or(t, |l: u64| l.max(t)));
+        }
+        let epoch = confirmed.values().map(|x| x.0).max();
+        if super::resumable(f) {
+            match f.exit_after_resume {
+                Some(Some(c)) if c != 0 => {}
+                Some(code) => problems.push(format!(
+                    "rank {} was stopped or cut off, declared dead and resumed, but then exited with {code:?} (expected a non-zero exit code)",
+                    f.rank
+                )),
+                None if problems.is_empty() => problems.push(format!(
+                    "rank {} was stopped or cut off and resumed but did not exit",
+                    f.rank
+                )),
+                None => {}
+            }
+        }
+        fault_rows.push(serde_json::json!({
+            "rank": f.rank,
+            "kind": match f.kind {
+                FaultKind::Kill => "SIGKILL".to_string(),
+                FaultKind::Stop => "SIGSTOP".to_string(),
+                FaultKind::Cut(h) => format!("cut host {h}:"),
+            },
+            "at_s": t0.map(|t0| at.saturating_sub(t0) as f64 / 1e9),
+            "detected_after_ms": detected.map(|t| ms(t.saturating_sub(at))),
+            "repaired_everywhere_after_ms": repaired.map(|t| ms(t.saturating_sub(at))),
+            "epoch": epoch,
+            "resumed_exit_code": f.exit_after_resume.flatten(),
+        }));
+    }
+    let first_fault = faults.iter().filter_map(|f| f.injected_ns).min();
+    let grace = args.loss_grace_ms * 1_000_000;
+    let window = first_fault.map(|f| (f.saturating_sub(grace), last_settled.unwrap_or(u64::MAX)));
+    let in_window = |t: u64| window.is_some_and(|(a, b)| t >= a && t <= b);
+
+    // Expected deliveries: (receiver) -> (tag, origin, seq) -> sent_ns.
+    let mut c = Counts::default();
+    let mut expected: HashMap<(u32, u32, u32, u64), u64> = HashMap::new();
+    let mut first_send = u64::MAX;
+    for (&o, res) in results {
+        for &(seq, dst, t) in &res.sent {
+            first_send = first_send.min(t);
+            if dst == DST_ALL {
+                c.sent_broadcast += 1;
+                for &d in survivors {
+                    expected.insert((d, TAG_BCAST, o, seq), t);
+                }
+            } else {
+                c.sent_plain += 1;
+                if survivors.contains(&dst) {
+                    expected.insert((dst, TAG_PLAIN, o, seq), t);
+                } else {
+                    c.to_faulted += 1;
+                }
+            }
+        }
+        for (_, e) in &res.errors {
+            *c.send_errors.entry(e.clone()).or_default() += 1;
+        }
+    }
+    c.expected = expected.len() as u64;
+    let mut got: HashMap<(u32, u32, u32, u64), u32> = HashMap::new();
+    let mut latencies = Vec::new();
+    let mut last_recv = 0u64;
+    for (&d, res) in results {
+        let mut max_seq: HashMap<(u32, u32), u64> = HashMap::new();
+        for &(tag, origin, seq, t_sent, t_recv) in &res.received {
+            if seq == u64::MAX {
+                c.corrupted += 1;
+                continue;
+            }
+            if !survivors.contains(&origin) {
+                c.from_faulted_delivered += 1;
+                continue;
+            }
+            let key = (d, tag, origin, seq);
+            if !expected.contains_key(&key) {
+                c.misdelivered += 1;
+                continue;
+            }
+            let k = got.entry(key).or_default();
+            *k += 1;
+            if *k > 1 {
+                c.duplicated += 1;
+                continue;
+            }
+            c.delivered += 1;
+            latencies.push(t_recv.saturating_sub(t_sent));
+            last_recv = last_recv.max(t_recv);
+            let m = max_seq.entry((tag, origin)).or_insert(0);
+            if seq < *m {
+                if in_window(t_sent) {
+                    c.reordered_in_fault_window += 1;
+                } else {
+                    c.reordered_outside_fault_window += 1;
+                }
+            }
+            *m = (*m).max(seq);
+        }
+    }
+    let mut lost_examples = Vec::new();
+    for (key, &t) in &expected {
+        if !got.contains_key(key) {
+            if in_window(t) {
+                c.lost_in_fault_window += 1;
+                if key.1 == TAG_BCAST {
+                    c.lost_in_fault_window_broadcast += 1;
+                }
+            } else {
+                c.lost_outside_fault_window += 1;
+                if lost_examples.len() < 5 {
+                    lost_examples.push(format!(
+                        "{} #{} from {} to {}",
+                        if key.1 == TAG_BCAST {
+                            "broadcast"
+                        } else {
+                            "plain"
+                        },
+                        key.3,
+                        key.2,
+                        key.0
+                    ));
+                }
+            }
+        }
+    }
+    latencies.sort_unstable();
+    let traffic_ns = last_recv.saturating_sub(first_send).max(1);
+    let throughput = c.delivered as f64 / (traffic_ns as f64 / 1e9);
+    let wireup_s = t0.map(|t| t.saturating_sub(spawn_ns) as f64 / 1e9);
+
+    let ran = !results.is_empty();
+    let mut checks: Vec<(String, bool)> = Vec::new();
+    if ran {
+        checks.push((
+            "every expected message delivered outside the fault window".into(),
+            c.lost_outside_fault_window == 0,
+        ));
+        checks.push(("no duplicates".into(), c.duplicated == 0));
+        checks.push(("no corruption".into(), c.corrupted == 0));
+        checks.push(("no misdelivery".into(), c.misdelivered == 0));
+        checks.push((
+            "in order outside the fault window".into(),
+            c.reordered_outside_fault_window == 0,
+        ));
+    }
+    checks.push((
+        "every fault repaired at every survivor".into(),
+        !problems.iter().any(|p| p.starts_with("fault of")),
+    ));
+    checks.push((
+        "no daemon crashed or hung; survivors stopped cleanly".into(),
+        problems.iter().all(|p| p.starts_with("fault of")),
+    ));
+    if !lost_examples.is_empty() {
+        problems.push(format!(
+            "lost outside the fault window, e.g. {}",
+            lost_examples.join(", ")
+        ));
+    }
+    let passed = ran && problems.is_empty() && checks.iter().all(|(_, ok)| *ok);
+
+    let mode = match args.mode {
+        super::super::workload::Mode::Mixed => "mixed (plain + 1 in 20 broadcast)".to_string(),
+        m => value_name(&m),
+    };
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "tbon harness: {n} daemons, radix {}, pattern {}, mode {mode}, payload {} B, {messages} messages per daemon at {}/s, seed {}",
+        args.radix,
+        value_name(&args.pattern),
+        args.payload,
+        args.rate,
+        args.seed
+    );
+    let _ = writeln!(t);
+    let _ = writeln!(
+        t,
+        "  wire-up of {n} daemons        {}",
+        wireup_s.map_or("-".into(), |s| format!("{s:.2} s"))
+    );
+    let _ = writeln!(
+        t,
+        "  run time                       {:.1} s",
+        elapsed.as_secs_f64()
+    );
+    if !faults.is_empty() {
+        let _ = writeln!(
+            t,
+            "\n  fault                                        detected after   repaired everywhere after"
+        );
+        for row in &fault_rows {
+            let f = |k: &str| {
+                row[k]
+                    .as_f64()
+                    .map_or("-".to_string(), |v| format!("{v:.0} ms"))
+            };
+            let mut what = format!(
+                "{} rank {} at {}",
+                row["kind"].as_str().unwrap_or("-"),
+                row["rank"],
+                row["at_s"]
+                    .as_f64()
+                    .map_or("-".into(), |v| format!("{v:.1} s"))
+            );
+            if let Some(code) = row["resumed_exit_code"].as_i64() {
+                let _ = write!(what, ", exit {code} after resume");
+            }
+            let _ = writeln!(
+                t,
+                "  {what:<44} {:<16} {} (epoch {})",
+                f("detected_after_ms"),
+                f("repaired_everywhere_after_ms"),
+                row["epoch"]
+            );
+        }
+        if let Some((a, b)) = window {
+            let rel = |x: u64| t0.map_or(0.0, |t0| (x as f64 - t0 as f64) / 1e9);
+            let _ = writeln!(
+                t,
+                "  fault window (losses allowed)                {:.1} s .. {}",
+                rel(a),
+                if b == u64::MAX {
+                    "never closed".into()
+                } else {
+                    format!("{:.1} s", rel(b))
+                }
+            );
+        }
+    }
+    if ran {
+        let _ = writeln!(t, "\n  messages among the {} survivors", survivors.len());
+        let row = |t: &mut String, k: &str, v: String| {
+            let _ = writeln!(t, "  {k:<30} {v}");
+        };
+        row(
+            &mut t,
+            "sent plain / broadcast",
+            format!("{} / {}", c.sent_plain, c.sent_broadcast),
+        );
+        row(&mut t, "deliveries expected", c.expected.to_string());
+        row(&mut t, "delivered", c.delivered.to_string());
+        row(
+            &mut t,
+            "lost in fault window",
+            format!(
+                "{} ({} of them broadcast copies; allowed, reported)",
+                c.lost_in_fault_window, c.lost_in_fault_window_broadcast
+            ),
+        );
+        row(
+            &mut t,
+            "lost outside fault window",
+            c.lost_outside_fault_window.to_string(),
+        );
+        row(&mut t, "duplicated", c.duplicated.to_string());
+        row(
+            &mut t,
+            "reordered (in / outside window)",
+            format!(
+                "{} / {}",
+                c.reordered_in_fault_window, c.reordered_outside_fault_window
+            ),
+        );
+        row(
+            &mut t,
+            "corrupted / misdelivered",
+            format!("{} / {}", c.corrupted, c.misdelivered),
+        );
+        let errs = if c.send_errors.is_empty() {
+            "0".to_string()
+        } else {
+            c.send_errors
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        row(&mut t, "send errors", errs);
+        row(&mut t, "sent to faulted daemons", c.to_faulted.to_string());
+        row(
+            &mut t,
+            "delivered from faulted ones",
+            c.from_faulted_delivered.to_string(),
+        );
+        row(
+            &mut t,
+            "latency p50 / p99 / max",
+            format!(
+                "{:.2} / {:.2} / {:.1} ms",
+                ms(percentile(&latencies, 0.5)),
+                ms(percentile(&latencies, 0.99)),
+                ms(latencies.last().copied().unwrap_or(0))
+            ),
+        );
+        row(
+            &mut t,
+            "throughput",
+            format!("{throughput:.0} deliveries/s"),
+        );
+    }
+    let _ = writeln!(t, "\n  checks");
+    for (what, ok) in &checks {
+        let _ = writeln!(t, "  {}  {what}", if *ok { "ok  " } else { "FAIL" });
+    }
+    for p in &problems {
+        let _ = writeln!(t, "  FAIL  {p}");
+    }
+    let verdict = if passed {
+        format!(
+            "PASS: {} of {} deliveries, {} lost in fault windows, 0 duplicated, 0 corrupted, {} fault(s) repaired",
+            c.delivered,
+            c.expected,
+            c.lost_in_fault_window,
+            faults.len()
+        )
+    } else {
+        let mut v = "FAIL:".to_string();
+        for (what, ok) in &checks {
+            if !ok {
+                let _ = write!(v, " [{what}]");
+            }
+        }
+        for p in &problems {
+            let _ = write!(v, " [{p}]");
+        }
+        v
+    };
+    let _ = writeln!(t, "\n{verdict}");
+
+    let json = serde_json::json!({
+        "passed": passed,
+        "daemons": n,
+        "radix": args.radix,
+        "pattern": value_name(&args.pattern),
+        "mode": value_name(&args.mode),
+        "payload": args.payload.to_string(),
+        "messages_per_daemon": messages,
+        "rate_per_daemon": args.rate,
+        "seed": args.seed,
+        "wireup_s": wireup_s,
+        "run_s": elapsed.as_secs_f64(),
+        "faults": fault_rows,
+        "counts": c,
+        "survivors": survivors.len(),
+        "latency_ms": {
+            "p50": ms(percentile(&latencies, 0.5)),
+            "p99": ms(percentile(&latencies, 0.99)),
+            "max": ms(latencies.last().copied().unwrap_or(0)),
+        },
+        "throughput_per_s": throughput,
+        "checks": checks.iter().map(|(w, ok)| serde_json::json!({"check": w, "ok": ok})).collect::<Vec<_>>(),
+        "problems": problems,
+    });
+    Report {
+        text: t,
+        json,
+        verdict,
+        passed,
+    }
+}

@@ -1,0 +1,476 @@
+//! The daemon side of `tbon harness`: a deterministic workload a `tbon daemon` runs once wired
+//! (hidden `--workload-*` flags), the self-checking payload format, and the results file each
+//! daemon writes when it stops.
+//!
+//! Every payload carries its origin, its per-origin sequence number, its destination, the
+//! CLOCK_MONOTONIC time it was sent at (one machine, one clock: comparable across processes)
+//! and a checksum over all of it, so the harness can count deliveries, duplicates, reorders,
+//! corruption and losses, and measure latency.
+
+use bytes::Bytes;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tbon::{Handle, Peer, SendError};
+
+/// The tag of plain point-to-point workload messages.
+pub const TAG_PLAIN: u32 = 200;
+/// The tag of workload broadcasts.
+pub const TAG_BCAST: u32 = 201;
+/// The destination written into a broadcast's payload.
+pub const DST_ALL: u32 = u32::MAX;
+/// Bytes of the self-describing header at the start of every payload.
+pub const HEADER_LEN: usize = 4 + 4 + 8 + 8 + 8;
+/// The smallest payload: header plus checksum.
+pub const MIN_PAYLOAD: usize = HEADER_LEN + 8;
+/// In mixed mode, one message in this many is a broadcast.
+pub const MIXED_BCAST_EVERY: u64 = 20;
+
+/// Nanoseconds on CLOCK_MONOTONIC: the same clock in every process of this machine.
+pub fn mono_ns() -> u64 {
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
+        Ok(t) => (t.tv_sec() as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(t.tv_nsec() as u64),
+        Err(_) => 0,
+    }
+}
+
+/// Which destinations a daemon's plain sends go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pattern {
+    /// Message i goes to the i-th other rank, round robin: every pair exchanges traffic.
+    AllToAll,
+    /// Every message goes to the next rank (rank + 1 mod size).
+    Ring,
+    /// Every message goes to a random other rank (seeded).
+    Random,
+    /// Three messages in four go to rank 0, the rest to a random other rank.
+    Hotspot,
+    /// Every message is a broadcast to all daemons.
+    Broadcast,
+}
+
+/// Plain sends only, or plain sends with broadcasts mixed in (reliable: not built yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Unacknowledged point-to-point sends only (plus broadcasts if the pattern is broadcast).
+    Plain,
+    /// Reliable (acknowledged) sends: not available yet.
+    Reliable,
+    /// Plain sends with one message in 20 sent as a broadcast instead. Reliable sends will join
+    /// once reliable mode exists.
+    Mixed,
+}
+
+/// A payload size or range `MIN..MAX` (inclusive), in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadRange {
+    pub min: usize,
+    pub max: usize,
+}
+
+impl std::str::FromStr for PayloadRange {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parse = |x: &str| {
+            x.trim()
+                .parse::<usize>()
+                .map_err(|e| format!("bad payload size {x:?}: {e}"))
+        };
+        let (min, max) = match s.split_once("..") {
+            Some((a, b)) => (parse(a)?, parse(b.trim_start_matches('='))?),
+            None => (parse(s)?, parse(s)?),
+        };
+        if min > max {
+            return Err(format!("payload range {min}..{max} is empty"));
+        }
+        if min < MIN_PAYLOAD {
+            return Err(format!(
+                "payloads must be at least {MIN_PAYLOAD} bytes (header and checksum)"
+            ));
+        }
+        Ok(PayloadRange { min, max })
+    }
+}
+
+impl std::fmt::Display for PayloadRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.min == self.max {
+            write!(f, "{}", self.min)
+        } else {
+            write!(f, "{}..{}", self.min, self.max)
+        }
+    }
+}
+
+/// The hidden daemon flags that turn on the workload (set by `tbon harness`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkloadArgs {
+    /// Run the harness workload once wired, and write results to this file on exit.
+    #[arg(long, hide = true)]
+    pub workload_out: Option<PathBuf>,
+    #[arg(long, hide = true, value_enum, default_value = "all-to-all")]
+    pub workload_pattern: Pattern,
+    #[arg(long, hide = true, value_enum, default_value = "mixed")]
+    pub workload_mode: Mode,
+    /// Messages this daemon originates.
+    #[arg(long, hide = true, default_value_t = 1000)]
+    pub workload_messages: u64,
+    /// Messages per second this daemon originates.
+    #[arg(long, hide = true, default_value_t = 200.0)]
+    pub workload_rate: f64,
+    #[arg(long, hide = true, default_value = "64..4096")]
+    pub workload_payload: PayloadRange,
+    #[arg(long, hide = true, default_value_t = 1)]
+    pub workload_seed: u64,
+}
+
+/// splitmix64: a small deterministic generator (no dependency, same sequence everywhere).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// FNV-1a, 64 bits: enough to catch corruption, cheap to compute.
+fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01B3)
+    })
+}
+
+/// Builds a payload of `len` bytes: header, filler derived from (origin, seq), checksum.
+pub fn encode(origin: u32, dst: u32, seq: u64, sent_ns: u64, len: usize) -> Bytes {
+    let len = len.max(MIN_PAYLOAD);
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(&origin.to_le_bytes());
+    v.extend_from_slice(&dst.to_le_bytes());
+    v.extend_from_slice(&seq.to_le_bytes());
+    v.extend_from_slice(&sent_ns.to_le_bytes());
+    v.extend_from_slice(&(len as u64).to_le_bytes());
+    let mut fill = Rng::new(u64::from(origin) << 40 ^ seq);
+    while v.len() < len - 8 {
+        v.push(fill.next_u64() as u8);
+    }
+    let c = checksum(&v);
+    v.extend_from_slice(&c.to_le_bytes());
+    Bytes::from(v)
+}
+
+/// What a received payload says about itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decoded {
+    pub origin: u32,
+    pub dst: u32,
+    pub seq: u64,
+    pub sent_ns: u64,
+}
+
+/// Decodes and checks a payload; `None` if it is corrupted (bad length or checksum).
+pub fn decode(p: &[u8]) -> Option<Decoded> {
+    if p.len() < MIN_PAYLOAD {
+        return None;
+    }
+    let (body, sum) = p.split_at(p.len() - 8);
+    if checksum(body).to_le_bytes() != sum {
+        return None;
+    }
+    let u32_at = |i: usize| u32::from_le_bytes(p[i..i + 4].try_into().unwrap_or([0; 4]));
+    let u64_at = |i: usize| u64::from_le_bytes(p[i..i + 8].try_into().unwrap_or([0; 8]));
+    if u64_at(24) != p.len() as u64 {
+        return None;
+    }
+    Some(Decoded {
+        origin: u32_at(0),
+        dst: u32_at(4),
+        seq: u64_at(8),
+        sent_ns: u64_at(16),
+    })
+}
+
+/// The destination of message `seq` from `origin` (`DST_ALL` for a broadcast). The same
+/// function is the schedule for every daemon; `rng` is the origin's own seeded generator.
+pub fn destination(
+    pattern: Pattern,
+    mode: Mode,
+    origin: u32,
+    size: u32,
+    seq: u64,
+    rng: &mut Rng,
+) -> u32 {
+    if pattern == Pattern::Broadcast
+        || (mode == Mode::Mixed && seq % MIXED_BCAST_EVERY == MIXED_BCAST_EVERY - 1)
+        || size == 1
+    {
+        return DST_ALL;
+    }
+    let other =
+        |i: u64| ((u64::from(origin) + 1 + i % u64::from(size - 1)) % u64::from(size)) as u32;
+    match pattern {
+        Pattern::AllToAll => other(seq),
+        Pattern::Ring => (origin + 1) % size,
+        Pattern::Random => other(rng.below(u64::from(size - 1))),
+        Pattern::Hotspot if origin != 0 && rng.below(4) != 0 => 0,
+        Pattern::Hotspot => other(rng.below(u64::from(size - 1))),
+        Pattern::Broadcast => DST_ALL,
+    }
+}
+
+/// What one daemon recorded: its sends, their completion errors, and its receives.
+#[derive(Default)]
+struct Record {
+    /// (seq, dst, sent_ns)
+    sent: Vec<(u64, u32, u64)>,
+    /// (seq, error)
+    errors: Vec<(u64, String)>,
+    /// (tag, origin, seq, sent_ns, recv_ns); for corrupted payloads seq = u64::MAX.
+    received: Vec<(u32, u32, u64, u64, u64)>,
+}
+
+/// A running workload: the sender thread and the shared record.
+pub struct Workload {
+    out: PathBuf,
+    record: Arc<Mutex<Record>>,
+    received: Arc<AtomicU64>,
+    sent: Arc<AtomicU64>,
+    completed: Arc<AtomicU64>,
+    finished_sending: Arc<AtomicBool>,
+    planned: u64,
+}
+
+fn lock(r: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
+    r.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Workload {
+    /// Posts the receives now (before wire-up, so nothing is held for long) and returns the
+    /// workload; [`Workload::start_sending`] starts the sender once wired.
+    pub fn post(args: &WorkloadArgs, h: &Handle) -> Result<Option<Workload>, String> {
+        let Some(out) = args.workload_out.clone() else {
+            return Ok(None);
+        };
+        if args.workload_mode == Mode::Reliable {
+            return Err("--mode reliable is not available yet".into());
+        }
+        let record = Arc::new(Mutex::new(Record::default()));
+        let received = Arc::new(AtomicU64::new(0));
+        for tag in [TAG_PLAIN, TAG_BCAST] {
+            let rec = record.clone();
+            let count = received.clone();
+            h.recv(Peer::Any, tag, true, move |m| {
+                let now = mono_ns();
+                let entry = match decode(&m.payload) {
+                    Some(d) if d.origin == m.origin => (tag, d.origin, d.seq, d.sent_ns, now),
+                    _ => (tag, m.origin, u64::MAX, 0, now),
+                };
+                lock(&rec).received.push(entry);
+                count.fetch_add(1, Ordering::Relaxed);
+            })
+            .map_err(|e| e.to_string())?;
+        }
+        Ok(Some(Workload {
+            out,
+            record,
+            received,
+            sent: Arc::new(AtomicU64::new(0)),
+            completed: Arc::new(AtomicU64::new(0)),
+            finished_sending: Arc::new(AtomicBool::new(false)),
+            planned: args.workload_messages,
+        }))
+    }
+
+    /// Starts the sender thread: `messages` sends at `rate` per second, deterministic in
+    /// (seed, rank).
+    pub fn start_sending(&self, args: &WorkloadArgs, h: Handle) {
+        let args = args.clone();
+        let rec = self.record.clone();
+        let sent = self.sent.clone();
+        let completed = self.completed.clone();
+        let finished = self.finished_sending.clone();
+        std::thread::spawn(move || {
+            let me = h.rank();
+            let size = h.size();
+            let mut rng = Rng::new(args.workload_seed ^ (u64::from(me) << 32) ^ 0x7b0b);
+            let span = (args.workload_payload.max - args.workload_payload.min) as u64;
+            let start = Instant::now();
+            let rate = args.workload_rate.max(0.001);
+            for seq in 0..args.workload_messages {
+                let at = start + Duration::from_secs_f64(seq as f64 / rate);
+                if let Some(wait) = at.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                let dst = destination(
+                    args.workload_pattern,
+                    args.workload_mode,
+                    me,
+                    size,
+                    seq,
+                    &mut rng,
+                );
+                let len = args.workload_payload.min + rng.below(span + 1) as usize;
+                let now = mono_ns();
+                let payload = encode(me, dst, seq, now, len);
+                lock(&rec).sent.push((seq, dst, now));
+                let rec2 = rec.clone();
+                let done = completed.clone();
+                let on_done = move |r: Result<(), SendError>| {
+                    if let Err(e) = r {
+                        lock(&rec2).errors.push((seq, error_name(&e).to_string()));
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                };
+                let r = if dst == DST_ALL {
+                    h.broadcast(TAG_BCAST, payload, Some(Box::new(on_done)))
+                } else {
+                    h.send_with(dst, TAG_PLAIN, payload, on_done)
+                };
+                if let Err(e) = r {
+                    lock(&rec).errors.push((seq, error_name(&e).to_string()));
+                    completed.fetch_add(1, Ordering::Relaxed);
+                    if matches!(e, SendError::ShutDown) {
+                        break;
+                    }
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+            finished.store(true, Ordering::SeqCst);
+        });
+    }
+
+    /// A JSON progress line for the harness.
+    pub fn progress_line(&self, rank: u32) -> String {
+        let sent = self.sent.load(Ordering::Relaxed);
+        let done = self.finished_sending.load(Ordering::SeqCst)
+            && self.completed.load(Ordering::Relaxed) >= sent;
+        serde_json::json!({ "progress": {
+            "rank": rank,
+            "sent": sent,
+            "planned": self.planned,
+            "received": self.received.load(Ordering::Relaxed),
+            "done": done,
+        }})
+        .to_string()
+    }
+
+    /// Writes the results file (atomically). Call after the daemon stopped.
+    pub fn write(&self, rank: u32) -> std::io::Result<()> {
+        let rec = lock(&self.record);
+        let tmp = self.out.with_extension("tmp");
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        writeln!(f, "rank {rank}")?;
+        for (seq, dst, t) in &rec.sent {
+            writeln!(f, "S {seq} {dst} {t}")?;
+        }
+        for (seq, e) in &rec.errors {
+            writeln!(f, "E {seq} {e}")?;
+        }
+        for (tag, origin, seq, t0, t1) in &rec.received {
+            writeln!(f, "R {tag} {origin} {seq} {t0} {t1}")?;
+        }
+        f.flush()?;
+        drop(f);
+        std::fs::rename(&tmp, &self.out)
+    }
+}
+
+fn error_name(e: &SendError) -> &'static str {
+    match e {
+        SendError::NodeDown(_) => "node-down",
+        SendError::Unreachable(_) => "unreachable",
+        SendError::Busy(_) => "busy",
+        SendError::ShutDown => "shut-down",
+        _ => "other",
+    }
+}
+
+/// One daemon's results, as read back by the harness.
+#[derive(Debug, Default)]
+pub struct Results {
+    pub sent: Vec<(u64, u32, u64)>,
+    pub errors: Vec<(u64, String)>,
+    pub received: Vec<(u32, u32, u64, u64, u64)>,
+}
+
+/// Reads a results file written by [`Workload::write`].
+pub fn read_results(path: &Path) -> Result<Results, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut r = Results::default();
+    let bad = |l: &str| format!("{}: bad line {l:?}", path.display());
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(' ').collect();
+        let n = |i: usize| {
+            f.get(i)
+                .and_then(|x| x.parse::<u64>().ok())
+                .ok_or(bad(line))
+        };
+        match f.first() {
+            Some(&"S") => r.sent.push((n(1)?, n(2)? as u32, n(3)?)),
+            Some(&"E") => r
+                .errors
+                .push((n(1)?, f.get(2).unwrap_or(&"other").to_string())),
+            Some(&"R") => r
+                .received
+                .push((n(1)? as u32, n(2)? as u32, n(3)?, n(4)?, n(5)?)),
+            _ => return Err(bad(line)),
+        }
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_round_trips_and_detects_corruption() {
+        for len in [MIN_PAYLOAD, 64, 4096] {
+            let p = encode(3, 7, 42, 123_456, len);
+            assert_eq!(p.len(), len);
+            let d = decode(&p).unwrap();
+            assert_eq!((d.origin, d.dst, d.seq, d.sent_ns), (3, 7, 42, 123_456));
+            let mut bad = p.to_vec();
+            bad[len / 2] ^= 1;
+            assert_eq!(decode(&bad), None);
+            assert_eq!(decode(&p[..len - 1]), None);
+        }
+    }
+
+    #[test]
+    fn payload_ranges_parse() {
+        assert_eq!(
+            "64..4096".parse::<PayloadRange>().unwrap(),
+            PayloadRange { min: 64, max: 4096 }
+        );
+        assert_eq!(
+            "100".parse::<PayloadRange>().unwrap(),
+            PayloadRange { min: 100, max: 100 }
+        );
+        assert!("10".parse::<PayloadRange>().is_err());
+        assert!("500..100".parse::<PayloadRange>().is_err());
+    }
+
+    #[test]
+    fn all_to_all_covers_every_other_rank() {
+        let mut rng = Rng::new(1);
+        let dsts: std::collections::BTreeSet<u32> = (0..7)
+            .map(|s| destination(Pattern::AllToAll, Mode::Plain, 2, 8, s, &mut rng))
+            .collect();
+        assert_eq!(dsts, [0, 1, 3, 4, 5, 6, 7].into_iter().collect());
+    }
+}

@@ -1,0 +1,48 @@
+//! `tbon harness` as a user runs it: a short run with one interior daemon killed passes and
+//! reports it in JSON; the reliable mode, which does not exist yet, is refused clearly.
+
+use std::process::Command;
+
+#[test]
+fn short_harness_run_with_a_kill_passes() {
+    let json = std::env::temp_dir().join(format!("tbon-harness-test-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
+        .args([
+            "harness",
+            "--daemons",
+            "7",
+            "--radix",
+            "2",
+            "--duration",
+            "3",
+        ])
+        .args(["--rate", "100", "--kill", "1", "--quiet", "--timeout", "60"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run tbon harness");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("PASS"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["passed"], true);
+    assert_eq!(report["counts"]["duplicated"], 0);
+    assert_eq!(report["faults"].as_array().unwrap().len(), 1);
+    let _ = std::fs::remove_file(&json);
+}
+
+#[test]
+fn reliable_mode_is_refused_until_it_exists() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
+        .args(["harness", "--mode", "reliable"])
+        .output()
+        .expect("run tbon harness");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not available yet"));
+}
