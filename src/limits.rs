@@ -55,7 +55,7 @@ pub const LISTEN_BACKLOG: i32 = 1_024;
 
 /// Largest payload (bytes) the frame decoder accepts before the handshake has completed.
 ///
-/// A `Hello`/`HelloAck` payload is at most `2 + DVM_ID_MAX_BYTES + 16` = 273 bytes, so a
+/// A `HelloAck` payload is at most `2 + DVM_ID_MAX_BYTES + 16 + 32` = 305 bytes, so a
 /// stranger cannot make a daemon buffer more than this before it has proved it belongs to the
 /// DVM. At the bound: `WireError::TooLarge`, the connection is closed.
 pub const HANDSHAKE_MAX_PAYLOAD: u32 = 512;

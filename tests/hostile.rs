@@ -130,7 +130,7 @@ fn hostile_connections_are_closed_and_the_dvm_keeps_serving() {
         s.write_all(&h.encode()).unwrap();
         s.write_all(&p).unwrap();
     }
-    // Send a forged proof without waiting, with a forged origin message behind it.
+    // Send a forged proof without waiting for the HelloAck: refused at the proof.
     let auth = Header {
         kind: Kind::Auth,
         origin: 3,

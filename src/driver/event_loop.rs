@@ -1241,11 +1241,15 @@ impl EventLoop {
     fn protocol_error(&mut self, tok: usize, why: &str) {
         self.counters.protocol_errors += 1;
         if let Some(c) = self.conns.get(tok) {
+            let who = c
+                .peer
+                .or(c.claimed)
+                .or(c.dialled)
+                .map_or_else(|| "unknown rank".to_string(), |r| format!("rank {r}"));
             log::warn!(
-                "rank {}: closing connection from {} (rank {:?}): {why}",
+                "rank {}: closing the connection with {} ({who}): {why}",
                 self.me,
-                c.addr,
-                c.peer
+                c.addr
             );
         }
         self.lost(tok, why);

@@ -135,7 +135,7 @@ pub struct PeerIdent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HandshakeEvent {
     /// Acceptor: a valid `Hello` arrived. Resolve a simultaneous connect (see
-    /// [`keep_dialled_by`]) and call [`Handshake::accept_peer`] or [`Handshake::reject`].
+    /// [`keep_dialled_by`]) and call [`Handshake::try_accept_peer`] or [`Handshake::reject`].
     HelloReceived(PeerIdent),
     /// The handshake is complete: raise the decoder's maximum; data frames may flow.
     Established(PeerIdent),

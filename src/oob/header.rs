@@ -23,7 +23,7 @@ pub const HEADER_LEN: usize = 40;
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"TB";
 /// The wire protocol version this code speaks; a header with any other version is refused.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 
 /// What a frame is. The numeric values are the wire encoding and never change meaning.
 #[repr(u8)]
@@ -208,7 +208,7 @@ mod tests {
     #[rustfmt::skip]
     const GOLDEN: [u8; HEADER_LEN] = [
         b'T', b'B',                                     // magic
-        1,                                              // version
+        2,                                              // version
         3,                                              // kind = Msg
         0x01, 0x02, 0x03, 0x04,                         // origin
         0x05, 0x06, 0x07, 0x08,                         // dst
@@ -243,7 +243,7 @@ mod tests {
         };
         #[rustfmt::skip]
         let want: [u8; HEADER_LEN] = [
-            0x54, 0x42, 0x01, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
+            0x54, 0x42, 0x02, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
             0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5,
             0, 0, 0, 6, 0, 0, 0, 0,
         ];
@@ -278,8 +278,11 @@ mod tests {
     #[test]
     fn bad_version() {
         let mut b = GOLDEN;
-        b[2] = 2;
-        assert_eq!(Header::decode(&b), Err(WireError::BadVersion(2)));
+        // Version 1 (before authentication) and any future version are refused.
+        for v in [1, 3] {
+            b[2] = v;
+            assert_eq!(Header::decode(&b), Err(WireError::BadVersion(v)));
+        }
     }
 
     #[test]
