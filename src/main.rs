@@ -20,6 +20,8 @@ enum Command {
     Tree(cli::tree::TreeArgs),
     /// Run one daemon of a DVM until SIGTERM or a DVM shutdown.
     Daemon(Box<cli::daemon::DaemonArgs>),
+    /// Measure message rate, bandwidth, round trip and scale beside a raw-TCP baseline.
+    Bench(Box<cli::bench::BenchArgs>),
 }
 
 fn main() {
@@ -27,6 +29,7 @@ fn main() {
     let (name, result) = match Cli::parse().command {
         Command::Tree(tree) => ("tree", cli::tree::run(&tree).map(|()| 0)),
         Command::Daemon(args) => ("daemon", cli::daemon::run(*args)),
+        Command::Bench(args) => ("bench", cli::bench::run(*args)),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -1,3 +1,4 @@
 //! Subcommands of the `tbon` binary; each module parses its arguments and renders its output.
+pub mod bench;
 pub mod daemon;
 pub mod tree;
