@@ -20,7 +20,9 @@ pub fn now_ns() -> u128 {
 
 /// Writes `text` to `path` through a temporary file and a rename, so readers never see half.
 pub fn write_atomically(path: &Path, text: &str) -> Res<()> {
-    let tmp = path.with_extension("tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
     std::fs::write(&tmp, text).map_err(ctx("write rendezvous file"))?;
     std::fs::rename(&tmp, path).map_err(ctx("rename rendezvous file"))
 }
