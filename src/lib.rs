@@ -8,6 +8,7 @@ pub mod counters;
 pub mod driver;
 pub mod error;
 pub mod faults;
+mod fxhash;
 pub mod limits;
 pub mod oob;
 pub mod rml;
