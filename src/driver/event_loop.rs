@@ -10,6 +10,7 @@ mod faults;
 
 use super::caddy::{Caddy, Completion, FaultHandler, RecvCallback};
 use super::conn::{Conn, ConnState};
+use crate::fxhash::{FxHashMap, FxHashSet};
 use super::handle::{Shared, StopReason, lock};
 use super::timers::{TimerKind, Timers};
 use super::wireup::{self, WireupCollector};
@@ -33,7 +34,7 @@ use crossbeam_channel::Receiver;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -91,16 +92,18 @@ pub(crate) struct EventLoop {
     listeners: Vec<TcpListener>,
     conns: Slab<Conn>,
     next_generation: u64,
-    links: HashMap<Rank, Link>,
+    links: FxHashMap<Rank, Link>,
     contacts: Vec<Option<ContactUri>>,
     matcher: Matcher,
-    receives: HashMap<ReceiveId, (Peer, Tag, RecvCallback)>,
+    receives: FxHashMap<ReceiveId, (Peer, Tag, RecvCallback)>,
     timers: Timers,
     wire: Wire,
     prewire: VecDeque<Caddy>,
     local: VecDeque<Message>,
     dirty: Vec<usize>,
-    readable_again: HashSet<usize>,
+    readable_again: FxHashSet<usize>,
+    /// Frames decoded from one read, kept between reads so decoding allocates nothing.
+    frame_buf: Vec<Frame>,
     counters: Counters,
     stopping: Option<StopReason>,
     monitor: HeartbeatMonitor,
@@ -155,15 +158,16 @@ impl EventLoop {
             listeners,
             conns: Slab::new(),
             next_generation: 0,
-            links: HashMap::new(),
+            links: FxHashMap::default(),
             contacts,
-            receives: HashMap::new(),
+            receives: FxHashMap::default(),
             timers: Timers::default(),
             wire,
             prewire: VecDeque::new(),
             local: VecDeque::new(),
             dirty: Vec::new(),
-            readable_again: HashSet::new(),
+            readable_again: FxHashSet::default(),
+            frame_buf: Vec::new(),
             counters: Counters::default(),
             stopping: None,
             monitor: HeartbeatMonitor::new(
@@ -1002,7 +1006,9 @@ impl EventLoop {
                 }
             }
             // Take every complete frame out before acting on any: acting needs `&mut self`.
-            let mut frames = Vec::new();
+            // The buffer is reused across reads (a frame for a closed connection drops it).
+            let mut frames = std::mem::take(&mut self.frame_buf);
+            frames.clear();
             let mut error = None;
             while frames.len() < limits::FRAMES_PER_READ_MAX {
                 match conn.decoder.next_frame() {
@@ -1014,11 +1020,18 @@ impl EventLoop {
                     }
                 }
             }
-            for f in frames {
+            let mut gone = false;
+            for f in frames.drain(..) {
                 if !self.alive(tok, generation) {
-                    return;
+                    gone = true;
+                    break;
                 }
                 self.on_frame(tok, f);
+            }
+            frames.clear();
+            self.frame_buf = frames;
+            if gone {
+                return;
             }
             if let Some(e) = error {
                 if self.alive(tok, generation) {
