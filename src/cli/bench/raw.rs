@@ -104,8 +104,9 @@ pub fn send(a: &RoleArgs) -> Res<()> {
         w.write_all(&body).map_err(ctx("write"))?;
     }
     w.flush().map_err(ctx("flush"))?;
-    // Wait for the receiver to close, so the bytes are not cut off by an early exit.
+    // Half-close, then wait for the next hop to close, so no byte is cut off by an early exit.
     let mut s = w.into_inner().map_err(|e| format!("flush: {e}"))?;
+    let _ = s.shutdown(std::net::Shutdown::Write);
     let _ = s.read(&mut [0u8; 1]);
     Ok(())
 }
