@@ -65,9 +65,14 @@ pub const DVM_ID_MAX_BYTES: usize = 255;
 /// Smallest writable region (bytes) the frame decoder offers for one socket read.
 ///
 /// Not a limit on frame size: when a header announcing a larger payload has been seen, the
-/// decoder offers room for the whole rest of that frame so it is read into one allocation.
+/// decoder reserves room for the whole rest of that frame so it is read into one allocation.
 /// Memory: each connection keeps at most one such region of uncommitted space.
 pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Largest region zero-filled and offered to one read while a large frame is being received
+/// (its whole capacity is reserved at once). Keeps the zero-fill cache-hot.
+/// Reached: the rest of the frame is read by further reads into the same allocation.
+pub const READ_LARGE_STEP_BYTES: usize = 256 * 1024;
 
 /// Most `IoSlice`s the driver passes to one `writev` (Linux `IOV_MAX` is 1024).
 ///
