@@ -10,7 +10,6 @@ mod faults;
 
 use super::caddy::{Caddy, Completion, FaultHandler, RecvCallback};
 use super::conn::{Conn, ConnState};
-use crate::fxhash::{FxHashMap, FxHashSet};
 use super::handle::{Shared, StopReason, lock};
 use super::timers::{TimerKind, Timers};
 use super::wireup::{self, WireupCollector};
@@ -22,6 +21,7 @@ use crate::faults::HeartbeatMonitor;
 use crate::faults::notice::{
     TAG_ADOPTED, TAG_DECLARED_DEAD, TAG_FAULT_CONFIRM, TAG_FAULT_REPORT, TAG_ROOT_LOST,
 };
+use crate::fxhash::{FxHashMap, FxHashSet};
 use crate::limits;
 use crate::oob::frame::Frame;
 use crate::oob::handshake::{Handshake, HandshakeConfig, HandshakeEvent, keep_dialled_by};

@@ -193,7 +193,10 @@ impl Bench {
                 }
             }
         }
-        let line = text.lines().next().ok_or("a bench process printed no report")?;
+        let line = text
+            .lines()
+            .next()
+            .ok_or("a bench process printed no report")?;
         serde_json::from_str(line).map_err(ctx("parse report"))
     }
 
@@ -412,9 +415,14 @@ impl Bench {
 }
 
 fn print_tables(out: &Value) {
-    println!("load average (1/5/15 min): before {}, after {}", out["load"], out["load_after"]);
+    println!(
+        "load average (1/5/15 min): before {}, after {}",
+        out["load"], out["load_after"]
+    );
     if let Some(rows) = out["rate"].as_array() {
-        println!("\n| route | payload | tbon msg/s | raw msg/s | tbon GiB/s | raw GiB/s | tbon/raw |");
+        println!(
+            "\n| route | payload | tbon msg/s | raw msg/s | tbon GiB/s | raw GiB/s | tbon/raw |"
+        );
         println!("|---|---|---|---|---|---|---|");
         for r in rows {
             let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
@@ -445,7 +453,10 @@ fn print_tables(out: &Value) {
                 pp[k]["p99_us"].as_f64().unwrap_or(0.0)
             );
         }
-        println!("p50 tbon/mio: {:.2}x", pp["p50_ratio"].as_f64().unwrap_or(0.0));
+        println!(
+            "p50 tbon/mio: {:.2}x",
+            pp["p50_ratio"].as_f64().unwrap_or(0.0)
+        );
     }
     if let Some(rows) = out["scale"].as_array() {
         println!(

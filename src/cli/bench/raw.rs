@@ -3,7 +3,7 @@
 //! `<dir>/port.<i>` files written by the listener.
 
 use super::RoleArgs;
-use super::util::{Res, RateMeter, ctx, quantile_us, wait_file, write_atomically};
+use super::util::{RateMeter, Res, ctx, quantile_us, wait_file, write_atomically};
 use std::io::{BufWriter, ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
@@ -227,9 +227,6 @@ pub fn ping(a: &RoleArgs) -> Res<()> {
     let _ = looper.join();
     let p50 = quantile_us(&mut samples, 0.5);
     let p99 = quantile_us(&mut samples, 0.99);
-    println!(
-        "{}",
-        serde_json::json!({"p50_us": p50, "p99_us": p99})
-    );
+    println!("{}", serde_json::json!({"p50_us": p50, "p99_us": p99}));
     Ok(())
 }

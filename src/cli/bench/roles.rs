@@ -2,8 +2,8 @@
 //! `tbon bench --role <name> ...`. Every daemon is a real `tbon::start` in its own process; the
 //! application threads use the public `Handle`.
 
-use super::util::{Res, RateMeter, ctx, now_ns, quantile_us, wait_file, write_atomically};
 use super::RoleArgs;
+use super::util::{RateMeter, Res, ctx, now_ns, quantile_us, wait_file, write_atomically};
 use bytes::Bytes;
 use std::io::Write;
 use std::sync::Arc;
@@ -19,6 +19,8 @@ pub const TAG_DONE: u32 = 101;
 /// Broadcast round trips: the broadcast, and each daemon's reply to rank 0.
 pub const TAG_BCAST: u32 = 102;
 pub const TAG_REPLY: u32 = 103;
+/// Rate test: the receiver's acknowledgements to the sender (the count received so far).
+pub const TAG_ACK: u32 = 104;
 
 const GUARD: Duration = Duration::from_secs(120);
 
@@ -80,9 +82,13 @@ pub fn rate(a: &RoleArgs) -> Res<()> {
     let report_rx = if a.rank == a.receiver {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let mut meter = RateMeter::new(a.count);
+        let (h, sender, every) = (d.handle(), a.sender, ack_every(a.payload));
         d.recv(Peer::Rank(a.sender), TAG_DATA, true, move |m| {
             if let Some(r) = meter.on_message(m.payload.len()) {
                 let _ = tx.try_send(r);
+            }
+            if meter.got % every == 0 {
+                let _ = h.send(sender, TAG_ACK, meter.got.to_be_bytes().to_vec());
             }
         })
         .map_err(ctx("post data receive"))?;
@@ -97,7 +103,9 @@ pub fn rate(a: &RoleArgs) -> Res<()> {
         stream(&d, a.receiver, a.payload, a.count)?;
     }
     if let Some(rx) = report_rx {
-        let r = rx.recv_timeout(GUARD).map_err(ctx("waiting for the messages"))?;
+        let r = rx
+            .recv_timeout(GUARD)
+            .map_err(ctx("waiting for the messages"))?;
         print_line(&r);
         d.send(0, TAG_DONE, Bytes::new()).map_err(ctx("done"))?;
     }
@@ -105,15 +113,32 @@ pub fn rate(a: &RoleArgs) -> Res<()> {
     Ok(())
 }
 
-/// Keeps the pipe full without unbounded memory: every `every`-th send carries a completion
-/// that records how many messages have reached the kernel (frames on one link complete in
-/// order), and the sender never runs more than `window` messages ahead of that.
+/// Messages per window: 16 MiB in flight end to end (at least 4, at most 65,536 messages).
+fn window(payload: usize) -> u64 {
+    ((16u64 << 20) / payload.max(64) as u64).clamp(4, 65_536)
+}
+
+/// The receiver acknowledges every this many messages.
+fn ack_every(payload: usize) -> u64 {
+    (window(payload) / 4).clamp(1, 1024)
+}
+
+/// Keeps the pipe full without unbounded memory anywhere on the route: the receiver sends an
+/// acknowledgement (tag `TAG_ACK`, the count received) every `ack_every` messages, and the
+/// sender never runs more than `window` messages ahead of the last one. A window on first-hop
+/// completions is not enough: a relay has no back-pressure towards the sender, and when it
+/// forwards more slowly than it receives, its bounded send queue fills and it drops frames.
 fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64) -> Res<()> {
     let body = Bytes::from(vec![0x5au8; payload]);
-    let window_bytes: u64 = 16 << 20;
-    let window = (window_bytes / payload.max(64) as u64).clamp(4, 65_536);
-    let every = (window / 4).clamp(1, 64);
+    let window = window(payload);
     let completed = Arc::new(AtomicU64::new(0));
+    let c = completed.clone();
+    d.recv(Peer::Rank(dst), TAG_ACK, true, move |m| {
+        if let Ok(b) = <[u8; 8]>::try_from(&m.payload[..]) {
+            c.fetch_max(u64::from_be_bytes(b), Ordering::Release);
+        }
+    })
+    .map_err(ctx("post ack receive"))?;
     for i in 0..count {
         let mut spins = 0u32;
         while i.saturating_sub(completed.load(Ordering::Acquire)) >= window {
@@ -124,17 +149,7 @@ fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64) -> Res<()> {
                 std::thread::yield_now();
             }
         }
-        if (i + 1) % every == 0 || i + 1 == count {
-            let c = completed.clone();
-            d.send_with(dst, TAG_DATA, body.clone(), move |r| {
-                if r.is_ok() {
-                    c.fetch_max(i + 1, Ordering::Release);
-                }
-            })
-        } else {
-            d.send(dst, TAG_DATA, body.clone())
-        }
-        .map_err(ctx("send"))?;
+        d.send(dst, TAG_DATA, body.clone()).map_err(ctx("send"))?;
     }
     Ok(())
 }
