@@ -29,8 +29,8 @@ fn wire(payload: usize, n: usize) -> Vec<u8> {
         q.push(&header(payload), body.clone()).expect("room");
     }
     let mut out = Vec::new();
-    let mut iov = [IoSlice::new(&[]); 64];
     while !q.is_empty() {
+        let mut iov = [IoSlice::new(&[]); 64];
         let k = q.io_slices(&mut iov);
         let mut w = 0;
         for s in &iov[..k] {
@@ -57,12 +57,12 @@ fn benches(c: &mut Criterion) {
         let body = Bytes::from(vec![0x5a; payload]);
         g.bench_function("encode (push + io_slices + advance)", |b| {
             let mut q = SendQueue::new(usize::MAX);
-            let mut iov = [IoSlice::new(&[]); 64];
             b.iter(|| {
                 for _ in 0..n {
                     q.push(&header(payload), body.clone()).expect("room");
                 }
                 while !q.is_empty() {
+                    let mut iov = [IoSlice::new(&[]); 64];
                     let k = q.io_slices(&mut iov);
                     let w: usize = iov[..k].iter().map(|s| s.len()).sum();
                     q.advance(w);

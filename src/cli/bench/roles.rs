@@ -87,7 +87,7 @@ pub fn rate(a: &RoleArgs) -> Res<()> {
             if let Some(r) = meter.on_message(m.payload.len()) {
                 let _ = tx.try_send(r);
             }
-            if meter.got % every == 0 {
+            if meter.got.is_multiple_of(every) {
                 let _ = h.send(sender, TAG_ACK, meter.got.to_be_bytes().to_vec());
             }
         })
