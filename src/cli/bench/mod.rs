@@ -397,7 +397,8 @@ impl Bench {
             "wired": lines.len(),
             "launch_to_all_wired_ms": (last_wired.saturating_sub(t0)) as f64 / 1e6,
             "last_start_to_all_wired_ms": (last_wired.saturating_sub(last_start)) as f64 / 1e6,
-            "idle_rss_kib": rss,
+            "idle_rss_kib": rss.map(|r| r.0),
+            "idle_rss_anon_kib": rss.map(|r| r.1),
             "bcast_rtt": b,
             "load": loadavg(),
         });
@@ -460,18 +461,19 @@ fn print_tables(out: &Value) {
     }
     if let Some(rows) = out["scale"].as_array() {
         println!(
-            "\n| daemons | launch → all wired ms | last start → all wired ms | broadcast RTT p50 / p99 µs | idle daemon VmRSS KiB |"
+            "\n| daemons | launch → all wired ms | last start → all wired ms | broadcast RTT p50 / p99 µs | idle daemon VmRSS / RssAnon KiB |"
         );
         println!("|---|---|---|---|---|");
         for r in rows {
             println!(
-                "| {} | {:.0} | {:.0} | {:.0} / {:.0} | {} |",
+                "| {} | {:.0} | {:.0} | {:.0} / {:.0} | {} / {} |",
                 r["daemons"],
                 r["launch_to_all_wired_ms"].as_f64().unwrap_or(0.0),
                 r["last_start_to_all_wired_ms"].as_f64().unwrap_or(0.0),
                 r["bcast_rtt"]["p50_us"].as_f64().unwrap_or(0.0),
                 r["bcast_rtt"]["p99_us"].as_f64().unwrap_or(0.0),
-                r["idle_rss_kib"]
+                r["idle_rss_kib"],
+                r["idle_rss_anon_kib"]
             );
         }
     }

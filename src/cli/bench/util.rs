@@ -98,9 +98,13 @@ impl RateMeter {
     }
 }
 
-/// Resident memory of a process in KiB (VmRSS from /proc).
-pub fn vm_rss_kib(pid: u32) -> Option<u64> {
+/// Resident memory of a process in KiB from /proc: (VmRSS, RssAnon). RssAnon leaves out the
+/// mapped binary and libraries, i.e. it is the daemon's own heap and stacks.
+pub fn vm_rss_kib(pid: u32) -> Option<(u64, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    let field = |name: &str| -> Option<u64> {
+        let line = s.lines().find(|l| l.starts_with(name))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    Some((field("VmRSS:")?, field("RssAnon:")?))
 }
