@@ -17,7 +17,7 @@ use util::{Res, ctx, now_ns, vm_rss_kib};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// A shorter run (a quarter of the messages, fewer round trips): about a minute.
+    /// A shorter run (a quarter of the messages, fewer round trips): about 10 s.
     #[arg(long)]
     pub quick: bool,
     /// Also write the results as JSON to this file.
