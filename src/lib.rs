@@ -12,6 +12,7 @@ pub mod error;
 pub mod faults;
 #[allow(unsafe_code)] // the C API: the one module where unsafe is allowed
 pub mod ffi;
+mod fxhash;
 pub mod limits;
 pub mod oob;
 pub mod rml;

@@ -29,6 +29,8 @@ enum Command {
     /// Start a DVM of daemons on this machine, drive traffic through it, kill daemons in the
     /// middle, and check what was delivered.
     Harness(Box<cli::harness::HarnessArgs>),
+    /// Measure message rate, bandwidth, round trip and scale beside a raw-TCP baseline.
+    Bench(Box<cli::bench::BenchArgs>),
 }
 
 fn main() {
@@ -43,6 +45,7 @@ fn main() {
                 .map_err(|e| format!("{}: {e}", file.display())),
         ),
         Command::Harness(args) => ("harness", cli::harness::run(*args)),
+        Command::Bench(args) => ("bench", cli::bench::run(*args)),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -1,4 +1,5 @@
 //! Subcommands of the `tbon` binary; each module parses its arguments and renders its output.
+pub mod bench;
 pub mod daemon;
 pub mod harness;
 pub mod tree;

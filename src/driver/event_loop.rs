@@ -21,6 +21,7 @@ use crate::faults::HeartbeatMonitor;
 use crate::faults::notice::{
     TAG_ADOPTED, TAG_DECLARED_DEAD, TAG_FAULT_CONFIRM, TAG_FAULT_REPORT, TAG_ROOT_LOST,
 };
+use crate::fxhash::{FxHashMap, FxHashSet};
 use crate::limits;
 use crate::oob::frame::Frame;
 use crate::oob::handshake::{Handshake, HandshakeConfig, HandshakeEvent, JobKey, keep_dialled_by};
@@ -33,7 +34,7 @@ use crossbeam_channel::Receiver;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -95,16 +96,18 @@ pub(crate) struct EventLoop {
     listeners: Vec<TcpListener>,
     conns: Slab<Conn>,
     next_generation: u64,
-    links: HashMap<Rank, Link>,
+    links: FxHashMap<Rank, Link>,
     contacts: Vec<Option<ContactUri>>,
     matcher: Matcher,
-    receives: HashMap<ReceiveId, (Peer, Tag, RecvCallback)>,
+    receives: FxHashMap<ReceiveId, (Peer, Tag, RecvCallback)>,
     timers: Timers,
     wire: Wire,
     prewire: VecDeque<Caddy>,
     local: VecDeque<Message>,
     dirty: Vec<usize>,
-    readable_again: HashSet<usize>,
+    readable_again: FxHashSet<usize>,
+    /// Frames decoded from one read, kept between reads so decoding allocates nothing.
+    frame_buf: Vec<Frame>,
     counters: Counters,
     stopping: Option<StopReason>,
     monitor: HeartbeatMonitor,
@@ -161,15 +164,16 @@ impl EventLoop {
             listeners,
             conns: Slab::new(),
             next_generation: 0,
-            links: HashMap::new(),
+            links: FxHashMap::default(),
             contacts,
-            receives: HashMap::new(),
+            receives: FxHashMap::default(),
             timers: Timers::default(),
             wire,
             prewire: VecDeque::new(),
             local: VecDeque::new(),
             dirty: Vec::new(),
-            readable_again: HashSet::new(),
+            readable_again: FxHashSet::default(),
+            frame_buf: Vec::new(),
             counters: Counters::default(),
             stopping: None,
             monitor: HeartbeatMonitor::new(
@@ -1000,7 +1004,9 @@ impl EventLoop {
             } else {
                 1
             };
-            let mut frames = Vec::new();
+            // The buffer is reused across reads (a frame for a closed connection drops it).
+            let mut frames = std::mem::take(&mut self.frame_buf);
+            frames.clear();
             let mut error = None;
             while frames.len() < max {
                 match conn.decoder.next_frame() {
@@ -1039,13 +1045,21 @@ impl EventLoop {
                         return;
                     }
                 }
+                self.frame_buf = frames;
                 continue;
             }
-            for f in frames {
+            let mut gone = false;
+            for f in frames.drain(..) {
                 if !self.alive(tok, generation) {
-                    return;
+                    gone = true;
+                    break;
                 }
                 self.on_frame(tok, f);
+            }
+            frames.clear();
+            self.frame_buf = frames;
+            if gone {
+                return;
             }
             if let Some(e) = error {
                 if self.alive(tok, generation) {

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
@@ -51,7 +51,8 @@ pub(crate) struct Shared {
     pub posted: Mutex<HashSet<(Peer, Tag)>>,
     pub lifecycle: Mutex<Lifecycle>,
     pub lifecycle_cv: Condvar,
-    pub loop_thread: Mutex<Option<ThreadId>>,
+    /// Set once, by the loop thread when it starts (read on every submit: no lock).
+    pub loop_thread: OnceLock<ThreadId>,
     pub join: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -63,7 +64,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shared {
     fn on_loop_thread(&self) -> bool {
-        *lock(&self.loop_thread) == Some(std::thread::current().id())
+        self.loop_thread.get() == Some(&std::thread::current().id())
     }
 
     /// Hands a command to the loop. From the loop thread itself (callbacks) a full channel is

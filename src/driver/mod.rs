@@ -27,7 +27,7 @@ use crate::routed::RoutingState;
 use handle::{Lifecycle, Shared};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 /// Starts daemon `rank` of a DVM of `size` daemons and returns once its listener is bound.
 /// `hnp` is rank 0's contact URI, required for every rank but 0 (ignored there). Wire-up then
@@ -87,7 +87,7 @@ pub fn start(
         posted: Mutex::new(HashSet::new()),
         lifecycle: Mutex::new(Lifecycle::default()),
         lifecycle_cv: Condvar::new(),
-        loop_thread: Mutex::new(None),
+        loop_thread: OnceLock::new(),
         join: Mutex::new(None),
     });
     let ev = event_loop::EventLoop::new(
@@ -107,7 +107,7 @@ pub fn start(
         .spawn(move || {
             // Set before the loop runs any callback, so calls from callbacks never block on
             // the loop itself.
-            *handle::lock(&on_thread.loop_thread) = Some(std::thread::current().id());
+            let _ = on_thread.loop_thread.set(std::thread::current().id());
             drop(on_thread);
             ev.run()
         })?;

@@ -10,7 +10,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 
 use super::header::{HEADER_LEN, Header, WireError};
-use crate::limits::READ_CHUNK_BYTES;
+use crate::limits::{READ_CHUNK_BYTES, READ_LARGE_STEP_BYTES};
 
 /// One complete frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,21 +62,27 @@ impl FrameDecoder {
     /// A writable, initialised region to read socket bytes into; follow with
     /// [`commit`](Self::commit)`(n)` where `n` is how many bytes were written at its start.
     ///
-    /// At least [`READ_CHUNK_BYTES`] long; when the header of a frame whose remainder is larger
-    /// has been decoded, long enough for the whole rest of that frame, so that a large payload is
-    /// read in few syscalls into a single allocation. Zero-filling happens once per region, not
-    /// once per call: unused room is kept for the next call.
+    /// At least [`READ_CHUNK_BYTES`] long. When the header of a frame whose remainder is larger
+    /// has been decoded, capacity for the whole rest of that frame is reserved at once, so that
+    /// a large payload lands in a single allocation, and the region offered is the rest of the
+    /// frame up to [`READ_LARGE_STEP_BYTES`]: the zero-fill (safe Rust cannot read into
+    /// uninitialised memory) then happens just before the read, while the bytes are still in
+    /// cache, instead of one cold pass over the whole payload. Zero-filling happens once per
+    /// region, not once per call: unused room is kept for the next call.
     pub fn read_space(&mut self) -> &mut [u8] {
         let mut want = READ_CHUNK_BYTES;
+        let mut reserve = READ_CHUNK_BYTES;
         if let Some(len) = self.front_payload_len() {
             // Never size by more than the maximum: a hostile header must not make us allocate.
             let frame_end = HEADER_LEN + len.min(self.max_payload) as usize;
-            want = want.max(frame_end.saturating_sub(self.filled));
+            let rest = frame_end.saturating_sub(self.filled);
+            reserve = reserve.max(rest);
+            want = want.max(rest.min(READ_LARGE_STEP_BYTES));
         }
         if self.buf.len().saturating_sub(self.filled) < want {
             // Drop the stale spare room first so `reserve` only moves received bytes.
             self.buf.truncate(self.filled);
-            self.buf.reserve(want);
+            self.buf.reserve(reserve);
             self.buf.resize(self.filled + want, 0);
         }
         &mut self.buf[self.filled..]
@@ -322,20 +328,26 @@ mod tests {
         space[HEADER_LEN] = 0xAB;
         d.commit(HEADER_LEN + 1);
         assert_eq!(d.next_frame(), Ok(None));
-        // Now the decoder knows the frame size: it asks for the exact remainder.
+        // Now the decoder knows the frame size: it offers the remainder in steps, every one in
+        // the same allocation (no move).
         let space = d.read_space();
-        assert_eq!(space.len(), LEN - 1);
+        assert_eq!(space.len(), READ_LARGE_STEP_BYTES);
         let first_ptr = space.as_ptr();
-        space[LEN - 2] = 0xCD;
-        d.commit(LEN / 2);
-        assert_eq!(d.next_frame(), Ok(None));
-        // The second read lands in the same allocation (no move).
-        let space = d.read_space();
-        assert_eq!(space.len(), LEN - 1 - LEN / 2);
-        assert_eq!(space.as_ptr(), first_ptr.wrapping_add(LEN / 2));
-        let n = space.len();
-        d.commit(n);
-        let f = d.next_frame().expect("ok").expect("complete");
+        let mut got = 0;
+        let f = loop {
+            let space = d.read_space();
+            assert_eq!(space.len(), (LEN - 1 - got).min(READ_LARGE_STEP_BYTES));
+            assert_eq!(space.as_ptr(), first_ptr.wrapping_add(got));
+            let n = space.len();
+            if got + n == LEN - 1 {
+                space[n - 1] = 0xCD;
+            }
+            d.commit(n);
+            got += n;
+            if let Some(f) = d.next_frame().expect("ok") {
+                break f;
+            }
+        };
         assert_eq!(f.header, h);
         assert_eq!(f.payload.len(), LEN);
         assert_eq!(f.payload[0], 0xAB);

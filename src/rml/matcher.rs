@@ -11,6 +11,7 @@ use bytes::Bytes;
 
 use super::tag::Tag;
 use crate::Rank;
+use crate::fxhash::FxHashMap;
 
 /// Who a receive is posted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -103,7 +104,8 @@ struct Posted {
 /// an arriving message is only held when nothing matched it).
 #[derive(Debug)]
 pub struct Matcher {
-    posted: HashMap<(Peer, Tag), Posted>,
+    /// Only local posts insert here, so the fast hasher is safe (see `crate::fxhash`).
+    posted: FxHashMap<(Peer, Tag), Posted>,
     /// Held messages, oldest first.
     unmatched: VecDeque<Message>,
     /// How many held messages carry each tag, so that posting for a tag with nothing held skips
@@ -119,7 +121,7 @@ impl Matcher {
     /// message is always held at least until the next one arrives.
     pub fn new(unmatched_max: usize) -> Self {
         Matcher {
-            posted: HashMap::new(),
+            posted: FxHashMap::default(),
             unmatched: VecDeque::new(),
             held_per_tag: HashMap::new(),
             unmatched_max: unmatched_max.max(1),
@@ -187,12 +189,14 @@ impl Matcher {
     /// (Any, tag). One-shot receives are retired on match. If nothing matches the message is
     /// held; at the bound the oldest held message is dropped and returned.
     pub fn handle_message(&mut self, msg: Message) -> Dispatch {
-        let key = [(Peer::Rank(msg.origin), msg.tag), (Peer::Any, msg.tag)]
-            .into_iter()
-            .find(|k| self.posted.contains_key(k));
-        if let Some(key) = key
-            && let Some(&Posted { id, persistent }) = self.posted.get(&key)
-        {
+        // One hash lookup per candidate key (the specific receive first), not two.
+        let specific = (Peer::Rank(msg.origin), msg.tag);
+        let any = (Peer::Any, msg.tag);
+        let hit = match self.posted.get(&specific) {
+            Some(&p) => Some((specific, p)),
+            None => self.posted.get(&any).map(|&p| (any, p)),
+        };
+        if let Some((key, Posted { id, persistent })) = hit {
             if !persistent {
                 self.posted.remove(&key);
             }

@@ -1,0 +1,492 @@
+//! `tbon bench`: tbon's message rate, bandwidth, round trip and scale, each beside a raw-TCP
+//! (or plain mio) baseline measured in the same run with the same process layout. The
+//! orchestrator spawns `current_exe()` as `tbon bench --role <name> ...` for every process.
+
+pub mod raw;
+pub mod roles;
+pub mod util;
+
+use serde_json::{Value, json};
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tbon::Rank;
+use tbon::routed::{Route, RoutingState};
+use util::{Res, ctx, now_ns, vm_rss_kib};
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// A shorter run (a quarter of the messages, fewer round trips): about 10 s.
+    #[arg(long)]
+    pub quick: bool,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Run only these parts (comma-separated): rate, pingpong, scale.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    #[command(flatten)]
+    pub role: RoleArgs,
+}
+
+/// Arguments of one bench process (internal; set by the orchestrator).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RoleArgs {
+    #[arg(long, hide = true)]
+    pub role: Option<String>,
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub rank: Rank,
+    #[arg(long, hide = true, default_value_t = 1)]
+    pub size: u32,
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub sender: Rank,
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub receiver: Rank,
+    #[arg(long, hide = true, default_value_t = 64)]
+    pub payload: usize,
+    #[arg(long, hide = true, default_value_t = 1)]
+    pub count: u64,
+    #[arg(long, hide = true, default_value = ".")]
+    pub dir: PathBuf,
+}
+
+pub fn run(args: BenchArgs) -> Res<i32> {
+    if let Some(role) = args.role.role.clone() {
+        let a = &args.role;
+        match role.as_str() {
+            "rate" => roles::rate(a)?,
+            "pingpong" => roles::pingpong(a)?,
+            "scale" => roles::scale(a)?,
+            "raw-recv" => raw::recv(a)?,
+            "raw-relay" => raw::relay(a)?,
+            "raw-send" => raw::send(a)?,
+            "raw-echo" => raw::echo(a)?,
+            "raw-ping" => raw::ping(a)?,
+            other => return Err(format!("unknown role {other}")),
+        }
+        return Ok(0);
+    }
+    let mut b = Bench::new(args.quick)?;
+    let want = |p: &str| args.only.is_empty() || args.only.iter().any(|o| o == p);
+    let mut out = json!({ "quick": args.quick, "load": loadavg() });
+    if want("rate") {
+        out["rate"] = b.rates()?;
+    }
+    if want("pingpong") {
+        out["pingpong"] = b.pingpong()?;
+    }
+    if want("scale") {
+        out["scale"] = b.scale()?;
+    }
+    out["load_after"] = json!(loadavg());
+    print_tables(&out);
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&out).map_err(ctx("json"))?;
+        std::fs::write(path, text).map_err(ctx("write json"))?;
+    }
+    let _ = std::fs::remove_dir_all(&b.root);
+    Ok(0)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Hops from `s` to `r` minus one: the relays a message crosses.
+fn relays(size: u32, radix: u32, s: Rank, r: Rank) -> Option<u32> {
+    let mut at = s;
+    let mut hops: u32 = 0;
+    while at != r && hops <= size {
+        let state = RoutingState::new(radix, size, at).ok()?;
+        at = match state.route(r) {
+            Route::Parent(n) | Route::Child(n) => n,
+            _ => return None,
+        };
+        hops += 1;
+    }
+    hops.checked_sub(1)
+}
+
+/// The smallest radix-2 DVM and a (sender, receiver) pair whose route crosses `want` relays.
+fn layout(want: u32) -> Option<(u32, Rank, Rank)> {
+    for size in 2..64 {
+        for s in (0..size).rev() {
+            for r in (0..size).rev() {
+                if s != r && relays(size, 2, s, r) == Some(want) {
+                    return Some((size, s, r));
+                }
+            }
+        }
+    }
+    None
+}
+
+struct Bench {
+    exe: PathBuf,
+    root: PathBuf,
+    runs: u32,
+    quick: bool,
+}
+
+impl Bench {
+    fn new(quick: bool) -> Res<Self> {
+        let exe = std::env::current_exe().map_err(ctx("current_exe"))?;
+        let root = std::env::temp_dir().join(format!("tbon-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&root).map_err(ctx("temp dir"))?;
+        Ok(Bench {
+            exe,
+            root,
+            runs: 0,
+            quick,
+        })
+    }
+
+    fn fresh_dir(&mut self) -> Res<PathBuf> {
+        self.runs += 1;
+        let d = self.root.join(self.runs.to_string());
+        std::fs::create_dir_all(&d).map_err(ctx("run dir"))?;
+        Ok(d)
+    }
+
+    fn spawn(&self, a: &RoleArgs, piped: bool) -> Res<Child> {
+        let mut c = Command::new(&self.exe);
+        c.arg("bench")
+            .arg("--role")
+            .arg(a.role.as_deref().unwrap_or(""))
+            .args(["--rank", &a.rank.to_string()])
+            .args(["--size", &a.size.to_string()])
+            .args(["--sender", &a.sender.to_string()])
+            .args(["--receiver", &a.receiver.to_string()])
+            .args(["--payload", &a.payload.to_string()])
+            .args(["--count", &a.count.to_string()])
+            .arg("--dir")
+            .arg(&a.dir)
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(if piped { Stdio::piped() } else { Stdio::null() });
+        c.spawn().map_err(ctx("spawn bench process"))
+    }
+
+    /// Waits for every child (killing them after the guard) and returns the first JSON line
+    /// printed by `reporter`.
+    fn collect(&self, mut kids: Vec<Child>, reporter: usize) -> Res<Value> {
+        let mut text = String::new();
+        if let Some(out) = kids.get_mut(reporter).and_then(|k| k.stdout.as_mut()) {
+            out.read_to_string(&mut text).map_err(ctx("read report"))?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for k in &mut kids {
+            loop {
+                match k.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
+                    _ => {
+                        let _ = k.kill();
+                        let _ = k.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        let line = text
+            .lines()
+            .next()
+            .ok_or("a bench process printed no report")?;
+        serde_json::from_str(line).map_err(ctx("parse report"))
+    }
+
+    fn count(&self, payload: usize) -> u64 {
+        let full: u64 = match payload {
+            0..=64 => 2_000_000,
+            65..=4096 => 200_000,
+            4097..=65_536 => 16_000,
+            _ => 1_000,
+        };
+        if self.quick { full / 4 } else { full }
+    }
+
+    fn tbon_rate(&mut self, relays: u32, payload: usize) -> Res<Value> {
+        let (size, sender, receiver) = layout(relays).ok_or("no layout")?;
+        let dir = self.fresh_dir()?;
+        let mut kids = Vec::new();
+        for rank in 0..size {
+            let a = RoleArgs {
+                role: Some("rate".into()),
+                rank,
+                size,
+                sender,
+                receiver,
+                payload,
+                count: self.count(payload),
+                dir: dir.clone(),
+            };
+            kids.push(self.spawn(&a, rank == receiver)?);
+        }
+        self.collect(kids, receiver as usize)
+    }
+
+    fn raw_rate(&mut self, relays: u32, payload: usize) -> Res<Value> {
+        let dir = self.fresh_dir()?;
+        let base = RoleArgs {
+            payload,
+            count: self.count(payload),
+            dir,
+            ..RoleArgs::default()
+        };
+        let mut kids = vec![self.spawn(
+            &RoleArgs {
+                role: Some("raw-recv".into()),
+                ..base.clone()
+            },
+            true,
+        )?];
+        for i in 1..=relays {
+            kids.push(self.spawn(
+                &RoleArgs {
+                    role: Some("raw-relay".into()),
+                    rank: i,
+                    ..base.clone()
+                },
+                false,
+            )?);
+        }
+        kids.push(self.spawn(
+            &RoleArgs {
+                role: Some("raw-send".into()),
+                rank: relays,
+                ..base.clone()
+            },
+            false,
+        )?);
+        self.collect(kids, 0)
+    }
+
+    fn rates(&mut self) -> Res<Value> {
+        let mut rows = Vec::new();
+        for relays in [0, 1, 3] {
+            for payload in [64usize, 4096, 65_536, 1 << 20] {
+                let t = self.tbon_rate(relays, payload)?;
+                let r = self.raw_rate(relays, payload)?;
+                let rate = |v: &Value| {
+                    v["msgs"].as_f64().unwrap_or(0.0) / v["secs"].as_f64().unwrap_or(1.0)
+                };
+                let gib = |v: &Value| {
+                    v["bytes"].as_f64().unwrap_or(0.0)
+                        / v["secs"].as_f64().unwrap_or(1.0)
+                        / f64::from(1u32 << 30)
+                };
+                let row = json!({
+                    "relays": relays, "payload": payload,
+                    "tbon_msgs_per_s": rate(&t), "raw_msgs_per_s": rate(&r),
+                    "tbon_gib_per_s": gib(&t), "raw_gib_per_s": gib(&r),
+                    "ratio": rate(&t) / rate(&r).max(1e-9),
+                    "load": loadavg(),
+                });
+                eprintln!("{row}");
+                rows.push(row);
+            }
+        }
+        Ok(Value::Array(rows))
+    }
+
+    /// Three alternating tbon / mio runs (the machine is shared and noisy); the run with the
+    /// median p50 of each side is reported.
+    fn pingpong(&mut self) -> Res<Value> {
+        let mut t_runs = Vec::new();
+        let mut r_runs = Vec::new();
+        for _ in 0..3 {
+            let (t, r) = self.pingpong_once()?;
+            t_runs.push(t);
+            r_runs.push(r);
+        }
+        let median = |mut v: Vec<Value>| {
+            v.sort_by(|a, b| {
+                let k = |x: &Value| x["p50_us"].as_f64().unwrap_or(0.0);
+                k(a).total_cmp(&k(b))
+            });
+            v.get(1).cloned().unwrap_or(Value::Null)
+        };
+        let (t, r) = (median(t_runs), median(r_runs));
+        let row = json!({
+            "payload": 64, "tbon": t, "mio": r,
+            "p50_ratio": t["p50_us"].as_f64().unwrap_or(0.0)
+                / r["p50_us"].as_f64().unwrap_or(1.0).max(1e-9),
+            "load": loadavg(),
+        });
+        eprintln!("{row}");
+        Ok(row)
+    }
+
+    fn pingpong_once(&mut self) -> Res<(Value, Value)> {
+        let count = if self.quick { 5_000 } else { 20_000 };
+        let dir = self.fresh_dir()?;
+        let a = |rank, role: &str| RoleArgs {
+            role: Some(role.into()),
+            rank,
+            size: 2,
+            payload: 64,
+            count,
+            dir: dir.clone(),
+            ..RoleArgs::default()
+        };
+        let kids = vec![
+            self.spawn(&a(0, "pingpong"), false)?,
+            self.spawn(&a(1, "pingpong"), true)?,
+        ];
+        let t = self.collect(kids, 1)?;
+        let dir = self.fresh_dir()?;
+        let b = |role: &str| RoleArgs {
+            role: Some(role.into()),
+            payload: 64,
+            count,
+            dir: dir.clone(),
+            ..RoleArgs::default()
+        };
+        let kids = vec![
+            self.spawn(&b("raw-echo"), false)?,
+            self.spawn(&b("raw-ping"), true)?,
+        ];
+        let r = self.collect(kids, 1)?;
+        Ok((t, r))
+    }
+
+    fn scale_one(&mut self, size: u32) -> Res<Value> {
+        let dir = self.fresh_dir()?;
+        let rounds = if self.quick { 20 } else { 100 };
+        let t0 = now_ns();
+        let mut kids = Vec::new();
+        for rank in 0..size {
+            let a = RoleArgs {
+                role: Some("scale".into()),
+                rank,
+                size,
+                count: rounds,
+                dir: dir.clone(),
+                ..RoleArgs::default()
+            };
+            kids.push(self.spawn(&a, rank == 0)?);
+        }
+        let report = dir.join("report");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let lines: Vec<(u128, u128)> = loop {
+            let text = std::fs::read_to_string(&report).unwrap_or_default();
+            let lines: Vec<(u128, u128)> = text
+                .lines()
+                .filter_map(|l| {
+                    let mut w = l.split_whitespace().skip(1).map(|x| x.parse().ok());
+                    Some((w.next()??, w.next()??))
+                })
+                .collect();
+            if lines.len() == size as usize || Instant::now() > deadline {
+                break lines;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let last_start = lines.iter().map(|l| l.0).max().unwrap_or(t0);
+        let last_wired = lines.iter().map(|l| l.1).max().unwrap_or(t0);
+        let rss = kids.last().and_then(|k| vm_rss_kib(k.id()));
+        util::write_atomically(&dir.join("go"), "go")?;
+        let b = self.collect(kids, 0)?;
+        let row = json!({
+            "daemons": size,
+            "wired": lines.len(),
+            "launch_to_all_wired_ms": (last_wired.saturating_sub(t0)) as f64 / 1e6,
+            "last_start_to_all_wired_ms": (last_wired.saturating_sub(last_start)) as f64 / 1e6,
+            "idle_rss_kib": rss.map(|r| r.0),
+            "idle_rss_anon_kib": rss.map(|r| r.1),
+            "bcast_rtt": b,
+            "load": loadavg(),
+        });
+        eprintln!("{row}");
+        Ok(row)
+    }
+
+    fn scale(&mut self) -> Res<Value> {
+        let mut rows = Vec::new();
+        for size in [16, 64, 256] {
+            rows.push(self.scale_one(size)?);
+        }
+        Ok(Value::Array(rows))
+    }
+}
+
+fn print_tables(out: &Value) {
+    println!(
+        "load average (1/5/15 min): before {}, after {}",
+        out["load"], out["load_after"]
+    );
+    if let Some(rows) = out["rate"].as_array() {
+        println!(
+            "\n| route | payload | tbon msg/s | raw msg/s | tbon GiB/s | raw GiB/s | tbon/raw |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        for r in rows {
+            let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+            let route = match r["relays"].as_u64() {
+                Some(0) => "direct".to_string(),
+                Some(n) => format!("{n} relay{}", if n == 1 { "" } else { "s" }),
+                None => "?".into(),
+            };
+            println!(
+                "| {route} | {} | {:.3e} | {:.3e} | {:.2} | {:.2} | {:.0}% |",
+                size_name(r["payload"].as_u64().unwrap_or(0)),
+                f("tbon_msgs_per_s"),
+                f("raw_msgs_per_s"),
+                f("tbon_gib_per_s"),
+                f("raw_gib_per_s"),
+                100.0 * f("ratio"),
+            );
+        }
+    }
+    let pp = &out["pingpong"];
+    if pp.is_object() {
+        println!("\n| round trip, 64 B | p50 µs | p99 µs |");
+        println!("|---|---|---|");
+        for (name, k) in [("tbon", "tbon"), ("plain mio, same wake-ups", "mio")] {
+            println!(
+                "| {name} | {:.1} | {:.1} |",
+                pp[k]["p50_us"].as_f64().unwrap_or(0.0),
+                pp[k]["p99_us"].as_f64().unwrap_or(0.0)
+            );
+        }
+        println!(
+            "p50 tbon/mio: {:.2}x",
+            pp["p50_ratio"].as_f64().unwrap_or(0.0)
+        );
+    }
+    if let Some(rows) = out["scale"].as_array() {
+        println!(
+            "\n| daemons | launch → all wired ms | last start → all wired ms | broadcast RTT p50 / p99 µs | idle daemon VmRSS / RssAnon KiB |"
+        );
+        println!("|---|---|---|---|---|");
+        for r in rows {
+            println!(
+                "| {} | {:.0} | {:.0} | {:.0} / {:.0} | {} / {} |",
+                r["daemons"],
+                r["launch_to_all_wired_ms"].as_f64().unwrap_or(0.0),
+                r["last_start_to_all_wired_ms"].as_f64().unwrap_or(0.0),
+                r["bcast_rtt"]["p50_us"].as_f64().unwrap_or(0.0),
+                r["bcast_rtt"]["p99_us"].as_f64().unwrap_or(0.0),
+                r["idle_rss_kib"],
+                r["idle_rss_anon_kib"]
+            );
+        }
+    }
+    println!(
+        "\nNot measured: reliable mode (RELM) and the fault-tolerant broadcast do not exist yet; \
+         the broadcast above is the unacknowledged one."
+    );
+}
+
+fn size_name(b: u64) -> String {
+    match b {
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}

@@ -1,0 +1,254 @@
+//! The tbon side of `tbon bench`: one process per daemon, started by the orchestrator as
+//! `tbon bench --role <name> ...`. Every daemon is a real `tbon::start` in its own process; the
+//! application threads use the public `Handle`.
+
+use super::RoleArgs;
+use super::util::{RateMeter, Res, ctx, now_ns, quantile_us, wait_file, write_atomically};
+use bytes::Bytes;
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tbon::config::Config;
+use tbon::{Daemon, Peer, Rank};
+
+/// Data tag of the benchmarks.
+pub const TAG_DATA: u32 = 100;
+/// "The measurement is over", to rank 0, which then shuts the DVM down.
+pub const TAG_DONE: u32 = 101;
+/// Broadcast round trips: the broadcast, and each daemon's reply to rank 0.
+pub const TAG_BCAST: u32 = 102;
+pub const TAG_REPLY: u32 = 103;
+/// Rate test: the receiver's acknowledgements to the sender (the count received so far).
+pub const TAG_ACK: u32 = 104;
+
+const GUARD: Duration = Duration::from_secs(120);
+
+/// The DVM's job key lives beside its URI; rank 0 makes it before publishing the URI.
+fn config(radix: u32, key_file: &std::path::Path) -> Config {
+    Config {
+        radix,
+        if_include: vec!["127.0.0.1/32".to_string()],
+        key_file: Some(key_file.display().to_string()),
+        ..Config::default()
+    }
+}
+
+/// Starts this process's daemon: rank 0 publishes its URI in `<dir>/hnp`, the others read it.
+fn start(a: &RoleArgs, radix: u32) -> Res<Daemon> {
+    let hnp_path = a.dir.join("hnp");
+    let key_path = a.dir.join("job.key");
+    if a.rank == 0 {
+        let _ = std::fs::remove_file(&key_path);
+        tbon::driver::key::generate(&key_path).map_err(ctx("make the job key"))?;
+        let d =
+            tbon::start(config(radix, &key_path), 0, a.size, None).map_err(ctx("start rank 0"))?;
+        write_atomically(&hnp_path, d.contact_uri())?;
+        Ok(d)
+    } else {
+        let uri = wait_file(&hnp_path, GUARD)?;
+        tbon::start(config(radix, &key_path), a.rank, a.size, Some(&uri))
+            .map_err(ctx("start daemon"))
+    }
+}
+
+fn print_line(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// Rank 0 waits for the end of the measurement, then stops the DVM; others wait to be stopped.
+fn finish(d: &Daemon, done_rx: Option<crossbeam_channel::Receiver<()>>) {
+    if let Some(rx) = done_rx {
+        let _ = rx.recv_timeout(GUARD);
+        d.shutdown_dvm();
+    } else {
+        d.wait_stopped(GUARD);
+    }
+}
+
+/// Posts, on rank 0, the receive for the end-of-measurement message.
+fn post_done(d: &Daemon) -> Res<Option<crossbeam_channel::Receiver<()>>> {
+    if d.rank() != 0 {
+        return Ok(None);
+    }
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    d.recv(Peer::Any, TAG_DONE, false, move |_| {
+        let _ = tx.try_send(());
+    })
+    .map_err(ctx("post done receive"))?;
+    Ok(Some(rx))
+}
+
+/// The rate test: `sender` streams `count` messages of `payload` bytes to `receiver`; every
+/// other rank only relays. The receiver prints the JSON report.
+pub fn rate(a: &RoleArgs) -> Res<()> {
+    let d = start(a, 2)?;
+    let done_rx = post_done(&d)?;
+    let report_rx = if a.rank == a.receiver {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let mut meter = RateMeter::new(a.count);
+        let (h, sender, every) = (d.handle(), a.sender, ack_every(a.payload));
+        d.recv(Peer::Rank(a.sender), TAG_DATA, true, move |m| {
+            if let Some(r) = meter.on_message(m.payload.len()) {
+                let _ = tx.try_send(r);
+            }
+            if meter.got.is_multiple_of(every) {
+                let _ = h.send(sender, TAG_ACK, meter.got.to_be_bytes().to_vec());
+            }
+        })
+        .map_err(ctx("post data receive"))?;
+        Some(rx)
+    } else {
+        None
+    };
+    if !d.wait_wired(GUARD) {
+        return Err("not wired".into());
+    }
+    if a.rank == a.sender {
+        stream(&d, a.receiver, a.payload, a.count)?;
+    }
+    if let Some(rx) = report_rx {
+        let r = rx
+            .recv_timeout(GUARD)
+            .map_err(ctx("waiting for the messages"))?;
+        print_line(&r);
+        d.send(0, TAG_DONE, Bytes::new()).map_err(ctx("done"))?;
+    }
+    finish(&d, done_rx);
+    Ok(())
+}
+
+/// Messages per window: 16 MiB in flight end to end (at least 4, at most 65,536 messages).
+fn window(payload: usize) -> u64 {
+    ((16u64 << 20) / payload.max(64) as u64).clamp(4, 65_536)
+}
+
+/// The receiver acknowledges every this many messages.
+fn ack_every(payload: usize) -> u64 {
+    (window(payload) / 4).clamp(1, 1024)
+}
+
+/// Keeps the pipe full without unbounded memory anywhere on the route: the receiver sends an
+/// acknowledgement (tag `TAG_ACK`, the count received) every `ack_every` messages, and the
+/// sender never runs more than `window` messages ahead of the last one. A window on first-hop
+/// completions is not enough: a relay has no back-pressure towards the sender, and when it
+/// forwards more slowly than it receives, its bounded send queue fills and it drops frames.
+fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64) -> Res<()> {
+    let body = Bytes::from(vec![0x5au8; payload]);
+    let window = window(payload);
+    let completed = Arc::new(AtomicU64::new(0));
+    let c = completed.clone();
+    d.recv(Peer::Rank(dst), TAG_ACK, true, move |m| {
+        if let Ok(b) = <[u8; 8]>::try_from(&m.payload[..]) {
+            c.fetch_max(u64::from_be_bytes(b), Ordering::Release);
+        }
+    })
+    .map_err(ctx("post ack receive"))?;
+    for i in 0..count {
+        let mut spins = 0u32;
+        while i.saturating_sub(completed.load(Ordering::Acquire)) >= window {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        d.send(dst, TAG_DATA, body.clone()).map_err(ctx("send"))?;
+    }
+    Ok(())
+}
+
+/// Ping-pong between rank 1 (an application thread) and rank 0 (echoes from its callback).
+pub fn pingpong(a: &RoleArgs) -> Res<()> {
+    let d = start(a, 2)?;
+    let done_rx = post_done(&d)?;
+    if a.rank == 0 {
+        let h = d.handle();
+        d.recv(Peer::Rank(1), TAG_DATA, true, move |m| {
+            let _ = h.send(1, TAG_DATA, m.payload);
+        })
+        .map_err(ctx("post echo"))?;
+        finish(&d, done_rx);
+        return Ok(());
+    }
+    let (tx, rx) = crossbeam_channel::bounded(16);
+    d.recv(Peer::Rank(0), TAG_DATA, true, move |_| {
+        let _ = tx.try_send(());
+    })
+    .map_err(ctx("post pong"))?;
+    if !d.wait_wired(GUARD) {
+        return Err("not wired".into());
+    }
+    let body = Bytes::from(vec![0x5au8; a.payload]);
+    let warm = (a.count / 10).max(100);
+    let mut samples = Vec::with_capacity(a.count as usize);
+    for i in 0..warm + a.count {
+        let t = Instant::now();
+        d.send(0, TAG_DATA, body.clone()).map_err(ctx("ping"))?;
+        rx.recv_timeout(GUARD).map_err(ctx("pong"))?;
+        if i >= warm {
+            samples.push(t.elapsed());
+        }
+    }
+    let p50 = quantile_us(&mut samples, 0.5);
+    let p99 = quantile_us(&mut samples, 0.99);
+    print_line(&serde_json::json!({"p50_us": p50, "p99_us": p99}).to_string());
+    d.send(0, TAG_DONE, Bytes::new()).map_err(ctx("done"))?;
+    finish(&d, None);
+    Ok(())
+}
+
+/// Scale: every daemon appends `rank start_ns wired_ns` to `<dir>/report`, then waits. Rank 0
+/// waits for `<dir>/go`, runs `count` broadcast round trips (broadcast, every daemon replies to
+/// rank 0), prints the JSON report and shuts the DVM down.
+pub fn scale(a: &RoleArgs) -> Res<()> {
+    let started = now_ns();
+    let d = start(a, Config::default().radix)?;
+    let h = d.handle();
+    d.recv(Peer::Rank(0), TAG_BCAST, true, move |m| {
+        let _ = h.send(0, TAG_REPLY, m.payload);
+    })
+    .map_err(ctx("post broadcast receive"))?;
+    let (tx, rx) = crossbeam_channel::unbounded();
+    if a.rank == 0 {
+        d.recv(Peer::Any, TAG_REPLY, true, move |_| {
+            let _ = tx.send(());
+        })
+        .map_err(ctx("post reply receive"))?;
+    }
+    if !d.wait_wired(GUARD) {
+        return Err("not wired".into());
+    }
+    let wired = now_ns();
+    let line = format!("{} {started} {wired}\n", a.rank);
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(a.dir.join("report"))
+        .map_err(ctx("open report"))?;
+    f.write_all(line.as_bytes()).map_err(ctx("write report"))?;
+    drop(f);
+    if a.rank != 0 {
+        d.wait_stopped(GUARD);
+        return Ok(());
+    }
+    wait_file(&a.dir.join("go"), GUARD)?;
+    let mut samples = Vec::new();
+    for _ in 0..a.count {
+        let t = Instant::now();
+        d.broadcast(TAG_BCAST, Bytes::from_static(&[0u8; 64]), None)
+            .map_err(ctx("broadcast"))?;
+        for _ in 0..a.size {
+            rx.recv_timeout(GUARD).map_err(ctx("broadcast reply"))?;
+        }
+        samples.push(t.elapsed());
+    }
+    let p50 = quantile_us(&mut samples, 0.5);
+    let p99 = quantile_us(&mut samples, 0.99);
+    print_line(&serde_json::json!({"p50_us": p50, "p99_us": p99}).to_string());
+    d.shutdown_dvm();
+    Ok(())
+}
