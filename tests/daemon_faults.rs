@@ -2,6 +2,10 @@
 //! declared dead; after SIGCONT it exits non-zero instead of rejoining; a SIGKILLed interior
 //! daemon is found by its lost connections. Survivors keep running and stop cleanly at the end.
 
+mod procs;
+
+use procs::keygen_file as key_file;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -9,23 +13,6 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-
-static KEY_FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-
-/// A job key made the way users make one.
-fn key_file() -> &'static std::path::Path {
-    KEY_FILE.get_or_init(|| {
-        let p = std::env::temp_dir().join(format!("tbon-key-{}", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        let st = Command::new(env!("CARGO_BIN_EXE_tbon"))
-            .arg("keygen")
-            .arg(&p)
-            .status()
-            .unwrap();
-        assert!(st.success(), "tbon keygen failed");
-        p
-    })
-}
 
 const HANG_GUARD: Duration = Duration::from_secs(90);
 const SIZE: u32 = 7;

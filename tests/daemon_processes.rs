@@ -1,27 +1,14 @@
 //! `tbon daemon` as separate processes on 127.0.0.1: rank 0 plus 7 others wire up, exchange
 //! messages all-to-all (`--ping-all`), and stop cleanly when rank 0 gets SIGTERM.
 
+mod procs;
+
+use procs::keygen_file as key_file;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
-
-static KEY_FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-
-/// A job key made the way users make one.
-fn key_file() -> &'static std::path::Path {
-    KEY_FILE.get_or_init(|| {
-        let p = std::env::temp_dir().join(format!("tbon-key-{}", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        let st = Command::new(env!("CARGO_BIN_EXE_tbon"))
-            .arg("keygen")
-            .arg(&p)
-            .status()
-            .unwrap();
-        assert!(st.success(), "tbon keygen failed");
-        p
-    })
-}
 
 const HANG_GUARD: Duration = Duration::from_secs(90);
 

@@ -763,7 +763,7 @@ impl EventLoop {
             self.unreachable(peer, 0);
             return;
         };
-        let mut stream = match TcpStream::connect(addr) {
+        let stream = match TcpStream::connect(addr) {
             Ok(s) => s,
             Err(e) => {
                 log::debug!("rank {}: connect to {peer} at {addr}: {e}", self.me);
@@ -771,36 +771,11 @@ impl EventLoop {
                 return;
             }
         };
-        self.tune(&stream);
-        let generation = self.bump_generation();
-        let entry = self.conns.vacant_entry();
-        let tok = entry.key();
-        if let Err(e) = self.poll.registry().register(
-            &mut stream,
-            Token(tok),
-            Interest::READABLE | Interest::WRITABLE,
-        ) {
-            log::warn!("rank {}: cannot register a socket: {e}", self.me);
+        let Some(tok) = self.add_conn(stream, addr, ConnState::Connecting, Some(peer)) else {
             self.dial_failed(peer);
             return;
-        }
-        entry.insert(Conn::new(
-            stream,
-            addr,
-            ConnState::Connecting,
-            Some(peer),
-            generation,
-            self.cfg.send_queue_max_bytes,
-        ));
+        };
         self.links.entry(peer).or_default().dialing = Some(tok);
-        let at = Instant::now() + Duration::from_millis(self.cfg.handshake_timeout_ms);
-        self.timers.arm(
-            at,
-            TimerKind::Handshake {
-                token: tok,
-                generation,
-            },
-        );
         log::debug!("rank {}: dialling rank {peer} at {addr}", self.me);
     }
 
@@ -891,12 +866,48 @@ impl EventLoop {
         self.next_generation
     }
 
+    /// Tunes, registers and stores a new connection, and arms its handshake timeout (which
+    /// covers the TCP connect too). Returns its token, or `None` (logged) if the poller refused.
+    fn add_conn(
+        &mut self,
+        mut stream: TcpStream,
+        addr: SocketAddr,
+        state: ConnState,
+        dialled: Option<Rank>,
+    ) -> Option<usize> {
+        self.tune(&stream);
+        let generation = self.bump_generation();
+        let entry = self.conns.vacant_entry();
+        let tok = entry.key();
+        if let Err(e) = self.poll.registry().register(
+            &mut stream,
+            Token(tok),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            log::warn!("rank {}: cannot register a socket: {e}", self.me);
+            return None;
+        }
+        let queue_max = self.cfg.send_queue_max_bytes;
+        entry.insert(Conn::new(
+            stream, addr, state, dialled, generation, queue_max,
+        ));
+        let at = Instant::now() + Duration::from_millis(self.cfg.handshake_timeout_ms);
+        self.timers.arm(
+            at,
+            TimerKind::Handshake {
+                token: tok,
+                generation,
+            },
+        );
+        Some(tok)
+    }
+
     fn accept(&mut self, index: usize) {
         for _ in 0..limits::ACCEPTS_PER_EVENT_MAX {
             let Some(listener) = self.listeners.get(index) else {
                 return;
             };
-            let (mut stream, addr) = match listener.accept() {
+            let (stream, addr) = match listener.accept() {
                 Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
@@ -908,35 +919,10 @@ impl EventLoop {
                 log::warn!("rank {}: too many connections; refusing {addr}", self.me);
                 continue;
             }
-            self.tune(&stream);
-            let generation = self.bump_generation();
-            let entry = self.conns.vacant_entry();
-            let tok = entry.key();
-            if let Err(e) = self.poll.registry().register(
-                &mut stream,
-                Token(tok),
-                Interest::READABLE | Interest::WRITABLE,
-            ) {
-                log::warn!("rank {}: cannot register a socket: {e}", self.me);
+            let hs = ConnState::Handshaking(Box::new(Handshake::accept(&self.hs_cfg)));
+            let Some(tok) = self.add_conn(stream, addr, hs, None) else {
                 continue;
-            }
-            let hs = Handshake::accept(&self.hs_cfg);
-            entry.insert(Conn::new(
-                stream,
-                addr,
-                ConnState::Handshaking(Box::new(hs)),
-                None,
-                generation,
-                self.cfg.send_queue_max_bytes,
-            ));
-            let at = Instant::now() + Duration::from_millis(self.cfg.handshake_timeout_ms);
-            self.timers.arm(
-                at,
-                TimerKind::Handshake {
-                    token: tok,
-                    generation,
-                },
-            );
+            };
             // A peer may have written its Hello already.
             self.readable_again.insert(tok);
         }

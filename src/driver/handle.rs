@@ -347,12 +347,15 @@ impl Handle {
         rx.recv().map_err(|_| SendError::ShutDown)
     }
 
-    /// Blocks until wire-up has completed (the contact table arrived) or `timeout` passed.
-    /// Returns whether the daemon is wired. Sends made before then are queued, not lost.
-    pub fn wait_wired(&self, timeout: Duration) -> bool {
+    /// Waits until `done` holds for the lifecycle, or `timeout` passed; returns the state.
+    fn wait_lifecycle(
+        &self,
+        timeout: Duration,
+        done: impl Fn(&Lifecycle) -> bool,
+    ) -> MutexGuard<'_, Lifecycle> {
         let deadline = Instant::now() + timeout;
         let mut l = lock(&self.shared.lifecycle);
-        while !l.wired && l.stopped.is_none() {
+        while !done(&l) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -364,26 +367,21 @@ impl Handle {
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
         }
-        l.wired
+        l
+    }
+
+    /// Blocks until wire-up has completed (the contact table arrived) or `timeout` passed.
+    /// Returns whether the daemon is wired. Sends made before then are queued, not lost.
+    pub fn wait_wired(&self, timeout: Duration) -> bool {
+        self.wait_lifecycle(timeout, |l| l.wired || l.stopped.is_some())
+            .wired
     }
 
     /// Blocks until the daemon has stopped or `timeout` passed; returns why it stopped.
     pub fn wait_stopped(&self, timeout: Duration) -> Option<StopReason> {
-        let deadline = Instant::now() + timeout;
-        let mut l = lock(&self.shared.lifecycle);
-        while l.stopped.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            l = self
-                .shared
-                .lifecycle_cv
-                .wait_timeout(l, left)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
-        }
-        l.stopped.clone()
+        self.wait_lifecycle(timeout, |l| l.stopped.is_some())
+            .stopped
+            .clone()
     }
 
     /// Registers a fault handler. It runs on the loop thread after every repair of this
