@@ -15,6 +15,9 @@ pub struct Counters {
     pub xcast_forwarded: u64,
     /// Messages dropped because no route led to their destination.
     pub dropped_unreachable: u64,
+    /// Frames without a sender here (relayed, broadcast copies, notices) dropped because the
+    /// bounded queue towards their next hop was full (a peer that does not read).
+    pub dropped_queue_full: u64,
     /// Held (unmatched) messages dropped to keep the unmatched list within its bound.
     pub dropped_unmatched: u64,
     /// Connections closed because the peer broke the protocol (bad frame, bad handshake).

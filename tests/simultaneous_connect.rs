@@ -5,61 +5,13 @@
 mod common;
 
 use bytes::Bytes;
+use common::wire::Wire;
 use common::{HANG_GUARD, loopback_config};
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use tbon::driver::wireup::TAG_WIREUP_REPORT;
 use tbon::oob::handshake::JobKey;
 use tbon::oob::uri::ContactUri;
-use tbon::oob::{Frame, FrameDecoder, Handshake, HandshakeConfig, HandshakeEvent, Header, Kind};
-
-/// One end of a connection driven by the test.
-struct Wire {
-    stream: TcpStream,
-    decoder: FrameDecoder,
-}
-
-impl Wire {
-    fn new(stream: TcpStream) -> Self {
-        stream.set_read_timeout(Some(HANG_GUARD)).unwrap();
-        Wire {
-            stream,
-            decoder: FrameDecoder::new(1 << 20),
-        }
-    }
-
-    fn dial(addr: std::net::SocketAddr) -> Self {
-        Wire::new(TcpStream::connect(addr).unwrap())
-    }
-
-    fn send(&mut self, h: &Header, payload: &Bytes) {
-        let mut h = *h;
-        h.len = payload.len() as u32;
-        self.stream.write_all(&h.encode()).unwrap();
-        self.stream.write_all(payload).unwrap();
-    }
-
-    fn send_all(&mut self, hs: &mut Handshake) {
-        while let Some((h, p)) = hs.poll_transmit() {
-            self.send(&h, &p);
-        }
-    }
-
-    /// The next frame, or `None` once the peer closed the connection.
-    fn recv(&mut self) -> Option<Frame> {
-        loop {
-            if let Some(f) = self.decoder.next_frame().unwrap() {
-                return Some(f);
-            }
-            let space = self.decoder.read_space();
-            let n = self.stream.read(space).expect("read (hang guard hit?)");
-            if n == 0 {
-                return None;
-            }
-            self.decoder.commit(n);
-        }
-    }
-}
+use tbon::oob::{Handshake, HandshakeConfig, HandshakeEvent, Header, Kind};
 
 fn cfg(me: u32) -> HandshakeConfig {
     HandshakeConfig {

@@ -463,13 +463,13 @@ impl EventLoop {
         {
             match conn.push(header, payload, done) {
                 Ok(()) => self.dirty.push(tok),
-                Err((_, done)) => complete(done, Err(SendError::Busy("the peer's send queue"))),
+                Err((_, done)) => self.queue_full(peer, done),
             }
             return;
         }
         let len = payload.len() + crate::oob::header::HEADER_LEN;
         if !link.pending.is_empty() && link.pending_bytes + len > self.cfg.send_queue_max_bytes {
-            complete(done, Err(SendError::Busy("the peer's send queue")));
+            self.queue_full(peer, done);
             return;
         }
         link.pending_bytes += len;
@@ -479,6 +479,24 @@ impl EventLoop {
             done,
         });
         self.ensure_dial(peer);
+    }
+
+    /// A frame did not fit the bounded queue towards `peer`. A frame originated here fails its
+    /// sender's completion with `Busy` (back-pressure); a frame without one (relayed, broadcast
+    /// copy, notice) is dropped, counted, and logged at the first drop of each run of drops.
+    fn queue_full(&mut self, peer: Rank, done: Option<Completion>) {
+        if done.is_some() {
+            complete(done, Err(SendError::Busy("the peer's send queue")));
+            return;
+        }
+        self.counters.dropped_queue_full += 1;
+        let n = self.counters.dropped_queue_full;
+        if n.is_power_of_two() {
+            log::warn!(
+                "rank {}: send queue to rank {peer} is full; dropped a relayed frame ({n} so far)",
+                self.me
+            );
+        }
     }
 
     fn broadcast(&mut self, tag: Tag, payload: Bytes, done: Option<Completion>) {
@@ -1229,11 +1247,14 @@ impl EventLoop {
         link.redial_armed = false;
         link.pending_bytes = 0;
         let pending: Vec<Pending> = link.pending.drain(..).collect();
+        let mut refused = Vec::new();
         for p in pending {
-            match conn.push(p.header, p.payload, p.done) {
-                Ok(()) => {}
-                Err((_, done)) => complete(done, Err(SendError::Busy("the peer's send queue"))),
+            if let Err((_, done)) = conn.push(p.header, p.payload, p.done) {
+                refused.push(done);
             }
+        }
+        for done in refused {
+            self.queue_full(peer, done);
         }
         self.dirty.push(tok);
     }

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: in-process DVMs on loopback.
 #![allow(dead_code)]
 
+pub mod wire;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;

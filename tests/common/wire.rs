@@ -1,0 +1,56 @@
+//! A scripted peer: one end of a tbon connection driven by a test over a blocking socket,
+//! speaking the real wire protocol through the library's sans-IO codec and handshake.
+
+use super::HANG_GUARD;
+use bytes::Bytes;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use tbon::oob::{Frame, FrameDecoder, Handshake, Header};
+
+/// One end of a connection driven by the test.
+pub struct Wire {
+    pub stream: TcpStream,
+    decoder: FrameDecoder,
+}
+
+impl Wire {
+    pub fn new(stream: TcpStream) -> Self {
+        stream.set_read_timeout(Some(HANG_GUARD)).unwrap();
+        Wire {
+            stream,
+            decoder: FrameDecoder::new(1 << 20),
+        }
+    }
+
+    pub fn dial(addr: std::net::SocketAddr) -> Self {
+        Wire::new(TcpStream::connect(addr).unwrap())
+    }
+
+    pub fn send(&mut self, h: &Header, payload: &Bytes) {
+        let mut h = *h;
+        h.len = payload.len() as u32;
+        self.stream.write_all(&h.encode()).unwrap();
+        self.stream.write_all(payload).unwrap();
+    }
+
+    pub fn send_all(&mut self, hs: &mut Handshake) {
+        while let Some((h, p)) = hs.poll_transmit() {
+            self.send(&h, &p);
+        }
+    }
+
+    /// The next frame, or `None` once the peer closed the connection.
+    pub fn recv(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(f) = self.decoder.next_frame().unwrap() {
+                return Some(f);
+            }
+            let space = self.decoder.read_space();
+            let n = self.stream.read(space).expect("read (hang guard hit?)");
+            if n == 0 {
+                return None;
+            }
+            self.decoder.commit(n);
+        }
+    }
+}
