@@ -22,7 +22,9 @@ impl Hasher for FxHasher {
     fn write(&mut self, bytes: &[u8]) {
         for chunk in bytes.chunks(8) {
             let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
+            for (d, s) in b.iter_mut().zip(chunk) {
+                *d = *s;
+            }
             self.add(u64::from_le_bytes(b));
         }
     }

@@ -4,6 +4,17 @@
 //!
 //! `unsafe` is denied everywhere but in [`ffi`], the C API (`include/tbon.h`).
 #![deny(unsafe_code)]
+// No panic reachable from network bytes or API arguments: the library (outside tests) may not
+// unwrap, expect, panic or index unchecked. The one audited exception is `routed::radix`.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
 
 pub mod config;
 pub mod counters;

@@ -103,7 +103,8 @@ impl Conn {
             if n == 0 {
                 return Ok(false);
             }
-            let written = match self.stream.write_vectored(&iov[..n]) {
+            let slices = iov.get(..n).unwrap_or(&iov);
+            let written = match self.stream.write_vectored(slices) {
                 Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
                 Ok(w) => w,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),

@@ -85,7 +85,9 @@ impl FrameDecoder {
             self.buf.reserve(reserve);
             self.buf.resize(self.filled + want, 0);
         }
-        &mut self.buf[self.filled..]
+        // `filled <= buf.len()` always holds (commit clamps); an empty slice otherwise.
+        let filled = self.filled.min(self.buf.len());
+        self.buf.split_at_mut(filled).1
     }
 
     /// Payload length announced by the frame at the front of the buffer, if its header is in,

@@ -132,16 +132,18 @@ impl fmt::Display for WireError {
 
 impl std::error::Error for WireError {}
 
+/// The big-endian integer at `at`; the callers' offsets are constants inside the header, and
+/// an offset outside it would read as zero rather than panic.
 fn be_u32(b: &[u8; HEADER_LEN], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[at..at + 4]);
-    u32::from_be_bytes(a)
+    b.get(at..)
+        .and_then(|t| t.first_chunk::<4>())
+        .map_or(0, |a| u32::from_be_bytes(*a))
 }
 
 fn be_u64(b: &[u8; HEADER_LEN], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_be_bytes(a)
+    b.get(at..)
+        .and_then(|t| t.first_chunk::<8>())
+        .map_or(0, |a| u64::from_be_bytes(*a))
 }
 
 impl Header {

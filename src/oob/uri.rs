@@ -158,7 +158,8 @@ impl fmt::Display for ContactUri {
         let mut i = 0;
         while let Some(first) = self.addrs.get(i) {
             let same = |a: &SocketAddr| a.is_ipv4() == first.is_ipv4() && a.port() == first.port();
-            let group: Vec<&SocketAddr> = self.addrs[i..].iter().take_while(|a| same(a)).collect();
+            let rest = self.addrs.get(i..).unwrap_or(&[]);
+            let group: Vec<&SocketAddr> = rest.iter().take_while(|a| same(a)).collect();
             f.write_str(if first.is_ipv4() {
                 ";tcp://"
             } else {

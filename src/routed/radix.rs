@@ -33,6 +33,10 @@ pub struct Shape {
     widths: [u64; MAX_LAYERS],
 }
 
+// Indexing here is over `offsets`/`widths`, fixed arrays of `MAX_LAYERS (+1)` entries: `build`
+// stops at `MAX_LAYERS` layers (33 is enough for u32 ranks at radix 2), and `depth_index`
+// returns at most `layers - 1`. No index comes from outside without going through them.
+#[allow(clippy::indexing_slicing)]
 impl Shape {
     /// The tree of `size` ranks with radix `radix`.
     ///
