@@ -1,0 +1,24 @@
+//! Every runtime control-message decoder on arbitrary bytes: fault reports, confirmations,
+//! adoption notices, the wire-up contact table and report, and contact URIs. Errors are fine;
+//! panics are not.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tbon::driver::wireup::{decode_report, decode_table};
+use tbon::faults::notice::{Adoption, Confirmation, decode_ranks};
+use tbon::oob::uri::ContactUri;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&size, rest)) = data.split_first() else {
+        return;
+    };
+    let size = u32::from(size).max(1);
+    let _ = decode_ranks(size, rest);
+    let _ = Confirmation::decode(size, rest);
+    let _ = Adoption::decode(size, rest);
+    let _ = decode_table(size, rest);
+    let _ = decode_report(size - 1, rest);
+    if let Ok(s) = std::str::from_utf8(rest) {
+        let _ = s.parse::<ContactUri>();
+    }
+});

@@ -1,0 +1,40 @@
+//! Both sides of the handshake on arbitrary frames: never a panic, and never `Established`
+//! without the job key (the fuzzer does not know it).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tbon::oob::handshake::JobKey;
+use tbon::oob::{FrameDecoder, Handshake, HandshakeConfig, HandshakeEvent};
+
+fuzz_target!(|data: &[u8]| {
+    let cfg = HandshakeConfig {
+        me: 1,
+        size: 8,
+        epoch: 0,
+        dvm_id: "tbon".into(),
+        key: JobKey::new(*b"fuzz-target-secret-key"),
+    };
+    let mut dec = FrameDecoder::new(512);
+    dec.feed(data);
+    let mut acceptor = Handshake::accept(&cfg);
+    let mut dialler = Handshake::dial(&cfg, 2);
+    while let Ok(Some(frame)) = dec.next_frame() {
+        if let Ok(Some(HandshakeEvent::HelloReceived(_))) = acceptor.handle_frame(frame.clone()) {
+            acceptor.try_accept_peer();
+        }
+        let established = matches!(
+            dialler.handle_frame(frame),
+            Ok(Some(HandshakeEvent::Established(_)))
+        );
+        assert!(
+            !established,
+            "a HelloAck forged without the key was accepted"
+        );
+        assert!(
+            !acceptor.is_established(),
+            "an Auth forged without the key was accepted"
+        );
+        while acceptor.poll_transmit().is_some() {}
+        while dialler.poll_transmit().is_some() {}
+    }
+});
