@@ -1317,6 +1317,17 @@ impl EventLoop {
             return;
         }
         let claimed = conn.claimed;
+        if let Some(p) = claimed {
+            // The dialler hung up between our HelloAck and its proof: most often it found our
+            // MAC wrong, i.e. it does not hold this DVM's key (it logs that on its side).
+            self.counters.protocol_errors += 1;
+            log::warn!(
+                "rank {}: {} (claiming rank {p}) closed the connection before proving it holds \
+                 the job key ({why})",
+                self.me,
+                conn.addr
+            );
+        }
         // Read before `close`, which clears the link's record of this dial.
         let was_dialing =
             dialled.filter(|p| self.links.get(p).and_then(|l| l.dialing) == Some(tok));

@@ -223,6 +223,24 @@ mod tests {
         ));
     }
 
+    proptest::proptest! {
+        /// Random, truncated and bit-flipped tables: an error or a table, never a panic.
+        #[test]
+        fn hostile_tables_never_panic(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+            flip in 0usize..4096,
+            size in 1u32..64,
+        ) {
+            let _ = decode_table(size, &bytes);
+            let mut good = encode_table(&[Some(uri(0, 1)), Some(uri(1, 2)), None]).to_vec();
+            if let Some(b) = good.get_mut(flip / 8) {
+                *b ^= 1 << (flip % 8);
+            }
+            let _ = decode_table(3, &good);
+            let _ = decode_report(size - 1, &bytes);
+        }
+    }
+
     #[test]
     fn a_report_must_name_its_sender() {
         let u = uri(5, 9).to_string();
