@@ -1,8 +1,9 @@
 //! A peer that stops reading. A scripted daemon (rank 3, a leaf under rank 1) joins with the
-//! real key, completes its handshakes, then never reads again. Its parent's queue towards it
-//! stays within `send_queue_max_bytes`: the parent's own sends get `Busy` (back-pressure),
-//! frames relayed towards it are dropped and counted, traffic that does not involve it keeps
-//! flowing, and its silence gets it declared failed, after which sends to it are `NodeDown`.
+//! real key, completes its handshakes, then never reads again, while it keeps sending
+//! heartbeats (so silence detection never fires). Its parent's queue towards it stays within
+//! `send_queue_max_bytes`: the parent's own sends get `Busy` (back-pressure), frames relayed
+//! towards it are dropped and counted, traffic that does not involve it keeps flowing, and the
+//! queue that stopped moving gets it declared failed, after which sends to it are `NodeDown`.
 
 mod common;
 
@@ -99,7 +100,32 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
     assert!(root.wait_wired(HANG_GUARD));
     let (one, two) = (&others[0], &others[1]);
     assert!(one.wait_wired(HANG_GUARD) && two.wait_wired(HANG_GUARD));
-    // From here on the scripted peer reads nothing (its sockets stay open).
+    // From here on the scripted peer reads nothing (its sockets stay open), but it keeps
+    // telling its parent it is alive.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let beating = {
+        let stop = stop.clone();
+        let mut s = from_parent.stream.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let hb = Header {
+                kind: Kind::Heartbeat,
+                origin: 3,
+                dst: 1,
+                tag: 0,
+                epoch: 0,
+                seq: 0,
+                len: 0,
+            }
+            .encode();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                use std::io::Write;
+                if s.write_all(&hb).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
 
     // Rank 1 floods its deaf child: the bounded queue pushes back with Busy.
     let (tx, rx) = unbounded();
@@ -154,7 +180,8 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
         assert_eq!(&m.payload[..], b"unaffected");
     }
 
-    // Silence gets it declared failed everywhere; then sends to it are node-down.
+    // It never went silent, but its queue stopped moving: declared failed everywhere; then
+    // sends to it are node-down.
     wait_for("the deaf peer to be declared failed", || {
         [&root, one, two]
             .iter()
@@ -167,5 +194,7 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
         rx.recv_timeout(HANG_GUARD).unwrap(),
         Err(SendError::NodeDown(3))
     );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    beating.join().unwrap();
     drop((to_root, from_parent));
 }

@@ -39,6 +39,10 @@ pub(crate) struct Conn {
     pub queue: SendQueue,
     /// One entry per frame in `queue`, in the same order.
     pub completions: VecDeque<Option<Completion>>,
+    /// When the socket last accepted bytes, or when the queue last went from empty to
+    /// non-empty: a queue that is not empty and has not moved for long means a peer that does
+    /// not read.
+    pub last_progress: std::time::Instant,
     next_seq: u64,
 }
 
@@ -62,6 +66,7 @@ impl Conn {
             decoder: FrameDecoder::new(limits::HANDSHAKE_MAX_PAYLOAD),
             queue: SendQueue::new(send_queue_max_bytes),
             completions: VecDeque::new(),
+            last_progress: std::time::Instant::now(),
             next_seq: 0,
         }
     }
@@ -79,6 +84,9 @@ impl Conn {
         done: Option<Completion>,
     ) -> Result<(), (QueueFull, Option<Completion>)> {
         header.seq = self.next_seq;
+        if self.queue.is_empty() {
+            self.last_progress = std::time::Instant::now();
+        }
         match self.queue.push(&header, payload) {
             Ok(()) => {
                 self.next_seq += 1;
@@ -106,7 +114,10 @@ impl Conn {
             let slices = iov.get(..n).unwrap_or(&iov);
             let written = match self.stream.write_vectored(slices) {
                 Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
-                Ok(w) => w,
+                Ok(w) => {
+                    self.last_progress = std::time::Instant::now();
+                    w
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),

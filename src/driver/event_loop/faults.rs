@@ -347,6 +347,30 @@ impl EventLoop {
                 self.dirty.push(tok);
             }
         }
+        // A neighbour that talks but does not read: its queue has not moved for the timeout.
+        let timeout = std::time::Duration::from_millis(self.cfg.heartbeat_timeout_ms);
+        let mut deaf = Vec::new();
+        let mut n: Vec<Rank> = self.routing.children().to_vec();
+        n.extend(self.routing.parent());
+        for r in n {
+            if let Some(conn) = self
+                .links
+                .get(&r)
+                .and_then(|l| l.conn)
+                .and_then(|t| self.conns.get(t))
+                && !conn.queue.is_empty()
+                && now.saturating_duration_since(conn.last_progress) > timeout
+            {
+                deaf.push(r);
+            }
+        }
+        if !deaf.is_empty() && !tick.stalled {
+            let cause = format!(
+                "not reading: its queue accepted no bytes for {} ms",
+                self.cfg.heartbeat_timeout_ms
+            );
+            self.declare_failed(&deaf, &cause, true);
+        }
         if !tick.silent.is_empty() {
             let cause = format!("no heartbeat for {} ms", self.cfg.heartbeat_timeout_ms);
             self.declare_failed(&tick.silent, &cause, true);
