@@ -26,6 +26,7 @@ pub mod ffi;
 mod fxhash;
 pub mod limits;
 pub mod oob;
+pub mod relm;
 pub mod rml;
 pub mod routed;
 

@@ -156,3 +156,43 @@ pub const JOB_KEY_MIN_BYTES: usize = 16;
 /// Longest job key accepted (bytes); a longer file is refused at start-up rather than read into
 /// memory whole.
 pub const JOB_KEY_MAX_BYTES: usize = 4096;
+
+// ----- reliable messaging (src/relm/) -----------------------------------------------------------
+
+/// Default `relm_cache_ms`: how long an intermediate hop keeps a reliable message's data for
+/// replay (PRRTE's default). Past it the copy is evicted; a replay then comes from further
+/// upstream, at worst from the origin, which keeps every message until acknowledged.
+pub const RELM_CACHE_MS_DEFAULT: u64 = 500;
+
+/// Default `relm_cache_max`: how many messages a hop caches (PRRTE's default); at the bound
+/// the oldest copy is evicted, as above.
+pub const RELM_CACHE_MAX_DEFAULT: usize = 30;
+
+/// Default `relm_retransmit_ms`: the origin's first retransmission of an unacknowledged
+/// message; doubled per retransmission up to `2^RELM_RETRANSMIT_BACKOFF_MAX` times this.
+pub const RELM_RETRANSMIT_MS_DEFAULT: u64 = 2_000;
+
+/// The retransmission timeout doubles at most this many times (2 s grows to 16 s).
+pub const RELM_RETRANSMIT_BACKOFF_MAX: u32 = 3;
+
+/// Retransmissions of one message before its origin gives up and fails the completion with
+/// `Unreachable` (about 8 minutes at the defaults: a living destination is acknowledged long
+/// before, a dead one is declared failed by heartbeats long before).
+pub const RELM_RETRANSMITS_MAX: u32 = 32;
+
+/// Default `relm_gate_ms`: how long a daemon waits for its changed neighbours' link updates
+/// after a repair before sending its own to all of them anyway.
+pub const RELM_GATE_MS_DEFAULT: u64 = 500;
+
+/// Default `relm_unacked_max`: reliable messages an origin holds unacknowledged. At the bound
+/// `send_reliable` fails at once with `Busy` (back-pressure to the caller).
+pub const RELM_UNACKED_MAX_DEFAULT: usize = 4_096;
+
+/// Default `relm_pending_max`: early messages a destination holds while their predecessor is
+/// missing. At the bound a further early message is dropped unacknowledged; its origin
+/// replays it later.
+pub const RELM_PENDING_MAX_DEFAULT: usize = 4_096;
+
+/// Entries per link-update frame (13 bytes each); a longer update is sent as several frames.
+/// A received update announcing more is refused as malformed.
+pub const RELM_UPDATE_ENTRIES_MAX: usize = 4_096;

@@ -1,0 +1,400 @@
+//! The generic engine: per-message states and the transitions between them, and the bounded
+//! message table (records, per-chain order, the hop cache and its expiry). No protocol rules
+//! live here: which frame causes which trigger is decided in `steady.rs` and `link.rs`.
+//!
+//! Each daemon on a message's path holds its own record of the message, in one of the lasting
+//! states (PRRTE's): `Sending` (to be handed one hop further), `Sent` (handed on; an origin
+//! keeps the data, an intermediate hop caches it), `Requested` (a neighbour asked for a replay
+//! and this hop has no data: the request went upstream), `Pending` (at the destination, waiting
+//! for its predecessor in the chain) and `Acked` (posted or acknowledged: the record is
+//! released). Trigger-only events (`New`, `Cached`, `Evicted`) change or drop a record
+//! without being a state of their own. PRRTE's `ACKACKED` has no counterpart: see
+//! `mod.rs` ("What changed from PRRTE").
+
+use super::uid::{self, MsgKey};
+use crate::Rank;
+use crate::rml::Tag;
+use bytes::Bytes;
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// A daemon's lasting state for one message.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MsgState {
+    /// To be handed to the next hop (no route yet, or a replay is due).
+    Sending = 1,
+    /// Handed to the next hop.
+    Sent = 2,
+    /// A replay was asked for and this daemon has no data; the request went upstream.
+    Requested = 3,
+    /// At the destination: waiting for the predecessor in its chain.
+    Pending = 4,
+    /// Posted at the destination, or acknowledged: the record is released.
+    Acked = 5,
+}
+
+impl MsgState {
+    /// The state for a wire value, if any.
+    pub fn from_wire(v: u8) -> Option<MsgState> {
+        match v {
+            1 => Some(MsgState::Sending),
+            2 => Some(MsgState::Sent),
+            3 => Some(MsgState::Requested),
+            4 => Some(MsgState::Pending),
+            5 => Some(MsgState::Acked),
+            _ => None,
+        }
+    }
+}
+
+/// What happened to a message at this daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// First sight: originated here or arrived from upstream (trigger-only).
+    New,
+    /// Handed to the next hop.
+    Transmitted,
+    /// A neighbour asked for a replay.
+    Request,
+    /// The data arrived (again) from upstream.
+    Data,
+    /// Its predecessor is missing (destination only).
+    Wait,
+    /// The data was kept in the hop cache (trigger-only).
+    Cached,
+    /// The hop cache dropped it, by age or count (trigger-only; the record goes).
+    Evicted,
+    /// Posted at the destination, or an acknowledgement covering it passed by.
+    Ack,
+}
+
+/// What a daemon is for a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// It originated the message and keeps the data until the acknowledgement.
+    Origin,
+    /// An intermediate hop: data cached best-effort.
+    Hop,
+    /// The destination, holding it while its predecessor is missing.
+    Destination,
+}
+
+/// A transition the engine does not allow: a bug in the protocol rules, logged and ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidTransition {
+    /// The role.
+    pub role: Role,
+    /// The state before, if the record existed.
+    pub from: Option<MsgState>,
+    /// The trigger.
+    pub trigger: Trigger,
+}
+
+/// The next lasting state of a record, or `None` when the record is released (acked or
+/// evicted). `from` is `None` when there is no record yet.
+pub fn transition(
+    role: Role,
+    from: Option<MsgState>,
+    trigger: Trigger,
+) -> Result<Option<MsgState>, InvalidTransition> {
+    use MsgState::*;
+    use Trigger as T;
+    let next = match (role, from, trigger) {
+        (Role::Origin | Role::Hop, None, T::New | T::Cached) => Some(Sending),
+        (Role::Hop, None, T::Request) => Some(Requested),
+        (Role::Destination, None, T::Wait) => Some(Pending),
+        (Role::Origin | Role::Hop, Some(Sending | Sent), T::Transmitted) => Some(Sent),
+        (Role::Origin | Role::Hop, Some(Sent | Sending), T::Request) => Some(Sending),
+        (Role::Hop, Some(Requested), T::Request) => Some(Requested),
+        (Role::Hop, Some(Requested | Sent | Sending), T::Data) => Some(Sending),
+        (Role::Destination, Some(Pending), T::Data | T::Wait) => Some(Pending),
+        (Role::Hop, Some(_), T::Evicted) => None,
+        (_, Some(_), T::Ack) => None,
+        (role, from, trigger) => {
+            return Err(InvalidTransition {
+                role,
+                from,
+                trigger,
+            });
+        }
+    };
+    Ok(next)
+}
+
+/// One daemon's record of one message.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// What this daemon is for the message.
+    pub role: Role,
+    /// Its lasting state.
+    pub state: MsgState,
+    /// The destination.
+    pub dst: Rank,
+    /// The user's tag.
+    pub tag: Tag,
+    /// The predecessor's uid in the (origin, dst) chain, or `uid::NONE`.
+    pub prev: u32,
+    /// The payload; `None` for a `Requested` record.
+    pub data: Option<Bytes>,
+    /// When the record was made (the hop cache's age).
+    pub since: Instant,
+    /// The origin's completion token.
+    pub token: Option<u64>,
+    /// The origin's next retransmission.
+    pub retransmit_at: Instant,
+    /// The origin's retransmissions so far.
+    pub retransmits: u32,
+}
+
+/// The message table: every record this daemon holds, each chain's records in uid order, and
+/// the hop cache's arrival order. Bounded by the caller (`Relm` refuses or drops at its bounds;
+/// the hop cache evicts its oldest).
+#[derive(Debug, Default)]
+pub struct MessageTable {
+    records: HashMap<MsgKey, Record>,
+    /// (origin, dst) -> uids of origin and hop records, ascending.
+    chains: HashMap<(Rank, Rank), VecDeque<u32>>,
+    /// Hop records, oldest first (stale entries are skipped).
+    cache: VecDeque<(MsgKey, Instant)>,
+    hop_records: usize,
+    origin_records: usize,
+    pending_records: usize,
+}
+
+impl MessageTable {
+    /// The record of `key`.
+    pub fn get(&self, key: &MsgKey) -> Option<&Record> {
+        self.records.get(key)
+    }
+
+    /// The record of `key`, to change its data or timers (not its state: use `apply`).
+    pub fn get_mut(&mut self, key: &MsgKey) -> Option<&mut Record> {
+        self.records.get_mut(key)
+    }
+
+    /// Every record.
+    pub fn iter(&self) -> impl Iterator<Item = (&MsgKey, &Record)> {
+        self.records.iter()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Records held, by role: (origin, hop, destination).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.origin_records, self.hop_records, self.pending_records)
+    }
+
+    /// Makes a record (trigger `New`, `Cached`, `Request` or `Wait`). Replaces nothing: the
+    /// caller checks first.
+    pub fn insert(
+        &mut self,
+        key: MsgKey,
+        mut record: Record,
+        trigger: Trigger,
+    ) -> Result<(), InvalidTransition> {
+        let Some(state) = transition(record.role, None, trigger)? else {
+            return Ok(());
+        };
+        record.state = state;
+        match record.role {
+            Role::Origin => self.origin_records += 1,
+            Role::Hop => {
+                self.hop_records += 1;
+                self.cache.push_back((key, record.since));
+            }
+            Role::Destination => self.pending_records += 1,
+        }
+        if record.role != Role::Destination {
+            let chain = self.chains.entry((key.origin, record.dst)).or_default();
+            // Almost always appended; a replay of an older message is put in place.
+            match chain.back() {
+                Some(&last) if !uid::before(last, key.uid) => {
+                    let at = chain.partition_point(|u| uid::before(*u, key.uid));
+                    chain.insert(at, key.uid);
+                }
+                _ => chain.push_back(key.uid),
+            }
+        }
+        self.records.insert(key, record);
+        Ok(())
+    }
+
+    /// Applies a trigger to an existing record; returns the record if it was released.
+    pub fn apply(
+        &mut self,
+        key: &MsgKey,
+        trigger: Trigger,
+    ) -> Result<Option<Record>, InvalidTransition> {
+        let Some(r) = self.records.get_mut(key) else {
+            return Ok(None);
+        };
+        match transition(r.role, Some(r.state), trigger)? {
+            Some(s) => {
+                r.state = s;
+                Ok(None)
+            }
+            None => Ok(self.remove(key)),
+        }
+    }
+
+    /// Drops a record outright (purges after a repair).
+    pub fn remove(&mut self, key: &MsgKey) -> Option<Record> {
+        let r = self.records.remove(key)?;
+        match r.role {
+            Role::Origin => self.origin_records = self.origin_records.saturating_sub(1),
+            Role::Hop => self.hop_records = self.hop_records.saturating_sub(1),
+            Role::Destination => self.pending_records = self.pending_records.saturating_sub(1),
+        }
+        if r.role != Role::Destination
+            && let Some(chain) = self.chains.get_mut(&(key.origin, r.dst))
+        {
+            if chain.front() == Some(&key.uid) {
+                chain.pop_front();
+            } else if let Some(i) = chain.iter().position(|u| *u == key.uid) {
+                chain.remove(i);
+            }
+            if chain.is_empty() {
+                self.chains.remove(&(key.origin, r.dst));
+            }
+        }
+        Some(r)
+    }
+
+    /// An acknowledgement of the chain (origin, dst) up to `upto`: releases every origin or hop
+    /// record it covers and returns them.
+    pub fn ack_chain(&mut self, origin: Rank, dst: Rank, upto: u32) -> Vec<(MsgKey, Record)> {
+        let mut released = Vec::new();
+        loop {
+            let front = match self.chains.get(&(origin, dst)).and_then(|c| c.front()) {
+                Some(&u) if uid::at_or_before(u, upto) => u,
+                _ => break,
+            };
+            let key = MsgKey { origin, uid: front };
+            match self.apply(&key, Trigger::Ack) {
+                Ok(Some(r)) => released.push((key, r)),
+                // A chain entry without a record cannot happen; drop it rather than loop.
+                _ => {
+                    if let Some(c) = self.chains.get_mut(&(origin, dst)) {
+                        c.pop_front();
+                    }
+                }
+            }
+        }
+        released
+    }
+
+    /// Hop records older than `age` or beyond `max` (oldest first) are evicted; returns how
+    /// many.
+    pub fn evict_hops(&mut self, now: Instant, age: Duration, max: usize) -> usize {
+        let mut evicted = 0;
+        while let Some(&(key, since)) = self.cache.front() {
+            let live = self
+                .records
+                .get(&key)
+                .is_some_and(|r| r.role == Role::Hop && r.since == since);
+            if !live {
+                self.cache.pop_front();
+                continue;
+            }
+            let old = now.saturating_duration_since(since) >= age;
+            if !old && self.hop_records <= max {
+                break;
+            }
+            self.cache.pop_front();
+            if let Ok(Some(_)) = self.apply(&key, Trigger::Evicted) {
+                evicted += 1;
+            }
+        }
+        // Entries released by acks linger in the FIFO until they reach its front; keep that
+        // garbage from outgrowing the live records.
+        if self.cache.len() > 4 * max.max(self.hop_records).max(16) {
+            let records = &self.records;
+            self.cache
+                .retain(|(k, s)| records.get(k).is_some_and(|r| r.since == *s));
+        }
+        evicted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(role: Role, dst: Rank, now: Instant) -> Record {
+        Record {
+            role,
+            state: MsgState::Sending,
+            dst,
+            tag: 100,
+            prev: uid::NONE,
+            data: Some(Bytes::from_static(b"x")),
+            since: now,
+            token: None,
+            retransmit_at: now,
+            retransmits: 0,
+        }
+    }
+
+    #[test]
+    fn transitions_follow_the_table() {
+        use MsgState::*;
+        assert_eq!(
+            transition(Role::Origin, None, Trigger::New),
+            Ok(Some(Sending))
+        );
+        assert_eq!(
+            transition(Role::Origin, Some(Sending), Trigger::Transmitted),
+            Ok(Some(Sent))
+        );
+        assert_eq!(transition(Role::Origin, Some(Sent), Trigger::Ack), Ok(None));
+        assert_eq!(
+            transition(Role::Hop, None, Trigger::Request),
+            Ok(Some(Requested))
+        );
+        assert_eq!(
+            transition(Role::Hop, Some(Requested), Trigger::Data),
+            Ok(Some(Sending))
+        );
+        assert_eq!(
+            transition(Role::Hop, Some(Sent), Trigger::Evicted),
+            Ok(None)
+        );
+        assert!(transition(Role::Origin, Some(Sent), Trigger::Evicted).is_err());
+        assert!(transition(Role::Destination, None, Trigger::New).is_err());
+    }
+
+    #[test]
+    fn acks_release_the_chain_prefix_and_the_cache_is_bounded() {
+        let now = Instant::now();
+        let mut t = MessageTable::default();
+        for u in [3, 1, 2, 5] {
+            t.insert(
+                MsgKey { origin: 1, uid: u },
+                rec(Role::Hop, 4, now),
+                Trigger::New,
+            )
+            .unwrap();
+        }
+        let released = t.ack_chain(1, 4, 3);
+        let uids: Vec<u32> = released.iter().map(|(k, _)| k.uid).collect();
+        assert_eq!(uids, vec![1, 2, 3]);
+        assert_eq!(t.counts(), (0, 1, 0));
+        for u in 10..20 {
+            t.insert(
+                MsgKey { origin: 2, uid: u },
+                rec(Role::Hop, 4, now),
+                Trigger::New,
+            )
+            .unwrap();
+        }
+        assert_eq!(t.evict_hops(now, Duration::from_secs(1), 4), 7);
+        assert_eq!(t.counts().1, 4);
+        let later = now + Duration::from_secs(2);
+        assert_eq!(t.evict_hops(later, Duration::from_secs(1), 4), 4);
+        assert!(t.is_empty());
+    }
+}

@@ -1,0 +1,506 @@
+//! The protocol rules in steady state: originating a message, data arriving, acknowledgements,
+//! replay requests, and the timers (hop cache expiry, the origin's retransmissions, re-asking
+//! for a missing predecessor).
+
+use super::engine::{InvalidTransition, Record, Role, Trigger};
+use super::uid::{self, MsgKey};
+use super::wire::{Control, ControlError};
+use super::{Inbound, Relm, Topology, Transmit};
+use crate::Rank;
+use crate::error::SendError;
+use crate::limits::{RELM_RETRANSMIT_BACKOFF_MAX, RELM_RETRANSMITS_MAX};
+use crate::rml::Tag;
+use bytes::Bytes;
+use std::time::{Duration, Instant};
+
+/// A reliable message as it arrived in a frame.
+#[derive(Debug, Clone)]
+pub struct DataFrame {
+    /// Its origin.
+    pub origin: Rank,
+    /// Its destination.
+    pub dst: Rank,
+    /// Its tag.
+    pub tag: Tag,
+    /// Its uid.
+    pub uid: u32,
+    /// Its predecessor's uid.
+    pub prev: u32,
+    /// The payload.
+    pub payload: Bytes,
+}
+
+/// Hands a message to the receive matching: `true` if it was posted (matched or held),
+/// `false` if it could not be held (then RELM does not acknowledge it).
+pub type Post<'a> = dyn FnMut(Rank, Tag, Bytes) -> bool + 'a;
+
+fn bug(e: InvalidTransition) {
+    log::error!("relm: invalid transition (a bug): {e:?}");
+}
+
+impl Relm {
+    /// Sends `payload` reliably to `dst`. `token` comes back in `Event::Completed`.
+    ///
+    /// Errors at once: `NodeDown` if `dst` is known failed, `Busy` at `relm_unacked_max`
+    /// unacknowledged messages, `RankOutOfRange` for `dst` = myself (the caller posts a message
+    /// to itself locally, as for any send). The caller has checked the rank range, the tag and
+    /// the size.
+    pub fn send(
+        &mut self,
+        now: Instant,
+        topo: &dyn Topology,
+        dst: Rank,
+        tag: Tag,
+        payload: Bytes,
+        token: u64,
+    ) -> Result<(), SendError> {
+        if dst == self.me || dst >= self.size {
+            return Err(SendError::RankOutOfRange {
+                rank: dst,
+                size: self.size,
+            });
+        }
+        if topo.is_failed(dst) {
+            return Err(SendError::NodeDown(dst));
+        }
+        if self.table.counts().0 >= self.cfg.unacked_max {
+            return Err(SendError::Busy("the reliable-send window"));
+        }
+        let id = self.next_uid;
+        self.next_uid = uid::next(id);
+        let prev = self.outbound.insert(dst, id).unwrap_or(uid::NONE);
+        let key = MsgKey {
+            origin: self.me,
+            uid: id,
+        };
+        let record = Record {
+            role: Role::Origin,
+            state: super::MsgState::Sending,
+            dst,
+            tag,
+            prev,
+            data: Some(payload),
+            since: now,
+            token: Some(token),
+            retransmit_at: now + Duration::from_millis(self.cfg.retransmit_ms),
+            retransmits: 0,
+        };
+        if let Err(e) = self.table.insert(key, record, Trigger::New) {
+            bug(e);
+        }
+        self.stats.sent += 1;
+        self.transmit(topo, key, None);
+        self.arm_tick(now);
+        Ok(())
+    }
+
+    /// Hands a record's data to the next hop towards its destination (or to `to`), if there
+    /// is a route and data; otherwise it stays `Sending`.
+    pub(super) fn transmit(&mut self, topo: &dyn Topology, key: MsgKey, to: Option<Rank>) {
+        let Some(r) = self.table.get(&key) else {
+            return;
+        };
+        let Some(payload) = r.data.clone() else {
+            return;
+        };
+        let Some(to) = to.or_else(|| topo.next_hop(r.dst)) else {
+            return;
+        };
+        self.transmits.push_back(Transmit::Data {
+            to,
+            origin: key.origin,
+            dst: r.dst,
+            tag: r.tag,
+            uid: key.uid,
+            prev: r.prev,
+            payload,
+        });
+        if let Err(e) = self.table.apply(&key, Trigger::Transmitted) {
+            bug(e);
+        }
+    }
+
+    /// A reliable message arrived from neighbour `from`. Errors (sentinel uids) are the peer's
+    /// fault: the caller closes that connection.
+    pub fn handle_data(
+        &mut self,
+        now: Instant,
+        topo: &dyn Topology,
+        from: Rank,
+        d: DataFrame,
+        post: &mut Post<'_>,
+    ) -> Result<(), ControlError> {
+        if !uid::is_valid(d.uid) {
+            return Err(ControlError::Uid(d.uid));
+        }
+        if !(uid::is_valid(d.prev) || d.prev == uid::NONE) {
+            return Err(ControlError::Uid(d.prev));
+        }
+        if d.origin >= self.size || d.dst >= self.size {
+            return Err(ControlError::Rank(d.origin.max(d.dst)));
+        }
+        if topo.is_failed(d.origin) || topo.is_failed(d.dst) || d.origin == self.me {
+            return Ok(());
+        }
+        // Data is accepted only from the message's current upstream neighbour.
+        if topo.next_hop(d.origin) != Some(from) {
+            self.stats.ignored += 1;
+            log::debug!(
+                "rank {}: relm data {}:{} from {from}, not its upstream, ignored",
+                self.me,
+                d.origin,
+                d.uid
+            );
+            return Ok(());
+        }
+        if d.dst == self.me {
+            self.arrive(now, from, d, post);
+        } else {
+            self.relay(now, topo, d);
+        }
+        self.arm_tick(now);
+        Ok(())
+    }
+
+    fn relay(&mut self, now: Instant, topo: &dyn Topology, d: DataFrame) {
+        let key = MsgKey {
+            origin: d.origin,
+            uid: d.uid,
+        };
+        if let Some(r) = self.table.get_mut(&key) {
+            if r.data.is_none() {
+                r.data = Some(d.payload.clone());
+            }
+            if let Err(e) = self.table.apply(&key, Trigger::Data) {
+                bug(e);
+            }
+        } else {
+            let record = Record {
+                role: Role::Hop,
+                state: super::MsgState::Sending,
+                dst: d.dst,
+                tag: d.tag,
+                prev: d.prev,
+                data: Some(d.payload.clone()),
+                since: now,
+                token: None,
+                retransmit_at: now,
+                retransmits: 0,
+            };
+            if let Err(e) = self.table.insert(key, record, Trigger::Cached) {
+                bug(e);
+            }
+            self.stats.evicted += self.table.evict_hops(
+                now,
+                Duration::from_millis(self.cfg.cache_ms),
+                self.cfg.cache_max,
+            ) as u64;
+        }
+        // Forwarded even when it is a copy: the copy may be the replay a downstream daemon
+        // lost; the destination discards what it already has.
+        // Without a route the record stays `Sending` and goes out after the repair.
+        if let Some(to) = topo.next_hop(d.dst) {
+            {
+                self.transmits.push_back(Transmit::Data {
+                    to,
+                    origin: d.origin,
+                    dst: d.dst,
+                    tag: d.tag,
+                    uid: d.uid,
+                    prev: d.prev,
+                    payload: d.payload,
+                });
+                if let Err(e) = self.table.apply(&key, Trigger::Transmitted) {
+                    bug(e);
+                }
+            }
+        }
+    }
+
+    /// At the destination: post in chain order, hold early ones, discard copies.
+    fn arrive(&mut self, now: Instant, from: Rank, d: DataFrame, post: &mut Post<'_>) {
+        let origin = d.origin;
+        let inbound = self.inbound.entry(origin).or_insert_with(|| Inbound {
+            posted: uid::NONE,
+            ..Inbound::default()
+        });
+        let posted = inbound.posted;
+        if posted != uid::NONE && uid::at_or_before(d.uid, posted) {
+            self.stats.duplicates += 1;
+            self.ack_due(origin, self.me, posted, from);
+            return;
+        }
+        let key = MsgKey { origin, uid: d.uid };
+        if d.prev == posted {
+            if !post(origin, d.tag, d.payload) {
+                self.stats.refused += 1;
+                return;
+            }
+            self.stats.posted += 1;
+            let mut last = d.uid;
+            // Drop a stale early copy of this very message, then post its waiting successors.
+            if self.table.get(&key).is_some() {
+                if let Some(i) = self.inbound.get_mut(&origin)
+                    && i.pending.get(&d.prev) == Some(&d.uid)
+                {
+                    i.pending.remove(&d.prev);
+                }
+                if let Err(e) = self.table.apply(&key, Trigger::Ack) {
+                    bug(e);
+                }
+            }
+            while let Some(next) = self
+                .inbound
+                .get_mut(&origin)
+                .and_then(|i| i.pending.remove(&last))
+            {
+                let nkey = MsgKey { origin, uid: next };
+                let Some(r) = self.table.get(&nkey) else {
+                    continue;
+                };
+                let (tag, data) = (r.tag, r.data.clone().unwrap_or_default());
+                if !post(origin, tag, data) {
+                    // Put it back: it will be posted when the matcher has room again.
+                    if let Some(i) = self.inbound.get_mut(&origin) {
+                        i.pending.insert(last, next);
+                    }
+                    self.stats.refused += 1;
+                    break;
+                }
+                self.stats.posted += 1;
+                if let Err(e) = self.table.apply(&nkey, Trigger::Ack) {
+                    bug(e);
+                }
+                last = next;
+            }
+            if let Some(i) = self.inbound.get_mut(&origin) {
+                i.posted = last;
+                if i.requested.is_some_and(|(u, _)| uid::at_or_before(u, last)) {
+                    i.requested = None;
+                }
+            }
+            self.ack_due(origin, self.me, last, from);
+            return;
+        }
+        // Early: its predecessor is missing.
+        if self.table.get(&key).is_some() {
+            return;
+        }
+        if self.table.counts().2 >= self.cfg.pending_max {
+            self.stats.refused += 1;
+            return;
+        }
+        let record = Record {
+            role: Role::Destination,
+            state: super::MsgState::Pending,
+            dst: self.me,
+            tag: d.tag,
+            prev: d.prev,
+            data: Some(d.payload),
+            since: now,
+            token: None,
+            retransmit_at: now,
+            retransmits: 0,
+        };
+        if let Err(e) = self.table.insert(key, record, Trigger::Wait) {
+            bug(e);
+            return;
+        }
+        let ask = match self.inbound.get_mut(&origin) {
+            Some(i) => {
+                i.pending.insert(d.prev, d.uid);
+                // Ask for the missing predecessor once per retransmission period.
+                let fresh = i
+                    .requested
+                    .is_some_and(|(u, at)| u == d.prev || (now < at && uid::before(d.prev, u)));
+                if fresh || d.prev == uid::NONE {
+                    false
+                } else {
+                    i.requested =
+                        Some((d.prev, now + Duration::from_millis(self.cfg.retransmit_ms)));
+                    true
+                }
+            }
+            None => false,
+        };
+        if ask {
+            self.transmits.push_back(Transmit::Control {
+                to: from,
+                control: Control::Request {
+                    key: MsgKey {
+                        origin,
+                        uid: d.prev,
+                    },
+                    dst: self.me,
+                },
+            });
+        }
+    }
+
+    /// A control message arrived from neighbour `from`. Errors are the peer's fault: the
+    /// caller closes that connection.
+    pub fn handle_control(
+        &mut self,
+        now: Instant,
+        topo: &dyn Topology,
+        from: Rank,
+        payload: &[u8],
+        post: &mut Post<'_>,
+    ) -> Result<(), ControlError> {
+        match Control::decode(self.size, payload)? {
+            Control::Ack { origin, dst, upto } => self.on_ack(topo, from, origin, dst, upto),
+            Control::Request { key, dst } => self.on_request(now, topo, from, key, dst),
+            Control::LinkUpdate { depth, offers } => {
+                self.on_link_update(now, topo, from, depth, &offers, post)
+            }
+        }
+        self.arm_tick(now);
+        Ok(())
+    }
+
+    fn on_ack(&mut self, topo: &dyn Topology, from: Rank, origin: Rank, dst: Rank, upto: u32) {
+        // Acks are accepted only from the chain's current downstream neighbour.
+        if topo.next_hop(dst) != Some(from) || topo.is_failed(origin) {
+            self.stats.ignored += 1;
+            return;
+        }
+        let released = self.table.ack_chain(origin, dst, upto);
+        for (_, r) in released {
+            if r.role == Role::Origin {
+                self.complete(r.token, Ok(()));
+            }
+        }
+        if origin != self.me
+            && let Some(up) = topo.next_hop(origin)
+        {
+            self.ack_due(origin, dst, upto, up);
+        }
+    }
+
+    fn on_request(
+        &mut self,
+        now: Instant,
+        topo: &dyn Topology,
+        from: Rank,
+        key: MsgKey,
+        dst: Rank,
+    ) {
+        // Requests come back from the message's current downstream neighbour.
+        if topo.next_hop(dst) != Some(from) || topo.is_failed(key.origin) {
+            self.stats.ignored += 1;
+            return;
+        }
+        match self.table.get(&key) {
+            Some(r) if r.data.is_some() => {
+                if let Err(e) = self.table.apply(&key, Trigger::Request) {
+                    bug(e);
+                }
+                self.stats.replays += 1;
+                self.transmit(topo, key, Some(from));
+            }
+            // Already asked upstream.
+            Some(_) => {}
+            // The origin keeps every unacknowledged message: unknown here means acknowledged
+            // (the requester will hear so from the destination's watermark) or never sent.
+            None if key.origin == self.me => {}
+            None => {
+                let Some(up) = topo.next_hop(key.origin) else {
+                    return;
+                };
+                let record = Record {
+                    role: Role::Hop,
+                    state: super::MsgState::Requested,
+                    dst,
+                    tag: 0,
+                    prev: uid::NONE,
+                    data: None,
+                    since: now,
+                    token: None,
+                    retransmit_at: now,
+                    retransmits: 0,
+                };
+                if let Err(e) = self.table.insert(key, record, Trigger::Request) {
+                    bug(e);
+                }
+                self.transmits.push_back(Transmit::Control {
+                    to: up,
+                    control: Control::Request { key, dst },
+                });
+            }
+        }
+    }
+
+    /// Time passed: expire the hop cache, retransmit what the origin still holds
+    /// unacknowledged, ask again for missing predecessors, open a gate whose wait ran out.
+    pub fn handle_timeout(&mut self, now: Instant, topo: &dyn Topology) {
+        if self.gate.deadline.is_some_and(|d| d <= now) {
+            self.gate.deadline = None;
+            self.gate.awaiting.clear();
+            self.release_gate(now, topo);
+        }
+        if self.next_tick.is_some_and(|t| t > now) {
+            return;
+        }
+        self.next_tick = None;
+        self.stats.evicted += self.table.evict_hops(
+            now,
+            Duration::from_millis(self.cfg.cache_ms),
+            self.cfg.cache_max,
+        ) as u64;
+        let due: Vec<MsgKey> = self
+            .table
+            .iter()
+            .filter(|(_, r)| r.role == Role::Origin && r.retransmit_at <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        let mut due = due;
+        due.sort_unstable();
+        for key in due {
+            let Some(r) = self.table.get_mut(&key) else {
+                continue;
+            };
+            if r.retransmits >= RELM_RETRANSMITS_MAX {
+                let dst = r.dst;
+                if let Some(r) = self.table.remove(&key) {
+                    log::warn!(
+                        "rank {}: reliable message {} to {dst} unacknowledged after {} retransmissions; giving up",
+                        self.me,
+                        key.uid,
+                        RELM_RETRANSMITS_MAX
+                    );
+                    self.complete(r.token, Err(SendError::Unreachable(dst)));
+                }
+                continue;
+            }
+            r.retransmits += 1;
+            let backoff = 1u64 << r.retransmits.min(RELM_RETRANSMIT_BACKOFF_MAX);
+            r.retransmit_at = now + Duration::from_millis(self.cfg.retransmit_ms * backoff);
+            self.stats.retransmits += 1;
+            self.transmit(topo, key, None);
+        }
+        // Ask again for predecessors still missing.
+        let mut asks = Vec::new();
+        for (origin, i) in self.inbound.iter_mut() {
+            if let Some((u, at)) = i.requested
+                && at <= now
+                && !i.pending.is_empty()
+            {
+                i.requested = Some((u, now + Duration::from_millis(self.cfg.retransmit_ms)));
+                asks.push((*origin, u));
+            }
+        }
+        asks.sort_unstable();
+        for (origin, u) in asks {
+            if let Some(up) = topo.next_hop(origin) {
+                self.transmits.push_back(Transmit::Control {
+                    to: up,
+                    control: Control::Request {
+                        key: MsgKey { origin, uid: u },
+                        dst: self.me,
+                    },
+                });
+            }
+        }
+        self.arm_tick(now);
+    }
+}

@@ -1,0 +1,339 @@
+//! Deterministic tests of RELM on a tiny in-memory tree: FIFO links, a virtual clock, crashes
+//! by hand. The seeded, swarm-tested version of this is `src/sim/`.
+
+use super::steady::DataFrame;
+use super::*;
+use crate::routed::{RoutingState, Scope};
+use std::collections::BTreeMap;
+
+struct Node {
+    routing: RoutingState,
+    relm: Relm,
+    got: Vec<(Rank, Tag, Bytes)>,
+    done: Vec<(u64, Result<(), SendError>)>,
+    alive: bool,
+}
+
+struct Net {
+    nodes: Vec<Node>,
+    links: BTreeMap<(Rank, Rank), VecDeque<Transmit>>,
+    now: Instant,
+    /// Links whose frames vanish (a dying connection).
+    lossy: Vec<(Rank, Rank)>,
+}
+
+impl Net {
+    fn new(radix: u32, size: u32) -> Net {
+        let nodes = (0..size)
+            .map(|r| Node {
+                routing: RoutingState::new(radix, size, r).unwrap(),
+                relm: Relm::new(r, size, RelmConfig::default()),
+                got: Vec::new(),
+                done: Vec::new(),
+                alive: true,
+            })
+            .collect();
+        Net {
+            nodes,
+            links: BTreeMap::new(),
+            now: Instant::now(),
+            lossy: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, from: Rank, dst: Rank, seq: u64) -> Result<(), SendError> {
+        let n = &mut self.nodes[from as usize];
+        let r = n.relm.send(
+            self.now,
+            &n.routing,
+            dst,
+            100,
+            Bytes::from(seq.to_be_bytes().to_vec()),
+            seq,
+        );
+        self.pump(from);
+        r
+    }
+
+    fn pump(&mut self, r: Rank) {
+        let n = &mut self.nodes[r as usize];
+        while let Some(t) = n.relm.poll_transmit() {
+            let to = match &t {
+                Transmit::Data { to, .. } | Transmit::Control { to, .. } => *to,
+            };
+            if self.lossy.contains(&(r, to)) {
+                continue;
+            }
+            self.links.entry((r, to)).or_default().push_back(t);
+        }
+        while let Some(Event::Completed { token, result }) = n.relm.poll_event() {
+            n.done.push((token, result));
+        }
+    }
+
+    /// Delivers frames until every link is empty.
+    fn run(&mut self) {
+        for _ in 0..100_000 {
+            let Some((&(from, to), _)) = self.links.iter().find(|(_, q)| !q.is_empty()) else {
+                return;
+            };
+            let t = self
+                .links
+                .get_mut(&(from, to))
+                .unwrap()
+                .pop_front()
+                .unwrap();
+            if !self.nodes[to as usize].alive {
+                continue;
+            }
+            let n = &mut self.nodes[to as usize];
+            let got = &mut n.got;
+            let mut post = |o: Rank, tag: Tag, p: Bytes| {
+                got.push((o, tag, p));
+                true
+            };
+            match t {
+                Transmit::Data {
+                    origin,
+                    dst,
+                    tag,
+                    uid,
+                    prev,
+                    payload,
+                    ..
+                } => {
+                    let d = DataFrame {
+                        origin,
+                        dst,
+                        tag,
+                        uid,
+                        prev,
+                        payload,
+                    };
+                    n.relm
+                        .handle_data(self.now, &n.routing, from, d, &mut post)
+                        .unwrap();
+                }
+                Transmit::Control { control, .. } => n
+                    .relm
+                    .handle_control(self.now, &n.routing, from, &control.encode(), &mut post)
+                    .unwrap(),
+            }
+            self.pump(to);
+        }
+        panic!("the network did not settle");
+    }
+
+    /// Advances the clock by `ms`, firing timers, and settles.
+    fn advance(&mut self, ms: u64) {
+        let end = self.now + Duration::from_millis(ms);
+        for _ in 0..10_000 {
+            let next = self
+                .nodes
+                .iter()
+                .filter(|n| n.alive)
+                .filter_map(|n| n.relm.poll_timeout())
+                .min();
+            match next {
+                Some(t) if t <= end => {
+                    self.now = self.now.max(t);
+                    for r in 0..self.nodes.len() {
+                        if self.nodes[r].alive {
+                            let n = &mut self.nodes[r];
+                            n.relm.handle_timeout(self.now, &n.routing);
+                            self.pump(r as Rank);
+                        }
+                    }
+                    self.run();
+                }
+                _ => break,
+            }
+        }
+        self.now = end;
+    }
+
+    fn crash(&mut self, dead: Rank, scope: Scope) {
+        self.nodes[dead as usize].alive = false;
+        self.links.retain(|(f, t), _| *f != dead && *t != dead);
+        for r in 0..self.nodes.len() {
+            if !self.nodes[r].alive {
+                continue;
+            }
+            let n = &mut self.nodes[r];
+            let status = n.routing.fail(&[dead], scope, None).unwrap();
+            n.relm.handle_repair(self.now, &n.routing, &status);
+            self.pump(r as Rank);
+        }
+    }
+
+    fn seqs(&self, at: Rank, from: Rank) -> Vec<u64> {
+        self.nodes[at as usize]
+            .got
+            .iter()
+            .filter(|(o, _, _)| *o == from)
+            .map(|(_, _, p)| u64::from_be_bytes(p[..8].try_into().unwrap()))
+            .collect()
+    }
+
+    fn all_idle(&self) -> bool {
+        self.nodes
+            .iter()
+            .filter(|n| n.alive)
+            .all(|n| n.relm.is_idle())
+    }
+}
+
+#[test]
+fn delivers_in_order_and_releases_everything() {
+    let mut net = Net::new(2, 15);
+    for s in 0..200 {
+        net.send(7, 14, s).unwrap();
+        net.send(14, 7, s).unwrap();
+    }
+    net.run();
+    assert_eq!(net.seqs(14, 7), (0..200).collect::<Vec<_>>());
+    assert_eq!(net.seqs(7, 14), (0..200).collect::<Vec<_>>());
+    assert_eq!(net.nodes[7].done.len(), 200);
+    assert!(net.nodes[7].done.iter().all(|(_, r)| r.is_ok()));
+    // Hop caches expire; nothing is left anywhere.
+    net.advance(2_000);
+    assert!(net.all_idle());
+    assert_eq!(net.nodes[7].relm.stats().retransmits, 0);
+}
+
+#[test]
+fn survives_an_interior_crash_with_frames_in_flight() {
+    // 0 -> {1, 2}; 1 -> {3, 5}; 3 -> {7, 11}; 5 -> {9, 13}. Rank 1 carries 7 -> 9.
+    let mut net = Net::new(2, 15);
+    for s in 0..50 {
+        net.send(7, 9, s).unwrap();
+    }
+    // Half arrive, then rank 1 dies with the rest in its hands.
+    for _ in 0..60 {
+        let key = *net.links.keys().find(|k| !net.links[k].is_empty()).unwrap();
+        let t = net.links.get_mut(&key).unwrap().pop_front().unwrap();
+        net.links.get_mut(&key).unwrap().push_front(t);
+        // Step one frame.
+        let (from, to) = key;
+        let t = net.links.get_mut(&key).unwrap().pop_front().unwrap();
+        let n = &mut net.nodes[to as usize];
+        let got = &mut n.got;
+        let mut post = |o: Rank, tag: Tag, p: Bytes| {
+            got.push((o, tag, p));
+            true
+        };
+        if let Transmit::Data {
+            origin,
+            dst,
+            tag,
+            uid,
+            prev,
+            payload,
+            ..
+        } = t
+        {
+            let d = DataFrame {
+                origin,
+                dst,
+                tag,
+                uid,
+                prev,
+                payload,
+            };
+            n.relm
+                .handle_data(net.now, &n.routing, from, d, &mut post)
+                .unwrap();
+        }
+        net.pump(to);
+    }
+    net.crash(1, Scope::Local);
+    net.run();
+    net.crash(1, Scope::Global);
+    net.run();
+    net.advance(40_000);
+    assert_eq!(net.seqs(9, 7), (0..50).collect::<Vec<_>>());
+    assert_eq!(net.nodes[7].done.len(), 50);
+    net.advance(2_000);
+    assert!(net.all_idle());
+}
+
+#[test]
+fn lost_frames_are_retransmitted_and_copies_discarded() {
+    let mut net = Net::new(2, 7);
+    net.lossy.push((1, 3));
+    for s in 0..10 {
+        net.send(3, 4, s).unwrap();
+    }
+    net.run();
+    // 3 -> 1 -> 0 -> 2 -> 4. Acks from 4 back to 3 are lost: 3 retransmits; 4 discards the copies and re-acks.
+    assert_eq!(net.seqs(4, 3), (0..10).collect::<Vec<_>>());
+    net.lossy.clear();
+    net.advance(5_000);
+    assert_eq!(net.seqs(4, 3), (0..10).collect::<Vec<_>>());
+    assert_eq!(net.nodes[3].done.len(), 10);
+    assert!(net.nodes[4].relm.stats().duplicates >= 10);
+    net.advance(2_000);
+    assert!(net.all_idle());
+}
+
+#[test]
+fn a_dead_destination_fails_the_completions() {
+    let mut net = Net::new(2, 7);
+    // 0 -> {1, 2}; 1 -> {3, 5}: 3 -> 5 crosses 1, and 1 -> 5 loses everything.
+    net.lossy.push((1, 5));
+    for s in 0..5 {
+        net.send(3, 5, s).unwrap();
+    }
+    net.run();
+    net.crash(5, Scope::Global);
+    net.run();
+    assert_eq!(net.nodes[3].done.len(), 5, "{:?}", net.nodes[3].done);
+    assert!(
+        net.nodes[3]
+            .done
+            .iter()
+            .all(|(_, r)| *r == Err(SendError::NodeDown(5))),
+        "{:?}",
+        net.nodes[3].done
+    );
+    assert_eq!(net.send(3, 5, 9), Err(SendError::NodeDown(5)));
+    net.advance(2_000);
+    assert!(net.all_idle());
+}
+
+#[test]
+fn updates_from_a_non_neighbour_or_with_a_stale_depth_are_ignored() {
+    let mut net = Net::new(2, 7);
+    let n = &mut net.nodes[3];
+    let mut post = |_: Rank, _: Tag, _: Bytes| true;
+    let upd = Control::LinkUpdate {
+        depth: 0,
+        offers: Vec::new(),
+    };
+    // 0 -> {1, 2}; 1 -> {3, 5}. Rank 1 is 3's parent at depth 1, so depth 0 is stale.
+    n.relm
+        .handle_control(net.now, &n.routing, 1, &upd.encode(), &mut post)
+        .unwrap();
+    let ack = Control::Ack {
+        origin: 3,
+        dst: 4,
+        upto: 0,
+    };
+    // Rank 2 is not 3's neighbour on the path from 3 to 4 (3 -> 1 -> 0 -> 2 -> 4).
+    n.relm
+        .handle_control(net.now, &n.routing, 2, &ack.encode(), &mut post)
+        .unwrap();
+    assert_eq!(n.relm.stats().ignored, 2);
+}
+
+#[test]
+fn the_window_is_bounded() {
+    let mut net = Net::new(2, 3);
+    net.lossy.push((0, 1));
+    let cap = RelmConfig::default().unacked_max as u64;
+    for s in 0..cap {
+        net.send(1, 2, s).unwrap();
+        net.links.clear();
+    }
+    assert!(matches!(net.send(1, 2, cap), Err(SendError::Busy(_))));
+}
