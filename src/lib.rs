@@ -29,6 +29,8 @@ pub mod oob;
 pub mod relm;
 pub mod rml;
 pub mod routed;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
 
 pub use counters::Counters;
 pub use driver::{Daemon, Handle, StopReason, start};

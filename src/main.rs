@@ -31,6 +31,8 @@ enum Command {
     Harness(Box<cli::harness::HarnessArgs>),
     /// Measure message rate, bandwidth, round trip and scale beside a raw-TCP baseline.
     Bench(Box<cli::bench::BenchArgs>),
+    /// Run the deterministic fault simulator over many seeds, or replay one.
+    Sim(cli::sim::SimArgs),
 }
 
 fn main() {
@@ -46,6 +48,7 @@ fn main() {
         ),
         Command::Harness(args) => ("harness", cli::harness::run(*args)),
         Command::Bench(args) => ("bench", cli::bench::run(*args)),
+        Command::Sim(args) => ("sim", cli::sim::run(args)),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -2,5 +2,6 @@
 pub mod bench;
 pub mod daemon;
 pub mod harness;
+pub mod sim;
 pub mod tree;
 pub mod workload;

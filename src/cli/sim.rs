@@ -1,0 +1,110 @@
+//! `tbon sim`: run the deterministic fault simulator over many seeds (or replay one) and print
+//! a summary; for a failure, the seed, the checker that failed, and the command that replays it.
+use clap::Args;
+use std::time::Instant;
+use tbon::sim::{Options, REGRESSION_SEEDS, SeedOutcome, run_seed};
+
+/// Arguments of `tbon sim`.
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// Seeds to run: FIRST..FIRST+N (see --first).
+    #[arg(long, default_value_t = 1000, conflicts_with = "seed")]
+    pub seeds: u64,
+    /// The first seed of a --seeds run.
+    #[arg(long, default_value_t = 0)]
+    pub first: u64,
+    /// Run only this seed (a replay), with its scenario printed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Daemons per run (default: chosen per seed, 2 to 40).
+    #[arg(long)]
+    pub daemons: Option<u32>,
+    /// Radix (default: chosen per seed among 2, 3, 4, 8).
+    #[arg(long)]
+    pub radix: Option<u32>,
+    /// Reliable messages per run (plain messages: half as many).
+    #[arg(long, default_value_t = 200)]
+    pub messages: u64,
+    /// Stop at the first failing seed.
+    #[arg(long)]
+    pub fail_fast: bool,
+}
+
+/// Runs `tbon sim`; exit code 1 if any seed failed.
+pub fn run(args: SimArgs) -> Result<i32, String> {
+    let opts = Options {
+        daemons: args.daemons,
+        radix: args.radix,
+        messages: args.messages,
+    };
+    if let Some(seed) = args.seed {
+        let o = run_seed(seed, opts);
+        return Ok(report_one(&o, args.messages, true));
+    }
+    let started = Instant::now();
+    let mut failed = 0u64;
+    let mut ran = 0u64;
+    let (mut events, mut posted, mut crashed, mut retransmits) = (0u64, 0u64, 0u64, 0u64);
+    let regressions = REGRESSION_SEEDS.iter().map(|&(seed, daemons, radix, _)| {
+        (
+            seed,
+            Options {
+                daemons: Some(daemons),
+                radix: Some(radix),
+                messages: args.messages,
+            },
+        )
+    });
+    let seeds = (args.first..args.first.saturating_add(args.seeds)).map(|s| (s, opts));
+    for (seed, o) in regressions.chain(seeds) {
+        let out = run_seed(seed, o);
+        ran += 1;
+        match &out.result {
+            Ok(s) => {
+                events += s.events;
+                posted += s.reliable_posted;
+                crashed += u64::from(s.crashed);
+                retransmits += s.retransmits;
+            }
+            Err(_) => {
+                failed += 1;
+                report_one(&out, args.messages, false);
+                if args.fail_fast {
+                    break;
+                }
+            }
+        }
+    }
+    println!(
+        "tbon sim: {ran} seeds, {failed} failed, in {:.1} s: {events} events, {posted} reliable \
+         messages posted, {crashed} daemons crashed, {retransmits} retransmissions",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(if failed == 0 { 0 } else { 1 })
+}
+
+fn report_one(o: &SeedOutcome, messages: u64, verbose: bool) -> i32 {
+    match &o.result {
+        Ok(s) => {
+            if verbose {
+                println!(
+                    "seed {}: PASS ({} daemons, radix {}): {s:?}",
+                    o.seed, o.daemons, o.radix
+                );
+            }
+            0
+        }
+        Err(v) => {
+            println!(
+                "seed {}: FAIL ({} daemons, radix {}): checker {}: {}\n  replay: {}",
+                o.seed,
+                o.daemons,
+                o.radix,
+                v.checker,
+                v.detail,
+                o.replay_command(messages)
+            );
+            1
+        }
+    }
+}

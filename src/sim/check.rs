@@ -1,0 +1,263 @@
+//! The checkers. They see every delivery and completion as it happens (safety) and the final
+//! state after the faults stop (liveness), and name the first rule broken.
+
+use super::node::{Node, TAG_PLAIN, TAG_RELIABLE};
+use crate::Rank;
+use crate::error::SendError;
+use crate::rml::Message;
+use crate::routed::tree_view;
+use std::collections::{HashMap, HashSet};
+
+/// A broken rule: which checker, and what it saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The checker's name (stable: scripts and regression seeds refer to it).
+    pub checker: &'static str,
+    /// What it saw.
+    pub detail: String,
+}
+
+/// The workload's self-checking payload: origin, destination, sequence, checksum.
+pub fn payload(origin: Rank, dst: Rank, seq: u64, pad: usize) -> bytes::Bytes {
+    let mut v = Vec::with_capacity(24 + pad);
+    v.extend_from_slice(&origin.to_be_bytes());
+    v.extend_from_slice(&dst.to_be_bytes());
+    v.extend_from_slice(&seq.to_be_bytes());
+    v.resize(16 + pad, (seq as u8).wrapping_mul(31));
+    let sum = fnv(&v);
+    v.extend_from_slice(&sum.to_be_bytes());
+    bytes::Bytes::from(v)
+}
+
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+        (h ^ u64::from(*x)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// (origin, dst, seq) of a payload made by [`payload`], if it is intact.
+pub fn parse(p: &[u8]) -> Option<(Rank, Rank, u64)> {
+    let n = p.len().checked_sub(8)?;
+    let (body, sum) = p.split_at(n);
+    if fnv(body).to_be_bytes() != sum {
+        return None;
+    }
+    let origin = Rank::from_be_bytes(body.get(0..4)?.try_into().ok()?);
+    let dst = Rank::from_be_bytes(body.get(4..8)?.try_into().ok()?);
+    let seq = u64::from_be_bytes(body.get(8..16)?.try_into().ok()?);
+    Some((origin, dst, seq))
+}
+
+/// What the checkers know of the workload and what they have seen.
+#[derive(Debug, Default)]
+pub struct Checker {
+    /// (origin, dst) -> reliable sequence numbers accepted by `send_reliable`, in order.
+    pub sent: HashMap<(Rank, Rank), Vec<u64>>,
+    /// (origin, dst) -> reliable sequence numbers posted at dst, in order.
+    pub got: HashMap<(Rank, Rank), Vec<u64>>,
+    /// token -> (origin, dst, seq).
+    pub tokens: HashMap<u64, (Rank, Rank, u64)>,
+    /// Tokens completed.
+    pub completed: HashSet<u64>,
+    /// Plain messages seen: (origin, dst, seq).
+    pub plain_seen: HashSet<(Rank, Rank, u64)>,
+    /// Plain messages sent.
+    pub plain_sent: u64,
+    /// Reliable deliveries and plain deliveries seen.
+    pub reliable_posted: u64,
+    /// Plain deliveries seen.
+    pub plain_posted: u64,
+}
+
+impl Checker {
+    /// A reliable send was accepted.
+    pub fn sent_reliable(&mut self, token: u64, origin: Rank, dst: Rank, seq: u64) {
+        self.sent.entry((origin, dst)).or_default().push(seq);
+        self.tokens.insert(token, (origin, dst, seq));
+    }
+
+    /// `at` posted `m` to its application.
+    pub fn delivered(&mut self, at: Rank, m: &Message) -> Result<(), Violation> {
+        let Some((origin, dst, seq)) = parse(&m.payload) else {
+            return Err(v(
+                "integrity",
+                format!("corrupt payload at {at} from {}", m.origin),
+            ));
+        };
+        if origin != m.origin || dst != at {
+            return Err(v(
+                "integrity",
+                format!(
+                    "message {origin}->{dst} #{seq} posted at {at} as from {}",
+                    m.origin
+                ),
+            ));
+        }
+        if m.tag == TAG_PLAIN {
+            self.plain_posted += 1;
+            if !self.plain_seen.insert((origin, dst, seq)) {
+                return Err(v(
+                    "plain-no-duplicate",
+                    format!("plain {origin}->{dst} #{seq} posted twice"),
+                ));
+            }
+            return Ok(());
+        }
+        if m.tag != TAG_RELIABLE {
+            return Err(v("integrity", format!("unexpected tag {}", m.tag)));
+        }
+        self.reliable_posted += 1;
+        let got = self.got.entry((origin, dst)).or_default();
+        let sent = self.sent.get(&(origin, dst));
+        if got.contains(&seq) {
+            return Err(v(
+                "exactly-once",
+                format!("reliable {origin}->{dst} #{seq} posted twice"),
+            ));
+        }
+        let expected = sent.and_then(|s| s.get(got.len())).copied();
+        if expected != Some(seq) {
+            return Err(v(
+                "in-order",
+                format!(
+                    "reliable {origin}->{dst}: posted #{seq} after {:?}, expected {expected:?}",
+                    got.last()
+                ),
+            ));
+        }
+        got.push(seq);
+        Ok(())
+    }
+
+    /// A reliable send completed.
+    pub fn completed(
+        &mut self,
+        token: u64,
+        result: &Result<(), SendError>,
+        crashed: &[Rank],
+    ) -> Result<(), Violation> {
+        let Some(&(origin, dst, seq)) = self.tokens.get(&token) else {
+            return Err(v("completion", format!("unknown token {token}")));
+        };
+        if !self.completed.insert(token) {
+            return Err(v(
+                "completion",
+                format!("{origin}->{dst} #{seq} completed twice"),
+            ));
+        }
+        match result {
+            Ok(()) => {
+                let posted = self
+                    .got
+                    .get(&(origin, dst))
+                    .is_some_and(|g| g.contains(&seq));
+                if !posted {
+                    return Err(v(
+                        "completion",
+                        format!("{origin}->{dst} #{seq} completed Ok before it was posted"),
+                    ));
+                }
+            }
+            Err(SendError::NodeDown(r)) if *r == dst && crashed.contains(&dst) => {}
+            Err(e) => {
+                return Err(v(
+                    "completion",
+                    format!("{origin}->{dst} #{seq} failed: {e}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The liveness checks, once the faults stopped and the world went quiet.
+    pub fn final_state(
+        &self,
+        nodes: &[Node],
+        alive: &[bool],
+        crashed: &[Rank],
+        radix: u32,
+    ) -> Result<(), Violation> {
+        let living = |r: Rank| alive.get(r as usize).copied().unwrap_or(false);
+        let mut pairs: Vec<_> = self.sent.iter().collect();
+        pairs.sort_unstable_by_key(|(k, _)| **k);
+        for (&(origin, dst), sent) in pairs {
+            if !(living(origin) && living(dst)) {
+                continue;
+            }
+            let got = self.got.get(&(origin, dst)).map_or(0, |g| g.len());
+            if got != sent.len() {
+                return Err(v(
+                    "no-loss",
+                    format!(
+                        "reliable {origin}->{dst}: {got} of {} posted, both alive",
+                        sent.len()
+                    ),
+                ));
+            }
+        }
+        let mut tokens: Vec<_> = self.tokens.iter().collect();
+        tokens.sort_unstable_by_key(|(t, _)| **t);
+        for (t, (origin, dst, seq)) in tokens {
+            if living(*origin) && !self.completed.contains(t) {
+                return Err(v(
+                    "completion",
+                    format!("{origin}->{dst} #{seq} never completed"),
+                ));
+            }
+        }
+        let size = nodes.len() as u32;
+        let view = tree_view(radix, size, crashed)
+            .map_err(|e| v("same-tree", format!("tree_view: {e}")))?;
+        for n in nodes.iter().filter(|n| living(n.rank)) {
+            if !n.errors.is_empty() {
+                return Err(v(
+                    "protocol",
+                    format!("rank {}: {}", n.rank, n.errors.join("; ")),
+                ));
+            }
+            if !n.relm.is_idle() {
+                return Err(v(
+                    "relm-idle",
+                    format!(
+                        "rank {} still holds RELM state {:?}",
+                        n.rank,
+                        n.relm.records()
+                    ),
+                ));
+            }
+            let failed: Vec<Rank> = n.routing.failed().collect();
+            if failed != crashed {
+                return Err(v(
+                    "same-tree",
+                    format!(
+                        "rank {} thinks {failed:?} failed; crashed {crashed:?}",
+                        n.rank
+                    ),
+                ));
+            }
+            let Some(nv) = view.iter().find(|x| x.rank == n.rank) else {
+                return Err(v("same-tree", format!("rank {} not in the tree", n.rank)));
+            };
+            let mut children = n.routing.children().to_vec();
+            children.sort_unstable();
+            if nv.parent != n.routing.parent() || nv.children != children {
+                return Err(v(
+                    "same-tree",
+                    format!(
+                        "rank {}: parent {:?} children {:?}, expected {:?} {:?}",
+                        n.rank,
+                        n.routing.parent(),
+                        children,
+                        nv.parent,
+                        nv.children
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn v(checker: &'static str, detail: String) -> Violation {
+    Violation { checker, detail }
+}

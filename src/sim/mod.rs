@@ -1,0 +1,116 @@
+//! The deterministic fault simulator (cargo feature `sim`, always on in tests).
+//!
+//! N daemons' real protocol cores — the routing state, the receive matcher, RELM and the fault
+//! notices — run in one thread on a virtual clock and a simulated network: per-link FIFO
+//! delivery like TCP with seeded latency, connections lost when a daemon crashes, daemons that
+//! stall, links that slow down. Everything follows from one seed, including which kinds of
+//! fault the run has at all (swarm testing, `swarm.rs`). A run has a safety phase (faults and
+//! traffic; checkers see every delivery and completion) and then a liveness phase (no more
+//! faults; within `LIVENESS_US` of virtual time every reliable send must have completed, every
+//! daemon's RELM state must be empty, and all survivors must hold the same, correct tree).
+//!
+//! * `rng.rs` — the seeded generator. `swarm.rs` — what a seed chooses.
+//! * `node.rs` — one daemon: the cores plus the driver's fault flow.
+//! * `world.rs` — clock, event queue, links, fault injection.
+//! * `check.rs` — the checkers.
+//!
+//! Run it with `tbon sim` (README, "Simulator"); a failure prints the seed, the checker and the
+//! command that replays it. Seeds that once failed are kept in `REGRESSION_SEEDS`.
+
+mod check;
+mod node;
+mod rng;
+mod swarm;
+mod world;
+
+pub use check::Violation;
+pub use swarm::{CrashPattern, Scenario};
+pub use world::{RunStats, World};
+
+/// Seeds that found a bug, kept so the bug stays fixed: (seed, daemons, radix, what it found).
+/// `tbon sim` and the tests run them first.
+pub const REGRESSION_SEEDS: &[(u64, u32, u32, &str)] = &[
+    (
+        19_933,
+        3,
+        4,
+        "simulator: overlapping slow-link windows multiplied their factors and blocked a link for hours",
+    ),
+    (
+        19_683,
+        34,
+        3,
+        "simulator: a RELM timer delayed by a stall was discarded as stale, so retransmission stopped",
+    ),
+];
+
+/// What to simulate.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Daemons; `None` picks 2..=40 per seed.
+    pub daemons: Option<u32>,
+    /// Radix; `None` picks one of 2, 3, 4, 8 per seed.
+    pub radix: Option<u32>,
+    /// Reliable messages per run (plain messages: half as many).
+    pub messages: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            daemons: None,
+            radix: None,
+            messages: 200,
+        }
+    }
+}
+
+/// One seed's outcome.
+#[derive(Debug, Clone)]
+pub struct SeedOutcome {
+    /// The seed.
+    pub seed: u64,
+    /// The DVM size it ran.
+    pub daemons: u32,
+    /// The radix it ran.
+    pub radix: u32,
+    /// The counts, or the first broken rule.
+    pub result: Result<RunStats, Violation>,
+}
+
+impl SeedOutcome {
+    /// The command that replays this seed exactly.
+    pub fn replay_command(&self, messages: u64) -> String {
+        format!(
+            "cargo run --release -- sim --seed {} --daemons {} --radix {} --messages {messages}",
+            self.seed, self.daemons, self.radix
+        )
+    }
+}
+
+/// Runs one seed.
+pub fn run_seed(seed: u64, opts: Options) -> SeedOutcome {
+    let mut rng = rng::Rng::new(seed ^ 0xD1CE);
+    let daemons = opts.daemons.unwrap_or_else(|| rng.range(2, 40) as u32);
+    let radix = opts.radix.unwrap_or_else(|| match rng.range(0, 3) {
+        0 => 2,
+        1 => 3,
+        2 => 4,
+        _ => 8,
+    });
+    let result = World::new(seed, daemons, radix, opts.messages)
+        .map_err(|e| Violation {
+            checker: "setup",
+            detail: e,
+        })
+        .and_then(|mut w| w.run());
+    SeedOutcome {
+        seed,
+        daemons,
+        radix,
+        result,
+    }
+}
+
+#[cfg(test)]
+mod tests;

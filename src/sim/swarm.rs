@@ -1,0 +1,213 @@
+//! Swarm testing: each seed chooses which kinds of fault happen and how often, not only when.
+//! A run with only slow links finds different bugs from a run with cascading crashes, and a
+//! fixed mix would rarely produce either in its extreme.
+
+use super::rng::Rng;
+use crate::Rank;
+
+/// One fault the world injects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// The daemon dies: its connections drop, what was in flight to or from it is lost.
+    Crash { rank: Rank, at_us: u64 },
+    /// The daemon stops working for a while (shorter than the heartbeat timeout), then goes on.
+    Stall { rank: Rank, at_us: u64, for_us: u64 },
+    /// Frames between two neighbours take `factor` times longer for a while.
+    SlowLink {
+        a: Rank,
+        b: Rank,
+        at_us: u64,
+        for_us: u64,
+        factor: u64,
+    },
+}
+
+/// How a seed's crashes are arranged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashPattern {
+    /// Independent crashes at random times.
+    Scattered,
+    /// Several at the same instant.
+    Concurrent,
+    /// The heir of a crashed rank crashes while the repair is under way.
+    Cascade,
+    /// A parent and one of its children together.
+    ParentAndChild,
+    /// A neighbour of a crashed rank dies just after the detection, during the link-update
+    /// exchange.
+    DuringLinkUpdate,
+}
+
+/// Everything a seed decides before the run starts.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Base one-way latency of a link, in microseconds.
+    pub latency_us: u64,
+    /// Extra random latency per frame, up to this.
+    pub jitter_us: u64,
+    /// How long after a crash a neighbour notices (connection loss, failed redial), at most.
+    pub detect_us_max: u64,
+    /// How the crashes are arranged.
+    pub pattern: CrashPattern,
+    /// The faults, in no particular order.
+    pub faults: Vec<Fault>,
+    /// Reliable messages to send in all.
+    pub messages: u64,
+    /// Plain messages to send in all.
+    pub plain: u64,
+    /// The safety phase (faults and traffic) lasts this long.
+    pub safety_us: u64,
+    /// RELM hop cache size for this run (swarm: small caches force replays from the origin).
+    pub cache_max: usize,
+    /// RELM hop cache age.
+    pub cache_ms: u64,
+}
+
+impl Scenario {
+    /// The scenario of `seed` for a DVM of `size` with radix `radix`, `messages` reliable
+    /// messages.
+    pub fn choose(seed: u64, size: u32, radix: u32, messages: u64) -> Scenario {
+        let mut rng = Rng::new(seed);
+        let safety_us = rng.range(2_000_000, 8_000_000);
+        let latency_us = rng.range(20, 5_000);
+        let jitter_us = if rng.chance(0.5) {
+            0
+        } else {
+            rng.range(1, 3 * latency_us)
+        };
+        let detect_us_max = rng.range(1_000, 2_000_000);
+        let pattern = match rng.range(0, 4) {
+            0 => CrashPattern::Scattered,
+            1 => CrashPattern::Concurrent,
+            2 => CrashPattern::Cascade,
+            3 => CrashPattern::ParentAndChild,
+            _ => CrashPattern::DuringLinkUpdate,
+        };
+        // Swarm: every kind of fault is on or off per seed, with its own rate.
+        let crashes_on = rng.chance(0.85);
+        let stalls_on = rng.chance(0.4);
+        let slow_on = rng.chance(0.4);
+        let max_crashes = u64::from(size.saturating_sub(1) / 3).clamp(0, 5);
+        let crashes = if crashes_on {
+            rng.range(1, max_crashes.max(1))
+        } else {
+            0
+        };
+        let mut faults = Vec::new();
+        let mut dead: Vec<Rank> = Vec::new();
+        let pick = |rng: &mut Rng, dead: &[Rank]| -> Option<Rank> {
+            for _ in 0..64 {
+                let r = rng.range(1, u64::from(size.saturating_sub(1))) as Rank;
+                if r != 0 && !dead.contains(&r) {
+                    return Some(r);
+                }
+            }
+            None
+        };
+        let mut t = rng.range(safety_us / 10, safety_us / 2);
+        while (dead.len() as u64) < crashes && size > 2 {
+            let Some(r) = pick(&mut rng, &dead) else {
+                break;
+            };
+            dead.push(r);
+            faults.push(Fault::Crash { rank: r, at_us: t });
+            let shape = crate::routed::radix::Shape::new(radix, size).ok();
+            let second: Option<(Rank, u64)> = match pattern {
+                CrashPattern::Scattered => None,
+                CrashPattern::Concurrent => pick(&mut rng, &dead).map(|s| (s, t)),
+                CrashPattern::Cascade => {
+                    // The heir of r's slot: the next rank in pre-order within its subtree.
+                    let heir = shape
+                        .as_ref()
+                        .and_then(|s| s.next_in(r, r))
+                        .filter(|h| !dead.contains(h));
+                    heir.map(|h| (h, t + rng.range(0, detect_us_max + 50_000)))
+                }
+                CrashPattern::ParentAndChild => {
+                    let child = shape
+                        .as_ref()
+                        .and_then(|s| s.children(r).find(|c| !dead.contains(c)));
+                    child.map(|c| (c, t + rng.range(0, 2 * latency_us)))
+                }
+                CrashPattern::DuringLinkUpdate => {
+                    let parent = shape.as_ref().and_then(|s| s.parent(r)).filter(|p| *p != 0);
+                    let other = parent.or_else(|| pick(&mut rng, &dead));
+                    other.map(|o| (o, t + detect_us_max / 2 + rng.range(0, 4 * latency_us)))
+                }
+            };
+            if let Some((s, at)) = second
+                && !dead.contains(&s)
+                && s != 0
+                && (dead.len() as u64) < crashes.max(2)
+            {
+                dead.push(s);
+                faults.push(Fault::Crash { rank: s, at_us: at });
+            }
+            t += rng.range(0, safety_us / 3);
+        }
+        if stalls_on {
+            for _ in 0..rng.range(1, 4) {
+                let r = rng.range(0, u64::from(size.saturating_sub(1))) as Rank;
+                let at_us = rng.range(0, safety_us);
+                faults.push(Fault::Stall {
+                    rank: r,
+                    at_us,
+                    for_us: rng.range(10_000, 3_000_000),
+                });
+            }
+        }
+        if slow_on && size > 1 {
+            for _ in 0..rng.range(1, 6) {
+                let b = rng.range(1, u64::from(size - 1)) as Rank;
+                let a = crate::routed::radix::Shape::new(radix, size)
+                    .ok()
+                    .and_then(|s| s.parent(b))
+                    .unwrap_or(0);
+                faults.push(Fault::SlowLink {
+                    a,
+                    b,
+                    at_us: rng.range(0, safety_us),
+                    for_us: rng.range(10_000, 2_000_000),
+                    factor: rng.range(5, 200),
+                });
+            }
+        }
+        let cache_max = if rng.chance(0.3) {
+            rng.range(1, 4) as usize
+        } else {
+            crate::limits::RELM_CACHE_MAX_DEFAULT
+        };
+        let cache_ms = if rng.chance(0.3) {
+            rng.range(1, 50)
+        } else {
+            crate::limits::RELM_CACHE_MS_DEFAULT
+        };
+        Scenario {
+            latency_us,
+            jitter_us,
+            detect_us_max,
+            pattern,
+            faults,
+            messages,
+            plain: messages / 2,
+            safety_us,
+            cache_max,
+            cache_ms,
+        }
+    }
+
+    /// The ranks this scenario crashes.
+    pub fn crashed(&self) -> Vec<Rank> {
+        let mut v: Vec<Rank> = self
+            .faults
+            .iter()
+            .filter_map(|f| match f {
+                Fault::Crash { rank, .. } => Some(*rank),
+                _ => None,
+            })
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
