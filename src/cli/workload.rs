@@ -19,6 +19,13 @@ use tbon::{Handle, Peer, SendError};
 pub const TAG_PLAIN: u32 = 200;
 /// The tag of workload broadcasts.
 pub const TAG_BCAST: u32 = 201;
+/// The tag of workload reliable messages.
+pub const TAG_RELIABLE: u32 = 202;
+/// The destination returned for a message this daemon does not send (pattern `leaves` on an
+/// interior daemon).
+pub const DST_NONE: u32 = u32::MAX - 1;
+/// In mixed mode, one point-to-point message in this many is sent reliably.
+pub const MIXED_RELIABLE_EVERY: u64 = 4;
 /// The destination written into a broadcast's payload.
 pub const DST_ALL: u32 = u32::MAX;
 /// Bytes of the self-describing header at the start of every payload.
@@ -51,18 +58,36 @@ pub enum Pattern {
     Hotspot,
     /// Every message is a broadcast to all daemons.
     Broadcast,
+    /// Only the leaves of the initial tree send, each to every other leaf in turn (traffic
+    /// that must cross interior daemons).
+    Leaves,
 }
 
-/// Plain sends only, or plain sends with broadcasts mixed in (reliable: not built yet).
+/// Plain sends, reliable sends, or a mix with broadcasts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
     /// Unacknowledged point-to-point sends only (plus broadcasts if the pattern is broadcast).
     Plain,
-    /// Reliable (acknowledged) sends: not available yet.
+    /// Reliable (RELM) point-to-point sends only (plus broadcasts if the pattern is broadcast):
+    /// every message between survivors must arrive, once, in order, faults or not.
     Reliable,
-    /// Plain sends with one message in 20 sent as a broadcast instead. Reliable sends will join
-    /// once reliable mode exists.
+    /// Point-to-point sends with one message in 20 sent as a broadcast instead, and one
+    /// point-to-point message in 4 sent reliably.
     Mixed,
+}
+
+/// Whether message `seq` of a point-to-point schedule is sent reliably.
+pub fn is_reliable(mode: Mode, seq: u64) -> bool {
+    match mode {
+        Mode::Reliable => true,
+        Mode::Mixed => seq % MIXED_RELIABLE_EVERY == 1,
+        Mode::Plain => false,
+    }
+}
+
+/// Whether `r` is a leaf of the failure-free tree.
+pub fn is_leaf(radix: u32, size: u32, r: u32) -> bool {
+    tbon::routed::Shape::new(radix, size).is_ok_and(|s| s.children(r).next().is_none())
 }
 
 /// A payload size or range `MIN..MAX` (inclusive), in bytes.
@@ -126,6 +151,9 @@ pub struct WorkloadArgs {
     pub workload_payload: PayloadRange,
     #[arg(long, hide = true, default_value_t = 1)]
     pub workload_seed: u64,
+    /// The DVM's radix (pattern `leaves` needs the tree's shape).
+    #[arg(long, hide = true, default_value_t = 64)]
+    pub workload_radix: u32,
 }
 
 /// splitmix64: a small deterministic generator (no dependency, same sequence everywhere).
@@ -210,10 +238,23 @@ pub fn destination(
     pattern: Pattern,
     mode: Mode,
     origin: u32,
-    size: u32,
+    (radix, size): (u32, u32),
     seq: u64,
     rng: &mut Rng,
 ) -> u32 {
+    if pattern == Pattern::Leaves {
+        if !is_leaf(radix, size, origin) {
+            return DST_NONE;
+        }
+        let leaves: Vec<u32> = (0..size)
+            .filter(|r| *r != origin && is_leaf(radix, size, *r))
+            .collect();
+        let n = leaves.len() as u64;
+        return match n {
+            0 => DST_NONE,
+            _ => leaves.get((seq % n) as usize).copied().unwrap_or(DST_NONE),
+        };
+    }
     if pattern == Pattern::Broadcast
         || (mode == Mode::Mixed && seq % MIXED_BCAST_EVERY == MIXED_BCAST_EVERY - 1)
         || size == 1
@@ -229,6 +270,7 @@ pub fn destination(
         Pattern::Hotspot if origin != 0 && rng.below(4) != 0 => 0,
         Pattern::Hotspot => other(rng.below(u64::from(size - 1))),
         Pattern::Broadcast => DST_ALL,
+        Pattern::Leaves => DST_NONE,
     }
 }
 
@@ -265,12 +307,9 @@ impl Workload {
         let Some(out) = args.workload_out.clone() else {
             return Ok(None);
         };
-        if args.workload_mode == Mode::Reliable {
-            return Err("--mode reliable is not available yet".into());
-        }
         let record = Arc::new(Mutex::new(Record::default()));
         let received = Arc::new(AtomicU64::new(0));
-        for tag in [TAG_PLAIN, TAG_BCAST] {
+        for tag in [TAG_PLAIN, TAG_BCAST, TAG_RELIABLE] {
             let rec = record.clone();
             let count = received.clone();
             h.recv(Peer::Any, tag, true, move |m| {
@@ -319,10 +358,13 @@ impl Workload {
                     args.workload_pattern,
                     args.workload_mode,
                     me,
-                    size,
+                    (args.workload_radix, size),
                     seq,
                     &mut rng,
                 );
+                if dst == DST_NONE {
+                    continue;
+                }
                 let len = args.workload_payload.min + rng.below(span + 1) as usize;
                 let now = mono_ns();
                 let payload = encode(me, dst, seq, now, len);
@@ -337,6 +379,8 @@ impl Workload {
                 };
                 let r = if dst == DST_ALL {
                     h.broadcast(TAG_BCAST, payload, Some(Box::new(on_done)))
+                } else if is_reliable(args.workload_mode, seq) {
+                    h.send_reliable_with(dst, TAG_RELIABLE, payload, on_done)
                 } else {
                     h.send_with(dst, TAG_PLAIN, payload, on_done)
                 };
@@ -469,7 +513,7 @@ mod tests {
     fn all_to_all_covers_every_other_rank() {
         let mut rng = Rng::new(1);
         let dsts: std::collections::BTreeSet<u32> = (0..7)
-            .map(|s| destination(Pattern::AllToAll, Mode::Plain, 2, 8, s, &mut rng))
+            .map(|s| destination(Pattern::AllToAll, Mode::Plain, 2, (64, 8), s, &mut rng))
             .collect();
         assert_eq!(dsts, [0, 1, 3, 4, 5, 6, 7].into_iter().collect());
     }

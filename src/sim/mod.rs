@@ -42,6 +42,13 @@ pub const REGRESSION_SEEDS: &[(u64, u32, u32, &str)] = &[
         3,
         "simulator: a RELM timer delayed by a stall was discarded as stale, so retransmission stopped",
     ),
+    (
+        51_432,
+        9,
+        2,
+        "relm: a hop's Requested record, filled by the replayed data, kept tag 0 and prev NONE; \
+         its own replays then posted a user message as runtime tag 0",
+    ),
 ];
 
 /// What to simulate.
