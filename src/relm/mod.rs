@@ -56,6 +56,7 @@ pub mod uid;
 pub mod wire;
 
 pub use engine::{MsgState, Role, Trigger};
+pub use steady::{DataFrame, Post};
 pub use wire::{Control, ControlError};
 
 use crate::Rank;
