@@ -1554,6 +1554,8 @@ impl EventLoop {
             return;
         }
         log::debug!("rank {}: stopping ({reason:?})", self.me);
+        // Acknowledgements of what RELM posted here go out with the linger.
+        self.pump_relm();
         self.shared.set_stopped(reason.clone());
         self.stopping = Some(reason);
         let held: Vec<Caddy> = self.prewire.drain(..).collect();

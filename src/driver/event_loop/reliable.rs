@@ -64,8 +64,12 @@ impl EventLoop {
     }
 
     /// A `RelmData` frame from neighbour `from` (already checked: not from a failed rank, ranks
-    /// in range).
+    /// in range). A stopping daemon ignores RELM input: it sends nothing more, so it must not
+    /// post what it could not acknowledge (the origin then hears node-down, truthfully).
     pub(super) fn on_relm_data(&mut self, tok: usize, from: Rank, h: Header, payload: Bytes) {
+        if self.stopping.is_some() {
+            return;
+        }
         if h.tag < TAG_USER_MIN {
             self.protocol_error(
                 tok,
@@ -99,6 +103,9 @@ impl EventLoop {
 
     /// A `Relm` control frame from neighbour `from`.
     pub(super) fn on_relm_control(&mut self, tok: usize, from: Rank, h: Header, payload: Bytes) {
+        if self.stopping.is_some() {
+            return;
+        }
         if h.origin != from || h.dst != self.me {
             self.protocol_error(
                 tok,
