@@ -9,10 +9,19 @@
 mod common;
 
 use bytes::Bytes;
-use common::{HANG_GUARD, loopback_config, start_dvm, start_dvm_with};
+use common::wire::Wire;
+use common::{HANG_GUARD, key_file, loopback_config, start_dvm, start_dvm_with};
 use crossbeam_channel::{Receiver, unbounded};
 use std::collections::HashMap;
+use std::net::TcpListener;
 use std::time::{Duration, Instant};
+use tbon::driver::wireup::TAG_WIREUP_REPORT;
+use tbon::oob::handshake::JobKey;
+use tbon::oob::uri::ContactUri;
+use tbon::oob::{Frame, Handshake, HandshakeConfig, HandshakeEvent, Header, Kind};
+use tbon::relm::Control;
+use tbon::relm::uid::MsgKey;
+use tbon::relm::wire::unpack_seq;
 use tbon::routed::tree_view;
 use tbon::{Counters, Daemon, Handle, Peer, Rank, SendError};
 
@@ -363,4 +372,174 @@ fn stopping_fails_the_outstanding_reliable_sends() {
         drx.recv_timeout(HANG_GUARD).unwrap(),
         (1, 0, Err(SendError::ShutDown))
     );
+}
+
+/// Accepts a parent's dial on `listener` as the scripted rank 3: Hello, HelloAck, Auth.
+fn accept_parent(listener: &TcpListener, hs_cfg: &HandshakeConfig) -> Wire {
+    let (s, _) = listener.accept().unwrap();
+    let mut w = Wire::new(s);
+    let mut acc = Handshake::accept(hs_cfg);
+    let hello = w.recv().unwrap();
+    assert!(matches!(
+        acc.handle_frame(hello),
+        Ok(Some(HandshakeEvent::HelloReceived(_)))
+    ));
+    assert!(acc.try_accept_peer());
+    w.send_all(&mut acc);
+    let auth = w.recv().unwrap();
+    assert!(matches!(
+        acc.handle_frame(auth),
+        Ok(Some(HandshakeEvent::Established(_)))
+    ));
+    w
+}
+
+/// The next frame of `kind`, skipping heartbeats and the contact table.
+fn next_of(w: &mut Wire, kind: Kind) -> Frame {
+    loop {
+        let f = w.recv().expect("the parent hung up");
+        if f.header.kind == kind {
+            return f;
+        }
+        assert!(
+            matches!(f.header.kind, Kind::Heartbeat | Kind::Xcast),
+            "unexpected {:?}",
+            f.header
+        );
+    }
+}
+
+/// A scripted leaf (rank 3 under rank 1; radix 2, 4 daemons) checks what the real daemons put
+/// on the wire: reliable messages relayed to it as `RelmData` with the uid chain in `seq`; after
+/// it hangs up, its parent redials it (a probe the peer answers, no death) and sends a link
+/// update offering the messages it holds for it; a request is answered with a replay; its
+/// acknowledgement travels back to the origin, whose completions then say `Ok`.
+#[test]
+fn a_link_that_comes_back_gets_a_link_update_and_replays() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let mut cfg = loopback_config(2);
+    cfg.relm_cache_ms = 3_600_000;
+    cfg.relm_retransmit_ms = 3_600_000;
+    cfg.heartbeat_timeout_ms = 3_600_000;
+    let root = tbon::start(cfg.clone(), 0, 4, None).unwrap();
+    let root_addr = root.contact_uri().parse::<ContactUri>().unwrap().addrs[0];
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let hs_cfg = HandshakeConfig {
+        me: 3,
+        size: 4,
+        epoch: 0,
+        dvm_id: cfg.dvm_id.clone(),
+        key: JobKey::new(std::fs::read(key_file()).unwrap().trim_ascii_end()),
+    };
+    let mut to_root = Wire::dial(root_addr);
+    let mut hs = Handshake::dial(&hs_cfg, 0);
+    to_root.send_all(&mut hs);
+    let ack = to_root.recv().unwrap();
+    assert!(matches!(
+        hs.handle_frame(ack),
+        Ok(Some(HandshakeEvent::Established(_)))
+    ));
+    to_root.send_all(&mut hs);
+    let me = ContactUri {
+        dvm_id: cfg.dvm_id.clone(),
+        rank: 3,
+        addrs: vec![listener.local_addr().unwrap()],
+    };
+    let report = Header {
+        kind: Kind::Msg,
+        origin: 3,
+        dst: 0,
+        tag: TAG_WIREUP_REPORT,
+        epoch: 0,
+        seq: 0,
+        len: 0,
+    };
+    to_root.send(&report, &Bytes::from(me.to_string()));
+    let others: Vec<_> = (1..3)
+        .map(|r| tbon::start(cfg.clone(), r, 4, Some(root.contact_uri())).unwrap())
+        .collect();
+    let mut from_parent = accept_parent(&listener, &hs_cfg);
+    assert!(root.wait_wired(HANG_GUARD) && others[0].wait_wired(HANG_GUARD));
+
+    // Three reliable messages 0 -> 3, relayed by rank 1.
+    let (dtx, drx) = unbounded();
+    stream(&root.handle(), &[3], 0..3, &dtx);
+    let mut uids = Vec::new();
+    for seq in 0..3 {
+        let f = next_of(&mut from_parent, Kind::RelmData);
+        let h = f.header;
+        assert_eq!((h.origin, h.dst, h.tag), (0, 3, TAG));
+        assert_eq!(decode(&f.payload), (0, seq));
+        let (uid, prev) = unpack_seq(h.seq);
+        assert_eq!(prev, uids.last().copied().unwrap_or(tbon::relm::uid::NONE));
+        uids.push(uid);
+    }
+    // Nothing acknowledged: the origin still holds them.
+    assert!(drx.try_recv().is_err());
+    assert_eq!(root.counters().unwrap().relm_unacked, 3);
+
+    // Hang up; rank 1 probes its lost child, and the link comes back.
+    from_parent
+        .stream
+        .shutdown(std::net::Shutdown::Both)
+        .unwrap();
+    drop(from_parent);
+    let mut from_parent = accept_parent(&listener, &hs_cfg);
+    let f = next_of(&mut from_parent, Kind::Relm);
+    assert_eq!((f.header.origin, f.header.dst), (1, 3));
+    match Control::decode(4, &f.payload).unwrap() {
+        Control::LinkUpdate { depth, offers } => {
+            assert_eq!(depth, 1, "rank 1's depth");
+            let mut keys: Vec<(Rank, Rank, u32)> = offers
+                .iter()
+                .map(|o| (o.key.origin, o.dst, o.key.uid))
+                .collect();
+            keys.sort_unstable();
+            let want: Vec<_> = uids.iter().map(|u| (0, 3, *u)).collect();
+            assert_eq!(keys, want, "the offered messages");
+        }
+        other => panic!("expected a link update, got {other:?}"),
+    }
+
+    // Ask for the second one again: rank 1 replays it from its cache.
+    let relm = |control: Control| {
+        let p = control.encode();
+        let h = Header {
+            kind: Kind::Relm,
+            origin: 3,
+            dst: 1,
+            tag: 0,
+            epoch: 0,
+            seq: 0,
+            len: p.len() as u32,
+        };
+        (h, p)
+    };
+    let (h, p) = relm(Control::Request {
+        key: MsgKey {
+            origin: 0,
+            uid: uids[1],
+        },
+        dst: 3,
+    });
+    from_parent.send(&h, &p);
+    let f = next_of(&mut from_parent, Kind::RelmData);
+    assert_eq!(unpack_seq(f.header.seq), (uids[1], uids[0]));
+    assert_eq!(decode(&f.payload), (0, 1));
+
+    // Acknowledge all three: the origin's completions say Ok.
+    let (h, p) = relm(Control::Ack {
+        origin: 0,
+        dst: 3,
+        upto: uids[2],
+    });
+    from_parent.send(&h, &p);
+    for _ in 0..3 {
+        assert_eq!(drx.recv_timeout(HANG_GUARD).unwrap(), (0, 3, Ok(())));
+    }
+    let c = others[0].counters().unwrap();
+    assert!(c.relm_link_updates >= 1 && c.relm_replays >= 1, "{c:?}");
+    assert_eq!(c.relm_cached, 0, "the ack released rank 1's copies");
+    assert_eq!(root.counters().unwrap().relm_unacked, 0);
+    drop((to_root, from_parent));
 }
