@@ -149,7 +149,7 @@ typedef struct {
   uint64_t sent;
   // Messages delivered to a receive on this daemon.
   uint64_t delivered;
-  // Messages for other daemons forwarded by this one.
+  // Plain messages for other daemons forwarded by this one.
   uint64_t relayed;
   // Broadcast frames forwarded to children.
   uint64_t xcast_forwarded;

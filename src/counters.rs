@@ -9,7 +9,8 @@ pub struct Counters {
     pub sent: u64,
     /// Messages delivered to a receive on this daemon.
     pub delivered: u64,
-    /// Messages for other daemons forwarded by this one.
+    /// Plain messages for other daemons forwarded by this one (reliable ones are RELM's: see
+    /// the `relm_*` counters).
     pub relayed: u64,
     /// Broadcast frames forwarded to children.
     pub xcast_forwarded: u64,

@@ -125,7 +125,7 @@ pub struct tbon_counters {
     pub sent: u64,
     /// Messages delivered to a receive on this daemon.
     pub delivered: u64,
-    /// Messages for other daemons forwarded by this one.
+    /// Plain messages for other daemons forwarded by this one.
     pub relayed: u64,
     /// Broadcast frames forwarded to children.
     pub xcast_forwarded: u64,
