@@ -5,7 +5,8 @@
  * OVERVIEW
  *   tbon_config_new / tbon_config_set / tbon_config_free   settings by name (as TBON_<NAME>)
  *   tbon_start -> tbon_daemon; tbon_contact_uri (rank 0's is what the others join with)
- *   tbon_wait_wired, tbon_send, tbon_send_nocopy, tbon_broadcast, tbon_recv, tbon_cancel, tbon_recv_blocking
+ *   tbon_wait_wired, tbon_send, tbon_send_nocopy, tbon_send_reliable, tbon_broadcast,
+ *   tbon_recv, tbon_cancel, tbon_recv_blocking
  *   tbon_on_fault, tbon_counters_get, tbon_rank, tbon_size
  *   tbon_shutdown / tbon_shutdown_dvm (rank 0: stop the whole DVM) / tbon_abort, then tbon_free
  *
@@ -20,9 +21,9 @@
  * loop thread; several daemons may live in one process.
  *
  * CALLBACKS (send completions, receive callbacks, fault handlers) run on the daemon's loop
- * thread. Keep them short. Inside a callback you may call tbon_send, tbon_broadcast, tbon_recv,
- * tbon_cancel, tbon_purge, tbon_rank, tbon_size, tbon_contact_uri, tbon_strerror and
- * tbon_last_error. The blocking calls (tbon_recv_blocking, tbon_wait_wired, tbon_wait_stopped,
+ * thread. Keep them short. Inside a callback you may call tbon_send, tbon_send_reliable,
+ * tbon_broadcast, tbon_recv, tbon_cancel, tbon_purge, tbon_rank, tbon_size, tbon_contact_uri,
+ * tbon_strerror and tbon_last_error. The blocking calls (tbon_recv_blocking, tbon_wait_wired, tbon_wait_stopped,
  * tbon_counters_get, tbon_start, tbon_shutdown, tbon_shutdown_dvm, tbon_abort, tbon_free) return
  * TBON_ERR_BUSY there instead of deadlocking. A send from a callback gets TBON_ERR_BUSY if the
  * command queue is full (from other threads it blocks until there is room: back-pressure).
@@ -34,14 +35,18 @@
  * daemon runs any more: the safe point to free `user` data.
  *
  * MEMORY. tbon never keeps a caller pointer past a call except `user` (and the lent buffer of
- * tbon_send_nocopy). Payloads are COPIED by tbon_send / tbon_broadcast before they return (the
- * caller keeps ownership). tbon_send_nocopy lends the buffer instead and gets a free callback. Received data is
- * valid only during the receive callback; tbon_recv_blocking copies into the caller's buffer.
+ * tbon_send_nocopy). Payloads are COPIED by tbon_send / tbon_send_reliable / tbon_broadcast
+ * before they return (the caller keeps ownership). tbon_send_nocopy lends the buffer instead
+ * and gets a free callback. Received data is valid only during the receive callback;
+ * tbon_recv_blocking copies into the caller's buffer.
  *
- * MESSAGES. Tags below TBON_TAG_USER_MIN (100) are reserved. Plain sends are not acknowledged
- * end to end: a completion with TBON_OK means handed to the kernel on the first hop. A reliable
- * (acknowledged, never-lost) send does NOT exist yet in tbon; there is no tbon_send_reliable.
- * Which plain messages can be lost under faults: README.md, "What survives what".
+ * MESSAGES. Tags below TBON_TAG_USER_MIN (100) are reserved. Plain sends (tbon_send,
+ * tbon_send_nocopy) are not acknowledged end to end: a completion with TBON_OK means handed to
+ * the kernel on the first hop, and a plain message can be lost when a daemon on its path dies.
+ * tbon_send_reliable is acknowledged end to end: each message reaches its destination once, in
+ * order with the sender's other reliable messages to it, across the deaths of daemons on its
+ * path; its completion says TBON_OK once the destination posted it, TBON_ERR_NODE_DOWN if the
+ * destination died first. Details: README.md, "What survives what".
  */
 
 
@@ -112,8 +117,9 @@ typedef uint64_t tbon_config;
 typedef uint64_t tbon_daemon;
 
 // Send completion: called once, on the loop thread, with `TBON_OK` when the message was handed
-// to the kernel on the first hop (or delivered, for a self-send), otherwise the error
-// (`TBON_ERR_NODE_DOWN`, `TBON_ERR_UNREACHABLE`, `TBON_ERR_BUSY`, `TBON_ERR_SHUT_DOWN`).
+// to the kernel on the first hop (or delivered, for a self-send; for `tbon_send_reliable`, once
+// the destination posted it), otherwise the error (`TBON_ERR_NODE_DOWN`,
+// `TBON_ERR_UNREACHABLE`, `TBON_ERR_BUSY`, `TBON_ERR_SHUT_DOWN`).
 typedef void (*tbon_send_cb)(tbon_rc rc, void *user);
 
 // Frees a zero-copy payload (`tbon_send_nocopy`): called with the `data` and `free_user` given.
@@ -143,7 +149,7 @@ typedef struct {
   uint64_t sent;
   // Messages delivered to a receive on this daemon.
   uint64_t delivered;
-  // Messages for other daemons forwarded by this one.
+  // Plain messages for other daemons forwarded by this one.
   uint64_t relayed;
   // Broadcast frames forwarded to children.
   uint64_t xcast_forwarded;
@@ -173,6 +179,30 @@ typedef struct {
   uint32_t parent;
   // How many children this daemon currently has in the tree.
   uint32_t children_count;
+  // Reliable messages originated here (self-sends excluded).
+  uint64_t relm_sent;
+  // Reliable messages posted here (handed to receive matching), each once.
+  uint64_t relm_posted;
+  // Copies of reliable messages discarded here as already posted.
+  uint64_t relm_duplicates;
+  // Reliable messages retransmitted by this daemon as their origin.
+  uint64_t relm_retransmits;
+  // Reliable messages replayed from this daemon's record on a neighbour's request.
+  uint64_t relm_replays;
+  // RELM updates ignored (not from the right neighbour, or a stale link update).
+  uint64_t relm_ignored;
+  // Reliable messages evicted from this daemon's hop cache.
+  uint64_t relm_evicted;
+  // Reliable messages refused here (pending bound or full unmatched list); replayed later.
+  uint64_t relm_refused;
+  // RELM link updates sent.
+  uint64_t relm_link_updates;
+  // Reliable messages originated here and not yet acknowledged.
+  uint64_t relm_unacked;
+  // Reliable messages held in this daemon's hop cache.
+  uint64_t relm_cached;
+  // Early reliable messages held here while their predecessor is missing.
+  uint64_t relm_pending;
 } tbon_counters;
 
 #ifdef __cplusplus
@@ -272,6 +302,27 @@ tbon_rc tbon_send(tbon_daemon d,
                   size_t len,
                   tbon_send_cb cb,
                   void *user);
+
+// Sends `len` bytes at `data` to rank `dst` with `tag` RELIABLY, without waiting: the message
+// reaches `dst`'s receive matching exactly once, in order with this daemon's other reliable
+// messages to `dst`, even while daemons on its path die and the tree is repaired. Copies the
+// bytes like `tbon_send`; `data` may be NULL when `len` is 0. Reliable and plain messages are
+// not ordered with respect to each other.
+//
+// `cb` (may be NULL) is called exactly once, on the loop thread, if and only if this returns
+// `TBON_OK`: with `TBON_OK` once `dst` has posted the message (delivered to a receive, or
+// held for one), `TBON_ERR_NODE_DOWN` if `dst` died first, `TBON_ERR_BUSY` when
+// `relm_unacked_max` reliable messages of this daemon are unacknowledged,
+// `TBON_ERR_SHUT_DOWN` if this daemon stops first, `TBON_ERR_UNREACHABLE` if the
+// retransmissions ran out. A reliable send to this daemon itself is delivered locally and
+// completes `TBON_OK`. Returned at once: the same errors as `tbon_send`.
+tbon_rc tbon_send_reliable(tbon_daemon d,
+                           uint32_t dst,
+                           uint32_t tag,
+                           const void *data,
+                           size_t len,
+                           tbon_send_cb cb,
+                           void *user);
 
 // `tbon_send` without the copy: tbon reads `len` bytes at `data` in place, and calls
 // `free_cb(data, free_user)` exactly once when it no longer needs them, WHATEVER this call

@@ -249,6 +249,26 @@ settings! {
     /// 20-30 s. 10 s stays clear of false alarms on a loaded 2-core machine. Must exceed
     /// heartbeat_interval_ms.
     heartbeat_timeout_ms: u64 = 10_000, env "TBON_HEARTBEAT_TIMEOUT_MS";
+    /// Reliable messaging: milliseconds an intermediate hop keeps a reliable message's data
+    /// for replay (PRRTE: 500). A replay past it comes from further upstream, at worst from
+    /// the origin, which keeps every message until it is acknowledged. 1..=3600000.
+    relm_cache_ms: u64 = limits::RELM_CACHE_MS_DEFAULT, env "TBON_RELM_CACHE_MS";
+    /// Reliable messaging: messages an intermediate hop caches (PRRTE: 30); at the bound the
+    /// oldest copy is evicted. 1..=1048576.
+    relm_cache_max: usize = limits::RELM_CACHE_MAX_DEFAULT, env "TBON_RELM_CACHE_MAX";
+    /// Reliable messaging: milliseconds before an origin first retransmits an unacknowledged
+    /// message; doubled per retransmission up to 8 times this. 1..=3600000.
+    relm_retransmit_ms: u64 = limits::RELM_RETRANSMIT_MS_DEFAULT, env "TBON_RELM_RETRANSMIT_MS";
+    /// Reliable messaging: milliseconds a daemon waits after a repair for its changed
+    /// neighbours' link updates before sending its own to all of them anyway. 1..=3600000.
+    relm_gate_ms: u64 = limits::RELM_GATE_MS_DEFAULT, env "TBON_RELM_GATE_MS";
+    /// Reliable messaging: messages a daemon may have sent and not yet had acknowledged; at
+    /// the bound a reliable send fails with Busy. 1..=1048576.
+    relm_unacked_max: usize = limits::RELM_UNACKED_MAX_DEFAULT, env "TBON_RELM_UNACKED_MAX";
+    /// Reliable messaging: early messages a destination holds while their predecessor is
+    /// missing; beyond it an early message is dropped unacknowledged and replayed later by its
+    /// origin. 1..=1048576.
+    relm_pending_max: usize = limits::RELM_PENDING_MAX_DEFAULT, env "TBON_RELM_PENDING_MAX";
 }
 
 /// clap value parser for list items: trims each, like [`Config::set`] does.
@@ -474,7 +494,43 @@ impl Config {
                 "must exceed heartbeat_interval_ms, or every neighbour times out between beats",
             ));
         }
+        for (setting, v) in [
+            ("relm_cache_ms", self.relm_cache_ms),
+            ("relm_retransmit_ms", self.relm_retransmit_ms),
+            ("relm_gate_ms", self.relm_gate_ms),
+        ] {
+            if v == 0 || v > limits::RELM_MS_CEILING {
+                return Err(ConfigError::invalid(
+                    setting,
+                    format!("must be 1..={}", limits::RELM_MS_CEILING),
+                ));
+            }
+        }
+        for (setting, v) in [
+            ("relm_cache_max", self.relm_cache_max),
+            ("relm_unacked_max", self.relm_unacked_max),
+            ("relm_pending_max", self.relm_pending_max),
+        ] {
+            if v == 0 || v > limits::RELM_COUNT_CEILING {
+                return Err(ConfigError::invalid(
+                    setting,
+                    format!("must be 1..={}", limits::RELM_COUNT_CEILING),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The reliable-messaging settings, for [`crate::relm::Relm::new`].
+    pub fn relm(&self) -> crate::relm::RelmConfig {
+        crate::relm::RelmConfig {
+            cache_ms: self.relm_cache_ms,
+            cache_max: self.relm_cache_max,
+            retransmit_ms: self.relm_retransmit_ms,
+            gate_ms: self.relm_gate_ms,
+            unacked_max: self.relm_unacked_max,
+            pending_max: self.relm_pending_max,
+        }
     }
 }
 

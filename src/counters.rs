@@ -9,7 +9,8 @@ pub struct Counters {
     pub sent: u64,
     /// Messages delivered to a receive on this daemon.
     pub delivered: u64,
-    /// Messages for other daemons forwarded by this one.
+    /// Plain messages for other daemons forwarded by this one (reliable ones are RELM's: see
+    /// the `relm_*` counters).
     pub relayed: u64,
     /// Broadcast frames forwarded to children.
     pub xcast_forwarded: u64,
@@ -44,4 +45,31 @@ pub struct Counters {
     /// The DVM epoch this daemon knows: rank 0 increments it with every confirmation of
     /// deaths.
     pub epoch: u64,
+    /// Reliable messages originated here (self-sends excluded: they are posted locally).
+    pub relm_sent: u64,
+    /// Reliable messages posted here (handed to receive matching), each once.
+    pub relm_posted: u64,
+    /// Copies of reliable messages discarded here as already posted.
+    pub relm_duplicates: u64,
+    /// Reliable messages this daemon retransmitted as their origin (timer or repair).
+    pub relm_retransmits: u64,
+    /// Reliable messages replayed from this daemon's record on a neighbour's request.
+    pub relm_replays: u64,
+    /// RELM updates ignored: not from the message's current upstream or downstream
+    /// neighbour, or a link update with a stale depth.
+    pub relm_ignored: u64,
+    /// Reliable messages evicted from this daemon's hop cache (by age or count).
+    pub relm_evicted: u64,
+    /// Reliable messages refused here: early ones beyond `relm_pending_max`, or ones the full
+    /// unmatched list could not hold. Not acknowledged; their origin replays them.
+    pub relm_refused: u64,
+    /// RELM link updates this daemon sent after repairs and reconnections.
+    pub relm_link_updates: u64,
+    /// Reliable messages originated here and not yet acknowledged (at most
+    /// `relm_unacked_max`).
+    pub relm_unacked: u64,
+    /// Reliable messages held in this daemon's hop cache for replay.
+    pub relm_cached: u64,
+    /// Early reliable messages held here while their predecessor is missing.
+    pub relm_pending: u64,
 }

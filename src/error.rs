@@ -25,6 +25,9 @@ pub enum SendError {
     Busy(&'static str),
     /// The daemon is shutting down or has stopped.
     ShutDown,
+    /// A waiting call ([`crate::Handle::send_reliable_wait`]) gave up before the send
+    /// completed. The message was not withdrawn: it may still be delivered.
+    TimedOut,
 }
 
 impl fmt::Display for SendError {
@@ -49,6 +52,12 @@ impl fmt::Display for SendError {
             SendError::Unreachable(r) => write!(f, "rank {r} is unreachable"),
             SendError::Busy(what) => write!(f, "{what} is full; retry later"),
             SendError::ShutDown => write!(f, "the daemon is shut down"),
+            SendError::TimedOut => {
+                write!(
+                    f,
+                    "timed out waiting for the send to complete (not withdrawn)"
+                )
+            }
         }
     }
 }

@@ -196,3 +196,12 @@ pub const RELM_PENDING_MAX_DEFAULT: usize = 4_096;
 /// Entries per link-update frame (13 bytes each); a longer update is sent as several frames.
 /// A received update announcing more is refused as malformed.
 pub const RELM_UPDATE_ENTRIES_MAX: usize = 4_096;
+
+/// Upper bound on the RELM times (`relm_cache_ms`, `relm_retransmit_ms`, `relm_gate_ms`): one
+/// hour. `Config::validate` refuses more (deadlines far beyond it would overflow).
+pub const RELM_MS_CEILING: u64 = 3_600_000;
+
+/// Upper bound on the RELM counts (`relm_cache_max`, `relm_unacked_max`,
+/// `relm_pending_max`): 2^20. `Config::validate` refuses more; it also keeps the messages in
+/// flight per origin far below half the uid space, which wrap-aware ordering needs.
+pub const RELM_COUNT_CEILING: usize = 1 << 20;

@@ -1,8 +1,9 @@
 /* fault.c: a fault demo. 4 tbon daemons in one C process (radix 2: 0 -> {1, 2}, 1 -> {3}).
  * Rank 1, an interior daemon, is stopped the way a crash looks (tbon_abort). The survivors'
  * fault handlers fire (rank 0's confirmation reaches every survivor with a new epoch), rank 3
- * is adopted around the hole, messaging among the survivors goes on, and a send to the dead
- * rank completes with TBON_ERR_NODE_DOWN. Exits non-zero on any failure.
+ * is adopted around the hole, messaging among the survivors goes on (plain and reliable), and a
+ * send to the dead rank, plain or reliable, completes with TBON_ERR_NODE_DOWN. Exits non-zero
+ * on any failure.
  *
  * Build and run like ring.c (see README.md, "Using tbon from C").
  */
@@ -30,6 +31,7 @@ struct rank_state {
 
 static struct rank_state ranks[N];
 static atomic_int send_rc = -1;
+static atomic_int rsend_rc = -1;
 static int failures;
 
 #define CHECK(cond, ...)                                                  \
@@ -65,9 +67,21 @@ static void on_sent(tbon_rc rc, void *user) {
     atomic_store(&send_rc, (int)rc);
 }
 
+static void on_rsent(tbon_rc rc, void *user) {
+    (void)user;
+    atomic_store(&rsend_rc, (int)rc);
+}
+
 static void sleep_ms(long ms) {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+/* Waits (hang guard only) for a completion callback to store its result. */
+static int wait_rc(atomic_int *rc) {
+    for (long waited = 0; atomic_load(rc) < 0 && waited < TIMEOUT_MS; waited += 1)
+        sleep_ms(1);
+    return atomic_load(rc);
 }
 
 /* Sends a string from rank `from` to rank `to` and receives it there with a blocking receive. */
@@ -79,6 +93,21 @@ static void exchange(uint32_t from, uint32_t to) {
     CHECK_RC(tbon_send(ranks[from].d, to, TAG_MSG, msg, (size_t)n + 1, NULL, NULL));
     CHECK_RC(tbon_recv_blocking(ranks[to].d, from, TAG_MSG, TIMEOUT_MS, buf, &len, &origin));
     CHECK(origin == from && len == (size_t)n + 1 && strcmp(buf, msg) == 0, "%u -> %u", from, to);
+}
+
+/* The same with a reliable send: its completion says TBON_OK once rank `to` has posted it. */
+static void exchange_reliable(uint32_t from, uint32_t to) {
+    char msg[64], buf[64];
+    int n = snprintf(msg, sizeof msg, "reliably from %u to %u", from, to);
+    size_t len = sizeof buf;
+    uint32_t origin = 99;
+    atomic_store(&rsend_rc, -1);
+    CHECK_RC(tbon_send_reliable(ranks[from].d, to, TAG_MSG + 1, msg, (size_t)n + 1, on_rsent, NULL));
+    CHECK_RC(tbon_recv_blocking(ranks[to].d, from, TAG_MSG + 1, TIMEOUT_MS, buf, &len, &origin));
+    CHECK(origin == from && len == (size_t)n + 1 && strcmp(buf, msg) == 0, "reliable %u -> %u", from,
+          to);
+    CHECK(wait_rc(&rsend_rc) == TBON_OK, "reliable %u -> %u completed %d", from, to,
+          atomic_load(&rsend_rc));
 }
 
 int main(void) {
@@ -141,6 +170,8 @@ int main(void) {
     exchange(2, 3);
     exchange(0, 3);
     exchange(3, 0);
+    exchange_reliable(3, 2);
+    exchange_reliable(0, 3);
 
     /* A send to the dead rank fails in its completion. */
     CHECK_RC(tbon_send(ranks[2].d, DEAD, TAG_MSG, "x", 1, on_sent, NULL));
@@ -148,6 +179,16 @@ int main(void) {
         sleep_ms(1);
     CHECK(atomic_load(&send_rc) == TBON_ERR_NODE_DOWN, "send to the dead rank: %d",
           atomic_load(&send_rc));
+    atomic_store(&rsend_rc, -1);
+    CHECK_RC(tbon_send_reliable(ranks[2].d, DEAD, TAG_MSG, "x", 1, on_rsent, NULL));
+    CHECK(wait_rc(&rsend_rc) == TBON_ERR_NODE_DOWN, "reliable send to the dead rank: %d",
+          atomic_load(&rsend_rc));
+    {
+        tbon_counters c;
+        CHECK_RC(tbon_counters_get(ranks[2].d, &c));
+        CHECK(c.relm_posted == 1 && c.relm_unacked == 0, "rank 2: relm_posted %llu, relm_unacked %llu",
+              (unsigned long long)c.relm_posted, (unsigned long long)c.relm_unacked);
+    }
     /* The aborted daemon's handle is still valid until freed, and says it is shut down. */
     CHECK(tbon_send(ranks[DEAD].d, 0, TAG_MSG, "x", 1, NULL, NULL) == TBON_ERR_SHUT_DOWN,
           "send from the aborted daemon");

@@ -1,12 +1,13 @@
 //! Every runtime control-message decoder on arbitrary bytes: fault reports, confirmations,
-//! adoption notices, the wire-up contact table and report, and contact URIs. Errors are fine;
-//! panics are not.
+//! adoption notices, the wire-up contact table and report, RELM control messages, and contact
+//! URIs. Errors are fine; panics are not.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use tbon::driver::wireup::{decode_report, decode_table};
 use tbon::faults::notice::{Adoption, Confirmation, decode_ranks};
 use tbon::oob::uri::ContactUri;
+use tbon::relm::Control;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&size, rest)) = data.split_first() else {
@@ -18,6 +19,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = Adoption::decode(size, rest);
     let _ = decode_table(size, rest);
     let _ = decode_report(size - 1, rest);
+    let _ = Control::decode(size, rest);
     if let Ok(s) = std::str::from_utf8(rest) {
         let _ = s.parse::<ContactUri>();
     }

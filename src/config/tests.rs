@@ -40,6 +40,15 @@ fn defaults_are_prrte_like_and_valid() {
     assert_eq!(c.port_range, None);
     assert!(c.if_include.is_empty());
     c.validate().unwrap();
+    let r = c.relm();
+    assert_eq!(
+        (r.cache_ms, r.cache_max, r.unacked_max),
+        (
+            crate::limits::RELM_CACHE_MS_DEFAULT,
+            crate::limits::RELM_CACHE_MAX_DEFAULT,
+            crate::limits::RELM_UNACKED_MAX_DEFAULT
+        )
+    );
 }
 
 #[test]
@@ -210,6 +219,21 @@ fn validate_catches_each_problem() {
     assert_eq!(
         invalid(&[("heartbeat_timeout_ms", "1000")]),
         "heartbeat_timeout_ms"
+    );
+    for relm in [
+        "relm_cache_ms",
+        "relm_cache_max",
+        "relm_retransmit_ms",
+        "relm_gate_ms",
+        "relm_unacked_max",
+        "relm_pending_max",
+    ] {
+        assert_eq!(invalid(&[(relm, "0")]), relm);
+        assert_eq!(invalid(&[(relm, "3600001")]), relm);
+    }
+    assert_eq!(
+        invalid(&[("relm_unacked_max", "1048577")]),
+        "relm_unacked_max"
     );
     // And a valid non-default combination passes.
     let mut c = Config::default();

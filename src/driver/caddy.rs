@@ -9,7 +9,8 @@ use bytes::Bytes;
 use crossbeam_channel::Sender;
 
 /// Called once on the loop thread when a send is finished: `Ok` once the frame was handed to the
-/// kernel (or delivered locally), an error when it could not be carried.
+/// kernel (or delivered locally), or for a reliable send once the destination posted it; an
+/// error when it could not be carried.
 pub type Completion = Box<dyn FnOnce(Result<(), SendError>) + Send + 'static>;
 
 /// Called on the loop thread after every repair of the routing tree, once per scope.
@@ -20,6 +21,13 @@ pub type RecvCallback = Box<dyn FnMut(Message) + Send + 'static>;
 
 pub(crate) enum Caddy {
     Send {
+        dst: Rank,
+        tag: Tag,
+        payload: Bytes,
+        done: Option<Completion>,
+    },
+    /// A reliable send (RELM): `done` runs once the destination has posted it.
+    SendReliable {
         dst: Rank,
         tag: Tag,
         payload: Bytes,

@@ -6,7 +6,7 @@ use crate::Rank;
 use crate::limits;
 use crate::oob::frame::FrameDecoder;
 use crate::oob::handshake::Handshake;
-use crate::oob::header::Header;
+use crate::oob::header::{Header, Kind};
 use crate::oob::send_queue::{QueueFull, SendQueue};
 use bytes::Bytes;
 use mio::net::TcpStream;
@@ -75,15 +75,18 @@ impl Conn {
         matches!(self.state, ConnState::Established)
     }
 
-    /// Queues one frame, stamping the link's next sequence number. On `QueueFull` the
-    /// completion is handed back so the caller can fail it.
+    /// Queues one frame, stamping the link's next sequence number (except on a `RelmData`
+    /// frame, whose `seq` carries the message's uids). On `QueueFull` the completion is handed
+    /// back so the caller can fail it.
     pub(crate) fn push(
         &mut self,
         mut header: Header,
         payload: Bytes,
         done: Option<Completion>,
     ) -> Result<(), (QueueFull, Option<Completion>)> {
-        header.seq = self.next_seq;
+        if header.kind != Kind::RelmData {
+            header.seq = self.next_seq;
+        }
         if self.queue.is_empty() {
             self.last_progress = std::time::Instant::now();
         }

@@ -2,11 +2,13 @@
 //! peers, routing, receive matching, wire-up and timers. Nothing else touches that state; other
 //! threads reach it through [`Caddy`] commands.
 //!
-//! One turn of the loop: drain commands (bounded batch), deliver local messages, flush the
-//! connections that got frames (so a burst coalesces into one `writev` per peer), poll with the
-//! nearest timer as timeout, handle socket events, fire expired timers.
+//! One turn of the loop: drain commands (bounded batch), deliver local messages, queue what
+//! reliable messaging (RELM) asked for, flush the connections that got frames (so a burst
+//! coalesces into one `writev` per peer), poll with the nearest timer as timeout, handle socket
+//! events, fire expired timers.
 
 mod faults;
+mod reliable;
 
 use super::caddy::{Caddy, Completion, FaultHandler, RecvCallback};
 use super::conn::{Conn, ConnState};
@@ -27,6 +29,7 @@ use crate::oob::frame::Frame;
 use crate::oob::handshake::{Handshake, HandshakeConfig, HandshakeEvent, JobKey, keep_dialled_by};
 use crate::oob::header::{Header, Kind};
 use crate::oob::uri::ContactUri;
+use crate::relm::Relm;
 use crate::rml::{Dispatch, Matcher, Message, Peer, ReceiveId, TAG_USER_MIN, Tag};
 use crate::routed::{Route, RoutingState, Scope};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -34,7 +37,7 @@ use crossbeam_channel::Receiver;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -114,6 +117,15 @@ pub(crate) struct EventLoop {
     /// Ranks rank 0 has confirmed dead (all of them, ascending).
     confirmed: Vec<Rank>,
     fault_handlers: Vec<FaultHandler>,
+    /// Reliable messaging (sans-IO; driven from `event_loop/reliable.rs`).
+    relm: Relm,
+    /// Completions of reliable sends by RELM token; at most `relm_unacked_max` (RELM refuses
+    /// a send beyond it).
+    relm_done: FxHashMap<u64, Completion>,
+    relm_next_token: u64,
+    /// Deadlines of the `TimerKind::Relm` timers armed and not yet fired. A new one is armed
+    /// only when earlier than all of these, so they stay few.
+    relm_timers: BTreeSet<Instant>,
 }
 
 impl EventLoop {
@@ -149,6 +161,7 @@ impl EventLoop {
             }
             Wire::Waiting
         };
+        let relm = Relm::new(me, size, cfg.relm());
         EventLoop {
             poll,
             shared,
@@ -182,6 +195,10 @@ impl EventLoop {
             ),
             confirmed: Vec::new(),
             fault_handlers: Vec::new(),
+            relm,
+            relm_done: FxHashMap::default(),
+            relm_next_token: 0,
+            relm_timers: BTreeSet::new(),
         }
     }
 
@@ -206,6 +223,8 @@ impl EventLoop {
         loop {
             let drained_all = self.drain_commands();
             self.deliver_local();
+            // What the commands, events and timers since the last turn made RELM want.
+            self.pump_relm();
             self.flush_dirty();
             if self.ready_to_exit() {
                 return Ok(());
@@ -306,6 +325,28 @@ impl EventLoop {
                 self.counters.sent += 1;
                 self.send(dst, tag, payload, done);
             }
+            Caddy::SendReliable {
+                dst,
+                tag,
+                payload,
+                done,
+            } => {
+                if !matches!(self.wire, Wire::Wired) && dst != self.me {
+                    if self.prewire.len() >= self.cfg.prewire_queue_max {
+                        complete(done, Err(SendError::Busy("the pre-wire-up queue")));
+                    } else {
+                        self.prewire.push_back(Caddy::SendReliable {
+                            dst,
+                            tag,
+                            payload,
+                            done,
+                        });
+                    }
+                    return;
+                }
+                self.counters.sent += 1;
+                self.send_reliable(dst, tag, payload, done);
+            }
             Caddy::Broadcast { tag, payload, done } => {
                 if !matches!(self.wire, Wire::Wired) {
                     if self.prewire.len() >= self.cfg.prewire_queue_max {
@@ -371,9 +412,9 @@ impl EventLoop {
     /// Answers a command that arrives while stopping.
     fn refuse(&mut self, c: Caddy) {
         match c {
-            Caddy::Send { done, .. } | Caddy::Broadcast { done, .. } => {
-                complete(done, Err(SendError::ShutDown))
-            }
+            Caddy::Send { done, .. }
+            | Caddy::SendReliable { done, .. }
+            | Caddy::Broadcast { done, .. } => complete(done, Err(SendError::ShutDown)),
             Caddy::Recv { peer, tag, .. } => {
                 lock(&self.shared.posted).remove(&(peer, tag));
             }
@@ -401,6 +442,20 @@ impl EventLoop {
         c.children = self.routing.children().to_vec();
         c.epoch = self.epoch;
         c.failed = self.routing.failed().collect();
+        let r = self.relm.stats();
+        c.relm_sent = r.sent;
+        c.relm_posted = r.posted;
+        c.relm_duplicates = r.duplicates;
+        c.relm_retransmits = r.retransmits;
+        c.relm_replays = r.replays;
+        c.relm_ignored = r.ignored;
+        c.relm_evicted = r.evicted;
+        c.relm_refused = r.refused;
+        c.relm_link_updates = r.link_updates;
+        let (unacked, cached, pending) = self.relm.records();
+        c.relm_unacked = unacked as u64;
+        c.relm_cached = cached as u64;
+        c.relm_pending = pending as u64;
         c
     }
 
@@ -1117,7 +1172,8 @@ impl EventLoop {
             );
             return;
         }
-        if h.origin >= self.size || (h.kind == Kind::Msg && h.dst >= self.size) {
+        let routed = matches!(h.kind, Kind::Msg | Kind::RelmData | Kind::Relm);
+        if h.origin >= self.size || (routed && h.dst >= self.size) {
             self.protocol_error(tok, &format!("frame names a rank beyond {}", self.size));
             return;
         }
@@ -1132,6 +1188,8 @@ impl EventLoop {
                 self.forward(h, frame.payload, None);
             }
             Kind::Xcast => self.on_xcast(from, h, frame.payload),
+            Kind::RelmData => self.on_relm_data(tok, from, h, frame.payload),
+            Kind::Relm => self.on_relm_control(tok, from, h, frame.payload),
             Kind::Heartbeat => {}
             Kind::Hello | Kind::HelloAck | Kind::Auth => {
                 self.protocol_error(tok, "handshake frame on an established connection")
@@ -1217,6 +1275,9 @@ impl EventLoop {
             self.tell_dead_and_close(tok, peer);
             return;
         }
+        // A link that comes back after a loss (a probe answered, or the peer replaced its
+        // connection) may have lost frames in flight: RELM offers the peer its state.
+        let mut relink = self.links.get(&peer).is_some_and(|l| l.probe);
         if let Some(old) = self.links.get(&peer).and_then(|l| l.conn)
             && old != tok
         {
@@ -1225,6 +1286,7 @@ impl EventLoop {
                 self.me
             );
             self.requeue_and_close(old);
+            relink = true;
         }
         let msg_max = self.cfg.msg_max_bytes as u32;
         let Some(conn) = self.conns.get_mut(tok) else {
@@ -1257,6 +1319,9 @@ impl EventLoop {
             self.queue_full(peer, done);
         }
         self.dirty.push(tok);
+        if relink && matches!(self.wire, Wire::Wired) {
+            self.relm_link_up(peer);
+        }
     }
 
     fn protocol_error(&mut self, tok: usize, why: &str) {
@@ -1365,7 +1430,11 @@ impl EventLoop {
             link.conn = None;
         }
         for (header, payload, done) in unsent.into_iter().rev() {
-            if matches!(header.kind, Kind::Msg | Kind::Xcast) {
+            // Heartbeats are not worth keeping; RELM frames are (they save a retransmission).
+            if matches!(
+                header.kind,
+                Kind::Msg | Kind::Xcast | Kind::RelmData | Kind::Relm
+            ) {
                 link.pending_bytes += payload.len() + crate::oob::header::HEADER_LEN;
                 link.pending.push_front(Pending {
                     header,
@@ -1468,6 +1537,7 @@ impl EventLoop {
                     }
                 }
                 TimerKind::Heartbeat => self.heartbeat_tick(),
+                TimerKind::Relm => self.relm_timer(now),
                 TimerKind::Linger => {
                     log::debug!("rank {}: linger over; dropping unsent frames", self.me);
                     let toks: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
@@ -1484,12 +1554,15 @@ impl EventLoop {
             return;
         }
         log::debug!("rank {}: stopping ({reason:?})", self.me);
+        // Acknowledgements of what RELM posted here go out with the linger.
+        self.pump_relm();
         self.shared.set_stopped(reason.clone());
         self.stopping = Some(reason);
         let held: Vec<Caddy> = self.prewire.drain(..).collect();
         for c in held {
             self.refuse(c);
         }
+        self.fail_relm_completions(SendError::ShutDown);
         let peers: Vec<Rank> = self.links.keys().copied().collect();
         for p in peers {
             self.give_up(p, SendError::ShutDown);
@@ -1532,6 +1605,7 @@ impl EventLoop {
         for c in held {
             self.refuse(c);
         }
+        self.fail_relm_completions(SendError::ShutDown);
         lock(&self.shared.posted).clear();
         log::debug!("rank {}: loop stopped", self.me);
     }

@@ -238,6 +238,76 @@ impl Handle {
         })
     }
 
+    /// Sends `payload` to `dst` with `tag` reliably (RELM), without waiting: the message
+    /// reaches `dst`'s receive matching exactly once, and in order with the other reliable
+    /// messages from this daemon to `dst`, even while daemons on its path die and the tree is
+    /// repaired. Argument errors are returned at once, as for [`Handle::send`]; what happens
+    /// later is only logged and counted — use [`Handle::send_reliable_with`] to see it.
+    /// Reliable and plain messages are not ordered with respect to each other.
+    pub fn send_reliable(
+        &self,
+        dst: Rank,
+        tag: Tag,
+        payload: impl Into<Bytes>,
+    ) -> Result<(), SendError> {
+        self.send_reliable_inner(dst, tag, payload.into(), None)
+    }
+
+    /// Like [`Handle::send_reliable`], and calls `done` once on the loop thread: `Ok` when
+    /// `dst` has posted the message (delivered to a receive, or held for one); `NodeDown(dst)`
+    /// if `dst` died first; `Busy` if `relm_unacked_max` messages of this daemon are still
+    /// unacknowledged; `ShutDown` if this daemon stops first; `Unreachable` after
+    /// `limits::RELM_RETRANSMITS_MAX` unanswered retransmissions. A reliable send to this
+    /// daemon itself is posted locally and completes `Ok`. If this returns an error, `done` is
+    /// not called.
+    pub fn send_reliable_with(
+        &self,
+        dst: Rank,
+        tag: Tag,
+        payload: impl Into<Bytes>,
+        done: impl FnOnce(Result<(), SendError>) + Send + 'static,
+    ) -> Result<(), SendError> {
+        self.send_reliable_inner(dst, tag, payload.into(), Some(Box::new(done)))
+    }
+
+    /// Sends reliably and blocks until the send completed (see
+    /// [`Handle::send_reliable_with`]) or `timeout` passed (`TimedOut`: the message is not
+    /// withdrawn and may still arrive). Must not be called from a callback: it would wait for
+    /// the loop thread it is running on.
+    pub fn send_reliable_wait(
+        &self,
+        dst: Rank,
+        tag: Tag,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+    ) -> Result<(), SendError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.send_reliable_with(dst, tag, payload, move |r| {
+            let _ = tx.send(r);
+        })?;
+        match rx.recv_timeout(timeout) {
+            Ok(r) => r,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(SendError::TimedOut),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(SendError::ShutDown),
+        }
+    }
+
+    fn send_reliable_inner(
+        &self,
+        dst: Rank,
+        tag: Tag,
+        payload: Bytes,
+        done: Option<Completion>,
+    ) -> Result<(), SendError> {
+        self.check_send(dst, tag, &payload)?;
+        self.shared.submit(Caddy::SendReliable {
+            dst,
+            tag,
+            payload,
+            done,
+        })
+    }
+
     /// Broadcasts `payload` with `tag` to every living daemon (this one included), down the
     /// tree from rank 0 with one shared buffer. From a non-zero rank the payload first travels
     /// to rank 0. This is the unacknowledged broadcast: `done` (optional) says the broadcast was

@@ -19,6 +19,9 @@ pub(crate) enum TimerKind {
     Linger,
     /// Send heartbeats to tree neighbours and look for silent ones.
     Heartbeat,
+    /// Reliable messaging's next deadline (`Relm::poll_timeout`): a new one is armed only when
+    /// none at or before it is.
+    Relm,
 }
 
 #[derive(Default)]
@@ -29,8 +32,8 @@ pub(crate) struct Timers {
 
 impl Timers {
     /// Arms a timer. The heap's size is bounded by the callers: at most one handshake timer per
-    /// connection, one redial timer per peer, one wire-up and one linger timer (stale ones are
-    /// popped as their deadlines pass).
+    /// connection, one redial timer per peer, one wire-up and one linger timer, RELM timers only
+    /// earlier than every armed one (stale ones are popped as their deadlines pass).
     pub(crate) fn arm(&mut self, at: Instant, kind: TimerKind) {
         self.seq += 1;
         self.heap.push(Reverse((at, self.seq, kind)));

@@ -92,8 +92,9 @@ pub const TBON_RANK_NONE: u32 = 0xFFFF_FFFF;
 pub const TBON_TAG_USER_MIN: u32 = 100;
 
 /// Send completion: called once, on the loop thread, with `TBON_OK` when the message was handed
-/// to the kernel on the first hop (or delivered, for a self-send), otherwise the error
-/// (`TBON_ERR_NODE_DOWN`, `TBON_ERR_UNREACHABLE`, `TBON_ERR_BUSY`, `TBON_ERR_SHUT_DOWN`).
+/// to the kernel on the first hop (or delivered, for a self-send; for `tbon_send_reliable`, once
+/// the destination posted it), otherwise the error (`TBON_ERR_NODE_DOWN`,
+/// `TBON_ERR_UNREACHABLE`, `TBON_ERR_BUSY`, `TBON_ERR_SHUT_DOWN`).
 pub type tbon_send_cb = Option<unsafe extern "C" fn(rc: tbon_rc, user: *mut c_void)>;
 
 /// Receive callback: called on the loop thread for each matched message. `data` (may be NULL
@@ -124,7 +125,7 @@ pub struct tbon_counters {
     pub sent: u64,
     /// Messages delivered to a receive on this daemon.
     pub delivered: u64,
-    /// Messages for other daemons forwarded by this one.
+    /// Plain messages for other daemons forwarded by this one.
     pub relayed: u64,
     /// Broadcast frames forwarded to children.
     pub xcast_forwarded: u64,
@@ -154,6 +155,30 @@ pub struct tbon_counters {
     pub parent: u32,
     /// How many children this daemon currently has in the tree.
     pub children_count: u32,
+    /// Reliable messages originated here (self-sends excluded).
+    pub relm_sent: u64,
+    /// Reliable messages posted here (handed to receive matching), each once.
+    pub relm_posted: u64,
+    /// Copies of reliable messages discarded here as already posted.
+    pub relm_duplicates: u64,
+    /// Reliable messages retransmitted by this daemon as their origin.
+    pub relm_retransmits: u64,
+    /// Reliable messages replayed from this daemon's record on a neighbour's request.
+    pub relm_replays: u64,
+    /// RELM updates ignored (not from the right neighbour, or a stale link update).
+    pub relm_ignored: u64,
+    /// Reliable messages evicted from this daemon's hop cache.
+    pub relm_evicted: u64,
+    /// Reliable messages refused here (pending bound or full unmatched list); replayed later.
+    pub relm_refused: u64,
+    /// RELM link updates sent.
+    pub relm_link_updates: u64,
+    /// Reliable messages originated here and not yet acknowledged.
+    pub relm_unacked: u64,
+    /// Reliable messages held in this daemon's hop cache.
+    pub relm_cached: u64,
+    /// Early reliable messages held here while their predecessor is missing.
+    pub relm_pending: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -176,6 +201,18 @@ impl From<&Counters> for tbon_counters {
             epoch: c.epoch,
             parent: c.parent.unwrap_or(TBON_RANK_NONE),
             children_count: u32::try_from(c.children.len()).unwrap_or(u32::MAX),
+            relm_sent: c.relm_sent,
+            relm_posted: c.relm_posted,
+            relm_duplicates: c.relm_duplicates,
+            relm_retransmits: c.relm_retransmits,
+            relm_replays: c.relm_replays,
+            relm_ignored: c.relm_ignored,
+            relm_evicted: c.relm_evicted,
+            relm_refused: c.relm_refused,
+            relm_link_updates: c.relm_link_updates,
+            relm_unacked: c.relm_unacked,
+            relm_cached: c.relm_cached,
+            relm_pending: c.relm_pending,
         }
     }
 }
@@ -201,6 +238,7 @@ fn send_rc(e: &SendError) -> tbon_rc {
         SendError::Unreachable(_) => tbon_rc::TBON_ERR_UNREACHABLE,
         SendError::Busy(_) => tbon_rc::TBON_ERR_BUSY,
         SendError::ShutDown => tbon_rc::TBON_ERR_SHUT_DOWN,
+        SendError::TimedOut => tbon_rc::TBON_ERR_TIMED_OUT,
     }
 }
 
@@ -757,6 +795,41 @@ pub unsafe extern "C" fn tbon_send(
         match completion(cb, user) {
             Some(done) => h.send_with(dst, tag, payload, done)?,
             None => h.send(dst, tag, payload)?,
+        }
+        Ok(())
+    })
+}
+
+/// Sends `len` bytes at `data` to rank `dst` with `tag` RELIABLY, without waiting: the message
+/// reaches `dst`'s receive matching exactly once, in order with this daemon's other reliable
+/// messages to `dst`, even while daemons on its path die and the tree is repaired. Copies the
+/// bytes like `tbon_send`; `data` may be NULL when `len` is 0. Reliable and plain messages are
+/// not ordered with respect to each other.
+///
+/// `cb` (may be NULL) is called exactly once, on the loop thread, if and only if this returns
+/// `TBON_OK`: with `TBON_OK` once `dst` has posted the message (delivered to a receive, or
+/// held for one), `TBON_ERR_NODE_DOWN` if `dst` died first, `TBON_ERR_BUSY` when
+/// `relm_unacked_max` reliable messages of this daemon are unacknowledged,
+/// `TBON_ERR_SHUT_DOWN` if this daemon stops first, `TBON_ERR_UNREACHABLE` if the
+/// retransmissions ran out. A reliable send to this daemon itself is delivered locally and
+/// completes `TBON_OK`. Returned at once: the same errors as `tbon_send`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_send_reliable(
+    d: tbon_daemon,
+    dst: u32,
+    tag: u32,
+    data: *const c_void,
+    len: usize,
+    cb: tbon_send_cb,
+    user: *mut c_void,
+) -> tbon_rc {
+    guard(|| {
+        let h = handle(d)?;
+        // SAFETY: the caller's buffer, valid for this call.
+        let payload = unsafe { payload_arg(&h, data, len)? };
+        match completion(cb, user) {
+            Some(done) => h.send_reliable_with(dst, tag, payload, done)?,
+            None => h.send_reliable(dst, tag, payload)?,
         }
         Ok(())
     })

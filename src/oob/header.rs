@@ -9,7 +9,7 @@
 //! 8   4   dst rank (u32)
 //! 12  4   tag (u32)
 //! 16  8   epoch (u64)  sender's incarnation epoch
-//! 24  8   seq (u64)    per-link sequence number
+//! 24  8   seq (u64)    per-link sequence number (RelmData: uid << 32 | prev uid)
 //! 32  4   len (u32)    payload length in bytes
 //! 36  4   reserved, must be zero
 //! ```
@@ -42,17 +42,25 @@ pub enum Kind {
     /// The dialler's proof that it holds the job key, the handshake's third frame
     /// (payload: a 32-byte HMAC-SHA256).
     Auth = 6,
+    /// A reliable message (RELM), relayed hop by hop like `Msg`: origin, dst and tag as in a
+    /// `Msg`, and `seq` = `relm::wire::pack_seq(uid, prev)` instead of the per-link number.
+    RelmData = 7,
+    /// A RELM control frame between two neighbours (origin = sender, dst = the neighbour,
+    /// tag 0; payload: `relm::wire::Control::encode`).
+    Relm = 8,
 }
 
 impl Kind {
     /// Every kind, in wire order.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Hello,
         Kind::HelloAck,
         Kind::Msg,
         Kind::Xcast,
         Kind::Heartbeat,
         Kind::Auth,
+        Kind::RelmData,
+        Kind::Relm,
     ];
 }
 
@@ -73,6 +81,8 @@ impl TryFrom<u8> for Kind {
             4 => Ok(Kind::Xcast),
             5 => Ok(Kind::Heartbeat),
             6 => Ok(Kind::Auth),
+            7 => Ok(Kind::RelmData),
+            8 => Ok(Kind::Relm),
             other => Err(WireError::UnknownKind(other)),
         }
     }
@@ -264,7 +274,9 @@ mod tests {
     #[test]
     fn kind_mapping() {
         assert_eq!(Kind::try_from(0), Err(WireError::UnknownKind(0)));
-        assert_eq!(Kind::try_from(7), Err(WireError::UnknownKind(7)));
+        assert_eq!(Kind::try_from(7), Ok(Kind::RelmData));
+        assert_eq!(Kind::try_from(8), Ok(Kind::Relm));
+        assert_eq!(Kind::try_from(9), Err(WireError::UnknownKind(9)));
         assert_eq!(Kind::try_from(255), Err(WireError::UnknownKind(255)));
         assert_eq!(u8::from(Kind::Hello), 1);
         assert_eq!(u8::from(Kind::Heartbeat), 5);

@@ -169,7 +169,11 @@ impl Relm {
         };
         if let Some(r) = self.table.get_mut(&key) {
             if r.data.is_none() {
+                // A `Requested` record knew only the key and the destination: its tag and
+                // predecessor come with the data, and later replays from it need them.
                 r.data = Some(d.payload.clone());
+                r.tag = d.tag;
+                r.prev = d.prev;
             }
             if let Err(e) = self.table.apply(&key, Trigger::Data) {
                 bug(e);

@@ -337,3 +337,37 @@ fn the_window_is_bounded() {
     }
     assert!(matches!(net.send(1, 2, cap), Err(SendError::Busy(_))));
 }
+
+#[test]
+fn a_replay_from_a_requested_record_keeps_the_tag_and_predecessor() {
+    // 0 -> {1, 2}; 1 -> {3, 5}; 2 -> {4, 6}: 3 -> 4 crosses 1, 0, 2. Rank 0 is asked for a
+    // message it never saw, gets its data from upstream, and is asked again.
+    let mut net = Net::new(2, 7);
+    let n = &mut net.nodes[0];
+    let mut post = |_: Rank, _: Tag, _: Bytes| true;
+    let key = uid::MsgKey { origin: 3, uid: 5 };
+    let req = Control::Request { key, dst: 4 };
+    n.relm
+        .handle_control(net.now, &n.routing, 2, &req.encode(), &mut post)
+        .unwrap();
+    while n.relm.poll_transmit().is_some() {}
+    let d = DataFrame {
+        origin: 3,
+        dst: 4,
+        tag: 123,
+        uid: 5,
+        prev: 4,
+        payload: Bytes::from_static(b"x"),
+    };
+    n.relm
+        .handle_data(net.now, &n.routing, 1, d, &mut post)
+        .unwrap();
+    while n.relm.poll_transmit().is_some() {}
+    n.relm
+        .handle_control(net.now, &n.routing, 2, &req.encode(), &mut post)
+        .unwrap();
+    match n.relm.poll_transmit() {
+        Some(Transmit::Data { to, tag, prev, .. }) => assert_eq!((to, tag, prev), (2, 123, 4)),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}

@@ -224,6 +224,19 @@ impl Matcher {
         }
     }
 
+    /// Like [`Matcher::handle_message`], but never evicts: when no receive matches and the
+    /// unmatched list is full, the message is handed back (`Err`) and nothing changes. For
+    /// messages whose sender keeps a copy and replays it later (reliable messages), where
+    /// dropping an older held message would lose it for good.
+    pub fn try_handle_message(&mut self, msg: Message) -> Result<Dispatch, Message> {
+        let matched = self.posted.contains_key(&(Peer::Rank(msg.origin), msg.tag))
+            || self.posted.contains_key(&(Peer::Any, msg.tag));
+        if !matched && self.unmatched.len() >= self.unmatched_max {
+            return Err(msg);
+        }
+        Ok(self.handle_message(msg))
+    }
+
     /// Cancel the receive posted for exactly (`peer`, `tag`): `Peer::Any` cancels only the
     /// wildcard receive, not receives posted for specific ranks. Returns its id, or `None` if
     /// nothing was posted (for example a one-shot that already fired).

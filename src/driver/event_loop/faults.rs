@@ -2,9 +2,12 @@
 //! for them, telling adopted children, reporting to rank 0, rank 0's confirmations with a new
 //! epoch, heartbeats, and the two fatal cases (rank 0 lost; this daemon declared dead).
 //!
-//! Handlers run on the loop thread after every repair, once per scope, in this order: the
-//! messaging layer (re-route or fail what was queued), then user handlers in registration order.
-//! Broadcast and reliable messaging will slot in between when they exist.
+//! After every repair, once per scope, on the loop thread, in this order: the messaging layer
+//! (re-route or fail what was queued, send broadcasts a dead child missed to its heir, tell
+//! adopted children, watch the new neighbours), then reliable messaging (`Relm::handle_repair`:
+//! purge, fail reliable sends to the dead with node-down, start the link-update exchange), then
+//! the user's fault handlers in registration order. RELM's frames are queued at the end of the
+//! loop turn, behind the adoption notices on the same connections.
 
 use super::{EventLoop, Pending, Wire, complete};
 use crate::Rank;
@@ -133,6 +136,9 @@ impl EventLoop {
                     }
                     complete(p.done, Ok(()));
                 }
+                // RELM replays what the dead neighbour may have lost (link updates, requests,
+                // the origin's retransmissions); these frames carry no completion.
+                Kind::RelmData | Kind::Relm => {}
                 _ => complete(p.done, Ok(())),
             }
         }
@@ -148,6 +154,8 @@ impl EventLoop {
             }
         }
         self.watch_neighbours();
+        // Reliable messaging, after the messaging layer and before the user's handlers.
+        self.relm_repair(&status);
         let mut handlers = std::mem::take(&mut self.fault_handlers);
         for h in handlers.iter_mut() {
             h(&status);

@@ -176,6 +176,40 @@ fn bound_evicts_oldest() {
 }
 
 #[test]
+fn try_handle_refuses_instead_of_evicting() {
+    let mut m = Matcher::new(2);
+    assert_eq!(m.try_handle_message(msg(1, 200, "a")), Ok(Dispatch::Held));
+    assert_eq!(m.try_handle_message(msg(1, 201, "b")), Ok(Dispatch::Held));
+    // Full, and nothing posted for it: handed back, nothing changes.
+    assert_eq!(
+        m.try_handle_message(msg(2, 202, "c")),
+        Err(msg(2, 202, "c"))
+    );
+    assert_eq!(m.unmatched_len(), 2);
+    // A message a receive wants is delivered even with the list full.
+    let (any, _) = m.post(Peer::Any, 300, true).unwrap();
+    let (three, _) = m.post(Peer::Rank(3), 301, false).unwrap();
+    assert_eq!(
+        delivered(&m.try_handle_message(msg(4, 300, "d")).unwrap()),
+        (any, false, "d")
+    );
+    assert_eq!(
+        delivered(&m.try_handle_message(msg(3, 301, "e")).unwrap()),
+        (three, true, "e")
+    );
+    // The one-shot is gone: the next one for it is refused again.
+    assert!(m.try_handle_message(msg(3, 301, "f")).is_err());
+    // Both held messages are still there, in order.
+    let (id, ds) = m.post(Peer::Rank(1), 200, true).unwrap();
+    assert_eq!(
+        ds.iter().map(delivered).collect::<Vec<_>>(),
+        vec![(id, false, "a")]
+    );
+    assert_eq!(m.try_handle_message(msg(5, 203, "g")), Ok(Dispatch::Held));
+    assert_eq!(m.unmatched_len(), 2);
+}
+
+#[test]
 fn persistent_post_taking_many_is_linear() {
     // 50,000 held messages, half of them taken by one post: quadratic removal would take
     // seconds, a single pass takes milliseconds.
