@@ -13,14 +13,25 @@ fn leaves_exchange_reliably_while_two_interior_daemons_are_killed() {
         .args(["harness", "--daemons", "15", "--radix", "2"])
         .args(["--pattern", "leaves", "--mode", "reliable"])
         .args(["--duration", "6", "--rate", "100", "--payload", "64..2048"])
-        .args(["--kill", "2", "--kill-interior", "--quiet", "--timeout", "240"])
+        .args([
+            "--kill",
+            "2",
+            "--kill-interior",
+            "--quiet",
+            "--timeout",
+            "240",
+        ])
         .arg("--json")
         .arg(&json)
         .output()
         .expect("run tbon harness");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let _ = std::fs::remove_file(&json);

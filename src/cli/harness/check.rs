@@ -390,8 +390,11 @@ pub fn analyse(inp: Input<'_>) -> Report {
         };
         row(
             &mut t,
-            "sent plain / broadcast",
-            format!("{} / {}", c.sent_plain, c.sent_broadcast),
+            "sent plain / reliable / bcast",
+            format!(
+                "{} / {} / {}",
+                c.sent_plain, c.sent_reliable, c.sent_broadcast
+            ),
         );
         row(&mut t, "deliveries expected", c.expected.to_string());
         row(&mut t, "delivered", c.delivered.to_string());
@@ -407,6 +410,11 @@ pub fn analyse(inp: Input<'_>) -> Report {
             &mut t,
             "lost outside fault window",
             c.lost_outside_fault_window.to_string(),
+        );
+        row(
+            &mut t,
+            "reliable lost / reordered",
+            format!("{} / {}", c.lost_reliable, c.reordered_reliable),
         );
         row(&mut t, "duplicated", c.duplicated.to_string());
         row(

@@ -63,8 +63,9 @@ impl EventLoop {
             if self.me == 0 {
                 self.confirm(&new);
             } else {
+                // Reliably: a report lost with a dying relay could leave the death unconfirmed.
                 let payload = notice::encode_ranks(&new);
-                self.send(0, TAG_FAULT_REPORT, payload, None);
+                self.send_reliable(0, TAG_FAULT_REPORT, payload, None);
             }
         }
     }
@@ -149,8 +150,21 @@ impl EventLoop {
                 ancestors: self.routing.ancestors().to_vec(),
             }
             .encode();
+            // With the latest confirmation too: a child whose old parent died while forwarding
+            // one would otherwise never hear of it (and keep a different tree).
+            let confirmation = (self.epoch > 0).then(|| {
+                Confirmation {
+                    epoch: self.epoch,
+                    failed: self.confirmed.clone(),
+                }
+                .encode()
+            });
             for c in adopted {
                 self.send(c, TAG_ADOPTED, notice.clone(), None);
+                if let Some(conf) = &confirmation {
+                    let h = self.header(Kind::Xcast, 0, c, TAG_FAULT_CONFIRM, conf.len());
+                    self.enqueue(c, h, conf.clone(), None);
+                }
             }
         }
         self.watch_neighbours();

@@ -70,7 +70,7 @@ impl EventLoop {
         if self.stopping.is_some() {
             return;
         }
-        if h.tag < TAG_USER_MIN {
+        if h.tag < TAG_USER_MIN && !RELIABLE_RUNTIME_TAGS.contains(&h.tag) {
             self.protocol_error(
                 tok,
                 &format!("reliable message with reserved tag {}", h.tag),
@@ -88,14 +88,15 @@ impl EventLoop {
         };
         let refused = self.relm.stats().refused;
         let mut ready = Vec::new();
+        let mut runtime = Vec::new();
         let matcher = &mut self.matcher;
         let mut post = |origin: Rank, tag: Tag, payload: Bytes| {
-            post_to(matcher, &mut ready, origin, tag, payload)
+            post_to(matcher, &mut ready, &mut runtime, origin, tag, payload)
         };
         let res = self
             .relm
             .handle_data(Instant::now(), &self.routing, from, d, &mut post);
-        self.posted_by_relm(ready, refused);
+        self.posted_by_relm(ready, runtime, refused);
         if let Err(e) = res {
             self.protocol_error(tok, &format!("reliable message: {e}"));
         }
@@ -118,14 +119,15 @@ impl EventLoop {
         }
         let refused = self.relm.stats().refused;
         let mut ready = Vec::new();
+        let mut runtime = Vec::new();
         let matcher = &mut self.matcher;
         let mut post = |origin: Rank, tag: Tag, payload: Bytes| {
-            post_to(matcher, &mut ready, origin, tag, payload)
+            post_to(matcher, &mut ready, &mut runtime, origin, tag, payload)
         };
         let res =
             self.relm
                 .handle_control(Instant::now(), &self.routing, from, &payload, &mut post);
-        self.posted_by_relm(ready, refused);
+        self.posted_by_relm(ready, runtime, refused);
         if let Err(e) = res {
             self.protocol_error(tok, &format!("RELM control: {e}"));
         }
@@ -133,9 +135,12 @@ impl EventLoop {
 
     /// Runs the receive callbacks of what RELM posted, now that its call has returned, and
     /// warns (at the first of each power of two) when the full unmatched list refused some.
-    fn posted_by_relm(&mut self, ready: Vec<Dispatch>, refused_before: u64) {
+    fn posted_by_relm(&mut self, ready: Vec<Dispatch>, runtime: Vec<Message>, refused_before: u64) {
         for d in ready {
             self.dispatch(d);
+        }
+        for m in runtime {
+            self.runtime_message(m);
         }
         let refused = self.relm.stats().refused;
         if refused > refused_before && (refused_before + 1..=refused).any(|n| n.is_power_of_two()) {
@@ -229,13 +234,27 @@ impl EventLoop {
 
 /// RELM's `post`: hands a message to receive matching unless the matcher would have to evict a
 /// held message to keep it. The dispatch waits in `ready` (callbacks run after RELM returns).
+/// Runtime tags that travel over RELM: fault reports to rank 0 must not be lost with a dying
+/// relay (a lost report could leave a death unconfirmed, and survivors with different trees).
+pub(super) const RELIABLE_RUNTIME_TAGS: [Tag; 1] = [crate::faults::notice::TAG_FAULT_REPORT];
+
 fn post_to(
     matcher: &mut crate::rml::Matcher,
     ready: &mut Vec<Dispatch>,
+    runtime: &mut Vec<Message>,
     origin: Rank,
     tag: Tag,
     payload: Bytes,
 ) -> bool {
+    // Runtime notices are handled by the loop itself, never held: always posted.
+    if tag < TAG_USER_MIN {
+        runtime.push(Message {
+            origin,
+            tag,
+            payload,
+        });
+        return true;
+    }
     match matcher.try_handle_message(Message {
         origin,
         tag,
