@@ -26,7 +26,7 @@
 //! Operation ids and request ids start at 1; 0 is refused. `Request` and `Op` are written as a
 //! header plus the caller's payload ([`XcastMsg::encode_parts`]), so the driver can send the
 //! shared payload without copying it; the decoder hands the payload back as a slice of the
-//! received frame. Digests: see the `grpcomm` module ("The view digest").
+//! received frame. Digests: see [`super`] ("The view digest").
 use crate::rml::Tag;
 use crate::{Rank, limits};
 use bytes::{BufMut, Bytes, BytesMut};
