@@ -1,9 +1,10 @@
-//! Tree collectives, sans-IO: fault-tolerant broadcast ([`Xcast`]) and allgather.
+//! Tree collectives, sans-IO: fault-tolerant broadcast ([`Xcast`]) and allgather
+//! ([`Allgather`], with `barrier` on top).
 //!
 //! - [`xcast`]: any daemon broadcasts through rank 0, which numbers the operations; every
 //!   living daemon delivers each operation once, in order; the originator learns when the whole
 //!   living tree has it.
-//! - `allgather`: every living daemon contributes bytes; rank 0 assembles them by rank, names
+//! - [`allgather`]: every living daemon contributes bytes; rank 0 assembles them by rank, names
 //!   the ranks that failed before contributing, and the result is broadcast with xcast.
 //! - [`wire`]: the byte layouts of every message, with decoders that return errors on any input.
 //!
@@ -35,10 +36,12 @@
 //! (`Sync` from the parent) and nothing from before them is trusted; kept relationships keep
 //! their state, because a kept child's subtree can only lose ranks in a repair (ranks move only
 //! into ancestor slots, never across to a sibling's subtree).
+pub mod allgather;
 mod view;
 pub mod wire;
 pub mod xcast;
 
+pub use allgather::{Allgather, AllgatherError, AllgatherEvent, AllgatherStats};
 pub use wire::{AllgatherMsg, AllgatherResult, Contribution, Op, Request, WireError, XcastMsg};
 pub use xcast::{Xcast, XcastError, XcastEvent, XcastLimits, XcastStats};
 
