@@ -41,6 +41,9 @@ mod view;
 pub mod wire;
 pub mod xcast;
 
+#[cfg(test)]
+mod testnet;
+
 pub use allgather::{Allgather, AllgatherError, AllgatherEvent, AllgatherStats};
 pub use wire::{AllgatherMsg, AllgatherResult, Contribution, Op, Request, WireError, XcastMsg};
 pub use xcast::{Xcast, XcastError, XcastEvent, XcastLimits, XcastStats};

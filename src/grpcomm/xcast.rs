@@ -75,7 +75,7 @@ use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// What a daemon's broadcast core tells its application.
 #[derive(Debug, Clone, PartialEq, Eq)]

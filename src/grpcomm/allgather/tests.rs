@@ -1,4 +1,6 @@
 use super::*;
+use crate::grpcomm::testnet::{Repairs, Rng, Sim};
+use crate::grpcomm::xcast::tests::{Fault, check as check_xcast, inject};
 use crate::routed::Scope;
 
 fn core(radix: u32, size: u32, me: Rank) -> Allgather {
@@ -214,4 +216,180 @@ fn bounds_are_errors_or_overflow() {
     );
     assert_eq!(zero.stats().late, 1);
     assert_eq!(zero.tracked(), 0);
+}
+
+// ----- the simulated network --------------------------------------------------------------
+
+fn data(rank: Rank, id: u64) -> Bytes {
+    if id.is_multiple_of(2) {
+        Bytes::new() // even ids are barriers
+    } else {
+        Bytes::from(format!("{rank}/{id}"))
+    }
+}
+
+fn run(seed: u64, fault: Fault, repairs: Repairs, leak: bool) -> Sim {
+    let mut rng = Rng::new(seed ^ 0xa11_6a7e);
+    let size = 2 + rng.below(23) as u32;
+    let radix = 2 + rng.below(3) as u32;
+    let mut sim = Sim::new(seed, size, radix, repairs);
+    sim.leak = leak;
+    let collectives = 1 + rng.below(4) as u64;
+    // Each rank contributes to each collective, in a random order.
+    let mut plan: Vec<Option<(Rank, u64)>> = (0..size)
+        .flat_map(|r| (1..=collectives).map(move |id| Some((r, id))))
+        .collect();
+    for i in (1..plan.len()).rev() {
+        let j = rng.below(i + 1);
+        plan.swap(i, j);
+    }
+    let crashes = if fault == Fault::None {
+        0
+    } else {
+        1 + rng.below(2)
+    };
+    for _ in 0..crashes {
+        let at = rng.below(plan.len() + 1);
+        plan.insert(at, None);
+    }
+    let mut contributed: Vec<(Rank, u64)> = Vec::new();
+    for action in plan {
+        for _ in 0..rng.below(8) {
+            if !sim.step() {
+                break;
+            }
+        }
+        match action {
+            None => inject(&mut sim, fault),
+            Some((r, id)) if sim.node(r).alive => {
+                let node = &mut sim.nodes[r as usize];
+                node.ag.contribute(id, data(r, id)).unwrap();
+                contributed.push((r, id));
+                sim.drain(r);
+            }
+            Some(_) => {}
+        }
+    }
+    sim.settle();
+    check(&sim, seed, collectives, &contributed);
+    check_xcast(&sim, seed);
+    sim
+}
+
+/// Every survivor got one identical result per collective; it holds every survivor's bytes,
+/// names only crashed ranks as excluded, and every rank that crashed before contributing.
+fn check(sim: &Sim, seed: u64, collectives: u64, contributed: &[(Rank, u64)]) {
+    let alive = sim.alive();
+    for id in 1..=collectives {
+        let root = sim.node(0);
+        let result = root
+            .ag_done
+            .iter()
+            .find(|r| r.id == id)
+            .unwrap_or_else(|| panic!("seed {seed}: no result for {id}"));
+        assert!(!result.overflowed);
+        for &r in &alive {
+            let n = sim.node(r);
+            let mine: Vec<_> = n.ag_done.iter().filter(|x| x.id == id).collect();
+            assert_eq!(mine, vec![result], "seed {seed}: rank {r} result {id}");
+            assert_eq!(result.get(r), Some(&data(r, id)), "seed {seed}: rank {r}");
+        }
+        let mut all: Vec<Rank> = result
+            .ranks()
+            .chain(result.excluded.iter().copied())
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..sim.size).collect::<Vec<_>>(), "seed {seed}");
+        for (r, bytes) in &result.contributions {
+            assert_eq!(bytes, &data(*r, id), "seed {seed}");
+        }
+        for r in &result.excluded {
+            assert!(
+                sim.crashed.contains(r),
+                "seed {seed}: living rank {r} excluded"
+            );
+        }
+        for &r in &sim.crashed {
+            if !contributed.contains(&(r, id)) {
+                assert!(
+                    result.excluded.contains(&r),
+                    "seed {seed}: {r} not excluded"
+                );
+            }
+        }
+    }
+    for &r in &alive {
+        assert_eq!(
+            sim.node(r).ag.tracked(),
+            0,
+            "seed {seed}: rank {r} keeps state"
+        );
+    }
+}
+
+#[derive(Debug, Default)]
+struct Totals {
+    runs: u64,
+    daemons: u64,
+    crashed: u64,
+    frames: u64,
+    contributions_sent: u64,
+    other_view: u64,
+}
+
+fn batch(name: &str, fault: Fault, repairs: Repairs, leak: bool) {
+    crate::grpcomm::testnet::init_log();
+    let mut t = Totals::default();
+    for seed in crate::grpcomm::testnet::seeds() {
+        let sim = run(seed, fault, repairs, leak);
+        t.runs += 1;
+        t.daemons += u64::from(sim.size);
+        t.crashed += sim.crashed.len() as u64;
+        t.frames += sim.delivered_frames;
+        for n in &sim.nodes {
+            t.contributions_sent += n.ag.stats().sent;
+            t.other_view += n.ag.stats().other_view;
+        }
+    }
+    log::info!("allgather {name}: {t:?}");
+}
+
+#[test]
+fn sim_without_faults() {
+    batch("no faults", Fault::None, Repairs::Atomic, false);
+}
+
+#[test]
+fn sim_interior_crashes() {
+    batch("interior", Fault::Interior, Repairs::Atomic, false);
+}
+
+#[test]
+fn sim_parent_and_child_together() {
+    batch(
+        "parent+child",
+        Fault::ParentAndChild,
+        Repairs::Atomic,
+        false,
+    );
+}
+
+#[test]
+fn sim_crash_during_repair() {
+    batch("during repair", Fault::DuringRepair, Repairs::Atomic, true);
+}
+
+#[test]
+fn sim_staggered_repairs() {
+    batch("staggered", Fault::Random, Repairs::Staggered, true);
+}
+
+#[test]
+fn sim_staggered_crash_during_repair() {
+    batch(
+        "staggered during repair",
+        Fault::DuringRepair,
+        Repairs::Staggered,
+        true,
+    );
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::grpcomm::testnet::{Repairs, Rng, Sim};
 use crate::routed::Scope;
 
 fn core(radix: u32, size: u32, me: Rank) -> Xcast {
@@ -258,4 +259,312 @@ fn a_new_child_is_synced_and_replayed() {
         })
         .collect();
     assert_eq!(replay, [1, 2]);
+}
+
+#[test]
+fn a_promoted_parent_treats_its_kept_child_as_new() {
+    // Radix 2, size 15: 1 -> {3, 5}, 5 -> {9, 13}. Rank 1 dies: 5 takes slot 1 and 13 takes
+    // slot 5, so 13 stays 5's child but now has 9 below it. 13 acked operation 1 while the
+    // copy for 9 was still on the wire; 5 must not count 13's old ack for 13's new subtree.
+    let mut sim = Sim::new(1, 15, 2, Repairs::Atomic);
+    sim.originate(0);
+    while sim.deliver_first(|f, t| (f, t) != (5, 9)) {}
+    assert_eq!(sim.node(13).delivered.len(), 1);
+    assert!(sim.node(9).delivered.is_empty());
+    sim.crash(&[1]);
+    assert_eq!(sim.node(13).routing.parent(), Some(5));
+    assert!(sim.node(13).routing.promoted());
+    // Completion is checked against every living daemon as it happens.
+    while sim.deliver_first(|_, _| true) {}
+    check(&sim, 1);
+}
+
+// ----- the simulated network --------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    None,
+    /// Crash daemons that have children.
+    Interior,
+    /// Crash a daemon and one of its children in the same repair.
+    ParentAndChild,
+    /// Crash a daemon, then the daemon that took over its children while it resynchronises.
+    DuringRepair,
+    /// Crash random daemons.
+    Random,
+}
+
+/// Crash according to `fault`.
+pub(crate) fn inject(sim: &mut Sim, fault: Fault) {
+    match fault {
+        Fault::None => {}
+        Fault::Interior | Fault::Random => {
+            if let Some(v) = sim.pick_victim(fault == Fault::Interior) {
+                sim.crash(&[v]);
+            }
+        }
+        Fault::ParentAndChild => {
+            let Some(v) = sim.pick_victim(true) else {
+                return;
+            };
+            let children = sim.node(v).routing.children().to_vec();
+            match sim.rng.pick(&children) {
+                Some(c) => sim.crash(&[v, c]),
+                None => sim.crash(&[v]),
+            }
+        }
+        Fault::DuringRepair => {
+            let Some(v) = sim.pick_victim(true) else {
+                return;
+            };
+            let orphans = sim.node(v).routing.children().to_vec();
+            sim.crash(&[v]);
+            for _ in 0..sim.rng.below(6) {
+                sim.step();
+            }
+            // The daemon that now holds one of the orphans (or the orphan itself, the heir).
+            let Some(c) = sim.rng.pick(&orphans) else {
+                return;
+            };
+            let view = sim.truth().as_seen_by(c).unwrap();
+            let w = match view.parent() {
+                Some(p) if p != 0 => p,
+                _ => c,
+            };
+            if w != 0 && sim.node(w).alive {
+                sim.crash(&[w]);
+            }
+        }
+    }
+}
+
+/// Bounds small enough for the workload to hit every one of them (a retained store smaller
+/// than rank 0's window: interior daemons drop and fetch again all the time).
+const TIGHT: XcastLimits = XcastLimits {
+    inflight: 4,
+    inflight_bytes: 40,
+    retained: 2,
+    retained_bytes: 48,
+    originate: 2,
+    refusals: 1_024,
+};
+
+/// A random broadcast workload with faults; returns the settled network. With
+/// `TBON_SIM_DUMP` set, prints every survivor's state before checking it.
+pub(crate) fn run_with(
+    seed: u64,
+    fault: Fault,
+    repairs: Repairs,
+    leak: bool,
+    limits: XcastLimits,
+) -> Sim {
+    let mut rng = Rng::new(seed ^ 0x005e_ed0f_ca57);
+    let size = 2 + rng.below(23) as u32;
+    let radix = 2 + rng.below(3) as u32;
+    let mut sim = Sim::with_limits(seed, size, radix, repairs, limits);
+    sim.leak = leak;
+    let ops = 8 + rng.below(25);
+    let crashes = if fault == Fault::None {
+        0
+    } else {
+        1 + rng.below(2)
+    };
+    let mut plan: Vec<bool> = vec![false; ops]; // false: originate, true: crash
+    for _ in 0..crashes {
+        let at = rng.below(plan.len() + 1);
+        plan.insert(at, true);
+    }
+    for crash in plan {
+        for _ in 0..rng.below(16) {
+            if !sim.step() {
+                break;
+            }
+        }
+        if crash {
+            inject(&mut sim, fault);
+        } else if let Some(r) = rng.pick(&sim.alive()) {
+            sim.originate(r);
+        }
+    }
+    sim.settle();
+    if std::env::var("TBON_SIM_DUMP").is_ok() {
+        crate::grpcomm::testnet::init_log();
+        for n in &sim.nodes {
+            if n.alive {
+                let x = &n.xcast;
+                log::error!(
+                    "rank {} parent {:?} next {} store {:?} children {:?} up {:?} pending {:?} due {:?}",
+                    x.me(),
+                    x.view.parent,
+                    x.next_expected,
+                    x.store.keys().collect::<Vec<_>>(),
+                    x.children
+                        .iter()
+                        .map(|c| (c.rank, c.cursor, c.acked, c.last_ack))
+                        .collect::<Vec<_>>(),
+                    x.up,
+                    x.pending_syncs,
+                    x.sync_due
+                );
+            }
+        }
+        log::error!("crashed {:?}", sim.crashed);
+    }
+    check(&sim, seed);
+    sim
+}
+
+/// Every survivor delivered every operation once, in order, with rank 0's content; every
+/// request of a survivor completed (or was refused) once, naming its own operation; nothing is
+/// retained.
+pub(crate) fn check(sim: &Sim, seed: u64) {
+    let root = sim.node(0);
+    let total = root.delivered.len() as u64;
+    assert_eq!(
+        root.xcast.completed(),
+        total,
+        "seed {seed}: rank 0 completed all"
+    );
+    let mut payloads: Vec<&Bytes> = root.delivered.iter().map(|d| &d.3).collect();
+    payloads.sort();
+    payloads.dedup();
+    assert_eq!(
+        payloads.len() as u64,
+        total,
+        "seed {seed}: a request broadcast twice"
+    );
+    for r in sim.alive() {
+        let n = sim.node(r);
+        assert_eq!(
+            n.delivered, root.delivered,
+            "seed {seed}: rank {r} deliveries"
+        );
+        assert_eq!(n.xcast.retained(), 0, "seed {seed}: rank {r} retains");
+        assert_eq!(
+            n.xcast.outstanding(),
+            0,
+            "seed {seed}: rank {r} outstanding"
+        );
+        let mut answered: Vec<u64> = n.completed.iter().map(|c| c.0).collect();
+        answered.extend(&n.refused);
+        answered.sort_unstable();
+        let asked: Vec<u64> = n.originated.iter().map(|o| o.0).collect();
+        assert_eq!(answered, asked, "seed {seed}: rank {r} completions");
+        for &(request, op) in &n.completed {
+            let (_, originator, _, payload) = &root.delivered[op as usize - 1];
+            assert_eq!(*originator, r, "seed {seed}");
+            let sent = &n.originated.iter().find(|o| o.0 == request).unwrap().1;
+            assert_eq!(payload, sent, "seed {seed}: rank {r} request {request}");
+        }
+    }
+    // Every operation was originated by its originator.
+    for (_, originator, _, payload) in &root.delivered {
+        let o = sim.node(*originator);
+        assert!(
+            o.originated.iter().any(|(_, p)| p == payload),
+            "seed {seed}"
+        );
+    }
+}
+
+/// Totals over a batch of runs, printed for the record (`--nocapture`).
+#[derive(Debug, Default)]
+struct Totals {
+    runs: u64,
+    daemons: u64,
+    ops: u64,
+    crashed: u64,
+    frames: u64,
+    resumes: u64,
+    dropped_stale: u64,
+    refused: u64,
+    dropped_full: u64,
+}
+
+impl Totals {
+    fn add(&mut self, sim: &Sim) {
+        self.runs += 1;
+        self.daemons += u64::from(sim.size);
+        self.ops += sim.node(0).delivered.len() as u64;
+        self.crashed += sim.crashed.len() as u64;
+        self.frames += sim.delivered_frames;
+        for n in &sim.nodes {
+            let s = n.xcast.stats();
+            self.resumes += s.resumes_sent;
+            self.dropped_stale += s.not_from_parent + s.stale + s.acks_other_view;
+            self.refused += s.refused;
+            self.dropped_full += s.dropped_full;
+        }
+    }
+}
+
+fn batch(name: &str, fault: Fault, repairs: Repairs, leak: bool) {
+    batch_with(name, fault, repairs, leak, XcastLimits::default());
+}
+
+fn batch_with(name: &str, fault: Fault, repairs: Repairs, leak: bool, limits: XcastLimits) {
+    crate::grpcomm::testnet::init_log();
+    let mut totals = Totals::default();
+    for seed in crate::grpcomm::testnet::seeds() {
+        totals.add(&run_with(seed, fault, repairs, leak, limits));
+    }
+    log::info!("xcast {name}: {totals:?}");
+}
+
+#[test]
+fn sim_without_faults() {
+    batch("no faults", Fault::None, Repairs::Atomic, false);
+}
+
+#[test]
+fn sim_interior_crashes() {
+    batch("interior", Fault::Interior, Repairs::Atomic, false);
+}
+
+#[test]
+fn sim_parent_and_child_together() {
+    batch(
+        "parent+child",
+        Fault::ParentAndChild,
+        Repairs::Atomic,
+        false,
+    );
+}
+
+#[test]
+fn sim_crash_during_repair() {
+    batch("during repair", Fault::DuringRepair, Repairs::Atomic, true);
+}
+
+#[test]
+fn sim_staggered_repairs() {
+    batch("staggered", Fault::Random, Repairs::Staggered, true);
+}
+
+#[test]
+fn sim_staggered_crash_during_repair() {
+    batch(
+        "staggered during repair",
+        Fault::DuringRepair,
+        Repairs::Staggered,
+        true,
+    );
+}
+
+#[test]
+fn sim_at_every_bound_with_faults() {
+    batch_with(
+        "tight bounds",
+        Fault::DuringRepair,
+        Repairs::Atomic,
+        true,
+        TIGHT,
+    );
+    batch_with(
+        "tight bounds, staggered",
+        Fault::Random,
+        Repairs::Staggered,
+        true,
+        TIGHT,
+    );
 }
