@@ -24,6 +24,7 @@ pub mod faults;
 #[allow(unsafe_code)] // the C API: the one module where unsafe is allowed
 pub mod ffi;
 mod fxhash;
+pub mod grpcomm;
 pub mod limits;
 pub mod oob;
 pub mod relm;

@@ -205,3 +205,74 @@ pub const RELM_MS_CEILING: u64 = 3_600_000;
 /// `relm_pending_max`): 2^20. `Config::validate` refuses more; it also keeps the messages in
 /// flight per origin far below half the uid space, which wrap-aware ordering needs.
 pub const RELM_COUNT_CEILING: usize = 1 << 20;
+
+// ----- collectives (src/grpcomm/) ------------------------------------------------------------
+
+/// Broadcast operations rank 0 keeps in flight: assigned an operation id and not yet completed
+/// (acknowledged by the whole living tree), counting completion notices (`Done`) not yet handed
+/// to the driver. At the bound rank 0 refuses new broadcasts: its own `Xcast::originate`
+/// returns `XcastError::Busy`, and a request from another daemon is answered with `Refused`,
+/// which that daemon reports as `XcastEvent::Refused` (the caller may try again later).
+pub const XCAST_INFLIGHT_MAX: usize = 256;
+
+/// Payload bytes rank 0 keeps in flight (same accounting as [`XCAST_INFLIGHT_MAX`]), and so the
+/// largest broadcast payload. A larger payload is refused at once (`XcastError::TooLarge` at the
+/// originator, `Refused` from rank 0); a payload that does not fit beside those in flight is
+/// refused as busy, like a full window.
+pub const XCAST_INFLIGHT_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// Operations one daemon retains: those it has not delivered yet (held ahead of a gap, or
+/// waiting for the application to poll them) and those delivered but not yet acknowledged by
+/// every current child (kept for replay after a repair). At the bound an arriving operation
+/// that is higher than every retained one is dropped, otherwise the highest retained one is
+/// dropped to make room (consumers go in operation order, so the lowest ids are the useful
+/// ones); the daemon re-requests what it dropped from its parent (`Resume`) once there is room.
+/// Larger than [`XCAST_INFLIGHT_MAX`], so the bound is only reached after a repair or when the
+/// application stops polling.
+pub const XCAST_RETAINED_MAX: usize = 4 * XCAST_INFLIGHT_MAX;
+
+/// Payload bytes one daemon retains (see [`XCAST_RETAINED_MAX`]; the same behaviour at the
+/// bound). At least [`XCAST_INFLIGHT_MAX_BYTES`], so the largest payload always fits.
+pub const XCAST_RETAINED_MAX_BYTES: usize = 4 * XCAST_INFLIGHT_MAX_BYTES;
+
+/// Broadcast requests a daemon other than rank 0 may have outstanding (sent to rank 0, neither
+/// completed nor refused yet). At the bound `Xcast::originate` returns
+/// `XcastError::TooManyOutstanding`; the caller waits for a completion.
+pub const XCAST_ORIGINATE_MAX: usize = 256;
+
+/// Refusals rank 0 has queued for the driver and not yet handed out. At the bound a further
+/// refusal is dropped, logged and counted (`XcastStats::refusals_dropped`); the originator's
+/// request then stays outstanding. Only reachable when the driver stops draining
+/// `poll_transmit` while requests keep arriving.
+pub const XCAST_REFUSALS_MAX: usize = 4_096;
+
+/// Allgathers (and barriers) a daemon may have contributed to and not yet seen the result of.
+/// At the bound `Allgather::contribute` returns `AllgatherError::TooMany`.
+pub const ALLGATHER_INFLIGHT_MAX: usize = 64;
+
+/// Allgathers a daemon keeps state for, including those its children contributed to before it
+/// did itself. At the bound a contribution for a new collective is dropped, logged and counted
+/// (`AllgatherStats::dropped_untracked`): that collective cannot complete. Twice
+/// [`ALLGATHER_INFLIGHT_MAX`], which is enough while every daemon runs the same collectives in
+/// the same order, each with at most that many in flight.
+pub const ALLGATHER_TRACKED_MAX: usize = 2 * ALLGATHER_INFLIGHT_MAX;
+
+/// Bytes one allgather may gather at one daemon: contribution bytes plus 8 per contributing
+/// rank and 4 per excluded rank (what the result costs on the wire). A local contribution that
+/// alone exceeds it is refused (`AllgatherError::TooLarge`). When merged contributions exceed
+/// it, the collective overflows: its data are dropped, the overflow travels up to rank 0, and
+/// every daemon gets a result with `overflowed` set and no contributions.
+pub const ALLGATHER_MAX_BYTES: usize = 16 * 1024 * 1024;
+
+/// Finished allgather ids a daemon remembers, so that a contribution arriving after the result
+/// (re-sent to a new parent after a repair) does not start a new collective. The oldest is
+/// forgotten first; a contribution for a forgotten id would open state that never completes
+/// and counts against [`ALLGATHER_TRACKED_MAX`]. Ids must never be reused.
+pub const ALLGATHER_FINISHED_MEMORY: usize = 4 * ALLGATHER_TRACKED_MAX;
+
+/// `Sync` offers a daemon remembers from ranks that are not (yet) its parent in its view of the
+/// tree: a neighbour that learnt of a failure first offers the handshake before this daemon
+/// knows it is the new parent; the offer is answered once it is. A few per repair at most. At
+/// the bound the oldest offer is forgotten (and logged); that neighbour then waits for its next
+/// repair to offer again.
+pub const GRPCOMM_PENDING_SYNCS_MAX: usize = 16;

@@ -1,0 +1,570 @@
+use super::*;
+use crate::grpcomm::testnet::{Repairs, Rng, Sim};
+use crate::routed::Scope;
+
+fn core(radix: u32, size: u32, me: Rank) -> Xcast {
+    Xcast::new(
+        &RoutingState::new(radix, size, 0)
+            .unwrap()
+            .as_seen_by(me)
+            .unwrap(),
+    )
+}
+
+fn op(id: u64) -> Op {
+    Op {
+        id,
+        originator: 0,
+        request: id,
+        tag: 100,
+        payload: Bytes::from(format!("op{id}")),
+    }
+}
+
+fn drain_transmits(x: &mut Xcast) -> Vec<Transmit<XcastMsg>> {
+    std::iter::from_fn(|| x.poll_transmit()).collect()
+}
+
+fn drain_events(x: &mut Xcast) -> Vec<XcastEvent> {
+    std::iter::from_fn(|| x.poll_event()).collect()
+}
+
+fn delivered_ids(events: &[XcastEvent]) -> Vec<u64> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            XcastEvent::Deliver { op, .. } => Some(*op),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_lone_rank_zero_delivers_and_completes() {
+    let mut x = core(2, 1, 0);
+    let request = x.originate(100, Bytes::from_static(b"hi")).unwrap();
+    assert_eq!(drain_transmits(&mut x), vec![]);
+    let events = drain_events(&mut x);
+    assert_eq!(
+        events,
+        vec![
+            XcastEvent::Deliver {
+                op: 1,
+                originator: 0,
+                tag: 100,
+                payload: Bytes::from_static(b"hi")
+            },
+            XcastEvent::Completed { request, op: 1 }
+        ]
+    );
+    assert_eq!(x.retained(), 0);
+}
+
+#[test]
+fn forwards_before_delivering_and_acks_cumulatively() {
+    // Radix 2, size 4: 0 -> {1, 2}, 1 -> {3}.
+    let mut one = core(2, 4, 1);
+    one.handle_msg(0, XcastMsg::Op(op(1)));
+    one.handle_msg(0, XcastMsg::Op(op(2)));
+    let sent = drain_transmits(&mut one);
+    assert_eq!(
+        sent,
+        vec![
+            Transmit {
+                to: 3,
+                msg: XcastMsg::Op(op(1))
+            },
+            Transmit {
+                to: 3,
+                msg: XcastMsg::Op(op(2))
+            }
+        ]
+    );
+    assert_eq!(delivered_ids(&drain_events(&mut one)), [1, 2]);
+    // Its child has acked nothing: no ack yet, both ops kept.
+    assert_eq!(drain_transmits(&mut one), vec![]);
+    assert_eq!(one.retained(), 2);
+    one.handle_msg(3, XcastMsg::Ack { upto: 2, digest: 0 });
+    assert_eq!(
+        drain_transmits(&mut one),
+        vec![Transmit {
+            to: 0,
+            msg: XcastMsg::Ack { upto: 2, digest: 0 }
+        }]
+    );
+    assert_eq!(one.retained(), 0);
+}
+
+#[test]
+fn ignores_strangers_duplicates_and_holds_gaps() {
+    let mut three = core(2, 4, 3);
+    three.handle_msg(0, XcastMsg::Op(op(1))); // not its parent
+    assert_eq!(three.stats().not_from_parent, 1);
+    three.handle_msg(1, XcastMsg::Op(op(2))); // ahead: held
+    assert_eq!(drain_events(&mut three), vec![]);
+    three.handle_msg(1, XcastMsg::Op(op(2)));
+    assert_eq!(three.stats().duplicates, 1);
+    three.handle_msg(1, XcastMsg::Op(op(1)));
+    assert_eq!(delivered_ids(&drain_events(&mut three)), [1, 2]);
+    three.handle_msg(1, XcastMsg::Op(op(1)));
+    assert_eq!(three.stats().duplicates, 2);
+    assert_eq!(delivered_ids(&drain_events(&mut three)), Vec::<u64>::new());
+    // Leaf: nothing is kept once delivered; a Done for an unknown request is ignored.
+    assert_eq!(three.retained(), 0);
+    three.handle_msg(0, XcastMsg::Done { request: 9, op: 1 });
+    assert_eq!(drain_events(&mut three), vec![]);
+}
+
+#[test]
+fn rank_zero_refuses_when_full_and_originators_are_bounded() {
+    // Rank 0 with one child that never acks: operations stay in flight.
+    let mut zero = core(2, 2, 0);
+    for _ in 0..XCAST_INFLIGHT_MAX {
+        zero.originate(100, Bytes::new()).unwrap();
+    }
+    assert_eq!(zero.originate(100, Bytes::new()), Err(XcastError::Busy));
+    // A request from rank 1 is answered with Refused.
+    drain_transmits(&mut zero);
+    zero.handle_msg(
+        1,
+        XcastMsg::Request(Request {
+            originator: 1,
+            request: 1,
+            tag: 100,
+            payload: Bytes::new(),
+        }),
+    );
+    assert_eq!(
+        drain_transmits(&mut zero),
+        vec![Transmit {
+            to: 1,
+            msg: XcastMsg::Refused { request: 1 }
+        }]
+    );
+    // A request naming another originator is ignored.
+    zero.handle_msg(
+        1,
+        XcastMsg::Request(Request {
+            originator: 0,
+            request: 2,
+            tag: 100,
+            payload: Bytes::new(),
+        }),
+    );
+    assert_eq!(drain_transmits(&mut zero), vec![]);
+
+    let mut one = core(2, 2, 1);
+    for _ in 0..XCAST_ORIGINATE_MAX {
+        one.originate(100, Bytes::new()).unwrap();
+    }
+    assert_eq!(
+        one.originate(100, Bytes::new()),
+        Err(XcastError::TooManyOutstanding)
+    );
+    one.handle_msg(0, XcastMsg::Refused { request: 1 });
+    assert_eq!(
+        drain_events(&mut one),
+        vec![XcastEvent::Refused { request: 1 }]
+    );
+    assert!(one.originate(100, Bytes::new()).is_ok());
+    let big = Bytes::from(vec![0; XCAST_INFLIGHT_MAX_BYTES + 1]);
+    assert!(matches!(
+        one.originate(100, big),
+        Err(XcastError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn at_the_retained_bound_drops_the_highest_and_fetches_it_again() {
+    // A leaf that has missed operation 1 and holds everything after it.
+    let mut one = core(2, 2, 1);
+    let last = XCAST_RETAINED_MAX as u64 + 10;
+    for id in 2..=last {
+        one.handle_msg(0, XcastMsg::Op(op(id)));
+    }
+    assert_eq!(one.retained(), XCAST_RETAINED_MAX);
+    assert_eq!(one.stats().dropped_full, 9);
+    // Operation 1 evicts the highest held one.
+    one.handle_msg(0, XcastMsg::Op(op(1)));
+    assert_eq!(one.retained(), XCAST_RETAINED_MAX);
+    // No room: no re-request yet (only the Ack of nothing is skipped too).
+    assert_eq!(drain_transmits(&mut one), vec![]);
+    let delivered = delivered_ids(&drain_events(&mut one));
+    assert_eq!(
+        delivered,
+        (1..=XCAST_RETAINED_MAX as u64).collect::<Vec<_>>()
+    );
+    let sent = drain_transmits(&mut one);
+    assert_eq!(
+        sent.first(),
+        Some(&Transmit {
+            to: 0,
+            msg: XcastMsg::Resume {
+                from: XCAST_RETAINED_MAX as u64 + 1,
+                digest: 0
+            }
+        })
+    );
+    // The replay completes the sequence.
+    for id in XCAST_RETAINED_MAX as u64 + 1..=last {
+        one.handle_msg(0, XcastMsg::Op(op(id)));
+    }
+    let delivered = delivered_ids(&drain_events(&mut one));
+    assert_eq!(delivered.last(), Some(&last));
+}
+
+#[test]
+fn a_new_child_is_synced_and_replayed() {
+    // Radix 2, size 4: 0 -> {1, 2}, 1 -> {3}. Rank 1 dies; rank 3 is its heir under 0.
+    let base = RoutingState::new(2, 4, 0).unwrap();
+    let mut r0 = base.clone();
+    let mut r3 = base.as_seen_by(3).unwrap();
+    let mut zero = Xcast::new(&r0);
+    let mut three = Xcast::new(&r3);
+    zero.originate(100, Bytes::from_static(b"a")).unwrap();
+    zero.originate(100, Bytes::from_static(b"b")).unwrap();
+    drain_transmits(&mut zero); // to ranks 1 and 2; rank 1 dies with them
+    drain_events(&mut zero);
+    zero.handle_repair(&r0.fail(&[1], Scope::Global, None).unwrap());
+    three.handle_repair(&r3.fail(&[1], Scope::Global, None).unwrap());
+    let digest = zero.view.digest;
+    let sent = drain_transmits(&mut zero);
+    assert!(sent.contains(&Transmit {
+        to: 3,
+        msg: XcastMsg::Sync { digest }
+    }));
+    assert!(
+        !sent
+            .iter()
+            .any(|t| t.to == 3 && matches!(t.msg, XcastMsg::Op(_)))
+    );
+    // An answer under another view does not open the session.
+    zero.handle_msg(3, XcastMsg::Resume { from: 1, digest: 0 });
+    assert!(drain_transmits(&mut zero).is_empty());
+    three.handle_msg(0, XcastMsg::Sync { digest });
+    let answer = drain_transmits(&mut three);
+    assert_eq!(
+        answer,
+        vec![Transmit {
+            to: 0,
+            msg: XcastMsg::Resume { from: 1, digest }
+        }]
+    );
+    zero.handle_msg(3, XcastMsg::Resume { from: 1, digest });
+    let replay: Vec<u64> = drain_transmits(&mut zero)
+        .into_iter()
+        .filter_map(|t| match t.msg {
+            XcastMsg::Op(op) if t.to == 3 => Some(op.id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replay, [1, 2]);
+}
+
+#[test]
+fn a_promoted_parent_treats_its_kept_child_as_new() {
+    // Radix 2, size 15: 1 -> {3, 5}, 5 -> {9, 13}. Rank 1 dies: 5 takes slot 1 and 13 takes
+    // slot 5, so 13 stays 5's child but now has 9 below it. 13 acked operation 1 while the
+    // copy for 9 was still on the wire; 5 must not count 13's old ack for 13's new subtree.
+    let mut sim = Sim::new(1, 15, 2, Repairs::Atomic);
+    sim.originate(0);
+    while sim.deliver_first(|f, t| (f, t) != (5, 9)) {}
+    assert_eq!(sim.node(13).delivered.len(), 1);
+    assert!(sim.node(9).delivered.is_empty());
+    sim.crash(&[1]);
+    assert_eq!(sim.node(13).routing.parent(), Some(5));
+    assert!(sim.node(13).routing.promoted());
+    // Completion is checked against every living daemon as it happens.
+    while sim.deliver_first(|_, _| true) {}
+    check(&sim, 1);
+}
+
+// ----- the simulated network --------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    None,
+    /// Crash daemons that have children.
+    Interior,
+    /// Crash a daemon and one of its children in the same repair.
+    ParentAndChild,
+    /// Crash a daemon, then the daemon that took over its children while it resynchronises.
+    DuringRepair,
+    /// Crash random daemons.
+    Random,
+}
+
+/// Crash according to `fault`.
+pub(crate) fn inject(sim: &mut Sim, fault: Fault) {
+    match fault {
+        Fault::None => {}
+        Fault::Interior | Fault::Random => {
+            if let Some(v) = sim.pick_victim(fault == Fault::Interior) {
+                sim.crash(&[v]);
+            }
+        }
+        Fault::ParentAndChild => {
+            let Some(v) = sim.pick_victim(true) else {
+                return;
+            };
+            let children = sim.node(v).routing.children().to_vec();
+            match sim.rng.pick(&children) {
+                Some(c) => sim.crash(&[v, c]),
+                None => sim.crash(&[v]),
+            }
+        }
+        Fault::DuringRepair => {
+            let Some(v) = sim.pick_victim(true) else {
+                return;
+            };
+            let orphans = sim.node(v).routing.children().to_vec();
+            sim.crash(&[v]);
+            for _ in 0..sim.rng.below(6) {
+                sim.step();
+            }
+            // The daemon that now holds one of the orphans (or the orphan itself, the heir).
+            let Some(c) = sim.rng.pick(&orphans) else {
+                return;
+            };
+            let view = sim.truth().as_seen_by(c).unwrap();
+            let w = match view.parent() {
+                Some(p) if p != 0 => p,
+                _ => c,
+            };
+            if w != 0 && sim.node(w).alive {
+                sim.crash(&[w]);
+            }
+        }
+    }
+}
+
+/// Bounds small enough for the workload to hit every one of them (a retained store smaller
+/// than rank 0's window: interior daemons drop and fetch again all the time).
+const TIGHT: XcastLimits = XcastLimits {
+    inflight: 4,
+    inflight_bytes: 40,
+    retained: 2,
+    retained_bytes: 48,
+    originate: 2,
+    refusals: 1_024,
+};
+
+/// A random broadcast workload with faults; returns the settled network. With
+/// `TBON_SIM_DUMP` set, prints every survivor's state before checking it.
+pub(crate) fn run_with(
+    seed: u64,
+    fault: Fault,
+    repairs: Repairs,
+    leak: bool,
+    limits: XcastLimits,
+) -> Sim {
+    let mut rng = Rng::new(seed ^ 0x005e_ed0f_ca57);
+    let size = 2 + rng.below(23) as u32;
+    let radix = 2 + rng.below(3) as u32;
+    let mut sim = Sim::with_limits(seed, size, radix, repairs, limits);
+    sim.leak = leak;
+    let ops = 8 + rng.below(25);
+    let crashes = if fault == Fault::None {
+        0
+    } else {
+        1 + rng.below(2)
+    };
+    let mut plan: Vec<bool> = vec![false; ops]; // false: originate, true: crash
+    for _ in 0..crashes {
+        let at = rng.below(plan.len() + 1);
+        plan.insert(at, true);
+    }
+    for crash in plan {
+        for _ in 0..rng.below(16) {
+            if !sim.step() {
+                break;
+            }
+        }
+        if crash {
+            inject(&mut sim, fault);
+        } else if let Some(r) = rng.pick(&sim.alive()) {
+            sim.originate(r);
+        }
+    }
+    sim.settle();
+    if std::env::var("TBON_SIM_DUMP").is_ok() {
+        crate::grpcomm::testnet::init_log();
+        for n in &sim.nodes {
+            if n.alive {
+                let x = &n.xcast;
+                log::error!(
+                    "rank {} parent {:?} next {} store {:?} children {:?} up {:?} pending {:?} due {:?}",
+                    x.me(),
+                    x.view.parent,
+                    x.next_expected,
+                    x.store.keys().collect::<Vec<_>>(),
+                    x.children
+                        .iter()
+                        .map(|c| (c.rank, c.cursor, c.acked, c.last_ack))
+                        .collect::<Vec<_>>(),
+                    x.up,
+                    x.pending_syncs,
+                    x.sync_due
+                );
+            }
+        }
+        log::error!("crashed {:?}", sim.crashed);
+    }
+    check(&sim, seed);
+    sim
+}
+
+/// Every survivor delivered every operation once, in order, with rank 0's content; every
+/// request of a survivor completed (or was refused) once, naming its own operation; nothing is
+/// retained.
+pub(crate) fn check(sim: &Sim, seed: u64) {
+    let root = sim.node(0);
+    let total = root.delivered.len() as u64;
+    assert_eq!(
+        root.xcast.completed(),
+        total,
+        "seed {seed}: rank 0 completed all"
+    );
+    let mut payloads: Vec<&Bytes> = root.delivered.iter().map(|d| &d.3).collect();
+    payloads.sort();
+    payloads.dedup();
+    assert_eq!(
+        payloads.len() as u64,
+        total,
+        "seed {seed}: a request broadcast twice"
+    );
+    for r in sim.alive() {
+        let n = sim.node(r);
+        assert_eq!(
+            n.delivered, root.delivered,
+            "seed {seed}: rank {r} deliveries"
+        );
+        assert_eq!(n.xcast.retained(), 0, "seed {seed}: rank {r} retains");
+        assert_eq!(
+            n.xcast.outstanding(),
+            0,
+            "seed {seed}: rank {r} outstanding"
+        );
+        let mut answered: Vec<u64> = n.completed.iter().map(|c| c.0).collect();
+        answered.extend(&n.refused);
+        answered.sort_unstable();
+        let asked: Vec<u64> = n.originated.iter().map(|o| o.0).collect();
+        assert_eq!(answered, asked, "seed {seed}: rank {r} completions");
+        for &(request, op) in &n.completed {
+            let (_, originator, _, payload) = &root.delivered[op as usize - 1];
+            assert_eq!(*originator, r, "seed {seed}");
+            let sent = &n.originated.iter().find(|o| o.0 == request).unwrap().1;
+            assert_eq!(payload, sent, "seed {seed}: rank {r} request {request}");
+        }
+    }
+    // Every operation was originated by its originator.
+    for (_, originator, _, payload) in &root.delivered {
+        let o = sim.node(*originator);
+        assert!(
+            o.originated.iter().any(|(_, p)| p == payload),
+            "seed {seed}"
+        );
+    }
+}
+
+/// Totals over a batch of runs, printed for the record (`--nocapture`).
+#[derive(Debug, Default)]
+struct Totals {
+    runs: u64,
+    daemons: u64,
+    ops: u64,
+    crashed: u64,
+    frames: u64,
+    resumes: u64,
+    dropped_stale: u64,
+    refused: u64,
+    dropped_full: u64,
+}
+
+impl Totals {
+    fn add(&mut self, sim: &Sim) {
+        self.runs += 1;
+        self.daemons += u64::from(sim.size);
+        self.ops += sim.node(0).delivered.len() as u64;
+        self.crashed += sim.crashed.len() as u64;
+        self.frames += sim.delivered_frames;
+        for n in &sim.nodes {
+            let s = n.xcast.stats();
+            self.resumes += s.resumes_sent;
+            self.dropped_stale += s.not_from_parent + s.stale + s.acks_other_view;
+            self.refused += s.refused;
+            self.dropped_full += s.dropped_full;
+        }
+    }
+}
+
+fn batch(name: &str, fault: Fault, repairs: Repairs, leak: bool) {
+    batch_with(name, fault, repairs, leak, XcastLimits::default());
+}
+
+fn batch_with(name: &str, fault: Fault, repairs: Repairs, leak: bool, limits: XcastLimits) {
+    crate::grpcomm::testnet::init_log();
+    let mut totals = Totals::default();
+    for seed in crate::grpcomm::testnet::seeds() {
+        totals.add(&run_with(seed, fault, repairs, leak, limits));
+    }
+    log::info!("xcast {name}: {totals:?}");
+}
+
+#[test]
+fn sim_without_faults() {
+    batch("no faults", Fault::None, Repairs::Atomic, false);
+}
+
+#[test]
+fn sim_interior_crashes() {
+    batch("interior", Fault::Interior, Repairs::Atomic, false);
+}
+
+#[test]
+fn sim_parent_and_child_together() {
+    batch(
+        "parent+child",
+        Fault::ParentAndChild,
+        Repairs::Atomic,
+        false,
+    );
+}
+
+#[test]
+fn sim_crash_during_repair() {
+    batch("during repair", Fault::DuringRepair, Repairs::Atomic, true);
+}
+
+#[test]
+fn sim_staggered_repairs() {
+    batch("staggered", Fault::Random, Repairs::Staggered, true);
+}
+
+#[test]
+fn sim_staggered_crash_during_repair() {
+    batch(
+        "staggered during repair",
+        Fault::DuringRepair,
+        Repairs::Staggered,
+        true,
+    );
+}
+
+#[test]
+fn sim_at_every_bound_with_faults() {
+    batch_with(
+        "tight bounds",
+        Fault::DuringRepair,
+        Repairs::Atomic,
+        true,
+        TIGHT,
+    );
+    batch_with(
+        "tight bounds, staggered",
+        Fault::Random,
+        Repairs::Staggered,
+        true,
+        TIGHT,
+    );
+}
