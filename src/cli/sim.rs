@@ -45,6 +45,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let mut failed = 0u64;
     let mut ran = 0u64;
     let (mut events, mut posted, mut crashed, mut retransmits) = (0u64, 0u64, 0u64, 0u64);
+    let (mut ops, mut gathers) = (0u64, 0u64);
     let regressions = REGRESSION_SEEDS.iter().map(|&(seed, daemons, radix, _)| {
         (
             seed,
@@ -65,6 +66,8 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 posted += s.reliable_posted;
                 crashed += u64::from(s.crashed);
                 retransmits += s.retransmits;
+                ops += s.bcast_ops;
+                gathers += s.gathers;
             }
             Err(_) => {
                 failed += 1;
@@ -77,7 +80,8 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     }
     println!(
         "tbon sim: {ran} seeds, {failed} failed, in {:.1} s: {events} events, {posted} reliable \
-         messages posted, {crashed} daemons crashed, {retransmits} retransmissions",
+         messages posted, {ops} broadcasts, {gathers} allgather results, {crashed} daemons \
+         crashed, {retransmits} retransmissions",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 { 0 } else { 1 })

@@ -1,9 +1,10 @@
 //! The checkers. They see every delivery and completion as it happens (safety) and the final
 //! state after the faults stop (liveness), and name the first rule broken.
 
-use super::node::{Node, TAG_PLAIN, TAG_RELIABLE};
+use super::node::{BcastDelivery, Node, TAG_BCAST, TAG_PLAIN, TAG_RELIABLE};
 use crate::Rank;
 use crate::error::SendError;
+use crate::grpcomm::AllgatherResult;
 use crate::rml::Message;
 use crate::routed::tree_view;
 use std::collections::{HashMap, HashSet};
@@ -33,6 +34,14 @@ fn fnv(b: &[u8]) -> u64 {
     b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
         (h ^ u64::from(*x)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+/// Rank `rank`'s contribution to allgather `id`.
+pub fn contribution(rank: Rank, id: u64) -> bytes::Bytes {
+    let mut v = rank.to_be_bytes().to_vec();
+    v.extend_from_slice(&id.to_be_bytes());
+    v.resize(12 + (rank as usize % 7), 0xA5);
+    bytes::Bytes::from(v)
 }
 
 /// (origin, dst, seq) of a payload made by [`payload`], if it is intact.
@@ -67,6 +76,20 @@ pub struct Checker {
     pub reliable_posted: u64,
     /// Plain deliveries seen.
     pub plain_posted: u64,
+    /// Broadcast op -> (originator, tag, payload) as first seen.
+    pub ops: HashMap<u64, (Rank, crate::rml::Tag, bytes::Bytes)>,
+    /// Per daemon: the last op delivered.
+    pub last_op: HashMap<Rank, u64>,
+    /// Broadcast deliveries seen.
+    pub bcast_delivered: u64,
+    /// (originator, request) accepted by the core, and whether they finished.
+    pub requests: HashMap<(Rank, u64), bool>,
+    /// Allgather id -> the result as first seen.
+    pub results: HashMap<u64, AllgatherResult>,
+    /// (rank, id) results delivered.
+    pub got_result: HashSet<(Rank, u64)>,
+    /// Allgather results delivered.
+    pub gathers: u64,
 }
 
 impl Checker {
@@ -169,6 +192,191 @@ impl Checker {
         Ok(())
     }
 
+    /// A broadcast request was accepted by `origin`'s core.
+    pub fn originated(&mut self, origin: Rank, request: u64) {
+        self.requests.insert((origin, request), false);
+    }
+
+    /// `at` delivered a broadcast.
+    pub fn bcast_delivered(&mut self, at: Rank, b: &BcastDelivery) -> Result<(), Violation> {
+        let (op, originator, tag, payload) = b;
+        self.bcast_delivered += 1;
+        let last = self.last_op.entry(at).or_insert(0);
+        if *op != *last + 1 {
+            return Err(v(
+                "xcast-order",
+                format!("rank {at} delivered op {op} after op {last}"),
+            ));
+        }
+        *last = *op;
+        match self.ops.get(op) {
+            Some((o, t, p)) if (o, t, p) != (originator, tag, payload) => {
+                return Err(v(
+                    "xcast-integrity",
+                    format!("rank {at}: op {op} differs from what others delivered"),
+                ));
+            }
+            Some(_) => {}
+            None => {
+                self.ops.insert(*op, (*originator, *tag, payload.clone()));
+            }
+        }
+        if *tag == TAG_BCAST {
+            match parse(payload) {
+                Some((o, _, _)) if o == *originator => {}
+                _ => {
+                    return Err(v(
+                        "xcast-integrity",
+                        format!("rank {at}: op {op} payload corrupt or misattributed"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `at`'s broadcast request finished: `Some(op)` completed, `None` refused.
+    pub fn bcast_finished(
+        &mut self,
+        at: Rank,
+        request: u64,
+        op: Option<u64>,
+        alive: &[bool],
+    ) -> Result<(), Violation> {
+        match self.requests.get_mut(&(at, request)) {
+            Some(done) if !*done => *done = true,
+            Some(_) => {
+                return Err(v(
+                    "xcast-completion",
+                    format!("rank {at}: request {request} finished twice"),
+                ));
+            }
+            // Runtime broadcasts (allgather results) are not the workload's.
+            None => return Ok(()),
+        }
+        if let Some(op) = op {
+            for (r, a) in alive.iter().enumerate() {
+                let r = r as Rank;
+                if *a && self.last_op.get(&r).copied().unwrap_or(0) < op {
+                    return Err(v(
+                        "xcast-completion",
+                        format!("rank {at}: op {op} completed before living rank {r} delivered it"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `at` got an allgather result.
+    pub fn gathered(&mut self, at: Rank, g: &AllgatherResult, size: u32) -> Result<(), Violation> {
+        self.gathers += 1;
+        if !self.got_result.insert((at, g.id)) {
+            return Err(v(
+                "allgather",
+                format!("rank {at}: result of {} delivered twice", g.id),
+            ));
+        }
+        if let Some(first) = self.results.get(&g.id) {
+            if first != g {
+                return Err(v(
+                    "allgather",
+                    format!("rank {at}: result of {} differs", g.id),
+                ));
+            }
+            return Ok(());
+        }
+        if g.overflowed {
+            return Err(v("allgather", format!("result of {} overflowed", g.id)));
+        }
+        for (r, bytes) in &g.contributions {
+            if *bytes != contribution(*r, g.id) {
+                return Err(v(
+                    "allgather",
+                    format!("result of {}: rank {r}'s bytes are wrong", g.id),
+                ));
+            }
+        }
+        let mut all: Vec<Rank> = g.ranks().chain(g.excluded.iter().copied()).collect();
+        all.sort_unstable();
+        if all != (0..size).collect::<Vec<_>>() {
+            return Err(v(
+                "allgather",
+                format!(
+                    "result of {}: contributors and excluded do not cover the DVM",
+                    g.id
+                ),
+            ));
+        }
+        self.results.insert(g.id, g.clone());
+        Ok(())
+    }
+
+    /// After the faults stopped: every survivor delivered every op, every survivor's request
+    /// finished, every survivor got every allgather result (excluding only dead ranks), and the
+    /// cores hold nothing.
+    pub fn final_collectives(
+        &self,
+        nodes: &[Node],
+        alive: &[bool],
+        gathers: u64,
+    ) -> Result<(), Violation> {
+        let living = |r: Rank| alive.get(r as usize).copied().unwrap_or(false);
+        let max_op = self.ops.keys().copied().max().unwrap_or(0);
+        for n in nodes.iter().filter(|n| living(n.rank)) {
+            let last = self.last_op.get(&n.rank).copied().unwrap_or(0);
+            if last != max_op {
+                return Err(v(
+                    "xcast-liveness",
+                    format!("rank {} delivered ops up to {last} of {max_op}", n.rank),
+                ));
+            }
+            if n.xcast.retained() != 0 || n.xcast.outstanding() != 0 {
+                return Err(v(
+                    "xcast-liveness",
+                    format!(
+                        "rank {} still retains {} ops, {} requests outstanding",
+                        n.rank,
+                        n.xcast.retained(),
+                        n.xcast.outstanding()
+                    ),
+                ));
+            }
+            for id in 1..=gathers {
+                if !self.got_result.contains(&(n.rank, id)) {
+                    return Err(v(
+                        "allgather",
+                        format!("rank {} never got the result of {id}", n.rank),
+                    ));
+                }
+            }
+        }
+        let mut reqs: Vec<_> = self.requests.iter().collect();
+        reqs.sort_unstable_by_key(|(k, _)| **k);
+        for ((o, r), done) in reqs {
+            if living(*o) && !*done {
+                return Err(v(
+                    "xcast-completion",
+                    format!("rank {o}: broadcast request {r} never finished"),
+                ));
+            }
+        }
+        for g in self.results.values() {
+            for r in g.ranks() {
+                let _ = r;
+            }
+            for x in &g.excluded {
+                if living(*x) {
+                    return Err(v(
+                        "allgather",
+                        format!("result of {}: living rank {x} excluded", g.id),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The liveness checks, once the faults stopped and the world went quiet.
     pub fn final_state(
         &self,
@@ -230,8 +438,10 @@ impl Checker {
                 return Err(v(
                     "same-tree",
                     format!(
-                        "rank {} thinks {failed:?} failed; crashed {crashed:?}",
-                        n.rank
+                        "rank {} thinks {failed:?} failed; crashed {crashed:?} (broadcasts: next expected {}, rank 0's next {})",
+                        n.rank,
+                        n.xcast.next_expected(),
+                        nodes.first().map_or(0, |z| z.xcast.next_expected())
                     ),
                 ));
             }

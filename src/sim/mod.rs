@@ -1,13 +1,18 @@
 //! The deterministic fault simulator (cargo feature `sim`, always on in tests).
 //!
-//! N daemons' real protocol cores — the routing state, the receive matcher, RELM and the fault
-//! notices — run in one thread on a virtual clock and a simulated network: per-link FIFO
+//! N daemons' real protocol cores — the routing state, the receive matcher, RELM, the
+//! collectives (xcast, allgather) and the fault notices — run in one thread on a virtual clock and a simulated network: per-link FIFO
 //! delivery like TCP with seeded latency, connections lost when a daemon crashes, daemons that
 //! stall, links that slow down. Everything follows from one seed, including which kinds of
 //! fault the run has at all (swarm testing, `swarm.rs`). A run has a safety phase (faults and
 //! traffic; checkers see every delivery and completion) and then a liveness phase (no more
 //! faults; within `LIVENESS_US` of virtual time every reliable send must have completed, every
 //! daemon's RELM state must be empty, and all survivors must hold the same, correct tree).
+//! Broadcasts (from random daemons) and allgathers (every daemon contributes) run under the
+//! same faults: every daemon delivers operations in order with no gap and the same content,
+//! a completion fires only once every living daemon has the operation, every survivor
+//! delivers every operation and gets every allgather result, whose contributions are right and
+//! whose excluded ranks are dead ones.
 //!
 //! * `rng.rs` — the seeded generator. `swarm.rs` — what a seed chooses.
 //! * `node.rs` — one daemon: the cores plus the driver's fault flow.

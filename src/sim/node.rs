@@ -6,12 +6,19 @@
 //! (local scope), adopted children are told (adoption notice, and rank 0's latest confirmation
 //! so a child that missed one catches up), the death is reported to rank 0 (reliably, over
 //! RELM), rank 0 confirms with a new epoch down the tree, and every daemon repairs again
-//! (global scope). Handlers run in the driver's order: messaging, RELM.
+//! (global scope). Handlers run in the driver's order: messaging, grpcomm, RELM.
+//!
+//! Broadcasts and allgathers run the real `grpcomm` cores: tree messages go over the links,
+//! requests and completions between an originator and rank 0 over RELM, and rank 0's fault
+//! confirmations and allgather results ride the broadcast, as in the driver.
 
 use crate::Rank;
 use crate::error::SendError;
 use crate::faults::notice::{
     self, Adoption, Confirmation, TAG_ADOPTED, TAG_FAULT_CONFIRM, TAG_FAULT_REPORT,
+};
+use crate::grpcomm::{
+    Allgather, AllgatherEvent, AllgatherMsg, AllgatherResult, Xcast, XcastEvent, XcastMsg,
 };
 use crate::relm::{self, Event as RelmEvent, Relm, RelmConfig, Transmit};
 use crate::rml::{Dispatch, Matcher, Message, Peer, TAG_USER_MIN, Tag};
@@ -25,6 +32,17 @@ pub const TAG_RELIABLE: Tag = TAG_USER_MIN;
 pub const TAG_PLAIN: Tag = TAG_USER_MIN + 1;
 /// Completion tokens at or above this belong to the runtime (fault reports), not the workload.
 const RUNTIME_TOKEN: u64 = 1 << 63;
+/// The user tag of the workload's broadcasts.
+pub const TAG_BCAST: Tag = TAG_USER_MIN + 2;
+/// Runtime tag (over RELM): a broadcast request to rank 0.
+const TAG_XCAST_REQUEST: Tag = 10;
+/// Runtime tag (over RELM): rank 0's answer to an originator (done or refused).
+const TAG_XCAST_DONE: Tag = 11;
+/// Runtime tag of an allgather result riding the broadcast.
+const TAG_ALLGATHER_RESULT: Tag = 12;
+
+/// A broadcast delivered here: (op, originator, tag, payload).
+pub type BcastDelivery = (u64, Rank, Tag, Bytes);
 
 /// A frame on a simulated link.
 #[derive(Debug, Clone)]
@@ -36,12 +54,14 @@ pub enum SimFrame {
         tag: Tag,
         payload: Bytes,
     },
-    /// A broadcast frame from a parent (here: rank 0's fault confirmations).
+    /// Rank 0's fault confirmation, flooded down the tree (see `flood_confirmation`).
     Xcast { tag: Tag, payload: Bytes },
     /// A reliable message.
     RelmData(relm::DataFrame),
     /// A RELM control frame (encoded, so the decoder is exercised too).
     RelmCtl(Bytes),
+    /// A collective tree message (xcast kinds 1..=7, allgather kinds 16..), encoded.
+    Coll(Bytes),
 }
 
 /// One simulated daemon.
@@ -67,6 +87,17 @@ pub struct Node {
     pub completions: Vec<(u64, Result<(), SendError>)>,
     /// Neighbours gained in a repair (the world fails a dial to a dead one).
     pub new_neighbours: Vec<Rank>,
+    /// The broadcast core.
+    pub xcast: Xcast,
+    /// The allgather core.
+    pub allgather: Allgather,
+    /// Every broadcast delivered here (user and runtime), in delivery order.
+    pub bcasts: Vec<BcastDelivery>,
+    /// This daemon's broadcast requests that finished: (request, Some(op)) or (request, None)
+    /// if refused.
+    pub bcast_done: Vec<(u64, Option<u64>)>,
+    /// Allgather results delivered here.
+    pub gathered: Vec<AllgatherResult>,
     /// Frames dropped: no route, or from a rank known failed.
     pub dropped: u64,
     /// Protocol errors (a malformed frame): always a bug in the simulation.
@@ -84,8 +115,15 @@ impl Node {
                 .post(Peer::Any, tag, true)
                 .map_err(|e| e.to_string())?;
         }
+        let xcast = Xcast::new(&routing);
+        let allgather = Allgather::new(&routing);
         Ok(Node {
             rank,
+            xcast,
+            allgather,
+            bcasts: Vec::new(),
+            bcast_done: Vec::new(),
+            gathered: Vec::new(),
             routing,
             matcher,
             relm: Relm::new(rank, size, cfg),
@@ -117,7 +155,30 @@ impl Node {
         token: u64,
     ) -> Result<(), SendError> {
         let r = self.relm.send(now, &self.routing, dst, tag, payload, token);
-        self.pump();
+        self.pump(now);
+        r
+    }
+
+    /// A broadcast from the application; the request id, or why the core refused at once.
+    pub fn broadcast(
+        &mut self,
+        now: Instant,
+        payload: Bytes,
+    ) -> Result<u64, crate::grpcomm::XcastError> {
+        let r = self.xcast.originate(TAG_BCAST, payload);
+        self.pump(now);
+        r
+    }
+
+    /// This daemon's contribution to allgather `id`.
+    pub fn contribute(
+        &mut self,
+        now: Instant,
+        id: u64,
+        data: Bytes,
+    ) -> Result<(), crate::grpcomm::AllgatherError> {
+        let r = self.allgather.contribute(id, data);
+        self.pump(now);
         r
     }
 
@@ -177,6 +238,20 @@ impl Node {
                     self.on_confirm(now, &payload);
                 }
             }
+            SimFrame::Coll(bytes) => {
+                let size = self.routing.size();
+                if bytes.first().is_some_and(|k| *k >= 16) {
+                    match AllgatherMsg::decode(size, bytes) {
+                        Ok(m) => self.allgather.handle_msg(from, m),
+                        Err(e) => self.errors.push(format!("allgather frame: {e}")),
+                    }
+                } else {
+                    match XcastMsg::decode(size, bytes) {
+                        Ok(m) => self.xcast.handle_msg(from, m),
+                        Err(e) => self.errors.push(format!("xcast frame: {e}")),
+                    }
+                }
+            }
             SimFrame::RelmData(d) => {
                 let mut posted = Vec::new();
                 let mut post = |origin: Rank, tag: Tag, payload: Bytes| {
@@ -218,52 +293,145 @@ impl Node {
                 }
             }
         }
-        self.pump();
+        self.pump(now);
     }
 
     /// Time passed.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.relm.handle_timeout(now, &self.routing);
-        self.pump();
+        self.pump(now);
     }
 
     /// The world's connection to `dead` broke and could not be re-established.
     pub fn detect(&mut self, now: Instant, dead: Rank) {
         self.declare_failed(now, &[dead], true);
-        self.pump();
+        self.pump(now);
     }
 
-    /// Moves RELM's output into `out` and `completions`.
-    pub fn pump(&mut self) {
-        while let Some(t) = self.relm.poll_transmit() {
-            match t {
-                Transmit::Data {
-                    to,
-                    origin,
-                    dst,
-                    tag,
-                    uid,
-                    prev,
-                    payload,
-                } => self.out.push((
-                    to,
-                    SimFrame::RelmData(relm::DataFrame {
+    /// Drains every core's output (the driver's poll order: transmits before events, repeated
+    /// while anything came out, so a daemon forwards before it delivers).
+    pub fn pump(&mut self, now: Instant) {
+        // Bounded: each round either moves something or stops; a core cannot produce output
+        // for ever without input.
+        for _ in 0..1_000_000 {
+            let mut any = false;
+            while let Some(t) = self.xcast.poll_transmit() {
+                any = true;
+                match t.msg {
+                    XcastMsg::Request(_) | XcastMsg::Done { .. } | XcastMsg::Refused { .. } => {
+                        let tag = if matches!(t.msg, XcastMsg::Request(_)) {
+                            TAG_XCAST_REQUEST
+                        } else {
+                            TAG_XCAST_DONE
+                        };
+                        self.runtime_reliable(now, t.to, tag, t.msg.encode());
+                    }
+                    msg => self.out.push((t.to, SimFrame::Coll(msg.encode()))),
+                }
+            }
+            while let Some(t) = self.allgather.poll_transmit() {
+                any = true;
+                self.out.push((t.to, SimFrame::Coll(t.msg.encode())));
+            }
+            while let Some(t) = self.relm.poll_transmit() {
+                any = true;
+                match t {
+                    Transmit::Data {
+                        to,
                         origin,
                         dst,
                         tag,
                         uid,
                         prev,
                         payload,
-                    }),
-                )),
-                Transmit::Control { to, control } => {
-                    self.out.push((to, SimFrame::RelmCtl(control.encode())))
+                    } => self.out.push((
+                        to,
+                        SimFrame::RelmData(relm::DataFrame {
+                            origin,
+                            dst,
+                            tag,
+                            uid,
+                            prev,
+                            payload,
+                        }),
+                    )),
+                    Transmit::Control { to, control } => {
+                        self.out.push((to, SimFrame::RelmCtl(control.encode())))
+                    }
                 }
             }
+            while let Some(e) = self.xcast.poll_event() {
+                any = true;
+                match e {
+                    XcastEvent::Deliver {
+                        op,
+                        originator,
+                        tag,
+                        payload,
+                    } => {
+                        self.bcasts.push((op, originator, tag, payload.clone()));
+                        match tag {
+                            TAG_FAULT_CONFIRM => self.on_confirm(now, &payload),
+                            TAG_ALLGATHER_RESULT => {
+                                if let Err(e) = self.allgather.handle_result_bytes(payload) {
+                                    self.errors.push(format!("allgather result: {e}"));
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                    XcastEvent::Completed { request, op } => {
+                        self.bcast_done.push((request, Some(op)))
+                    }
+                    XcastEvent::Refused { request } => self.bcast_done.push((request, None)),
+                }
+            }
+            while let Some(e) = self.allgather.poll_event() {
+                any = true;
+                match e {
+                    AllgatherEvent::ResultReady { result } => {
+                        if let Err(e) = self.xcast.originate(TAG_ALLGATHER_RESULT, result.encode())
+                        {
+                            self.errors
+                                .push(format!("allgather result not broadcast: {e}"));
+                        }
+                    }
+                    AllgatherEvent::AllgatherDone { result } => self.gathered.push(result),
+                }
+            }
+            while let Some(RelmEvent::Completed { token, result }) = self.relm.poll_event() {
+                any = true;
+                if token < RUNTIME_TOKEN {
+                    self.completions.push((token, result));
+                }
+            }
+            if !any {
+                return;
+            }
         }
-        while let Some(RelmEvent::Completed { token, result }) = self.relm.poll_event() {
-            if token < RUNTIME_TOKEN {
-                self.completions.push((token, result));
+        self.errors.push("pump did not settle".into());
+    }
+
+    /// A runtime message over RELM (fault reports, broadcast requests and answers).
+    fn runtime_reliable(&mut self, now: Instant, to: Rank, tag: Tag, payload: Bytes) {
+        if to == self.rank {
+            self.runtime(
+                now,
+                Message {
+                    origin: to,
+                    tag,
+                    payload,
+                },
+            );
+            return;
+        }
+        let token = self.runtime_tokens;
+        self.runtime_tokens += 1;
+        if let Err(e) = self.relm.send(now, &self.routing, to, tag, payload, token) {
+            // To a dead rank: nothing to do (its requests die with it).
+            if !matches!(e, SendError::NodeDown(_)) {
+                self.errors
+                    .push(format!("runtime message to {to} not sent: {e}"));
             }
         }
     }
@@ -287,6 +455,10 @@ impl Node {
             TAG_FAULT_REPORT if self.rank == 0 => match notice::decode_ranks(size, &msg.payload) {
                 Ok(ranks) => self.confirm(now, &ranks),
                 Err(e) => self.errors.push(format!("report: {e}")),
+            },
+            TAG_XCAST_REQUEST | TAG_XCAST_DONE => match XcastMsg::decode(size, msg.payload) {
+                Ok(m) => self.xcast.handle_msg(msg.origin, m),
+                Err(e) => self.errors.push(format!("xcast request: {e}")),
             },
             TAG_ADOPTED => match Adoption::decode(size, &msg.payload) {
                 Ok(a) => self.declare_failed(now, &a.failed, false),
@@ -321,19 +493,7 @@ impl Node {
                 self.confirm(now, &new);
             } else {
                 // Reported over RELM: a report must not be lost with a dying relay.
-                let token = self.runtime_tokens;
-                self.runtime_tokens += 1;
-                let r = self.relm.send(
-                    now,
-                    &self.routing,
-                    0,
-                    TAG_FAULT_REPORT,
-                    notice::encode_ranks(&new),
-                    token,
-                );
-                if let Err(e) = r {
-                    self.errors.push(format!("report not sent: {e}"));
-                }
+                self.runtime_reliable(now, 0, TAG_FAULT_REPORT, notice::encode_ranks(&new));
             }
         }
     }
@@ -345,6 +505,8 @@ impl Node {
             .copied()
             .filter(|c| !status.previous_children.contains(c))
             .collect();
+        self.xcast.handle_repair(status);
+        self.allgather.handle_repair(status);
         self.relm.handle_repair(now, &self.routing, status);
         if !adopted.is_empty() {
             let a = Adoption {
@@ -367,6 +529,7 @@ impl Node {
                         payload: a.clone(),
                     },
                 ));
+                // A child whose old parent died while forwarding a confirmation catches up.
                 if self.epoch > 0 {
                     self.out.push((
                         *child,
@@ -406,10 +569,13 @@ impl Node {
             Ok(status) => self.after_repair(now, &status),
             Err(e) => self.errors.push(format!("repair: {e}")),
         }
-        self.xcast_confirmation();
+        self.flood_confirmation();
     }
 
-    fn xcast_confirmation(&mut self) {
+    /// Rank 0's confirmation goes down the tree as a plain flood, applied before it is
+    /// forwarded, not over the xcast: the xcast core makes progress only between daemons whose
+    /// views agree, and confirmations are what makes views agree.
+    fn flood_confirmation(&mut self) {
         let c = Confirmation {
             epoch: self.epoch,
             failed: self.confirmed.clone(),
@@ -453,6 +619,6 @@ impl Node {
             Ok(status) => self.after_repair(now, &status),
             Err(e) => self.errors.push(format!("repair: {e}")),
         }
-        self.xcast_confirmation();
+        self.flood_confirmation();
     }
 }

@@ -55,6 +55,10 @@ pub struct Scenario {
     pub messages: u64,
     /// Plain messages to send in all.
     pub plain: u64,
+    /// Broadcasts (each from a random daemon).
+    pub broadcasts: u64,
+    /// Allgathers every daemon contributes to (ids 1..=gathers).
+    pub gathers: u64,
     /// The safety phase (faults and traffic) lasts this long.
     pub safety_us: u64,
     /// RELM hop cache size for this run (swarm: small caches force replays from the origin).
@@ -182,6 +186,8 @@ impl Scenario {
         } else {
             crate::limits::RELM_CACHE_MS_DEFAULT
         };
+        let broadcasts = messages / 4;
+        let gathers = rng.range(0, 3);
         Scenario {
             latency_us,
             jitter_us,
@@ -190,6 +196,8 @@ impl Scenario {
             faults,
             messages,
             plain: messages / 2,
+            broadcasts,
+            gathers,
             safety_us,
             cache_max,
             cache_ms,

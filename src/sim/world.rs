@@ -42,6 +42,13 @@ enum Ev {
         dst: Rank,
         reliable: bool,
     },
+    Broadcast {
+        origin: Rank,
+    },
+    Contribute {
+        rank: Rank,
+        id: u64,
+    },
 }
 
 /// Counts from one run.
@@ -62,6 +69,11 @@ pub struct RunStats {
     /// RELM retransmissions and replays, summed over daemons.
     pub retransmits: u64,
     pub replays: u64,
+    /// Broadcast operations rank 0 numbered, and deliveries of them.
+    pub bcast_ops: u64,
+    pub bcast_delivered: u64,
+    /// Allgathers completed (per daemon).
+    pub gathers: u64,
 }
 
 /// The world.
@@ -151,6 +163,24 @@ impl World {
                     for_us,
                     factor,
                 } => self.slow.push((a, b, at_us, at_us + for_us, factor)),
+            }
+        }
+        // Broadcasts from random daemons, and allgathers every daemon contributes to.
+        for _ in 0..self.scen.broadcasts {
+            let origin = self.rng.range(0, size - 1) as Rank;
+            let at = self.rng.range(0, self.scen.safety_us);
+            self.push(at, Ev::Broadcast { origin });
+        }
+        for id in 1..=self.scen.gathers {
+            for rank in 0..size {
+                let at = self.rng.range(0, self.scen.safety_us);
+                self.push(
+                    at,
+                    Ev::Contribute {
+                        rank: rank as Rank,
+                        id,
+                    },
+                );
             }
         }
         if size < 2 {
@@ -251,6 +281,11 @@ impl World {
         self.stats.end_us = self.now_us;
         self.check
             .final_state(&self.nodes, &self.alive, &self.crashed, self.radix)?;
+        self.check
+            .final_collectives(&self.nodes, &self.alive, self.scen.gathers)?;
+        self.stats.bcast_ops = self.check.ops.len() as u64;
+        self.stats.bcast_delivered = self.check.bcast_delivered;
+        self.stats.gathers = self.check.gathers;
         self.stats.reliable_sent = self.check.sent.values().map(|v| v.len() as u64).sum();
         self.stats.reliable_posted = self.check.reliable_posted;
         self.stats.plain_sent = self.check.plain_sent;
@@ -329,6 +364,38 @@ impl World {
                     *s = (*s).max(until_us);
                 }
             }
+            Ev::Broadcast { origin } => {
+                if !self.living(origin) {
+                    return Ok(());
+                }
+                let seq = {
+                    let s = self.pair_seq.entry((origin, u32::MAX)).or_insert(0);
+                    *s += 1;
+                    *s
+                };
+                let pad = self.rng.range(0, 64) as usize;
+                let payload = check::payload(origin, u32::MAX, seq, pad);
+                if let Some(n) = self.nodes.get_mut(origin as usize)
+                    && let Ok(request) = n.broadcast(now, payload)
+                {
+                    self.check.originated(origin, request);
+                }
+                self.after(origin)?;
+            }
+            Ev::Contribute { rank, id } => {
+                if !self.living(rank) {
+                    return Ok(());
+                }
+                if let Some(n) = self.nodes.get_mut(rank as usize)
+                    && let Err(e) = n.contribute(now, id, check::contribution(rank, id))
+                {
+                    return Err(Violation {
+                        checker: "allgather",
+                        detail: format!("rank {rank} could not contribute to {id}: {e}"),
+                    });
+                }
+                self.after(rank)?;
+            }
             Ev::Send {
                 origin,
                 dst,
@@ -382,6 +449,9 @@ impl World {
         let completions = std::mem::take(&mut n.completions);
         let out = std::mem::take(&mut n.out);
         let gained = std::mem::take(&mut n.new_neighbours);
+        let bcasts = std::mem::take(&mut n.bcasts);
+        let bcast_done = std::mem::take(&mut n.bcast_done);
+        let gathered = std::mem::take(&mut n.gathered);
         let timeout = n.relm.poll_timeout();
         if let Some(e) = n.errors.first() {
             return Err(Violation {
@@ -394,6 +464,16 @@ impl World {
         }
         for (token, result) in &completions {
             self.check.completed(*token, result, &crashed)?;
+        }
+        for b in &bcasts {
+            self.check.bcast_delivered(r, b)?;
+        }
+        for (request, op) in bcast_done {
+            let alive = self.alive.clone();
+            self.check.bcast_finished(r, request, op, &alive)?;
+        }
+        for g in &gathered {
+            self.check.gathered(r, g, self.nodes.len() as u32)?;
         }
         for (to, frame) in out {
             self.transmit(r, to, frame);
@@ -443,7 +523,8 @@ fn target(ev: &Ev) -> Option<Rank> {
     match ev {
         Ev::Frame { to, .. } => Some(*to),
         Ev::Timer { node } | Ev::Detect { node, .. } => Some(*node),
-        Ev::Send { origin, .. } => Some(*origin),
+        Ev::Send { origin, .. } | Ev::Broadcast { origin } => Some(*origin),
+        Ev::Contribute { rank, .. } => Some(*rank),
         Ev::Crash { .. } | Ev::Stall { .. } => None,
     }
 }
