@@ -49,6 +49,9 @@ pub struct RoleArgs {
     pub count: u64,
     #[arg(long, hide = true, default_value = ".")]
     pub dir: PathBuf,
+    /// Rate test: send with `send_reliable` (RELM) instead of `send`.
+    #[arg(long, hide = true)]
+    pub reliable: bool,
 }
 
 pub fn run(args: BenchArgs) -> Res<i32> {
@@ -72,6 +75,7 @@ pub fn run(args: BenchArgs) -> Res<i32> {
     let mut out = json!({ "quick": args.quick, "load": loadavg() });
     if want("rate") {
         out["rate"] = b.rates()?;
+        out["reliable_rate"] = Value::Array(std::mem::take(&mut b.reliable_rows));
     }
     if want("pingpong") {
         out["pingpong"] = b.pingpong()?;
@@ -129,6 +133,8 @@ struct Bench {
     root: PathBuf,
     runs: u32,
     quick: bool,
+    /// Reliable-versus-plain rate rows, filled by `rates`.
+    reliable_rows: Vec<Value>,
 }
 
 impl Bench {
@@ -141,6 +147,7 @@ impl Bench {
             root,
             runs: 0,
             quick,
+            reliable_rows: Vec::new(),
         })
     }
 
@@ -162,6 +169,7 @@ impl Bench {
             .args(["--receiver", &a.receiver.to_string()])
             .args(["--payload", &a.payload.to_string()])
             .args(["--count", &a.count.to_string()])
+            .args(a.reliable.then_some("--reliable"))
             .arg("--dir")
             .arg(&a.dir)
             .env("RUST_LOG", "error")
@@ -210,7 +218,7 @@ impl Bench {
         if self.quick { full / 4 } else { full }
     }
 
-    fn tbon_rate(&mut self, relays: u32, payload: usize) -> Res<Value> {
+    fn tbon_rate(&mut self, relays: u32, payload: usize, reliable: bool) -> Res<Value> {
         let (size, sender, receiver) = layout(relays).ok_or("no layout")?;
         let dir = self.fresh_dir()?;
         let mut kids = Vec::new();
@@ -224,6 +232,7 @@ impl Bench {
                 payload,
                 count: self.count(payload),
                 dir: dir.clone(),
+                reliable,
             };
             kids.push(self.spawn(&a, rank == receiver)?);
         }
@@ -270,7 +279,7 @@ impl Bench {
         let mut rows = Vec::new();
         for relays in [0, 1, 3] {
             for payload in [64usize, 4096, 65_536, 1 << 20] {
-                let t = self.tbon_rate(relays, payload)?;
+                let t = self.tbon_rate(relays, payload, false)?;
                 let r = self.raw_rate(relays, payload)?;
                 let rate = |v: &Value| {
                     v["msgs"].as_f64().unwrap_or(0.0) / v["secs"].as_f64().unwrap_or(1.0)
@@ -289,6 +298,24 @@ impl Bench {
                 });
                 eprintln!("{row}");
                 rows.push(row);
+            }
+        }
+        // Reliable sends (RELM) beside plain ones, same layout: the cost of the guarantee.
+        for relays in [0, 3] {
+            for payload in [64usize, 65_536] {
+                let plain = self.tbon_rate(relays, payload, false)?;
+                let rel = self.tbon_rate(relays, payload, true)?;
+                let rate = |v: &Value| {
+                    v["msgs"].as_f64().unwrap_or(0.0) / v["secs"].as_f64().unwrap_or(1.0)
+                };
+                let row = json!({
+                    "relays": relays, "payload": payload,
+                    "plain_msgs_per_s": rate(&plain), "reliable_msgs_per_s": rate(&rel),
+                    "ratio": rate(&rel) / rate(&plain).max(1e-9),
+                    "load": loadavg(),
+                });
+                eprintln!("{row}");
+                self.reliable_rows.push(row);
             }
         }
         Ok(Value::Array(rows))
@@ -439,6 +466,21 @@ fn print_tables(out: &Value) {
                 f("raw_msgs_per_s"),
                 f("tbon_gib_per_s"),
                 f("raw_gib_per_s"),
+                100.0 * f("ratio"),
+            );
+        }
+    }
+    if let Some(rows) = out["reliable_rate"].as_array() {
+        println!("\n| route | payload | plain msg/s | reliable msg/s | reliable/plain |");
+        println!("|---|---|---|---|---|");
+        for r in rows {
+            let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+            println!(
+                "| {} relays | {} | {:.3e} | {:.3e} | {:.0}% |",
+                r["relays"],
+                size_name(r["payload"].as_u64().unwrap_or(0)),
+                f("plain_msgs_per_s"),
+                f("reliable_msgs_per_s"),
                 100.0 * f("ratio"),
             );
         }

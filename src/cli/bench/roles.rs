@@ -23,6 +23,8 @@ pub const TAG_REPLY: u32 = 103;
 pub const TAG_ACK: u32 = 104;
 
 const GUARD: Duration = Duration::from_secs(120);
+/// Reliable sends in flight in the rate test: half of the default `relm_unacked_max`.
+const RELIABLE_WINDOW: u64 = 2_048;
 
 /// The DVM's job key lives beside its URI; rank 0 makes it before publishing the URI.
 fn config(radix: u32, key_file: &std::path::Path) -> Config {
@@ -107,7 +109,7 @@ pub fn rate(a: &RoleArgs) -> Res<()> {
         return Err("not wired".into());
     }
     if a.rank == a.sender {
-        stream(&d, a.receiver, a.payload, a.count)?;
+        stream(&d, a.receiver, a.payload, a.count, a.reliable)?;
     }
     if let Some(rx) = report_rx {
         let r = rx
@@ -135,7 +137,7 @@ fn ack_every(payload: usize) -> u64 {
 /// sender never runs more than `window` messages ahead of the last one. A window on first-hop
 /// completions is not enough: a relay has no back-pressure towards the sender, and when it
 /// forwards more slowly than it receives, its bounded send queue fills and it drops frames.
-fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64) -> Res<()> {
+fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64, reliable: bool) -> Res<()> {
     let body = Bytes::from(vec![0x5au8; payload]);
     let window = window(payload);
     let completed = Arc::new(AtomicU64::new(0));
@@ -146,6 +148,7 @@ fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64) -> Res<()> {
         }
     })
     .map_err(ctx("post ack receive"))?;
+    let acked = Arc::new(AtomicU64::new(0));
     for i in 0..count {
         let mut spins = 0u32;
         while i.saturating_sub(completed.load(Ordering::Acquire)) >= window {
@@ -156,7 +159,22 @@ fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64) -> Res<()> {
                 std::thread::yield_now();
             }
         }
-        d.send(dst, TAG_DATA, body.clone()).map_err(ctx("send"))?;
+        if !reliable {
+            d.send(dst, TAG_DATA, body.clone()).map_err(ctx("send"))?;
+            continue;
+        }
+        // Keep fewer than `relm_unacked_max` unacknowledged (a send beyond it would complete
+        // with `Busy`): the completions are the end-to-end flow control.
+        while i.saturating_sub(acked.load(Ordering::Acquire)) >= RELIABLE_WINDOW {
+            std::thread::yield_now();
+        }
+        let a2 = acked.clone();
+        d.send_reliable_with(dst, TAG_DATA, body.clone(), move |r| {
+            if r.is_ok() {
+                a2.fetch_add(1, Ordering::Release);
+            }
+        })
+        .map_err(ctx("send_reliable"))?;
     }
     Ok(())
 }
