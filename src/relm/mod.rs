@@ -61,9 +61,7 @@ pub use wire::{Control, ControlError};
 
 use crate::Rank;
 use crate::error::SendError;
-use crate::rml::Tag;
 use crate::routed::{Route, RoutingState};
-use bytes::Bytes;
 use engine::MessageTable;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -143,22 +141,13 @@ impl Default for RelmConfig {
 /// A frame RELM wants sent to a neighbour.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transmit {
-    /// A reliable message (kind `RelmData`; see `wire.rs` for the header).
+    /// A reliable message (kind `RelmData`; see `wire.rs` for the header). The payload is
+    /// shared, not copied.
     Data {
         /// The neighbour.
         to: Rank,
-        /// The message's origin.
-        origin: Rank,
-        /// Its destination.
-        dst: Rank,
-        /// Its tag.
-        tag: Tag,
-        /// Its uid.
-        uid: u32,
-        /// Its predecessor's uid in the chain.
-        prev: u32,
-        /// The payload (shared, not copied).
-        payload: Bytes,
+        /// The message, as the neighbour's [`Relm::handle_data`] takes it.
+        frame: DataFrame,
     },
     /// A control message (kind `Relm`).
     Control {

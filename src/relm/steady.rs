@@ -14,7 +14,7 @@ use bytes::Bytes;
 use std::time::{Duration, Instant};
 
 /// A reliable message as it arrived in a frame.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataFrame {
     /// Its origin.
     pub origin: Rank,
@@ -108,12 +108,14 @@ impl Relm {
         };
         self.transmits.push_back(Transmit::Data {
             to,
-            origin: key.origin,
-            dst: r.dst,
-            tag: r.tag,
-            uid: key.uid,
-            prev: r.prev,
-            payload,
+            frame: DataFrame {
+                origin: key.origin,
+                dst: r.dst,
+                tag: r.tag,
+                uid: key.uid,
+                prev: r.prev,
+                payload,
+            },
         });
         if let Err(e) = self.table.apply(&key, Trigger::Transmitted) {
             bug(e);
@@ -204,19 +206,9 @@ impl Relm {
         // lost; the destination discards what it already has.
         // Without a route the record stays `Sending` and goes out after the repair.
         if let Some(to) = topo.next_hop(d.dst) {
-            {
-                self.transmits.push_back(Transmit::Data {
-                    to,
-                    origin: d.origin,
-                    dst: d.dst,
-                    tag: d.tag,
-                    uid: d.uid,
-                    prev: d.prev,
-                    payload: d.payload,
-                });
-                if let Err(e) = self.table.apply(&key, Trigger::Transmitted) {
-                    bug(e);
-                }
+            self.transmits.push_back(Transmit::Data { to, frame: d });
+            if let Err(e) = self.table.apply(&key, Trigger::Transmitted) {
+                bug(e);
             }
         }
     }

@@ -3,7 +3,9 @@
 
 use super::steady::DataFrame;
 use super::*;
+use crate::rml::Tag;
 use crate::routed::{RoutingState, Scope};
+use bytes::Bytes;
 use std::collections::BTreeMap;
 
 struct Node {
@@ -86,42 +88,31 @@ impl Net {
             if !self.nodes[to as usize].alive {
                 continue;
             }
-            let n = &mut self.nodes[to as usize];
-            let got = &mut n.got;
-            let mut post = |o: Rank, tag: Tag, p: Bytes| {
-                got.push((o, tag, p));
-                true
-            };
-            match t {
-                Transmit::Data {
-                    origin,
-                    dst,
-                    tag,
-                    uid,
-                    prev,
-                    payload,
-                    ..
-                } => {
-                    let d = DataFrame {
-                        origin,
-                        dst,
-                        tag,
-                        uid,
-                        prev,
-                        payload,
-                    };
-                    n.relm
-                        .handle_data(self.now, &n.routing, from, d, &mut post)
-                        .unwrap();
-                }
-                Transmit::Control { control, .. } => n
-                    .relm
-                    .handle_control(self.now, &n.routing, from, &control.encode(), &mut post)
-                    .unwrap(),
-            }
+            self.deliver(from, to, t);
             self.pump(to);
         }
         panic!("the network did not settle");
+    }
+
+    /// Hands one frame from `from` to `to`, then moves `to`'s output onto the links.
+    fn deliver(&mut self, from: Rank, to: Rank, t: Transmit) {
+        let n = &mut self.nodes[to as usize];
+        let got = &mut n.got;
+        let mut post = |o: Rank, tag: Tag, p: Bytes| {
+            got.push((o, tag, p));
+            true
+        };
+        match t {
+            Transmit::Data { frame, .. } => n
+                .relm
+                .handle_data(self.now, &n.routing, from, frame, &mut post)
+                .unwrap(),
+            Transmit::Control { control, .. } => n
+                .relm
+                .handle_control(self.now, &n.routing, from, &control.encode(), &mut post)
+                .unwrap(),
+        }
+        self.pump(to);
     }
 
     /// Advances the clock by `ms`, firing timers, and settles.
@@ -208,43 +199,11 @@ fn survives_an_interior_crash_with_frames_in_flight() {
     for s in 0..50 {
         net.send(7, 9, s).unwrap();
     }
-    // Half arrive, then rank 1 dies with the rest in its hands.
+    // Some frames arrive, then rank 1 dies with the rest in its hands.
     for _ in 0..60 {
         let key = *net.links.keys().find(|k| !net.links[k].is_empty()).unwrap();
         let t = net.links.get_mut(&key).unwrap().pop_front().unwrap();
-        net.links.get_mut(&key).unwrap().push_front(t);
-        // Step one frame.
-        let (from, to) = key;
-        let t = net.links.get_mut(&key).unwrap().pop_front().unwrap();
-        let n = &mut net.nodes[to as usize];
-        let got = &mut n.got;
-        let mut post = |o: Rank, tag: Tag, p: Bytes| {
-            got.push((o, tag, p));
-            true
-        };
-        if let Transmit::Data {
-            origin,
-            dst,
-            tag,
-            uid,
-            prev,
-            payload,
-            ..
-        } = t
-        {
-            let d = DataFrame {
-                origin,
-                dst,
-                tag,
-                uid,
-                prev,
-                payload,
-            };
-            n.relm
-                .handle_data(net.now, &n.routing, from, d, &mut post)
-                .unwrap();
-        }
-        net.pump(to);
+        net.deliver(key.0, key.1, t);
     }
     net.crash(1, Scope::Local);
     net.run();
@@ -367,7 +326,7 @@ fn a_replay_from_a_requested_record_keeps_the_tag_and_predecessor() {
         .handle_control(net.now, &n.routing, 2, &req.encode(), &mut post)
         .unwrap();
     match n.relm.poll_transmit() {
-        Some(Transmit::Data { to, tag, prev, .. }) => assert_eq!((to, tag, prev), (2, 123, 4)),
+        Some(Transmit::Data { to, frame }) => assert_eq!((to, frame.tag, frame.prev), (2, 123, 4)),
         other => panic!("expected a replay, got {other:?}"),
     }
 }

@@ -336,25 +336,7 @@ impl Node {
             while let Some(t) = self.relm.poll_transmit() {
                 any = true;
                 match t {
-                    Transmit::Data {
-                        to,
-                        origin,
-                        dst,
-                        tag,
-                        uid,
-                        prev,
-                        payload,
-                    } => self.out.push((
-                        to,
-                        SimFrame::RelmData(relm::DataFrame {
-                            origin,
-                            dst,
-                            tag,
-                            uid,
-                            prev,
-                            payload,
-                        }),
-                    )),
+                    Transmit::Data { to, frame } => self.out.push((to, SimFrame::RelmData(frame))),
                     Transmit::Control { to, control } => {
                         self.out.push((to, SimFrame::RelmCtl(control.encode())))
                     }

@@ -182,18 +182,11 @@ impl EventLoop {
                 continue;
             }
             let (to, header, payload) = match t {
-                Transmit::Data {
-                    to,
-                    origin,
-                    dst,
-                    tag,
-                    uid,
-                    prev,
-                    payload,
-                } => {
-                    let mut h = self.header(Kind::RelmData, origin, dst, tag, payload.len());
-                    h.seq = pack_seq(uid, prev);
-                    (to, h, payload)
+                Transmit::Data { to, frame: f } => {
+                    let mut h =
+                        self.header(Kind::RelmData, f.origin, f.dst, f.tag, f.payload.len());
+                    h.seq = pack_seq(f.uid, f.prev);
+                    (to, h, f.payload)
                 }
                 Transmit::Control { to, control } => {
                     let p = control.encode();
