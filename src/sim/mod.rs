@@ -54,6 +54,14 @@ pub const REGRESSION_SEEDS: &[(u64, u32, u32, &str)] = &[
         "relm: a hop's Requested record, filled by the replayed data, kept tag 0 and prev NONE; \
          its own replays then posted a user message as runtime tag 0",
     ),
+    (
+        28_942,
+        35,
+        3,
+        "faults: deaths learned from an adoption notice were not reported; when the adopter's \
+         own reports died with it (slow link, then a crash), rank 0 never confirmed them and a \
+         reliable send spun until it gave up",
+    ),
 ];
 
 /// What to simulate.

@@ -443,7 +443,9 @@ impl Node {
                 Err(e) => self.errors.push(format!("xcast request: {e}")),
             },
             TAG_ADOPTED => match Adoption::decode(size, &msg.payload) {
-                Ok(a) => self.declare_failed(now, &a.failed, false),
+                // Reported on: the adopter's own report may have died with a relay (or with
+                // the adopter), and rank 0 must hear of every death for the trees to agree.
+                Ok(a) => self.declare_failed(now, &a.failed, true),
                 Err(e) => self.errors.push(format!("adoption: {e}")),
             },
             t => self.errors.push(format!("unexpected runtime tag {t}")),
@@ -481,6 +483,16 @@ impl Node {
     }
 
     fn after_repair(&mut self, now: Instant, status: &RecoveryStatus) {
+        log::debug!(
+            "rank {}: repair {:?} failed {:?}: parent {:?} -> {:?}, children {:?} -> {:?}",
+            self.rank,
+            status.scope,
+            status.newly_failed,
+            status.previous_parent,
+            status.new_parent,
+            status.previous_children,
+            status.new_children
+        );
         let adopted: Vec<Rank> = status
             .new_children
             .iter()

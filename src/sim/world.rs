@@ -332,6 +332,7 @@ impl World {
                 if self.living(node)
                     && let Some(n) = self.nodes.get_mut(node as usize)
                 {
+                    log::debug!("{} us: rank {node} detects {dead}", self.now_us);
                     n.detect(now, dead);
                     self.after(node)?;
                 }
@@ -355,6 +356,10 @@ impl World {
                     })
                     .map(|n| n.rank)
                     .collect();
+                log::debug!(
+                    "{} us: rank {rank} crashes; watchers {watchers:?}",
+                    self.now_us
+                );
                 for w in watchers {
                     self.detect_later(w, rank);
                 }
