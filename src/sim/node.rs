@@ -3,10 +3,10 @@
 //! clock and connections supplied by the world instead of sockets.
 //!
 //! The fault flow follows `driver/event_loop/faults.rs`: a detected death is repaired at once
-//! (local scope), adopted children are told (adoption notice, and rank 0's latest confirmation
-//! so a child that missed one catches up), the death is reported to rank 0 (reliably, over
-//! RELM), rank 0 confirms with a new epoch down the tree, and every daemon repairs again
-//! (global scope). Handlers run in the driver's order: messaging, grpcomm, RELM.
+//! (local scope) and reported to rank 0 (reliably, over RELM); a new child gets an adoption
+//! notice (every failure its parent knows) ahead of every collective `Sync`, and reports the
+//! deaths it learns from it; rank 0 confirms with a new epoch as a broadcast operation, and
+//! every daemon repairs again (global scope) when it delivers it. Handlers run in the driver's order: messaging, grpcomm, RELM.
 //!
 //! Broadcasts and allgathers run the real `grpcomm` cores: tree messages go over the links,
 //! requests and completions between an originator and rank 0 over RELM, and rank 0's fault
@@ -54,8 +54,6 @@ pub enum SimFrame {
         tag: Tag,
         payload: Bytes,
     },
-    /// Rank 0's fault confirmation, flooded down the tree (see `flood_confirmation`).
-    Xcast { tag: Tag, payload: Bytes },
     /// A reliable message.
     RelmData(relm::DataFrame),
     /// A RELM control frame (encoded, so the decoder is exercised too).
@@ -233,11 +231,6 @@ impl Node {
                     self.route_msg(now, origin, dst, tag, payload);
                 }
             }
-            SimFrame::Xcast { tag, payload } => {
-                if tag == TAG_FAULT_CONFIRM {
-                    self.on_confirm(now, &payload);
-                }
-            }
             SimFrame::Coll(bytes) => {
                 let size = self.routing.size();
                 if bytes.first().is_some_and(|k| *k >= 16) {
@@ -326,11 +319,19 @@ impl Node {
                         };
                         self.runtime_reliable(now, t.to, tag, t.msg.encode());
                     }
-                    msg => self.out.push((t.to, SimFrame::Coll(msg.encode()))),
+                    msg => {
+                        if matches!(msg, XcastMsg::Sync { .. }) {
+                            self.tell_child(t.to);
+                        }
+                        self.out.push((t.to, SimFrame::Coll(msg.encode())))
+                    }
                 }
             }
             while let Some(t) = self.allgather.poll_transmit() {
                 any = true;
+                if matches!(t.msg, AllgatherMsg::Sync { .. }) {
+                    self.tell_child(t.to);
+                }
                 self.out.push((t.to, SimFrame::Coll(t.msg.encode())));
             }
             while let Some(t) = self.relm.poll_transmit() {
@@ -353,7 +354,7 @@ impl Node {
                     } => {
                         self.bcasts.push((op, originator, tag, payload.clone()));
                         match tag {
-                            TAG_FAULT_CONFIRM => self.on_confirm(now, &payload),
+                            TAG_FAULT_CONFIRM if self.rank != 0 => self.on_confirm(now, &payload),
                             TAG_ALLGATHER_RESULT => {
                                 if let Err(e) = self.allgather.handle_result_bytes(payload) {
                                     self.errors.push(format!("allgather result: {e}"));
@@ -502,43 +503,31 @@ impl Node {
         self.xcast.handle_repair(status);
         self.allgather.handle_repair(status);
         self.relm.handle_repair(now, &self.routing, status);
-        if !adopted.is_empty() {
-            let a = Adoption {
-                failed: self.routing.failed().collect(),
-                ancestors: self.routing.ancestors().to_vec(),
-            }
-            .encode();
-            let c = Confirmation {
-                epoch: self.epoch,
-                failed: self.confirmed.clone(),
-            }
-            .encode();
-            for child in &adopted {
-                self.out.push((
-                    *child,
-                    SimFrame::Msg {
-                        origin: self.rank,
-                        dst: *child,
-                        tag: TAG_ADOPTED,
-                        payload: a.clone(),
-                    },
-                ));
-                // A child whose old parent died while forwarding a confirmation catches up.
-                if self.epoch > 0 {
-                    self.out.push((
-                        *child,
-                        SimFrame::Xcast {
-                            tag: TAG_FAULT_CONFIRM,
-                            payload: c.clone(),
-                        },
-                    ));
-                }
-            }
-        }
         self.new_neighbours.extend(adopted);
         if status.new_parent != status.previous_parent {
             self.new_neighbours.extend(status.new_parent);
         }
+    }
+
+    /// Child `c` gets an adoption notice (every failure known here, and the ancestors) ahead of
+    /// every `Sync` the collectives offer it, as in the driver: the child can answer only under
+    /// the same view, and the failures it lacks would otherwise reach it only as confirmations,
+    /// which are broadcast operations its new parent sends only once they are synchronised.
+    fn tell_child(&mut self, c: Rank) {
+        let a = Adoption {
+            failed: self.routing.failed().collect(),
+            ancestors: self.routing.ancestors().to_vec(),
+        }
+        .encode();
+        self.out.push((
+            c,
+            SimFrame::Msg {
+                origin: self.rank,
+                dst: c,
+                tag: TAG_ADOPTED,
+                payload: a,
+            },
+        ));
     }
 
     fn confirm(&mut self, now: Instant, ranks: &[Rank]) {
@@ -563,26 +552,15 @@ impl Node {
             Ok(status) => self.after_repair(now, &status),
             Err(e) => self.errors.push(format!("repair: {e}")),
         }
-        self.flood_confirmation();
-    }
-
-    /// Rank 0's confirmation goes down the tree as a plain flood, applied before it is
-    /// forwarded, not over the xcast: the xcast core makes progress only between daemons whose
-    /// views agree, and confirmations are what makes views agree.
-    fn flood_confirmation(&mut self) {
+        // A broadcast operation: every living daemon delivers every confirmation, in order,
+        // including one whose parent died while forwarding it (its new parent replays it).
         let c = Confirmation {
             epoch: self.epoch,
             failed: self.confirmed.clone(),
         }
         .encode();
-        for child in self.routing.children().to_vec() {
-            self.out.push((
-                child,
-                SimFrame::Xcast {
-                    tag: TAG_FAULT_CONFIRM,
-                    payload: c.clone(),
-                },
-            ));
+        if let Err(e) = self.xcast.originate(TAG_FAULT_CONFIRM, c) {
+            self.errors.push(format!("confirmation not broadcast: {e}"));
         }
     }
 
@@ -613,6 +591,5 @@ impl Node {
             Ok(status) => self.after_repair(now, &status),
             Err(e) => self.errors.push(format!("repair: {e}")),
         }
-        self.flood_confirmation();
     }
 }
