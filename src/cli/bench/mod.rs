@@ -503,26 +503,24 @@ fn print_tables(out: &Value) {
     }
     if let Some(rows) = out["scale"].as_array() {
         println!(
-            "\n| daemons | launch → all wired ms | last start → all wired ms | broadcast RTT p50 / p99 µs | idle daemon VmRSS / RssAnon KiB |"
+            "\n| daemons | launch → all wired ms | last start → all wired ms | broadcast originate → complete p50 / p99 µs | allgather p50 / p99 µs | idle daemon VmRSS / RssAnon KiB |"
         );
-        println!("|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|");
         for r in rows {
             println!(
-                "| {} | {:.0} | {:.0} | {:.0} / {:.0} | {} / {} |",
+                "| {} | {:.0} | {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {} / {} |",
                 r["daemons"],
                 r["launch_to_all_wired_ms"].as_f64().unwrap_or(0.0),
                 r["last_start_to_all_wired_ms"].as_f64().unwrap_or(0.0),
                 r["bcast_rtt"]["p50_us"].as_f64().unwrap_or(0.0),
                 r["bcast_rtt"]["p99_us"].as_f64().unwrap_or(0.0),
+                r["bcast_rtt"]["allgather_p50_us"].as_f64().unwrap_or(0.0),
+                r["bcast_rtt"]["allgather_p99_us"].as_f64().unwrap_or(0.0),
                 r["idle_rss_kib"],
                 r["idle_rss_anon_kib"]
             );
         }
     }
-    println!(
-        "\nNot measured: reliable mode (RELM) and the fault-tolerant broadcast do not exist yet; \
-         the broadcast above is the unacknowledged one."
-    );
 }
 
 fn size_name(b: u64) -> String {

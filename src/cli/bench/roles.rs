@@ -16,9 +16,8 @@ use tbon::{Daemon, Peer, Rank};
 pub const TAG_DATA: u32 = 100;
 /// "The measurement is over", to rank 0, which then shuts the DVM down.
 pub const TAG_DONE: u32 = 101;
-/// Broadcast round trips: the broadcast, and each daemon's reply to rank 0.
+/// The broadcasts of the scale test.
 pub const TAG_BCAST: u32 = 102;
-pub const TAG_REPLY: u32 = 103;
 /// Rate test: the receiver's acknowledgements to the sender (the count received so far).
 pub const TAG_ACK: u32 = 104;
 
@@ -219,24 +218,16 @@ pub fn pingpong(a: &RoleArgs) -> Res<()> {
     Ok(())
 }
 
-/// Scale: every daemon appends `rank start_ns wired_ns` to `<dir>/report`, then waits. Rank 0
-/// waits for `<dir>/go`, runs `count` broadcast round trips (broadcast, every daemon replies to
-/// rank 0), prints the JSON report and shuts the DVM down.
+/// Scale: every daemon appends `rank start_ns wired_ns` to `<dir>/report`. Then rank 0 waits
+/// for `<dir>/go` and times `count` broadcasts from origination to completion (every living
+/// daemon has it: the fault-tolerant xcast), while every daemon takes part in `count` allgathers
+/// of 8 bytes each (rank 0 times each from its contribution to the result). Rank 0 prints the
+/// JSON report and shuts the DVM down.
 pub fn scale(a: &RoleArgs) -> Res<()> {
     let started = now_ns();
     let d = start(a, Config::default().radix)?;
-    let h = d.handle();
-    d.recv(Peer::Rank(0), TAG_BCAST, true, move |m| {
-        let _ = h.send(0, TAG_REPLY, m.payload);
-    })
-    .map_err(ctx("post broadcast receive"))?;
-    let (tx, rx) = crossbeam_channel::unbounded();
-    if a.rank == 0 {
-        d.recv(Peer::Any, TAG_REPLY, true, move |_| {
-            let _ = tx.send(());
-        })
-        .map_err(ctx("post reply receive"))?;
-    }
+    d.recv(Peer::Any, TAG_BCAST, true, |_| {})
+        .map_err(ctx("post broadcast receive"))?;
     if !d.wait_wired(GUARD) {
         return Err("not wired".into());
     }
@@ -249,24 +240,58 @@ pub fn scale(a: &RoleArgs) -> Res<()> {
         .map_err(ctx("open report"))?;
     f.write_all(line.as_bytes()).map_err(ctx("write report"))?;
     drop(f);
+    let contribution = Bytes::from(u64::from(a.rank).to_be_bytes().to_vec());
     if a.rank != 0 {
+        // In lockstep with rank 0: round i starts when rank 0 contributes to it.
+        for id in 1..=a.count {
+            d.allgather_wait(id, contribution.clone(), GUARD)
+                .map_err(ctx("allgather"))?;
+        }
         d.wait_stopped(GUARD);
         return Ok(());
     }
     wait_file(&a.dir.join("go"), GUARD)?;
-    let mut samples = Vec::new();
+    let mut bcast = Vec::new();
     for _ in 0..a.count {
+        let (tx, rx) = crossbeam_channel::bounded(1);
         let t = Instant::now();
-        d.broadcast(TAG_BCAST, Bytes::from_static(&[0u8; 64]), None)
+        d.broadcast(
+            TAG_BCAST,
+            Bytes::from_static(&[0u8; 64]),
+            Some(Box::new(move |r| {
+                let _ = tx.send(r);
+            })),
+        )
+        .map_err(ctx("broadcast"))?;
+        rx.recv_timeout(GUARD)
+            .map_err(ctx("broadcast completion"))?
             .map_err(ctx("broadcast"))?;
-        for _ in 0..a.size {
-            rx.recv_timeout(GUARD).map_err(ctx("broadcast reply"))?;
-        }
-        samples.push(t.elapsed());
+        bcast.push(t.elapsed());
     }
-    let p50 = quantile_us(&mut samples, 0.5);
-    let p99 = quantile_us(&mut samples, 0.99);
-    print_line(&serde_json::json!({"p50_us": p50, "p99_us": p99}).to_string());
+    let mut gather = Vec::new();
+    for id in 1..=a.count {
+        let t = Instant::now();
+        let r = d
+            .allgather_wait(id, contribution.clone(), GUARD)
+            .map_err(ctx("allgather"))?;
+        gather.push(t.elapsed());
+        if r.contributions.len() != a.size as usize {
+            return Err(format!(
+                "allgather {id}: {} contributions of {}",
+                r.contributions.len(),
+                a.size
+            ));
+        }
+    }
+    print_line(
+        &serde_json::json!({
+            "p50_us": quantile_us(&mut bcast, 0.5),
+            "p99_us": quantile_us(&mut bcast, 0.99),
+            "allgather_p50_us": quantile_us(&mut gather, 0.5),
+            "allgather_p99_us": quantile_us(&mut gather, 0.99),
+        })
+        .to_string(),
+    );
     d.shutdown_dvm();
     Ok(())
 }
