@@ -28,6 +28,7 @@ use crate::limits;
 use crate::oob::frame::Frame;
 use crate::oob::handshake::{Handshake, HandshakeConfig, HandshakeEvent, JobKey, keep_dialled_by};
 use crate::oob::header::{Header, Kind};
+use crate::oob::send_queue::Payload;
 use crate::oob::uri::ContactUri;
 use crate::relm::Relm;
 use crate::rml::{Dispatch, Matcher, Message, Peer, ReceiveId, TAG_USER_MIN, Tag};
@@ -51,7 +52,7 @@ pub(crate) const LISTENER_TOKEN_BASE: usize = usize::MAX - 1;
 /// A frame waiting for a connection to its next hop.
 struct Pending {
     header: Header,
-    payload: Bytes,
+    payload: Payload,
     done: Option<Completion>,
 }
 
@@ -485,11 +486,11 @@ impl EventLoop {
             return;
         }
         let header = self.header(Kind::Msg, self.me, dst, tag, payload.len());
-        self.forward(header, payload, done);
+        self.forward(header, payload.into(), done);
     }
 
     /// Routes a point-to-point frame one hop towards its destination.
-    fn forward(&mut self, header: Header, payload: Bytes, done: Option<Completion>) {
+    fn forward(&mut self, header: Header, payload: Payload, done: Option<Completion>) {
         let dst = header.dst;
         match self.routing.route(dst) {
             Route::Local => {
@@ -511,7 +512,14 @@ impl EventLoop {
     }
 
     /// Queues a frame for a directly connected neighbour, dialling it if needed.
-    fn enqueue(&mut self, peer: Rank, header: Header, payload: Bytes, done: Option<Completion>) {
+    fn enqueue(
+        &mut self,
+        peer: Rank,
+        header: Header,
+        payload: impl Into<Payload>,
+        done: Option<Completion>,
+    ) {
+        let payload = payload.into();
         let link = self.links.entry(peer).or_default();
         if let Some(tok) = link.conn
             && let Some(conn) = self.conns.get_mut(tok)
@@ -1185,7 +1193,7 @@ impl EventLoop {
             }),
             Kind::Msg => {
                 self.counters.relayed += 1;
-                self.forward(h, frame.payload, None);
+                self.forward(h, frame.payload.into(), None);
             }
             Kind::Xcast => self.on_xcast(from, h, frame.payload),
             Kind::RelmData => self.on_relm_data(tok, from, h, frame.payload),
