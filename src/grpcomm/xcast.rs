@@ -547,6 +547,37 @@ impl Xcast {
         self.settle();
     }
 
+    /// The link with neighbour `peer` may have lost messages although `peer` lives: the
+    /// connection was re-established, or the driver dropped messages for `peer` at a full
+    /// queue. Re-states what `peer` may have missed; the duplicates this causes are dropped.
+    ///
+    /// Towards the parent: the level (`Ack`) and, once synchronised, `Resume` from the lowest
+    /// operation still needed (lost operations come again). Towards a child: `Sync` again if it
+    /// has not answered, else its stream restarts after its level. The driver calls it on both
+    /// ends of a re-established connection; after a drop, on the dropping end.
+    pub fn handle_link_up(&mut self, peer: Rank) {
+        if self.view.dead {
+            return;
+        }
+        if Some(peer) == self.view.parent {
+            self.up.ack_sent = None;
+            if self.up.synced {
+                self.up.resume_now = true;
+            }
+        }
+        if let Some(child) = self.child_mut(peer) {
+            match child.cursor {
+                Some(_) => child.cursor = Some(child.acked.saturating_add(1)),
+                None => {
+                    if !self.sync_due.contains(&peer) {
+                        self.sync_due.push_back(peer);
+                    }
+                }
+            }
+        }
+        self.check_resume = true;
+    }
+
     /// The next message to send, or `None`. Drain it after every input (see [`super`]).
     pub fn poll_transmit(&mut self) -> Option<Transmit<XcastMsg>> {
         if self.view.dead {

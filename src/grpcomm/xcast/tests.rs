@@ -262,6 +262,59 @@ fn a_new_child_is_synced_and_replayed() {
 }
 
 #[test]
+fn a_link_that_lost_messages_is_restated_from_both_ends() {
+    // Radix 2, size 3: 0 -> {1, 2}. Everything rank 0 and rank 1 send each other is lost.
+    let mut zero = core(2, 3, 0);
+    let mut one = core(2, 3, 1);
+    let mut two = core(2, 3, 2);
+    for p in [b"a", b"b"] {
+        zero.originate(100, Bytes::from_static(p)).unwrap();
+    }
+    for t in drain_transmits(&mut zero) {
+        if t.to == 2 {
+            two.handle_msg(0, t.msg);
+        }
+    }
+    assert_eq!(delivered_ids(&drain_events(&mut zero)), [1, 2]);
+    assert_eq!(delivered_ids(&drain_events(&mut two)), [1, 2]);
+    for t in drain_transmits(&mut two) {
+        zero.handle_msg(2, t.msg);
+    }
+    assert_eq!(zero.completed(), 0, "rank 1 has nothing");
+    // Rank 1 learns nothing by itself; link-up at rank 0 restarts its stream, only to rank 1.
+    zero.handle_link_up(1);
+    let again = drain_transmits(&mut zero);
+    assert!(again.iter().all(|t| t.to == 1), "{again:?}");
+    assert_eq!(again.len(), 2);
+    // Link-up at rank 1 re-states where it stands: a Resume from operation 1.
+    one.handle_link_up(0);
+    assert_eq!(
+        drain_transmits(&mut one),
+        vec![Transmit {
+            to: 0,
+            msg: XcastMsg::Resume { from: 1, digest: 0 }
+        }]
+    );
+    for t in again {
+        one.handle_msg(0, t.msg);
+    }
+    assert_eq!(delivered_ids(&drain_events(&mut one)), [1, 2]);
+    for t in drain_transmits(&mut one) {
+        zero.handle_msg(1, t.msg);
+    }
+    drain_transmits(&mut zero);
+    let done: Vec<_> = drain_events(&mut zero);
+    assert_eq!(zero.completed(), 2, "{done:?}");
+    // A lost Ack is sent again on link-up, even without news.
+    one.handle_link_up(0);
+    let restated = drain_transmits(&mut one);
+    assert!(restated.contains(&Transmit {
+        to: 0,
+        msg: XcastMsg::Ack { upto: 2, digest: 0 }
+    }));
+}
+
+#[test]
 fn a_promoted_parent_treats_its_kept_child_as_new() {
     // Radix 2, size 15: 1 -> {3, 5}, 5 -> {9, 13}. Rank 1 dies: 5 takes slot 1 and 13 takes
     // slot 5, so 13 stays 5's child but now has 9 below it. 13 acked operation 1 while the
@@ -292,6 +345,9 @@ pub(crate) enum Fault {
     DuringRepair,
     /// Crash random daemons.
     Random,
+    /// Lose tree messages between a living daemon and its parent (a broken connection, or
+    /// drops at a full queue) and re-state them; one time in four, crash an interior daemon.
+    LinkLoss,
 }
 
 /// Crash according to `fault`.
@@ -312,6 +368,24 @@ pub(crate) fn inject(sim: &mut Sim, fault: Fault) {
                 Some(c) => sim.crash(&[v, c]),
                 None => sim.crash(&[v]),
             }
+        }
+        Fault::LinkLoss => {
+            if sim.rng.chance(1, 4) {
+                return inject(sim, Fault::Interior);
+            }
+            let alive: Vec<Rank> = sim.alive().into_iter().filter(|&r| r != 0).collect();
+            let Some(c) = sim.rng.pick(&alive) else {
+                return;
+            };
+            let Some(p) = sim.node(c).routing.parent() else {
+                return;
+            };
+            if !sim.node(p).alive {
+                return;
+            }
+            let reconnect = sim.rng.chance(1, 2);
+            let (a, b) = if sim.rng.chance(1, 2) { (c, p) } else { (p, c) };
+            sim.lose_link(a, b, reconnect);
         }
         Fault::DuringRepair => {
             let Some(v) = sim.pick_victim(true) else {
@@ -364,10 +438,10 @@ pub(crate) fn run_with(
     let mut sim = Sim::with_limits(seed, size, radix, repairs, limits);
     sim.leak = leak;
     let ops = 8 + rng.below(25);
-    let crashes = if fault == Fault::None {
-        0
-    } else {
-        1 + rng.below(2)
+    let crashes = match fault {
+        Fault::None => 0,
+        Fault::LinkLoss => 1 + rng.below(6),
+        _ => 1 + rng.below(2),
     };
     let mut plan: Vec<bool> = vec![false; ops]; // false: originate, true: crash
     for _ in 0..crashes {
@@ -548,6 +622,24 @@ fn sim_staggered_crash_during_repair() {
         Fault::DuringRepair,
         Repairs::Staggered,
         true,
+    );
+}
+
+#[test]
+fn sim_link_losses() {
+    batch("link losses", Fault::LinkLoss, Repairs::Atomic, true);
+    batch(
+        "link losses, staggered",
+        Fault::LinkLoss,
+        Repairs::Staggered,
+        true,
+    );
+    batch_with(
+        "link losses, tight bounds",
+        Fault::LinkLoss,
+        Repairs::Atomic,
+        true,
+        TIGHT,
     );
 }
 
