@@ -239,6 +239,7 @@ fn send_rc(e: &SendError) -> tbon_rc {
         SendError::Busy(_) => tbon_rc::TBON_ERR_BUSY,
         SendError::ShutDown => tbon_rc::TBON_ERR_SHUT_DOWN,
         SendError::TimedOut => tbon_rc::TBON_ERR_TIMED_OUT,
+        SendError::DuplicateId(_) => tbon_rc::TBON_ERR_DUPLICATE,
     }
 }
 
