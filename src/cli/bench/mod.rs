@@ -478,8 +478,9 @@ fn print_tables(out: &Value) {
         }
     }
     println!(
-        "\nNot measured: reliable mode (RELM) and the fault-tolerant broadcast do not exist yet; \
-         the broadcast above is the unacknowledged one."
+        "\nNot measured: reliable mode (RELM) throughput. The broadcast above is the fault-tolerant \
+         one (rank 0 numbers it; the round trip ends with every daemon's reply, not the \
+         broadcast's own completion)."
     );
 }
 
