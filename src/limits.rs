@@ -277,13 +277,13 @@ pub const ALLGATHER_FINISHED_MEMORY: usize = 4 * ALLGATHER_TRACKED_MAX;
 /// repair to offer again.
 pub const GRPCOMM_PENDING_SYNCS_MAX: usize = 16;
 
-/// Rank 0's own broadcasts (fault confirmations, allgather results, the DVM shutdown) waiting
-/// for room in its window ([`XCAST_INFLIGHT_MAX`]): the driver retries them, in order, on every
-/// loop turn, and refuses rank 0's user broadcasts (`Busy`) while any waits. A newer
-/// confirmation replaces a waiting one (it lists every death). At most one result per tracked
-/// allgather, one confirmation and one shutdown can wait, so the bound is not reached; if it
-/// were, the notice would be dropped, logged and counted (`dropped_queue_full`).
-pub const GRPCOMM_DEFERRED_MAX: usize = ALLGATHER_TRACKED_MAX + 2;
+/// Allgather results rank 0 has to broadcast waiting for room in its window
+/// ([`XCAST_INFLIGHT_MAX`]): the driver retries them, in order, on every loop turn, and refuses
+/// rank 0's user broadcasts (`Busy`) while any waits. (Fault confirmations and the shutdown
+/// never wait: they pass the window, one per confirmation of new deaths.) At most one result
+/// per tracked allgather can wait, so the bound is not reached; if it were, the result would be
+/// dropped, logged and counted (`dropped_queue_full`).
+pub const GRPCOMM_DEFERRED_MAX: usize = ALLGATHER_TRACKED_MAX;
 
 /// Broadcast requests (an originator's) and completion notices (rank 0's) waiting for room in
 /// RELM's window (`relm_unacked_max`, which user reliable sends share): the driver retries them,

@@ -41,6 +41,11 @@ type Log = Arc<Mutex<BTreeMap<Rank, Vec<(Rank, u64)>>>>;
 /// Posts a persistent receive for the broadcasts on every daemon; returns the delivery log and
 /// a running count of deliveries.
 fn listen(dvm: &[Daemon]) -> (Log, Arc<AtomicU64>) {
+    listen_slow(dvm, None)
+}
+
+/// [`listen`], with daemon `slow` blocking its loop for 10 ms in each delivery.
+fn listen_slow(dvm: &[Daemon], slow: Option<Rank>) -> (Log, Arc<AtomicU64>) {
     let log: Log = Arc::default();
     let count = Arc::new(AtomicU64::new(0));
     for d in dvm {
@@ -55,6 +60,9 @@ fn listen(dvm: &[Daemon]) -> (Log, Arc<AtomicU64>) {
                 .or_default()
                 .push((origin, seq));
             count.fetch_add(1, Ordering::Relaxed);
+            if slow == Some(me) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         })
         .unwrap();
     }
@@ -243,6 +251,78 @@ fn broadcasts_survive_two_interior_deaths_mid_stream() {
         order.len(),
         alive.len(),
         order.iter().filter(|(o, _)| dead.contains(o)).count()
+    );
+}
+
+#[test]
+fn a_fault_while_rank_0s_window_is_full_is_confirmed_and_nothing_is_lost() {
+    // Daemons fire their broadcasts without waiting: rank 0's window fills and some are
+    // refused (`Busy`). Rank 3 (under rank 1) is slow to take its deliveries, so rank 1 has not
+    // acknowledged the window when rank 2 dies. After rank 0's repair, rank 1's
+    // acknowledgements count only once rank 1 has rank 0's view, which rank 0's confirmation
+    // (a broadcast too) brings: it must pass the full window, or nothing completes again.
+    const N: u64 = 200;
+    let dvm = start_dvm(16, &loopback_config(2));
+    let (log, _) = listen_slow(&dvm, Some(3));
+    let (tx, rx) = unbounded();
+    let fire = |d: &Daemon| {
+        for seq in 0..N {
+            let tx = tx.clone();
+            let me = d.rank();
+            let _ = d.broadcast(
+                TAG,
+                payload(me, seq),
+                Some(Box::new(move |r| tx.send((me, seq, r)).unwrap())),
+            );
+        }
+    };
+    for d in &dvm[8..] {
+        fire(d);
+    }
+    wait_until("rank 0 refusing broadcasts", || {
+        dvm[0].counters().unwrap().xcast_requests_refused > 0
+    });
+    dvm[2].abort();
+    for d in dvm[..8].iter().filter(|d| d.rank() != 2) {
+        fire(d);
+    }
+    let alive: Vec<Rank> = (0..16).filter(|r| *r != 2).collect();
+    let mut ok: BTreeSet<(Rank, u64)> = BTreeSet::new();
+    let mut busy = 0;
+    for _ in 0..alive.len() as u64 * N {
+        let (r, seq, res) = rx.recv_timeout(HANG_GUARD).expect("a completion");
+        match res {
+            Ok(()) => {
+                ok.insert((r, seq));
+            }
+            Err(SendError::Busy(_)) => busy += 1,
+            Err(e) => panic!("rank {r} broadcast {seq}: {e}"),
+        }
+    }
+    wait_until("every survivor confirmed the death", || {
+        alive
+            .iter()
+            .all(|r| dvm[*r as usize].counters().unwrap().epoch >= 1)
+    });
+    wait_until("every survivor at the same operation", || {
+        let n: BTreeSet<u64> = alive
+            .iter()
+            .map(|r| dvm[*r as usize].counters().unwrap().xcast_delivered)
+            .collect();
+        n.len() == 1
+    });
+    let order = same_order(&log, &alive);
+    once_and_in_origin_order(&order);
+    let from_survivors: BTreeSet<(Rank, u64)> =
+        order.iter().copied().filter(|(o, _)| *o != 2).collect();
+    assert_eq!(
+        from_survivors, ok,
+        "delivered = completed Ok, for the survivors' broadcasts"
+    );
+    eprintln!(
+        "{} broadcasts completed, {busy} refused, {} delivered at each survivor",
+        ok.len(),
+        order.len()
     );
 }
 

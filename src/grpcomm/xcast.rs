@@ -385,7 +385,7 @@ impl Xcast {
         }
         let request = self.next_request;
         if self.view.me == 0 {
-            self.assign(0, request, tag, payload)?;
+            self.assign(0, request, tag, payload, false)?;
         } else {
             self.check_len(&payload)?;
             if self.outstanding.len() >= self.limits.originate {
@@ -399,6 +399,27 @@ impl Xcast {
                 payload,
             });
         }
+        self.next_request = request.saturating_add(1);
+        Ok(request)
+    }
+
+    /// Rank 0 only: [`Xcast::originate`] past the window ([`XCAST_INFLIGHT_MAX`] and its
+    /// bytes). For the runtime's own notices whose delay would stall the window itself: a
+    /// fault confirmation (a daemon's acknowledgement counts only under its parent's view, so
+    /// completions wait until every daemon has rank 0's failed set, which the confirmation
+    /// brings: deferring it behind a full window would never let the window drain). The caller
+    /// bounds how many it makes (the driver: one per confirmation of new deaths, so at most one
+    /// per rank in a DVM's life, and one shutdown). Fails with [`XcastError::TooLarge`] or
+    /// [`XcastError::Dead`]; on another rank this is [`Xcast::originate`].
+    pub fn originate_urgent(&mut self, tag: Tag, payload: Bytes) -> Result<u64, XcastError> {
+        if self.view.me != 0 {
+            return self.originate(tag, payload);
+        }
+        if self.view.dead {
+            return Err(XcastError::Dead);
+        }
+        let request = self.next_request;
+        self.assign(0, request, tag, payload, true)?;
         self.next_request = request.saturating_add(1);
         Ok(request)
     }
@@ -654,7 +675,7 @@ impl Xcast {
         }
         self.last_request.insert(from, request.request);
         let id = request.request;
-        if let Err(e) = self.assign(from, id, request.tag, request.payload) {
+        if let Err(e) = self.assign(from, id, request.tag, request.payload, false) {
             self.stats.refused += 1;
             log::debug!("xcast: refused request {id} of rank {from}: {e}");
             if self.refusals.len() >= self.limits.refusals {
@@ -666,18 +687,20 @@ impl Xcast {
         }
     }
 
-    /// Rank 0: number a broadcast and hold it until it completes.
+    /// Rank 0: number a broadcast and hold it until it completes (`urgent`: past the window).
     fn assign(
         &mut self,
         originator: Rank,
         request: u64,
         tag: Tag,
         payload: Bytes,
+        urgent: bool,
     ) -> Result<u64, XcastError> {
         self.check_len(&payload)?;
         let in_flight = self.store.len().saturating_add(self.dones.len());
-        if in_flight >= self.limits.inflight
-            || self.store_bytes.saturating_add(payload.len()) > self.limits.inflight_bytes
+        if !urgent
+            && (in_flight >= self.limits.inflight
+                || self.store_bytes.saturating_add(payload.len()) > self.limits.inflight_bytes)
         {
             return Err(XcastError::Busy);
         }

@@ -17,8 +17,10 @@
 //!   is what makes a daemon forward an operation to its children before it delivers it.
 //! * **Deliveries**: user tags go to receive matching (origin = the originator); rank 0's own
 //!   operations carry fault confirmations, allgather results and the DVM shutdown.
-//! * **Rank 0's own notices** that find its window full wait (bounded, in order) and are
-//!   retried every turn; meanwhile rank 0's user broadcasts get `Busy`.
+//! * **Rank 0's own notices**: fault confirmations and the shutdown pass a full window (the
+//!   window drains only once every daemon has rank 0's failed set, which the confirmation
+//!   brings); allgather results that find it full wait (bounded, in order) and are retried
+//!   every turn, and meanwhile rank 0's user broadcasts get `Busy`.
 //! * **Repairs**: every `RecoveryStatus`, in order, after the messaging layer and before RELM
 //!   (`after_repair`), and the wire-up table's missing ranks.
 
@@ -223,9 +225,17 @@ impl EventLoop {
         }
     }
 
-    /// Rank 0: broadcasts one of the runtime's own notices, or keeps it until its window has
-    /// room (in order; a newer confirmation replaces a waiting one).
+    /// Rank 0: broadcasts one of the runtime's own notices. A fault confirmation or the DVM
+    /// shutdown goes out at once, past a full window (`originate_urgent`: completions wait for
+    /// the confirmation, so it must never wait for them; one per confirmation of new deaths).
+    /// Anything else (an allgather result) waits, in order, until the window has room.
     pub(super) fn originate_runtime(&mut self, tag: Tag, payload: Bytes) {
+        if tag == TAG_FAULT_CONFIRM || tag == TAG_SHUTDOWN {
+            if let Err(e) = self.xcast.originate_urgent(tag, payload) {
+                log::error!("rank 0: cannot broadcast runtime notice {tag}: {e}");
+            }
+            return;
+        }
         if self.xcast_deferred.is_empty() {
             match self.xcast.originate(tag, payload.clone()) {
                 Ok(_) => return,
@@ -235,15 +245,6 @@ impl EventLoop {
                     return;
                 }
             }
-        }
-        if tag == TAG_FAULT_CONFIRM
-            && let Some(waiting) = self
-                .xcast_deferred
-                .iter_mut()
-                .find(|(t, _)| *t == TAG_FAULT_CONFIRM)
-        {
-            waiting.1 = payload;
-            return;
         }
         if self.xcast_deferred.len() >= limits::GRPCOMM_DEFERRED_MAX {
             self.counters.dropped_queue_full += 1;

@@ -175,6 +175,49 @@ fn rank_zero_refuses_when_full_and_originators_are_bounded() {
 }
 
 #[test]
+fn an_urgent_operation_passes_a_full_window() {
+    // Rank 0 with one child that acks nothing: the window fills.
+    let limits = XcastLimits {
+        inflight: 2,
+        ..XcastLimits::default()
+    };
+    let mut zero = Xcast::with_limits(&RoutingState::new(2, 2, 0).unwrap(), limits);
+    zero.originate(100, Bytes::from_static(b"a")).unwrap();
+    zero.originate(100, Bytes::from_static(b"b")).unwrap();
+    assert_eq!(
+        zero.originate(100, Bytes::from_static(b"c")),
+        Err(XcastError::Busy)
+    );
+    let urgent = zero
+        .originate_urgent(6, Bytes::from_static(b"confirm"))
+        .unwrap();
+    let ops: Vec<u64> = drain_transmits(&mut zero)
+        .into_iter()
+        .filter_map(|t| match t.msg {
+            XcastMsg::Op(op) => Some(op.id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ops, [1, 2, 3]);
+    assert_eq!(delivered_ids(&drain_events(&mut zero)), [1, 2, 3]);
+    // Still full for everything else; the child's ack completes all three.
+    assert_eq!(
+        zero.originate(100, Bytes::from_static(b"d")),
+        Err(XcastError::Busy)
+    );
+    zero.handle_msg(1, XcastMsg::Ack { upto: 3, digest: 0 });
+    let completed: Vec<u64> = drain_events(&mut zero)
+        .into_iter()
+        .filter_map(|e| match e {
+            XcastEvent::Completed { request, .. } => Some(request),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(completed, [1, 2, urgent]);
+    zero.originate(100, Bytes::from_static(b"d")).unwrap();
+}
+
+#[test]
 fn at_the_retained_bound_drops_the_highest_and_fetches_it_again() {
     // A leaf that has missed operation 1 and holds everything after it.
     let mut one = core(2, 2, 1);
