@@ -16,7 +16,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 /// Runtime tag: a daemon's contact URI, sent to rank 0.
 pub const TAG_WIREUP_REPORT: u32 = 1;
-/// Runtime tag: the contact table, broadcast by rank 0.
+/// Runtime tag: the contact table, flooded down the tree by rank 0 (a `Kind::Xcast` frame).
 pub const TAG_WIREUP_TABLE: u32 = 2;
 /// Runtime tag: stop the DVM, an xcast operation of rank 0 (empty payload). (Tag 4, the old
 /// unacknowledged broadcast request, is retired: requests travel as `grpcomm` messages.)
