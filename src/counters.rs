@@ -75,7 +75,8 @@ pub struct Counters {
     /// Broadcast operations delivered here (user broadcasts and the DVM's own notices), each
     /// once, in operation order.
     pub xcast_delivered: u64,
-    /// Broadcasts originated here that completed: every living daemon delivered them.
+    /// Broadcasts the application originated here that completed: every living daemon
+    /// delivered them (rank 0's own notices are not counted).
     pub xcast_completed: u64,
     /// Broadcasts originated here that rank 0 refused (its window was full): `Busy`.
     pub xcast_refused: u64,

@@ -133,9 +133,9 @@ pub(crate) struct EventLoop {
     xcast: Xcast,
     /// Allgather and barrier (sans-IO; same file).
     allgather: Allgather,
-    /// Completions of this daemon's broadcasts by request id (at most `XCAST_ORIGINATE_MAX`,
-    /// or `XCAST_INFLIGHT_MAX` on rank 0: the core refuses beyond).
-    bcast_done: FxHashMap<u64, Completion>,
+    /// This daemon's user broadcasts by request id, with their completions (at most
+    /// `XCAST_ORIGINATE_MAX`, or `XCAST_INFLIGHT_MAX` on rank 0: the core refuses beyond).
+    bcast_done: FxHashMap<u64, Option<Completion>>,
     /// Completions of this daemon's collectives by id (at most `ALLGATHER_INFLIGHT_MAX`).
     ag_done: FxHashMap<u64, AllgatherCompletion>,
     /// Rank 0: its own notices waiting for room in its window (`GRPCOMM_DEFERRED_MAX`).

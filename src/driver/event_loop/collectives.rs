@@ -82,9 +82,7 @@ impl EventLoop {
         }
         match self.xcast.originate(tag, payload) {
             Ok(request) => {
-                if let Some(done) = done {
-                    self.bcast_done.insert(request, done);
-                }
+                self.bcast_done.insert(request, done);
             }
             Err(e) => complete(done, Err(xcast_error(e))),
         }
@@ -436,16 +434,17 @@ impl EventLoop {
                 tag,
                 payload,
             } => self.xcast_deliver(op, originator, tag, payload),
+            // Rank 0's own notices have no entry: only user broadcasts are counted.
             XcastEvent::Completed { request, .. } => {
-                self.counters.xcast_completed += 1;
                 if let Some(done) = self.bcast_done.remove(&request) {
-                    done(Ok(()));
+                    self.counters.xcast_completed += 1;
+                    complete(done, Ok(()));
                 }
             }
             XcastEvent::Refused { request } => {
-                self.counters.xcast_refused += 1;
                 if let Some(done) = self.bcast_done.remove(&request) {
-                    done(Err(xcast_error(XcastError::Busy)));
+                    self.counters.xcast_refused += 1;
+                    complete(done, Err(xcast_error(XcastError::Busy)));
                 }
             }
         }
@@ -533,7 +532,7 @@ impl EventLoop {
         requests.sort_unstable();
         for r in requests {
             if let Some(done) = self.bcast_done.remove(&r) {
-                done(Err(err.clone()));
+                complete(done, Err(err.clone()));
             }
         }
         let mut ids: Vec<u64> = self.ag_done.keys().copied().collect();
