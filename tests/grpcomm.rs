@@ -326,6 +326,65 @@ fn a_fault_while_rank_0s_window_is_full_is_confirmed_and_nothing_is_lost() {
     );
 }
 
+#[test]
+fn collective_frames_dropped_at_a_full_queue_are_sent_again() {
+    // Send queues of 1 MiB and broadcasts of 256 KiB: rank 0 forwards 40 of them to each child
+    // in one go, its queues take the first few and drop the rest. Once a queue has drained,
+    // the link is re-stated and the child gets every broadcast after all.
+    const N: u64 = 40;
+    let dvm = start_dvm(7, &{
+        let mut c = loopback_config(2);
+        c.msg_max_bytes = 1 << 20;
+        c.send_queue_max_bytes = 1 << 20;
+        c.socket_buffer_bytes = 65_536;
+        c
+    });
+    let (tx, rx) = unbounded();
+    for d in &dvm {
+        let tx = tx.clone();
+        let me = d.rank();
+        d.recv(Peer::Any, TAG, true, move |m| {
+            tx.send((me, u64::from_le_bytes(m.payload[..8].try_into().unwrap())))
+                .unwrap()
+        })
+        .unwrap();
+    }
+    let (dtx, drx) = unbounded();
+    for seq in 0..N {
+        let mut p = vec![seq as u8; 256 * 1024];
+        p[..8].copy_from_slice(&seq.to_le_bytes());
+        let dtx = dtx.clone();
+        dvm[0]
+            .broadcast(TAG, p, Some(Box::new(move |r| dtx.send(r).unwrap())))
+            .unwrap();
+    }
+    for _ in 0..N {
+        assert_eq!(drx.recv_timeout(HANG_GUARD).unwrap(), Ok(()));
+    }
+    let mut got: BTreeMap<Rank, Vec<u64>> = BTreeMap::new();
+    for _ in 0..7 * N {
+        let (r, seq) = rx.recv_timeout(HANG_GUARD).unwrap();
+        got.entry(r).or_default().push(seq);
+    }
+    for (r, seqs) in &got {
+        assert_eq!(seqs, &(0..N).collect::<Vec<_>>(), "rank {r}");
+    }
+    let c = dvm[0].counters().unwrap();
+    assert!(c.dropped_queue_full > 0, "{c:?}");
+    assert!(c.grpcomm_resyncs > 0, "{c:?}");
+    assert_eq!(c.protocol_errors, 0);
+    // A payload that does not fit a frame behind the operation's header is refused at once.
+    let h = dvm[3].handle();
+    assert_eq!(h.broadcast_max(), (1 << 20) - 29);
+    assert_eq!(
+        h.broadcast(TAG, vec![0u8; (1 << 20) - 28], None),
+        Err(SendError::TooLarge {
+            len: (1 << 20) - 28,
+            max: (1 << 20) - 29
+        })
+    );
+}
+
 fn data(r: Rank, id: u64) -> Bytes {
     Bytes::from(format!("rank {r} in collective {id}"))
 }

@@ -102,7 +102,8 @@ pub enum XcastError {
     /// Rank 0 only: [`XCAST_INFLIGHT_MAX`] operations (or their bytes) are in flight. Retry
     /// after a completion.
     Busy,
-    /// The payload is larger than [`XCAST_INFLIGHT_MAX_BYTES`].
+    /// The payload is larger than the largest one (`XcastLimits::payload`, by default
+    /// [`XCAST_INFLIGHT_MAX_BYTES`]).
     TooLarge { len: usize, max: usize },
     /// [`XCAST_ORIGINATE_MAX`] requests of this daemon are outstanding. Retry after a
     /// completion or refusal.
@@ -165,8 +166,11 @@ pub struct XcastStats {
 pub struct XcastLimits {
     /// [`XCAST_INFLIGHT_MAX`].
     pub inflight: usize,
-    /// [`XCAST_INFLIGHT_MAX_BYTES`] (also the largest payload).
+    /// [`XCAST_INFLIGHT_MAX_BYTES`].
     pub inflight_bytes: usize,
+    /// The largest payload: [`XCAST_INFLIGHT_MAX_BYTES`] by default; the driver lowers it to
+    /// what fits in a frame. At most `inflight_bytes` (lowered to it).
+    pub payload: usize,
     /// [`XCAST_RETAINED_MAX`].
     pub retained: usize,
     /// [`XCAST_RETAINED_MAX_BYTES`]; must be at least `inflight_bytes`.
@@ -182,6 +186,7 @@ impl Default for XcastLimits {
         XcastLimits {
             inflight: XCAST_INFLIGHT_MAX,
             inflight_bytes: XCAST_INFLIGHT_MAX_BYTES,
+            payload: XCAST_INFLIGHT_MAX_BYTES,
             retained: XCAST_RETAINED_MAX,
             retained_bytes: XCAST_RETAINED_MAX_BYTES,
             originate: XCAST_ORIGINATE_MAX,
@@ -310,6 +315,7 @@ impl Xcast {
         let limits = XcastLimits {
             inflight: limits.inflight.max(1),
             inflight_bytes: limits.inflight_bytes,
+            payload: limits.payload.min(limits.inflight_bytes),
             retained: limits.retained.max(1),
             retained_bytes: limits.retained_bytes.max(limits.inflight_bytes),
             originate: limits.originate.max(1),
@@ -923,10 +929,10 @@ impl Xcast {
     }
 
     fn check_len(&self, payload: &Bytes) -> Result<(), XcastError> {
-        if payload.len() > self.limits.inflight_bytes {
+        if payload.len() > self.limits.payload {
             return Err(XcastError::TooLarge {
                 len: payload.len(),
-                max: self.limits.inflight_bytes,
+                max: self.limits.payload,
             });
         }
         Ok(())

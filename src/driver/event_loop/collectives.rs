@@ -54,10 +54,11 @@ pub(crate) fn broadcast_max(msg_max_bytes: usize) -> usize {
 }
 
 /// The xcast bounds of a DVM whose frames are at most `msg_max_bytes` (every daemon of a DVM
-/// has the same configuration, hence the same bounds).
+/// has the same configuration, hence the same bounds): the largest payload is what fits in a
+/// frame behind an `Op`'s header.
 pub(crate) fn xcast_limits(msg_max_bytes: usize) -> XcastLimits {
     XcastLimits {
-        inflight_bytes: broadcast_max(msg_max_bytes),
+        payload: broadcast_max(msg_max_bytes),
         ..XcastLimits::default()
     }
 }

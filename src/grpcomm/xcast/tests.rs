@@ -460,6 +460,7 @@ pub(crate) fn inject(sim: &mut Sim, fault: Fault) {
 const TIGHT: XcastLimits = XcastLimits {
     inflight: 4,
     inflight_bytes: 40,
+    payload: 40,
     retained: 2,
     retained_bytes: 48,
     originate: 2,
