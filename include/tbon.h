@@ -7,6 +7,7 @@
  *   tbon_start -> tbon_daemon; tbon_contact_uri (rank 0's is what the others join with)
  *   tbon_wait_wired, tbon_send, tbon_send_nocopy, tbon_send_reliable, tbon_broadcast,
  *   tbon_recv, tbon_cancel, tbon_recv_blocking
+ *   tbon_allgather, tbon_barrier (collectives, each with a caller-chosen id never reused)
  *   tbon_on_fault, tbon_counters_get, tbon_rank, tbon_size
  *   tbon_shutdown / tbon_shutdown_dvm (rank 0: stop the whole DVM) / tbon_abort, then tbon_free
  *
@@ -22,7 +23,7 @@
  *
  * CALLBACKS (send completions, receive callbacks, fault handlers) run on the daemon's loop
  * thread. Keep them short. Inside a callback you may call tbon_send, tbon_send_reliable,
- * tbon_broadcast, tbon_recv, tbon_cancel, tbon_purge, tbon_rank, tbon_size, tbon_contact_uri,
+ * tbon_broadcast, tbon_allgather, tbon_recv, tbon_cancel, tbon_purge, tbon_rank, tbon_size, tbon_contact_uri,
  * tbon_strerror and tbon_last_error. The blocking calls (tbon_recv_blocking, tbon_wait_wired, tbon_wait_stopped,
  * tbon_counters_get, tbon_start, tbon_shutdown, tbon_shutdown_dvm, tbon_abort, tbon_free) return
  * TBON_ERR_BUSY there instead of deadlocking. A send from a callback gets TBON_ERR_BUSY if the
@@ -46,7 +47,9 @@
  * tbon_send_reliable is acknowledged end to end: each message reaches its destination once, in
  * order with the sender's other reliable messages to it, across the deaths of daemons on its
  * path; its completion says TBON_OK once the destination posted it, TBON_ERR_NODE_DOWN if the
- * destination died first. Details: README.md, "What survives what".
+ * destination died first. tbon_broadcast is the fault-tolerant broadcast: every living daemon
+ * delivers every broadcast once, all in the same order; its completion says TBON_OK once all
+ * have it. Details: README.md, "What survives what".
  */
 
 
@@ -91,7 +94,8 @@ typedef enum {
   TBON_ERR_SHUT_DOWN = 9,
   // The timeout passed first.
   TBON_ERR_TIMED_OUT = 10,
-  // A receive for exactly this (peer, tag) is already posted.
+  // A receive for exactly this (peer, tag) is already posted, or this daemon already used
+  // this collective id.
   TBON_ERR_DUPLICATE = 11,
   // An unknown setting name, a bad setting value, or an invalid configuration.
   TBON_ERR_CONFIG = 12,
@@ -125,6 +129,31 @@ typedef void (*tbon_send_cb)(tbon_rc rc, void *user);
 // Frees a zero-copy payload (`tbon_send_nocopy`): called with the `data` and `free_user` given.
 typedef void (*tbon_free_cb)(void *data, void *free_user);
 
+// One daemon's contribution in an allgather result (see `tbon_allgather_cb`).
+typedef struct {
+  // The contributing rank.
+  uint32_t rank;
+  // Its bytes (NULL when `len` is 0), valid only during the callback.
+  const uint8_t *data;
+  // How many bytes `data` points to.
+  size_t len;
+} tbon_contribution;
+
+// Allgather result callback: called once, on the loop thread. With `TBON_OK`: `count`
+// contributions ordered by rank (every living daemon's) and the `nexcluded` excluded ranks,
+// ascending (those that died before their contribution reached the tree); both arrays, and the
+// bytes they point to, are valid only during the call. Otherwise the arrays are NULL and the
+// counts 0: `TBON_ERR_TOO_LARGE` (the gathered bytes exceeded the bound: the collective
+// overflowed everywhere), `TBON_ERR_DUPLICATE` (this daemon already used `id`),
+// `TBON_ERR_BUSY` (too many collectives in flight here), `TBON_ERR_SHUT_DOWN`.
+typedef void (*tbon_allgather_cb)(tbon_rc rc,
+                                  uint64_t id,
+                                  const tbon_contribution *contributions,
+                                  size_t count,
+                                  const uint32_t *excluded,
+                                  size_t nexcluded,
+                                  void *user);
+
 // Receive callback: called on the loop thread for each matched message. `data` (may be NULL
 // when `len` is 0) is valid only until the callback returns: copy what you keep.
 typedef void (*tbon_recv_cb)(uint32_t origin,
@@ -151,7 +180,7 @@ typedef struct {
   uint64_t delivered;
   // Plain messages for other daemons forwarded by this one.
   uint64_t relayed;
-  // Broadcast frames forwarded to children.
+  // Broadcast operations sent to children, replays included.
   uint64_t xcast_forwarded;
   // Messages dropped because no route led to their destination.
   uint64_t dropped_unreachable;
@@ -203,6 +232,49 @@ typedef struct {
   uint64_t relm_cached;
   // Early reliable messages held here while their predecessor is missing.
   uint64_t relm_pending;
+  // Broadcast operations delivered here (user broadcasts and the DVM's notices), each once.
+  uint64_t xcast_delivered;
+  // Broadcasts originated here that every living daemon delivered.
+  uint64_t xcast_completed;
+  // Broadcasts originated here that rank 0 refused (its window was full).
+  uint64_t xcast_refused;
+  // Rank 0: broadcast requests it refused.
+  uint64_t xcast_requests_refused;
+  // Broadcast operations received again and ignored.
+  uint64_t xcast_duplicates;
+  // Broadcast operations ignored because they did not come from this daemon's parent.
+  uint64_t xcast_not_from_parent;
+  // Resume requests sent to the parent (after a repair, a gap or a lost link).
+  uint64_t xcast_resumes;
+  // Broadcast operations dropped at the retained bound (fetched again later).
+  uint64_t xcast_dropped_full;
+  // Collective tree messages ignored as stale.
+  uint64_t xcast_stale;
+  // Broadcast operations held here.
+  uint64_t xcast_retained;
+  // Broadcasts originated here awaiting rank 0's answer.
+  uint64_t xcast_outstanding;
+  // Allgather contributions sent to the parent (re-sends included).
+  uint64_t allgather_sent;
+  // Allgather contributions received from children.
+  uint64_t allgather_received;
+  // Allgather contributions received under another view of the tree.
+  uint64_t allgather_other_view;
+  // Allgather contributions that arrived after the result.
+  uint64_t allgather_late;
+  // Allgathers that exceeded the gathered-bytes bound here.
+  uint64_t allgather_overflowed;
+  // Allgather contributions dropped because too many collectives had state here.
+  uint64_t allgather_dropped_untracked;
+  // Allgather and barrier results delivered here.
+  uint64_t allgather_results;
+  // Collectives this daemon keeps state for.
+  uint64_t allgather_tracked;
+  // Times a link's collective messages were re-stated (reconnection, or drops at a full
+  // queue).
+  uint64_t grpcomm_resyncs;
+  // Collective messages that did not decode.
+  uint64_t grpcomm_malformed;
 } tbon_counters;
 
 #ifdef __cplusplus
@@ -339,15 +411,41 @@ tbon_rc tbon_send_nocopy(tbon_daemon d,
                          tbon_send_cb cb,
                          void *user);
 
-// Broadcasts `len` bytes at `data` with `tag` to every living daemon (this one included), down
-// the tree from rank 0. Copies like `tbon_send`. `cb` (may be NULL) says the broadcast was
-// handed on, not that anyone received it.
+// Broadcasts `len` bytes at `data` with `tag` to every living daemon, this one included: the
+// fault-tolerant broadcast. Any daemon may broadcast; every living daemon delivers every
+// broadcast exactly once, all in the same order (a sender's broadcasts in its order), across
+// the deaths of daemons. Copies like `tbon_send`; the largest payload is `msg_max_bytes` less
+// 29 bytes (`TBON_ERR_TOO_LARGE` beyond).
+//
+// `cb` (may be NULL) is called exactly once, on the loop thread, if and only if this returns
+// `TBON_OK`: `TBON_OK` once every living daemon has delivered it, `TBON_ERR_BUSY` if rank 0's
+// window of broadcasts in flight was full (nothing was broadcast; retry later),
+// `TBON_ERR_SHUT_DOWN` if this daemon stops first.
 tbon_rc tbon_broadcast(tbon_daemon d,
                        uint32_t tag,
                        const void *data,
                        size_t len,
                        tbon_send_cb cb,
                        void *user);
+
+// Contributes `len` bytes at `data` to the allgather `id`, without waiting (copies like
+// `tbon_send`; `data` may be NULL when `len` is 0). Every living daemon contributes once to
+// each collective; several may be in flight, each with its own id, which must never be reused
+// (barriers share the ids). `cb` (not NULL) gets the result, the same at every daemon; it is
+// called exactly once if and only if this returns `TBON_OK`. Returned at once:
+// `TBON_ERR_TOO_LARGE` (above 16 MiB less 8 bytes), `TBON_ERR_SHUT_DOWN`.
+tbon_rc tbon_allgather(tbon_daemon d,
+                       uint64_t id,
+                       const void *data,
+                       size_t len,
+                       tbon_allgather_cb cb,
+                       void *user);
+
+// Enters barrier `id` and waits until every living daemon has entered it, or `timeout_ms`
+// passed (`TBON_ERR_TIMED_OUT`: this daemon stays entered). A barrier is an allgather of empty
+// contributions: same ids (never reused: `TBON_ERR_DUPLICATE`), and a daemon that died is
+// not waited for. Not from a callback (`TBON_ERR_BUSY`); other errors as `tbon_allgather`.
+tbon_rc tbon_barrier(tbon_daemon d, uint64_t id, uint32_t timeout_ms);
 
 // Posts a receive for messages from `peer` (a rank, or `TBON_RANK_ANY`) with `tag`. `cb` (not
 // NULL) runs on the loop thread for each match: once if `persistent` is 0, else until

@@ -12,7 +12,7 @@ pub struct Counters {
     /// Plain messages for other daemons forwarded by this one (reliable ones are RELM's: see
     /// the `relm_*` counters).
     pub relayed: u64,
-    /// Broadcast frames forwarded to children.
+    /// Broadcast operations (`Op` messages) sent to children, replays included.
     pub xcast_forwarded: u64,
     /// Messages dropped because no route led to their destination.
     pub dropped_unreachable: u64,
@@ -72,4 +72,53 @@ pub struct Counters {
     pub relm_cached: u64,
     /// Early reliable messages held here while their predecessor is missing.
     pub relm_pending: u64,
+    /// Broadcast operations delivered here (user broadcasts and the DVM's own notices), each
+    /// once, in operation order.
+    pub xcast_delivered: u64,
+    /// Broadcasts the application originated here that completed: every living daemon
+    /// delivered them (rank 0's own notices are not counted).
+    pub xcast_completed: u64,
+    /// Broadcasts originated here that rank 0 refused (its window was full): `Busy`.
+    pub xcast_refused: u64,
+    /// Rank 0: broadcast requests it refused (window full, or payload too large).
+    pub xcast_requests_refused: u64,
+    /// Broadcast operations received again (already held or delivered) and ignored.
+    pub xcast_duplicates: u64,
+    /// Broadcast operations ignored because they came from a rank that is not this daemon's
+    /// parent (a neighbour whose view of the tree differed for a moment).
+    pub xcast_not_from_parent: u64,
+    /// `Resume` messages sent to the parent (after a repair, a gap or a lost link).
+    pub xcast_resumes: u64,
+    /// Broadcast operations dropped at the retained bound (fetched again later).
+    pub xcast_dropped_full: u64,
+    /// Collective tree messages ignored as stale (from a rank that is no neighbour in this
+    /// view, for an unknown request, ...).
+    pub xcast_stale: u64,
+    /// Broadcast operations held here: not yet delivered, or kept for children.
+    pub xcast_retained: u64,
+    /// Broadcasts originated here awaiting rank 0's answer (always 0 on rank 0).
+    pub xcast_outstanding: u64,
+    /// Allgather contributions sent to the parent (re-sends after repairs included).
+    pub allgather_sent: u64,
+    /// Allgather contributions received from children.
+    pub allgather_received: u64,
+    /// Allgather contributions received under another view of the tree (merged, counted once
+    /// the child re-sends under this one).
+    pub allgather_other_view: u64,
+    /// Allgather contributions that arrived after the collective's result.
+    pub allgather_late: u64,
+    /// Allgathers that exceeded `limits::ALLGATHER_MAX_BYTES` here.
+    pub allgather_overflowed: u64,
+    /// Allgather contributions dropped because too many collectives had state here.
+    pub allgather_dropped_untracked: u64,
+    /// Allgather (and barrier) results delivered here.
+    pub allgather_results: u64,
+    /// Collectives this daemon keeps state for.
+    pub allgather_tracked: u64,
+    /// Times a link's collective messages were re-stated: a tree neighbour's connection came
+    /// back, or messages for it were dropped at its full queue.
+    pub grpcomm_resyncs: u64,
+    /// Collective messages that did not decode. As a frame, its connection was closed (also
+    /// counted in `protocol_errors`); over RELM, the message was dropped.
+    pub grpcomm_malformed: u64,
 }

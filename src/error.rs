@@ -25,9 +25,13 @@ pub enum SendError {
     Busy(&'static str),
     /// The daemon is shutting down or has stopped.
     ShutDown,
-    /// A waiting call ([`crate::Handle::send_reliable_wait`]) gave up before the send
-    /// completed. The message was not withdrawn: it may still be delivered.
+    /// A waiting call ([`crate::Handle::send_reliable_wait`], [`crate::Handle::allgather_wait`],
+    /// [`crate::Handle::barrier_wait`]) gave up before the operation completed. Nothing was
+    /// withdrawn: the message may still be delivered, the collective may still complete.
     TimedOut,
+    /// API misuse: this daemon already used this collective id (it contributed to it, or its
+    /// result arrived). Collective ids must never be reused.
+    DuplicateId(u64),
 }
 
 impl fmt::Display for SendError {
@@ -55,7 +59,13 @@ impl fmt::Display for SendError {
             SendError::TimedOut => {
                 write!(
                     f,
-                    "timed out waiting for the send to complete (not withdrawn)"
+                    "timed out waiting for the operation to complete (not withdrawn)"
+                )
+            }
+            SendError::DuplicateId(id) => {
+                write!(
+                    f,
+                    "collective id {id} was already used on this daemon (ids must not be reused)"
                 )
             }
         }

@@ -36,6 +36,7 @@ pub mod sim;
 pub use counters::Counters;
 pub use driver::{Daemon, Handle, StopReason, start};
 pub use error::{RecvError, SendError, StartError};
+pub use grpcomm::AllgatherResult;
 pub use rml::{Message, Peer, Tag};
 pub use routed::{RecoveryStatus, Scope};
 

@@ -276,3 +276,19 @@ pub const ALLGATHER_FINISHED_MEMORY: usize = 4 * ALLGATHER_TRACKED_MAX;
 /// the bound the oldest offer is forgotten (and logged); that neighbour then waits for its next
 /// repair to offer again.
 pub const GRPCOMM_PENDING_SYNCS_MAX: usize = 16;
+
+/// Allgather results rank 0 has to broadcast waiting for room in its window
+/// ([`XCAST_INFLIGHT_MAX`]): the driver retries them, in order, on every loop turn, and refuses
+/// rank 0's user broadcasts (`Busy`) while any waits. (Fault confirmations and the shutdown
+/// never wait: they pass the window, one per confirmation of new deaths.) At most one result
+/// per tracked allgather can wait, so the bound is not reached; if it were, the result would be
+/// dropped, logged and counted (`dropped_queue_full`).
+pub const GRPCOMM_DEFERRED_MAX: usize = ALLGATHER_TRACKED_MAX;
+
+/// Broadcast requests (an originator's) and completion notices (rank 0's) waiting for room in
+/// RELM's window (`relm_unacked_max`, which user reliable sends share): the driver retries them,
+/// in order, on every loop turn. At most [`XCAST_ORIGINATE_MAX`] requests, and at most one
+/// notice per request rank 0 accepted or refused, can wait. At the bound the message is dropped,
+/// logged and counted (`dropped_queue_full`): its originator's broadcast then never completes.
+pub const GRPCOMM_RELIABLE_BACKLOG_MAX: usize =
+    XCAST_ORIGINATE_MAX + XCAST_INFLIGHT_MAX + XCAST_REFUSALS_MAX;

@@ -394,7 +394,8 @@ fn accept_parent(listener: &TcpListener, hs_cfg: &HandshakeConfig) -> Wire {
     w
 }
 
-/// The next frame of `kind`, skipping heartbeats and the contact table.
+/// The next frame of `kind`, skipping heartbeats, the contact table, collective messages and
+/// notices.
 fn next_of(w: &mut Wire, kind: Kind) -> Frame {
     loop {
         let f = w.recv().expect("the parent hung up");
@@ -402,7 +403,10 @@ fn next_of(w: &mut Wire, kind: Kind) -> Frame {
             return f;
         }
         assert!(
-            matches!(f.header.kind, Kind::Heartbeat | Kind::Xcast),
+            matches!(
+                f.header.kind,
+                Kind::Heartbeat | Kind::Xcast | Kind::Grpcomm | Kind::Msg
+            ),
             "unexpected {:?}",
             f.header
         );

@@ -2,8 +2,8 @@
  * Rank 1, an interior daemon, is stopped the way a crash looks (tbon_abort). The survivors'
  * fault handlers fire (rank 0's confirmation reaches every survivor with a new epoch), rank 3
  * is adopted around the hole, messaging among the survivors goes on (plain and reliable), and a
- * send to the dead rank, plain or reliable, completes with TBON_ERR_NODE_DOWN. Exits non-zero
- * on any failure.
+ * send to the dead rank, plain or reliable, completes with TBON_ERR_NODE_DOWN; the survivors
+ * run an allgather (the dead rank excluded) and a barrier. Exits non-zero on any failure.
  *
  * Build and run like ring.c (see README.md, "Using tbon from C").
  */
@@ -27,11 +27,13 @@ struct rank_state {
     atomic_uint failed_mask;   /* every rank any handler call reported */
     atomic_ullong global_epoch; /* epoch of the last TBON_SCOPE_GLOBAL call, 0 if none */
     atomic_uint calls;
+    atomic_int gathered; /* allgather 1: 0 not yet, 1 right, 2 wrong */
 };
 
 static struct rank_state ranks[N];
 static atomic_int send_rc = -1;
 static atomic_int rsend_rc = -1;
+static atomic_uint barrier_ok, barrier_bad;
 static int failures;
 
 #define CHECK(cond, ...)                                                  \
@@ -60,6 +62,31 @@ static void on_fault(const uint32_t *failed, size_t nfailed, tbon_scope scope, u
     if (scope == TBON_SCOPE_GLOBAL)
         atomic_store(&s->global_epoch, epoch);
     atomic_fetch_add(&s->calls, 1);
+}
+
+/* Allgather 1's result at one survivor: the survivors' "rank R" in rank order, DEAD excluded.
+ * Sets `gathered` to 1 if right, 2 if not. */
+static void on_gathered(tbon_rc rc, uint64_t id, const tbon_contribution *parts, size_t count,
+                        const uint32_t *excluded, size_t nexcluded, void *user) {
+    struct rank_state *s = user;
+    int ok = rc == TBON_OK && id == 1 && count == N - 1 && nexcluded == 1 && excluded[0] == DEAD;
+    for (size_t i = 0; ok && i < count; i++) {
+        char want[32];
+        uint32_t r = (uint32_t)(i < DEAD ? i : i + 1);
+        int n = snprintf(want, sizeof want, "rank %u", r);
+        ok = parts[i].rank == r && parts[i].len == (size_t)n && memcmp(parts[i].data, want, (size_t)n) == 0;
+    }
+    atomic_store(&s->gathered, ok ? 1 : 2);
+}
+
+static void on_barrier(tbon_rc rc, uint64_t id, const tbon_contribution *parts, size_t count,
+                       const uint32_t *excluded, size_t nexcluded, void *user) {
+    (void)parts;
+    (void)user;
+    if (rc == TBON_OK && id == 2 && count == N - 1 && nexcluded == 1 && excluded[0] == DEAD)
+        atomic_fetch_add(&barrier_ok, 1);
+    else
+        atomic_fetch_add(&barrier_bad, 1);
 }
 
 static void on_sent(tbon_rc rc, void *user) {
@@ -192,6 +219,41 @@ int main(void) {
     /* The aborted daemon's handle is still valid until freed, and says it is shut down. */
     CHECK(tbon_send(ranks[DEAD].d, 0, TAG_MSG, "x", 1, NULL, NULL) == TBON_ERR_SHUT_DOWN,
           "send from the aborted daemon");
+
+    /* An allgather among the survivors: the dead rank is excluded, the others ordered by rank. */
+    for (uint32_t r = 0; r < N; r++) {
+        if (r == DEAD)
+            continue;
+        char mine[32];
+        int n = snprintf(mine, sizeof mine, "rank %u", r);
+        CHECK_RC(tbon_allgather(ranks[r].d, 1, mine, (size_t)n, on_gathered, &ranks[r]));
+    }
+    for (long waited = 0; waited < TIMEOUT_MS; waited += 1) {
+        int all = 1;
+        for (uint32_t r = 0; r < N; r++)
+            if (r != DEAD && atomic_load(&ranks[r].gathered) == 0)
+                all = 0;
+        if (all)
+            break;
+        sleep_ms(1);
+    }
+    for (uint32_t r = 0; r < N; r++)
+        if (r != DEAD)
+            CHECK(atomic_load(&ranks[r].gathered) == 1, "rank %u: allgather result %d", r,
+                  atomic_load(&ranks[r].gathered));
+    /* A barrier: every survivor but rank 0 enters it without waiting (a barrier is an allgather
+     * of nothing), then rank 0 waits in tbon_barrier until all have. */
+    for (uint32_t r = 1; r < N; r++)
+        if (r != DEAD)
+            CHECK_RC(tbon_allgather(ranks[r].d, 2, NULL, 0, on_barrier, &ranks[r]));
+    CHECK_RC(tbon_barrier(ranks[0].d, 2, TIMEOUT_MS));
+    CHECK(tbon_barrier(ranks[0].d, 2, TIMEOUT_MS) == TBON_ERR_DUPLICATE, "barrier id reused");
+    for (long waited = 0; atomic_load(&barrier_ok) + atomic_load(&barrier_bad) < N - 2 &&
+                          waited < TIMEOUT_MS;
+         waited += 1)
+        sleep_ms(1);
+    CHECK(atomic_load(&barrier_ok) == N - 2 && atomic_load(&barrier_bad) == 0,
+          "barrier results: %u right, %u wrong", atomic_load(&barrier_ok), atomic_load(&barrier_bad));
 
     CHECK_RC(tbon_shutdown_dvm(ranks[0].d));
     for (uint32_t r = 0; r < N; r++) {

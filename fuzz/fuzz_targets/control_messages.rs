@@ -1,11 +1,13 @@
 //! Every runtime control-message decoder on arbitrary bytes: fault reports, confirmations,
-//! adoption notices, the wire-up contact table and report, RELM control messages, and contact
-//! URIs. Errors are fine; panics are not.
+//! adoption notices, the wire-up contact table and report, RELM control messages, the
+//! collectives' messages (xcast, allgather, allgather results), and contact URIs. Errors are
+//! fine; panics are not. A collective message that decodes is encoded again.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use tbon::driver::wireup::{decode_report, decode_table};
 use tbon::faults::notice::{Adoption, Confirmation, decode_ranks};
+use tbon::grpcomm::{AllgatherMsg, AllgatherResult, XcastMsg};
 use tbon::oob::uri::ContactUri;
 use tbon::relm::Control;
 
@@ -20,6 +22,15 @@ fuzz_target!(|data: &[u8]| {
     let _ = decode_table(size, rest);
     let _ = decode_report(size - 1, rest);
     let _ = Control::decode(size, rest);
+    if let Ok(m) = XcastMsg::decode(size, rest.to_vec().into()) {
+        let _ = m.encode_parts();
+    }
+    if let Ok(m) = AllgatherMsg::decode(size, rest.to_vec().into()) {
+        let _ = m.encode();
+    }
+    if let Ok(r) = AllgatherResult::decode(size, rest.to_vec().into()) {
+        let _ = r.encode();
+    }
     if let Ok(s) = std::str::from_utf8(rest) {
         let _ = s.parse::<ContactUri>();
     }

@@ -2,6 +2,7 @@
 //! thread-shifts every API call onto its progress thread.
 
 use crate::error::SendError;
+use crate::grpcomm::AllgatherResult;
 use crate::rml::{Message, Peer, Tag};
 use crate::routed::RecoveryStatus;
 use crate::{Counters, Rank};
@@ -12,6 +13,10 @@ use crossbeam_channel::Sender;
 /// kernel (or delivered locally), or for a reliable send once the destination posted it; an
 /// error when it could not be carried.
 pub type Completion = Box<dyn FnOnce(Result<(), SendError>) + Send + 'static>;
+
+/// Called once on the loop thread when an allgather or barrier is over: the result (every
+/// contribution ordered by rank, and the excluded, dead ranks), or why it could not take part.
+pub type AllgatherCompletion = Box<dyn FnOnce(Result<AllgatherResult, SendError>) + Send + 'static>;
 
 /// Called on the loop thread after every repair of the routing tree, once per scope.
 pub type FaultHandler = Box<dyn FnMut(&RecoveryStatus) + Send + 'static>;
@@ -37,6 +42,12 @@ pub(crate) enum Caddy {
         tag: Tag,
         payload: Bytes,
         done: Option<Completion>,
+    },
+    /// This daemon's contribution to collective `id` (a barrier contributes nothing).
+    Allgather {
+        id: u64,
+        data: Bytes,
+        done: AllgatherCompletion,
     },
     Recv {
         peer: Peer,

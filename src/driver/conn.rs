@@ -7,8 +7,7 @@ use crate::limits;
 use crate::oob::frame::FrameDecoder;
 use crate::oob::handshake::Handshake;
 use crate::oob::header::{Header, Kind};
-use crate::oob::send_queue::{QueueFull, SendQueue};
-use bytes::Bytes;
+use crate::oob::send_queue::{Payload, QueueFull, SendQueue};
 use mio::net::TcpStream;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
@@ -81,7 +80,7 @@ impl Conn {
     pub(crate) fn push(
         &mut self,
         mut header: Header,
-        payload: Bytes,
+        payload: impl Into<Payload>,
         done: Option<Completion>,
     ) -> Result<(), (QueueFull, Option<Completion>)> {
         if header.kind != Kind::RelmData {
@@ -140,7 +139,7 @@ impl Conn {
     pub(crate) fn take_unsent(
         &mut self,
     ) -> (
-        Vec<(Header, Bytes, Option<Completion>)>,
+        Vec<(Header, Payload, Option<Completion>)>,
         Vec<Option<Completion>>,
     ) {
         let frames = self.queue.drain_unsent();

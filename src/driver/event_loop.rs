@@ -2,15 +2,18 @@
 //! peers, routing, receive matching, wire-up and timers. Nothing else touches that state; other
 //! threads reach it through [`Caddy`] commands.
 //!
-//! One turn of the loop: drain commands (bounded batch), deliver local messages, queue what
-//! reliable messaging (RELM) asked for, flush the connections that got frames (so a burst
+//! One turn of the loop: drain commands (bounded batch), deliver local messages, queue what the
+//! collectives (`grpcomm`) and reliable messaging (RELM) asked for, flush the connections that got frames (so a burst
 //! coalesces into one `writev` per peer), poll with the nearest timer as timeout, handle socket
 //! events, fire expired timers.
 
+mod collectives;
+
+pub(crate) use collectives::broadcast_max;
 mod faults;
 mod reliable;
 
-use super::caddy::{Caddy, Completion, FaultHandler, RecvCallback};
+use super::caddy::{AllgatherCompletion, Caddy, Completion, FaultHandler, RecvCallback};
 use super::conn::{Conn, ConnState};
 use super::handle::{Shared, StopReason, lock};
 use super::timers::{TimerKind, Timers};
@@ -20,19 +23,19 @@ use crate::config::Config;
 use crate::counters::Counters;
 use crate::error::SendError;
 use crate::faults::HeartbeatMonitor;
-use crate::faults::notice::{
-    TAG_ADOPTED, TAG_DECLARED_DEAD, TAG_FAULT_CONFIRM, TAG_FAULT_REPORT, TAG_ROOT_LOST,
-};
+use crate::faults::notice::{TAG_ADOPTED, TAG_DECLARED_DEAD, TAG_FAULT_REPORT, TAG_ROOT_LOST};
 use crate::fxhash::{FxHashMap, FxHashSet};
+use crate::grpcomm::{Allgather, TAG_XCAST_DONE, TAG_XCAST_REQUEST, Xcast};
 use crate::limits;
 use crate::oob::frame::Frame;
 use crate::oob::handshake::{Handshake, HandshakeConfig, HandshakeEvent, JobKey, keep_dialled_by};
 use crate::oob::header::{Header, Kind};
+use crate::oob::send_queue::Payload;
 use crate::oob::uri::ContactUri;
 use crate::relm::Relm;
 use crate::rml::{Dispatch, Matcher, Message, Peer, ReceiveId, TAG_USER_MIN, Tag};
 use crate::routed::{Route, RoutingState, Scope};
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use crossbeam_channel::Receiver;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
@@ -51,7 +54,7 @@ pub(crate) const LISTENER_TOKEN_BASE: usize = usize::MAX - 1;
 /// A frame waiting for a connection to its next hop.
 struct Pending {
     header: Header,
-    payload: Bytes,
+    payload: Payload,
     done: Option<Completion>,
 }
 
@@ -126,6 +129,22 @@ pub(crate) struct EventLoop {
     /// Deadlines of the `TimerKind::Relm` timers armed and not yet fired. A new one is armed
     /// only when earlier than all of these, so they stay few.
     relm_timers: BTreeSet<Instant>,
+    /// The fault-tolerant broadcast (sans-IO; driven from `event_loop/collectives.rs`).
+    xcast: Xcast,
+    /// Allgather and barrier (sans-IO; same file).
+    allgather: Allgather,
+    /// This daemon's user broadcasts by request id, with their completions (at most
+    /// `XCAST_ORIGINATE_MAX`, or `XCAST_INFLIGHT_MAX` on rank 0: the core refuses beyond).
+    bcast_done: FxHashMap<u64, Option<Completion>>,
+    /// Completions of this daemon's collectives by id (at most `ALLGATHER_INFLIGHT_MAX`).
+    ag_done: FxHashMap<u64, AllgatherCompletion>,
+    /// Rank 0: its own notices waiting for room in its window (`GRPCOMM_DEFERRED_MAX`).
+    xcast_deferred: VecDeque<(Tag, Bytes)>,
+    /// Requests and dones waiting for room in RELM's window (`GRPCOMM_RELIABLE_BACKLOG_MAX`).
+    relm_backlog: VecDeque<(Rank, Tag, Bytes)>,
+    /// Neighbours whose collective frames were dropped at a full queue: re-stated once it
+    /// drains (at most one entry per neighbour).
+    grpcomm_resync: FxHashSet<Rank>,
 }
 
 impl EventLoop {
@@ -162,6 +181,9 @@ impl EventLoop {
             Wire::Waiting
         };
         let relm = Relm::new(me, size, cfg.relm());
+        let xcast_limits = collectives::xcast_limits(cfg.msg_max_bytes as usize);
+        let xcast = Xcast::with_limits(&routing, xcast_limits);
+        let allgather = Allgather::new(&routing);
         EventLoop {
             poll,
             shared,
@@ -199,6 +221,13 @@ impl EventLoop {
             relm_done: FxHashMap::default(),
             relm_next_token: 0,
             relm_timers: BTreeSet::new(),
+            xcast,
+            allgather,
+            bcast_done: FxHashMap::default(),
+            ag_done: FxHashMap::default(),
+            xcast_deferred: VecDeque::new(),
+            relm_backlog: VecDeque::new(),
+            grpcomm_resync: FxHashSet::default(),
         }
     }
 
@@ -223,7 +252,9 @@ impl EventLoop {
         loop {
             let drained_all = self.drain_commands();
             self.deliver_local();
-            // What the commands, events and timers since the last turn made RELM want.
+            // What the commands, events and timers since the last turn made the collectives and
+            // RELM want (the collectives' requests and dones are RELM messages).
+            self.pump_grpcomm();
             self.pump_relm();
             self.flush_dirty();
             if self.ready_to_exit() {
@@ -359,6 +390,17 @@ impl EventLoop {
                 }
                 self.broadcast(tag, payload, done);
             }
+            Caddy::Allgather { id, data, done } => {
+                if !matches!(self.wire, Wire::Wired) {
+                    if self.prewire.len() >= self.cfg.prewire_queue_max {
+                        done(Err(SendError::Busy("the pre-wire-up queue")));
+                    } else {
+                        self.prewire.push_back(Caddy::Allgather { id, data, done });
+                    }
+                    return;
+                }
+                self.allgather(id, data, done);
+            }
             Caddy::Recv {
                 peer,
                 tag,
@@ -402,9 +444,13 @@ impl EventLoop {
             }
             Caddy::Shutdown { dvm } => {
                 if dvm && self.me == 0 {
-                    self.xcast(0, wireup::TAG_SHUTDOWN, Bytes::new(), None);
+                    // Rank 0 stops when it delivers its own shutdown, after forwarding it to
+                    // its children (or, if its window is full, once the notice got in).
+                    self.originate_runtime(wireup::TAG_SHUTDOWN, Bytes::new());
+                    self.pump_grpcomm();
+                } else {
+                    self.begin_stop(StopReason::Requested);
                 }
-                self.begin_stop(StopReason::Requested);
             }
         }
     }
@@ -415,6 +461,7 @@ impl EventLoop {
             Caddy::Send { done, .. }
             | Caddy::SendReliable { done, .. }
             | Caddy::Broadcast { done, .. } => complete(done, Err(SendError::ShutDown)),
+            Caddy::Allgather { done, .. } => done(Err(SendError::ShutDown)),
             Caddy::Recv { peer, tag, .. } => {
                 lock(&self.shared.posted).remove(&(peer, tag));
             }
@@ -456,6 +503,7 @@ impl EventLoop {
         c.relm_unacked = unacked as u64;
         c.relm_cached = cached as u64;
         c.relm_pending = pending as u64;
+        self.collective_counters(&mut c);
         c
     }
 
@@ -485,18 +533,20 @@ impl EventLoop {
             return;
         }
         let header = self.header(Kind::Msg, self.me, dst, tag, payload.len());
-        self.forward(header, payload, done);
+        self.forward(header, payload.into(), done);
     }
 
     /// Routes a point-to-point frame one hop towards its destination.
-    fn forward(&mut self, header: Header, payload: Bytes, done: Option<Completion>) {
+    fn forward(&mut self, header: Header, payload: Payload, done: Option<Completion>) {
         let dst = header.dst;
         match self.routing.route(dst) {
             Route::Local => {
                 // Only reachable for frames addressed to us, which are delivered before.
                 complete(done, Ok(()));
             }
-            Route::Parent(hop) | Route::Child(hop) => self.enqueue(hop, header, payload, done),
+            Route::Parent(hop) | Route::Child(hop) => {
+                self.enqueue(hop, header, payload, done);
+            }
             Route::Unreachable => {
                 self.counters.dropped_unreachable += 1;
                 let err = if self.routing.is_failed(dst) {
@@ -510,22 +560,35 @@ impl EventLoop {
         }
     }
 
-    /// Queues a frame for a directly connected neighbour, dialling it if needed.
-    fn enqueue(&mut self, peer: Rank, header: Header, payload: Bytes, done: Option<Completion>) {
+    /// Queues a frame for a directly connected neighbour, dialling it if needed. Returns
+    /// `false` if the bounded queue refused it (see `queue_full`).
+    fn enqueue(
+        &mut self,
+        peer: Rank,
+        header: Header,
+        payload: impl Into<Payload>,
+        done: Option<Completion>,
+    ) -> bool {
+        let payload = payload.into();
         let link = self.links.entry(peer).or_default();
         if let Some(tok) = link.conn
             && let Some(conn) = self.conns.get_mut(tok)
         {
-            match conn.push(header, payload, done) {
-                Ok(()) => self.dirty.push(tok),
-                Err((_, done)) => self.queue_full(peer, done),
-            }
-            return;
+            return match conn.push(header, payload, done) {
+                Ok(()) => {
+                    self.dirty.push(tok);
+                    true
+                }
+                Err((_, done)) => {
+                    self.queue_full(peer, done);
+                    false
+                }
+            };
         }
         let len = payload.len() + crate::oob::header::HEADER_LEN;
         if !link.pending.is_empty() && link.pending_bytes + len > self.cfg.send_queue_max_bytes {
             self.queue_full(peer, done);
-            return;
+            return false;
         }
         link.pending_bytes += len;
         link.pending.push_back(Pending {
@@ -534,6 +597,7 @@ impl EventLoop {
             done,
         });
         self.ensure_dial(peer);
+        true
     }
 
     /// A frame did not fit the bounded queue towards `peer`. A frame originated here fails its
@@ -554,54 +618,13 @@ impl EventLoop {
         }
     }
 
-    fn broadcast(&mut self, tag: Tag, payload: Bytes, done: Option<Completion>) {
-        self.counters.sent += 1;
-        if self.me == 0 {
-            self.xcast(0, tag, payload, done);
-        } else {
-            let mut b = BytesMut::with_capacity(4 + payload.len());
-            b.put_u32(tag);
-            b.put_slice(&payload);
-            self.send(0, wireup::TAG_BCAST_REQUEST, b.freeze(), done);
-        }
-    }
-
-    /// Rank 0: sends a broadcast down the tree and delivers it here.
-    fn xcast(&mut self, origin: Rank, tag: Tag, payload: Bytes, done: Option<Completion>) {
-        let header = self.header(Kind::Xcast, origin, 0, tag, payload.len());
-        self.xcast_children(header, &payload);
-        complete(done, Ok(()));
-        self.xcast_deliver(header, payload);
-    }
-
-    /// Forwards one broadcast frame to every child: the payload is shared, never copied.
-    fn xcast_children(&mut self, header: Header, payload: &Bytes) {
+    /// Floods a frame down the tree, to every current child (the payload is shared, never
+    /// copied). Only for what cannot be a broadcast: the contact table and "rank 0 lost".
+    pub(super) fn flood(&mut self, origin: Rank, tag: Tag, payload: &Bytes) {
         let children: Vec<Rank> = self.routing.children().to_vec();
         for c in children {
-            let mut h = header;
-            h.dst = c;
-            self.counters.xcast_forwarded += 1;
+            let h = self.header(Kind::Xcast, origin, c, tag, payload.len());
             self.enqueue(c, h, payload.clone(), None);
-        }
-    }
-
-    fn xcast_deliver(&mut self, header: Header, payload: Bytes) {
-        match header.tag {
-            wireup::TAG_SHUTDOWN => {
-                log::info!("rank {}: the DVM is shutting down", self.me);
-                self.begin_stop(StopReason::DvmShutdown);
-            }
-            // Handled before forwarding (see `on_xcast`); nothing to deliver.
-            wireup::TAG_WIREUP_TABLE | TAG_FAULT_CONFIRM => {}
-            t if t >= TAG_USER_MIN => self.deliver(Message {
-                origin: header.origin,
-                tag: t,
-                payload,
-            }),
-            t => log::warn!(
-                "rank {}: broadcast with unknown runtime tag {t} dropped",
-                self.me
-            ),
         }
     }
 
@@ -680,21 +703,7 @@ impl EventLoop {
             TAG_DECLARED_DEAD => {
                 self.declared_dead(&format!("rank {} refused this daemon", msg.origin))
             }
-            wireup::TAG_BCAST_REQUEST if self.me == 0 => {
-                let mut p = msg.payload;
-                if p.len() < 4 {
-                    log::warn!("rank 0: short broadcast request from rank {}", msg.origin);
-                    return;
-                }
-                let tag = p.get_u32();
-                if tag < TAG_USER_MIN {
-                    log::warn!("rank 0: broadcast request with reserved tag {tag} refused");
-                    return;
-                }
-                if matches!(self.wire, Wire::Wired) {
-                    self.xcast(msg.origin, tag, p, None);
-                }
-            }
+            TAG_XCAST_REQUEST | TAG_XCAST_DONE => self.on_grpcomm_reliable(msg),
             t => log::warn!(
                 "rank {}: message with unexpected runtime tag {t} from {} dropped",
                 self.me,
@@ -741,8 +750,9 @@ impl EventLoop {
                 missing.len(),
                 missing
             );
-            if let Err(e) = self.routing.fail(&missing, Scope::Global, Some(self.epoch)) {
-                log::error!("rank 0: cannot mark missing ranks failed: {e}");
+            match self.routing.fail(&missing, Scope::Global, Some(self.epoch)) {
+                Ok(status) => self.grpcomm_repair(&status),
+                Err(e) => log::error!("rank 0: cannot mark missing ranks failed: {e}"),
             }
             self.confirmed = missing.clone();
         }
@@ -751,11 +761,14 @@ impl EventLoop {
             "rank 0: wire-up complete, {} daemons",
             self.size as usize - missing.len()
         );
-        self.xcast(0, wireup::TAG_WIREUP_TABLE, table, None);
+        // Down the repaired tree, before anything the held commands send.
+        self.flood(0, wireup::TAG_WIREUP_TABLE, &table);
         self.wired();
     }
 
-    fn apply_table(&mut self, payload: &[u8]) {
+    /// The contact table arrived: applied before it is forwarded (it holds the children's
+    /// addresses), then flooded on to the children of the repaired tree.
+    fn apply_table(&mut self, payload: &Bytes) {
         if matches!(self.wire, Wire::Wired) {
             return;
         }
@@ -780,14 +793,16 @@ impl EventLoop {
             self.begin_stop(StopReason::Fatal("left out of wire-up".into()));
             return;
         }
-        if !missing.is_empty()
-            && let Err(e) = self.routing.fail(&missing, Scope::Global, Some(self.epoch))
-        {
-            log::error!("rank {}: bad failed list in contact table: {e}", self.me);
+        if !missing.is_empty() {
+            match self.routing.fail(&missing, Scope::Global, Some(self.epoch)) {
+                Ok(status) => self.grpcomm_repair(&status),
+                Err(e) => log::error!("rank {}: bad failed list in contact table: {e}", self.me),
+            }
         }
         self.contacts = table;
         self.confirmed = missing;
         self.wire = Wire::Wired;
+        self.flood(0, wireup::TAG_WIREUP_TABLE, payload);
         log::info!(
             "rank {}: wired up (parent {:?}, {} children)",
             self.me,
@@ -1185,9 +1200,10 @@ impl EventLoop {
             }),
             Kind::Msg => {
                 self.counters.relayed += 1;
-                self.forward(h, frame.payload, None);
+                self.forward(h, frame.payload.into(), None);
             }
-            Kind::Xcast => self.on_xcast(from, h, frame.payload),
+            Kind::Xcast => self.on_flood(tok, from, h, frame.payload),
+            Kind::Grpcomm => self.on_grpcomm_frame(tok, from, h, frame.payload),
             Kind::RelmData => self.on_relm_data(tok, from, h, frame.payload),
             Kind::Relm => self.on_relm_control(tok, from, h, frame.payload),
             Kind::Heartbeat => {}
@@ -1197,38 +1213,15 @@ impl EventLoop {
         }
     }
 
-    fn on_xcast(&mut self, from: Rank, header: Header, payload: Bytes) {
-        if header.tag == TAG_FAULT_CONFIRM {
-            // Applied before forwarding, so it goes down the repaired tree; each epoch once.
-            if !self.on_confirm(&payload) {
-                return;
-            }
-            self.xcast_children(header, &payload);
-            return;
+    /// A flood frame: the contact table during wire-up (taken from whoever sends it first while
+    /// not wired; authenticating peers is the handshake's job), or "rank 0 lost".
+    fn on_flood(&mut self, tok: usize, from: Rank, header: Header, payload: Bytes) {
+        match header.tag {
+            TAG_ROOT_LOST => self.root_lost(&format!("told by rank {from}")),
+            // A second copy (e.g. from a new parent after a repair) was already applied.
+            wireup::TAG_WIREUP_TABLE => self.apply_table(&payload),
+            t => self.protocol_error(tok, &format!("flood frame with tag {t}")),
         }
-        if header.tag == TAG_ROOT_LOST {
-            self.root_lost(&format!("told by rank {from}"));
-            return;
-        }
-        if header.tag == wireup::TAG_WIREUP_TABLE {
-            if matches!(self.wire, Wire::Wired) {
-                // A second copy (e.g. from a new parent after a repair): already applied and
-                // already forwarded.
-                return;
-            }
-            // The table must be applied before forwarding: it holds the children's addresses.
-            // It is taken from whoever sends it first while not wired (authentication of peers
-            // is the handshake's job).
-            self.apply_table(&payload);
-        } else if Some(from) != self.routing.parent() {
-            log::warn!(
-                "rank {}: broadcast from rank {from}, which is not my parent, dropped",
-                self.me
-            );
-            return;
-        }
-        self.xcast_children(header, &payload);
-        self.xcast_deliver(header, payload);
     }
 
     /// A valid Hello: resolve a simultaneous connect, then answer with our proof of the key.
@@ -1311,16 +1304,23 @@ impl EventLoop {
         let pending: Vec<Pending> = link.pending.drain(..).collect();
         let mut refused = Vec::new();
         for p in pending {
+            let kind = p.header.kind;
             if let Err((_, done)) = conn.push(p.header, p.payload, p.done) {
-                refused.push(done);
+                refused.push((kind, done));
             }
         }
-        for done in refused {
+        for (kind, done) in refused {
+            if kind == Kind::Grpcomm {
+                self.grpcomm_resync.insert(peer);
+            }
             self.queue_full(peer, done);
         }
         self.dirty.push(tok);
         if relink && matches!(self.wire, Wire::Wired) {
             self.relm_link_up(peer);
+            if self.is_neighbour(peer) {
+                self.grpcomm_link_up(peer);
+            }
         }
     }
 
@@ -1431,9 +1431,11 @@ impl EventLoop {
         }
         for (header, payload, done) in unsent.into_iter().rev() {
             // Heartbeats are not worth keeping; RELM frames are (they save a retransmission).
+            // Collective frames too: the cores tolerate the duplicates, and the link is
+            // re-stated when it comes back.
             if matches!(
                 header.kind,
-                Kind::Msg | Kind::Xcast | Kind::RelmData | Kind::Relm
+                Kind::Msg | Kind::Xcast | Kind::RelmData | Kind::Relm | Kind::Grpcomm
             ) {
                 link.pending_bytes += payload.len() + crate::oob::header::HEADER_LEN;
                 link.pending.push_front(Pending {
@@ -1497,6 +1499,7 @@ impl EventLoop {
         for done in completed {
             complete(done, Ok(()));
         }
+        self.check_grpcomm_resync();
     }
 
     // ----- timers and shutdown --------------------------------------------------------------
@@ -1563,6 +1566,7 @@ impl EventLoop {
             self.refuse(c);
         }
         self.fail_relm_completions(SendError::ShutDown);
+        self.fail_collective_completions(SendError::ShutDown);
         let peers: Vec<Rank> = self.links.keys().copied().collect();
         for p in peers {
             self.give_up(p, SendError::ShutDown);
@@ -1606,6 +1610,7 @@ impl EventLoop {
             self.refuse(c);
         }
         self.fail_relm_completions(SendError::ShutDown);
+        self.fail_collective_completions(SendError::ShutDown);
         lock(&self.shared.posted).clear();
         log::debug!("rank {}: loop stopped", self.me);
     }

@@ -5,10 +5,11 @@
 //! a `mio::Waker` only when it is asleep in `poll` (the `asleep` flag), so a burst of commands, or
 //! commands issued by callbacks on the loop thread, cost no wake-up system call.
 
-use super::caddy::{Caddy, Completion, FaultHandler, RecvCallback};
+use super::caddy::{AllgatherCompletion, Caddy, Completion, FaultHandler, RecvCallback};
 use crate::Rank;
 use crate::counters::Counters;
 use crate::error::{RecvError, SendError};
+use crate::grpcomm::AllgatherResult;
 use crate::rml::{Message, Peer, TAG_USER_MIN, Tag};
 use crate::routed::RecoveryStatus;
 use bytes::Bytes;
@@ -308,11 +309,20 @@ impl Handle {
         })
     }
 
-    /// Broadcasts `payload` with `tag` to every living daemon (this one included), down the
-    /// tree from rank 0 with one shared buffer. From a non-zero rank the payload first travels
-    /// to rank 0. This is the unacknowledged broadcast: `done` (optional) says the broadcast was
-    /// handed on — on rank 0 once the frames are queued to its children, on other ranks once the
-    /// request to rank 0 reached the kernel on the first hop — not that anyone received it.
+    /// Broadcasts `payload` with `tag` to every living daemon, this one included: the
+    /// fault-tolerant broadcast (xcast, `src/grpcomm/`). Any daemon may broadcast; rank 0
+    /// numbers the operations, and every living daemon delivers every operation exactly once,
+    /// in the same operation order, even while daemons die and the tree is repaired. Broadcasts
+    /// of one originator keep their order. The payload is shared down the tree, never copied
+    /// per child (from a non-zero rank it is copied once, into the request to rank 0).
+    ///
+    /// `done` (optional) runs once on the loop thread: `Ok` once every daemon living in rank
+    /// 0's view has delivered it; `Busy` if rank 0's window was full
+    /// (`limits::XCAST_INFLIGHT_MAX` operations or `XCAST_INFLIGHT_MAX_BYTES` in flight) or
+    /// this daemon has `XCAST_ORIGINATE_MAX` broadcasts outstanding: nothing was broadcast,
+    /// retry later; `ShutDown` if this daemon stops first. Argument errors are returned at once:
+    /// a reserved tag, or a payload above [`Handle::broadcast_max`] (`TooLarge`). Delivered
+    /// broadcasts go to receive matching like messages from the originator (`Message::origin`).
     pub fn broadcast(
         &self,
         tag: Tag,
@@ -321,7 +331,84 @@ impl Handle {
     ) -> Result<(), SendError> {
         let payload = payload.into();
         self.check_send(0, tag, &payload)?;
+        let max = self.broadcast_max();
+        if payload.len() > max {
+            return Err(SendError::TooLarge {
+                len: payload.len(),
+                max,
+            });
+        }
         self.shared.submit(Caddy::Broadcast { tag, payload, done })
+    }
+
+    /// The largest broadcast payload: `msg_max_bytes` less the 29 bytes a broadcast operation
+    /// adds, and at most `limits::XCAST_INFLIGHT_MAX_BYTES`.
+    pub fn broadcast_max(&self) -> usize {
+        super::event_loop::broadcast_max(self.shared.msg_max_bytes)
+    }
+
+    /// Contributes `contribution` to the allgather `id`, without waiting. Every living daemon
+    /// must contribute once to each collective; several may be in flight, each with its own
+    /// caller-chosen id, which must never be reused (nor shared with a barrier). Faults are
+    /// tolerated: a daemon that dies before its contribution reached the tree is excluded.
+    ///
+    /// `done` runs once on the loop thread with the result: every contribution ordered by rank
+    /// ([`AllgatherResult::contributions`], [`AllgatherResult::get`]) and the excluded (dead)
+    /// ranks ([`AllgatherResult::excluded`]); every daemon gets the same result. If the
+    /// gathered bytes exceed `limits::ALLGATHER_MAX_BYTES` somewhere, the result has
+    /// `overflowed` set and no contributions. Errors passed to `done`: `DuplicateId` (this
+    /// daemon already used `id`), `Busy` (`limits::ALLGATHER_INFLIGHT_MAX` collectives in
+    /// flight here), `ShutDown`. Returned at once: `TooLarge` (a contribution above
+    /// `ALLGATHER_MAX_BYTES` less 8), `ShutDown`; then `done` is not called.
+    pub fn allgather(
+        &self,
+        id: u64,
+        contribution: impl Into<Bytes>,
+        done: impl FnOnce(Result<AllgatherResult, SendError>) + Send + 'static,
+    ) -> Result<(), SendError> {
+        let data = contribution.into();
+        let max = crate::limits::ALLGATHER_MAX_BYTES - 8;
+        if data.len() > max {
+            return Err(SendError::TooLarge {
+                len: data.len(),
+                max,
+            });
+        }
+        let done: AllgatherCompletion = Box::new(done);
+        self.shared.submit(Caddy::Allgather { id, data, done })
+    }
+
+    /// [`Handle::allgather`], blocking until the result arrived or `timeout` passed
+    /// (`TimedOut`: the contribution stands and the collective goes on). Must not be called
+    /// from a callback.
+    pub fn allgather_wait(
+        &self,
+        id: u64,
+        contribution: impl Into<Bytes>,
+        timeout: Duration,
+    ) -> Result<AllgatherResult, SendError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.allgather(id, contribution, move |r| {
+            let _ = tx.send(r);
+        })?;
+        wait_result(&rx, timeout)
+    }
+
+    /// A barrier: an allgather of empty contributions (same ids, same rules). `done` runs once
+    /// every living daemon has entered barrier `id`; the result names the excluded (dead)
+    /// ranks.
+    pub fn barrier(
+        &self,
+        id: u64,
+        done: impl FnOnce(Result<AllgatherResult, SendError>) + Send + 'static,
+    ) -> Result<(), SendError> {
+        self.allgather(id, Bytes::new(), done)
+    }
+
+    /// [`Handle::barrier`], blocking until every living daemon entered it or `timeout` passed
+    /// (`TimedOut`). Must not be called from a callback.
+    pub fn barrier_wait(&self, id: u64, timeout: Duration) -> Result<AllgatherResult, SendError> {
+        self.allgather_wait(id, Bytes::new(), timeout)
     }
 
     fn check_recv(&self, peer: Peer, tag: Tag) -> Result<(), RecvError> {
@@ -488,7 +575,8 @@ impl Handle {
     }
 
     /// Rank 0 only (on other ranks this is [`Handle::shutdown`]): tells every daemon to stop,
-    /// by a broadcast down the tree, then stops this one.
+    /// with a broadcast (every daemon forwards it to its children before it stops), then stops
+    /// this one once it has forwarded it too.
     pub fn shutdown_dvm(&self) {
         self.shared.stop_and_join(self.shared.rank == 0);
     }
@@ -521,6 +609,17 @@ impl std::ops::Deref for Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.handle.shutdown();
+    }
+}
+
+fn wait_result(
+    rx: &crossbeam_channel::Receiver<Result<AllgatherResult, SendError>>,
+    timeout: Duration,
+) -> Result<AllgatherResult, SendError> {
+    match rx.recv_timeout(timeout) {
+        Ok(r) => r,
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(SendError::TimedOut),
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(SendError::ShutDown),
     }
 }
 

@@ -15,7 +15,7 @@ mod listen;
 mod timers;
 pub mod wireup;
 
-pub use caddy::{Completion, RecvCallback};
+pub use caddy::{AllgatherCompletion, Completion, RecvCallback};
 pub use handle::{Daemon, Handle, StopReason};
 
 use crate::Rank;

@@ -3,7 +3,8 @@
 //! Every non-zero rank dials rank 0 (whose contact URI it was given) and reports its own URI
 //! with the runtime tag [`TAG_WIREUP_REPORT`]. Rank 0 collects the reports in a
 //! [`WireupCollector`]; once every rank has reported, or the wire-up timeout passed, it
-//! broadcasts the contact table ([`TAG_WIREUP_TABLE`]) down the tree. Ranks that never
+//! floods the contact table ([`TAG_WIREUP_TABLE`]) down the tree (a `Kind::Xcast` frame, not a
+//! fault-tolerant broadcast: see `docs/architecture.md`, "Wire-up"). Ranks that never
 //! reported are listed as failed in the table, and the DVM starts without them.
 //!
 //! Table encoding (network byte order): `u32 size`, then for each rank in order
@@ -15,13 +16,11 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 /// Runtime tag: a daemon's contact URI, sent to rank 0.
 pub const TAG_WIREUP_REPORT: u32 = 1;
-/// Runtime tag: the contact table, broadcast by rank 0.
+/// Runtime tag: the contact table, flooded down the tree by rank 0 (a `Kind::Xcast` frame).
 pub const TAG_WIREUP_TABLE: u32 = 2;
-/// Runtime tag: stop the DVM, broadcast by rank 0.
+/// Runtime tag: stop the DVM, an xcast operation of rank 0 (empty payload). (Tag 4, the old
+/// unacknowledged broadcast request, is retired: requests travel as `grpcomm` messages.)
 pub const TAG_SHUTDOWN: u32 = 3;
-/// Runtime tag: a broadcast requested by a non-zero rank, sent to rank 0 (payload: `u32 tag`,
-/// then the user payload).
-pub const TAG_BCAST_REQUEST: u32 = 4;
 
 /// Why a wire-up message was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]

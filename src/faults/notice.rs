@@ -4,23 +4,27 @@
 //! Layouts (network byte order):
 //! - rank list: `u32 count`, then `count` x `u32 rank` (count at most the DVM size);
 //! - report (to rank 0): a rank list of the ranks the sender found dead;
-//! - confirmation (broadcast by rank 0): `u64 epoch`, then the rank list of every rank
-//!   confirmed dead so far;
-//! - adoption (to a new child): the rank list of every failure the sender knows, then the rank
-//!   list of the sender's ancestors (parent first).
+//! - confirmation (a broadcast operation of rank 0): `u64 epoch`, then the rank list of every
+//!   rank confirmed dead so far;
+//! - adoption (to a new child, and to every child a parent offers the collectives' `Sync`): the
+//!   rank list of every failure the sender knows, then the rank list of the sender's ancestors
+//!   (parent first).
 
 use crate::Rank;
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// Runtime tag: ranks a daemon found dead, sent to rank 0.
 pub const TAG_FAULT_REPORT: u32 = 5;
-/// Runtime tag: rank 0's confirmation of deaths, with a new epoch, broadcast down the tree.
+/// Runtime tag: rank 0's confirmation of deaths, with a new epoch: a fault-tolerant broadcast
+/// (xcast) operation, delivered by every living daemon once, in order.
 pub const TAG_FAULT_CONFIRM: u32 = 6;
-/// Runtime tag: a daemon tells a new child that it is now its parent.
+/// Runtime tag: a daemon tells a child that it is its parent, and every failure it knows (sent
+/// before each `Sync` the collectives offer the child).
 pub const TAG_ADOPTED: u32 = 7;
 /// Runtime tag: sent to a daemon the DVM has declared dead that still talks; it must exit.
 pub const TAG_DECLARED_DEAD: u32 = 8;
-/// Runtime tag: rank 0 is gone; broadcast down from whoever noticed. Every daemon exits.
+/// Runtime tag: rank 0 is gone; flooded down from whoever noticed (no broadcast: rank 0 numbers
+/// those). Every daemon exits.
 pub const TAG_ROOT_LOST: u32 = 9;
 
 /// Why a notice was refused.

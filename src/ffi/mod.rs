@@ -55,7 +55,8 @@ pub enum tbon_rc {
     TBON_ERR_SHUT_DOWN = 9,
     /// The timeout passed first.
     TBON_ERR_TIMED_OUT = 10,
-    /// A receive for exactly this (peer, tag) is already posted.
+    /// A receive for exactly this (peer, tag) is already posted, or this daemon already used
+    /// this collective id.
     TBON_ERR_DUPLICATE = 11,
     /// An unknown setting name, a bad setting value, or an invalid configuration.
     TBON_ERR_CONFIG = 12,
@@ -127,7 +128,7 @@ pub struct tbon_counters {
     pub delivered: u64,
     /// Plain messages for other daemons forwarded by this one.
     pub relayed: u64,
-    /// Broadcast frames forwarded to children.
+    /// Broadcast operations sent to children, replays included.
     pub xcast_forwarded: u64,
     /// Messages dropped because no route led to their destination.
     pub dropped_unreachable: u64,
@@ -179,6 +180,49 @@ pub struct tbon_counters {
     pub relm_cached: u64,
     /// Early reliable messages held here while their predecessor is missing.
     pub relm_pending: u64,
+    /// Broadcast operations delivered here (user broadcasts and the DVM's notices), each once.
+    pub xcast_delivered: u64,
+    /// Broadcasts originated here that every living daemon delivered.
+    pub xcast_completed: u64,
+    /// Broadcasts originated here that rank 0 refused (its window was full).
+    pub xcast_refused: u64,
+    /// Rank 0: broadcast requests it refused.
+    pub xcast_requests_refused: u64,
+    /// Broadcast operations received again and ignored.
+    pub xcast_duplicates: u64,
+    /// Broadcast operations ignored because they did not come from this daemon's parent.
+    pub xcast_not_from_parent: u64,
+    /// Resume requests sent to the parent (after a repair, a gap or a lost link).
+    pub xcast_resumes: u64,
+    /// Broadcast operations dropped at the retained bound (fetched again later).
+    pub xcast_dropped_full: u64,
+    /// Collective tree messages ignored as stale.
+    pub xcast_stale: u64,
+    /// Broadcast operations held here.
+    pub xcast_retained: u64,
+    /// Broadcasts originated here awaiting rank 0's answer.
+    pub xcast_outstanding: u64,
+    /// Allgather contributions sent to the parent (re-sends included).
+    pub allgather_sent: u64,
+    /// Allgather contributions received from children.
+    pub allgather_received: u64,
+    /// Allgather contributions received under another view of the tree.
+    pub allgather_other_view: u64,
+    /// Allgather contributions that arrived after the result.
+    pub allgather_late: u64,
+    /// Allgathers that exceeded the gathered-bytes bound here.
+    pub allgather_overflowed: u64,
+    /// Allgather contributions dropped because too many collectives had state here.
+    pub allgather_dropped_untracked: u64,
+    /// Allgather and barrier results delivered here.
+    pub allgather_results: u64,
+    /// Collectives this daemon keeps state for.
+    pub allgather_tracked: u64,
+    /// Times a link's collective messages were re-stated (reconnection, or drops at a full
+    /// queue).
+    pub grpcomm_resyncs: u64,
+    /// Collective messages that did not decode.
+    pub grpcomm_malformed: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -213,6 +257,27 @@ impl From<&Counters> for tbon_counters {
             relm_unacked: c.relm_unacked,
             relm_cached: c.relm_cached,
             relm_pending: c.relm_pending,
+            xcast_delivered: c.xcast_delivered,
+            xcast_completed: c.xcast_completed,
+            xcast_refused: c.xcast_refused,
+            xcast_requests_refused: c.xcast_requests_refused,
+            xcast_duplicates: c.xcast_duplicates,
+            xcast_not_from_parent: c.xcast_not_from_parent,
+            xcast_resumes: c.xcast_resumes,
+            xcast_dropped_full: c.xcast_dropped_full,
+            xcast_stale: c.xcast_stale,
+            xcast_retained: c.xcast_retained,
+            xcast_outstanding: c.xcast_outstanding,
+            allgather_sent: c.allgather_sent,
+            allgather_received: c.allgather_received,
+            allgather_other_view: c.allgather_other_view,
+            allgather_late: c.allgather_late,
+            allgather_overflowed: c.allgather_overflowed,
+            allgather_dropped_untracked: c.allgather_dropped_untracked,
+            allgather_results: c.allgather_results,
+            allgather_tracked: c.allgather_tracked,
+            grpcomm_resyncs: c.grpcomm_resyncs,
+            grpcomm_malformed: c.grpcomm_malformed,
         }
     }
 }
@@ -239,6 +304,7 @@ fn send_rc(e: &SendError) -> tbon_rc {
         SendError::Busy(_) => tbon_rc::TBON_ERR_BUSY,
         SendError::ShutDown => tbon_rc::TBON_ERR_SHUT_DOWN,
         SendError::TimedOut => tbon_rc::TBON_ERR_TIMED_OUT,
+        SendError::DuplicateId(_) => tbon_rc::TBON_ERR_DUPLICATE,
     }
 }
 
@@ -466,7 +532,7 @@ pub extern "C" fn tbon_strerror(rc: c_int) -> *const c_char {
         8 => c"busy",
         9 => c"shut down",
         10 => c"timed out",
-        11 => c"duplicate receive",
+        11 => c"duplicate receive or collective id",
         12 => c"configuration error",
         13 => c"start failed",
         14 => c"internal error",
@@ -914,9 +980,16 @@ pub unsafe extern "C" fn tbon_send_nocopy(
     })
 }
 
-/// Broadcasts `len` bytes at `data` with `tag` to every living daemon (this one included), down
-/// the tree from rank 0. Copies like `tbon_send`. `cb` (may be NULL) says the broadcast was
-/// handed on, not that anyone received it.
+/// Broadcasts `len` bytes at `data` with `tag` to every living daemon, this one included: the
+/// fault-tolerant broadcast. Any daemon may broadcast; every living daemon delivers every
+/// broadcast exactly once, all in the same order (a sender's broadcasts in its order), across
+/// the deaths of daemons. Copies like `tbon_send`; the largest payload is `msg_max_bytes` less
+/// 29 bytes (`TBON_ERR_TOO_LARGE` beyond).
+///
+/// `cb` (may be NULL) is called exactly once, on the loop thread, if and only if this returns
+/// `TBON_OK`: `TBON_OK` once every living daemon has delivered it, `TBON_ERR_BUSY` if rank 0's
+/// window of broadcasts in flight was full (nothing was broadcast; retry later),
+/// `TBON_ERR_SHUT_DOWN` if this daemon stops first.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tbon_broadcast(
     d: tbon_daemon,
@@ -931,6 +1004,128 @@ pub unsafe extern "C" fn tbon_broadcast(
         // SAFETY: the caller's buffer, valid for this call.
         let payload = unsafe { payload_arg(&h, data, len)? };
         h.broadcast(tag, payload, completion(cb, user))?;
+        Ok(())
+    })
+}
+
+/// One daemon's contribution in an allgather result (see `tbon_allgather_cb`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tbon_contribution {
+    /// The contributing rank.
+    pub rank: u32,
+    /// Its bytes (NULL when `len` is 0), valid only during the callback.
+    pub data: *const u8,
+    /// How many bytes `data` points to.
+    pub len: usize,
+}
+
+/// Allgather result callback: called once, on the loop thread. With `TBON_OK`: `count`
+/// contributions ordered by rank (every living daemon's) and the `nexcluded` excluded ranks,
+/// ascending (those that died before their contribution reached the tree); both arrays, and the
+/// bytes they point to, are valid only during the call. Otherwise the arrays are NULL and the
+/// counts 0: `TBON_ERR_TOO_LARGE` (the gathered bytes exceeded the bound: the collective
+/// overflowed everywhere), `TBON_ERR_DUPLICATE` (this daemon already used `id`),
+/// `TBON_ERR_BUSY` (too many collectives in flight here), `TBON_ERR_SHUT_DOWN`.
+pub type tbon_allgather_cb = Option<
+    unsafe extern "C" fn(
+        rc: tbon_rc,
+        id: u64,
+        contributions: *const tbon_contribution,
+        count: usize,
+        excluded: *const u32,
+        nexcluded: usize,
+        user: *mut c_void,
+    ),
+>;
+
+/// Contributes `len` bytes at `data` to the allgather `id`, without waiting (copies like
+/// `tbon_send`; `data` may be NULL when `len` is 0). Every living daemon contributes once to
+/// each collective; several may be in flight, each with its own id, which must never be reused
+/// (barriers share the ids). `cb` (not NULL) gets the result, the same at every daemon; it is
+/// called exactly once if and only if this returns `TBON_OK`. Returned at once:
+/// `TBON_ERR_TOO_LARGE` (above 16 MiB less 8 bytes), `TBON_ERR_SHUT_DOWN`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_allgather(
+    d: tbon_daemon,
+    id: u64,
+    data: *const c_void,
+    len: usize,
+    cb: tbon_allgather_cb,
+    user: *mut c_void,
+) -> tbon_rc {
+    guard(|| {
+        let Some(cb) = cb else {
+            return fail(tbon_rc::TBON_ERR_BAD_PARAM, "cb is NULL");
+        };
+        let h = handle(d)?;
+        let payload = if len == 0 {
+            Bytes::new()
+        } else {
+            non_null(data, "data")?;
+            let max = crate::limits::ALLGATHER_MAX_BYTES - 8;
+            if len > max {
+                return Err(SendError::TooLarge { len, max }.into());
+            }
+            // SAFETY: non-null, and the caller promised `len` readable bytes for the call.
+            Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) })
+        };
+        let user = UserPtr(user);
+        h.allgather(id, payload, move |r| {
+            let _scope = CallbackScope::enter();
+            let res = match r {
+                Ok(res) if res.overflowed => Err(tbon_rc::TBON_ERR_TOO_LARGE),
+                Ok(res) => Ok(res),
+                Err(e) => Err(send_rc(&e)),
+            };
+            match res {
+                Ok(res) => {
+                    let parts: Vec<tbon_contribution> = res
+                        .contributions
+                        .iter()
+                        .map(|(rank, b)| tbon_contribution {
+                            rank: *rank,
+                            data: if b.is_empty() {
+                                std::ptr::null()
+                            } else {
+                                b.as_ptr()
+                            },
+                            len: b.len(),
+                        })
+                        .collect();
+                    // SAFETY: the caller's function; the arrays and bytes live for the call.
+                    unsafe {
+                        cb(
+                            tbon_rc::TBON_OK,
+                            id,
+                            parts.as_ptr(),
+                            parts.len(),
+                            res.excluded.as_ptr(),
+                            res.excluded.len(),
+                            user.get(),
+                        )
+                    }
+                }
+                // SAFETY: the caller's function, with empty arrays.
+                Err(rc) => unsafe {
+                    cb(rc, id, std::ptr::null(), 0, std::ptr::null(), 0, user.get())
+                },
+            }
+        })?;
+        Ok(())
+    })
+}
+
+/// Enters barrier `id` and waits until every living daemon has entered it, or `timeout_ms`
+/// passed (`TBON_ERR_TIMED_OUT`: this daemon stays entered). A barrier is an allgather of empty
+/// contributions: same ids (never reused: `TBON_ERR_DUPLICATE`), and a daemon that died is
+/// not waited for. Not from a callback (`TBON_ERR_BUSY`); other errors as `tbon_allgather`.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_barrier(d: tbon_daemon, id: u64, timeout_ms: u32) -> tbon_rc {
+    guard(|| {
+        not_in_callback("tbon_barrier")?;
+        let h = handle(d)?;
+        h.barrier_wait(id, Duration::from_millis(timeout_ms.into()))?;
         Ok(())
     })
 }

@@ -409,6 +409,30 @@ impl Allgather {
         }
     }
 
+    /// The link with neighbour `peer` may have lost messages although `peer` lives (a
+    /// re-established connection, or messages the driver dropped at a full queue): towards the
+    /// parent, every contribution is sent again (entries are idempotent); towards a child, a
+    /// `Sync` sent under the current view is offered again.
+    pub fn handle_link_up(&mut self, peer: Rank) {
+        if self.view.dead {
+            return;
+        }
+        if Some(peer) == self.view.parent {
+            for (&id, c) in self.collectives.iter_mut() {
+                if c.sent.is_some_and(|(p, _)| p == peer) {
+                    c.sent = None;
+                    self.dirty.insert(id);
+                }
+            }
+        }
+        if self.view.is_child(peer)
+            && let Some(d) = self.synced.remove(&peer)
+            && d == self.view.digest
+        {
+            self.queue_sync(peer);
+        }
+    }
+
     /// The next message to send, or `None`. Drain it after every input (see [`super`]).
     pub fn poll_transmit(&mut self) -> Option<Transmit<AllgatherMsg>> {
         if self.view.dead {

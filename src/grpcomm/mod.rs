@@ -45,10 +45,20 @@ pub mod xcast;
 mod testnet;
 
 pub use allgather::{Allgather, AllgatherError, AllgatherEvent, AllgatherStats};
-pub use wire::{AllgatherMsg, AllgatherResult, Contribution, Op, Request, WireError, XcastMsg};
+pub use wire::{
+    AllgatherMsg, AllgatherResult, Contribution, OP_HEADER_LEN, Op, Request, WireError, XcastMsg,
+};
 pub use xcast::{Xcast, XcastError, XcastEvent, XcastLimits, XcastStats};
 
 use crate::Rank;
+use crate::rml::Tag;
+
+/// Runtime tag (carried by RELM): an xcast `Request`, from its originator to rank 0.
+pub const TAG_XCAST_REQUEST: Tag = 10;
+/// Runtime tag (carried by RELM): rank 0's `Done` or `Refused`, to the originator.
+pub const TAG_XCAST_DONE: Tag = 11;
+/// Runtime tag of the xcast operation that carries an allgather result.
+pub const TAG_ALLGATHER_RESULT: Tag = 12;
 
 /// A message a core wants sent to daemon `to`. The driver encodes it (see [`wire`]) and sends
 /// it: tree messages over the connection to that neighbour; `Request`, `Done` and `Refused`

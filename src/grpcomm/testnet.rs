@@ -287,6 +287,56 @@ impl Sim {
         }
     }
 
+    /// Tree messages lost between living `a` and `b` although both live. With `reconnect`: a
+    /// random prefix of what is in flight each way (written to a connection that broke; the
+    /// rest was still queued and goes on the new one), then both ends re-state. Without: a
+    /// random subset of the tree messages from `a` to `b` (dropped at a full queue), then `a`
+    /// re-states. Requests, dones and refusals travel reliably in the driver: never lost.
+    pub fn lose_link(&mut self, a: Rank, b: Rank, reconnect: bool) {
+        let reliable =
+            |f: &Frame| matches!(f, Frame::X(bytes) if matches!(bytes.first(), Some(1 | 6 | 7)));
+        let mut keep = Vec::with_capacity(self.inflight.len());
+        let mut prefix = [
+            self.rng.below(self.inflight.len() + 1),
+            self.rng.below(self.inflight.len() + 1),
+        ];
+        for (f, t, frame) in std::mem::take(&mut self.inflight) {
+            let dir = if (f, t) == (a, b) {
+                Some(0)
+            } else if (f, t) == (b, a) {
+                Some(1)
+            } else {
+                None
+            };
+            let lost = match dir {
+                Some(_) if reliable(&frame) => false,
+                Some(d) if reconnect => {
+                    let left = &mut prefix[d];
+                    let lost = *left > 0;
+                    *left = left.saturating_sub(1);
+                    lost
+                }
+                Some(0) => self.rng.chance(1, 2),
+                _ => false,
+            };
+            if !lost {
+                keep.push((f, t, frame));
+            }
+        }
+        self.inflight = keep;
+        self.link_up(a, b);
+        if reconnect {
+            self.link_up(b, a);
+        }
+    }
+
+    fn link_up(&mut self, me: Rank, peer: Rank) {
+        let node = &mut self.nodes[me as usize];
+        node.xcast.handle_link_up(peer);
+        node.ag.handle_link_up(peer);
+        self.drain(me);
+    }
+
     fn repair(&mut self, r: Rank, victims: &[Rank]) {
         let node = &mut self.nodes[r as usize];
         let status = node.routing.fail(victims, Scope::Global, None).unwrap();

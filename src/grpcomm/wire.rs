@@ -44,6 +44,10 @@ const KIND_RESULT: u8 = 18;
 
 const FLAG_OVERFLOWED: u8 = 1;
 
+/// Bytes an `Op` adds in front of its payload (kind, op, originator, request, tag, length): a
+/// broadcast payload can be at most this much below the frame maximum.
+pub const OP_HEADER_LEN: usize = 29;
+
 /// Why received bytes were refused. The driver logs it and drops the frame (or closes the
 /// connection, as for any malformed frame).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,7 +237,7 @@ impl XcastMsg {
     /// The message as a header plus, for `Request` and `Op`, the payload to send after it
     /// unchanged (a clone of the shared `Bytes`, no copy).
     pub fn encode_parts(&self) -> (Bytes, Option<Bytes>) {
-        let mut b = BytesMut::with_capacity(29);
+        let mut b = BytesMut::with_capacity(OP_HEADER_LEN);
         let payload = match self {
             XcastMsg::Request(q) => {
                 b.put_u8(KIND_REQUEST);

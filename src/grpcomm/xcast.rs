@@ -102,7 +102,8 @@ pub enum XcastError {
     /// Rank 0 only: [`XCAST_INFLIGHT_MAX`] operations (or their bytes) are in flight. Retry
     /// after a completion.
     Busy,
-    /// The payload is larger than [`XCAST_INFLIGHT_MAX_BYTES`].
+    /// The payload is larger than the largest one (`XcastLimits::payload`, by default
+    /// [`XCAST_INFLIGHT_MAX_BYTES`]).
     TooLarge { len: usize, max: usize },
     /// [`XCAST_ORIGINATE_MAX`] requests of this daemon are outstanding. Retry after a
     /// completion or refusal.
@@ -165,8 +166,11 @@ pub struct XcastStats {
 pub struct XcastLimits {
     /// [`XCAST_INFLIGHT_MAX`].
     pub inflight: usize,
-    /// [`XCAST_INFLIGHT_MAX_BYTES`] (also the largest payload).
+    /// [`XCAST_INFLIGHT_MAX_BYTES`].
     pub inflight_bytes: usize,
+    /// The largest payload: [`XCAST_INFLIGHT_MAX_BYTES`] by default; the driver lowers it to
+    /// what fits in a frame. At most `inflight_bytes` (lowered to it).
+    pub payload: usize,
     /// [`XCAST_RETAINED_MAX`].
     pub retained: usize,
     /// [`XCAST_RETAINED_MAX_BYTES`]; must be at least `inflight_bytes`.
@@ -182,6 +186,7 @@ impl Default for XcastLimits {
         XcastLimits {
             inflight: XCAST_INFLIGHT_MAX,
             inflight_bytes: XCAST_INFLIGHT_MAX_BYTES,
+            payload: XCAST_INFLIGHT_MAX_BYTES,
             retained: XCAST_RETAINED_MAX,
             retained_bytes: XCAST_RETAINED_MAX_BYTES,
             originate: XCAST_ORIGINATE_MAX,
@@ -310,6 +315,7 @@ impl Xcast {
         let limits = XcastLimits {
             inflight: limits.inflight.max(1),
             inflight_bytes: limits.inflight_bytes,
+            payload: limits.payload.min(limits.inflight_bytes),
             retained: limits.retained.max(1),
             retained_bytes: limits.retained_bytes.max(limits.inflight_bytes),
             originate: limits.originate.max(1),
@@ -385,7 +391,7 @@ impl Xcast {
         }
         let request = self.next_request;
         if self.view.me == 0 {
-            self.assign(0, request, tag, payload)?;
+            self.assign(0, request, tag, payload, false)?;
         } else {
             self.check_len(&payload)?;
             if self.outstanding.len() >= self.limits.originate {
@@ -399,6 +405,27 @@ impl Xcast {
                 payload,
             });
         }
+        self.next_request = request.saturating_add(1);
+        Ok(request)
+    }
+
+    /// Rank 0 only: [`Xcast::originate`] past the window ([`XCAST_INFLIGHT_MAX`] and its
+    /// bytes). For the runtime's own notices whose delay would stall the window itself: a
+    /// fault confirmation (a daemon's acknowledgement counts only under its parent's view, so
+    /// completions wait until every daemon has rank 0's failed set, which the confirmation
+    /// brings: deferring it behind a full window would never let the window drain). The caller
+    /// bounds how many it makes (the driver: one per confirmation of new deaths, so at most one
+    /// per rank in a DVM's life, and one shutdown). Fails with [`XcastError::TooLarge`] or
+    /// [`XcastError::Dead`]; on another rank this is [`Xcast::originate`].
+    pub fn originate_urgent(&mut self, tag: Tag, payload: Bytes) -> Result<u64, XcastError> {
+        if self.view.me != 0 {
+            return self.originate(tag, payload);
+        }
+        if self.view.dead {
+            return Err(XcastError::Dead);
+        }
+        let request = self.next_request;
+        self.assign(0, request, tag, payload, true)?;
         self.next_request = request.saturating_add(1);
         Ok(request)
     }
@@ -547,6 +574,37 @@ impl Xcast {
         self.settle();
     }
 
+    /// The link with neighbour `peer` may have lost messages although `peer` lives: the
+    /// connection was re-established, or the driver dropped messages for `peer` at a full
+    /// queue. Re-states what `peer` may have missed; the duplicates this causes are dropped.
+    ///
+    /// Towards the parent: the level (`Ack`) and, once synchronised, `Resume` from the lowest
+    /// operation still needed (lost operations come again). Towards a child: `Sync` again if it
+    /// has not answered, else its stream restarts after its level. The driver calls it on both
+    /// ends of a re-established connection; after a drop, on the dropping end.
+    pub fn handle_link_up(&mut self, peer: Rank) {
+        if self.view.dead {
+            return;
+        }
+        if Some(peer) == self.view.parent {
+            self.up.ack_sent = None;
+            if self.up.synced {
+                self.up.resume_now = true;
+            }
+        }
+        if let Some(child) = self.child_mut(peer) {
+            match child.cursor {
+                Some(_) => child.cursor = Some(child.acked.saturating_add(1)),
+                None => {
+                    if !self.sync_due.contains(&peer) {
+                        self.sync_due.push_back(peer);
+                    }
+                }
+            }
+        }
+        self.check_resume = true;
+    }
+
     /// The next message to send, or `None`. Drain it after every input (see [`super`]).
     pub fn poll_transmit(&mut self) -> Option<Transmit<XcastMsg>> {
         if self.view.dead {
@@ -623,7 +681,7 @@ impl Xcast {
         }
         self.last_request.insert(from, request.request);
         let id = request.request;
-        if let Err(e) = self.assign(from, id, request.tag, request.payload) {
+        if let Err(e) = self.assign(from, id, request.tag, request.payload, false) {
             self.stats.refused += 1;
             log::debug!("xcast: refused request {id} of rank {from}: {e}");
             if self.refusals.len() >= self.limits.refusals {
@@ -635,18 +693,20 @@ impl Xcast {
         }
     }
 
-    /// Rank 0: number a broadcast and hold it until it completes.
+    /// Rank 0: number a broadcast and hold it until it completes (`urgent`: past the window).
     fn assign(
         &mut self,
         originator: Rank,
         request: u64,
         tag: Tag,
         payload: Bytes,
+        urgent: bool,
     ) -> Result<u64, XcastError> {
         self.check_len(&payload)?;
         let in_flight = self.store.len().saturating_add(self.dones.len());
-        if in_flight >= self.limits.inflight
-            || self.store_bytes.saturating_add(payload.len()) > self.limits.inflight_bytes
+        if !urgent
+            && (in_flight >= self.limits.inflight
+                || self.store_bytes.saturating_add(payload.len()) > self.limits.inflight_bytes)
         {
             return Err(XcastError::Busy);
         }
@@ -869,10 +929,10 @@ impl Xcast {
     }
 
     fn check_len(&self, payload: &Bytes) -> Result<(), XcastError> {
-        if payload.len() > self.limits.inflight_bytes {
+        if payload.len() > self.limits.payload {
             return Err(XcastError::TooLarge {
                 len: payload.len(),
-                max: self.limits.inflight_bytes,
+                max: self.limits.payload,
             });
         }
         Ok(())

@@ -23,7 +23,7 @@ pub const HEADER_LEN: usize = 40;
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"TB";
 /// The wire protocol version this code speaks; a header with any other version is refused.
-pub const PROTOCOL_VERSION: u8 = 2;
+pub const PROTOCOL_VERSION: u8 = 3;
 
 /// What a frame is. The numeric values are the wire encoding and never change meaning.
 #[repr(u8)]
@@ -35,7 +35,8 @@ pub enum Kind {
     HelloAck = 2,
     /// A routed point-to-point message (user tags and reserved runtime tags).
     Msg = 3,
-    /// A broadcast frame forwarded down the tree.
+    /// An unacknowledged flood down the tree: the contact table during wire-up, "rank 0 lost".
+    /// (Broadcasts are `Grpcomm` operations.)
     Xcast = 4,
     /// A liveness probe on an otherwise idle link.
     Heartbeat = 5,
@@ -48,11 +49,15 @@ pub enum Kind {
     /// A RELM control frame between two neighbours (origin = sender, dst = the neighbour,
     /// tag 0; payload: `relm::wire::Control::encode`).
     Relm = 8,
+    /// A collective's tree message between two neighbours (origin = sender, dst = the
+    /// neighbour, tag 0; payload: a `grpcomm::wire` message: xcast `Op`, `Ack`, `Sync`,
+    /// `Resume`, allgather `Contribution`, `Sync`).
+    Grpcomm = 9,
 }
 
 impl Kind {
     /// Every kind, in wire order.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Hello,
         Kind::HelloAck,
         Kind::Msg,
@@ -61,6 +66,7 @@ impl Kind {
         Kind::Auth,
         Kind::RelmData,
         Kind::Relm,
+        Kind::Grpcomm,
     ];
 }
 
@@ -83,6 +89,7 @@ impl TryFrom<u8> for Kind {
             6 => Ok(Kind::Auth),
             7 => Ok(Kind::RelmData),
             8 => Ok(Kind::Relm),
+            9 => Ok(Kind::Grpcomm),
             other => Err(WireError::UnknownKind(other)),
         }
     }
@@ -220,7 +227,7 @@ mod tests {
     #[rustfmt::skip]
     const GOLDEN: [u8; HEADER_LEN] = [
         b'T', b'B',                                     // magic
-        2,                                              // version
+        3,                                              // version
         3,                                              // kind = Msg
         0x01, 0x02, 0x03, 0x04,                         // origin
         0x05, 0x06, 0x07, 0x08,                         // dst
@@ -255,7 +262,7 @@ mod tests {
         };
         #[rustfmt::skip]
         let want: [u8; HEADER_LEN] = [
-            0x54, 0x42, 0x02, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
+            0x54, 0x42, 0x03, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
             0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5,
             0, 0, 0, 6, 0, 0, 0, 0,
         ];
@@ -276,7 +283,8 @@ mod tests {
         assert_eq!(Kind::try_from(0), Err(WireError::UnknownKind(0)));
         assert_eq!(Kind::try_from(7), Ok(Kind::RelmData));
         assert_eq!(Kind::try_from(8), Ok(Kind::Relm));
-        assert_eq!(Kind::try_from(9), Err(WireError::UnknownKind(9)));
+        assert_eq!(Kind::try_from(9), Ok(Kind::Grpcomm));
+        assert_eq!(Kind::try_from(10), Err(WireError::UnknownKind(10)));
         assert_eq!(Kind::try_from(255), Err(WireError::UnknownKind(255)));
         assert_eq!(u8::from(Kind::Hello), 1);
         assert_eq!(u8::from(Kind::Heartbeat), 5);
@@ -292,8 +300,9 @@ mod tests {
     #[test]
     fn bad_version() {
         let mut b = GOLDEN;
-        // Version 1 (before authentication) and any future version are refused.
-        for v in [1, 3] {
+        // Version 1 (before authentication), 2 (before the fault-tolerant collectives) and any
+        // future version are refused.
+        for v in [1, 2, 4] {
             b[2] = v;
             assert_eq!(Header::decode(&b), Err(WireError::BadVersion(v)));
         }

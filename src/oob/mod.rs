@@ -14,4 +14,4 @@ pub use handshake::{
     Handshake, HandshakeConfig, HandshakeError, HandshakeEvent, PeerIdent, keep_dialled_by,
 };
 pub use header::{HEADER_LEN, Header, Kind, MAGIC, PROTOCOL_VERSION, WireError};
-pub use send_queue::{QueueFull, SendQueue};
+pub use send_queue::{Payload, QueueFull, SendQueue};

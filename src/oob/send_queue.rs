@@ -6,6 +6,11 @@
 //! [`SEND_COALESCE_BUFFER_BYTES`] each), so a burst of tiny frames is written with one `IoSlice`
 //! rather than two per frame.
 //!
+//! A payload may come in two parts ([`Payload::two`]): a short head (a collective message's own
+//! header) and a shared body (a broadcast's payload, one `Bytes` for every child). The head is
+//! coalesced like a small payload when it is small; the body is referenced as-is, never copied,
+//! unless the whole payload is small enough to coalesce.
+//!
 //! Driver loop: `let n = q.io_slices(&mut iov); let w = sock.write_vectored(&iov[..n])?;
 //! q.advance(w);` until the socket would block or the queue is empty.
 
@@ -42,6 +47,64 @@ impl fmt::Display for QueueFull {
 
 impl std::error::Error for QueueFull {}
 
+/// A frame's payload: one buffer, or a head followed by a body, sent back to back as one
+/// payload (the header's `len` covers both). Cloning shares both buffers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Payload {
+    head: Bytes,
+    body: Bytes,
+}
+
+impl Payload {
+    /// `head` then `body`, one payload on the wire; neither is copied unless the whole is small.
+    pub fn two(head: Bytes, body: Bytes) -> Self {
+        Payload { head, body }
+    }
+
+    /// Bytes on the wire.
+    pub fn len(&self) -> usize {
+        self.head.len().saturating_add(self.body.len())
+    }
+
+    /// Whether there are no bytes at all.
+    pub fn is_empty(&self) -> bool {
+        self.head.is_empty() && self.body.is_empty()
+    }
+
+    /// The first part (the whole payload of a one-part payload).
+    pub fn head(&self) -> &Bytes {
+        &self.head
+    }
+
+    /// The second part (empty for a one-part payload).
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// The payload as one buffer: free for a one-part payload, a copy otherwise.
+    pub fn to_bytes(&self) -> Bytes {
+        if self.body.is_empty() {
+            return self.head.clone();
+        }
+        if self.head.is_empty() {
+            return self.body.clone();
+        }
+        let mut b = BytesMut::with_capacity(self.len());
+        b.extend_from_slice(&self.head);
+        b.extend_from_slice(&self.body);
+        b.freeze()
+    }
+}
+
+impl From<Bytes> for Payload {
+    fn from(head: Bytes) -> Self {
+        Payload {
+            head,
+            body: Bytes::new(),
+        }
+    }
+}
+
 /// A contiguous run of bytes to write.
 #[derive(Debug)]
 enum Seg {
@@ -65,7 +128,7 @@ impl Seg {
 #[derive(Debug)]
 struct QueuedFrame {
     header: Header,
-    payload: Bytes,
+    payload: Payload,
     wire_len: usize,
 }
 
@@ -98,13 +161,15 @@ impl SendQueue {
     }
 
     /// Queue one frame. The header is encoded now with `len` set from `payload.len()` (the
-    /// caller's `header.len` is ignored); a large payload is shared, never copied.
+    /// caller's `header.len` is ignored); a large payload (or the body of a two-part one) is
+    /// shared, never copied.
     ///
     /// Fails with [`QueueFull`] (nothing queued) when the unwritten bytes plus this frame would
     /// exceed the bound, except that an empty queue always accepts one frame, so a frame larger
     /// than the bound can still be sent. A payload longer than `u32::MAX` cannot be framed: the
     /// caller must enforce the message maximum (`limits::MSG_MAX_BYTES_DEFAULT`) before this.
-    pub fn push(&mut self, header: &Header, payload: Bytes) -> Result<(), QueueFull> {
+    pub fn push(&mut self, header: &Header, payload: impl Into<Payload>) -> Result<(), QueueFull> {
+        let payload = payload.into();
         let wire_len = HEADER_LEN + payload.len();
         if !self.is_empty() && self.queued.saturating_add(wire_len) > self.max_bytes {
             return Err(QueueFull {
@@ -122,21 +187,19 @@ impl SendQueue {
         });
         let header = Header { len, ..*header };
         let encoded = header.encode();
+        let (head, body) = (&payload.head, &payload.body);
         if payload.len() <= SEND_COALESCE_MAX_PAYLOAD {
-            let append = match self.segs.back() {
-                Some(Seg::Packed(b)) => b.len() < SEND_COALESCE_BUFFER_BYTES,
-                _ => false,
-            };
-            if !append {
-                self.segs.push_back(Seg::Packed(BytesMut::new()));
-            }
-            if let Some(Seg::Packed(b)) = self.segs.back_mut() {
-                b.extend_from_slice(&encoded);
-                b.extend_from_slice(&payload);
-            }
+            self.pack(&[&encoded, head, body]);
+        } else if head.len() <= SEND_COALESCE_MAX_PAYLOAD && !body.is_empty() {
+            // A small head travels with the header; the large body is referenced.
+            self.pack(&[&encoded, head]);
+            self.segs.push_back(Seg::Payload(body.clone()));
         } else {
             self.segs.push_back(Seg::Header(encoded));
-            self.segs.push_back(Seg::Payload(payload.clone()));
+            self.segs.push_back(Seg::Payload(head.clone()));
+            if !body.is_empty() {
+                self.segs.push_back(Seg::Payload(body.clone()));
+            }
         }
         self.frames.push_back(QueuedFrame {
             header,
@@ -145,6 +208,23 @@ impl SendQueue {
         });
         self.queued += wire_len;
         Ok(())
+    }
+
+    /// Copies `parts` to the end of the last shared buffer (a new one if the last segment is
+    /// not a buffer or is full).
+    fn pack(&mut self, parts: &[&[u8]]) {
+        let append = match self.segs.back() {
+            Some(Seg::Packed(b)) => b.len() < SEND_COALESCE_BUFFER_BYTES,
+            _ => false,
+        };
+        if !append {
+            self.segs.push_back(Seg::Packed(BytesMut::new()));
+        }
+        if let Some(Seg::Packed(b)) = self.segs.back_mut() {
+            for p in parts {
+                b.extend_from_slice(p);
+            }
+        }
     }
 
     /// Fill `out` with slices covering the unwritten bytes in order, at most `out.len()` of
@@ -244,7 +324,7 @@ impl SendQueue {
     /// Remove and return, in order, every frame of which no byte has been written (for
     /// re-routing when a link dies). A partly written front frame stays queued; see
     /// [`front_in_progress`](Self::front_in_progress). The returned headers have `len` set.
-    pub fn drain_unsent(&mut self) -> Vec<(Header, Bytes)> {
+    pub fn drain_unsent(&mut self) -> Vec<(Header, Payload)> {
         let keep = usize::from(self.frame_off > 0);
         let unsent: Vec<QueuedFrame> = self.frames.drain(keep.min(self.frames.len())..).collect();
         let mut remove: usize = unsent.iter().map(|f| f.wire_len).sum();
@@ -297,7 +377,7 @@ mod tests {
 
     const SIZES: [usize; 8] = [0, 1, 256, 257, 1000, 3, 0, 5000];
 
-    fn fill(q: &mut SendQueue) -> (Vec<u8>, Vec<(Header, Bytes)>) {
+    fn fill(q: &mut SendQueue) -> (Vec<u8>, Vec<(Header, Payload)>) {
         let mut stream = Vec::new();
         let mut frames = Vec::new();
         for (i, &len) in SIZES.iter().enumerate() {
@@ -309,7 +389,45 @@ mod tests {
             q.push(&h, p.clone()).expect("room");
             stream.extend_from_slice(&h.encode());
             stream.extend_from_slice(&p);
+            frames.push((h, p.into()));
+        }
+        (stream, frames)
+    }
+
+    /// Two-part frames of every shape (small or large head and body, empty parts) between
+    /// one-part frames.
+    const PARTS: [(usize, usize); 7] = [
+        (29, 0),
+        (29, 10),
+        (29, 1000),
+        (0, 700),
+        (600, 500),
+        (300, 0),
+        (10, 246),
+    ];
+
+    fn fill_parts(q: &mut SendQueue) -> (Vec<u8>, Vec<(Header, Payload)>) {
+        let mut stream = Vec::new();
+        let mut frames = Vec::new();
+        for (i, &(head, body)) in PARTS.iter().enumerate() {
+            let p = Payload::two(payload(i, head), payload(i + 100, body));
+            let h = Header {
+                len: p.len() as u32,
+                ..hdr(i as u64)
+            };
+            q.push(&h, p.clone()).expect("room");
+            stream.extend_from_slice(&h.encode());
+            stream.extend_from_slice(&p.to_bytes());
             frames.push((h, p));
+            let one = payload(i + 50, 7 * i);
+            let h = Header {
+                len: one.len() as u32,
+                ..hdr(1000 + i as u64)
+            };
+            q.push(&h, one.clone()).expect("room");
+            stream.extend_from_slice(&h.encode());
+            stream.extend_from_slice(&one);
+            frames.push((h, one.into()));
         }
         (stream, frames)
     }
@@ -471,6 +589,70 @@ mod tests {
             q.push(&hdr(99), payload(0, 3)).expect("room");
             let (out, _) = write_all(&mut q, 64, |_| usize::MAX);
             assert_eq!(out.len(), HEADER_LEN + 3);
+        }
+    }
+
+    #[test]
+    fn two_part_frames_reproduce_the_stream_at_every_write_offset() {
+        let mut q = SendQueue::new(1 << 20);
+        let (stream, frames) = fill_parts(&mut q);
+        assert_eq!(q.queued_bytes(), stream.len());
+        drop(q);
+        for first in (1..stream.len()).step_by(3) {
+            for iov in [1, 3, 64] {
+                let mut q = SendQueue::new(1 << 20);
+                fill_parts(&mut q);
+                let (out, done) = write_all(&mut q, iov, |i| if i == 0 { first } else { 997 + i });
+                assert_eq!(out, stream, "first write {first}, iov {iov}");
+                assert_eq!(done, frames.len());
+            }
+        }
+    }
+
+    #[test]
+    fn a_large_body_is_referenced_not_copied() {
+        let mut q = SendQueue::new(1 << 20);
+        let body = payload(1, 5000);
+        q.push(&hdr(0), Payload::two(payload(0, 29), body.clone()))
+            .expect("room");
+        q.push(&hdr(1), Payload::two(payload(2, 29), body.clone()))
+            .expect("room");
+        let mut slots = vec![IoSlice::new(&[]); 64];
+        let n = q.io_slices(&mut slots);
+        // header + head packed, then the body, twice: the body slices point into `body`.
+        assert_eq!(n, 4);
+        assert_eq!(slots[0].len(), HEADER_LEN + 29);
+        for s in [&slots[1], &slots[3]] {
+            assert_eq!(s.as_ptr(), body.as_ptr());
+            assert_eq!(s.len(), 5000);
+        }
+    }
+
+    #[test]
+    fn drain_unsent_with_two_part_frames_at_every_offset() {
+        let mut q = SendQueue::new(1 << 20);
+        let (stream, frames) = fill_parts(&mut q);
+        drop(q);
+        let mut ends = Vec::new();
+        let mut at = 0;
+        for (h, _) in &frames {
+            at += HEADER_LEN + h.len as usize;
+            ends.push(at);
+        }
+        for written in 0..stream.len() {
+            let mut q = SendQueue::new(1 << 20);
+            fill_parts(&mut q);
+            let complete = q.advance(written);
+            let partial = written > 0 && !ends.contains(&written);
+            let drained = q.drain_unsent();
+            assert_eq!(
+                drained,
+                frames[complete + usize::from(partial)..].to_vec(),
+                "written {written}"
+            );
+            let end = if partial { ends[complete] } else { written };
+            let (out, _) = write_all(&mut q, 64, |_| usize::MAX);
+            assert_eq!(out, stream[written..end].to_vec(), "written {written}");
         }
     }
 }

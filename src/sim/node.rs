@@ -559,7 +559,9 @@ impl Node {
             failed: self.confirmed.clone(),
         }
         .encode();
-        if let Err(e) = self.xcast.originate(TAG_FAULT_CONFIRM, c) {
+        // Past rank 0's full window, as in the driver: completions wait for every daemon to
+        // reach rank 0's view, which the confirmation brings.
+        if let Err(e) = self.xcast.originate_urgent(TAG_FAULT_CONFIRM, c) {
             self.errors.push(format!("confirmation not broadcast: {e}"));
         }
     }

@@ -3,11 +3,17 @@
 //! epoch, heartbeats, and the two fatal cases (rank 0 lost; this daemon declared dead).
 //!
 //! After every repair, once per scope, on the loop thread, in this order: the messaging layer
-//! (re-route or fail what was queued, send broadcasts a dead child missed to its heir, tell
-//! adopted children, watch the new neighbours), then reliable messaging (`Relm::handle_repair`:
-//! purge, fail reliable sends to the dead with node-down, start the link-update exchange), then
-//! the user's fault handlers in registration order. RELM's frames are queued at the end of the
-//! loop turn, behind the adoption notices on the same connections.
+//! (re-route or fail what was queued, send a flood frame a dead child missed to its heirs, tell
+//! adopted children, watch the new neighbours), then the collectives (`Xcast` and `Allgather`
+//! `handle_repair`: new children are offered `Sync`, a new parent is waited for), then reliable
+//! messaging (`Relm::handle_repair`: purge, fail reliable sends to the dead with node-down,
+//! start the link-update exchange), then the user's fault handlers in registration order. The
+//! collectives' and RELM's frames are queued at the end of the loop turn, behind the adoption
+//! notices on the same connections.
+//!
+//! Rank 0's confirmations are broadcast operations (`originate_runtime`): every living daemon
+//! delivers every one, in order, exactly once, including a daemon whose parent died while
+//! forwarding one (its new parent replays it after their `Sync`/`Resume`).
 
 use super::{EventLoop, Pending, Wire, complete};
 use crate::Rank;
@@ -102,7 +108,8 @@ impl EventLoop {
         frames
     }
 
-    /// What every repair is followed by: re-route, adopt, watch the new neighbours, handlers.
+    /// What every repair is followed by: re-route, adopt, watch the new neighbours, then the
+    /// collectives, RELM and the user's handlers.
     fn after_repair(&mut self, status: RecoveryStatus, frames: Vec<Pending>) {
         self.counters.repairs += 1;
         log::info!(
@@ -117,6 +124,8 @@ impl EventLoop {
             status.new_children,
             if status.promoted { ", promoted" } else { "" }
         );
+        // Children it did not have before; they learn of their new parent (and of every failure
+        // it knows) from the notice sent with the collectives' `Sync` (`tell_child`).
         let adopted: Vec<Rank> = status
             .new_children
             .iter()
@@ -129,7 +138,8 @@ impl EventLoop {
             match p.header.kind {
                 Kind::Msg => self.forward(p.header, p.payload, p.done),
                 Kind::Xcast => {
-                    // A broadcast the dead child never got goes to whoever took its place.
+                    // A flood (the contact table) the dead child never got goes to the children
+                    // it leaves behind.
                     for c in &adopted {
                         let mut h = p.header;
                         h.dst = *c;
@@ -138,37 +148,16 @@ impl EventLoop {
                     complete(p.done, Ok(()));
                 }
                 // RELM replays what the dead neighbour may have lost (link updates, requests,
-                // the origin's retransmissions); these frames carry no completion.
-                Kind::RelmData | Kind::Relm => {}
+                // the origin's retransmissions), and the collectives resynchronise with the new
+                // neighbours (`Sync`/`Resume`); these frames carry no completion.
+                Kind::RelmData | Kind::Relm | Kind::Grpcomm => {}
                 _ => complete(p.done, Ok(())),
             }
         }
-        if !adopted.is_empty() {
-            let failed: Vec<Rank> = self.routing.failed().collect();
-            let notice = Adoption {
-                failed,
-                ancestors: self.routing.ancestors().to_vec(),
-            }
-            .encode();
-            // With the latest confirmation too: a child whose old parent died while forwarding
-            // one would otherwise never hear of it (and keep a different tree).
-            let confirmation = (self.epoch > 0).then(|| {
-                Confirmation {
-                    epoch: self.epoch,
-                    failed: self.confirmed.clone(),
-                }
-                .encode()
-            });
-            for c in adopted {
-                self.send(c, TAG_ADOPTED, notice.clone(), None);
-                if let Some(conf) = &confirmation {
-                    let h = self.header(Kind::Xcast, 0, c, TAG_FAULT_CONFIRM, conf.len());
-                    self.enqueue(c, h, conf.clone(), None);
-                }
-            }
-        }
         self.watch_neighbours();
-        // Reliable messaging, after the messaging layer and before the user's handlers.
+        // The collectives, then reliable messaging, after the messaging layer and before the
+        // user's handlers.
+        self.grpcomm_repair(&status);
         self.relm_repair(&status);
         let mut handlers = std::mem::take(&mut self.fault_handlers);
         for h in handlers.iter_mut() {
@@ -177,6 +166,21 @@ impl EventLoop {
         // Handlers registered from inside a handler arrived as commands; keep both.
         handlers.append(&mut self.fault_handlers);
         self.fault_handlers = handlers;
+    }
+
+    /// Sends child `c` an adoption notice: every failure this daemon knows, and its ancestors.
+    /// Sent with every `Sync` the collectives offer a child (a new or adopted child, every
+    /// child of a promoted daemon, a child still unsynchronised after a repair): the child can
+    /// only answer under the same view of the tree, and the failures it lacks would otherwise
+    /// reach it only as confirmations, which are broadcast operations, which its new parent
+    /// sends it only once they are synchronised. Queued before the `Sync`, on the same link.
+    pub(super) fn tell_child(&mut self, c: Rank) {
+        let notice = Adoption {
+            failed: self.routing.failed().collect(),
+            ancestors: self.routing.ancestors().to_vec(),
+        }
+        .encode();
+        self.send(c, TAG_ADOPTED, notice, None);
     }
 
     pub(super) fn watch_neighbours(&mut self) {
@@ -216,27 +220,28 @@ impl EventLoop {
             epoch: self.epoch,
             failed: self.confirmed.clone(),
         };
-        self.xcast(0, TAG_FAULT_CONFIRM, c.encode(), None);
+        self.originate_runtime(TAG_FAULT_CONFIRM, c.encode());
     }
 
-    /// Every daemon but 0: rank 0's confirmation arrived. Returns whether to forward it.
-    pub(super) fn on_confirm(&mut self, payload: &[u8]) -> bool {
+    /// Every daemon but 0: rank 0's confirmation was delivered (a broadcast operation: in
+    /// order, once). Each epoch is applied once.
+    pub(super) fn on_confirm(&mut self, payload: &[u8]) {
         let c = match Confirmation::decode(self.size, payload) {
             Ok(c) => c,
             Err(e) => {
                 log::warn!("rank {}: bad fault confirmation: {e}", self.me);
-                return false;
+                return;
             }
         };
         if c.epoch <= self.epoch {
-            return false;
+            return;
         }
         if c.failed.contains(&self.me) {
             self.declared_dead(&format!(
                 "rank 0 confirmed this daemon dead (epoch {})",
                 c.epoch
             ));
-            return false;
+            return;
         }
         let unknown: Vec<Rank> = c
             .failed
@@ -260,7 +265,6 @@ impl EventLoop {
             }
             Err(e) => log::error!("rank {}: repair failed: {e}", self.me),
         }
-        true
     }
 
     pub(super) fn on_report(&mut self, origin: Rank, payload: &[u8]) {
@@ -285,13 +289,18 @@ impl EventLoop {
             self.declared_dead(&format!("rank {origin} lists this daemon as failed"));
             return;
         }
+        // Reported on to rank 0: the adopter's own report may have died with a relay or with
+        // the adopter, and rank 0 must hear of every death for the trees to agree (the
+        // simulator found a death never confirmed that way; regression seed 28942).
         self.declare_failed(
             &a.failed,
             &format!("adoption notice from rank {origin}"),
-            false,
+            true,
         );
         if self.routing.parent() != Some(origin) {
-            log::warn!(
+            // It knows a failure this daemon does not know yet (or the reverse): confirmations
+            // bring both views together.
+            log::debug!(
                 "rank {}: rank {origin} says it adopted me, but my parent is {:?}",
                 self.me,
                 self.routing.parent()
@@ -308,8 +317,8 @@ impl EventLoop {
             "rank {}: lost rank 0 ({cause}); the DVM cannot continue without it, exiting",
             self.me
         );
-        let h = self.header(Kind::Xcast, self.me, 0, TAG_ROOT_LOST, 0);
-        self.xcast_children(h, &Bytes::new());
+        // A flood: without rank 0 there is no sequencer for a broadcast.
+        self.flood(self.me, TAG_ROOT_LOST, &Bytes::new());
         self.begin_stop(StopReason::Fatal("lost rank 0".into()));
     }
 
@@ -397,5 +406,7 @@ impl EventLoop {
             let cause = format!("no heartbeat for {} ms", self.cfg.heartbeat_timeout_ms);
             self.declare_failed(&tick.silent, &cause, true);
         }
+        // A link that dropped collective frames and saw no flush since it drained.
+        self.check_grpcomm_resync();
     }
 }

@@ -225,12 +225,18 @@ impl EventLoop {
     }
 }
 
+/// Runtime tags that travel over RELM: fault reports to rank 0 must not be lost with a dying
+/// relay (a lost report could leave a death unconfirmed, and survivors with different trees);
+/// broadcast requests, and rank 0's dones and refusals, need reliability and per-origin order
+/// (the xcast core requires both).
+pub(super) const RELIABLE_RUNTIME_TAGS: [Tag; 3] = [
+    crate::faults::notice::TAG_FAULT_REPORT,
+    crate::grpcomm::TAG_XCAST_REQUEST,
+    crate::grpcomm::TAG_XCAST_DONE,
+];
+
 /// RELM's `post`: hands a message to receive matching unless the matcher would have to evict a
 /// held message to keep it. The dispatch waits in `ready` (callbacks run after RELM returns).
-/// Runtime tags that travel over RELM: fault reports to rank 0 must not be lost with a dying
-/// relay (a lost report could leave a death unconfirmed, and survivors with different trees).
-pub(super) const RELIABLE_RUNTIME_TAGS: [Tag; 1] = [crate::faults::notice::TAG_FAULT_REPORT];
-
 fn post_to(
     matcher: &mut crate::rml::Matcher,
     ready: &mut Vec<Dispatch>,

@@ -166,6 +166,58 @@ fn a_contribution_under_another_view_is_not_counted_until_resent() {
 }
 
 #[test]
+fn a_link_that_lost_messages_is_restated() {
+    // Radix 2, size 3: 0 -> {1, 2}. Rank 1's contribution is lost on its way.
+    let mut zero = core(2, 3, 0);
+    let mut one = core(2, 3, 1);
+    zero.barrier(4).unwrap();
+    zero.handle_msg(
+        2,
+        AllgatherMsg::Contribution(Contribution {
+            id: 4,
+            digest: 0,
+            overflowed: false,
+            entries: vec![(2, Bytes::new())],
+            excluded: vec![],
+        }),
+    );
+    one.barrier(4).unwrap();
+    assert_eq!(transmits(&mut one).len(), 1); // lost
+    assert_eq!(transmits(&mut one), vec![]);
+    one.handle_link_up(0);
+    let again = transmits(&mut one);
+    assert_eq!(again.len(), 1);
+    zero.handle_msg(1, again[0].msg.clone());
+    assert_eq!(ready(&events(&mut zero)).len(), 1);
+
+    // A Sync offered under the current view is offered again on link-up; none otherwise.
+    let mut r0 = RoutingState::new(2, 4, 0).unwrap();
+    let mut zero = Allgather::new(&r0);
+    zero.handle_link_up(1);
+    assert_eq!(transmits(&mut zero), vec![]);
+    zero.barrier(1).unwrap();
+    zero.handle_repair(&r0.fail(&[3], Scope::Local, None).unwrap());
+    zero.handle_msg(
+        1,
+        AllgatherMsg::Contribution(Contribution {
+            id: 1,
+            digest: 0,
+            overflowed: false,
+            entries: vec![(1, Bytes::new())],
+            excluded: vec![],
+        }),
+    );
+    let digest = zero.view.digest;
+    let sync = vec![Transmit {
+        to: 1,
+        msg: AllgatherMsg::Sync { digest },
+    }];
+    assert_eq!(transmits(&mut zero), sync);
+    zero.handle_link_up(1);
+    assert_eq!(transmits(&mut zero), sync);
+}
+
+#[test]
 fn bounds_are_errors_or_overflow() {
     let mut a = core(2, 3, 0);
     let too_big = Bytes::from(vec![0; ALLGATHER_MAX_BYTES]);
@@ -243,10 +295,10 @@ fn run(seed: u64, fault: Fault, repairs: Repairs, leak: bool) -> Sim {
         let j = rng.below(i + 1);
         plan.swap(i, j);
     }
-    let crashes = if fault == Fault::None {
-        0
-    } else {
-        1 + rng.below(2)
+    let crashes = match fault {
+        Fault::None => 0,
+        Fault::LinkLoss => 1 + rng.below(6),
+        _ => 1 + rng.below(2),
     };
     for _ in 0..crashes {
         let at = rng.below(plan.len() + 1);
@@ -371,6 +423,17 @@ fn sim_parent_and_child_together() {
         Fault::ParentAndChild,
         Repairs::Atomic,
         false,
+    );
+}
+
+#[test]
+fn sim_link_losses() {
+    batch("link losses", Fault::LinkLoss, Repairs::Atomic, true);
+    batch(
+        "link losses, staggered",
+        Fault::LinkLoss,
+        Repairs::Staggered,
+        true,
     );
 }
 

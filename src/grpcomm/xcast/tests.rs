@@ -175,6 +175,49 @@ fn rank_zero_refuses_when_full_and_originators_are_bounded() {
 }
 
 #[test]
+fn an_urgent_operation_passes_a_full_window() {
+    // Rank 0 with one child that acks nothing: the window fills.
+    let limits = XcastLimits {
+        inflight: 2,
+        ..XcastLimits::default()
+    };
+    let mut zero = Xcast::with_limits(&RoutingState::new(2, 2, 0).unwrap(), limits);
+    zero.originate(100, Bytes::from_static(b"a")).unwrap();
+    zero.originate(100, Bytes::from_static(b"b")).unwrap();
+    assert_eq!(
+        zero.originate(100, Bytes::from_static(b"c")),
+        Err(XcastError::Busy)
+    );
+    let urgent = zero
+        .originate_urgent(6, Bytes::from_static(b"confirm"))
+        .unwrap();
+    let ops: Vec<u64> = drain_transmits(&mut zero)
+        .into_iter()
+        .filter_map(|t| match t.msg {
+            XcastMsg::Op(op) => Some(op.id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ops, [1, 2, 3]);
+    assert_eq!(delivered_ids(&drain_events(&mut zero)), [1, 2, 3]);
+    // Still full for everything else; the child's ack completes all three.
+    assert_eq!(
+        zero.originate(100, Bytes::from_static(b"d")),
+        Err(XcastError::Busy)
+    );
+    zero.handle_msg(1, XcastMsg::Ack { upto: 3, digest: 0 });
+    let completed: Vec<u64> = drain_events(&mut zero)
+        .into_iter()
+        .filter_map(|e| match e {
+            XcastEvent::Completed { request, .. } => Some(request),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(completed, [1, 2, urgent]);
+    zero.originate(100, Bytes::from_static(b"d")).unwrap();
+}
+
+#[test]
 fn at_the_retained_bound_drops_the_highest_and_fetches_it_again() {
     // A leaf that has missed operation 1 and holds everything after it.
     let mut one = core(2, 2, 1);
@@ -262,6 +305,59 @@ fn a_new_child_is_synced_and_replayed() {
 }
 
 #[test]
+fn a_link_that_lost_messages_is_restated_from_both_ends() {
+    // Radix 2, size 3: 0 -> {1, 2}. Everything rank 0 and rank 1 send each other is lost.
+    let mut zero = core(2, 3, 0);
+    let mut one = core(2, 3, 1);
+    let mut two = core(2, 3, 2);
+    for p in [b"a", b"b"] {
+        zero.originate(100, Bytes::from_static(p)).unwrap();
+    }
+    for t in drain_transmits(&mut zero) {
+        if t.to == 2 {
+            two.handle_msg(0, t.msg);
+        }
+    }
+    assert_eq!(delivered_ids(&drain_events(&mut zero)), [1, 2]);
+    assert_eq!(delivered_ids(&drain_events(&mut two)), [1, 2]);
+    for t in drain_transmits(&mut two) {
+        zero.handle_msg(2, t.msg);
+    }
+    assert_eq!(zero.completed(), 0, "rank 1 has nothing");
+    // Rank 1 learns nothing by itself; link-up at rank 0 restarts its stream, only to rank 1.
+    zero.handle_link_up(1);
+    let again = drain_transmits(&mut zero);
+    assert!(again.iter().all(|t| t.to == 1), "{again:?}");
+    assert_eq!(again.len(), 2);
+    // Link-up at rank 1 re-states where it stands: a Resume from operation 1.
+    one.handle_link_up(0);
+    assert_eq!(
+        drain_transmits(&mut one),
+        vec![Transmit {
+            to: 0,
+            msg: XcastMsg::Resume { from: 1, digest: 0 }
+        }]
+    );
+    for t in again {
+        one.handle_msg(0, t.msg);
+    }
+    assert_eq!(delivered_ids(&drain_events(&mut one)), [1, 2]);
+    for t in drain_transmits(&mut one) {
+        zero.handle_msg(1, t.msg);
+    }
+    drain_transmits(&mut zero);
+    let done: Vec<_> = drain_events(&mut zero);
+    assert_eq!(zero.completed(), 2, "{done:?}");
+    // A lost Ack is sent again on link-up, even without news.
+    one.handle_link_up(0);
+    let restated = drain_transmits(&mut one);
+    assert!(restated.contains(&Transmit {
+        to: 0,
+        msg: XcastMsg::Ack { upto: 2, digest: 0 }
+    }));
+}
+
+#[test]
 fn a_promoted_parent_treats_its_kept_child_as_new() {
     // Radix 2, size 15: 1 -> {3, 5}, 5 -> {9, 13}. Rank 1 dies: 5 takes slot 1 and 13 takes
     // slot 5, so 13 stays 5's child but now has 9 below it. 13 acked operation 1 while the
@@ -292,6 +388,9 @@ pub(crate) enum Fault {
     DuringRepair,
     /// Crash random daemons.
     Random,
+    /// Lose tree messages between a living daemon and its parent (a broken connection, or
+    /// drops at a full queue) and re-state them; one time in four, crash an interior daemon.
+    LinkLoss,
 }
 
 /// Crash according to `fault`.
@@ -312,6 +411,24 @@ pub(crate) fn inject(sim: &mut Sim, fault: Fault) {
                 Some(c) => sim.crash(&[v, c]),
                 None => sim.crash(&[v]),
             }
+        }
+        Fault::LinkLoss => {
+            if sim.rng.chance(1, 4) {
+                return inject(sim, Fault::Interior);
+            }
+            let alive: Vec<Rank> = sim.alive().into_iter().filter(|&r| r != 0).collect();
+            let Some(c) = sim.rng.pick(&alive) else {
+                return;
+            };
+            let Some(p) = sim.node(c).routing.parent() else {
+                return;
+            };
+            if !sim.node(p).alive {
+                return;
+            }
+            let reconnect = sim.rng.chance(1, 2);
+            let (a, b) = if sim.rng.chance(1, 2) { (c, p) } else { (p, c) };
+            sim.lose_link(a, b, reconnect);
         }
         Fault::DuringRepair => {
             let Some(v) = sim.pick_victim(true) else {
@@ -343,6 +460,7 @@ pub(crate) fn inject(sim: &mut Sim, fault: Fault) {
 const TIGHT: XcastLimits = XcastLimits {
     inflight: 4,
     inflight_bytes: 40,
+    payload: 40,
     retained: 2,
     retained_bytes: 48,
     originate: 2,
@@ -364,10 +482,10 @@ pub(crate) fn run_with(
     let mut sim = Sim::with_limits(seed, size, radix, repairs, limits);
     sim.leak = leak;
     let ops = 8 + rng.below(25);
-    let crashes = if fault == Fault::None {
-        0
-    } else {
-        1 + rng.below(2)
+    let crashes = match fault {
+        Fault::None => 0,
+        Fault::LinkLoss => 1 + rng.below(6),
+        _ => 1 + rng.below(2),
     };
     let mut plan: Vec<bool> = vec![false; ops]; // false: originate, true: crash
     for _ in 0..crashes {
@@ -548,6 +666,24 @@ fn sim_staggered_crash_during_repair() {
         Fault::DuringRepair,
         Repairs::Staggered,
         true,
+    );
+}
+
+#[test]
+fn sim_link_losses() {
+    batch("link losses", Fault::LinkLoss, Repairs::Atomic, true);
+    batch(
+        "link losses, staggered",
+        Fault::LinkLoss,
+        Repairs::Staggered,
+        true,
+    );
+    batch_with(
+        "link losses, tight bounds",
+        Fault::LinkLoss,
+        Repairs::Atomic,
+        true,
+        TIGHT,
     );
 }
 
