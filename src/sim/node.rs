@@ -18,7 +18,8 @@ use crate::faults::notice::{
     self, Adoption, Confirmation, TAG_ADOPTED, TAG_FAULT_CONFIRM, TAG_FAULT_REPORT,
 };
 use crate::grpcomm::{
-    Allgather, AllgatherEvent, AllgatherMsg, AllgatherResult, Xcast, XcastEvent, XcastMsg,
+    Allgather, AllgatherEvent, AllgatherMsg, AllgatherResult, TAG_ALLGATHER_RESULT, TAG_XCAST_DONE,
+    TAG_XCAST_REQUEST, Xcast, XcastEvent, XcastMsg,
 };
 use crate::relm::{self, Event as RelmEvent, Relm, RelmConfig, Transmit};
 use crate::rml::{Dispatch, Matcher, Message, Peer, TAG_USER_MIN, Tag};
@@ -34,12 +35,6 @@ pub const TAG_PLAIN: Tag = TAG_USER_MIN + 1;
 const RUNTIME_TOKEN: u64 = 1 << 63;
 /// The user tag of the workload's broadcasts.
 pub const TAG_BCAST: Tag = TAG_USER_MIN + 2;
-/// Runtime tag (over RELM): a broadcast request to rank 0.
-const TAG_XCAST_REQUEST: Tag = 10;
-/// Runtime tag (over RELM): rank 0's answer to an originator (done or refused).
-const TAG_XCAST_DONE: Tag = 11;
-/// Runtime tag of an allgather result riding the broadcast.
-const TAG_ALLGATHER_RESULT: Tag = 12;
 
 /// A broadcast delivered here: (op, originator, tag, payload).
 pub type BcastDelivery = (u64, Rank, Tag, Bytes);
