@@ -6,39 +6,31 @@
 //! only. The rate keeps 64 processes comfortable on two cores and rank 0's window open across
 //! the repairs (a refused broadcast would be reported as "not sent", not as a loss).
 
-use std::process::Command;
+mod procs;
 
 #[test]
 fn broadcasts_reach_every_survivor_while_two_interior_daemons_are_killed() {
-    let json = std::env::temp_dir().join(format!("tbon-grpcomm-procs-{}.json", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
-        .args(["harness", "--daemons", "64", "--radix", "4"])
-        .args(["--pattern", "broadcast", "--kill", "2", "--kill-interior"])
-        .args([
+    let (report, stdout) = procs::harness_report(
+        "grpcomm-procs",
+        &[
+            "--daemons",
+            "64",
+            "--radix",
+            "4",
+            "--pattern",
+            "broadcast",
+            "--kill",
+            "2",
+            "--kill-interior",
             "--duration",
             "6",
             "--rate",
             "2",
-            "--quiet",
             "--timeout",
             "240",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run tbon harness");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout: {stdout}\nstderr: {stderr}"
+        ],
     );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
     let counts = &report["counts"];
-    assert_eq!(report["passed"], true, "{stdout}");
     let sent = counts["sent_broadcast"].as_u64().unwrap();
     let not_sent = counts["broadcast_not_sent"].as_u64().unwrap();
     assert!(sent - not_sent > 500, "{counts}");

@@ -240,48 +240,43 @@ impl Node {
                     }
                 }
             }
-            SimFrame::RelmData(d) => {
-                let mut posted = Vec::new();
-                let mut post = |origin: Rank, tag: Tag, payload: Bytes| {
-                    posted.push(Message {
-                        origin,
-                        tag,
-                        payload,
-                    });
-                    true
-                };
-                let r = self
-                    .relm
-                    .handle_data(now, &self.routing, from, d, &mut post);
-                if let Err(e) = r {
-                    self.errors.push(format!("relm data from {from}: {e}"));
-                }
-                for m in posted {
-                    self.deliver_at(now, m);
-                }
-            }
-            SimFrame::RelmCtl(bytes) => {
-                let mut posted = Vec::new();
-                let mut post = |origin: Rank, tag: Tag, payload: Bytes| {
-                    posted.push(Message {
-                        origin,
-                        tag,
-                        payload,
-                    });
-                    true
-                };
-                let r = self
-                    .relm
-                    .handle_control(now, &self.routing, from, &bytes, &mut post);
-                if let Err(e) = r {
-                    self.errors.push(format!("relm control from {from}: {e}"));
-                }
-                for m in posted {
-                    self.deliver_at(now, m);
-                }
-            }
+            SimFrame::RelmData(d) => self.relm_input(now, from, |relm, routing, post| {
+                relm.handle_data(now, routing, from, d, post)
+            }),
+            SimFrame::RelmCtl(bytes) => self.relm_input(now, from, |relm, routing, post| {
+                relm.handle_control(now, routing, from, &bytes, post)
+            }),
         }
         self.pump(now);
+    }
+
+    /// Feeds RELM one input; what it posts (the matcher never refuses here: the workload's
+    /// receives are persistent wildcards) is delivered after the call returns.
+    fn relm_input(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        input: impl FnOnce(
+            &mut Relm,
+            &RoutingState,
+            &mut relm::Post<'_>,
+        ) -> Result<(), relm::ControlError>,
+    ) {
+        let mut posted = Vec::new();
+        let mut post = |origin: Rank, tag: Tag, payload: Bytes| {
+            posted.push(Message {
+                origin,
+                tag,
+                payload,
+            });
+            true
+        };
+        if let Err(e) = input(&mut self.relm, &self.routing, &mut post) {
+            self.errors.push(format!("relm input from {from}: {e}"));
+        }
+        for m in posted {
+            self.deliver_at(now, m);
+        }
     }
 
     /// Time passed.

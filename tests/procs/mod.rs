@@ -1,4 +1,6 @@
-//! Helpers for the tests that run `tbon daemon` as separate processes.
+//! Helpers for the tests that run `tbon daemon` as separate processes. Each test binary uses
+//! some of them.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,4 +20,30 @@ pub fn keygen_file() -> &'static Path {
         assert!(st.success(), "tbon keygen failed");
         p
     })
+}
+
+/// Runs `tbon harness` with `args` plus `--quiet --json <file>`, asserts that it exited 0, and
+/// returns its report and its stdout (for messages).
+pub fn harness_report(name: &str, args: &[&str]) -> (serde_json::Value, String) {
+    let json = std::env::temp_dir().join(format!("tbon-{name}-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
+        .arg("harness")
+        .args(args)
+        .arg("--quiet")
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run tbon harness");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(report["passed"], true, "{stdout}");
+    (report, stdout)
 }
