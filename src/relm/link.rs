@@ -10,8 +10,8 @@
 //! Gating: with two or more changed neighbours not yet heard from, a daemon sends no update;
 //! with one, it sends its update only to that one; with none, it sends its updates to all it
 //! still owes and then everything pending (messages held without a route, and after a global
-//! repair a resend of every unacknowledged message and a re-acknowledgement of every inbound
-//! chain). On a tree the changed links form a forest, so the wave starts at its leaves and
+//! repair a re-acknowledgement of every inbound chain and, one gate period later, a resend of
+//! every message of this origin still unacknowledged). On a tree the changed links form a forest, so the wave starts at its leaves and
 //! always finishes; views that disagree for a moment could still leave two daemons waiting on
 //! each other, so the wait is bounded by `relm_gate_ms`, after which everything goes out.
 
@@ -199,18 +199,30 @@ impl Relm {
         let mut held: Vec<MsgKey> = self
             .table
             .iter()
-            .filter(|(_, r)| {
-                r.data.is_some()
-                    && (r.state == MsgState::Sending || (resend_all && r.role == Role::Origin))
-            })
+            .filter(|(_, r)| r.data.is_some() && r.state == MsgState::Sending)
             .map(|(k, _)| *k)
             .collect();
         held.sort_unstable();
         for key in held {
-            if resend_all && key.origin == self.me {
-                self.stats.retransmits += 1;
-            }
             self.transmit(topo, key, None);
+        }
+        if resend_all {
+            // Every unacknowledged message of this origin is resent after one more gate period,
+            // not at once: the destinations re-acknowledge every chain now (below, on their
+            // side), and what those acks cover need not travel again. What they do not cover
+            // goes out through the retransmission timer.
+            let soon = now + Duration::from_millis(self.cfg.gate_ms);
+            let mine: Vec<MsgKey> = self
+                .table
+                .iter()
+                .filter(|(_, r)| r.role == Role::Origin && r.retransmit_at > soon)
+                .map(|(k, _)| *k)
+                .collect();
+            for key in mine {
+                if let Some(r) = self.table.get_mut(&key) {
+                    r.retransmit_at = soon;
+                }
+            }
         }
         if resend_all {
             let mut chains: Vec<(Rank, u32)> = self

@@ -38,9 +38,11 @@
 //!   message, holds unchanged), and hops drop their copy when the ack passes;
 //! * a lost ack or a replay nobody asked for costs a duplicate that the watermark discards and
 //!   re-acknowledges;
-//! * the origin retransmits what stays unacknowledged (2 s, doubling to 16 s): a backstop for
-//!   losses no link update sees (a hop cache that evicted, an ack lost with a dying hop, a frame
-//!   dropped at a full relay queue).
+//! * after each global repair, destinations re-acknowledge every chain and origins resend, one
+//!   gate period later, what is still unacknowledged: this recovers what no link update sees
+//!   (a hop cache that evicted, an ack lost with a dying hop);
+//! * the origin retransmits what stays unacknowledged (2 s, doubling to 16 s): the backstop for
+//!   losses no repair announces (a frame dropped at a full relay queue).
 //!
 //! # Bounds
 //! Unacknowledged messages per origin (`relm_unacked_max`: at the bound `send_reliable` fails
@@ -214,8 +216,8 @@ struct Gate {
     owed: HashSet<Rank>,
     /// When to stop waiting.
     deadline: Option<Instant>,
-    /// After a global repair: resend every unacknowledged message and re-acknowledge every
-    /// inbound chain once the gate opens.
+    /// After a global repair: once the gate opens, re-acknowledge every inbound chain, and
+    /// resend every message still unacknowledged one gate period later.
     resend_all: bool,
 }
 
