@@ -32,6 +32,11 @@ pub struct Counters {
     /// Frames dropped because they came from (or over a link from) a rank known to have
     /// failed: stale traffic of a daemon the DVM declared dead.
     pub dropped_stale: u64,
+    /// Frames dropped because they carried an older incarnation of their sender than one
+    /// already seen (left over from before the sender restarted).
+    pub dropped_old_incarnation: u64,
+    /// Fault reports that waited for room in RELM's window (delayed, never dropped).
+    pub reports_delayed: u64,
     /// Repairs of the routing tree (local and global scope each count).
     pub repairs: u64,
     /// Ranks this daemon knows have failed, ascending.

@@ -292,3 +292,7 @@ pub const GRPCOMM_DEFERRED_MAX: usize = ALLGATHER_TRACKED_MAX;
 /// logged and counted (`dropped_queue_full`): its originator's broadcast then never completes.
 pub const GRPCOMM_RELIABLE_BACKLOG_MAX: usize =
     XCAST_ORIGINATE_MAX + XCAST_INFLIGHT_MAX + XCAST_REFUSALS_MAX;
+
+/// Rounds of a node's collectives pump at most per call: each round moves something, and the
+/// cores produce nothing without input, so reaching this is a bug (reported, not looped on).
+pub const PUMP_ROUNDS_MAX: usize = 1_000_000;

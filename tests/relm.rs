@@ -15,7 +15,7 @@ use crossbeam_channel::{Receiver, unbounded};
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
-use tbon::driver::wireup::TAG_WIREUP_REPORT;
+use tbon::node::wireup::TAG_WIREUP_REPORT;
 use tbon::oob::handshake::JobKey;
 use tbon::oob::uri::ContactUri;
 use tbon::oob::{Frame, Handshake, HandshakeConfig, HandshakeEvent, Header, Kind};

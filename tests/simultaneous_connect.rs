@@ -8,7 +8,7 @@ use bytes::Bytes;
 use common::wire::Wire;
 use common::{HANG_GUARD, loopback_config};
 use std::net::TcpListener;
-use tbon::driver::wireup::TAG_WIREUP_REPORT;
+use tbon::node::wireup::TAG_WIREUP_REPORT;
 use tbon::oob::handshake::JobKey;
 use tbon::oob::uri::ContactUri;
 use tbon::oob::{Handshake, HandshakeConfig, HandshakeEvent, Header, Kind};

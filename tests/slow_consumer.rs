@@ -13,7 +13,7 @@ use common::{HANG_GUARD, key_file, loopback_config};
 use crossbeam_channel::unbounded;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
-use tbon::driver::wireup::TAG_WIREUP_REPORT;
+use tbon::node::wireup::TAG_WIREUP_REPORT;
 use tbon::oob::handshake::JobKey;
 use tbon::oob::uri::ContactUri;
 use tbon::oob::{Handshake, HandshakeConfig, HandshakeEvent, Header, Kind};

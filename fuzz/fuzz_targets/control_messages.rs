@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tbon::driver::wireup::{decode_report, decode_table};
+use tbon::node::wireup::{decode_report, decode_table};
 use tbon::faults::notice::{Adoption, Confirmation, decode_ranks};
 use tbon::grpcomm::{AllgatherMsg, AllgatherResult, XcastMsg};
 use tbon::oob::uri::ContactUri;

@@ -32,6 +32,11 @@ pub struct SimArgs {
 
 /// Runs `tbon sim`; exit code 1 if any seed failed.
 pub fn run(args: SimArgs) -> Result<i32, String> {
+    // Thousands of simulated daemons log what a real one would (every repair, every death):
+    // only errors show, unless RUST_LOG asks for more (say, to replay one seed).
+    if std::env::var_os("RUST_LOG").is_none() {
+        log::set_max_level(log::LevelFilter::Error);
+    }
     let opts = Options {
         daemons: args.daemons,
         radix: args.radix,

@@ -20,16 +20,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
-/// Why the loop stopped, readable after it has.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StopReason {
-    /// A local shutdown request.
-    Requested,
-    /// Rank 0 told the DVM to stop.
-    DvmShutdown,
-    /// The loop hit an error it cannot continue after (e.g. the poller failed).
-    Fatal(String),
-}
+pub use crate::node::StopReason;
 
 #[derive(Default)]
 pub(crate) struct Lifecycle {
@@ -344,7 +335,7 @@ impl Handle {
     /// The largest broadcast payload: `msg_max_bytes` less the 29 bytes a broadcast operation
     /// adds, and at most `limits::XCAST_INFLIGHT_MAX_BYTES`.
     pub fn broadcast_max(&self) -> usize {
-        super::event_loop::broadcast_max(self.shared.msg_max_bytes)
+        crate::node::broadcast_max(self.shared.msg_max_bytes)
     }
 
     /// Contributes `contribution` to the allgather `id`, without waiting. Every living daemon

@@ -13,7 +13,6 @@ mod handle;
 pub mod key;
 mod listen;
 mod timers;
-pub mod wireup;
 
 pub use caddy::{AllgatherCompletion, Completion, RecvCallback};
 pub use handle::{Daemon, Handle, StopReason};
@@ -22,12 +21,14 @@ use crate::Rank;
 use crate::config::Config;
 use crate::error::StartError;
 use crate::limits;
+use crate::node::{Node, NodeConfig};
+use crate::oob::handshake::HandshakeConfig;
 use crate::oob::uri::ContactUri;
-use crate::routed::RoutingState;
 use handle::{Lifecycle, Shared};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Starts daemon `rank` of a DVM of `size` daemons and returns once its listener is bound.
 /// `hnp` is rank 0's contact URI, required for every rank but 0 (ignored there). Wire-up then
@@ -44,8 +45,6 @@ pub fn start(
     config
         .validate()
         .map_err(|e| StartError::Config(e.to_string()))?;
-    let routing =
-        RoutingState::new(config.effective_radix(), size, rank).map_err(StartError::Tree)?;
     let hnp = if rank == 0 {
         None
     } else {
@@ -90,17 +89,35 @@ pub fn start(
         loop_thread: OnceLock::new(),
         join: Mutex::new(None),
     });
-    let ev = event_loop::EventLoop::new(
-        poll,
-        shared.clone(),
-        rx,
-        config,
-        routing,
-        listeners,
-        uri,
+    let incarnation = incarnation();
+    let node = Node::new(NodeConfig {
+        rank,
+        size,
+        radix: config.effective_radix(),
+        incarnation,
+        uri: Some(uri.clone()),
         hnp,
+        wired_at_start: false,
+        msg_max_bytes: config.msg_max_bytes as usize,
+        unmatched_max: config.unmatched_max,
+        prewire_queue_max: config.prewire_queue_max,
+        relm: config.relm(),
+        heartbeat: Some((
+            Duration::from_millis(config.heartbeat_interval_ms),
+            Duration::from_millis(config.heartbeat_timeout_ms),
+        )),
+        wireup_timeout: Duration::from_millis(config.wireup_timeout_ms),
+        trace: false,
+    })
+    .map_err(StartError::Tree)?;
+    let hs_cfg = HandshakeConfig {
+        me: rank,
+        size,
+        epoch: incarnation,
+        dvm_id: config.dvm_id.clone(),
         key,
-    );
+    };
+    let ev = event_loop::EventLoop::new(poll, shared.clone(), rx, config, node, listeners, hs_cfg);
     let on_thread = shared.clone();
     let thread = std::thread::Builder::new()
         .name(format!("tbon-{rank}"))
@@ -114,4 +131,14 @@ pub fn start(
     *handle::lock(&shared.join) = Some(thread);
     log::debug!("rank {rank}: started, contact {}", shared.uri);
     Ok(Daemon::new(Handle { shared }))
+}
+
+/// This start's incarnation (boot epoch): milliseconds since the Unix epoch, so a daemon
+/// restarted with the same rank has a larger one (the node drops frames from an older one).
+/// At least 1: 0 is what a clock before 1970 would give.
+fn incarnation() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .max(1)
 }

@@ -13,15 +13,11 @@ pub(crate) enum TimerKind {
     Handshake { token: usize, generation: u64 },
     /// Try dialling this peer again, if this attempt is still the current one.
     Redial { rank: u32, attempt: u32 },
-    /// Rank 0 stops waiting for wire-up reports.
-    Wireup,
     /// Stop lingering to flush frames and exit.
     Linger,
-    /// Send heartbeats to tree neighbours and look for silent ones.
-    Heartbeat,
-    /// Reliable messaging's next deadline (`Relm::poll_timeout`): a new one is armed only when
-    /// none at or before it is.
-    Relm,
+    /// The node's next deadline (`Node::poll_timeout`: wire-up, heartbeats, RELM): a new one
+    /// is armed only when none at or before it is.
+    Node,
 }
 
 #[derive(Default)]
@@ -32,7 +28,7 @@ pub(crate) struct Timers {
 
 impl Timers {
     /// Arms a timer. The heap's size is bounded by the callers: at most one handshake timer per
-    /// connection, one redial timer per peer, one wire-up and one linger timer, RELM timers only
+    /// connection, one redial timer per peer, one linger timer, node timers only
     /// earlier than every armed one (stale ones are popped as their deadlines pass).
     pub(crate) fn arm(&mut self, at: Instant, kind: TimerKind) {
         self.seq += 1;
@@ -64,11 +60,11 @@ mod tests {
         let mut t = Timers::default();
         let now = Instant::now();
         t.arm(now + Duration::from_millis(20), TimerKind::Linger);
-        t.arm(now + Duration::from_millis(10), TimerKind::Wireup);
+        t.arm(now + Duration::from_millis(10), TimerKind::Node);
         assert_eq!(t.poll_timeout(now), Some(Duration::from_millis(10)));
         assert_eq!(t.pop_expired(now), None);
         let later = now + Duration::from_millis(25);
-        assert_eq!(t.pop_expired(later), Some(TimerKind::Wireup));
+        assert_eq!(t.pop_expired(later), Some(TimerKind::Node));
         assert_eq!(t.pop_expired(later), Some(TimerKind::Linger));
         assert_eq!(t.pop_expired(later), None);
         assert_eq!(t.poll_timeout(later), None);

@@ -52,6 +52,11 @@ impl HeartbeatMonitor {
         self.interval
     }
 
+    /// How long a neighbour may stay silent.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Replaces the set of watched neighbours. A newly watched neighbour's clock starts now.
     pub fn set_neighbours(&mut self, neighbours: &[Rank], now: Instant) {
         self.heard.retain(|r, _| neighbours.contains(r));

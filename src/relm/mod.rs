@@ -305,6 +305,11 @@ impl Relm {
         self.table.counts()
     }
 
+    /// The configuration it was made with.
+    pub fn config(&self) -> &RelmConfig {
+        &self.cfg
+    }
+
     /// The counters.
     pub fn stats(&self) -> RelmStats {
         self.stats

@@ -1,7 +1,7 @@
 //! The checkers. They see every delivery and completion as it happens (safety) and the final
 //! state after the faults stop (liveness), and name the first rule broken.
 
-use super::node::{BcastDelivery, Node, TAG_BCAST, TAG_PLAIN, TAG_RELIABLE};
+use super::node::{BcastDelivery, SimNode, TAG_BCAST, TAG_PLAIN, TAG_RELIABLE};
 use crate::Rank;
 use crate::error::SendError;
 use crate::grpcomm::AllgatherResult;
@@ -317,7 +317,7 @@ impl Checker {
     /// cores hold nothing.
     pub fn final_collectives(
         &self,
-        nodes: &[Node],
+        nodes: &[SimNode],
         alive: &[bool],
         gathers: u64,
     ) -> Result<(), Violation> {
@@ -331,14 +331,14 @@ impl Checker {
                     format!("rank {} delivered ops up to {last} of {max_op}", n.rank),
                 ));
             }
-            if n.xcast.retained() != 0 || n.xcast.outstanding() != 0 {
+            if n.xcast().retained() != 0 || n.xcast().outstanding() != 0 {
                 return Err(v(
                     "xcast-liveness",
                     format!(
                         "rank {} still retains {} ops, {} requests outstanding",
                         n.rank,
-                        n.xcast.retained(),
-                        n.xcast.outstanding()
+                        n.xcast().retained(),
+                        n.xcast().outstanding()
                     ),
                 ));
             }
@@ -380,7 +380,7 @@ impl Checker {
     /// The liveness checks, once the faults stopped and the world went quiet.
     pub fn final_state(
         &self,
-        nodes: &[Node],
+        nodes: &[SimNode],
         alive: &[bool],
         crashed: &[Rank],
         radix: u32,
@@ -423,40 +423,40 @@ impl Checker {
                     format!("rank {}: {}", n.rank, n.errors.join("; ")),
                 ));
             }
-            if !n.relm.is_idle() {
+            if !n.relm().is_idle() {
                 return Err(v(
                     "relm-idle",
                     format!(
                         "rank {} still holds RELM state {:?}",
                         n.rank,
-                        n.relm.records()
+                        n.relm().records()
                     ),
                 ));
             }
-            let failed: Vec<Rank> = n.routing.failed().collect();
+            let failed: Vec<Rank> = n.routing().failed().collect();
             if failed != crashed {
                 return Err(v(
                     "same-tree",
                     format!(
                         "rank {} thinks {failed:?} failed; crashed {crashed:?} (broadcasts: next expected {}, rank 0's next {})",
                         n.rank,
-                        n.xcast.next_expected(),
-                        nodes.first().map_or(0, |z| z.xcast.next_expected())
+                        n.xcast().next_expected(),
+                        nodes.first().map_or(0, |z| z.xcast().next_expected())
                     ),
                 ));
             }
             let Some(nv) = view.iter().find(|x| x.rank == n.rank) else {
                 return Err(v("same-tree", format!("rank {} not in the tree", n.rank)));
             };
-            let mut children = n.routing.children().to_vec();
+            let mut children = n.routing().children().to_vec();
             children.sort_unstable();
-            if nv.parent != n.routing.parent() || nv.children != children {
+            if nv.parent != n.routing().parent() || nv.children != children {
                 return Err(v(
                     "same-tree",
                     format!(
                         "rank {}: parent {:?} children {:?}, expected {:?} {:?}",
                         n.rank,
-                        n.routing.parent(),
+                        n.routing().parent(),
                         children,
                         nv.parent,
                         nv.children

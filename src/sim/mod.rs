@@ -1,7 +1,8 @@
 //! The deterministic fault simulator (cargo feature `sim`, always on in tests).
 //!
-//! N daemons' real protocol cores — the routing state, the receive matcher, RELM, the
-//! collectives (xcast, allgather) and the fault notices — run in one thread on a virtual clock and a simulated network: per-link FIFO
+//! N daemons' real protocol state — each a [`crate::node::Node`], the same code a daemon's
+//! event loop runs, exchanging encoded frames — run in one thread on a virtual clock and a
+//! simulated network: per-link FIFO
 //! delivery like TCP with seeded latency, connections lost when a daemon crashes, daemons that
 //! stall, links that slow down. Everything follows from one seed, including which kinds of
 //! fault the run has at all (swarm testing, `swarm.rs`). A run has a safety phase (faults and
@@ -15,7 +16,7 @@
 //! whose excluded ranks are dead ones.
 //!
 //! * `rng.rs` — the seeded generator. `swarm.rs` — what a seed chooses.
-//! * `node.rs` — one daemon: the cores plus the driver's fault flow.
+//! * `node.rs` — one daemon: a `Node` and what the checkers collect from its outputs.
 //! * `world.rs` — clock, event queue, links, fault injection.
 //! * `check.rs` — the checkers.
 //!
@@ -118,12 +119,26 @@ pub fn run_seed(seed: u64, opts: Options) -> SeedOutcome {
         2 => 4,
         _ => 8,
     });
-    let result = World::new(seed, daemons, radix, opts.messages)
-        .map_err(|e| Violation {
-            checker: "setup",
-            detail: e,
+    // A broken invariant (`bug!`) panics in the simulator; it is this seed's violation.
+    let run = std::panic::catch_unwind(|| {
+        World::new(seed, daemons, radix, opts.messages)
+            .map_err(|e| Violation {
+                checker: "setup",
+                detail: e,
+            })
+            .and_then(|mut w| w.run())
+    });
+    let result = run.unwrap_or_else(|panic| {
+        let detail = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic".into());
+        Err(Violation {
+            checker: "invariant",
+            detail,
         })
-        .and_then(|mut w| w.run());
+    });
     SeedOutcome {
         seed,
         daemons,

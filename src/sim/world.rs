@@ -2,11 +2,12 @@
 //! the faults of the scenario. One thread; everything follows from the seed.
 
 use super::check::{self, Checker, Violation};
-use super::node::{Node, SimFrame, TAG_PLAIN, TAG_RELIABLE};
+use super::node::{SimNode, TAG_PLAIN, TAG_RELIABLE};
 use super::rng::Rng;
 use super::swarm::{Fault, Scenario};
 use crate::Rank;
 use crate::relm::RelmConfig;
+use bytes::Bytes;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ enum Ev {
     Frame {
         from: Rank,
         to: Rank,
-        frame: SimFrame,
+        frame: Bytes,
     },
     Timer {
         node: Rank,
@@ -84,7 +85,7 @@ pub struct World {
     seq: u64,
     rng: Rng,
     scen: Scenario,
-    nodes: Vec<Node>,
+    nodes: Vec<SimNode>,
     alive: Vec<bool>,
     crashed: Vec<Rank>,
     stalled_until: Vec<u64>,
@@ -109,14 +110,16 @@ impl World {
             cache_ms: scen.cache_ms,
             ..RelmConfig::default()
         };
+        crate::invariant::set_strict(true);
+        let base = Instant::now();
         let nodes = (0..size)
-            .map(|r| Node::new(r, size, radix, cfg))
+            .map(|r| SimNode::new(r, size, radix, cfg, base))
             .collect::<Result<Vec<_>, _>>()?;
         let n = size as usize;
         log::debug!("seed {seed}: {scen:?}");
         let mut w = World {
             radix,
-            base: Instant::now(),
+            base,
             now_us: 0,
             seq: 0,
             rng: Rng::new(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 1),
@@ -292,8 +295,8 @@ impl World {
         self.stats.plain_posted = self.check.plain_posted;
         self.stats.crashed = self.crashed.len() as u32;
         for n in &self.nodes {
-            self.stats.retransmits += n.relm.stats().retransmits;
-            self.stats.replays += n.relm.stats().replays;
+            self.stats.retransmits += n.relm().stats().retransmits;
+            self.stats.replays += n.relm().stats().replays;
         }
         Ok(self.stats)
     }
@@ -352,7 +355,7 @@ impl World {
                     .iter()
                     .filter(|n| self.living(n.rank))
                     .filter(|n| {
-                        n.routing.parent() == Some(rank) || n.routing.children().contains(&rank)
+                        n.routing().parent() == Some(rank) || n.routing().children().contains(&rank)
                     })
                     .map(|n| n.rank)
                     .collect();
@@ -380,10 +383,12 @@ impl World {
                 };
                 let pad = self.rng.range(0, 64) as usize;
                 let payload = check::payload(origin, u32::MAX, seq, pad);
+                let token = self.next_token;
+                self.next_token += 1;
                 if let Some(n) = self.nodes.get_mut(origin as usize)
-                    && let Ok(request) = n.broadcast(now, payload)
+                    && n.broadcast(now, payload, token).is_ok()
                 {
-                    self.check.originated(origin, request);
+                    self.check.originated(origin, token);
                 }
                 self.after(origin)?;
             }
@@ -457,7 +462,7 @@ impl World {
         let bcasts = std::mem::take(&mut n.bcasts);
         let bcast_done = std::mem::take(&mut n.bcast_done);
         let gathered = std::mem::take(&mut n.gathered);
-        let timeout = n.relm.poll_timeout();
+        let timeout = n.node.poll_timeout();
         if let Some(e) = n.errors.first() {
             return Err(Violation {
                 checker: "protocol",
@@ -502,7 +507,7 @@ impl World {
         Ok(())
     }
 
-    fn transmit(&mut self, from: Rank, to: Rank, frame: SimFrame) {
+    fn transmit(&mut self, from: Rank, to: Rank, frame: Bytes) {
         let lat = self.scen.latency_us + self.rng.range(0, self.scen.jitter_us);
         // Overlapping slow windows do not compound: the slowest one applies.
         let factor = self

@@ -1,31 +1,29 @@
-//! The loop's side of the fault-tolerant collectives. The protocols are the sans-IO cores in
+//! The node's side of the fault-tolerant collectives. The protocols are the sans-IO cores in
 //! `src/grpcomm/` (`Xcast`, `Allgather`; its `mod.rs` says how to drive them); this file feeds
-//! them (API calls, frames, RELM messages, repairs, links that came back) and carries out what
-//! they ask for.
+//! them (API calls, frames, RELM messages, repairs, links that came back) and turns what they
+//! ask for into outputs.
 //!
 //! * **Tree messages** (xcast `Op`/`Ack`/`Sync`/`Resume`, allgather `Contribution`/`Sync`) go
 //!   to the neighbour as `Kind::Grpcomm` frames (origin = this daemon, dst = the neighbour,
 //!   tag 0). An `Op` is two payload parts, its 29-byte header and the broadcast's shared
-//!   payload: one `Bytes` for every child, never copied. A full queue drops the frame (counted
-//!   in `dropped_queue_full`) and marks the link: once its queue has drained to half, the cores
-//!   re-state what the neighbour may have missed (`handle_link_up`), as after a reconnection.
+//!   payload: one `Bytes` for every child, never copied. A driver whose queue drops one calls
+//!   [`Node::handle_link_restate`] once the queue has room again.
 //! * **Requests, dones and refusals** (originator <-> rank 0, possibly several hops) ride RELM
 //!   with the runtime tags `TAG_XCAST_REQUEST` and `TAG_XCAST_DONE`: reliable, in order per
-//!   origin. When RELM's window is full they wait in a bounded backlog, retried every turn.
-//! * **Pump**, once per loop turn before RELM's: `poll_transmit` of both cores until `None`,
-//!   then `poll_event` until `None`, repeated while anything came out. Transmits before events
-//!   is what makes a daemon forward an operation to its children before it delivers it.
+//!   origin; a full RELM window delays them (`runtime_reliable`).
+//! * **Pump**, once per turn before RELM's: `poll_transmit` of both cores until `None`, then
+//!   each `poll_event` of the xcast followed by the allgather's events it caused, repeated
+//!   while anything came out. Transmits before events is what makes a daemon forward an
+//!   operation to its children before it delivers it; allgather events right after the xcast
+//!   event that caused them is what delivers a result decided before a shutdown.
 //! * **Deliveries**: user tags go to receive matching (origin = the originator); rank 0's own
 //!   operations carry fault confirmations, allgather results and the DVM shutdown.
 //! * **Rank 0's own notices**: fault confirmations and the shutdown pass a full window (the
 //!   window drains only once every daemon has rank 0's failed set, which the confirmation
 //!   brings); allgather results that find it full wait (bounded, in order) and are retried
-//!   every turn, and meanwhile rank 0's user broadcasts get `Busy`.
-//! * **Repairs**: every `RecoveryStatus`, in order, after the messaging layer and before RELM
-//!   (`after_repair`), and the wire-up table's missing ranks.
+//!   every pump, and meanwhile rank 0's user broadcasts get `Busy`.
 
-use super::super::caddy::{AllgatherCompletion, Completion};
-use super::{EventLoop, Wire, complete};
+use super::{Node, Output, StopReason, Trace};
 use crate::Rank;
 use crate::error::SendError;
 use crate::faults::notice::TAG_FAULT_CONFIRM;
@@ -42,12 +40,11 @@ use crate::routed::RecoveryStatus;
 use bytes::Bytes;
 use std::time::Instant;
 
-use super::super::handle::StopReason;
-use super::super::wireup::TAG_SHUTDOWN;
+use super::wireup::TAG_SHUTDOWN;
 
 /// The largest broadcast payload with frames of at most `msg_max_bytes`: an `Op` adds its
 /// header, and rank 0 keeps at most `XCAST_INFLIGHT_MAX_BYTES` in flight.
-pub(crate) fn broadcast_max(msg_max_bytes: usize) -> usize {
+pub fn broadcast_max(msg_max_bytes: usize) -> usize {
     msg_max_bytes
         .saturating_sub(OP_HEADER_LEN)
         .min(limits::XCAST_INFLIGHT_MAX_BYTES)
@@ -56,7 +53,7 @@ pub(crate) fn broadcast_max(msg_max_bytes: usize) -> usize {
 /// The xcast bounds of a DVM whose frames are at most `msg_max_bytes` (every daemon of a DVM
 /// has the same configuration, hence the same bounds): the largest payload is what fits in a
 /// frame behind an `Op`'s header.
-pub(crate) fn xcast_limits(msg_max_bytes: usize) -> XcastLimits {
+pub fn xcast_limits(msg_max_bytes: usize) -> XcastLimits {
     XcastLimits {
         payload: broadcast_max(msg_max_bytes),
         ..XcastLimits::default()
@@ -72,54 +69,58 @@ fn xcast_error(e: XcastError) -> SendError {
     }
 }
 
-impl EventLoop {
-    /// `Handle::broadcast`, once wired.
-    pub(super) fn broadcast(&mut self, tag: Tag, payload: Bytes, done: Option<Completion>) {
+impl Node {
+    /// A user broadcast, once wired.
+    pub(super) fn broadcast(
+        &mut self,
+        tag: Tag,
+        payload: Bytes,
+        token: Option<u64>,
+    ) -> Result<(), SendError> {
         self.counters.sent += 1;
         if self.me == 0 && !self.xcast_deferred.is_empty() {
             // Rank 0's own notices go first.
-            complete(done, Err(xcast_error(XcastError::Busy)));
-            return;
+            return Err(xcast_error(XcastError::Busy));
         }
-        match self.xcast.originate(tag, payload) {
-            Ok(request) => {
-                self.bcast_done.insert(request, done);
-            }
-            Err(e) => complete(done, Err(xcast_error(e))),
-        }
+        let request = self.xcast.originate(tag, payload).map_err(xcast_error)?;
+        self.bcast_tokens.insert(request, token);
+        Ok(())
     }
 
-    /// `Handle::allgather` (and `barrier`), once wired.
-    pub(super) fn allgather(&mut self, id: u64, data: Bytes, done: AllgatherCompletion) {
+    /// This daemon's contribution to collective `id` (a barrier contributes nothing), once
+    /// wired.
+    pub(super) fn contribute(&mut self, id: u64, data: Bytes) -> Result<(), SendError> {
         match self.allgather.contribute(id, data) {
             Ok(()) => {
-                self.ag_done.insert(id, done);
+                self.gathering.insert(id);
+                Ok(())
             }
-            Err(e) => done(Err(match e {
+            Err(e) => Err(match e {
                 AllgatherError::AlreadyContributed | AllgatherError::Finished => {
                     SendError::DuplicateId(id)
                 }
                 AllgatherError::TooLarge { len, max } => SendError::TooLarge { len, max },
                 AllgatherError::TooMany => SendError::Busy("the collectives in flight"),
                 AllgatherError::Dead => SendError::ShutDown,
-            })),
+            }),
         }
     }
 
     /// A `Grpcomm` frame from neighbour `from` (not from a failed rank).
-    pub(super) fn on_grpcomm_frame(&mut self, tok: usize, from: Rank, h: Header, payload: Bytes) {
+    pub(super) fn on_grpcomm_frame(
+        &mut self,
+        from: Rank,
+        h: Header,
+        payload: Bytes,
+    ) -> Result<(), String> {
         if self.stopping.is_some() {
-            return;
+            return Ok(());
         }
         if h.origin != from || h.dst != self.me || h.tag != 0 {
-            self.protocol_error(
-                tok,
-                &format!(
-                    "collective frame from {} to {} with tag {} on the link with rank {from}",
-                    h.origin, h.dst, h.tag
-                ),
-            );
-            return;
+            return Err(format!(
+                "collective frame from {} to {} with tag {} on the link with rank {from}",
+                h.origin, h.dst, h.tag
+            ));
         }
         // Kinds 1..=7 are xcast's, 16 and up allgather's (`grpcomm::wire`).
         let bad = if payload.first().is_some_and(|k| *k >= 16) {
@@ -145,9 +146,12 @@ impl EventLoop {
                 Err(e) => Some(e.to_string()),
             }
         };
-        if let Some(why) = bad {
-            self.counters.grpcomm_malformed += 1;
-            self.protocol_error(tok, &format!("collective frame: {why}"));
+        match bad {
+            None => Ok(()),
+            Some(why) => {
+                self.counters.grpcomm_malformed += 1;
+                Err(format!("collective frame: {why}"))
+            }
         }
     }
 
@@ -184,44 +188,19 @@ impl EventLoop {
     pub(super) fn grpcomm_repair(&mut self, status: &RecoveryStatus) {
         self.xcast.handle_repair(status);
         self.allgather.handle_repair(status);
-        let routing = &self.routing;
-        self.grpcomm_resync.retain(|r| !routing.is_failed(*r));
     }
 
     /// The link with tree neighbour `peer` may have lost collective messages (its connection
-    /// came back, or frames for it were dropped at a full queue): both cores re-state.
-    pub(super) fn grpcomm_link_up(&mut self, peer: Rank) {
-        if !matches!(self.wire, Wire::Wired) || self.routing.is_failed(peer) {
+    /// came back, or the driver dropped frames for it at a full queue and now has room): both
+    /// cores re-state what the neighbour may have missed.
+    pub fn handle_link_restate(&mut self, _now: Instant, peer: Rank) {
+        if !self.is_wired() || self.routing.is_failed(peer) || !self.is_neighbour(peer) {
             return;
         }
         self.counters.grpcomm_resyncs += 1;
         log::debug!("rank {}: re-stating collectives with rank {peer}", self.me);
         self.xcast.handle_link_up(peer);
         self.allgather.handle_link_up(peer);
-    }
-
-    /// Links that dropped collective frames, re-stated once their queue is down to half.
-    pub(super) fn check_grpcomm_resync(&mut self) {
-        if self.grpcomm_resync.is_empty() {
-            return;
-        }
-        let ready: Vec<Rank> = self
-            .grpcomm_resync
-            .iter()
-            .copied()
-            .filter(|r| {
-                let link = self.links.get(r);
-                let conn = link.and_then(|l| l.conn).and_then(|t| self.conns.get(t));
-                match conn {
-                    Some(c) => c.queue.queued_bytes() <= c.queue.max_bytes() / 2,
-                    None => false,
-                }
-            })
-            .collect();
-        for r in ready {
-            self.grpcomm_resync.remove(&r);
-            self.grpcomm_link_up(r);
-        }
     }
 
     /// Rank 0: broadcasts one of the runtime's own notices. A fault confirmation or the DVM
@@ -231,7 +210,7 @@ impl EventLoop {
     pub(super) fn originate_runtime(&mut self, tag: Tag, payload: Bytes) {
         if tag == TAG_FAULT_CONFIRM || tag == TAG_SHUTDOWN {
             if let Err(e) = self.xcast.originate_urgent(tag, payload) {
-                log::error!("rank 0: cannot broadcast runtime notice {tag}: {e}");
+                crate::bug!("rank 0: cannot broadcast runtime notice {tag}: {e}");
             }
             return;
         }
@@ -246,8 +225,9 @@ impl EventLoop {
             }
         }
         if self.xcast_deferred.len() >= limits::GRPCOMM_DEFERRED_MAX {
+            // Results are at most one per tracked collective (see `limits`).
+            crate::bug!("rank 0: too many runtime notices waiting; dropped one (tag {tag})");
             self.counters.dropped_queue_full += 1;
-            log::error!("rank 0: too many runtime notices waiting; dropped one (tag {tag})");
             return;
         }
         log::debug!("rank 0: broadcast window full; runtime notice {tag} waits");
@@ -270,70 +250,6 @@ impl EventLoop {
         any
     }
 
-    /// A collective message for rank `to` over RELM (or the backlog if RELM's window is full).
-    fn grpcomm_reliable(&mut self, to: Rank, tag: Tag, payload: Bytes) {
-        if !self.relm_backlog.is_empty() {
-            self.backlog(to, tag, payload);
-            return;
-        }
-        if let Err((tag, payload)) = self.try_reliable(to, tag, payload) {
-            self.backlog(to, tag, payload);
-        }
-    }
-
-    /// Hands one message to RELM; gives it back if RELM's window is full.
-    fn try_reliable(&mut self, to: Rank, tag: Tag, payload: Bytes) -> Result<(), (Tag, Bytes)> {
-        if to == self.me {
-            self.on_grpcomm_reliable(Message {
-                origin: to,
-                tag,
-                payload,
-            });
-            return Ok(());
-        }
-        let token = self.relm_next_token;
-        self.relm_next_token = self.relm_next_token.wrapping_add(1);
-        let res = self.relm.send(
-            Instant::now(),
-            &self.routing,
-            to,
-            tag,
-            payload.clone(),
-            token,
-        );
-        match res {
-            Ok(()) => Ok(()),
-            Err(SendError::Busy(_)) => Err((tag, payload)),
-            Err(e) => {
-                // To a dead rank: its requests and broadcasts died with it.
-                log::debug!("rank {}: collective message to {to} not sent: {e}", self.me);
-                Ok(())
-            }
-        }
-    }
-
-    fn backlog(&mut self, to: Rank, tag: Tag, payload: Bytes) {
-        if self.relm_backlog.len() >= limits::GRPCOMM_RELIABLE_BACKLOG_MAX {
-            self.counters.dropped_queue_full += 1;
-            log::error!(
-                "rank {}: too many collective messages wait for RELM; dropped one for {to}",
-                self.me
-            );
-            return;
-        }
-        self.relm_backlog.push_back((to, tag, payload));
-    }
-
-    /// Retries what waited for RELM's window, in order.
-    fn retry_backlog(&mut self) {
-        while let Some((to, tag, payload)) = self.relm_backlog.pop_front() {
-            if let Err((tag, payload)) = self.try_reliable(to, tag, payload) {
-                self.relm_backlog.push_front((to, tag, payload));
-                break;
-            }
-        }
-    }
-
     /// A tree message for neighbour `to`.
     fn send_tree(&mut self, to: Rank, payload: Payload) {
         if to == self.me || to >= self.size || self.routing.is_failed(to) {
@@ -341,16 +257,16 @@ impl EventLoop {
             return;
         }
         let h = self.header(Kind::Grpcomm, self.me, to, 0, payload.len());
-        if !self.enqueue(to, h, payload, None) {
-            self.grpcomm_resync.insert(to);
-        }
+        self.transmit(to, h, payload, None);
     }
 
-    fn send_xcast(&mut self, t: Transmit<XcastMsg>) {
+    fn send_xcast(&mut self, now: Instant, t: Transmit<XcastMsg>) {
         match &t.msg {
-            XcastMsg::Request(_) => self.grpcomm_reliable(t.to, TAG_XCAST_REQUEST, t.msg.encode()),
+            XcastMsg::Request(_) => {
+                self.runtime_reliable(now, t.to, TAG_XCAST_REQUEST, t.msg.encode())
+            }
             XcastMsg::Done { .. } | XcastMsg::Refused { .. } => {
-                self.grpcomm_reliable(t.to, TAG_XCAST_DONE, t.msg.encode())
+                self.runtime_reliable(now, t.to, TAG_XCAST_DONE, t.msg.encode())
             }
             msg => {
                 if matches!(msg, XcastMsg::Sync { .. }) {
@@ -370,7 +286,7 @@ impl EventLoop {
             self.tell_child(t.to);
         }
         let mut bytes = t.msg.encode();
-        if bytes.len() > self.cfg.msg_max_bytes as usize
+        if bytes.len() > self.msg_max_bytes
             && let AllgatherMsg::Contribution(c) = &t.msg
         {
             // Larger than a frame may be: the collective overflows instead.
@@ -393,18 +309,18 @@ impl EventLoop {
         self.send_tree(t.to, bytes.into());
     }
 
-    /// Drains both cores (and what waited for room) until nothing comes out. Once per loop turn,
-    /// before RELM's pump (the cores' requests and dones are RELM messages).
-    pub(super) fn pump_grpcomm(&mut self) {
+    /// Drains both cores (and what waited for room) until nothing comes out. Once per pump,
+    /// before RELM's (the cores' requests and dones are RELM messages).
+    pub(super) fn pump_grpcomm(&mut self, now: Instant) {
         if self.stopping.is_some() {
             return;
         }
-        self.retry_backlog();
-        loop {
+        // Bounded: each round moves something; the cores produce nothing without input.
+        for _ in 0..limits::PUMP_ROUNDS_MAX {
             let mut any = self.me == 0 && self.retry_deferred();
             while let Some(t) = self.xcast.poll_transmit() {
                 any = true;
-                self.send_xcast(t);
+                self.send_xcast(now, t);
             }
             while let Some(t) = self.allgather.poll_transmit() {
                 any = true;
@@ -412,52 +328,91 @@ impl EventLoop {
             }
             while let Some(e) = self.xcast.poll_event() {
                 any = true;
-                self.xcast_event(e);
+                self.xcast_event(now, e);
+                // A result this operation carried is delivered before whatever the next one
+                // does (a shutdown right after a barrier must not fail the barrier).
+                self.drain_allgather_events();
                 if self.stopping.is_some() {
                     return;
                 }
             }
-            while let Some(e) = self.allgather.poll_event() {
-                any = true;
-                self.allgather_event(e);
-            }
+            any |= self.drain_allgather_events();
             if !any || self.stopping.is_some() {
                 return;
             }
         }
+        crate::bug!("rank {}: the collectives' pump did not settle", self.me);
     }
 
-    fn xcast_event(&mut self, e: XcastEvent) {
+    fn drain_allgather_events(&mut self) -> bool {
+        let mut any = false;
+        while let Some(e) = self.allgather.poll_event() {
+            any = true;
+            self.allgather_event(e);
+        }
+        any
+    }
+
+    fn xcast_event(&mut self, now: Instant, e: XcastEvent) {
         match e {
             XcastEvent::Deliver {
                 op,
                 originator,
                 tag,
                 payload,
-            } => self.xcast_deliver(op, originator, tag, payload),
+            } => {
+                if self.trace {
+                    self.out.push_back(Output::Trace(Trace::Broadcast {
+                        op,
+                        originator,
+                        tag,
+                        payload: payload.clone(),
+                    }));
+                }
+                self.xcast_deliver(now, op, originator, tag, payload)
+            }
             // Rank 0's own notices have no entry: only user broadcasts are counted.
-            XcastEvent::Completed { request, .. } => {
-                if let Some(done) = self.bcast_done.remove(&request) {
+            XcastEvent::Completed { request, op } => {
+                if let Some(token) = self.bcast_tokens.remove(&request) {
                     self.counters.xcast_completed += 1;
-                    complete(done, Ok(()));
+                    self.broadcast_finished(token, Some(op), Ok(()));
                 }
             }
             XcastEvent::Refused { request } => {
-                if let Some(done) = self.bcast_done.remove(&request) {
+                if let Some(token) = self.bcast_tokens.remove(&request) {
                     self.counters.xcast_refused += 1;
-                    complete(done, Err(xcast_error(XcastError::Busy)));
+                    self.broadcast_finished(token, None, Err(xcast_error(XcastError::Busy)));
                 }
             }
         }
     }
 
-    fn xcast_deliver(&mut self, op: u64, originator: Rank, tag: Tag, payload: Bytes) {
+    fn broadcast_finished(
+        &mut self,
+        token: Option<u64>,
+        op: Option<u64>,
+        result: Result<(), SendError>,
+    ) {
+        let Some(token) = token else {
+            return;
+        };
+        if self.trace {
+            self.out
+                .push_back(Output::Trace(Trace::BroadcastFinished { token, op }));
+        }
+        self.done(token, result);
+    }
+
+    fn xcast_deliver(&mut self, now: Instant, op: u64, originator: Rank, tag: Tag, payload: Bytes) {
         if tag >= TAG_USER_MIN {
-            self.deliver(Message {
-                origin: originator,
-                tag,
-                payload,
-            });
+            self.deliver(
+                now,
+                Message {
+                    origin: originator,
+                    tag,
+                    payload,
+                },
+            );
             return;
         }
         if originator != 0 {
@@ -470,7 +425,7 @@ impl EventLoop {
         match tag {
             TAG_FAULT_CONFIRM => {
                 if self.me != 0 {
-                    self.on_confirm(&payload);
+                    self.on_confirm(now, &payload);
                 }
             }
             TAG_ALLGATHER_RESULT => {
@@ -489,7 +444,7 @@ impl EventLoop {
                 } else {
                     StopReason::DvmShutdown
                 };
-                self.begin_stop(reason);
+                self.begin_stop(now, reason);
             }
             t => log::warn!(
                 "rank {}: broadcast {op} with unknown runtime tag {t} ignored",
@@ -502,7 +457,7 @@ impl EventLoop {
         match e {
             AllgatherEvent::ResultReady { result } => {
                 let mut bytes = result.encode();
-                if bytes.len() > broadcast_max(self.cfg.msg_max_bytes as usize) {
+                if bytes.len() > broadcast_max(self.msg_max_bytes) {
                     log::warn!(
                         "rank 0: allgather {}: the result ({} bytes) exceeds the largest \
                          broadcast; the collective overflows",
@@ -520,27 +475,11 @@ impl EventLoop {
             }
             AllgatherEvent::AllgatherDone { result } => {
                 self.counters.allgather_results += 1;
-                if let Some(done) = self.ag_done.remove(&result.id) {
-                    done(Ok(result));
-                }
-            }
-        }
-    }
-
-    /// Fails every broadcast and collective still waiting here (the daemon is stopping).
-    pub(super) fn fail_collective_completions(&mut self, err: SendError) {
-        let mut requests: Vec<u64> = self.bcast_done.keys().copied().collect();
-        requests.sort_unstable();
-        for r in requests {
-            if let Some(done) = self.bcast_done.remove(&r) {
-                complete(done, Err(err.clone()));
-            }
-        }
-        let mut ids: Vec<u64> = self.ag_done.keys().copied().collect();
-        ids.sort_unstable();
-        for id in ids {
-            if let Some(done) = self.ag_done.remove(&id) {
-                done(Err(err.clone()));
+                self.gathering.remove(&result.id);
+                self.out.push_back(Output::AllgatherDone {
+                    id: result.id,
+                    result: Ok(result),
+                });
             }
         }
     }

@@ -1,0 +1,817 @@
+//! The loop's connections: dialling (with bounded, backed-off redials), accepting, the
+//! handshake, reading frames into the node, writing queued frames, and what happens when a
+//! connection is lost. Which peer to dial, and what a loss means, the node decides.
+
+use super::super::caddy::Completion;
+use super::super::conn::{Conn, ConnState};
+use super::super::timers::TimerKind;
+use super::{EventLoop, complete};
+use crate::Rank;
+use crate::error::SendError;
+use crate::limits;
+use crate::oob::frame::Frame;
+use crate::oob::handshake::{Handshake, HandshakeEvent, keep_dialled_by};
+use crate::oob::header::{Header, Kind};
+use crate::oob::send_queue::Payload;
+use bytes::Bytes;
+use mio::net::TcpStream;
+use mio::{Interest, Token};
+use std::collections::VecDeque;
+use std::io::{self, Read};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// A frame waiting for a connection to its next hop.
+pub(super) struct Pending {
+    pub header: Header,
+    pub payload: Payload,
+    pub done: Option<Completion>,
+}
+
+/// What this daemon knows of one neighbour it talks to directly.
+#[derive(Default)]
+pub(super) struct Link {
+    /// The established connection.
+    pub conn: Option<usize>,
+    /// Our outgoing attempt, connecting or handshaking.
+    pub dialing: Option<usize>,
+    /// An incoming connection from this peer whose handshake is under way (Hello accepted,
+    /// proof pending). No dial is started meanwhile: two connections established at once
+    /// could each be kept by one side and closed by the other, losing what was sent on them.
+    pub incoming: Option<usize>,
+    /// Frames waiting for `conn` (bounded by `send_queue_max_bytes`).
+    pub pending: VecDeque<Pending>,
+    pub pending_bytes: usize,
+    /// Consecutive failed dial attempts.
+    pub attempt: u32,
+    /// The connection to this tree neighbour was lost: keep redialling (bounded) even with
+    /// nothing to send, and declare it failed if it cannot be reached.
+    pub probe: bool,
+    pub redial_armed: bool,
+}
+
+impl EventLoop {
+    pub(super) fn enqueue(
+        &mut self,
+        peer: Rank,
+        header: Header,
+        payload: impl Into<Payload>,
+        done: Option<Completion>,
+    ) -> bool {
+        let payload = payload.into();
+        let link = self.links.entry(peer).or_default();
+        if let Some(tok) = link.conn
+            && let Some(conn) = self.conns.get_mut(tok)
+        {
+            return match conn.push(header, payload, done) {
+                Ok(()) => {
+                    self.dirty.push(tok);
+                    true
+                }
+                Err((_, done)) => {
+                    self.queue_full(peer, done);
+                    false
+                }
+            };
+        }
+        let len = payload.len() + crate::oob::header::HEADER_LEN;
+        if !link.pending.is_empty() && link.pending_bytes + len > self.cfg.send_queue_max_bytes {
+            self.queue_full(peer, done);
+            return false;
+        }
+        link.pending_bytes += len;
+        link.pending.push_back(Pending {
+            header,
+            payload,
+            done,
+        });
+        self.ensure_dial(peer);
+        true
+    }
+
+    /// A frame did not fit the bounded queue towards `peer`. A frame originated here fails its
+    /// sender's completion with `Busy` (back-pressure); a frame without one (relayed, broadcast
+    /// copy, notice) is dropped, counted, and logged at the first drop of each run of drops.
+    pub(super) fn queue_full(&mut self, peer: Rank, done: Option<Completion>) {
+        if done.is_some() {
+            complete(done, Err(SendError::Busy("the peer's send queue")));
+            return;
+        }
+        let counters = self.node.counters_mut();
+        counters.dropped_queue_full += 1;
+        let n = counters.dropped_queue_full;
+        if n.is_power_of_two() {
+            log::warn!(
+                "rank {}: send queue to rank {peer} is full; dropped a relayed frame ({n} so far)",
+                self.me
+            );
+        }
+    }
+
+    /// Floods a frame down the tree, to every current child (the payload is shared, never
+    /// copied). Only for what cannot be a broadcast: the contact table and "rank 0 lost".
+    pub(super) fn ensure_dial(&mut self, peer: Rank) {
+        let link = self.links.entry(peer).or_default();
+        if link.conn.is_none()
+            && link.dialing.is_none()
+            && link.incoming.is_none()
+            && !link.redial_armed
+        {
+            self.dial(peer);
+        }
+    }
+
+    pub(super) fn dial(&mut self, peer: Rank) {
+        let addrs: Vec<SocketAddr> = self
+            .node
+            .contact(peer)
+            .map(|c| c.addrs.clone())
+            .unwrap_or_default();
+        let attempt = self.links.get(&peer).map_or(0, |l| l.attempt);
+        let Some(addr) = addrs.get(attempt as usize % addrs.len().max(1)).copied() else {
+            log::warn!("rank {}: no address known for rank {peer}", self.me);
+            self.unreachable(peer, 0);
+            return;
+        };
+        let stream = match TcpStream::connect(addr) {
+            Ok(s) => s,
+            Err(e) => {
+                log::debug!("rank {}: connect to {peer} at {addr}: {e}", self.me);
+                self.dial_failed(peer);
+                return;
+            }
+        };
+        let Some(tok) = self.add_conn(stream, addr, ConnState::Connecting, Some(peer)) else {
+            self.dial_failed(peer);
+            return;
+        };
+        self.links.entry(peer).or_default().dialing = Some(tok);
+        log::debug!("rank {}: dialling rank {peer} at {addr}", self.me);
+    }
+
+    pub(super) fn dial_failed(&mut self, peer: Rank) {
+        let retries = self.cfg.reconnect_retries;
+        let link = self.links.entry(peer).or_default();
+        link.dialing = None;
+        link.attempt += 1;
+        if link.pending.is_empty() && !link.probe {
+            link.attempt = 0;
+            return;
+        }
+        if link.attempt > retries {
+            let attempts = link.attempt;
+            link.attempt = 0;
+            link.probe = false;
+            self.unreachable(peer, attempts);
+            return;
+        }
+        self.node.counters_mut().reconnects += 1;
+        let shift = (link.attempt - 1).min(20);
+        let delay = self
+            .cfg
+            .reconnect_base_ms
+            .saturating_mul(1 << shift)
+            .min(self.cfg.reconnect_max_ms);
+        link.redial_armed = true;
+        let attempt = link.attempt;
+        self.timers.arm(
+            Instant::now() + Duration::from_millis(delay),
+            TimerKind::Redial {
+                rank: peer,
+                attempt,
+            },
+        );
+    }
+
+    /// A peer could not be reached within the bounded reconnect policy: the node decides what
+    /// that means (a failure, or this daemon cannot join); what still waits for it fails.
+    pub(super) fn unreachable(&mut self, peer: Rank, attempts: u32) {
+        self.node.handle_unreachable(Instant::now(), peer, attempts);
+        self.carry_out();
+        self.give_up(peer, SendError::Unreachable(peer));
+    }
+
+    /// Fails every frame waiting for `peer`.
+    pub(super) fn give_up(&mut self, peer: Rank, err: SendError) {
+        if let Some(link) = self.links.get_mut(&peer) {
+            link.pending_bytes = 0;
+            let pending: Vec<Pending> = link.pending.drain(..).collect();
+            for p in pending {
+                complete(p.done, Err(err.clone()));
+            }
+        }
+    }
+
+    pub(super) fn tune(&self, stream: &TcpStream) {
+        let sock = socket2::SockRef::from(stream);
+        if let Err(e) = stream.set_nodelay(true) {
+            log::debug!("rank {}: TCP_NODELAY: {e}", self.me);
+        }
+        let ka = socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(self.cfg.keepalive_idle_s.into()))
+            .with_interval(Duration::from_secs(self.cfg.keepalive_interval_s.into()))
+            .with_retries(self.cfg.keepalive_count);
+        if let Err(e) = sock.set_tcp_keepalive(&ka) {
+            log::debug!("rank {}: keepalive: {e}", self.me);
+        }
+        if self.cfg.socket_buffer_bytes > 0 {
+            let _ = sock.set_send_buffer_size(self.cfg.socket_buffer_bytes);
+            let _ = sock.set_recv_buffer_size(self.cfg.socket_buffer_bytes);
+        }
+    }
+
+    pub(super) fn bump_generation(&mut self) -> u64 {
+        self.next_generation += 1;
+        self.next_generation
+    }
+
+    /// Tunes, registers and stores a new connection, and arms its handshake timeout (which
+    /// covers the TCP connect too). Returns its token, or `None` (logged) if the poller refused.
+    pub(super) fn add_conn(
+        &mut self,
+        mut stream: TcpStream,
+        addr: SocketAddr,
+        state: ConnState,
+        dialled: Option<Rank>,
+    ) -> Option<usize> {
+        self.tune(&stream);
+        let generation = self.bump_generation();
+        let entry = self.conns.vacant_entry();
+        let tok = entry.key();
+        if let Err(e) = self.poll.registry().register(
+            &mut stream,
+            Token(tok),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            log::warn!("rank {}: cannot register a socket: {e}", self.me);
+            return None;
+        }
+        let queue_max = self.cfg.send_queue_max_bytes;
+        entry.insert(Conn::new(
+            stream, addr, state, dialled, generation, queue_max,
+        ));
+        let at = Instant::now() + Duration::from_millis(self.cfg.handshake_timeout_ms);
+        self.timers.arm(
+            at,
+            TimerKind::Handshake {
+                token: tok,
+                generation,
+            },
+        );
+        Some(tok)
+    }
+
+    pub(super) fn accept(&mut self, index: usize) {
+        for _ in 0..limits::ACCEPTS_PER_EVENT_MAX {
+            let Some(listener) = self.listeners.get(index) else {
+                return;
+            };
+            let (stream, addr) = match listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    log::warn!("rank {}: accept: {e}", self.me);
+                    return;
+                }
+            };
+            if self.conns.len() >= limits::CONNECTIONS_MAX {
+                log::warn!("rank {}: too many connections; refusing {addr}", self.me);
+                continue;
+            }
+            let hs = ConnState::Handshaking(Box::new(Handshake::accept(&self.hs_cfg)));
+            let Some(tok) = self.add_conn(stream, addr, hs, None) else {
+                continue;
+            };
+            // A peer may have written its Hello already.
+            self.readable_again.insert(tok);
+        }
+        // More may be waiting: come back next turn rather than starve the other sockets.
+    }
+
+    pub(super) fn on_writable(&mut self, tok: usize) {
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        if let ConnState::Connecting = conn.state {
+            let Some(peer) = conn.dialled else {
+                crate::bug!("rank {}: a connecting socket that dialled nobody", self.me);
+                self.close(tok, None);
+                return;
+            };
+            let failed = match conn.stream.take_error() {
+                Ok(Some(e)) | Err(e) => Some(e),
+                Ok(None) => match conn.stream.peer_addr() {
+                    Ok(_) => None,
+                    Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
+                    Err(e) => Some(e),
+                },
+            };
+            if let Some(e) = failed {
+                log::debug!("rank {}: connect to {peer} at {}: {e}", self.me, conn.addr);
+                self.close(tok, None);
+                self.dial_failed(peer);
+                return;
+            }
+            conn.state = ConnState::Handshaking(Box::new(Handshake::dial(&self.hs_cfg, peer)));
+            self.pump_handshake(tok);
+        }
+        self.dirty.push(tok);
+    }
+
+    pub(super) fn pump_handshake(&mut self, tok: usize) {
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        let mut out = Vec::new();
+        if let ConnState::Handshaking(hs) = &mut conn.state {
+            while let Some(f) = hs.poll_transmit() {
+                out.push(f);
+            }
+        }
+        for (h, p) in out {
+            // An empty queue always takes one frame, and handshake frames are tiny.
+            let _ = conn.push(h, p, None);
+        }
+        self.dirty.push(tok);
+    }
+
+    pub(super) fn on_readable(&mut self, tok: usize) {
+        let mut reads = 0;
+        let mut batches = 0;
+        loop {
+            let Some(conn) = self.conns.get_mut(tok) else {
+                return;
+            };
+            if matches!(conn.state, ConnState::Connecting) {
+                return;
+            }
+            let generation = conn.generation;
+            // While handshaking, one frame at a time: the frame that completes the handshake
+            // raises the decoder's size limit for the data frames pipelined behind it.
+            let max = if conn.is_established() {
+                limits::FRAMES_PER_READ_MAX
+            } else {
+                1
+            };
+            // The buffer is reused across reads (a frame for a closed connection drops it).
+            let mut frames = std::mem::take(&mut self.frame_buf);
+            frames.clear();
+            let mut error = None;
+            while frames.len() < max {
+                match conn.decoder.next_frame() {
+                    Ok(Some(f)) => frames.push(f),
+                    Ok(None) => break,
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                }
+            }
+            if frames.is_empty() && error.is_none() {
+                // Nothing buffered: read more.
+                if reads == limits::READS_PER_EVENT_MAX {
+                    // Still readable: continue next turn so other sockets get their share.
+                    self.readable_again.insert(tok);
+                    return;
+                }
+                reads += 1;
+                let space = conn.decoder.read_space();
+                match conn.stream.read(space) {
+                    Ok(0) => {
+                        self.lost(tok, "connection closed by peer");
+                        return;
+                    }
+                    Ok(n) => {
+                        conn.decoder.commit(n);
+                        if let Some(p) = conn.peer.filter(|_| conn.is_established()) {
+                            self.node.handle_heard(Instant::now(), p);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        self.lost(tok, &e.to_string());
+                        return;
+                    }
+                }
+                self.frame_buf = frames;
+                continue;
+            }
+            let mut gone = false;
+            for f in frames.drain(..) {
+                if !self.alive(tok, generation) {
+                    gone = true;
+                    break;
+                }
+                self.on_frame(tok, f);
+            }
+            frames.clear();
+            self.frame_buf = frames;
+            if gone {
+                return;
+            }
+            if let Some(e) = error {
+                if self.alive(tok, generation) {
+                    self.protocol_error(tok, &e.to_string());
+                }
+                return;
+            }
+            if !self.alive(tok, generation) {
+                return;
+            }
+            batches += 1;
+            if batches == limits::FRAME_BATCHES_PER_EVENT_MAX {
+                self.readable_again.insert(tok);
+                return;
+            }
+        }
+    }
+
+    pub(super) fn alive(&self, tok: usize, generation: u64) -> bool {
+        self.conns
+            .get(tok)
+            .is_some_and(|c| c.generation == generation)
+    }
+
+    fn on_frame(&mut self, tok: usize, frame: Frame) {
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        if let ConnState::Handshaking(hs) = &mut conn.state {
+            match hs.handle_frame(frame) {
+                Ok(None) => self.pump_handshake(tok),
+                Ok(Some(HandshakeEvent::HelloReceived(ident))) => self.on_hello(tok, ident.rank),
+                Ok(Some(HandshakeEvent::Established(ident))) => {
+                    self.pump_handshake(tok);
+                    self.established(tok, ident.rank, ident.epoch);
+                }
+                Err(e) => self.protocol_error(tok, &format!("handshake: {e}")),
+            }
+            return;
+        }
+        let Some(from) = conn.peer else {
+            // Established connections always know their peer; any other state reads one
+            // frame at a time and never gets here.
+            self.protocol_error(tok, "a frame on a connection with no known rank");
+            return;
+        };
+        if let Err(why) = self
+            .node
+            .handle_frame(Instant::now(), from, frame.header, frame.payload)
+        {
+            self.protocol_error(tok, &why);
+        }
+        self.carry_out();
+    }
+
+    /// A valid Hello: resolve a simultaneous connect, then answer with our proof of the key.
+    /// The connection is established when the dialler's proof arrives.
+    pub(super) fn on_hello(&mut self, tok: usize, peer: Rank) {
+        let link = self.links.entry(peer).or_default();
+        if let Some(d) = link.dialing.filter(|d| *d != tok) {
+            if keep_dialled_by(self.me, peer) == self.me {
+                log::debug!(
+                    "rank {}: simultaneous connect with {peer}: keeping the one I dialled",
+                    self.me
+                );
+                self.close(tok, None);
+                return;
+            }
+            log::debug!(
+                "rank {}: simultaneous connect with {peer}: keeping the one it dialled",
+                self.me
+            );
+            link.dialing = None;
+            self.close(d, None);
+        }
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        conn.claimed = Some(peer);
+        if let ConnState::Handshaking(hs) = &mut conn.state {
+            hs.try_accept_peer();
+        }
+        let link = self.links.entry(peer).or_default();
+        if let Some(other) = link.incoming.replace(tok)
+            && other != tok
+        {
+            // A newer attempt from the same peer supersedes one still in its handshake.
+            self.close(other, None);
+            self.links.entry(peer).or_default().incoming = Some(tok);
+        }
+        self.pump_handshake(tok);
+    }
+
+    fn established(&mut self, tok: usize, peer: Rank, incarnation: u64) {
+        if self.node.is_failed(peer) {
+            // It proved it is rank `peer`, which the DVM declared dead: it must not rejoin.
+            self.tell_dead_and_close(tok, peer);
+            return;
+        }
+        // A link that comes back after a loss (a probe answered, or the peer replaced its
+        // connection) may have lost frames in flight: RELM offers the peer its state.
+        let mut relink = self.links.get(&peer).is_some_and(|l| l.probe);
+        if let Some(old) = self.links.get(&peer).and_then(|l| l.conn)
+            && old != tok
+        {
+            log::info!(
+                "rank {}: rank {peer} reconnected; replacing the old connection",
+                self.me
+            );
+            self.requeue_and_close(old);
+            relink = true;
+        }
+        let msg_max = self.cfg.msg_max_bytes as u32;
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        conn.state = ConnState::Established;
+        conn.peer = Some(peer);
+        conn.decoder.set_max_payload(msg_max);
+        log::debug!("rank {}: connected to rank {peer} ({})", self.me, conn.addr);
+        let link = self.links.entry(peer).or_default();
+        if link.dialing == Some(tok) {
+            link.dialing = None;
+        }
+        link.conn = Some(tok);
+        if link.incoming == Some(tok) {
+            link.incoming = None;
+        }
+        link.attempt = 0;
+        link.probe = false;
+        link.redial_armed = false;
+        link.pending_bytes = 0;
+        let pending: Vec<Pending> = link.pending.drain(..).collect();
+        let mut refused = Vec::new();
+        for p in pending {
+            let kind = p.header.kind;
+            if let Err((_, done)) = conn.push(p.header, p.payload, p.done) {
+                refused.push((kind, done));
+            }
+        }
+        for (kind, done) in refused {
+            if kind == Kind::Grpcomm {
+                self.grpcomm_resync.insert(peer);
+            }
+            self.queue_full(peer, done);
+        }
+        self.dirty.push(tok);
+        self.node
+            .handle_link_up(Instant::now(), peer, incarnation, relink);
+        self.carry_out();
+    }
+
+    pub(super) fn protocol_error(&mut self, tok: usize, why: &str) {
+        self.node.counters_mut().protocol_errors += 1;
+        if let Some(c) = self.conns.get(tok) {
+            let who = c
+                .peer
+                .or(c.claimed)
+                .or(c.dialled)
+                .map_or_else(|| "unknown rank".to_string(), |r| format!("rank {r}"));
+            log::warn!(
+                "rank {}: closing the connection with {} ({who}): {why}",
+                self.me,
+                c.addr
+            );
+        }
+        self.lost(tok, why);
+    }
+
+    /// A connection ended (EOF, error, protocol violation, handshake timeout).
+    pub(super) fn lost(&mut self, tok: usize, why: &str) {
+        let Some(conn) = self.conns.get(tok) else {
+            return;
+        };
+        log::debug!("rank {}: connection {} lost: {why}", self.me, conn.addr);
+        let dialled = conn.dialled;
+        let established = conn.is_established();
+        let peer = conn.peer;
+        if established {
+            let Some(p) = peer else {
+                crate::bug!("rank {}: an established connection with no rank", self.me);
+                self.close(tok, None);
+                return;
+            };
+            let is_current = self.links.get(&p).and_then(|l| l.conn) == Some(tok);
+            if is_current {
+                self.requeue_and_close(tok);
+                if self.stopping.is_some() {
+                    return;
+                }
+                // A lost tree neighbour (or rank 0) is probed by redialling: a peer that is
+                // gone refuses or times out, and is declared failed after the bounded retries;
+                // a live one answers (and, if the DVM already declared this daemon dead, says
+                // so). Frames still waiting go out on the new connection.
+                let watch = self.node.handle_link_lost(Instant::now(), p);
+                let link = self.links.entry(p).or_default();
+                if watch {
+                    link.probe = true;
+                    log::info!(
+                        "rank {}: lost connection to rank {p} ({why}); probing",
+                        self.me
+                    );
+                }
+                if watch || !link.pending.is_empty() {
+                    self.ensure_dial(p);
+                }
+                return;
+            }
+            self.close(tok, None);
+            return;
+        }
+        let claimed = conn.claimed;
+        if let Some(p) = claimed {
+            // The dialler hung up between our HelloAck and its proof: most often it found our
+            // MAC wrong, i.e. it does not hold this DVM's key (it logs that on its side).
+            self.node.counters_mut().protocol_errors += 1;
+            log::warn!(
+                "rank {}: {} (claiming rank {p}) closed the connection before proving it holds \
+                 the job key ({why})",
+                self.me,
+                conn.addr
+            );
+        }
+        // Read before `close`, which clears the link's record of this dial.
+        let was_dialing =
+            dialled.filter(|p| self.links.get(p).and_then(|l| l.dialing) == Some(tok));
+        self.close(tok, None);
+        // An incoming connection that won a simultaneous connect failed before it was
+        // established: our own dial was closed for it, so dial again if anything waits.
+        if let Some(p) = claimed
+            && self.stopping.is_none()
+            && self
+                .links
+                .get(&p)
+                .is_some_and(|l| l.conn.is_none() && (l.probe || !l.pending.is_empty()))
+        {
+            self.ensure_dial(p);
+        }
+        if let Some(p) = was_dialing {
+            self.dial_failed(p);
+        }
+    }
+
+    /// Closes an established connection and puts its unsent frames back at the head of the
+    /// peer's pending queue; a frame cut off mid-write is lost and its sender told so.
+    pub(super) fn requeue_and_close(&mut self, tok: usize) {
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        let Some(peer) = conn.peer else {
+            // Not established: nothing was queued on it for anyone.
+            self.close(tok, None);
+            return;
+        };
+        let (unsent, lost) = conn.take_unsent();
+        for done in lost {
+            complete(done, Err(SendError::Unreachable(peer)));
+        }
+        self.close(tok, None);
+        let link = self.links.entry(peer).or_default();
+        if link.conn == Some(tok) {
+            link.conn = None;
+        }
+        for (header, payload, done) in unsent.into_iter().rev() {
+            // Heartbeats are not worth keeping; RELM frames are (they save a retransmission).
+            // Collective frames too: the cores tolerate the duplicates, and the link is
+            // re-stated when it comes back.
+            if matches!(
+                header.kind,
+                Kind::Msg | Kind::Xcast | Kind::RelmData | Kind::Relm | Kind::Grpcomm
+            ) {
+                link.pending_bytes += payload.len() + crate::oob::header::HEADER_LEN;
+                link.pending.push_front(Pending {
+                    header,
+                    payload,
+                    done,
+                });
+            }
+        }
+    }
+
+    /// Deregisters and drops a connection; its remaining completions fail with `err` (or
+    /// `ShutDown`).
+    pub(super) fn close(&mut self, tok: usize, err: Option<SendError>) {
+        if !self.conns.contains(tok) {
+            return;
+        }
+        let mut conn = self.conns.remove(tok);
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        let err = err.unwrap_or(SendError::ShutDown);
+        for done in conn.completions.drain(..) {
+            complete(done, Err(err.clone()));
+        }
+        if let Some(p) = conn.peer.or(conn.dialled).or(conn.claimed)
+            && let Some(link) = self.links.get_mut(&p)
+        {
+            if link.conn == Some(tok) {
+                link.conn = None;
+            }
+            if link.dialing == Some(tok) {
+                link.dialing = None;
+            }
+            if link.incoming == Some(tok) {
+                link.incoming = None;
+            }
+        }
+        self.readable_again.remove(&tok);
+    }
+
+    pub(super) fn flush_dirty(&mut self) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        let mut completed = Vec::new();
+        let mut again = Vec::new();
+        for tok in dirty.drain(..) {
+            let Some(conn) = self.conns.get_mut(tok) else {
+                continue;
+            };
+            if matches!(conn.state, ConnState::Connecting) {
+                continue;
+            }
+            match conn.flush(&mut completed) {
+                Ok(true) => again.push(tok),
+                Ok(false) => {}
+                Err(e) => self.lost(tok, &format!("write: {e}")),
+            }
+        }
+        // Stopped at the write bound with the socket still writable: no event will come.
+        self.dirty.extend(again);
+        for done in completed {
+            complete(done, Ok(()));
+        }
+        self.check_grpcomm_resync();
+    }
+
+    /// Links that dropped collective frames, re-stated once their queue is down to half.
+    fn check_grpcomm_resync(&mut self) {
+        if self.grpcomm_resync.is_empty() {
+            return;
+        }
+        let ready: Vec<Rank> = self
+            .grpcomm_resync
+            .iter()
+            .copied()
+            .filter(|r| {
+                let link = self.links.get(r);
+                let conn = link.and_then(|l| l.conn).and_then(|t| self.conns.get(t));
+                match conn {
+                    Some(c) => c.queue.queued_bytes() <= c.queue.max_bytes() / 2,
+                    None => false,
+                }
+            })
+            .collect();
+        for r in ready {
+            self.grpcomm_resync.remove(&r);
+            self.node.handle_link_restate(Instant::now(), r);
+        }
+        self.carry_out();
+    }
+
+    /// Closes every connection to the dead ranks and takes back what was queued for them.
+    pub(super) fn take_frames(&mut self, dead: &[Rank]) -> Vec<Pending> {
+        let mut frames = Vec::new();
+        for r in dead {
+            let toks: Vec<usize> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| c.peer == Some(*r) || c.dialled == Some(*r))
+                .map(|(t, _)| t)
+                .collect();
+            for t in toks {
+                if let Some(conn) = self.conns.get_mut(t) {
+                    let (unsent, lost) = conn.take_unsent();
+                    for done in lost {
+                        complete(done, Err(SendError::NodeDown(*r)));
+                    }
+                    frames.extend(unsent.into_iter().map(|(header, payload, done)| Pending {
+                        header,
+                        payload,
+                        done,
+                    }));
+                }
+                self.close(t, Some(SendError::NodeDown(*r)));
+            }
+            if let Some(mut link) = self.links.remove(r) {
+                frames.extend(link.pending.drain(..));
+            }
+        }
+        frames
+    }
+
+    /// A rank the node knows failed connected to us (and proved who it is): tell it, then hang
+    /// up.
+    fn tell_dead_and_close(&mut self, tok: usize, peer: Rank) {
+        let h = self.node.declared_dead_frame(peer);
+        if let Some(conn) = self.conns.get_mut(tok) {
+            let _ = conn.push(h, Bytes::new(), None);
+            let mut done = Vec::new();
+            // One tiny frame on a fresh socket; if the kernel does not take it now, the peer
+            // learns it from the closed connection and its failed reconnects instead.
+            let _ = conn.flush(&mut done);
+        }
+        self.close(tok, None);
+    }
+}

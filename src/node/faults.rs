@@ -1,0 +1,358 @@
+//! The fault coordinator: declaring ranks failed and repairing, telling adopted children,
+//! reporting to rank 0, rank 0's confirmations with a new epoch, heartbeats, and the two fatal
+//! cases (rank 0 lost; this daemon declared dead).
+//!
+//! After every repair, once per scope, in this order: the messaging layer (the driver gives
+//! back what was queued for the dead, [`Output::PeersFailed`]; new neighbours are watched),
+//! then the collectives (`Xcast` and `Allgather` `handle_repair`: new children are offered
+//! `Sync`, a new parent is waited for), then RELM (`Relm::handle_repair`: purge, fail reliable
+//! sends to the dead with node-down, start the link-update exchange), then the user's fault
+//! handlers ([`Output::Repaired`]).
+//!
+//! Rank 0's confirmations are broadcast operations: every living daemon delivers every one, in
+//! order, exactly once, including a daemon whose parent died while forwarding one (its new
+//! parent replays it after their `Sync`/`Resume`).
+
+use super::{LinkProgress, Node, Output, StopReason};
+use crate::Rank;
+use crate::faults::notice::{
+    self, Adoption, Confirmation, TAG_ADOPTED, TAG_FAULT_CONFIRM, TAG_ROOT_LOST,
+};
+use crate::routed::{RecoveryStatus, Scope};
+use bytes::Bytes;
+use std::time::Instant;
+
+impl Node {
+    /// Local detection (a lost connection that could not be re-established, a silent
+    /// neighbour) or news from an adoption notice: repair at once, local scope, and (with
+    /// `report`) tell rank 0.
+    pub(super) fn declare_failed(
+        &mut self,
+        now: Instant,
+        ranks: &[Rank],
+        cause: &str,
+        report: bool,
+    ) {
+        if self.stopping.is_some() || !self.is_wired() {
+            return;
+        }
+        let mut new: Vec<Rank> = ranks
+            .iter()
+            .copied()
+            .filter(|r| *r != self.me && *r < self.size && !self.routing.is_failed(*r))
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        if new.is_empty() {
+            return;
+        }
+        if new.contains(&0) {
+            self.root_lost(now, cause);
+            return;
+        }
+        log::warn!("rank {}: rank(s) {new:?} failed: {cause}", self.me);
+        let status = match self.routing.fail(&new, Scope::Local, None) {
+            Ok(s) => s,
+            Err(e) => {
+                crate::bug!("rank {}: repair failed: {e}", self.me);
+                return;
+            }
+        };
+        self.after_repair(now, status);
+        if report {
+            if self.me == 0 {
+                self.confirm(now, &new);
+            } else {
+                // Reliably (a report lost with a dying relay could leave the death
+                // unconfirmed), and never dropped: a full window only delays it.
+                self.unreported.extend(&new);
+                self.flush_reports(now);
+            }
+        }
+    }
+
+    /// What every repair is followed by: the driver re-routes, new neighbours are watched,
+    /// then the collectives, RELM and the user's handlers.
+    fn after_repair(&mut self, now: Instant, status: RecoveryStatus) {
+        self.counters.repairs += 1;
+        log::info!(
+            "rank {}: repaired ({:?} scope, epoch {:?}): failed {:?}, parent {:?} -> {:?}, children {:?} -> {:?}{}",
+            self.me,
+            status.scope,
+            status.epoch,
+            status.newly_failed,
+            status.previous_parent,
+            status.new_parent,
+            status.previous_children,
+            status.new_children,
+            if status.promoted { ", promoted" } else { "" }
+        );
+        // Children it did not have before; they learn of their new parent (and of every
+        // failure it knows) from the notice sent with the collectives' `Sync` (`tell_child`).
+        let adopted: Vec<Rank> = status
+            .new_children
+            .iter()
+            .copied()
+            .filter(|c| !status.previous_children.contains(c))
+            .collect();
+        let dead: Vec<Rank> = status
+            .newly_failed
+            .iter()
+            .copied()
+            .filter(|r| *r != self.me)
+            .collect();
+        if let Some(m) = &mut self.monitor {
+            for r in &dead {
+                m.forget(*r);
+            }
+        }
+        self.out.push_back(Output::PeersFailed { dead, adopted });
+        self.watch_neighbours(now);
+        self.grpcomm_repair(&status);
+        self.relm.handle_repair(now, &self.routing, &status);
+        self.out.push_back(Output::Repaired(status));
+    }
+
+    /// Sends child `c` an adoption notice: every failure this daemon knows, and its ancestors.
+    /// Sent with every `Sync` the collectives offer a child (a new or adopted child, every
+    /// child of a promoted daemon, a child still unsynchronised after a repair): the child can
+    /// only answer under the same view of the tree, and the failures it lacks would otherwise
+    /// reach it only as confirmations, which are broadcast operations, which its new parent
+    /// sends it only once they are synchronised. Queued before the `Sync`, on the same link.
+    pub(super) fn tell_child(&mut self, c: Rank) {
+        let notice = Adoption {
+            failed: self.routing.failed().collect(),
+            ancestors: self.routing.ancestors().to_vec(),
+        }
+        .encode();
+        self.send(c, TAG_ADOPTED, notice, None);
+    }
+
+    pub(super) fn watch_neighbours(&mut self, now: Instant) {
+        let mut n: Vec<Rank> = self.routing.children().to_vec();
+        n.extend(self.routing.parent());
+        if let Some(m) = &mut self.monitor {
+            m.set_neighbours(&n, now);
+        }
+    }
+
+    /// Hands the deaths detected here to RELM in one report to rank 0, if its window has room
+    /// (otherwise they wait, merged, and are retried every pump).
+    pub(super) fn flush_reports(&mut self, now: Instant) {
+        if self.unreported.is_empty() || self.stopping.is_some() {
+            return;
+        }
+        let ranks: Vec<Rank> = self.unreported.iter().copied().collect();
+        let payload = notice::encode_ranks(&ranks);
+        let token = self.next_runtime_token();
+        match self.relm.send(
+            now,
+            &self.routing,
+            0,
+            crate::faults::notice::TAG_FAULT_REPORT,
+            payload,
+            token,
+        ) {
+            Ok(()) => self.unreported.clear(),
+            Err(crate::SendError::Busy(_)) => {
+                self.counters.reports_delayed += 1;
+                log::debug!(
+                    "rank {}: RELM window full; the report of {ranks:?} waits",
+                    self.me
+                );
+            }
+            Err(e) => {
+                // Rank 0 unreachable or failed: the DVM is ending anyway.
+                log::warn!("rank {}: fault report not sent: {e}", self.me);
+                self.unreported.clear();
+            }
+        }
+    }
+
+    /// Rank 0: confirm deaths to every daemon with a new epoch (global scope).
+    pub(super) fn confirm(&mut self, now: Instant, ranks: &[Rank]) {
+        let new: Vec<Rank> = ranks
+            .iter()
+            .copied()
+            .filter(|r| *r != 0 && *r < self.size && !self.confirmed.contains(r))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        self.epoch += 1;
+        self.confirmed.extend(&new);
+        self.confirmed.sort_unstable();
+        self.confirmed.dedup();
+        let unknown: Vec<Rank> = new
+            .iter()
+            .copied()
+            .filter(|r| !self.routing.is_failed(*r))
+            .collect();
+        match self.routing.fail(&unknown, Scope::Global, Some(self.epoch)) {
+            Ok(mut status) => {
+                status.newly_failed = new;
+                self.after_repair(now, status);
+            }
+            Err(e) => crate::bug!("rank 0: repair failed: {e}"),
+        }
+        let c = Confirmation {
+            epoch: self.epoch,
+            failed: self.confirmed.clone(),
+        };
+        self.originate_runtime(TAG_FAULT_CONFIRM, c.encode());
+    }
+
+    /// Every daemon but 0: rank 0's confirmation was delivered (a broadcast operation: in
+    /// order, once). Each epoch is applied once.
+    pub(super) fn on_confirm(&mut self, now: Instant, payload: &[u8]) {
+        let c = match Confirmation::decode(self.size, payload) {
+            Ok(c) => c,
+            Err(e) => {
+                log::warn!("rank {}: bad fault confirmation: {e}", self.me);
+                return;
+            }
+        };
+        if c.epoch <= self.epoch {
+            return;
+        }
+        if c.failed.contains(&self.me) {
+            self.declared_dead(
+                now,
+                &format!("rank 0 confirmed this daemon dead (epoch {})", c.epoch),
+            );
+            return;
+        }
+        let unknown: Vec<Rank> = c
+            .failed
+            .iter()
+            .copied()
+            .filter(|r| !self.routing.is_failed(*r))
+            .collect();
+        let newly: Vec<Rank> = c
+            .failed
+            .iter()
+            .copied()
+            .filter(|r| !self.confirmed.contains(r))
+            .collect();
+        self.epoch = c.epoch;
+        self.confirmed = c.failed;
+        match self.routing.fail(&unknown, Scope::Global, Some(self.epoch)) {
+            Ok(mut status) => {
+                status.newly_failed = newly;
+                self.after_repair(now, status);
+            }
+            Err(e) => crate::bug!("rank {}: repair failed: {e}", self.me),
+        }
+    }
+
+    pub(super) fn on_report(&mut self, now: Instant, origin: Rank, payload: &[u8]) {
+        match notice::decode_ranks(self.size, payload) {
+            Ok(ranks) => {
+                log::info!("rank 0: rank {origin} reports {ranks:?} failed");
+                self.confirm(now, &ranks);
+            }
+            Err(e) => log::warn!("rank 0: bad fault report from rank {origin}: {e}"),
+        }
+    }
+
+    pub(super) fn on_adopted(&mut self, now: Instant, origin: Rank, payload: &[u8]) {
+        let a = match Adoption::decode(self.size, payload) {
+            Ok(a) => a,
+            Err(e) => {
+                log::warn!("rank {}: bad adoption notice from {origin}: {e}", self.me);
+                return;
+            }
+        };
+        if a.failed.contains(&self.me) {
+            self.declared_dead(now, &format!("rank {origin} lists this daemon as failed"));
+            return;
+        }
+        // Reported on to rank 0: the adopter's own report may have died with a relay or with
+        // the adopter, and rank 0 must hear of every death for the trees to agree (the
+        // simulator found a death never confirmed that way; regression seed 28942).
+        self.declare_failed(
+            now,
+            &a.failed,
+            &format!("adoption notice from rank {origin}"),
+            true,
+        );
+        if self.routing.parent() != Some(origin) {
+            // It knows a failure this daemon does not know yet (or the reverse): confirmations
+            // bring both views together.
+            log::debug!(
+                "rank {}: rank {origin} says it adopted me, but my parent is {:?}",
+                self.me,
+                self.routing.parent()
+            );
+        }
+    }
+
+    /// Rank 0 is gone: the DVM cannot continue. Tell the subtree, then stop.
+    pub(super) fn root_lost(&mut self, now: Instant, cause: &str) {
+        if self.stopping.is_some() {
+            return;
+        }
+        log::error!(
+            "rank {}: lost rank 0 ({cause}); the DVM cannot continue without it, exiting",
+            self.me
+        );
+        // A flood: without rank 0 there is no sequencer for a broadcast.
+        self.flood(self.me, TAG_ROOT_LOST, &Bytes::new());
+        self.begin_stop(now, StopReason::Fatal("lost rank 0".into()));
+    }
+
+    /// The DVM declared this daemon dead: it must not rejoin.
+    pub(super) fn declared_dead(&mut self, now: Instant, why: &str) {
+        if self.stopping.is_some() {
+            return;
+        }
+        log::error!(
+            "rank {}: declared dead by the DVM ({why}); exiting without rejoining",
+            self.me
+        );
+        self.begin_stop(now, StopReason::Fatal("declared dead by the DVM".into()));
+    }
+
+    /// The heartbeat tick: heartbeats to the neighbours; the silent, and those whose queue
+    /// stopped moving (they talk but do not read), are declared failed.
+    pub(super) fn heartbeat_tick(&mut self, now: Instant, links: &dyn LinkProgress) {
+        let Some(m) = &mut self.monitor else {
+            self.heartbeat_at = None;
+            return;
+        };
+        let timeout = m.timeout();
+        self.heartbeat_at = Some(now + m.tick_every());
+        let tick = m.tick(now);
+        if tick.stalled {
+            log::warn!(
+                "rank {}: this daemon was stalled longer than half the heartbeat timeout; restarting neighbour clocks",
+                self.me
+            );
+        }
+        for r in tick.send_to {
+            let header = self.header(crate::oob::header::Kind::Heartbeat, self.me, r, 0, 0);
+            self.out.push_back(Output::Heartbeat { to: r, header });
+        }
+        let mut n: Vec<Rank> = self.routing.children().to_vec();
+        n.extend(self.routing.parent());
+        let deaf: Vec<Rank> = n
+            .into_iter()
+            .filter(|r| {
+                links
+                    .stuck_since(*r)
+                    .is_some_and(|t| now.saturating_duration_since(t) > timeout)
+            })
+            .collect();
+        if !deaf.is_empty() && !tick.stalled {
+            let cause = format!(
+                "not reading: its queue accepted no bytes for {} ms",
+                timeout.as_millis()
+            );
+            self.declare_failed(now, &deaf, &cause, true);
+        }
+        if !tick.silent.is_empty() {
+            let cause = format!("no heartbeat for {} ms", timeout.as_millis());
+            self.declare_failed(now, &tick.silent, &cause, true);
+        }
+    }
+}

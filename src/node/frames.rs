@@ -1,0 +1,182 @@
+//! Frames from neighbours and what the driver learns of its links: the checks every frame
+//! passes (incarnation, failed senders, rank ranges), the dispatch by kind, runtime messages.
+
+use super::Node;
+use crate::Rank;
+use crate::faults::notice::{TAG_ADOPTED, TAG_DECLARED_DEAD, TAG_FAULT_REPORT, TAG_ROOT_LOST};
+use crate::grpcomm::{TAG_XCAST_DONE, TAG_XCAST_REQUEST};
+use crate::oob::header::{Header, Kind};
+use crate::rml::Message;
+use bytes::Bytes;
+use std::time::Instant;
+
+impl Node {
+    /// A frame from neighbour `from` on an established (authenticated) connection. `Err` is a
+    /// protocol violation by that neighbour: the driver closes the connection and logs the
+    /// reason; nothing else is lost.
+    pub fn handle_frame(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        h: Header,
+        payload: Bytes,
+    ) -> Result<(), String> {
+        if from >= self.size || from == self.me {
+            return Err(format!("a frame on a link with rank {from}"));
+        }
+        // A frame from an older incarnation of its sender than one already seen is left over
+        // from before a restart: dropped and counted. A newer one is learnt.
+        let known = self.incarnations.entry(from).or_insert(h.epoch);
+        if h.epoch < *known {
+            self.counters.dropped_old_incarnation += 1;
+            log::debug!(
+                "rank {}: dropped a frame from incarnation {} of rank {from} (known: {})",
+                self.me,
+                h.epoch,
+                *known
+            );
+            return Ok(());
+        }
+        *known = h.epoch;
+        if self.routing.is_failed(from) || self.routing.is_failed(h.origin) {
+            self.counters.dropped_stale += 1;
+            log::debug!(
+                "rank {}: dropped a frame from failed rank {} (link {from})",
+                self.me,
+                h.origin
+            );
+            return Ok(());
+        }
+        let routed = matches!(h.kind, Kind::Msg | Kind::RelmData | Kind::Relm);
+        if h.origin >= self.size || (routed && h.dst >= self.size) {
+            return Err(format!("frame names a rank beyond {}", self.size));
+        }
+        match h.kind {
+            Kind::Msg if h.dst == self.me => {
+                self.deliver(
+                    now,
+                    Message {
+                        origin: h.origin,
+                        tag: h.tag,
+                        payload,
+                    },
+                );
+                Ok(())
+            }
+            Kind::Msg => {
+                self.counters.relayed += 1;
+                self.forward(h, payload.into(), None);
+                Ok(())
+            }
+            Kind::Xcast => self.on_flood(now, from, h, payload),
+            Kind::Grpcomm => self.on_grpcomm_frame(from, h, payload),
+            Kind::RelmData => self.on_relm_data(now, from, h, payload),
+            Kind::Relm => self.on_relm_control(now, from, h, payload),
+            Kind::Heartbeat => Ok(()),
+            Kind::Hello | Kind::HelloAck | Kind::Auth => {
+                Err("handshake frame on an established connection".into())
+            }
+        }
+    }
+
+    /// A flood frame: the contact table during wire-up (taken from whoever sends it first
+    /// while not wired; authenticating peers is the handshake's job), or "rank 0 lost".
+    fn on_flood(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        h: Header,
+        payload: Bytes,
+    ) -> Result<(), String> {
+        match h.tag {
+            TAG_ROOT_LOST => {
+                self.root_lost(now, &format!("told by rank {from}"));
+                Ok(())
+            }
+            // A second copy (e.g. from a new parent after a repair) was already applied.
+            super::wireup::TAG_WIREUP_TABLE => {
+                self.apply_table(now, &payload);
+                Ok(())
+            }
+            t => Err(format!("flood frame with tag {t}")),
+        }
+    }
+
+    /// A message with a runtime tag (below `TAG_USER_MIN`) arrived here.
+    pub(super) fn runtime_message(&mut self, now: Instant, msg: Message) {
+        match msg.tag {
+            super::wireup::TAG_WIREUP_REPORT if self.me == 0 => self.on_wireup_report(now, msg),
+            TAG_FAULT_REPORT if self.me == 0 => self.on_report(now, msg.origin, &msg.payload),
+            TAG_ADOPTED => self.on_adopted(now, msg.origin, &msg.payload),
+            TAG_DECLARED_DEAD => {
+                self.declared_dead(now, &format!("rank {} refused this daemon", msg.origin))
+            }
+            TAG_XCAST_REQUEST | TAG_XCAST_DONE => self.on_grpcomm_reliable(msg),
+            t => log::warn!(
+                "rank {}: message with unexpected runtime tag {t} from {} dropped",
+                self.me,
+                msg.origin
+            ),
+        }
+    }
+
+    /// Bytes arrived from neighbour `peer` (any frame, even a partial one, shows it alive).
+    pub fn handle_heard(&mut self, now: Instant, peer: Rank) {
+        if let Some(m) = &mut self.monitor {
+            m.heard(peer, now);
+        }
+    }
+
+    /// A connection with `peer` was established (handshake done), `incarnation` being the one
+    /// it proved. `relink`: it replaces one that was lost, so frames in flight on the old one
+    /// may be gone (RELM and the collectives re-state what the peer may have missed).
+    pub fn handle_link_up(&mut self, now: Instant, peer: Rank, incarnation: u64, relink: bool) {
+        let known = self.incarnations.entry(peer).or_insert(incarnation);
+        *known = (*known).max(incarnation);
+        // Before wire-up nothing is in flight that a lost link could have carried.
+        if !relink || !self.is_wired() || self.routing.is_failed(peer) {
+            return;
+        }
+        if self.is_neighbour(peer) {
+            self.relm.handle_link_up(now, &self.routing, peer);
+            self.handle_link_restate(now, peer);
+        }
+    }
+
+    /// The established connection with `peer` was lost while both may live. Returns whether the
+    /// driver must probe it (redial, bounded, even with nothing to send): a lost tree
+    /// neighbour or rank 0 is declared failed only if it cannot be reached again.
+    pub fn handle_link_lost(&mut self, _now: Instant, peer: Rank) -> bool {
+        self.stopping.is_none()
+            && self.is_wired()
+            && (peer == 0 || self.is_neighbour(peer))
+            && !self.routing.is_failed(peer)
+    }
+
+    /// `peer` could not be reached within the driver's bounded reconnect policy. Once wired,
+    /// that is a failure of the peer; before, only rank 0 is dialled and this daemon cannot
+    /// join the DVM.
+    pub fn handle_unreachable(&mut self, now: Instant, peer: Rank, attempts: u32) {
+        if self.is_wired() {
+            let cause = format!("unreachable after {attempts} connection attempts");
+            self.declare_failed(now, &[peer], &cause, true);
+        } else if self.me != 0 && self.stopping.is_none() {
+            log::error!(
+                "rank {}: cannot reach rank {peer} after {attempts} attempts",
+                self.me
+            );
+            self.begin_stop(now, super::StopReason::Fatal("cannot reach rank 0".into()));
+        }
+    }
+
+    /// The frame that tells rank `peer`, which this daemon knows failed and which just proved
+    /// its identity on a new connection, that the DVM declared it dead.
+    pub fn declared_dead_frame(&mut self, peer: Rank) -> Header {
+        self.counters.dropped_stale += 1;
+        log::warn!(
+            "rank {}: rank {peer}, declared dead, tried to reconnect; telling it to exit",
+            self.me
+        );
+        self.header(Kind::Msg, self.me, peer, TAG_DECLARED_DEAD, 0)
+    }
+}

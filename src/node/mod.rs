@@ -1,0 +1,445 @@
+//! The one sans-IO core of a daemon: everything a daemon decides, with no sockets, threads,
+//! clocks or randomness inside. The daemon's event loop (`driver/`) and the deterministic
+//! simulator (`sim/`) are its two drivers, and neither holds a protocol rule of its own.
+//!
+//! A [`Node`] owns the routing state and its repair, receive matching, reliable messaging
+//! (RELM), the collectives (xcast, allgather, barrier), the fault coordinator (detections,
+//! reports, rank 0's confirmations and epochs, adoption notices), the heartbeat monitor and the
+//! wire-up table.
+//!
+//! # Driving a node (quinn-proto style)
+//! * **Inputs**, each with `now`: [`Node::handle_frame`] (a frame from a neighbour, already
+//!   authenticated by the handshake), [`Node::handle_heard`] (bytes arrived),
+//!   [`Node::handle_link_up`], [`Node::handle_link_lost`], [`Node::handle_unreachable`],
+//!   [`Node::handle_link_restate`], [`Node::handle_timeout`], and the API:
+//!   [`Node::handle_command`], [`Node::post`], [`Node::cancel`], [`Node::purge`],
+//!   [`Node::handle_shutdown`], [`Node::handle_abort`].
+//! * **Once per turn** of the driver's loop, after its inputs: [`Node::pump`] (self-sends are
+//!   delivered, then the collectives and RELM say what they want sent).
+//! * **Outputs**: [`Node::poll_output`] until `None`, carried out in order (see [`Output`]);
+//!   then [`Node::poll_timeout`], the instant at which [`Node::handle_timeout`] is due.
+//!
+//! Completions are tokens the driver chose ([`Command`]); the node reports them in
+//! [`Output::Transmit`] (complete once written) or [`Output::SendDone`].
+
+mod collectives;
+mod commands;
+mod faults;
+mod frames;
+mod output;
+mod reliable;
+pub mod wireup;
+mod wiring;
+
+pub use output::{Output, Reroute, StopReason, Trace};
+
+use crate::Rank;
+use crate::counters::Counters;
+use crate::faults::HeartbeatMonitor;
+use crate::fxhash::FxHashMap;
+use crate::grpcomm::{Allgather, Xcast};
+use crate::oob::header::{Header, Kind};
+use crate::oob::uri::ContactUri;
+use crate::relm::{Relm, RelmConfig};
+use crate::rml::{Matcher, Message, Tag};
+use crate::routed::{RoutingState, TreeError};
+use bytes::Bytes;
+use std::collections::{BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+use wireup::WireupCollector;
+
+pub use collectives::{broadcast_max, xcast_limits};
+pub use commands::Command;
+
+/// What a node needs to know at its start.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// This daemon's rank, the DVM's size and the tree's radix.
+    pub rank: Rank,
+    pub size: u32,
+    pub radix: u32,
+    /// This daemon's incarnation (boot epoch): stamped on every frame it sends; a frame stamped
+    /// with an older incarnation of its sender than the one known is dropped. The driver
+    /// passes a value that grows across restarts of the same rank.
+    pub incarnation: u64,
+    /// This daemon's contact URI (reported to rank 0 at wire-up) and rank 0's (others).
+    pub uri: Option<ContactUri>,
+    pub hnp: Option<ContactUri>,
+    /// Start wired, with no contact table (the simulator, which has no addresses).
+    pub wired_at_start: bool,
+    pub msg_max_bytes: usize,
+    pub unmatched_max: usize,
+    pub prewire_queue_max: usize,
+    pub relm: RelmConfig,
+    /// Heartbeat interval and timeout; `None`: no heartbeats (silence is never detected).
+    pub heartbeat: Option<(Duration, Duration)>,
+    /// Rank 0: how long it waits for wire-up reports.
+    pub wireup_timeout: Duration,
+    /// Emit [`Output::Trace`] observations (the simulator's checkers).
+    pub trace: bool,
+}
+
+impl NodeConfig {
+    /// The defaults of a daemon (`Config::default()`), for daemon `rank` of `size`.
+    pub fn new(rank: Rank, size: u32, radix: u32) -> NodeConfig {
+        let c = crate::config::Config::default();
+        NodeConfig {
+            rank,
+            size,
+            radix,
+            incarnation: 1,
+            uri: None,
+            hnp: None,
+            wired_at_start: false,
+            msg_max_bytes: c.msg_max_bytes as usize,
+            unmatched_max: c.unmatched_max,
+            prewire_queue_max: c.prewire_queue_max,
+            relm: c.relm(),
+            heartbeat: Some((
+                Duration::from_millis(c.heartbeat_interval_ms),
+                Duration::from_millis(c.heartbeat_timeout_ms),
+            )),
+            wireup_timeout: Duration::from_millis(c.wireup_timeout_ms),
+            trace: false,
+        }
+    }
+}
+
+/// What the driver knows of its connections that the node's detection needs.
+pub trait LinkProgress {
+    /// Since when the send queue towards `peer` has had bytes waiting and taken none, if it
+    /// has (a neighbour that talks but does not read).
+    fn stuck_since(&self, peer: Rank) -> Option<Instant>;
+}
+
+/// A driver without send queues (the simulator).
+pub struct NoQueues;
+
+impl LinkProgress for NoQueues {
+    fn stuck_since(&self, _: Rank) -> Option<Instant> {
+        None
+    }
+}
+
+enum Wire {
+    /// Rank 0 collecting reports until `deadline`.
+    Collecting(WireupCollector, Instant),
+    /// Waiting for the contact table; commands are held (bounded).
+    Waiting,
+    Wired,
+}
+
+/// One daemon's protocol state. See the module documentation for how to drive it.
+pub struct Node {
+    me: Rank,
+    size: u32,
+    incarnation: u64,
+    msg_max_bytes: usize,
+    prewire_queue_max: usize,
+    trace: bool,
+    uri: Option<ContactUri>,
+    routing: RoutingState,
+    matcher: Matcher,
+    relm: Relm,
+    xcast: Xcast,
+    allgather: Allgather,
+    monitor: Option<HeartbeatMonitor>,
+    heartbeat_at: Option<Instant>,
+    wire: Wire,
+    wired_at_start: bool,
+    wireup_timeout: Duration,
+    contacts: Vec<Option<ContactUri>>,
+    /// Commands held until wire-up completes (at most `prewire_queue_max`).
+    prewire: VecDeque<Command>,
+    /// Self-sends, delivered at the next `pump` (not from inside the call that sent them).
+    local: VecDeque<Message>,
+    /// The DVM's fault-confirmation epoch, as last applied here.
+    epoch: u64,
+    /// Ranks rank 0 has confirmed dead (ascending).
+    confirmed: Vec<Rank>,
+    counters: Counters,
+    stopping: Option<StopReason>,
+    /// RELM token -> the user's token, for reliable sends someone waits for.
+    relm_users: FxHashMap<u64, u64>,
+    relm_next_token: u64,
+    /// This daemon's user broadcasts by request id, with their tokens.
+    bcast_tokens: FxHashMap<u64, Option<u64>>,
+    /// Collectives this daemon contributed to and has no result of yet.
+    gathering: BTreeSet<u64>,
+    /// Rank 0: its own notices waiting for room in its window (`GRPCOMM_DEFERRED_MAX`).
+    xcast_deferred: VecDeque<(Tag, Bytes)>,
+    /// Runtime messages waiting for room in RELM's window (`GRPCOMM_RELIABLE_BACKLOG_MAX`).
+    relm_backlog: VecDeque<(Rank, Tag, Bytes)>,
+    /// Deaths detected here and not yet handed to RELM in a report to rank 0 (at most `size`):
+    /// a full window delays a report, never loses it.
+    unreported: BTreeSet<Rank>,
+    /// The newest incarnation seen of each neighbour.
+    incarnations: FxHashMap<Rank, u64>,
+    out: VecDeque<Output>,
+}
+
+impl Node {
+    /// A node for `cfg`, not started: call [`Node::start`] next.
+    pub fn new(cfg: NodeConfig) -> Result<Node, TreeError> {
+        let routing = RoutingState::new(cfg.radix, cfg.size, cfg.rank)?;
+        let me = cfg.rank;
+        let mut contacts = vec![None; cfg.size as usize];
+        if me != 0
+            && let (Some(slot), Some(h)) = (contacts.get_mut(0), cfg.hnp.clone())
+        {
+            *slot = Some(h);
+        }
+        let xcast = Xcast::with_limits(&routing, xcast_limits(cfg.msg_max_bytes));
+        let allgather = Allgather::new(&routing);
+        Ok(Node {
+            me,
+            size: cfg.size,
+            incarnation: cfg.incarnation,
+            msg_max_bytes: cfg.msg_max_bytes,
+            prewire_queue_max: cfg.prewire_queue_max,
+            trace: cfg.trace,
+            uri: cfg.uri,
+            relm: Relm::new(me, cfg.size, cfg.relm),
+            matcher: Matcher::new(cfg.unmatched_max),
+            routing,
+            xcast,
+            allgather,
+            monitor: cfg
+                .heartbeat
+                .map(|(interval, timeout)| HeartbeatMonitor::new(interval, timeout)),
+            heartbeat_at: None,
+            wire: Wire::Waiting,
+            wired_at_start: cfg.wired_at_start,
+            wireup_timeout: cfg.wireup_timeout,
+            contacts,
+            prewire: VecDeque::new(),
+            local: VecDeque::new(),
+            epoch: 0,
+            confirmed: Vec::new(),
+            counters: Counters::default(),
+            stopping: None,
+            relm_users: FxHashMap::default(),
+            relm_next_token: 0,
+            bcast_tokens: FxHashMap::default(),
+            gathering: BTreeSet::new(),
+            xcast_deferred: VecDeque::new(),
+            relm_backlog: VecDeque::new(),
+            unreported: BTreeSet::new(),
+            incarnations: FxHashMap::default(),
+            out: VecDeque::new(),
+        })
+    }
+
+    // ----- queries --------------------------------------------------------------------------
+
+    /// This daemon's rank.
+    pub fn rank(&self) -> Rank {
+        self.me
+    }
+
+    /// The DVM's size.
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    /// This daemon's view of the tree.
+    pub fn routing(&self) -> &RoutingState {
+        &self.routing
+    }
+
+    /// Reliable messaging's state (read-only: counters, idleness).
+    pub fn relm(&self) -> &Relm {
+        &self.relm
+    }
+
+    /// The broadcast core's state (read-only).
+    pub fn xcast(&self) -> &Xcast {
+        &self.xcast
+    }
+
+    /// The DVM's fault-confirmation epoch as applied here.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Whether wire-up is complete here.
+    pub fn is_wired(&self) -> bool {
+        matches!(self.wire, Wire::Wired)
+    }
+
+    /// Why the node stops, once it does.
+    pub fn stopping(&self) -> Option<&StopReason> {
+        self.stopping.as_ref()
+    }
+
+    /// Whether `r` is a tree neighbour (parent or child) now.
+    pub fn is_neighbour(&self, r: Rank) -> bool {
+        self.routing.parent() == Some(r) || self.routing.children().contains(&r)
+    }
+
+    /// Whether this daemon believes `r` failed.
+    pub fn is_failed(&self, r: Rank) -> bool {
+        self.routing.is_failed(r)
+    }
+
+    /// The contact URI of rank `r`, if known (rank 0's from the start; others' once wired).
+    pub fn contact(&self, r: Rank) -> Option<&ContactUri> {
+        self.contacts.get(r as usize).and_then(Option::as_ref)
+    }
+
+    /// The counters the node keeps (the driver adds its own: connections, wake-ups, ...).
+    pub fn counters(&self) -> Counters {
+        let mut c = self.counters.clone();
+        c.parent = self.routing.parent();
+        c.children = self.routing.children().to_vec();
+        c.epoch = self.epoch;
+        c.failed = self.routing.failed().collect();
+        let r = self.relm.stats();
+        c.relm_sent = r.sent;
+        c.relm_posted = r.posted;
+        c.relm_duplicates = r.duplicates;
+        c.relm_retransmits = r.retransmits;
+        c.relm_replays = r.replays;
+        c.relm_ignored = r.ignored;
+        c.relm_evicted = r.evicted;
+        c.relm_refused = r.refused;
+        c.relm_link_updates = r.link_updates;
+        let (unacked, cached, pending) = self.relm.records();
+        c.relm_unacked = unacked as u64;
+        c.relm_cached = cached as u64;
+        c.relm_pending = pending as u64;
+        self.collective_counters(&mut c);
+        c
+    }
+
+    /// The counters the driver increments itself (transport events).
+    pub fn counters_mut(&mut self) -> &mut Counters {
+        &mut self.counters
+    }
+
+    // ----- outputs --------------------------------------------------------------------------
+
+    /// The next thing to do, in order.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    /// When [`Node::handle_timeout`] is next due.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let wireup = match &self.wire {
+            Wire::Collecting(_, at) => Some(*at),
+            _ => None,
+        };
+        let running = if self.stopping.is_none() {
+            [self.heartbeat_at, self.relm.poll_timeout()]
+        } else {
+            [None, None]
+        };
+        [wireup].into_iter().chain(running).flatten().min()
+    }
+
+    /// Time passed: the wire-up deadline (rank 0), the heartbeat tick, RELM's timers.
+    pub fn handle_timeout(&mut self, now: Instant, links: &dyn LinkProgress) {
+        if let Wire::Collecting(_, at) = &self.wire
+            && *at <= now
+        {
+            self.finish_wireup(now);
+        }
+        if self.stopping.is_some() {
+            return;
+        }
+        if self.heartbeat_at.is_some_and(|at| at <= now) {
+            self.heartbeat_tick(now, links);
+        }
+        if self.relm.poll_timeout().is_some_and(|at| at <= now) {
+            self.relm.handle_timeout(now, &self.routing);
+        }
+    }
+
+    /// Once per driver turn, after its inputs: self-sends are delivered, then the collectives'
+    /// and RELM's frames, events and completions come out.
+    pub fn pump(&mut self, now: Instant) {
+        self.deliver_local(now);
+        self.pump_grpcomm(now);
+        self.pump_relm(now);
+    }
+
+    /// A header for a frame this daemon sends now.
+    fn header(&self, kind: Kind, origin: Rank, dst: Rank, tag: Tag, len: usize) -> Header {
+        Header {
+            kind,
+            origin,
+            dst,
+            tag,
+            epoch: self.incarnation,
+            seq: 0,
+            len: len as u32,
+        }
+    }
+
+    /// Queues a frame for neighbour `to`. Never to itself, never to a rank it believes failed
+    /// (the wire-up report to rank 0 and a flood copy are direct too).
+    fn transmit(
+        &mut self,
+        to: Rank,
+        header: Header,
+        payload: impl Into<crate::oob::send_queue::Payload>,
+        token: Option<u64>,
+    ) {
+        if to == self.me || to >= self.size || self.routing.is_failed(to) {
+            crate::bug!(
+                "rank {}: a {:?} frame for rank {to}, which is itself, out of range or failed",
+                self.me,
+                header.kind
+            );
+            if let Some(token) = token {
+                self.done(token, Err(crate::SendError::NodeDown(to)));
+            }
+            return;
+        }
+        self.out.push_back(Output::Transmit {
+            to,
+            header,
+            payload: payload.into(),
+            token,
+        });
+    }
+
+    fn done(&mut self, token: u64, result: Result<(), crate::SendError>) {
+        self.out.push_back(Output::SendDone { token, result });
+    }
+
+    /// Checks the rules every node keeps at every step (the simulator calls this after each
+    /// input); the first one broken.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let (unacked, cached, pending) = self.relm.records();
+        let cfg = self.relm.config();
+        if unacked > cfg.unacked_max || pending > cfg.pending_max {
+            return Err(format!(
+                "rank {}: RELM table beyond its bounds ({unacked} unacknowledged, {pending} pending)",
+                self.me
+            ));
+        }
+        let _ = cached;
+        if self.prewire.len() > self.prewire_queue_max {
+            return Err(format!(
+                "rank {}: pre-wire-up queue beyond its bound",
+                self.me
+            ));
+        }
+        if self.relm_backlog.len() > crate::limits::GRPCOMM_RELIABLE_BACKLOG_MAX {
+            return Err(format!("rank {}: RELM backlog beyond its bound", self.me));
+        }
+        if self.routing.is_failed(self.me) {
+            return Err(format!("rank {}: believes itself failed", self.me));
+        }
+        let failed: Vec<Rank> = self.routing.failed().collect();
+        if let Some(r) = self.confirmed.iter().find(|r| !failed.contains(r)) {
+            return Err(format!(
+                "rank {}: rank {r} confirmed dead but routed through",
+                self.me
+            ));
+        }
+        Ok(())
+    }
+}

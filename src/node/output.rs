@@ -1,0 +1,96 @@
+//! What a [`Node`](super::Node) asks its driver to do, in the order it must be done.
+
+use crate::Rank;
+use crate::error::SendError;
+use crate::grpcomm::AllgatherResult;
+use crate::oob::header::Header;
+use crate::oob::send_queue::Payload;
+use crate::rml::{Message, ReceiveId, Tag};
+use crate::routed::RecoveryStatus;
+use bytes::Bytes;
+
+/// Why a daemon stopped, readable after it has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// A local shutdown request.
+    Requested,
+    /// Rank 0 told the DVM to stop.
+    DvmShutdown,
+    /// The daemon cannot continue (rank 0 lost, declared dead, left out of wire-up, the poller
+    /// failed, ...); the text says why.
+    Fatal(String),
+}
+
+/// One thing the driver must do. Outputs come out of [`Node::poll_output`](super::Node) in the
+/// order the protocol needs them carried out; a driver that reorders them breaks per-link FIFO.
+#[derive(Debug)]
+pub enum Output {
+    /// Queue this frame on the connection to neighbour `to` (dialling it if there is none).
+    /// `token` is the sender's completion: complete it `Ok` once the frame reached the kernel,
+    /// or with the error if it cannot be carried.
+    Transmit {
+        to: Rank,
+        header: Header,
+        payload: Payload,
+        token: Option<u64>,
+    },
+    /// A heartbeat for neighbour `to`: send it only over a connection that is up (a missing
+    /// one is being redialled, and silence is what the peer's monitor measures).
+    Heartbeat { to: Rank, header: Header },
+    /// These ranks failed: close their connections and give every frame still queued for them
+    /// back through [`Node::reroute`](super::Node::reroute), with `adopted` (the children this
+    /// repair gave this daemon), before carrying out the outputs that follow.
+    PeersFailed { dead: Vec<Rank>, adopted: Vec<Rank> },
+    /// A posted receive matched `msg`; `retired` if that was a one-shot receive's only match.
+    Deliver {
+        receive: ReceiveId,
+        retired: bool,
+        msg: Message,
+    },
+    /// The send, reliable send or broadcast with this token is over.
+    SendDone {
+        token: u64,
+        result: Result<(), SendError>,
+    },
+    /// Collective `id` is over here (every result is reported, whoever waits for it).
+    AllgatherDone {
+        id: u64,
+        result: Result<AllgatherResult, SendError>,
+    },
+    /// The tree was repaired: run the user's fault handlers with this status.
+    Repaired(RecoveryStatus),
+    /// Wire-up is complete: this daemon knows the contact table.
+    Wired,
+    /// The daemon stops: flush what is queued (bounded linger), then close everything.
+    Stop(StopReason),
+    /// Observations for the simulator's checkers (only with `NodeConfig::trace`).
+    Trace(Trace),
+}
+
+/// What the simulator's checkers observe beyond the API's outputs.
+#[derive(Debug, Clone)]
+pub enum Trace {
+    /// Broadcast operation `op` (user or runtime) was delivered here, in order.
+    Broadcast {
+        op: u64,
+        originator: Rank,
+        tag: Tag,
+        payload: Bytes,
+    },
+    /// This daemon's broadcast with `token` finished: numbered `op` and delivered everywhere,
+    /// or refused (`None`).
+    BroadcastFinished { token: u64, op: Option<u64> },
+}
+
+/// Where a frame that was queued for a rank that failed goes now ([`Node::reroute`](super::Node::reroute)).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reroute {
+    /// On to this neighbour (the header is unchanged but for the sender's stamp).
+    Hop(Rank, Header),
+    /// A copy to each of these neighbours (a flood the dead child never passed on).
+    Copies(Vec<(Rank, Header)>),
+    /// Nowhere: complete the sender with this error.
+    Fail(SendError),
+    /// Nowhere, and nobody waits for it (RELM and the collectives resend what matters).
+    Drop,
+}

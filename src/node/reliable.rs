@@ -1,0 +1,308 @@
+//! The node's side of reliable messaging. The protocol is the sans-IO core in `src/relm/`;
+//! this file feeds it (reliable sends, `RelmData` and `Relm` frames) and turns what it asks for
+//! into outputs (frames, completions).
+//!
+//! * A reliable send to another rank goes to `Relm::send` with a RELM token; the user's token
+//!   waits in `relm_users` (at most `relm_unacked_max` entries: `Relm::send` refuses beyond
+//!   that) until RELM reports the outcome. A reliable send to this daemon is a self-send.
+//! * A message RELM posts here goes to `Matcher::try_handle_message`, which refuses rather
+//!   than evict a held message when the unmatched list is full: RELM then does not acknowledge
+//!   it and the origin replays it later. Runtime messages are always taken.
+//! * The runtime's own reliable messages (fault reports, broadcast requests and dones) never
+//!   meet a full window as an error: they wait, bounded, and are retried every pump.
+
+use super::{Node, Output};
+use crate::Rank;
+use crate::error::SendError;
+use crate::grpcomm::{TAG_XCAST_DONE, TAG_XCAST_REQUEST};
+use crate::limits;
+use crate::oob::header::{Header, Kind};
+use crate::relm::wire::{pack_seq, unpack_seq};
+use crate::relm::{DataFrame, Event, Transmit};
+use crate::rml::{Dispatch, Matcher, Message, TAG_USER_MIN, Tag};
+use bytes::Bytes;
+use std::time::Instant;
+
+/// RELM tokens at or above this are the runtime's own messages: nobody waits for them.
+const RUNTIME_TOKEN_MIN: u64 = 1 << 63;
+
+/// Runtime tags that travel over RELM: fault reports to rank 0 must not be lost with a dying
+/// relay (a lost report could leave a death unconfirmed, and survivors with different trees);
+/// broadcast requests, and rank 0's dones and refusals, need reliability and per-origin order
+/// (the xcast core requires both).
+pub const RELIABLE_RUNTIME_TAGS: [Tag; 3] = [
+    crate::faults::notice::TAG_FAULT_REPORT,
+    TAG_XCAST_REQUEST,
+    TAG_XCAST_DONE,
+];
+
+impl Node {
+    pub(super) fn next_runtime_token(&mut self) -> u64 {
+        let t = self.relm_next_token | RUNTIME_TOKEN_MIN;
+        self.relm_next_token = (self.relm_next_token + 1) & !RUNTIME_TOKEN_MIN;
+        t
+    }
+
+    fn next_user_token(&mut self) -> u64 {
+        let t = self.relm_next_token & !RUNTIME_TOKEN_MIN;
+        self.relm_next_token = (self.relm_next_token + 1) & !RUNTIME_TOKEN_MIN;
+        t
+    }
+
+    /// A reliable send originated here (once wired).
+    pub(super) fn send_reliable(
+        &mut self,
+        now: Instant,
+        dst: Rank,
+        tag: Tag,
+        payload: Bytes,
+        token: Option<u64>,
+    ) -> Result<(), SendError> {
+        if dst == self.me {
+            self.send(dst, tag, payload, token);
+            return Ok(());
+        }
+        let rt = self.next_user_token();
+        self.relm.send(now, &self.routing, dst, tag, payload, rt)?;
+        if let Some(token) = token {
+            self.relm_users.insert(rt, token);
+        }
+        Ok(())
+    }
+
+    /// A `RelmData` frame from neighbour `from` (checked: not from a failed rank, ranks in
+    /// range). A stopping daemon ignores RELM input: it sends nothing more, so it must not
+    /// post what it could not acknowledge (the origin then hears node-down, truthfully).
+    pub(super) fn on_relm_data(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        h: Header,
+        payload: Bytes,
+    ) -> Result<(), String> {
+        if self.stopping.is_some() {
+            return Ok(());
+        }
+        if h.tag < TAG_USER_MIN && !RELIABLE_RUNTIME_TAGS.contains(&h.tag) {
+            return Err(format!("reliable message with reserved tag {}", h.tag));
+        }
+        let (uid, prev) = unpack_seq(h.seq);
+        let d = DataFrame {
+            origin: h.origin,
+            dst: h.dst,
+            tag: h.tag,
+            uid,
+            prev,
+            payload,
+        };
+        let refused = self.relm.stats().refused;
+        let mut ready = Vec::new();
+        let mut runtime = Vec::new();
+        let matcher = &mut self.matcher;
+        let mut post = |origin: Rank, tag: Tag, payload: Bytes| {
+            post_to(matcher, &mut ready, &mut runtime, origin, tag, payload)
+        };
+        let res = self
+            .relm
+            .handle_data(now, &self.routing, from, d, &mut post);
+        self.posted_by_relm(now, ready, runtime, refused);
+        res.map_err(|e| format!("reliable message: {e}"))
+    }
+
+    /// A `Relm` control frame from neighbour `from`.
+    pub(super) fn on_relm_control(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        h: Header,
+        payload: Bytes,
+    ) -> Result<(), String> {
+        if self.stopping.is_some() {
+            return Ok(());
+        }
+        if h.origin != from || h.dst != self.me {
+            return Err(format!(
+                "RELM control frame from {} to {} on the link with rank {from}",
+                h.origin, h.dst
+            ));
+        }
+        let refused = self.relm.stats().refused;
+        let mut ready = Vec::new();
+        let mut runtime = Vec::new();
+        let matcher = &mut self.matcher;
+        let mut post = |origin: Rank, tag: Tag, payload: Bytes| {
+            post_to(matcher, &mut ready, &mut runtime, origin, tag, payload)
+        };
+        let res = self
+            .relm
+            .handle_control(now, &self.routing, from, &payload, &mut post);
+        self.posted_by_relm(now, ready, runtime, refused);
+        res.map_err(|e| format!("RELM control: {e}"))
+    }
+
+    /// Delivers what RELM posted, now that its call has returned, and warns (at the first of
+    /// each power of two) when the full unmatched list refused some.
+    fn posted_by_relm(
+        &mut self,
+        now: Instant,
+        ready: Vec<Dispatch>,
+        runtime: Vec<Message>,
+        refused_before: u64,
+    ) {
+        for d in ready {
+            self.dispatch(d);
+        }
+        for m in runtime {
+            self.runtime_message(now, m);
+        }
+        let refused = self.relm.stats().refused;
+        if refused > refused_before && (refused_before + 1..=refused).any(|n| n.is_power_of_two()) {
+            log::warn!(
+                "rank {}: refused a reliable message (unmatched list or pending bound full; \
+                 its origin replays it later); {refused} so far",
+                self.me
+            );
+        }
+    }
+
+    /// A runtime message for rank `to` over RELM (or the bounded backlog if RELM's window is
+    /// full).
+    pub(super) fn runtime_reliable(&mut self, now: Instant, to: Rank, tag: Tag, payload: Bytes) {
+        if !self.relm_backlog.is_empty() {
+            self.backlog(to, tag, payload);
+            return;
+        }
+        if let Err((tag, payload)) = self.try_reliable(now, to, tag, payload) {
+            self.backlog(to, tag, payload);
+        }
+    }
+
+    /// Hands one message to RELM; gives it back if RELM's window is full.
+    fn try_reliable(
+        &mut self,
+        now: Instant,
+        to: Rank,
+        tag: Tag,
+        payload: Bytes,
+    ) -> Result<(), (Tag, Bytes)> {
+        if to == self.me {
+            self.deliver(
+                now,
+                Message {
+                    origin: to,
+                    tag,
+                    payload,
+                },
+            );
+            return Ok(());
+        }
+        let token = self.next_runtime_token();
+        match self
+            .relm
+            .send(now, &self.routing, to, tag, payload.clone(), token)
+        {
+            Ok(()) => Ok(()),
+            Err(SendError::Busy(_)) => Err((tag, payload)),
+            Err(e) => {
+                // To a dead rank: its requests and broadcasts died with it.
+                log::debug!("rank {}: runtime message to {to} not sent: {e}", self.me);
+                Ok(())
+            }
+        }
+    }
+
+    fn backlog(&mut self, to: Rank, tag: Tag, payload: Bytes) {
+        if self.relm_backlog.len() >= limits::GRPCOMM_RELIABLE_BACKLOG_MAX {
+            // The cores' own bounds keep the backlog below this (see `limits`).
+            crate::bug!(
+                "rank {}: {} runtime messages wait for RELM; dropped one for {to}",
+                self.me,
+                self.relm_backlog.len()
+            );
+            self.counters.dropped_queue_full += 1;
+            return;
+        }
+        self.relm_backlog.push_back((to, tag, payload));
+    }
+
+    /// Retries what waited for RELM's window, in order.
+    pub(super) fn retry_backlog(&mut self, now: Instant) {
+        self.flush_reports(now);
+        while let Some((to, tag, payload)) = self.relm_backlog.pop_front() {
+            if let Err((tag, payload)) = self.try_reliable(now, to, tag, payload) {
+                self.relm_backlog.push_front((to, tag, payload));
+                break;
+            }
+        }
+    }
+
+    /// Turns what RELM asked for into outputs: its frames and its completions.
+    pub(super) fn pump_relm(&mut self, now: Instant) {
+        if self.stopping.is_none() {
+            self.retry_backlog(now);
+        }
+        while let Some(t) = self.relm.poll_transmit() {
+            if self.stopping.is_some() {
+                continue;
+            }
+            let (to, header, payload) = match t {
+                Transmit::Data { to, frame: f } => {
+                    let mut h =
+                        self.header(Kind::RelmData, f.origin, f.dst, f.tag, f.payload.len());
+                    h.seq = pack_seq(f.uid, f.prev);
+                    (to, h, f.payload)
+                }
+                Transmit::Control { to, control } => {
+                    let p = control.encode();
+                    (to, self.header(Kind::Relm, self.me, to, 0, p.len()), p)
+                }
+            };
+            // Queued in RELM before a repair that failed `to`: RELM replays what matters.
+            if to == self.me || to >= self.size || self.routing.is_failed(to) {
+                log::debug!("rank {}: RELM frame for rank {to} dropped", self.me);
+                continue;
+            }
+            self.transmit(to, header, payload, None);
+        }
+        while let Some(Event::Completed { token, result }) = self.relm.poll_event() {
+            if let Some(user) = self.relm_users.remove(&token) {
+                self.out.push_back(Output::SendDone {
+                    token: user,
+                    result,
+                });
+            }
+        }
+    }
+}
+
+/// RELM's `post`: hands a message to receive matching unless the matcher would have to evict a
+/// held message to keep it. The dispatch waits in `ready` (delivered after RELM returns).
+fn post_to(
+    matcher: &mut Matcher,
+    ready: &mut Vec<Dispatch>,
+    runtime: &mut Vec<Message>,
+    origin: Rank,
+    tag: Tag,
+    payload: Bytes,
+) -> bool {
+    // Runtime notices are handled by the node itself, never held: always posted.
+    if tag < TAG_USER_MIN {
+        runtime.push(Message {
+            origin,
+            tag,
+            payload,
+        });
+        return true;
+    }
+    match matcher.try_handle_message(Message {
+        origin,
+        tag,
+        payload,
+    }) {
+        Ok(d) => {
+            ready.push(d);
+            true
+        }
+        Err(_) => false,
+    }
+}
