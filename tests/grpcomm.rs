@@ -579,3 +579,28 @@ fn the_dvm_shutdown_rides_the_broadcast_and_reaches_everyone() {
     let all: Vec<Rank> = (0..15).collect();
     assert_eq!(same_order(&log, &all).len(), 14 * 4);
 }
+
+/// Defect 1 of the "one protocol core" issue, as a new user met it (8 daemons: a barrier, then
+/// at once `shutdown_dvm` on rank 0): a result rank 0 decided before the shutdown reaches
+/// every daemon as `Ok`, never `ShutDown` (39 rounds in 100 failed before the fix).
+#[test]
+fn a_barrier_right_before_shutdown_dvm_completes_everywhere() {
+    for round in 0..12 {
+        let dvm = start_dvm(8, &loopback_config(2));
+        let (tx, rx) = unbounded();
+        for d in &dvm[1..] {
+            let tx = tx.clone();
+            let r = d.rank();
+            d.barrier(1, move |res| {
+                let _ = tx.send((r, res.map(|_| ())));
+            })
+            .unwrap();
+        }
+        dvm[0].barrier_wait(1, HANG_GUARD).unwrap();
+        dvm[0].shutdown_dvm();
+        for _ in 1..8 {
+            let (r, res) = rx.recv_timeout(HANG_GUARD).unwrap();
+            assert_eq!(res, Ok(()), "round {round}: rank {r}'s barrier");
+        }
+    }
+}

@@ -443,3 +443,6 @@ impl Node {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,349 @@
+//! Deterministic tests of one or a few nodes on an in-memory network (FIFO per link, encoded
+//! frames, a virtual clock): the fixes of the "one protocol core" issue, each named.
+
+use super::*;
+use crate::SendError;
+use crate::faults::notice::TAG_FAULT_REPORT;
+use crate::oob::header::HEADER_LEN;
+use crate::rml::Peer;
+use std::collections::VecDeque;
+
+const TAG: Tag = crate::rml::TAG_USER_MIN;
+
+/// A few wired nodes and the frames between them.
+struct Net {
+    nodes: Vec<Node>,
+    alive: Vec<bool>,
+    links: VecDeque<(Rank, Rank, Bytes)>,
+    now: Instant,
+    delivered: Vec<(Rank, Message)>,
+    done: Vec<(Rank, u64, Result<(), SendError>)>,
+    /// Every transmit seen: (from, to, header).
+    seen: Vec<(Rank, Rank, Header)>,
+}
+
+impl Net {
+    fn new(size: u32, radix: u32, tweak: impl Fn(&mut NodeConfig)) -> Net {
+        let now = Instant::now();
+        let nodes = (0..size)
+            .map(|r| {
+                let mut cfg = NodeConfig {
+                    heartbeat: None,
+                    wired_at_start: true,
+                    ..NodeConfig::new(r, size, radix)
+                };
+                tweak(&mut cfg);
+                let mut n = Node::new(cfg).unwrap();
+                n.post(Peer::Any, TAG, true).unwrap();
+                n.start(now);
+                n
+            })
+            .collect();
+        let mut net = Net {
+            nodes,
+            alive: vec![true; size as usize],
+            links: VecDeque::new(),
+            now,
+            delivered: Vec::new(),
+            done: Vec::new(),
+            seen: Vec::new(),
+        };
+        for r in 0..size {
+            net.collect(r);
+        }
+        net
+    }
+
+    fn node(&mut self, r: Rank) -> &mut Node {
+        &mut self.nodes[r as usize]
+    }
+
+    fn collect(&mut self, r: Rank) {
+        let now = self.now;
+        let n = &mut self.nodes[r as usize];
+        n.pump(now);
+        while let Some(o) = n.poll_output() {
+            match o {
+                Output::Transmit {
+                    to,
+                    header,
+                    payload,
+                    ..
+                } => {
+                    self.seen.push((r, to, header));
+                    let mut b = header.encode().to_vec();
+                    b.extend_from_slice(&payload.to_bytes());
+                    self.links.push_back((r, to, Bytes::from(b)));
+                }
+                Output::Deliver { msg, .. } => self.delivered.push((r, msg)),
+                Output::SendDone { token, result } => self.done.push((r, token, result)),
+                _ => {}
+            }
+        }
+        assert_eq!(n.check_invariants(), Ok(()));
+    }
+
+    /// Delivers frames until none are left (frames to or from the dead are lost).
+    fn run(&mut self) {
+        for _ in 0..100_000 {
+            let Some((from, to, bytes)) = self.links.pop_front() else {
+                return;
+            };
+            if !(self.alive[from as usize] && self.alive[to as usize]) {
+                continue;
+            }
+            let h = Header::decode(bytes.first_chunk::<HEADER_LEN>().unwrap()).unwrap();
+            let now = self.now;
+            self.nodes[to as usize]
+                .handle_frame(now, from, h, bytes.slice(HEADER_LEN..))
+                .unwrap();
+            self.collect(to);
+        }
+        panic!("the network did not settle");
+    }
+
+    /// Time passes by `ms` for every living node.
+    fn advance(&mut self, ms: u64) {
+        self.now += Duration::from_millis(ms);
+        for r in 0..self.nodes.len() as Rank {
+            if self.alive[r as usize] {
+                let now = self.now;
+                self.nodes[r as usize].handle_timeout(now, &NoQueues);
+                self.collect(r);
+            }
+        }
+    }
+}
+
+/// Defect 7: RELM's timers run on the `now` they are given (the loop once passed the wall
+/// clock instead): a reliable message that was never acknowledged is retransmitted when
+/// virtual time reaches its deadline, an hour after the real clock's now.
+#[test]
+fn relm_retransmits_on_the_clock_it_is_given() {
+    let mut net = Net::new(2, 2, |_| {});
+    net.now += Duration::from_secs(3600);
+    let now = net.now;
+    net.node(1)
+        .handle_command(
+            now,
+            Command::SendReliable {
+                dst: 0,
+                tag: TAG,
+                payload: Bytes::from_static(b"x"),
+                token: Some(7),
+            },
+        )
+        .unwrap();
+    net.collect(1);
+    // The frame is lost on the way.
+    assert_eq!(net.links.len(), 1);
+    net.links.clear();
+    let retransmit_ms = net.nodes[1].relm().config().retransmit_ms;
+    net.advance(retransmit_ms + 1);
+    assert_eq!(net.nodes[1].relm().stats().retransmits, 1);
+    net.run();
+    assert_eq!(net.delivered.len(), 1);
+    assert!(matches!(net.done.as_slice(), [(1, 7, Ok(()))]));
+}
+
+/// Defect 2: a fault report that meets a full RELM window waits (merged with later ones) and
+/// goes out once there is room; it is never dropped, so rank 0 confirms the death.
+/// (Before the fix the report was refused `Busy` and lost: rank 0 never learnt of rank 3.)
+#[test]
+fn a_fault_report_waits_for_room_in_the_relm_window() {
+    // Radix 2, 4 daemons: 0 -> {1, 2}, 1 -> {3}.
+    let mut net = Net::new(4, 2, |c| c.relm.unacked_max = 1);
+    let now = net.now;
+    net.node(1)
+        .handle_command(
+            now,
+            Command::SendReliable {
+                dst: 2,
+                tag: TAG,
+                payload: Bytes::from_static(b"fills the window"),
+                token: Some(1),
+            },
+        )
+        .unwrap();
+    net.collect(1);
+    net.alive[3] = false;
+    net.node(1).handle_unreachable(now, 3, 5);
+    net.collect(1);
+    assert!(net.nodes[1].counters().reports_delayed >= 1);
+    assert!(
+        !net.seen
+            .iter()
+            .any(|(_, _, h)| h.kind == Kind::RelmData && h.tag == TAG_FAULT_REPORT),
+        "the report went out past a full window"
+    );
+    net.run();
+    assert!(
+        net.nodes[0].is_failed(3),
+        "rank 0 never heard of rank 3's death"
+    );
+    assert_eq!(net.nodes[0].epoch(), 1);
+    assert!(
+        net.nodes[2].is_failed(3),
+        "the confirmation did not reach rank 2"
+    );
+}
+
+/// Defect 5: the header's epoch is the sender's incarnation. A frame from an older
+/// incarnation of its sender than one already seen is dropped and counted; a frame from a
+/// sender that has not yet applied the latest fault confirmation is not.
+#[test]
+fn frames_from_an_older_incarnation_are_dropped() {
+    let mut net = Net::new(2, 2, |c| c.incarnation = 10 + u64::from(c.rank));
+    let now = net.now;
+    net.node(1)
+        .handle_command(
+            now,
+            Command::Send {
+                dst: 0,
+                tag: TAG,
+                payload: Bytes::from_static(b"new"),
+                token: None,
+            },
+        )
+        .unwrap();
+    net.collect(1);
+    assert_eq!(
+        net.seen[0].2.epoch, 11,
+        "stamped with the sender's incarnation"
+    );
+    net.run();
+    assert_eq!(net.delivered.len(), 1);
+    // The same rank's previous life (incarnation 5) still has a frame in flight.
+    let old = Header {
+        kind: Kind::Msg,
+        origin: 1,
+        dst: 0,
+        tag: TAG,
+        epoch: 5,
+        seq: 0,
+        len: 3,
+    };
+    net.node(0)
+        .handle_frame(now, 1, old, Bytes::from_static(b"old"))
+        .unwrap();
+    net.collect(0);
+    assert_eq!(
+        net.delivered.len(),
+        1,
+        "a frame of an older incarnation was delivered"
+    );
+    assert_eq!(net.nodes[0].counters().dropped_old_incarnation, 1);
+    // The DVM's fault epoch moved on at rank 0; rank 1's frames are still taken.
+    net.nodes[0].epoch = 7;
+    net.node(1)
+        .handle_command(
+            now,
+            Command::Send {
+                dst: 0,
+                tag: TAG,
+                payload: Bytes::from_static(b"again"),
+                token: None,
+            },
+        )
+        .unwrap();
+    net.collect(1);
+    net.run();
+    assert_eq!(net.delivered.len(), 2);
+}
+
+/// Defect 6: a frame attributed to a rank that cannot be its sender is refused with a reason
+/// (the driver closes that connection), never taken as rank 0's.
+#[test]
+fn a_frame_from_no_known_rank_is_refused() {
+    let mut net = Net::new(2, 2, |_| {});
+    let now = net.now;
+    let h = Header {
+        kind: Kind::Msg,
+        origin: 0,
+        dst: 0,
+        tag: TAG,
+        epoch: 1,
+        seq: 0,
+        len: 0,
+    };
+    let err = net
+        .node(0)
+        .handle_frame(now, 9, h, Bytes::new())
+        .unwrap_err();
+    assert!(err.contains("rank 9"), "{err}");
+    let err = net
+        .node(0)
+        .handle_frame(now, 0, h, Bytes::new())
+        .unwrap_err();
+    assert!(err.contains("rank 0"), "{err}");
+    net.collect(0);
+    assert!(net.delivered.is_empty());
+}
+
+/// Defect 1: an allgather whose result is decided before rank 0's `shutdown_dvm` is delivered
+/// everywhere before the shutdown stops the daemons (the result and the shutdown are two
+/// broadcast operations in order; the result's completion came after the shutdown's stop).
+#[test]
+fn a_result_decided_before_a_shutdown_is_delivered() {
+    let mut net = Net::new(8, 2, |_| {});
+    let now = net.now;
+    for r in 0..8 {
+        net.node(r)
+            .handle_command(
+                now,
+                Command::Allgather {
+                    id: 1,
+                    data: Bytes::new(),
+                },
+            )
+            .unwrap();
+        net.collect(r);
+    }
+    // Rank 0 shuts the DVM down as soon as it has the result. Frames arrive in batches, as
+    // from one read of a socket: everything queued is handed over, then each node pumps once,
+    // so a daemon meets the result's operation and the shutdown's in one pump.
+    let mut results = vec![None; 8];
+    let mut stops = vec![None; 8];
+    for _ in 0..1_000 {
+        if net.links.is_empty() {
+            break;
+        }
+        for (from, to, bytes) in std::mem::take(&mut net.links) {
+            let h = Header::decode(bytes.first_chunk::<HEADER_LEN>().unwrap()).unwrap();
+            net.nodes[to as usize]
+                .handle_frame(now, from, h, bytes.slice(HEADER_LEN..))
+                .unwrap();
+        }
+        for r in 0..8u32 {
+            let n = &mut net.nodes[r as usize];
+            n.pump(now);
+            while let Some(o) = n.poll_output() {
+                match o {
+                    Output::Transmit {
+                        to,
+                        header,
+                        payload,
+                        ..
+                    } => {
+                        let mut b = header.encode().to_vec();
+                        b.extend_from_slice(&payload.to_bytes());
+                        net.links.push_back((r, to, Bytes::from(b)));
+                    }
+                    Output::AllgatherDone { result, .. } => {
+                        results[r as usize] = Some(result.is_ok());
+                        if r == 0 {
+                            n.handle_shutdown(now, true);
+                            n.pump(now);
+                        }
+                    }
+                    Output::Stop(reason) => stops[r as usize] = Some(reason),
+                    _ => {}
+                }
+            }
+        }
+    }
+    for r in 0..8 {
+        assert_eq!(results[r], Some(true), "rank {r}'s result");
+        assert!(stops[r].is_some(), "rank {r} did not stop");
+    }
+}
