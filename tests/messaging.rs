@@ -6,7 +6,7 @@ mod common;
 
 use bytes::Bytes;
 use common::{HANG_GUARD, loopback_config, start_dvm, start_dvm_with};
-use crossbeam_channel::unbounded;
+use crossbeam_channel::{Receiver, Sender, unbounded};
 use std::collections::HashMap;
 use tbon::{Peer, RecvError, SendError};
 
@@ -276,4 +276,57 @@ fn sends_after_shutdown_fail_with_shut_down() {
     h.shutdown();
     assert_eq!(h.send(0, TAG, "late"), Err(SendError::ShutDown));
     assert!(h.is_stopped());
+}
+
+/// A receive on `tag` whose callback holds the loop thread until `release` says so (or the
+/// hang guard passes); `entered` hears each time it starts holding. Lets a test queue commands
+/// behind a message that the loop is in the middle of delivering.
+fn gate(d: &tbon::Daemon, tag: u32) -> (Receiver<()>, Sender<()>) {
+    let (entered_tx, entered_rx) = unbounded();
+    let (release_tx, release_rx) = unbounded::<()>();
+    d.recv(Peer::Any, tag, true, move |_| {
+        entered_tx.send(()).unwrap();
+        let _ = release_rx.recv_timeout(HANG_GUARD);
+    })
+    .unwrap();
+    (entered_rx, release_tx)
+}
+
+#[test]
+fn a_retired_one_shot_does_not_unregister_its_reposted_successor() {
+    let dvm = start_dvm(1, &loopback_config(64));
+    let d = &dvm[0];
+    let (entered, release) = gate(d, TAG + 1);
+    d.send(0, TAG, "held").unwrap();
+    d.send(0, TAG + 1, "gate").unwrap();
+    // Self-sends are matched in order: "held" waits in the unmatched list now.
+    entered.recv_timeout(HANG_GUARD).unwrap();
+    // While the loop holds, post, cancel and post again. The loop then handles them in order:
+    // the first post takes "held" and retires (it matched before the cancel), the cancel finds
+    // nothing, the second post stands.
+    let (tx, rx) = unbounded();
+    let t1 = tx.clone();
+    d.recv(Peer::Rank(0), TAG, false, move |m| {
+        t1.send(("first", m)).unwrap()
+    })
+    .unwrap();
+    d.cancel(Peer::Rank(0), TAG);
+    d.recv(Peer::Rank(0), TAG, false, move |m| {
+        tx.send(("second", m)).unwrap()
+    })
+    .unwrap();
+    release.send(()).unwrap();
+    // A round trip: the loop has handled the three commands.
+    d.counters().unwrap();
+    let (who, m) = rx.recv_timeout(HANG_GUARD).unwrap();
+    assert_eq!((who, &m.payload[..]), ("first", &b"held"[..]));
+    // The first post's retirement must not have unregistered the second.
+    assert_eq!(
+        d.recv(Peer::Rank(0), TAG, false, |_| {}),
+        Err(RecvError::Duplicate),
+        "a third post was accepted while the second stands"
+    );
+    d.send(0, TAG, "next").unwrap();
+    let (who, m) = rx.recv_timeout(HANG_GUARD).unwrap();
+    assert_eq!((who, &m.payload[..]), ("second", &b"next"[..]));
 }

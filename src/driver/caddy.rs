@@ -49,15 +49,20 @@ pub(crate) enum Caddy {
         data: Bytes,
         done: AllgatherCompletion,
     },
+    /// `post` is the id `Handle` gave this post (unique per daemon, see `Shared::posted`).
     Recv {
         peer: Peer,
         tag: Tag,
         persistent: bool,
         callback: RecvCallback,
+        post: u64,
     },
+    /// Cancel the receive for (peer, tag) if it is still post `post` (not one posted again
+    /// since).
     Cancel {
         peer: Peer,
         tag: Tag,
+        post: u64,
     },
     Purge {
         peer: Rank,

@@ -105,7 +105,7 @@ pub(crate) struct EventLoop {
     links: FxHashMap<Rank, Link>,
     contacts: Vec<Option<ContactUri>>,
     matcher: Matcher,
-    receives: FxHashMap<ReceiveId, (Peer, Tag, RecvCallback)>,
+    receives: FxHashMap<ReceiveId, (Peer, Tag, u64, RecvCallback)>,
     timers: Timers,
     wire: Wire,
     prewire: VecDeque<Caddy>,
@@ -406,17 +406,21 @@ impl EventLoop {
                 tag,
                 persistent,
                 callback,
+                post,
             } => match self.matcher.post(peer, tag, persistent) {
                 Ok((id, deliveries)) => {
-                    self.receives.insert(id, (peer, tag, callback));
+                    self.receives.insert(id, (peer, tag, post, callback));
                     for d in deliveries {
                         self.dispatch(d);
                     }
                 }
                 Err(e) => log::warn!("rank {}: {e}", self.me),
             },
-            Caddy::Cancel { peer, tag } => {
-                if let Some(id) = self.matcher.cancel(peer, tag) {
+            Caddy::Cancel { peer, tag, post } => {
+                if let Some(id) = self.matcher.receive_id(peer, tag)
+                    && self.receives.get(&id).is_some_and(|r| r.2 == post)
+                {
+                    self.matcher.cancel(peer, tag);
                     self.receives.remove(&id);
                 }
             }
@@ -462,9 +466,9 @@ impl EventLoop {
             | Caddy::SendReliable { done, .. }
             | Caddy::Broadcast { done, .. } => complete(done, Err(SendError::ShutDown)),
             Caddy::Allgather { done, .. } => done(Err(SendError::ShutDown)),
-            Caddy::Recv { peer, tag, .. } => {
-                lock(&self.shared.posted).remove(&(peer, tag));
-            }
+            Caddy::Recv {
+                peer, tag, post, ..
+            } => self.shared.unpost(peer, tag, post),
             Caddy::Counters(tx) => {
                 let _ = tx.send(self.snapshot());
             }
@@ -654,11 +658,11 @@ impl EventLoop {
             Dispatch::Deliver { id, retired, msg } => {
                 self.counters.delivered += 1;
                 if retired {
-                    if let Some((peer, tag, mut cb)) = self.receives.remove(&id) {
-                        lock(&self.shared.posted).remove(&(peer, tag));
+                    if let Some((peer, tag, post, mut cb)) = self.receives.remove(&id) {
+                        self.shared.unpost(peer, tag, post);
                         cb(msg);
                     }
-                } else if let Some((_, _, cb)) = self.receives.get_mut(&id) {
+                } else if let Some((_, _, _, cb)) = self.receives.get_mut(&id) {
                     cb(msg);
                 }
             }

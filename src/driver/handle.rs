@@ -14,7 +14,7 @@ use crate::rml::{Message, Peer, TAG_USER_MIN, Tag};
 use crate::routed::RecoveryStatus;
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::{JoinHandle, ThreadId};
@@ -48,8 +48,13 @@ pub(crate) struct Shared {
     pub size: u32,
     pub msg_max_bytes: usize,
     pub uri: String,
-    /// (peer, tag) pairs with a posted receive, so a duplicate post fails synchronously.
-    pub posted: Mutex<HashSet<(Peer, Tag)>>,
+    /// (peer, tag) pairs with a posted receive, each with the id of its post, so a duplicate
+    /// post fails synchronously. The loop removes an entry when it retires a one-shot receive
+    /// only if the id still matches ([`Shared::unpost`]): the user may have cancelled and
+    /// posted the same pair again in the meantime.
+    pub posted: Mutex<HashMap<(Peer, Tag), u64>>,
+    /// The next post id (ids are never reused by a daemon).
+    pub next_post: AtomicU64,
     pub lifecycle: Mutex<Lifecycle>,
     pub lifecycle_cv: Condvar,
     /// Set once, by the loop thread when it starts (read on every submit: no lock).
@@ -91,6 +96,15 @@ impl Shared {
             let _ = self.waker.wake();
         }
         Ok(())
+    }
+
+    /// Forgets the registration of (peer, tag) if it still belongs to post `post`; a newer post
+    /// of the same pair keeps its own. Called when the receive is gone (retired, refused).
+    pub(crate) fn unpost(&self, peer: Peer, tag: Tag, post: u64) {
+        let mut posted = lock(&self.posted);
+        if posted.get(&(peer, tag)) == Some(&post) {
+            posted.remove(&(peer, tag));
+        }
     }
 
     pub(crate) fn is_stopped(&self) -> bool {
@@ -440,22 +454,38 @@ impl Handle {
         persistent: bool,
         callback: impl FnMut(Message) + Send + 'static,
     ) -> Result<(), RecvError> {
+        self.post(peer, tag, persistent, Box::new(callback))
+            .map(|_| ())
+    }
+
+    /// [`Handle::recv`], returning the id of the post.
+    fn post(
+        &self,
+        peer: Peer,
+        tag: Tag,
+        persistent: bool,
+        callback: RecvCallback,
+    ) -> Result<u64, RecvError> {
         self.check_recv(peer, tag)?;
-        if !lock(&self.shared.posted).insert((peer, tag)) {
-            return Err(RecvError::Duplicate);
+        let post = self.shared.next_post.fetch_add(1, Ordering::Relaxed);
+        match lock(&self.shared.posted).entry((peer, tag)) {
+            std::collections::hash_map::Entry::Occupied(_) => return Err(RecvError::Duplicate),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(post);
+            }
         }
-        let callback: RecvCallback = Box::new(callback);
         let res = self.shared.submit(Caddy::Recv {
             peer,
             tag,
             persistent,
             callback,
+            post,
         });
         if res.is_err() {
-            lock(&self.shared.posted).remove(&(peer, tag));
+            self.shared.unpost(peer, tag, post);
             return Err(RecvError::ShutDown);
         }
-        Ok(())
+        Ok(post)
     }
 
     /// Waits up to `timeout` for one message from `peer` with `tag` (a one-shot receive), for
@@ -481,15 +511,20 @@ impl Handle {
         }
     }
 
-    /// Cancels the receive posted for exactly (peer, tag); does nothing if there is none.
+    /// Cancels the receive posted for exactly (peer, tag); does nothing if there is none (a
+    /// one-shot receive that already matched is gone). Asynchronous: a message the loop matches
+    /// before it handles the cancel still goes to the callback. Once this returns, the same
+    /// (peer, tag) may be posted again, and that new receive is never affected by this cancel.
     pub fn cancel(&self, peer: Peer, tag: Tag) {
-        lock(&self.shared.posted).remove(&(peer, tag));
-        let _ = self.shared.submit(Caddy::Cancel { peer, tag });
+        let post = lock(&self.shared.posted).remove(&(peer, tag));
+        if let Some(post) = post {
+            let _ = self.shared.submit(Caddy::Cancel { peer, tag, post });
+        }
     }
 
     /// Drops every receive posted for `peer` and every held message from it.
     pub fn purge(&self, peer: Rank) {
-        lock(&self.shared.posted).retain(|(p, _)| *p != Peer::Rank(peer));
+        lock(&self.shared.posted).retain(|(p, _), _| *p != Peer::Rank(peer));
         let _ = self.shared.submit(Caddy::Purge { peer });
     }
 

@@ -25,7 +25,7 @@ use crate::limits;
 use crate::oob::uri::ContactUri;
 use crate::routed::RoutingState;
 use handle::{Lifecycle, Shared};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
@@ -84,7 +84,8 @@ pub fn start(
         size,
         msg_max_bytes: config.msg_max_bytes as usize,
         uri: uri.to_string(),
-        posted: Mutex::new(HashSet::new()),
+        posted: Mutex::new(HashMap::new()),
+        next_post: AtomicU64::new(0),
         lifecycle: Mutex::new(Lifecycle::default()),
         lifecycle_cv: Condvar::new(),
         loop_thread: OnceLock::new(),
