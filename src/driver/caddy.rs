@@ -58,11 +58,13 @@ pub(crate) enum Caddy {
         post: u64,
     },
     /// Cancel the receive for (peer, tag) if it is still post `post` (not one posted again
-    /// since).
+    /// since). `done`, if any, is answered afterwards, also by a stopping loop: from then on no
+    /// match for that post can start.
     Cancel {
         peer: Peer,
         tag: Tag,
         post: u64,
+        done: Option<Sender<()>>,
     },
     Purge {
         peer: Rank,

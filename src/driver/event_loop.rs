@@ -416,14 +416,12 @@ impl EventLoop {
                 }
                 Err(e) => log::warn!("rank {}: {e}", self.me),
             },
-            Caddy::Cancel { peer, tag, post } => {
-                if let Some(id) = self.matcher.receive_id(peer, tag)
-                    && self.receives.get(&id).is_some_and(|r| r.2 == post)
-                {
-                    self.matcher.cancel(peer, tag);
-                    self.receives.remove(&id);
-                }
-            }
+            Caddy::Cancel {
+                peer,
+                tag,
+                post,
+                done,
+            } => self.cancel_receive(peer, tag, post, done),
             Caddy::Purge { peer } => {
                 let (ids, dropped) = self.matcher.purge(peer);
                 for id in ids {
@@ -478,10 +476,34 @@ impl EventLoop {
                     self.close(t, None);
                 }
             }
-            Caddy::Cancel { .. }
-            | Caddy::Purge { .. }
-            | Caddy::Shutdown { .. }
-            | Caddy::OnFault(_) => {}
+            // Messages are still delivered while stopping: cancel, and answer the waiter.
+            Caddy::Cancel {
+                peer,
+                tag,
+                post,
+                done,
+            } => self.cancel_receive(peer, tag, post, done),
+            Caddy::Purge { .. } | Caddy::Shutdown { .. } | Caddy::OnFault(_) => {}
+        }
+    }
+
+    /// Removes the receive for (peer, tag) if it is still post `post` (a one-shot that matched
+    /// is gone already, and the pair may have been posted again since), then answers `done`.
+    fn cancel_receive(
+        &mut self,
+        peer: Peer,
+        tag: Tag,
+        post: u64,
+        done: Option<crossbeam_channel::Sender<()>>,
+    ) {
+        if let Some(id) = self.matcher.receive_id(peer, tag)
+            && self.receives.get(&id).is_some_and(|r| r.2 == post)
+        {
+            self.matcher.cancel(peer, tag);
+            self.receives.remove(&id);
+        }
+        if let Some(done) = done {
+            let _ = done.send(());
         }
     }
 

@@ -490,6 +490,11 @@ impl Handle {
 
     /// Waits up to `timeout` for one message from `peer` with `tag` (a one-shot receive), for
     /// callers that would rather block than use callbacks. Must not be called from a callback.
+    ///
+    /// No message is lost at the timeout: the receive is cancelled synchronously, and a message
+    /// it matched before the cancel is returned (so the call may return shortly after
+    /// `timeout`); otherwise `TimedOut`, and a later message stays for the next receive.
+    /// `ShutDown` if the daemon stopped first. Errors of [`Handle::recv`] are returned at once.
     pub fn recv_blocking(
         &self,
         peer: Peer,
@@ -497,18 +502,71 @@ impl Handle {
         timeout: Duration,
     ) -> Result<Message, RecvError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.recv(peer, tag, false, move |m| {
+        let callback: RecvCallback = Box::new(move |m| {
             let _ = tx.send(m);
-        })?;
+        });
+        let post = self.post(peer, tag, false, callback)?;
         match rx.recv_timeout(timeout) {
             Ok(m) => Ok(m),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                self.cancel(peer, tag);
-                // The message may have matched between the timeout and the cancel.
-                rx.try_recv().map_err(|_| RecvError::TimedOut)
+                self.withdraw(peer, tag, post, &rx)
             }
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(RecvError::ShutDown),
         }
+    }
+
+    /// After [`Handle::recv_blocking`] timed out: takes its one-shot receive `post` back, or
+    /// returns the message it matched. The receive's callback owns the only sender of `rx`, and
+    /// the loop drops the callback once the receive is gone (matched, cancelled, refused or the
+    /// loop ended), so a blocking `rx.recv()` here ends promptly.
+    fn withdraw(
+        &self,
+        peer: Peer,
+        tag: Tag,
+        post: u64,
+        rx: &Receiver<Message>,
+    ) -> Result<Message, RecvError> {
+        let ours = {
+            let mut posted = lock(&self.shared.posted);
+            let ours = posted.get(&(peer, tag)) == Some(&post);
+            if ours {
+                posted.remove(&(peer, tag));
+            }
+            ours
+        };
+        if self.shared.on_loop_thread() {
+            // Misuse (called from a callback): the loop cannot run while we hold its thread, so
+            // waiting for it would deadlock. Cancel asynchronously, as best we can.
+            if ours {
+                let _ = self.shared.submit(Caddy::Cancel {
+                    peer,
+                    tag,
+                    post,
+                    done: None,
+                });
+            }
+            return rx.try_recv().map_err(|_| RecvError::TimedOut);
+        }
+        if !ours {
+            // The loop retired the receive (it matched: the callback runs right after) or it
+            // was cancelled or purged by another call: wait for the message or the drop.
+            return rx.recv().map_err(|_| RecvError::TimedOut);
+        }
+        let (done, answered) = crossbeam_channel::bounded(1);
+        let cancel = Caddy::Cancel {
+            peer,
+            tag,
+            post,
+            done: Some(done),
+        };
+        if self.shared.submit(cancel).is_err() {
+            // Stopping: the loop may still match until it ends, then drops the callback.
+            return rx.recv().map_err(|_| RecvError::ShutDown);
+        }
+        // Answered once the loop has cancelled the receive, or found that it matched already;
+        // a loop that ends first drops the command, which ends the wait as well.
+        let _ = answered.recv();
+        rx.try_recv().map_err(|_| RecvError::TimedOut)
     }
 
     /// Cancels the receive posted for exactly (peer, tag); does nothing if there is none (a
@@ -518,7 +576,12 @@ impl Handle {
     pub fn cancel(&self, peer: Peer, tag: Tag) {
         let post = lock(&self.shared.posted).remove(&(peer, tag));
         if let Some(post) = post {
-            let _ = self.shared.submit(Caddy::Cancel { peer, tag, post });
+            let _ = self.shared.submit(Caddy::Cancel {
+                peer,
+                tag,
+                post,
+                done: None,
+            });
         }
     }
 
