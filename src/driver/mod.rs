@@ -12,6 +12,7 @@ mod event_loop;
 mod handle;
 pub mod key;
 mod listen;
+mod nonce;
 mod timers;
 pub mod wireup;
 
