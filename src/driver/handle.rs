@@ -15,6 +15,7 @@ use crate::routed::RecoveryStatus;
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::{JoinHandle, ThreadId};
@@ -469,8 +470,8 @@ impl Handle {
         self.check_recv(peer, tag)?;
         let post = self.shared.next_post.fetch_add(1, Ordering::Relaxed);
         match lock(&self.shared.posted).entry((peer, tag)) {
-            std::collections::hash_map::Entry::Occupied(_) => return Err(RecvError::Duplicate),
-            std::collections::hash_map::Entry::Vacant(v) => {
+            Entry::Occupied(_) => return Err(RecvError::Duplicate),
+            Entry::Vacant(v) => {
                 v.insert(post);
             }
         }
