@@ -127,7 +127,7 @@ fn hostile_connections_are_closed_and_the_dvm_keeps_serving() {
     };
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(HANG_GUARD)).unwrap();
-    let mut hs = Handshake::dial(&stranger, 0);
+    let mut hs = Handshake::dial(&stranger, 0, common::nonce());
     while let Some((h, p)) = hs.poll_transmit() {
         s.write_all(&h.encode()).unwrap();
         s.write_all(&p).unwrap();

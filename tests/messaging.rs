@@ -6,8 +6,9 @@ mod common;
 
 use bytes::Bytes;
 use common::{HANG_GUARD, loopback_config, start_dvm, start_dvm_with};
-use crossbeam_channel::unbounded;
+use crossbeam_channel::{Receiver, Sender, unbounded};
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 use tbon::{Peer, RecvError, SendError};
 
 const TAG: u32 = 100;
@@ -276,4 +277,154 @@ fn sends_after_shutdown_fail_with_shut_down() {
     h.shutdown();
     assert_eq!(h.send(0, TAG, "late"), Err(SendError::ShutDown));
     assert!(h.is_stopped());
+}
+
+/// A receive on `tag` whose callback holds the loop thread until `release` says so (or the
+/// hang guard passes); `entered` hears each time it starts holding. Lets a test queue commands
+/// behind a message that the loop is in the middle of delivering.
+fn gate(d: &tbon::Daemon, tag: u32) -> (Receiver<()>, Sender<()>) {
+    let (entered_tx, entered_rx) = unbounded();
+    let (release_tx, release_rx) = unbounded::<()>();
+    d.recv(Peer::Any, tag, true, move |_| {
+        entered_tx.send(()).unwrap();
+        let _ = release_rx.recv_timeout(HANG_GUARD);
+    })
+    .unwrap();
+    (entered_rx, release_tx)
+}
+
+#[test]
+fn recv_blocking_returns_a_message_matched_while_it_timed_out() {
+    let dvm = start_dvm(1, &loopback_config(64));
+    let d = &dvm[0];
+    let (entered, release) = gate(d, TAG + 1);
+    for round in 0..3u8 {
+        // The loop holds in the gate's callback with our message queued behind it, so
+        // `recv_blocking` times out (and cancels) while the message is about to be matched
+        // by its receive.
+        d.send(0, TAG + 1, "gate").unwrap();
+        d.send(0, TAG, vec![round]).unwrap();
+        entered.recv_timeout(HANG_GUARD).unwrap();
+        let releaser = {
+            let release = release.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                release.send(()).unwrap();
+            })
+        };
+        let first = d.recv_blocking(Peer::Rank(0), TAG, Duration::from_millis(10));
+        releaser.join().unwrap();
+        // Either it matched before the cancel (returned now) or after it (then it is held for
+        // the next receive); never swallowed.
+        let m = match first {
+            Ok(m) => m,
+            Err(RecvError::TimedOut) => d
+                .recv_blocking(Peer::Rank(0), TAG, HANG_GUARD)
+                .expect("a message matched around recv_blocking's timeout was lost"),
+            Err(e) => panic!("round {round}: {e}"),
+        };
+        assert_eq!(&m.payload[..], &[round]);
+    }
+}
+
+#[test]
+fn recv_blocking_with_short_timeouts_receives_every_message_once() {
+    const N: u32 = 3_000;
+    let dvm = start_dvm(2, &loopback_config(64));
+    let sender = dvm[1].handle();
+    let pacer = std::thread::spawn(move || {
+        for i in 0..N {
+            sender.send(0, TAG, i.to_le_bytes().to_vec()).unwrap();
+            if i % 4 == 0 {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    });
+    let mut seen = vec![0u32; N as usize];
+    let mut got = 0;
+    let deadline = Instant::now() + HANG_GUARD;
+    while got < N {
+        assert!(
+            Instant::now() < deadline,
+            "only {got} of {N} messages arrived: some were lost"
+        );
+        match dvm[0].recv_blocking(Peer::Rank(1), TAG, Duration::from_micros(30)) {
+            Ok(m) => {
+                let i = u32::from_le_bytes(m.payload[..].try_into().unwrap());
+                seen[i as usize] += 1;
+                got += 1;
+            }
+            Err(RecvError::TimedOut) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    pacer.join().unwrap();
+    assert!(seen.iter().all(|&n| n == 1), "a message arrived twice");
+}
+
+#[test]
+fn recv_blocking_timing_out_while_the_daemon_stops_returns() {
+    let dvm = start_dvm(1, &loopback_config(64));
+    let h = dvm[0].handle();
+    let (entered, release) = gate(&dvm[0], TAG + 1);
+    h.send(0, TAG + 1, "gate").unwrap();
+    entered.recv_timeout(HANG_GUARD).unwrap();
+    let waiter = {
+        let h = h.clone();
+        std::thread::spawn(move || h.recv_blocking(Peer::Any, TAG, Duration::from_millis(50)))
+    };
+    // Most likely the loop, once released, sees the waiter's receive, then the shutdown, then
+    // the waiter's cancel (which then meets a stopping loop); any order must end the wait.
+    std::thread::sleep(Duration::from_millis(20));
+    let stopper = {
+        let h = h.clone();
+        std::thread::spawn(move || h.shutdown())
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    release.send(()).unwrap();
+    let got = waiter.join().unwrap();
+    assert!(
+        matches!(got, Err(RecvError::TimedOut | RecvError::ShutDown)),
+        "{got:?}"
+    );
+    stopper.join().unwrap();
+}
+
+#[test]
+fn a_retired_one_shot_does_not_unregister_its_reposted_successor() {
+    let dvm = start_dvm(1, &loopback_config(64));
+    let d = &dvm[0];
+    let (entered, release) = gate(d, TAG + 1);
+    d.send(0, TAG, "held").unwrap();
+    d.send(0, TAG + 1, "gate").unwrap();
+    // Self-sends are matched in order: "held" waits in the unmatched list now.
+    entered.recv_timeout(HANG_GUARD).unwrap();
+    // While the loop holds, post, cancel and post again. The loop then handles them in order:
+    // the first post takes "held" and retires (it matched before the cancel), the cancel finds
+    // nothing, the second post stands.
+    let (tx, rx) = unbounded();
+    let t1 = tx.clone();
+    d.recv(Peer::Rank(0), TAG, false, move |m| {
+        t1.send(("first", m)).unwrap()
+    })
+    .unwrap();
+    d.cancel(Peer::Rank(0), TAG);
+    d.recv(Peer::Rank(0), TAG, false, move |m| {
+        tx.send(("second", m)).unwrap()
+    })
+    .unwrap();
+    release.send(()).unwrap();
+    // A round trip: the loop has handled the three commands.
+    d.counters().unwrap();
+    let (who, m) = rx.recv_timeout(HANG_GUARD).unwrap();
+    assert_eq!((who, &m.payload[..]), ("first", &b"held"[..]));
+    // The first post's retirement must not have unregistered the second.
+    assert_eq!(
+        d.recv(Peer::Rank(0), TAG, false, |_| {}),
+        Err(RecvError::Duplicate),
+        "a third post was accepted while the second stands"
+    );
+    d.send(0, TAG, "next").unwrap();
+    let (who, m) = rx.recv_timeout(HANG_GUARD).unwrap();
+    assert_eq!((who, &m.payload[..]), ("second", &b"next"[..]));
 }

@@ -378,7 +378,7 @@ fn stopping_fails_the_outstanding_reliable_sends() {
 fn accept_parent(listener: &TcpListener, hs_cfg: &HandshakeConfig) -> Wire {
     let (s, _) = listener.accept().unwrap();
     let mut w = Wire::new(s);
-    let mut acc = Handshake::accept(hs_cfg);
+    let mut acc = Handshake::accept(hs_cfg, common::nonce());
     let hello = w.recv().unwrap();
     assert!(matches!(
         acc.handle_frame(hello),
@@ -436,7 +436,7 @@ fn a_link_that_comes_back_gets_a_link_update_and_replays() {
         key: JobKey::new(std::fs::read(key_file()).unwrap().trim_ascii_end()),
     };
     let mut to_root = Wire::dial(root_addr);
-    let mut hs = Handshake::dial(&hs_cfg, 0);
+    let mut hs = Handshake::dial(&hs_cfg, 0, common::nonce());
     to_root.send_all(&mut hs);
     let ack = to_root.recv().unwrap();
     assert!(matches!(

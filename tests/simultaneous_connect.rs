@@ -53,7 +53,7 @@ fn lower_real_rank_keeps_the_connection_the_higher_rank_dialled() {
 
     // Fake rank 1 joins normally, then drops its connection.
     let mut c1 = Wire::dial(real_addr);
-    let mut hs = Handshake::dial(&cfg(1), 0);
+    let mut hs = Handshake::dial(&cfg(1), 0, common::nonce());
     c1.send_all(&mut hs);
     let ack = c1.recv().unwrap();
     assert!(matches!(
@@ -83,7 +83,7 @@ fn lower_real_rank_keeps_the_connection_the_higher_rank_dialled() {
     let hello = c2.recv().unwrap();
     assert_eq!((hello.header.kind, hello.header.origin), (Kind::Hello, 0));
     let mut c3 = Wire::dial(real_addr);
-    let mut hs3 = Handshake::dial(&cfg(1), 0);
+    let mut hs3 = Handshake::dial(&cfg(1), 0, common::nonce());
     c3.send_all(&mut hs3);
 
     // The connection rank 1 dialled wins: it is acknowledged and carries traffic...
@@ -120,14 +120,14 @@ fn higher_real_rank_refuses_the_lower_ranks_dial() {
     // Rank 1 dials rank 0 (the fake) to report; the fake holds its answer and dials back.
     let (s, _) = fake_listener.accept().unwrap();
     let mut c1 = Wire::new(s);
-    let mut acceptor = Handshake::accept(&cfg(0));
+    let mut acceptor = Handshake::accept(&cfg(0), common::nonce());
     let hello = c1.recv().unwrap();
     assert!(matches!(
         acceptor.handle_frame(hello),
         Ok(Some(HandshakeEvent::HelloReceived(_)))
     ));
     let mut c2 = Wire::dial(uri_addr(real.contact_uri()));
-    let mut hs2 = Handshake::dial(&cfg(0), 1);
+    let mut hs2 = Handshake::dial(&cfg(0), 1, common::nonce());
     c2.send_all(&mut hs2);
     // Rank 1 is the higher rank: it keeps its own dial and closes ours unanswered.
     assert!(c2.recv().is_none(), "the lower rank's dial must be refused");

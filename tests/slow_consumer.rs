@@ -54,7 +54,7 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
 
     // Join: report to rank 0 like a daemon would.
     let mut to_root = Wire::dial(root_addr);
-    let mut hs = Handshake::dial(&hs_cfg, 0);
+    let mut hs = Handshake::dial(&hs_cfg, 0, common::nonce());
     to_root.send_all(&mut hs);
     let ack = to_root.recv().unwrap();
     assert!(matches!(
@@ -84,7 +84,7 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
     // Rank 1 dials its child to forward the contact table: accept it properly, then go deaf.
     let (s, _) = listener.accept().unwrap();
     let mut from_parent = Wire::new(s);
-    let mut acc = Handshake::accept(&hs_cfg);
+    let mut acc = Handshake::accept(&hs_cfg, common::nonce());
     let hello = from_parent.recv().unwrap();
     assert!(matches!(
         acc.handle_frame(hello),

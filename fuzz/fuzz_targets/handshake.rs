@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tbon::oob::handshake::JobKey;
+use tbon::oob::handshake::{JobKey, NONCE_LEN};
 use tbon::oob::{FrameDecoder, Handshake, HandshakeConfig, HandshakeEvent};
 
 fuzz_target!(|data: &[u8]| {
@@ -14,10 +14,18 @@ fuzz_target!(|data: &[u8]| {
         dvm_id: "tbon".into(),
         key: JobKey::new(*b"fuzz-target-secret-key"),
     };
+    // The nonces come from the input too (the handshake takes them from its caller), so the
+    // fuzzer also varies what the MACs cover.
+    let (nonces, data) = data.split_at(data.len().min(2 * NONCE_LEN));
+    let mut nonce_a = [0u8; NONCE_LEN];
+    let mut nonce_d = [0u8; NONCE_LEN];
+    let (a, d) = nonces.split_at(nonces.len().min(NONCE_LEN));
+    nonce_a[..a.len()].copy_from_slice(a);
+    nonce_d[..d.len()].copy_from_slice(d);
     let mut dec = FrameDecoder::new(512);
     dec.feed(data);
-    let mut acceptor = Handshake::accept(&cfg);
-    let mut dialler = Handshake::dial(&cfg, 2);
+    let mut acceptor = Handshake::accept(&cfg, nonce_a);
+    let mut dialler = Handshake::dial(&cfg, 2, nonce_d);
     while let Ok(Some(frame)) = dec.next_frame() {
         if let Ok(Some(HandshakeEvent::HelloReceived(_))) = acceptor.handle_frame(frame.clone()) {
             acceptor.try_accept_peer();

@@ -49,15 +49,22 @@ pub(crate) enum Caddy {
         data: Bytes,
         done: AllgatherCompletion,
     },
+    /// `post` is the id `Handle` gave this post (unique per daemon, see `Shared::posted`).
     Recv {
         peer: Peer,
         tag: Tag,
         persistent: bool,
         callback: RecvCallback,
+        post: u64,
     },
+    /// Cancel the receive for (peer, tag) if it is still post `post` (not one posted again
+    /// since). `done`, if any, is answered afterwards, also by a stopping loop: from then on no
+    /// match for that post can start.
     Cancel {
         peer: Peer,
         tag: Tag,
+        post: u64,
+        done: Option<Sender<()>>,
     },
     Purge {
         peer: Rank,

@@ -55,8 +55,8 @@ pub(crate) struct EventLoop {
     conns: Slab<Conn>,
     next_generation: u64,
     links: FxHashMap<Rank, Link>,
-    /// Receive callbacks by the node's receive id.
-    receives: FxHashMap<ReceiveId, (Peer, Tag, RecvCallback)>,
+    /// Receive callbacks by the node's receive id, with the handle's post id.
+    receives: FxHashMap<ReceiveId, (Peer, Tag, u64, RecvCallback)>,
     /// Completions by token (sends, reliable sends, broadcasts); tokens are never reused.
     completions: FxHashMap<u64, Completion>,
     next_token: u64,
@@ -239,11 +239,11 @@ impl EventLoop {
                     msg,
                 } => {
                     if retired {
-                        if let Some((peer, tag, mut cb)) = self.receives.remove(&receive) {
-                            lock(&self.shared.posted).remove(&(peer, tag));
+                        if let Some((peer, tag, post, mut cb)) = self.receives.remove(&receive) {
+                            self.shared.unpost(peer, tag, post);
                             cb(msg);
                         }
-                    } else if let Some((_, _, cb)) = self.receives.get_mut(&receive) {
+                    } else if let Some((_, _, _, cb)) = self.receives.get_mut(&receive) {
                         cb(msg);
                     }
                 }
@@ -408,17 +408,19 @@ impl EventLoop {
                 tag,
                 persistent,
                 callback,
+                post,
             } => match self.node.post(peer, tag, persistent) {
                 Ok(id) => {
-                    self.receives.insert(id, (peer, tag, callback));
+                    self.receives.insert(id, (peer, tag, post, callback));
                 }
                 Err(e) => log::warn!("rank {}: {e}", self.me),
             },
-            Caddy::Cancel { peer, tag } => {
-                if let Some(id) = self.node.cancel(peer, tag) {
-                    self.receives.remove(&id);
-                }
-            }
+            Caddy::Cancel {
+                peer,
+                tag,
+                post,
+                done,
+            } => self.cancel_receive(peer, tag, post, done),
             Caddy::Purge { peer } => {
                 let (ids, dropped) = self.node.purge(peer);
                 for id in ids {
@@ -450,17 +452,41 @@ impl EventLoop {
             | Caddy::SendReliable { done, .. }
             | Caddy::Broadcast { done, .. } => complete(done, Err(SendError::ShutDown)),
             Caddy::Allgather { done, .. } => done(Err(SendError::ShutDown)),
-            Caddy::Recv { peer, tag, .. } => {
-                lock(&self.shared.posted).remove(&(peer, tag));
-            }
+            Caddy::Recv {
+                peer, tag, post, ..
+            } => self.shared.unpost(peer, tag, post),
             Caddy::Counters(tx) => {
                 let _ = tx.send(self.snapshot());
             }
             Caddy::Abort => self.close_all(),
-            Caddy::Cancel { .. }
-            | Caddy::Purge { .. }
-            | Caddy::Shutdown { .. }
-            | Caddy::OnFault(_) => {}
+            // Messages are still delivered while stopping: cancel, and answer the waiter.
+            Caddy::Cancel {
+                peer,
+                tag,
+                post,
+                done,
+            } => self.cancel_receive(peer, tag, post, done),
+            Caddy::Purge { .. } | Caddy::Shutdown { .. } | Caddy::OnFault(_) => {}
+        }
+    }
+
+    /// Cancels the receive for (peer, tag) if it is still post `post` (not one posted again
+    /// since), then answers `done`: from then on nothing can match that post.
+    fn cancel_receive(
+        &mut self,
+        peer: Peer,
+        tag: Tag,
+        post: u64,
+        done: Option<crossbeam_channel::Sender<()>>,
+    ) {
+        if let Some(id) = self.node.receive_id(peer, tag)
+            && self.receives.get(&id).is_some_and(|r| r.2 == post)
+        {
+            self.node.cancel(peer, tag);
+            self.receives.remove(&id);
+        }
+        if let Some(done) = done {
+            let _ = done.send(());
         }
     }
 

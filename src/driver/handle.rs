@@ -14,7 +14,8 @@ use crate::rml::{Message, Peer, TAG_USER_MIN, Tag};
 use crate::routed::RecoveryStatus;
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::{JoinHandle, ThreadId};
@@ -39,8 +40,13 @@ pub(crate) struct Shared {
     pub size: u32,
     pub msg_max_bytes: usize,
     pub uri: String,
-    /// (peer, tag) pairs with a posted receive, so a duplicate post fails synchronously.
-    pub posted: Mutex<HashSet<(Peer, Tag)>>,
+    /// (peer, tag) pairs with a posted receive, each with the id of its post, so a duplicate
+    /// post fails synchronously. The loop removes an entry when it retires a one-shot receive
+    /// only if the id still matches ([`Shared::unpost`]): the user may have cancelled and
+    /// posted the same pair again in the meantime.
+    pub posted: Mutex<HashMap<(Peer, Tag), u64>>,
+    /// The next post id (ids are never reused by a daemon).
+    pub next_post: AtomicU64,
     pub lifecycle: Mutex<Lifecycle>,
     pub lifecycle_cv: Condvar,
     /// Set once, by the loop thread when it starts (read on every submit: no lock).
@@ -82,6 +88,15 @@ impl Shared {
             let _ = self.waker.wake();
         }
         Ok(())
+    }
+
+    /// Forgets the registration of (peer, tag) if it still belongs to post `post`; a newer post
+    /// of the same pair keeps its own. Called when the receive is gone (retired, refused).
+    pub(crate) fn unpost(&self, peer: Peer, tag: Tag, post: u64) {
+        let mut posted = lock(&self.posted);
+        if posted.get(&(peer, tag)) == Some(&post) {
+            posted.remove(&(peer, tag));
+        }
     }
 
     pub(crate) fn is_stopped(&self) -> bool {
@@ -431,26 +446,47 @@ impl Handle {
         persistent: bool,
         callback: impl FnMut(Message) + Send + 'static,
     ) -> Result<(), RecvError> {
+        self.post(peer, tag, persistent, Box::new(callback))
+            .map(|_| ())
+    }
+
+    /// [`Handle::recv`], returning the id of the post.
+    fn post(
+        &self,
+        peer: Peer,
+        tag: Tag,
+        persistent: bool,
+        callback: RecvCallback,
+    ) -> Result<u64, RecvError> {
         self.check_recv(peer, tag)?;
-        if !lock(&self.shared.posted).insert((peer, tag)) {
-            return Err(RecvError::Duplicate);
+        let post = self.shared.next_post.fetch_add(1, Ordering::Relaxed);
+        match lock(&self.shared.posted).entry((peer, tag)) {
+            Entry::Occupied(_) => return Err(RecvError::Duplicate),
+            Entry::Vacant(v) => {
+                v.insert(post);
+            }
         }
-        let callback: RecvCallback = Box::new(callback);
         let res = self.shared.submit(Caddy::Recv {
             peer,
             tag,
             persistent,
             callback,
+            post,
         });
         if res.is_err() {
-            lock(&self.shared.posted).remove(&(peer, tag));
+            self.shared.unpost(peer, tag, post);
             return Err(RecvError::ShutDown);
         }
-        Ok(())
+        Ok(post)
     }
 
     /// Waits up to `timeout` for one message from `peer` with `tag` (a one-shot receive), for
     /// callers that would rather block than use callbacks. Must not be called from a callback.
+    ///
+    /// No message is lost at the timeout: the receive is cancelled synchronously, and a message
+    /// it matched before the cancel is returned (so the call may return shortly after
+    /// `timeout`); otherwise `TimedOut`, and a later message stays for the next receive.
+    /// `ShutDown` if the daemon stopped first. Errors of [`Handle::recv`] are returned at once.
     pub fn recv_blocking(
         &self,
         peer: Peer,
@@ -458,29 +494,92 @@ impl Handle {
         timeout: Duration,
     ) -> Result<Message, RecvError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.recv(peer, tag, false, move |m| {
+        let callback: RecvCallback = Box::new(move |m| {
             let _ = tx.send(m);
-        })?;
+        });
+        let post = self.post(peer, tag, false, callback)?;
         match rx.recv_timeout(timeout) {
             Ok(m) => Ok(m),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                self.cancel(peer, tag);
-                // The message may have matched between the timeout and the cancel.
-                rx.try_recv().map_err(|_| RecvError::TimedOut)
+                self.withdraw(peer, tag, post, &rx)
             }
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(RecvError::ShutDown),
         }
     }
 
-    /// Cancels the receive posted for exactly (peer, tag); does nothing if there is none.
+    /// After [`Handle::recv_blocking`] timed out: takes its one-shot receive `post` back, or
+    /// returns the message it matched. The receive's callback owns the only sender of `rx`, and
+    /// the loop drops the callback once the receive is gone (matched, cancelled, refused or the
+    /// loop ended), so a blocking `rx.recv()` here ends promptly.
+    fn withdraw(
+        &self,
+        peer: Peer,
+        tag: Tag,
+        post: u64,
+        rx: &Receiver<Message>,
+    ) -> Result<Message, RecvError> {
+        let ours = {
+            let mut posted = lock(&self.shared.posted);
+            let ours = posted.get(&(peer, tag)) == Some(&post);
+            if ours {
+                posted.remove(&(peer, tag));
+            }
+            ours
+        };
+        if self.shared.on_loop_thread() {
+            // Misuse (called from a callback): the loop cannot run while we hold its thread, so
+            // waiting for it would deadlock. Cancel asynchronously, as best we can.
+            if ours {
+                let _ = self.shared.submit(Caddy::Cancel {
+                    peer,
+                    tag,
+                    post,
+                    done: None,
+                });
+            }
+            return rx.try_recv().map_err(|_| RecvError::TimedOut);
+        }
+        if !ours {
+            // The loop retired the receive (it matched: the callback runs right after) or it
+            // was cancelled or purged by another call: wait for the message or the drop.
+            return rx.recv().map_err(|_| RecvError::TimedOut);
+        }
+        let (done, answered) = crossbeam_channel::bounded(1);
+        let cancel = Caddy::Cancel {
+            peer,
+            tag,
+            post,
+            done: Some(done),
+        };
+        if self.shared.submit(cancel).is_err() {
+            // Stopping: the loop may still match until it ends, then drops the callback.
+            return rx.recv().map_err(|_| RecvError::ShutDown);
+        }
+        // Answered once the loop has cancelled the receive, or found that it matched already;
+        // a loop that ends first drops the command, which ends the wait as well.
+        let _ = answered.recv();
+        rx.try_recv().map_err(|_| RecvError::TimedOut)
+    }
+
+    /// Cancels the receive posted for exactly (peer, tag); does nothing if there is none (a
+    /// one-shot receive that already matched is gone). Asynchronous: a message the loop matches
+    /// before it handles the cancel still goes to the callback. Once this returns, the same
+    /// (peer, tag) may be posted again, and that new receive is never affected by this cancel.
     pub fn cancel(&self, peer: Peer, tag: Tag) {
-        lock(&self.shared.posted).remove(&(peer, tag));
-        let _ = self.shared.submit(Caddy::Cancel { peer, tag });
+        let post = lock(&self.shared.posted).remove(&(peer, tag));
+        if let Some(post) = post {
+            let _ = self.shared.submit(Caddy::Cancel {
+                peer,
+                tag,
+                post,
+                done: None,
+            });
+        }
     }
 
     /// Drops every receive posted for `peer` and every held message from it.
     pub fn purge(&self, peer: Rank) {
-        lock(&self.shared.posted).retain(|(p, _)| *p != Peer::Rank(peer));
+        lock(&self.shared.posted).retain(|(p, _), _| *p != Peer::Rank(peer));
         let _ = self.shared.submit(Caddy::Purge { peer });
     }
 

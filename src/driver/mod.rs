@@ -12,6 +12,7 @@ mod event_loop;
 mod handle;
 pub mod key;
 mod listen;
+mod nonce;
 mod timers;
 
 pub use caddy::{AllgatherCompletion, Completion, RecvCallback};
@@ -25,7 +26,7 @@ use crate::node::{Node, NodeConfig};
 use crate::oob::handshake::HandshakeConfig;
 use crate::oob::uri::ContactUri;
 use handle::{Lifecycle, Shared};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -83,7 +84,8 @@ pub fn start(
         size,
         msg_max_bytes: config.msg_max_bytes as usize,
         uri: uri.to_string(),
-        posted: Mutex::new(HashSet::new()),
+        posted: Mutex::new(HashMap::new()),
+        next_post: AtomicU64::new(0),
         lifecycle: Mutex::new(Lifecycle::default()),
         lifecycle_cv: Condvar::new(),
         loop_thread: OnceLock::new(),

@@ -133,6 +133,11 @@ impl Node {
         self.matcher.cancel(peer, tag)
     }
 
+    /// The id of the receive posted for exactly (peer, tag), if any.
+    pub fn receive_id(&self, peer: Peer, tag: Tag) -> Option<ReceiveId> {
+        self.matcher.receive_id(peer, tag)
+    }
+
     /// Drops every receive for `peer` and every message held from it: the receives' ids and
     /// how many held messages were dropped.
     pub fn purge(&mut self, peer: Rank) -> (Vec<ReceiveId>, usize) {

@@ -302,8 +302,8 @@ fn a_result_decided_before_a_shutdown_is_delivered() {
     // Rank 0 shuts the DVM down as soon as it has the result. Frames arrive in batches, as
     // from one read of a socket: everything queued is handed over, then each node pumps once,
     // so a daemon meets the result's operation and the shutdown's in one pump.
-    let mut results = vec![None; 8];
-    let mut stops = vec![None; 8];
+    let mut results = [None; 8];
+    let mut stops: Vec<Option<StopReason>> = vec![None; 8];
     for _ in 0..1_000 {
         if net.links.is_empty() {
             break;

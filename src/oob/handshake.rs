@@ -15,14 +15,17 @@
 //! ```
 //!
 //! Authentication: both sides prove they hold the DVM's job key. Each side contributes a fresh
-//! random 16-byte nonce; `mac_a = HMAC-SHA256(key, "tbon-ack" ‖ identity ‖ dialler ‖ acceptor ‖
+//! random 16-byte nonce, which the caller draws and passes in (this module reads no random
+//! source and no clock: the same inputs always give the same frames); `mac_a = HMAC-SHA256(key, "tbon-ack" ‖ identity ‖ dialler ‖ acceptor ‖
 //! nonce_d ‖ nonce_a)` and `mac_d = HMAC-SHA256(key, "tbon-dial" ‖ identity ‖ dialler ‖
 //! acceptor ‖ nonce_a ‖ nonce_d)`. The two labels keep one side's answer from being reflected
 //! as the other's; the fresh nonces keep a recorded handshake from being replayed; MACs are
 //! compared in constant time. An empty key (a DVM run unauthenticated) runs the same exchange,
 //! so mixing keyed and unkeyed daemons fails like a wrong key does.
 //!
-//! Driver duties: use `limits::HANDSHAKE_MAX_PAYLOAD` as the decoder's maximum until
+//! Driver duties: give every [`Handshake::dial`] and [`Handshake::accept`] a fresh,
+//! unpredictable nonce (the driver's is `driver/nonce.rs`): a nonce used twice lets a recorded
+//! handshake be replayed. Use `limits::HANDSHAKE_MAX_PAYLOAD` as the decoder's maximum until
 //! `Established`, then the configured message maximum; push every [`Handshake::poll_transmit`]
 //! frame into the connection's send queue; on any `Err` log its `Display` text and close the
 //! connection. A rejected dialler sees the connection closed before any `HelloAck`.
@@ -69,25 +72,6 @@ impl fmt::Debug for JobKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "JobKey(<{} bytes>)", self.0.len())
     }
-}
-
-/// A fresh random nonce. The OS generator does not fail on Linux once booted; should it, the
-/// fallback mixes the clock and a counter (unpredictable enough to prevent replay of a recorded
-/// handshake, which is what the nonce is for) and logs an error.
-fn fresh_nonce() -> [u8; NONCE_LEN] {
-    let mut n = [0u8; NONCE_LEN];
-    if let Err(e) = getrandom::fill(&mut n) {
-        log::error!("no OS randomness for a handshake nonce ({e}); using the clock");
-        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let c = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        n[..8].copy_from_slice(&(t as u64).to_le_bytes());
-        n[8..].copy_from_slice(&c.to_le_bytes());
-    }
-    n
 }
 
 /// This daemon's side of every handshake.
@@ -277,10 +261,12 @@ enum State {
         peer: Rank,
         nonce_d: [u8; NONCE_LEN],
     },
-    /// Acceptor: waiting for the Hello.
-    AwaitHello,
-    /// Acceptor: valid Hello received; the driver decides.
-    Deciding(PeerIdent, [u8; NONCE_LEN]),
+    /// Acceptor: waiting for the Hello; `nonce_a` is this side's nonce.
+    AwaitHello {
+        nonce_a: [u8; NONCE_LEN],
+    },
+    /// Acceptor: valid Hello received (the peer, `nonce_d`, `nonce_a`); the driver decides.
+    Deciding(PeerIdent, [u8; NONCE_LEN], [u8; NONCE_LEN]),
     /// Acceptor: HelloAck sent; waiting for the dialler's proof.
     AwaitAuth {
         peer: PeerIdent,
@@ -337,9 +323,10 @@ const LABEL_ACK: &[u8] = b"tbon-ack";
 const LABEL_DIAL: &[u8] = b"tbon-dial";
 
 impl Handshake {
-    /// Dialler side: queues the `Hello` for `peer` (take it with `poll_transmit`).
-    pub fn dial(cfg: &HandshakeConfig, peer: Rank) -> Self {
-        let nonce_d = fresh_nonce();
+    /// Dialler side: queues the `Hello` for `peer` (take it with `poll_transmit`). `nonce_d`
+    /// must be fresh and unpredictable, drawn anew for every handshake: the `HelloAck` proves
+    /// the acceptor holds the key by a MAC over it, so a reused nonce accepts a replayed one.
+    pub fn dial(cfg: &HandshakeConfig, peer: Rank, nonce_d: [u8; NONCE_LEN]) -> Self {
         let mut hs = Handshake {
             cfg: cfg.clone(),
             state: State::AwaitAck { peer, nonce_d },
@@ -350,11 +337,13 @@ impl Handshake {
         hs
     }
 
-    /// Acceptor side: waits for the dialler's `Hello`.
-    pub fn accept(cfg: &HandshakeConfig) -> Self {
+    /// Acceptor side: waits for the dialler's `Hello`. `nonce_a` (sent in the `HelloAck`) must
+    /// be fresh and unpredictable, drawn anew for every handshake: the dialler's `Auth` is a MAC
+    /// over it, so a reused nonce accepts a recorded `Auth` replayed by a stranger.
+    pub fn accept(cfg: &HandshakeConfig, nonce_a: [u8; NONCE_LEN]) -> Self {
         Handshake {
             cfg: cfg.clone(),
-            state: State::AwaitHello,
+            state: State::AwaitHello { nonce_a },
             out: VecDeque::new(),
         }
     }
@@ -393,7 +382,10 @@ impl Handshake {
                 let (peer, nonce_d) = (*peer, *nonce_d);
                 self.on_hello_ack(peer, nonce_d, &frame)
             }
-            State::AwaitHello => self.on_hello(&frame),
+            State::AwaitHello { nonce_a } => {
+                let nonce_a = *nonce_a;
+                self.on_hello(nonce_a, &frame)
+            }
             State::Deciding(..) => Err(HandshakeError::UnexpectedKind(frame.header.kind)),
             State::AwaitAuth {
                 peer,
@@ -404,7 +396,7 @@ impl Handshake {
         match result {
             Ok(state) => {
                 let event = match state {
-                    State::Deciding(p, _) => Some(HandshakeEvent::HelloReceived(p)),
+                    State::Deciding(p, ..) => Some(HandshakeEvent::HelloReceived(p)),
                     State::Established(p) => Some(HandshakeEvent::Established(p)),
                     _ => None,
                 };
@@ -440,7 +432,7 @@ impl Handshake {
         Ok(())
     }
 
-    fn on_hello(&self, frame: &Frame) -> Result<State, HandshakeError> {
+    fn on_hello(&self, nonce_a: [u8; NONCE_LEN], frame: &Frame) -> Result<State, HandshakeError> {
         let h = &frame.header;
         if h.kind != Kind::Hello {
             return Err(HandshakeError::UnexpectedKind(h.kind));
@@ -459,6 +451,7 @@ impl Handshake {
                 epoch: h.epoch,
             },
             nonce_d,
+            nonce_a,
         ))
     }
 
@@ -557,10 +550,9 @@ impl Handshake {
     /// (`handle_frame` then returns `Established`). Returns false, changing nothing, when no
     /// `HelloReceived` is pending.
     pub fn try_accept_peer(&mut self) -> bool {
-        let State::Deciding(p, nonce_d) = self.state else {
+        let State::Deciding(p, nonce_d, nonce_a) = self.state else {
             return false;
         };
-        let nonce_a = fresh_nonce();
         let me = self.cfg.me;
         let mac_a = transcript_mac(
             &self.cfg.key,
@@ -605,7 +597,7 @@ impl Handshake {
     /// `Hello`'s origin for an acceptor.
     pub fn peer(&self) -> Option<PeerIdent> {
         match &self.state {
-            State::Deciding(p, _) | State::AwaitAuth { peer: p, .. } | State::Established(p) => {
+            State::Deciding(p, ..) | State::AwaitAuth { peer: p, .. } | State::Established(p) => {
                 Some(*p)
             }
             _ => None,
@@ -620,6 +612,15 @@ mod tests {
     use crate::oob::{FrameDecoder, SendQueue};
     use proptest::prelude::*;
     use std::io::IoSlice;
+
+    /// A nonce no other call in this test binary returns (what the driver's nonces are).
+    fn fresh() -> [u8; NONCE_LEN] {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut nonce = [0xa5; NONCE_LEN];
+        nonce[..8].copy_from_slice(&n.to_le_bytes());
+        nonce
+    }
 
     fn cfg(me: Rank) -> HandshakeConfig {
         HandshakeConfig {
@@ -665,13 +666,13 @@ mod tests {
     }
 
     fn hello_from(me: Rank, to: Rank) -> Frame {
-        one(&mut Handshake::dial(&cfg(me), to))
+        one(&mut Handshake::dial(&cfg(me), to, fresh()))
     }
 
     #[test]
     fn happy_path() {
-        let mut d = Handshake::dial(&cfg(2), 5);
-        let mut a = Handshake::accept(&cfg(5));
+        let mut d = Handshake::dial(&cfg(2), 5, fresh());
+        let mut a = Handshake::accept(&cfg(5), fresh());
         assert!(a.poll_transmit().is_none());
         let hello = one(&mut d);
         assert_eq!(hello.header.kind, Kind::Hello);
@@ -750,10 +751,10 @@ mod tests {
 
     #[test]
     fn wrong_dvm() {
-        let mut a = Handshake::accept(&cfg(5));
+        let mut a = Handshake::accept(&cfg(5), fresh());
         let mut other = cfg(2);
         other.dvm_id = "someone-else".to_owned();
-        let hello = one(&mut Handshake::dial(&other, 5));
+        let hello = one(&mut Handshake::dial(&other, 5, fresh()));
         let e = a.handle_frame(hello).expect_err("refused");
         assert_eq!(
             e,
@@ -805,7 +806,7 @@ mod tests {
             ),
         ];
         for (frame, want) in cases {
-            let mut a = Handshake::accept(&cfg(5));
+            let mut a = Handshake::accept(&cfg(5), fresh());
             assert_eq!(a.handle_frame(frame), Err(want));
             assert!(a.is_failed());
         }
@@ -814,7 +815,7 @@ mod tests {
     #[test]
     fn dialler_rejections() {
         let ack_from = |me: Rank, to: Rank, kind: Kind| {
-            let mut a = Handshake::accept(&cfg(me));
+            let mut a = Handshake::accept(&cfg(me), fresh());
             a.handle_frame(hello_from(to, me)).expect("hello ok");
             assert!(a.try_accept_peer());
             let mut f = one(&mut a);
@@ -839,7 +840,7 @@ mod tests {
             ),
         ];
         for (frame, want) in cases {
-            let mut d = Handshake::dial(&cfg(2), 5);
+            let mut d = Handshake::dial(&cfg(2), 5, fresh());
             assert_eq!(d.handle_frame(frame), Err(want));
             assert!(!d.is_established());
         }
@@ -878,7 +879,7 @@ mod tests {
             b"GET / HTTP/1.1\r\n\r\n".to_vec(),
         ];
         for payload in cases {
-            let mut a = Handshake::accept(&cfg(5));
+            let mut a = Handshake::accept(&cfg(5), fresh());
             let r = a.handle_frame(with(payload.clone()));
             assert!(
                 matches!(r, Err(HandshakeError::Malformed(_))),
@@ -889,7 +890,7 @@ mod tests {
 
     #[test]
     fn reject_and_misuse() {
-        let mut a = Handshake::accept(&cfg(5));
+        let mut a = Handshake::accept(&cfg(5), fresh());
         assert!(!a.try_accept_peer());
         a.handle_frame(hello_from(2, 5)).expect("ok");
         a.reject();
@@ -901,7 +902,7 @@ mod tests {
             Err(HandshakeError::Rejected)
         );
         // A frame while the driver is still deciding is a protocol violation.
-        let mut a = Handshake::accept(&cfg(5));
+        let mut a = Handshake::accept(&cfg(5), fresh());
         a.handle_frame(hello_from(2, 5)).expect("ok");
         assert!(a.handle_frame(hello_from(2, 5)).is_err());
     }
@@ -929,14 +930,14 @@ mod tests {
             let kind = Kind::try_from(kind).expect("valid kind");
             let header = Header { kind, origin, dst, tag: 0, epoch, seq: 0, len: payload.len() as u32 };
             let f = Frame { header, payload: Bytes::from(payload) };
-            let _ = Handshake::accept(&cfg(5)).handle_frame(f.clone());
-            let _ = Handshake::dial(&cfg(5), 2).handle_frame(f);
+            let _ = Handshake::accept(&cfg(5), fresh()).handle_frame(f.clone());
+            let _ = Handshake::dial(&cfg(5), 2, fresh()).handle_frame(f);
             // A bit-flipped valid Hello.
             let mut good = hello_from(2, 5).payload.to_vec();
             let n = good.len();
             if let Some(b) = good.get_mut(flip.0 % n) { *b ^= 1 << (flip.1 % 8); }
             let f = Frame { header: Header { len: n as u32, ..hello_from(2, 5).header }, payload: Bytes::from(good) };
-            let _ = Handshake::accept(&cfg(5)).handle_frame(f);
+            let _ = Handshake::accept(&cfg(5), fresh()).handle_frame(f);
         }
     }
 
@@ -949,8 +950,8 @@ mod tests {
         dc.key = dial_key;
         let mut ac = cfg(5);
         ac.key = accept_key;
-        let mut d = Handshake::dial(&dc, 5);
-        let mut a = Handshake::accept(&ac);
+        let mut d = Handshake::dial(&dc, 5, fresh());
+        let mut a = Handshake::accept(&ac, fresh());
         a.handle_frame(one(&mut d)).expect("hello");
         assert!(a.try_accept_peer());
         let dr = d.handle_frame(one(&mut a)).map(|_| ());
@@ -981,8 +982,8 @@ mod tests {
     #[test]
     fn a_forged_or_replayed_proof_is_refused() {
         // The acceptor catches a dialler that cannot compute the proof.
-        let mut a = Handshake::accept(&cfg(5));
-        let mut d = Handshake::dial(&cfg(2), 5);
+        let mut a = Handshake::accept(&cfg(5), fresh());
+        let mut d = Handshake::dial(&cfg(2), 5, fresh());
         a.handle_frame(one(&mut d)).expect("hello");
         assert!(a.try_accept_peer());
         let _ack = one(&mut a);
@@ -1001,18 +1002,87 @@ mod tests {
         assert_eq!(a.handle_frame(forged), Err(HandshakeError::BadKey));
         // A proof recorded from one handshake does not open another: the acceptor's nonce is
         // fresh every time.
-        let mut d1 = Handshake::dial(&cfg(2), 5);
+        let mut d1 = Handshake::dial(&cfg(2), 5, fresh());
         let hello = one(&mut d1);
-        let mut a1 = Handshake::accept(&cfg(5));
+        let mut a1 = Handshake::accept(&cfg(5), fresh());
         a1.handle_frame(hello.clone()).expect("hello");
         assert!(a1.try_accept_peer());
         d1.handle_frame(one(&mut a1)).expect("ack");
         let recorded_auth = one(&mut d1);
-        let mut a2 = Handshake::accept(&cfg(5));
+        let mut a2 = Handshake::accept(&cfg(5), fresh());
         a2.handle_frame(hello).expect("replayed hello");
         assert!(a2.try_accept_peer());
         let _ = one(&mut a2);
-        assert_eq!(a2.handle_frame(recorded_auth), Err(HandshakeError::BadKey));
+        assert_eq!(
+            a2.handle_frame(recorded_auth.clone()),
+            Err(HandshakeError::BadKey)
+        );
+        // Freshness is the caller's duty: an acceptor given a nonce again accepts the replay.
+        let nonce_a = [7; NONCE_LEN];
+        let mut d1 = Handshake::dial(&cfg(2), 5, fresh());
+        let hello = one(&mut d1);
+        let mut a1 = Handshake::accept(&cfg(5), nonce_a);
+        a1.handle_frame(hello.clone()).expect("hello");
+        assert!(a1.try_accept_peer());
+        d1.handle_frame(one(&mut a1)).expect("ack");
+        let recorded_auth = one(&mut d1);
+        let mut reused = Handshake::accept(&cfg(5), nonce_a);
+        reused.handle_frame(hello).expect("replayed hello");
+        assert!(reused.try_accept_peer());
+        let _ = one(&mut reused);
+        assert!(matches!(
+            reused.handle_frame(recorded_auth),
+            Ok(Some(HandshakeEvent::Established(_)))
+        ));
+    }
+
+    #[test]
+    fn the_nonces_are_the_callers_and_the_frames_follow_from_the_inputs() {
+        let (nonce_d, nonce_a) = ([1; NONCE_LEN], [2; NONCE_LEN]);
+        let exchange = || {
+            let mut d = Handshake::dial(&cfg(2), 5, nonce_d);
+            let mut a = Handshake::accept(&cfg(5), nonce_a);
+            let hello = one(&mut d);
+            a.handle_frame(hello.clone()).expect("hello");
+            assert!(a.try_accept_peer());
+            let ack = one(&mut a);
+            d.handle_frame(ack.clone()).expect("ack");
+            let auth = one(&mut d);
+            a.handle_frame(auth.clone()).expect("auth");
+            assert!(a.is_established() && d.is_established());
+            (hello, ack, auth)
+        };
+        let (hello, ack, auth) = exchange();
+        assert_eq!(exchange(), (hello.clone(), ack.clone(), auth.clone()));
+        assert_eq!(
+            decode_identity(&hello.payload),
+            Ok((cfg(2).dvm_id.as_str(), nonce_d))
+        );
+        let (identity, mac_a) = ack.payload.split_at(ack.payload.len() - MAC_LEN);
+        assert_eq!(decode_identity(identity).expect("identity").1, nonce_a);
+        let key = &cfg(5).key;
+        let id = &cfg(5).dvm_id;
+        let want_a = transcript_mac(key, LABEL_ACK, id, 2, 5, &nonce_d, &nonce_a);
+        assert_eq!(mac_a, &want_a.finalize().into_bytes()[..]);
+        let want_d = transcript_mac(key, LABEL_DIAL, id, 2, 5, &nonce_a, &nonce_d);
+        assert_eq!(&auth.payload[..], &want_d.finalize().into_bytes()[..]);
+    }
+
+    #[test]
+    fn the_handshake_draws_no_randomness_and_reads_no_clock() {
+        // Sans-IO: fresh nonces come from the caller (the driver), so the same inputs always
+        // give the same frames.
+        let src = include_str!("handshake.rs");
+        let code = src.split("#[cfg(test)]").next().unwrap_or(src);
+        for io in [
+            "getrandom",
+            "SystemTime",
+            "Instant",
+            "std::net",
+            "std::thread",
+        ] {
+            assert!(!code.contains(io), "the handshake uses {io}");
+        }
     }
 
     #[test]

@@ -244,6 +244,12 @@ impl Matcher {
         self.posted.remove(&(peer, tag)).map(|p| p.id)
     }
 
+    /// The id of the receive posted for exactly (`peer`, `tag`), if any; changes nothing. Lets
+    /// the driver check which receive a cancel would remove before it removes it.
+    pub fn receive_id(&self, peer: Peer, tag: Tag) -> Option<ReceiveId> {
+        self.posted.get(&(peer, tag)).map(|p| p.id)
+    }
+
     /// A departed peer: drop receives posted for `Peer::Rank(peer)` and held messages from it.
     /// Wildcard receives stay. Returns (retired ids in ascending order, number of held messages
     /// dropped). Linear in the number of posted receives and held messages.

@@ -59,3 +59,13 @@ pub fn start_dvm_with(size: u32, cfg: impl Fn(Rank) -> Config) -> Vec<Daemon> {
     }
     dvm
 }
+
+/// A handshake nonce no other call in this test binary returns, for the scripted peers (the
+/// handshake takes its nonce from the caller; daemons draw theirs from the OS).
+pub fn nonce() -> [u8; tbon::oob::handshake::NONCE_LEN] {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut nonce = [0x5a; tbon::oob::handshake::NONCE_LEN];
+    nonce[..8].copy_from_slice(&(u64::from(std::process::id()) << 32 | n).to_le_bytes());
+    nonce
+}

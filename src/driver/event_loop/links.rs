@@ -278,7 +278,10 @@ impl EventLoop {
                 log::warn!("rank {}: too many connections; refusing {addr}", self.me);
                 continue;
             }
-            let hs = ConnState::Handshaking(Box::new(Handshake::accept(&self.hs_cfg)));
+            let hs = ConnState::Handshaking(Box::new(Handshake::accept(
+                &self.hs_cfg,
+                super::super::nonce::fresh(),
+            )));
             let Some(tok) = self.add_conn(stream, addr, hs, None) else {
                 continue;
             };
@@ -312,7 +315,11 @@ impl EventLoop {
                 self.dial_failed(peer);
                 return;
             }
-            conn.state = ConnState::Handshaking(Box::new(Handshake::dial(&self.hs_cfg, peer)));
+            conn.state = ConnState::Handshaking(Box::new(Handshake::dial(
+                &self.hs_cfg,
+                peer,
+                super::super::nonce::fresh(),
+            )));
             self.pump_handshake(tok);
         }
         self.dirty.push(tok);

@@ -111,6 +111,22 @@ fn cancel_is_exact() {
 }
 
 #[test]
+fn receive_id_names_the_exact_posted_receive_and_changes_nothing() {
+    let mut m = Matcher::new(16);
+    let (any, _) = m.post(Peer::Any, 200, true).unwrap();
+    let (three, _) = m.post(Peer::Rank(3), 200, false).unwrap();
+    assert_eq!(m.receive_id(Peer::Any, 200), Some(any));
+    assert_eq!(m.receive_id(Peer::Rank(3), 200), Some(three));
+    assert_eq!(m.receive_id(Peer::Rank(4), 200), None);
+    assert_eq!(m.posted_len(), 2);
+    // A retired one-shot is no longer named.
+    assert_eq!(delivered(&m.handle_message(msg(3, 200, "a"))).0, three);
+    assert_eq!(m.receive_id(Peer::Rank(3), 200), None);
+    assert_eq!(m.cancel(Peer::Any, 200), Some(any));
+    assert_eq!(m.receive_id(Peer::Any, 200), None);
+}
+
+#[test]
 fn duplicate_post_is_refused_without_side_effects() {
     let mut m = Matcher::new(16);
     let (id, _) = m.post(Peer::Rank(3), 200, false).unwrap();
