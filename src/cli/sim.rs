@@ -2,7 +2,7 @@
 //! a summary; for a failure, the seed, the checker that failed, and the command that replays it.
 use clap::Args;
 use std::time::Instant;
-use tbon::sim::{Options, REGRESSION_SEEDS, SeedOutcome, run_seed};
+use tbon::sim::{FaultKinds, Options, REGRESSION_SEEDS, SeedOutcome, run_seed};
 
 /// Arguments of `tbon sim`.
 #[derive(Debug, Args)]
@@ -25,6 +25,10 @@ pub struct SimArgs {
     /// Reliable messages per run (plain messages: half as many).
     #[arg(long, default_value_t = 200)]
     pub messages: u64,
+    /// The kinds of fault seeds choose from (each seed picks its own mix): a comma-separated
+    /// list of crash, link, stall, partition, delay, stale; or all.
+    #[arg(long, default_value = "all")]
+    pub faults: String,
     /// Stop at the first failing seed.
     #[arg(long)]
     pub fail_fast: bool,
@@ -37,10 +41,12 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     if std::env::var_os("RUST_LOG").is_none() {
         log::set_max_level(log::LevelFilter::Error);
     }
+    let faults = FaultKinds::parse(&args.faults)?;
     let opts = Options {
         daemons: args.daemons,
         radix: args.radix,
         messages: args.messages,
+        faults,
     };
     if let Some(seed) = args.seed {
         let o = run_seed(seed, opts);
@@ -51,16 +57,10 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let mut ran = 0u64;
     let (mut events, mut posted, mut crashed, mut retransmits) = (0u64, 0u64, 0u64, 0u64);
     let (mut ops, mut gathers) = (0u64, 0u64);
-    let regressions = REGRESSION_SEEDS.iter().map(|&(seed, daemons, radix, _)| {
-        (
-            seed,
-            Options {
-                daemons: Some(daemons),
-                radix: Some(radix),
-                messages: args.messages,
-            },
-        )
-    });
+    let (mut fenced, mut link_drops, mut stale) = (0u64, 0u64, 0u64);
+    let regressions = REGRESSION_SEEDS
+        .iter()
+        .map(|r| (r.seed, r.options(args.messages)));
     let seeds = (args.first..args.first.saturating_add(args.seeds)).map(|s| (s, opts));
     for (seed, o) in regressions.chain(seeds) {
         let out = run_seed(seed, o);
@@ -73,6 +73,9 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 retransmits += s.retransmits;
                 ops += s.bcast_ops;
                 gathers += s.gathers;
+                fenced += u64::from(s.fenced);
+                link_drops += s.link_drops;
+                stale += s.stale_dropped;
             }
             Err(_) => {
                 failed += 1;
@@ -86,7 +89,8 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     println!(
         "tbon sim: {ran} seeds, {failed} failed, in {:.1} s: {events} events, {posted} reliable \
          messages posted, {ops} broadcasts, {gathers} allgather results, {crashed} daemons \
-         crashed, {retransmits} retransmissions",
+         crashed, {fenced} declared dead and fenced, {link_drops} connections dropped, {stale} \
+         stale frames dropped, {retransmits} retransmissions",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 { 0 } else { 1 })

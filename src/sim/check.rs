@@ -152,7 +152,7 @@ impl Checker {
         Ok(())
     }
 
-    /// A reliable send completed.
+    /// A reliable send completed. `crashed`: the ranks dead or declared dead so far.
     pub fn completed(
         &mut self,
         token: u64,
@@ -182,6 +182,8 @@ impl Checker {
                 }
             }
             Err(SendError::NodeDown(r)) if *r == dst && crashed.contains(&dst) => {}
+            // The origin was declared dead and stopped before the send was acknowledged.
+            Err(SendError::ShutDown) if crashed.contains(&origin) => {}
             Err(e) => {
                 return Err(v(
                     "completion",

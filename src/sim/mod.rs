@@ -30,39 +30,66 @@ mod swarm;
 mod world;
 
 pub use check::Violation;
-pub use swarm::{CrashPattern, Scenario};
+pub use swarm::{CrashPattern, FaultKinds, Scenario};
 pub use world::{RunStats, World};
 
-/// Seeds that found a bug, kept so the bug stays fixed: (seed, daemons, radix, what it found).
-/// `tbon sim` and the tests run them first.
-pub const REGRESSION_SEEDS: &[(u64, u32, u32, &str)] = &[
-    (
-        19_933,
-        3,
-        4,
-        "simulator: overlapping slow-link windows multiplied their factors and blocked a link for hours",
-    ),
-    (
-        19_683,
-        34,
-        3,
-        "simulator: a RELM timer delayed by a stall was discarded as stale, so retransmission stopped",
-    ),
-    (
-        51_432,
-        9,
-        2,
-        "relm: a hop's Requested record, filled by the replayed data, kept tag 0 and prev NONE; \
+/// A seed that found a bug, kept so the bug stays fixed. `tbon sim` and the tests run them
+/// first, with the fault kinds they were found with.
+#[derive(Debug, Clone, Copy)]
+pub struct RegressionSeed {
+    pub seed: u64,
+    pub daemons: u32,
+    pub radix: u32,
+    pub faults: FaultKinds,
+    /// What it found.
+    pub found: &'static str,
+}
+
+impl RegressionSeed {
+    /// The options that replay it with `messages` reliable messages.
+    pub fn options(&self, messages: u64) -> Options {
+        Options {
+            daemons: Some(self.daemons),
+            radix: Some(self.radix),
+            messages,
+            faults: self.faults,
+        }
+    }
+}
+
+/// Seeds that found a bug.
+pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
+    RegressionSeed {
+        seed: 19_933,
+        daemons: 3,
+        radix: 4,
+        faults: FaultKinds::LEGACY,
+        found: "simulator: overlapping slow-link windows multiplied their factors and blocked a link for hours",
+    },
+    RegressionSeed {
+        seed: 19_683,
+        daemons: 34,
+        radix: 3,
+        faults: FaultKinds::LEGACY,
+        found: "simulator: a RELM timer delayed by a stall was discarded as stale, so retransmission stopped",
+    },
+    RegressionSeed {
+        seed: 51_432,
+        daemons: 9,
+        radix: 2,
+        faults: FaultKinds::LEGACY,
+        found: "relm: a hop's Requested record, filled by the replayed data, kept tag 0 and prev NONE; \
          its own replays then posted a user message as runtime tag 0",
-    ),
-    (
-        28_942,
-        35,
-        3,
-        "faults: deaths learned from an adoption notice were not reported; when the adopter's \
+    },
+    RegressionSeed {
+        seed: 28_942,
+        daemons: 35,
+        radix: 3,
+        faults: FaultKinds::LEGACY,
+        found: "faults: deaths learned from an adoption notice were not reported; when the adopter's \
          own reports died with it (slow link, then a crash), rank 0 never confirmed them and a \
          reliable send spun until it gave up",
-    ),
+    },
 ];
 
 /// What to simulate.
@@ -74,6 +101,8 @@ pub struct Options {
     pub radix: Option<u32>,
     /// Reliable messages per run (plain messages: half as many).
     pub messages: u64,
+    /// The kinds of fault a seed may choose from.
+    pub faults: FaultKinds,
 }
 
 impl Default for Options {
@@ -82,6 +111,7 @@ impl Default for Options {
             daemons: None,
             radix: None,
             messages: 200,
+            faults: FaultKinds::ALL,
         }
     }
 }
@@ -95,6 +125,8 @@ pub struct SeedOutcome {
     pub daemons: u32,
     /// The radix it ran.
     pub radix: u32,
+    /// The fault kinds it could choose from.
+    pub faults: FaultKinds,
     /// The counts, or the first broken rule.
     pub result: Result<RunStats, Violation>,
 }
@@ -103,8 +135,8 @@ impl SeedOutcome {
     /// The command that replays this seed exactly.
     pub fn replay_command(&self, messages: u64) -> String {
         format!(
-            "cargo run --release -- sim --seed {} --daemons {} --radix {} --messages {messages}",
-            self.seed, self.daemons, self.radix
+            "cargo run --release -- sim --seed {} --daemons {} --radix {} --messages {messages} --faults {}",
+            self.seed, self.daemons, self.radix, self.faults
         )
     }
 }
@@ -121,7 +153,7 @@ pub fn run_seed(seed: u64, opts: Options) -> SeedOutcome {
     });
     // A broken invariant (`bug!`) panics in the simulator; it is this seed's violation.
     let run = std::panic::catch_unwind(|| {
-        World::new(seed, daemons, radix, opts.messages)
+        World::new(seed, daemons, radix, opts.messages, opts.faults)
             .map_err(|e| Violation {
                 checker: "setup",
                 detail: e,
@@ -143,6 +175,7 @@ pub fn run_seed(seed: u64, opts: Options) -> SeedOutcome {
         seed,
         daemons,
         radix,
+        faults: opts.faults,
         result,
     }
 }

@@ -34,6 +34,8 @@ pub struct SimNode {
     pub node: Node,
     /// Encoded frames to put on links: (neighbour, header and payload).
     pub out: Vec<(Rank, Bytes)>,
+    /// Encoded heartbeats, sent only over a connection that is up.
+    pub heartbeats: Vec<(Rank, Bytes)>,
     /// User messages posted to the application, in order.
     pub delivered: Vec<Message>,
     /// Completions of the workload's reliable sends.
@@ -46,8 +48,12 @@ pub struct SimNode {
     pub bcast_done: Vec<(u64, Option<u64>)>,
     /// Allgather results delivered here.
     pub gathered: Vec<AllgatherResult>,
-    /// Broken rules (a malformed frame, an invariant, an unexpected stop): always a bug.
+    /// Broken rules (a malformed frame, an invariant): always a bug.
     pub errors: Vec<String>,
+    /// Ranks this daemon declared failed (the world closes its connections to them).
+    pub declared: Vec<Rank>,
+    /// Why it stopped, once it did (the world checks that it had to).
+    pub stopped: Option<crate::node::StopReason>,
     /// Tokens of this daemon's broadcasts (their completions are checked as broadcasts).
     bcast_tokens: HashSet<u64>,
 }
@@ -59,13 +65,14 @@ impl SimNode {
         size: u32,
         radix: u32,
         relm: RelmConfig,
+        heartbeat: Option<(std::time::Duration, std::time::Duration)>,
         now: Instant,
     ) -> Result<SimNode, String> {
         let cfg = NodeConfig {
             relm,
-            // The world detects deaths from lost connections (its `Detect` events); silent
-            // daemons are not modelled yet, so there are no heartbeats.
-            heartbeat: None,
+            // Without heartbeats the world's `Detect` events (a lost connection that cannot be
+            // re-established) are the only detection.
+            heartbeat,
             wired_at_start: true,
             trace: true,
             ..NodeConfig::new(rank, size, radix)
@@ -75,10 +82,15 @@ impl SimNode {
             node.post(Peer::Any, tag, true).map_err(|e| e.to_string())?;
         }
         node.start(now);
+        // Every daemon's first incarnation is 1, as its handshakes would have proved.
+        for peer in (0..size).filter(|p| *p != rank) {
+            node.handle_link_up(now, peer, 1, false);
+        }
         let mut n = SimNode {
             rank,
             node,
             out: Vec::new(),
+            heartbeats: Vec::new(),
             delivered: Vec::new(),
             completions: Vec::new(),
             new_neighbours: Vec::new(),
@@ -86,6 +98,8 @@ impl SimNode {
             bcast_done: Vec::new(),
             gathered: Vec::new(),
             errors: Vec::new(),
+            declared: Vec::new(),
+            stopped: None,
             bcast_tokens: HashSet::new(),
         };
         n.collect();
@@ -167,6 +181,7 @@ impl SimNode {
 
     /// An encoded frame arrived from neighbour `from`.
     pub fn handle_frame(&mut self, now: Instant, from: Rank, frame: Bytes) {
+        self.node.handle_heard(now, from);
         match decode(&frame) {
             Ok(header) => {
                 let payload = frame.slice(HEADER_LEN..);
@@ -188,6 +203,19 @@ impl SimNode {
     /// The world's connection to `dead` broke and could not be re-established.
     pub fn detect(&mut self, now: Instant, dead: Rank) {
         self.node.handle_unreachable(now, dead, 1);
+        self.step(now);
+    }
+
+    /// The connection with `peer` was lost; whether this daemon redials it.
+    pub fn link_lost(&mut self, now: Instant, peer: Rank) -> bool {
+        let probe = self.node.handle_link_lost(now, peer);
+        self.step(now);
+        probe
+    }
+
+    /// A connection with `peer` was (re-)established.
+    pub fn link_up(&mut self, now: Instant, peer: Rank) {
+        self.node.handle_link_up(now, peer, 1, true);
         self.step(now);
     }
 
@@ -219,12 +247,14 @@ impl SimNode {
                             .push("a workload frame with a completion".into());
                     }
                 }
-                // No heartbeats are configured.
-                Output::Heartbeat { to, .. } => {
-                    self.errors.push(format!("a heartbeat for {to}"));
+                Output::Heartbeat { to, header } => {
+                    self.heartbeats
+                        .push((to, Bytes::copy_from_slice(&header.encode())));
                 }
-                // The world keeps no send queues: frames in flight are on the links.
-                Output::PeersFailed { .. } | Output::Wired => {}
+                // The world keeps no send queues (frames in flight are on the links); it
+                // closes the connections to the dead.
+                Output::PeersFailed { dead, .. } => self.declared.extend(dead),
+                Output::Wired => {}
                 Output::Deliver { msg, .. } => {
                     // Broadcasts are checked from their trace, which carries the op.
                     if msg.tag != TAG_BCAST {
@@ -238,6 +268,7 @@ impl SimNode {
                 }
                 Output::AllgatherDone { id, result } => match result {
                     Ok(r) => self.gathered.push(r),
+                    Err(SendError::ShutDown) if self.node.stopping().is_some() => {}
                     Err(e) => self.errors.push(format!("allgather {id} failed: {e}")),
                 },
                 Output::Repaired(status) => {
@@ -251,7 +282,7 @@ impl SimNode {
                         self.new_neighbours.extend(status.new_parent);
                     }
                 }
-                Output::Stop(reason) => self.errors.push(format!("stopped: {reason:?}")),
+                Output::Stop(reason) => self.stopped = Some(reason),
                 Output::Trace(Trace::Broadcast {
                     op,
                     originator,

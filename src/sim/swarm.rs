@@ -5,13 +5,137 @@
 use super::rng::Rng;
 use crate::Rank;
 
+/// Which kinds of fault a run may have (`tbon sim --faults`); each seed still chooses which of
+/// them it uses, and how often (swarm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultKinds {
+    /// Daemons die.
+    pub crash: bool,
+    /// Connections between living daemons drop and are re-established.
+    pub link: bool,
+    /// Daemons stop working for a while; a long stall gets one declared dead, and it must exit
+    /// when it resumes.
+    pub stall: bool,
+    /// A subtree is cut off from the rest for a while (briefly, or long enough to be declared
+    /// dead), then the cut heals.
+    pub partition: bool,
+    /// Links are slow for a while, and each link has its own latency (frames on different
+    /// links overtake each other; never within one).
+    pub delay: bool,
+    /// Frames of an earlier incarnation of their sender turn up (left over from before a
+    /// restart), and must be dropped.
+    pub stale: bool,
+}
+
+impl FaultKinds {
+    /// Every kind.
+    pub const ALL: FaultKinds = FaultKinds {
+        crash: true,
+        link: true,
+        stall: true,
+        partition: true,
+        delay: true,
+        stale: true,
+    };
+
+    /// The kinds the simulator had when the first regression seeds were found (crashes, short
+    /// stalls, slow links): their scenarios stay exactly as they were.
+    pub const LEGACY: FaultKinds = FaultKinds {
+        crash: true,
+        link: false,
+        stall: true,
+        partition: false,
+        delay: true,
+        stale: false,
+    };
+
+    /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale`, or `all`).
+    pub fn parse(list: &str) -> Result<FaultKinds, String> {
+        let mut k = FaultKinds {
+            crash: false,
+            link: false,
+            stall: false,
+            partition: false,
+            delay: false,
+            stale: false,
+        };
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "all" => k = FaultKinds::ALL,
+                "none" => {}
+                "crash" => k.crash = true,
+                "link" => k.link = true,
+                "stall" => k.stall = true,
+                "partition" => k.partition = true,
+                "delay" => k.delay = true,
+                "stale" => k.stale = true,
+                other => {
+                    return Err(format!(
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, all)"
+                    ));
+                }
+            }
+        }
+        Ok(k)
+    }
+
+    /// Whether any kind needs heartbeats (a silent daemon found by its neighbours).
+    fn silences(&self) -> bool {
+        self.stall || self.partition
+    }
+}
+
+impl std::fmt::Display for FaultKinds {
+    /// The list `parse` reads back.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = [
+            (self.crash, "crash"),
+            (self.link, "link"),
+            (self.stall, "stall"),
+            (self.partition, "partition"),
+            (self.delay, "delay"),
+            (self.stale, "stale"),
+        ];
+        let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
+        if on.is_empty() {
+            return write!(f, "none");
+        }
+        write!(f, "{}", on.join(","))
+    }
+}
+
+impl Default for FaultKinds {
+    fn default() -> Self {
+        FaultKinds::ALL
+    }
+}
+
+/// The heartbeat interval in simulated runs that have heartbeats, in microseconds.
+pub const HEARTBEAT_INTERVAL_US: u64 = 500_000;
+/// The heartbeat timeout in simulated runs that have heartbeats: longer than any stall or slow
+/// link of the legacy kinds, so only the long stalls and partitions are meant to trip it.
+pub const HEARTBEAT_TIMEOUT_US: u64 = 4_000_000;
+
 /// One fault the world injects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
     /// The daemon dies: its connections drop, what was in flight to or from it is lost.
     Crash { rank: Rank, at_us: u64 },
-    /// The daemon stops working for a while (shorter than the heartbeat timeout), then goes on.
+    /// The daemon stops working for a while, then goes on.
     Stall { rank: Rank, at_us: u64, for_us: u64 },
+    /// The connection between two daemons drops; both live and redial.
+    LinkDown {
+        a: Rank,
+        b: Rank,
+        at_us: u64,
+        for_us: u64,
+    },
+    /// Every link between `group` (a subtree) and the other daemons is cut for a while.
+    Partition {
+        group: Vec<Rank>,
+        at_us: u64,
+        for_us: u64,
+    },
     /// Frames between two neighbours take `factor` times longer for a while.
     SlowLink {
         a: Rank,
@@ -65,12 +189,19 @@ pub struct Scenario {
     pub cache_max: usize,
     /// RELM hop cache age.
     pub cache_ms: u64,
+    /// Whether the daemons run heartbeats (only runs with long stalls or partitions).
+    pub heartbeats: bool,
+    /// Each link's own extra latency is drawn from `0..link_spread_us` (0: none).
+    pub link_spread_us: u64,
+    /// The chance that a frame is followed by a stale copy from its sender's earlier
+    /// incarnation.
+    pub stale_rate: f64,
 }
 
 impl Scenario {
     /// The scenario of `seed` for a DVM of `size` with radix `radix`, `messages` reliable
     /// messages.
-    pub fn choose(seed: u64, size: u32, radix: u32, messages: u64) -> Scenario {
+    pub fn choose(seed: u64, size: u32, radix: u32, messages: u64, kinds: FaultKinds) -> Scenario {
         let mut rng = Rng::new(seed);
         let safety_us = rng.range(2_000_000, 8_000_000);
         let latency_us = rng.range(20, 5_000);
@@ -188,6 +319,68 @@ impl Scenario {
         };
         let broadcasts = messages / 4;
         let gathers = rng.range(0, 3);
+        // The legacy kinds are drawn above exactly as before (a regression seed keeps its
+        // scenario) and filtered here; the newer kinds draw from a stream of their own.
+        faults.retain(|f| match f {
+            Fault::Crash { .. } => kinds.crash,
+            Fault::Stall { .. } => kinds.stall,
+            Fault::SlowLink { .. } => kinds.delay,
+            _ => true,
+        });
+        let mut more = Rng::new(seed ^ 0x5EED_F417_7A11_0000);
+        let shape = crate::routed::radix::Shape::new(radix, size).ok();
+        let parent_of = |r: Rank| shape.as_ref().and_then(|s| s.parent(r)).unwrap_or(0);
+        if kinds.link && size > 1 && more.chance(0.5) {
+            for _ in 0..more.range(1, 6) {
+                let b = more.range(1, u64::from(size - 1)) as Rank;
+                faults.push(Fault::LinkDown {
+                    a: parent_of(b),
+                    b,
+                    at_us: more.range(0, safety_us),
+                    for_us: more.range(1_000, 200_000),
+                });
+            }
+        }
+        let mut heartbeats = false;
+        if kinds.stall && size > 2 && more.chance(0.25) {
+            // Long enough to be declared dead; never rank 0 (whose loss ends the DVM).
+            let rank = more.range(1, u64::from(size - 1)) as Rank;
+            faults.push(Fault::Stall {
+                rank,
+                at_us: more.range(0, safety_us),
+                for_us: more.range(HEARTBEAT_TIMEOUT_US * 3 / 2, HEARTBEAT_TIMEOUT_US * 3),
+            });
+            heartbeats = true;
+        }
+        if kinds.partition && size > 2 && more.chance(0.2) {
+            let top = more.range(1, u64::from(size - 1)) as Rank;
+            let group: Vec<Rank> = (0..size)
+                .filter(|r| shape.as_ref().is_some_and(|s| s.in_subtree(top, *r)))
+                .collect();
+            let for_us = if more.chance(0.5) {
+                more.range(1_000, 200_000)
+            } else {
+                more.range(HEARTBEAT_TIMEOUT_US * 3 / 2, HEARTBEAT_TIMEOUT_US * 3)
+            };
+            faults.push(Fault::Partition {
+                group,
+                at_us: more.range(0, safety_us),
+                for_us,
+            });
+            heartbeats = true;
+        }
+        // Legacy stalls can outlast the heartbeat timeout only with slow links on top.
+        heartbeats &= kinds.silences();
+        let link_spread_us = if kinds.delay && more.chance(0.5) {
+            more.range(1, 10 * latency_us)
+        } else {
+            0
+        };
+        let stale_rate = if kinds.stale && more.chance(0.3) {
+            more.range(1, 50) as f64 / 1000.0
+        } else {
+            0.0
+        };
         Scenario {
             latency_us,
             jitter_us,
@@ -201,6 +394,9 @@ impl Scenario {
             safety_us,
             cache_max,
             cache_ms,
+            heartbeats,
+            link_spread_us,
+            stale_rate,
         }
     }
 

@@ -27,18 +27,13 @@ fn payload_checks_catch_corruption() {
 
 #[test]
 fn regression_seeds_pass() {
-    for &(seed, daemons, radix, what) in REGRESSION_SEEDS {
-        let o = run_seed(
-            seed,
-            Options {
-                daemons: Some(daemons),
-                radix: Some(radix),
-                messages: 200,
-            },
-        );
+    for r in REGRESSION_SEEDS {
+        let o = run_seed(r.seed, r.options(200));
         assert!(
             o.result.is_ok(),
-            "regression seed {seed} ({what}): {:?}",
+            "regression seed {} ({}): {:?}",
+            r.seed,
+            r.found,
             o.result
         );
     }
@@ -57,4 +52,76 @@ fn a_hundred_seeds_pass() {
             o.replay_command(200)
         );
     }
+}
+
+fn kinds(list: &str) -> Options {
+    Options {
+        faults: FaultKinds::parse(list).unwrap(),
+        ..Options::default()
+    }
+}
+
+/// Sums the stats of seeds `0..n` under `opts`, failing on the first violation.
+fn batch(n: u64, opts: Options) -> RunStats {
+    let mut sum = RunStats::default();
+    for seed in 0..n {
+        let o = run_seed(seed, opts);
+        match &o.result {
+            Ok(s) => {
+                sum.fenced += s.fenced;
+                sum.link_drops += s.link_drops;
+                sum.stale_dropped += s.stale_dropped;
+                sum.reliable_posted += s.reliable_posted;
+            }
+            Err(e) => panic!("seed {seed}: {e:?}\nreplay: {}", o.replay_command(200)),
+        }
+    }
+    sum
+}
+
+#[test]
+fn fault_kinds_parse_and_print_back() {
+    let k = FaultKinds::parse("link, stale").unwrap();
+    assert!(k.link && k.stale && !k.crash && !k.stall && !k.partition && !k.delay);
+    assert_eq!(k.to_string(), "link,stale");
+    assert_eq!(FaultKinds::parse("all").unwrap(), FaultKinds::ALL);
+    assert_eq!(
+        FaultKinds::parse(&FaultKinds::ALL.to_string()).unwrap(),
+        FaultKinds::ALL
+    );
+    assert!(FaultKinds::parse("crash,meteor").is_err());
+}
+
+/// Connections between living daemons drop and come back: no death is declared, nothing
+/// reliable is lost (the checkers), and the drops did happen.
+#[test]
+fn dropped_connections_between_live_daemons_lose_nothing() {
+    let s = batch(60, kinds("link"));
+    assert!(s.link_drops > 0, "no connection was dropped");
+    assert_eq!(s.fenced, 0, "a live daemon was declared dead");
+}
+
+/// A daemon that stalls past the heartbeat timeout is declared dead by its neighbours and,
+/// once it runs again, learns it and exits; the survivors agree (the checkers).
+#[test]
+fn a_long_stall_is_declared_dead_and_the_daemon_fences_itself() {
+    let s = batch(60, kinds("stall"));
+    assert!(
+        s.fenced > 0,
+        "no stalled daemon was declared dead and fenced"
+    );
+}
+
+/// Frames of an earlier incarnation of their sender are dropped, never delivered.
+#[test]
+fn frames_of_an_earlier_incarnation_are_dropped() {
+    let s = batch(60, kinds("stale"));
+    assert!(s.stale_dropped > 0, "no stale frame reached a daemon");
+}
+
+/// Partitions (brief, or long enough that the cut-off side is declared dead and exits) and
+/// reordering across links.
+#[test]
+fn partitions_and_delays_pass() {
+    batch(60, kinds("partition,delay"));
 }

@@ -1,15 +1,27 @@
 //! The simulated world: a virtual clock, an event queue, FIFO links with seeded latency, and
 //! the faults of the scenario. One thread; everything follows from the seed.
+//!
+//! Connections: each pair of daemons has one connection at a time (a generation). When it
+//! drops (a link fault, a partition, or a daemon closing it because it declared the other dead)
+//! the frames in flight on it are lost; each side learns of the loss and, if its node says so,
+//! redials with bounded backed-off attempts. Frames sent meanwhile wait (as in the driver's
+//! pending queue) and go out once a redial succeeds, after both sides' link-up. A redial that
+//! finds the peer has declared this daemon dead brings it the peer's "declared dead" frame;
+//! one that cannot get through within the attempts reports the peer unreachable. A daemon that
+//! stops must have been declared dead (or, with heartbeats, have lost rank 0); from then on it
+//! counts as crashed.
 
 use super::check::{self, Checker, Violation};
 use super::node::{SimNode, TAG_PLAIN, TAG_RELIABLE};
 use super::rng::Rng;
-use super::swarm::{Fault, Scenario};
+use super::swarm::{Fault, FaultKinds, HEARTBEAT_INTERVAL_US, HEARTBEAT_TIMEOUT_US, Scenario};
 use crate::Rank;
+use crate::node::StopReason;
+use crate::oob::header::{HEADER_LEN, Header};
 use crate::relm::RelmConfig;
 use bytes::Bytes;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// Events processed per seed at most: a run that needs more has livelocked.
@@ -17,12 +29,43 @@ pub const EVENTS_MAX: u64 = 20_000_000;
 /// Virtual time allowed after the faults stop for everything to settle (the liveness bound).
 pub const LIVENESS_US: u64 = 600_000_000;
 
+/// Redial attempts before a peer is reported unreachable (delays 20, 40, ... 640 ms).
+const REDIAL_ATTEMPTS_MAX: u32 = 6;
+/// The first redial delay; it doubles per attempt.
+const REDIAL_BASE_US: u64 = 20_000;
+
 #[derive(Debug)]
 enum Ev {
     Frame {
         from: Rank,
         to: Rank,
         frame: Bytes,
+        /// The connection generation it was sent on (a frame of an older one was lost).
+        generation: u64,
+        /// A heartbeat (kept out of the count of work still to do).
+        heartbeat: bool,
+    },
+    /// The connection between `a` and `b` drops and stays unusable until `until_us`.
+    LinkDown {
+        a: Rank,
+        b: Rank,
+        until_us: u64,
+    },
+    /// Every connection between `group` and the rest drops until `until_us`.
+    Partition {
+        group: Vec<Rank>,
+        until_us: u64,
+    },
+    /// `node` notices its connection with `peer` is gone.
+    LinkLost {
+        node: Rank,
+        peer: Rank,
+    },
+    /// `node` dials `peer` again.
+    Redial {
+        node: Rank,
+        peer: Rank,
+        attempt: u32,
     },
     Timer {
         node: Rank,
@@ -75,6 +118,12 @@ pub struct RunStats {
     pub bcast_delivered: u64,
     /// Allgathers completed (per daemon).
     pub gathers: u64,
+    /// Daemons declared dead while alive that then exited (fenced themselves).
+    pub fenced: u32,
+    /// Connections dropped between living daemons (link faults, partitions).
+    pub link_drops: u64,
+    /// Stale frames (an earlier incarnation of their sender) the daemons dropped.
+    pub stale_dropped: u64,
 }
 
 /// The world.
@@ -97,14 +146,39 @@ pub struct World {
     free: Vec<usize>,
     pair_seq: HashMap<(Rank, Rank), u64>,
     next_token: u64,
+    /// Per connection (lower rank first): its generation and until when it cannot be used.
+    conn_gen: HashMap<(Rank, Rank), u64>,
+    conn_down_until: HashMap<(Rank, Rank), u64>,
+    /// Frames waiting for a connection to come back, per direction.
+    parked: HashMap<(Rank, Rank), Vec<Bytes>>,
+    /// (node, peer) redials under way.
+    redialing: HashSet<(Rank, Rank)>,
+    /// Connections (lower rank first) that dropped and were not re-established yet.
+    conn_lost: HashSet<(Rank, Rank)>,
+    /// Ranks some daemon declared failed.
+    declared: HashSet<Rank>,
+    /// Daemons that stopped because they were declared dead (or lost rank 0).
+    fenced: Vec<Rank>,
+    /// Events queued that are work (not timers, not heartbeats).
+    busy: u64,
     check: Checker,
     stats: RunStats,
 }
 
 impl World {
     /// A world for `seed`: `size` daemons of radix `radix`, `messages` reliable messages.
-    pub fn new(seed: u64, size: u32, radix: u32, messages: u64) -> Result<World, String> {
-        let scen = Scenario::choose(seed, size, radix, messages);
+    pub fn new(
+        seed: u64,
+        size: u32,
+        radix: u32,
+        messages: u64,
+        kinds: FaultKinds,
+    ) -> Result<World, String> {
+        let scen = Scenario::choose(seed, size, radix, messages, kinds);
+        let heartbeat = scen.heartbeats.then_some((
+            Duration::from_micros(HEARTBEAT_INTERVAL_US),
+            Duration::from_micros(HEARTBEAT_TIMEOUT_US),
+        ));
         let cfg = RelmConfig {
             cache_max: scen.cache_max,
             cache_ms: scen.cache_ms,
@@ -113,7 +187,7 @@ impl World {
         crate::invariant::set_strict(true);
         let base = Instant::now();
         let nodes = (0..size)
-            .map(|r| SimNode::new(r, size, radix, cfg, base))
+            .map(|r| SimNode::new(r, size, radix, cfg, heartbeat, base))
             .collect::<Result<Vec<_>, _>>()?;
         let n = size as usize;
         log::debug!("seed {seed}: {scen:?}");
@@ -136,6 +210,14 @@ impl World {
             free: Vec::new(),
             pair_seq: HashMap::new(),
             next_token: 0,
+            conn_gen: HashMap::new(),
+            conn_down_until: HashMap::new(),
+            parked: HashMap::new(),
+            redialing: HashSet::new(),
+            conn_lost: HashSet::new(),
+            declared: HashSet::new(),
+            fenced: Vec::new(),
+            busy: 0,
             check: Checker::default(),
             stats: RunStats::default(),
         };
@@ -166,6 +248,30 @@ impl World {
                     for_us,
                     factor,
                 } => self.slow.push((a, b, at_us, at_us + for_us, factor)),
+                Fault::LinkDown {
+                    a,
+                    b,
+                    at_us,
+                    for_us,
+                } => self.push(
+                    at_us,
+                    Ev::LinkDown {
+                        a,
+                        b,
+                        until_us: at_us + for_us,
+                    },
+                ),
+                Fault::Partition {
+                    group,
+                    at_us,
+                    for_us,
+                } => self.push(
+                    at_us,
+                    Ev::Partition {
+                        group,
+                        until_us: at_us + for_us,
+                    },
+                ),
             }
         }
         // Broadcasts from random daemons, and allgathers every daemon contributes to.
@@ -211,6 +317,9 @@ impl World {
     }
 
     fn push(&mut self, at_us: u64, ev: Ev) {
+        if is_work(&ev) {
+            self.busy += 1;
+        }
         let idx = match self.free.pop() {
             Some(i) => {
                 if let Some(slot) = self.slab.get_mut(i) {
@@ -259,6 +368,9 @@ impl World {
                 continue;
             };
             self.free.push(idx);
+            if is_work(&ev) {
+                self.busy = self.busy.saturating_sub(1);
+            }
             self.now_us = self.now_us.max(at);
             // A stalled daemon handles nothing until it wakes; what waits for it keeps its
             // order (same sequence numbers, later time).
@@ -266,6 +378,9 @@ impl World {
                 && self.stalled_until.get(r as usize).is_some_and(|u| *u > at)
             {
                 let until = self.stalled_until.get(r as usize).copied().unwrap_or(at);
+                if is_work(&ev) {
+                    self.busy += 1;
+                }
                 let idx2 = match self.free.pop() {
                     Some(i) => i,
                     None => {
@@ -280,10 +395,19 @@ impl World {
                 continue;
             }
             self.handle(ev)?;
+            // With heartbeats the queue never empties: the run ends once no work is left and
+            // every daemon is quiet.
+            if self.scen.heartbeats && self.busy == 0 && at > self.scen.safety_us && self.quiet() {
+                break;
+            }
         }
         self.stats.end_us = self.now_us;
+        let mut gone = self.crashed.clone();
+        gone.extend(&self.fenced);
+        gone.sort_unstable();
+        gone.dedup();
         self.check
-            .final_state(&self.nodes, &self.alive, &self.crashed, self.radix)?;
+            .final_state(&self.nodes, &self.alive, &gone, self.radix)?;
         self.check
             .final_collectives(&self.nodes, &self.alive, self.scen.gathers)?;
         self.stats.bcast_ops = self.check.ops.len() as u64;
@@ -294,19 +418,50 @@ impl World {
         self.stats.plain_sent = self.check.plain_sent;
         self.stats.plain_posted = self.check.plain_posted;
         self.stats.crashed = self.crashed.len() as u32;
+        self.stats.fenced = self.fenced.len() as u32;
         for n in &self.nodes {
             self.stats.retransmits += n.relm().stats().retransmits;
             self.stats.replays += n.relm().stats().replays;
+            self.stats.stale_dropped += n.node.counters().dropped_old_incarnation;
         }
         Ok(self.stats)
+    }
+
+    /// Nothing left to settle: no frames parked, no redials, and every living daemon's RELM
+    /// and broadcast state empty.
+    fn quiet(&self) -> bool {
+        self.parked.values().all(Vec::is_empty)
+            && self.redialing.is_empty()
+            && self.nodes.iter().filter(|n| self.living(n.rank)).all(|n| {
+                n.relm().is_idle() && n.xcast().retained() == 0 && n.xcast().outstanding() == 0
+            })
+    }
+
+    /// Ranks that are dead, or that some daemon declared dead (a stalled daemon may be both
+    /// declared and still running until it fences itself).
+    fn gone(&self) -> Vec<Rank> {
+        let mut g = self.crashed.clone();
+        g.extend(self.declared.iter().copied());
+        g.sort_unstable();
+        g.dedup();
+        g
     }
 
     fn handle(&mut self, ev: Ev) -> Result<(), Violation> {
         let now = self.now();
         match ev {
-            Ev::Frame { from, to, frame } => {
-                // A connection to or from a dead daemon is gone, with whatever it carried.
-                if !(self.living(from) && self.living(to)) {
+            Ev::Frame {
+                from,
+                to,
+                frame,
+                generation,
+                ..
+            } => {
+                // A connection to or from a dead daemon is gone, with whatever it carried; so
+                // is a connection that dropped since the frame was sent.
+                if !(self.living(from) && self.living(to))
+                    || generation != self.generation(from, to)
+                {
                     return Ok(());
                 }
                 log::trace!("{} us: {from} -> {to}: {frame:?}", self.now_us);
@@ -344,29 +499,39 @@ impl World {
                 if !self.living(rank) {
                     return Ok(());
                 }
-                if let Some(a) = self.alive.get_mut(rank as usize) {
-                    *a = false;
-                }
                 self.crashed.push(rank);
                 self.crashed.sort_unstable();
-                // Its tree neighbours see the connection drop and fail to redial.
-                let watchers: Vec<Rank> = self
-                    .nodes
-                    .iter()
-                    .filter(|n| self.living(n.rank))
-                    .filter(|n| {
-                        n.routing().parent() == Some(rank) || n.routing().children().contains(&rank)
-                    })
-                    .map(|n| n.rank)
-                    .collect();
-                log::debug!(
-                    "{} us: rank {rank} crashes; watchers {watchers:?}",
-                    self.now_us
-                );
-                for w in watchers {
-                    self.detect_later(w, rank);
+                self.dies(rank);
+            }
+            Ev::LinkDown { a, b, until_us } => {
+                self.drop_link(a, b, until_us);
+            }
+            Ev::Partition { group, until_us } => {
+                let size = self.nodes.len() as Rank;
+                for g in &group {
+                    for o in (0..size).filter(|o| !group.contains(o)) {
+                        self.drop_link(*g, o, until_us);
+                    }
                 }
             }
+            Ev::LinkLost { node, peer } => {
+                if !self.living(node) {
+                    return Ok(());
+                }
+                let probe = match self.nodes.get_mut(node as usize) {
+                    Some(n) => n.link_lost(now, peer),
+                    None => false,
+                };
+                if probe {
+                    self.redial(node, peer, 1);
+                }
+                self.after(node)?;
+            }
+            Ev::Redial {
+                node,
+                peer,
+                attempt,
+            } => return self.on_redial(node, peer, attempt),
             Ev::Stall { rank, until_us } => {
                 if let Some(s) = self.stalled_until.get_mut(rank as usize) {
                     *s = (*s).max(until_us);
@@ -449,19 +614,22 @@ impl World {
     }
 
     /// After a daemon handled an input: check what it posted and completed, put its frames on
-    /// the links, fail its dials to dead neighbours, re-arm its timer.
+    /// the links, fail its dials to dead neighbours, close its connections to the ranks it
+    /// declared dead, handle its stop, re-arm its timer.
     fn after(&mut self, r: Rank) -> Result<(), Violation> {
-        let crashed = self.crashed.clone();
         let Some(n) = self.nodes.get_mut(r as usize) else {
             return Ok(());
         };
         let delivered = std::mem::take(&mut n.delivered);
         let completions = std::mem::take(&mut n.completions);
         let out = std::mem::take(&mut n.out);
+        let heartbeats = std::mem::take(&mut n.heartbeats);
         let gained = std::mem::take(&mut n.new_neighbours);
         let bcasts = std::mem::take(&mut n.bcasts);
         let bcast_done = std::mem::take(&mut n.bcast_done);
         let gathered = std::mem::take(&mut n.gathered);
+        let declared = std::mem::take(&mut n.declared);
+        let stopped = n.stopped.take();
         let timeout = n.node.poll_timeout();
         if let Some(e) = n.errors.first() {
             return Err(Violation {
@@ -469,29 +637,55 @@ impl World {
                 detail: format!("rank {r}: {e}"),
             });
         }
+        for d in declared {
+            self.declared.insert(d);
+            if self.living(d) {
+                // The connection to a rank declared dead is closed; it notices (once it runs).
+                self.bump_generation(r, d);
+                let at = self.now_us + self.scen.latency_us;
+                self.push(at, Ev::LinkLost { node: d, peer: r });
+            }
+        }
+        let mut gone = self.gone();
+        if stopped.is_some() {
+            // What it sent and was still unacknowledged fails with `ShutDown`.
+            gone.push(r);
+        }
         for m in &delivered {
             self.check.delivered(r, m)?;
         }
         for (token, result) in &completions {
-            self.check.completed(*token, result, &crashed)?;
+            self.check.completed(*token, result, &gone)?;
         }
         for b in &bcasts {
             self.check.bcast_delivered(r, b)?;
         }
+        // A daemon declared dead but still running is not waited for.
+        let counted: Vec<bool> = (0..self.alive.len())
+            .map(|x| self.living(x as Rank) && !self.declared.contains(&(x as Rank)))
+            .collect();
         for (request, op) in bcast_done {
-            let alive = self.alive.clone();
-            self.check.bcast_finished(r, request, op, &alive)?;
+            self.check.bcast_finished(r, request, op, &counted)?;
         }
         for g in &gathered {
             self.check.gathered(r, g, self.nodes.len() as u32)?;
         }
         for (to, frame) in out {
-            self.transmit(r, to, frame);
+            self.transmit(r, to, frame, false);
+        }
+        for (to, frame) in heartbeats {
+            // Only over a connection that is up.
+            if !self.conn_lost.contains(&Self::pair(r, to)) {
+                self.transmit(r, to, frame, true);
+            }
         }
         for g in gained {
             if !self.living(g) {
                 self.detect_later(r, g);
             }
+        }
+        if let Some(reason) = stopped {
+            return self.stopped(r, reason);
         }
         if let Some(t) = timeout {
             let us = t.saturating_duration_since(self.base).as_micros() as u64;
@@ -507,8 +701,176 @@ impl World {
         Ok(())
     }
 
-    fn transmit(&mut self, from: Rank, to: Rank, frame: Bytes) {
-        let lat = self.scen.latency_us + self.rng.range(0, self.scen.jitter_us);
+    /// Daemon `r` stopped. It must have been declared dead (it fences itself), or have lost
+    /// rank 0 in a run where a living rank 0 can look lost (heartbeats: a stall, a partition).
+    fn stopped(&mut self, r: Rank, reason: StopReason) -> Result<(), Violation> {
+        let fatal = match &reason {
+            StopReason::Fatal(why) => why.as_str(),
+            _ => "",
+        };
+        let ok = (fatal == "declared dead by the DVM" && self.declared.contains(&r))
+            || (fatal == "lost rank 0" && self.scen.heartbeats);
+        if !ok {
+            return Err(Violation {
+                checker: "fencing",
+                detail: format!("rank {r} stopped ({reason:?}) though nobody declared it dead"),
+            });
+        }
+        log::debug!("{} us: rank {r} stops: {reason:?}", self.now_us);
+        self.fenced.push(r);
+        self.dies(r);
+        Ok(())
+    }
+
+    /// `rank` is gone (crashed, or stopped): its connections drop and its tree neighbours see
+    /// that and fail to redial.
+    fn dies(&mut self, rank: Rank) {
+        if let Some(a) = self.alive.get_mut(rank as usize) {
+            *a = false;
+        }
+        let watchers: Vec<Rank> = self
+            .nodes
+            .iter()
+            .filter(|n| self.living(n.rank))
+            .filter(|n| {
+                n.routing().parent() == Some(rank) || n.routing().children().contains(&rank)
+            })
+            .map(|n| n.rank)
+            .collect();
+        log::debug!(
+            "{} us: rank {rank} is gone; watchers {watchers:?}",
+            self.now_us
+        );
+        for w in watchers {
+            self.detect_later(w, rank);
+        }
+        let size = self.nodes.len() as Rank;
+        for p in 0..size {
+            self.parked.remove(&(rank, p));
+            self.parked.remove(&(p, rank));
+        }
+    }
+
+    fn pair(a: Rank, b: Rank) -> (Rank, Rank) {
+        (a.min(b), a.max(b))
+    }
+
+    fn generation(&self, a: Rank, b: Rank) -> u64 {
+        self.conn_gen.get(&Self::pair(a, b)).copied().unwrap_or(0)
+    }
+
+    /// The connection between `a` and `b` drops: what was in flight on it is lost.
+    fn bump_generation(&mut self, a: Rank, b: Rank) {
+        *self.conn_gen.entry(Self::pair(a, b)).or_insert(0) += 1;
+        self.conn_lost.insert(Self::pair(a, b));
+    }
+
+    fn down_until(&self, a: Rank, b: Rank) -> u64 {
+        self.conn_down_until
+            .get(&Self::pair(a, b))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// A link fault: the connection between two living daemons drops until `until_us`; both
+    /// notice at once.
+    fn drop_link(&mut self, a: Rank, b: Rank, until_us: u64) {
+        if a == b || !(self.living(a) && self.living(b)) {
+            return;
+        }
+        self.stats.link_drops += 1;
+        self.bump_generation(a, b);
+        let p = Self::pair(a, b);
+        let until = self.down_until(a, b).max(until_us);
+        self.conn_down_until.insert(p, until);
+        let now = self.now_us;
+        self.push(now, Ev::LinkLost { node: a, peer: b });
+        self.push(now, Ev::LinkLost { node: b, peer: a });
+    }
+
+    /// `node` dials `peer` (again), unless a dial is under way.
+    fn redial(&mut self, node: Rank, peer: Rank, attempt: u32) {
+        if attempt == 1 && !self.redialing.insert((node, peer)) {
+            return;
+        }
+        let shift = attempt.saturating_sub(1).min(20);
+        let at = self.now_us + REDIAL_BASE_US.saturating_mul(1 << shift);
+        self.push(
+            at,
+            Ev::Redial {
+                node,
+                peer,
+                attempt,
+            },
+        );
+    }
+
+    fn on_redial(&mut self, node: Rank, peer: Rank, attempt: u32) -> Result<(), Violation> {
+        let now = self.now();
+        if !self.living(node) {
+            self.redialing.remove(&(node, peer));
+            return Ok(());
+        }
+        let reachable = self.living(peer) && self.down_until(node, peer) <= self.now_us;
+        if !reachable {
+            if attempt < REDIAL_ATTEMPTS_MAX {
+                self.redial(node, peer, attempt + 1);
+                return Ok(());
+            }
+            self.redialing.remove(&(node, peer));
+            self.parked.remove(&(node, peer));
+            if let Some(n) = self.nodes.get_mut(node as usize) {
+                log::debug!("{} us: rank {node} cannot reach {peer}", self.now_us);
+                n.detect(now, peer);
+            }
+            return self.after(node);
+        }
+        self.redialing.remove(&(node, peer));
+        if !self.conn_lost.contains(&Self::pair(node, peer)) {
+            // The peer's own redial got there first: this dial is the one resolved away.
+            return Ok(());
+        }
+        // The peer's handshake: if it knows this daemon is dead it says so and hangs up.
+        let told = self
+            .nodes
+            .get_mut(peer as usize)
+            .filter(|p| p.node.is_failed(node))
+            .map(|p| p.node.declared_dead_frame(node));
+        if let Some(h) = told {
+            self.parked.remove(&(node, peer));
+            if let Some(n) = self.nodes.get_mut(node as usize) {
+                n.handle_frame(now, peer, Bytes::copy_from_slice(&h.encode()));
+            }
+            return self.after(node);
+        }
+        // A new connection: both sides' link-up, then what waited for it, in order.
+        self.conn_lost.remove(&Self::pair(node, peer));
+        for (a, b) in [(node, peer), (peer, node)] {
+            if let Some(n) = self.nodes.get_mut(a as usize)
+                && !n.node.is_failed(b)
+            {
+                n.link_up(now, b);
+            }
+        }
+        for (a, b) in [(node, peer), (peer, node)] {
+            let frames = self.parked.remove(&(a, b)).unwrap_or_default();
+            for f in frames {
+                self.transmit(a, b, f, false);
+            }
+        }
+        self.after(node)?;
+        self.after(peer)
+    }
+
+    fn transmit(&mut self, from: Rank, to: Rank, frame: Bytes, heartbeat: bool) {
+        if self.conn_lost.contains(&Self::pair(from, to)) {
+            // No connection: the frame waits for one, and one is dialled.
+            self.parked.entry((from, to)).or_default().push(frame);
+            self.redial(from, to, 1);
+            return;
+        }
+        let lat =
+            self.scen.latency_us + self.rng.range(0, self.scen.jitter_us) + self.spread(from, to);
         // Overlapping slow windows do not compound: the slowest one applies.
         let factor = self
             .slow
@@ -521,11 +883,67 @@ impl World {
             .max()
             .unwrap_or(1);
         let lat = lat.saturating_mul(factor);
+        let generation = self.generation(from, to);
+        if self.scen.stale_rate > 0.0 && self.rng.chance(self.scen.stale_rate) {
+            // A copy from the sender's earlier incarnation turns up some time later (an old
+            // connection's leftovers: no order with this one).
+            if let Some(stale) = stale_copy(&frame) {
+                let at = self.now_us + self.rng.range(0, 20 * lat.max(1));
+                self.push(
+                    at,
+                    Ev::Frame {
+                        from,
+                        to,
+                        frame: stale,
+                        generation,
+                        heartbeat: false,
+                    },
+                );
+            }
+        }
         // TCP: a link delivers in order.
         let last = self.link_last.entry((from, to)).or_insert(0);
         let at = (self.now_us + lat).max(*last);
         *last = at;
-        self.push(at, Ev::Frame { from, to, frame });
+        self.push(
+            at,
+            Ev::Frame {
+                from,
+                to,
+                frame,
+                generation,
+                heartbeat,
+            },
+        );
+    }
+
+    /// The link's own extra latency (the same for every frame on it).
+    fn spread(&self, from: Rank, to: Rank) -> u64 {
+        if self.scen.link_spread_us == 0 {
+            return 0;
+        }
+        let (a, b) = Self::pair(from, to);
+        let mut r = Rng::new((u64::from(a) << 32 | u64::from(b)) ^ self.scen.link_spread_us);
+        r.range(0, self.scen.link_spread_us)
+    }
+}
+
+/// The frame as its sender's previous incarnation would have sent it.
+fn stale_copy(frame: &Bytes) -> Option<Bytes> {
+    let head: &[u8; HEADER_LEN] = frame.first_chunk()?;
+    let mut h = Header::decode(head).ok()?;
+    h.epoch = h.epoch.checked_sub(1)?;
+    let mut b = h.encode().to_vec();
+    b.extend_from_slice(frame.get(HEADER_LEN..)?);
+    Some(Bytes::from(b))
+}
+
+/// Events that are work still to do (timers and heartbeats go on for ever).
+fn is_work(ev: &Ev) -> bool {
+    match ev {
+        Ev::Timer { .. } => false,
+        Ev::Frame { heartbeat, .. } => !heartbeat,
+        _ => true,
     }
 }
 
@@ -533,8 +951,9 @@ fn target(ev: &Ev) -> Option<Rank> {
     match ev {
         Ev::Frame { to, .. } => Some(*to),
         Ev::Timer { node } | Ev::Detect { node, .. } => Some(*node),
+        Ev::LinkLost { node, .. } | Ev::Redial { node, .. } => Some(*node),
         Ev::Send { origin, .. } | Ev::Broadcast { origin } => Some(*origin),
         Ev::Contribute { rank, .. } => Some(*rank),
-        Ev::Crash { .. } | Ev::Stall { .. } => None,
+        Ev::Crash { .. } | Ev::Stall { .. } | Ev::LinkDown { .. } | Ev::Partition { .. } => None,
     }
 }
