@@ -275,6 +275,11 @@ typedef struct {
   uint64_t grpcomm_resyncs;
   // Collective messages that did not decode.
   uint64_t grpcomm_malformed;
+  // Frames dropped because they carried an older incarnation of their sender than one
+  // already seen (left over from before the sender restarted).
+  uint64_t dropped_old_incarnation;
+  // Fault reports that waited for room in the reliable-send window (delayed, never dropped).
+  uint64_t reports_delayed;
 } tbon_counters;
 
 #ifdef __cplusplus

@@ -247,16 +247,7 @@ impl EventLoop {
                         cb(msg);
                     }
                 }
-                Output::SendDone { token, result } => {
-                    if let Some(done) = self.completions.remove(&token) {
-                        done(result);
-                    }
-                }
-                Output::AllgatherDone { id, result } => {
-                    if let Some(done) = self.ag_done.remove(&id) {
-                        done(result);
-                    }
-                }
+                o @ (Output::SendDone { .. } | Output::AllgatherDone { .. }) => self.complete(o),
                 Output::Repaired(status) => {
                     let mut handlers = std::mem::take(&mut self.fault_handlers);
                     for h in handlers.iter_mut() {
@@ -277,6 +268,23 @@ impl EventLoop {
         {
             self.node_timers.insert(at);
             self.timers.arm(at, TimerKind::Node);
+        }
+    }
+
+    /// Runs the completion a `SendDone` or `AllgatherDone` names (other outputs: nothing).
+    fn complete(&mut self, o: Output) {
+        match o {
+            Output::SendDone { token, result } => {
+                if let Some(done) = self.completions.remove(&token) {
+                    done(result);
+                }
+            }
+            Output::AllgatherDone { id, result } => {
+                if let Some(done) = self.ag_done.remove(&id) {
+                    done(result);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -594,19 +602,7 @@ impl EventLoop {
         }
         // The node's last outputs (failed completions); frames are no longer sent.
         while let Some(o) = self.node.poll_output() {
-            match o {
-                Output::SendDone { token, result } => {
-                    if let Some(done) = self.completions.remove(&token) {
-                        done(result);
-                    }
-                }
-                Output::AllgatherDone { id, result } => {
-                    if let Some(done) = self.ag_done.remove(&id) {
-                        done(result);
-                    }
-                }
-                _ => {}
-            }
+            self.complete(o);
         }
         self.close_all();
         let peers: Vec<Rank> = self.links.keys().copied().collect();

@@ -29,7 +29,7 @@ use handle::{Lifecycle, Shared};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Starts daemon `rank` of a DVM of `size` daemons and returns once its listener is bound.
 /// `hnp` is rank 0's contact URI, required for every rank but 0 (ignored there). Wire-up then
@@ -93,23 +93,10 @@ pub fn start(
     });
     let incarnation = incarnation();
     let node = Node::new(NodeConfig {
-        rank,
-        size,
-        radix: config.effective_radix(),
         incarnation,
         uri: Some(uri.clone()),
         hnp,
-        wired_at_start: false,
-        msg_max_bytes: config.msg_max_bytes as usize,
-        unmatched_max: config.unmatched_max,
-        prewire_queue_max: config.prewire_queue_max,
-        relm: config.relm(),
-        heartbeat: Some((
-            Duration::from_millis(config.heartbeat_interval_ms),
-            Duration::from_millis(config.heartbeat_timeout_ms),
-        )),
-        wireup_timeout: Duration::from_millis(config.wireup_timeout_ms),
-        trace: false,
+        ..NodeConfig::from_config(&config, rank, size)
     })
     .map_err(StartError::Tree)?;
     let hs_cfg = HandshakeConfig {

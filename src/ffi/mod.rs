@@ -223,6 +223,11 @@ pub struct tbon_counters {
     pub grpcomm_resyncs: u64,
     /// Collective messages that did not decode.
     pub grpcomm_malformed: u64,
+    /// Frames dropped because they carried an older incarnation of their sender than one
+    /// already seen (left over from before the sender restarted).
+    pub dropped_old_incarnation: u64,
+    /// Fault reports that waited for room in the reliable-send window (delayed, never dropped).
+    pub reports_delayed: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -278,6 +283,8 @@ impl From<&Counters> for tbon_counters {
             allgather_tracked: c.allgather_tracked,
             grpcomm_resyncs: c.grpcomm_resyncs,
             grpcomm_malformed: c.grpcomm_malformed,
+            dropped_old_incarnation: c.dropped_old_incarnation,
+            reports_delayed: c.reports_delayed,
         }
     }
 }

@@ -82,11 +82,18 @@ pub struct NodeConfig {
 impl NodeConfig {
     /// The defaults of a daemon (`Config::default()`), for daemon `rank` of `size`.
     pub fn new(rank: Rank, size: u32, radix: u32) -> NodeConfig {
-        let c = crate::config::Config::default();
+        NodeConfig {
+            radix,
+            ..NodeConfig::from_config(&crate::config::Config::default(), rank, size)
+        }
+    }
+
+    /// The settings of `c` for daemon `rank` of `size` (incarnation 1, no contacts: set those).
+    pub fn from_config(c: &crate::config::Config, rank: Rank, size: u32) -> NodeConfig {
         NodeConfig {
             rank,
             size,
-            radix,
+            radix: c.effective_radix(),
             incarnation: 1,
             uri: None,
             hnp: None,

@@ -95,18 +95,10 @@ impl Node {
             prev,
             payload,
         };
-        let refused = self.relm.stats().refused;
-        let mut ready = Vec::new();
-        let mut runtime = Vec::new();
-        let matcher = &mut self.matcher;
-        let mut post = |origin: Rank, tag: Tag, payload: Bytes| {
-            post_to(matcher, &mut ready, &mut runtime, origin, tag, payload)
-        };
-        let res = self
-            .relm
-            .handle_data(now, &self.routing, from, d, &mut post);
-        self.posted_by_relm(now, ready, runtime, refused);
-        res.map_err(|e| format!("reliable message: {e}"))
+        self.relm_input(now, |relm, routing, post| {
+            relm.handle_data(now, routing, from, d, post)
+        })
+        .map_err(|e| format!("reliable message: {e}"))
     }
 
     /// A `Relm` control frame from neighbour `from`.
@@ -126,6 +118,23 @@ impl Node {
                 h.origin, h.dst
             ));
         }
+        self.relm_input(now, |relm, routing, post| {
+            relm.handle_control(now, routing, from, &payload, post)
+        })
+        .map_err(|e| format!("RELM control: {e}"))
+    }
+
+    /// Feeds RELM one input with receive matching as its `post`; what it posted is delivered
+    /// once the call has returned.
+    fn relm_input(
+        &mut self,
+        now: Instant,
+        input: impl FnOnce(
+            &mut crate::relm::Relm,
+            &crate::routed::RoutingState,
+            &mut crate::relm::Post<'_>,
+        ) -> Result<(), crate::relm::ControlError>,
+    ) -> Result<(), crate::relm::ControlError> {
         let refused = self.relm.stats().refused;
         let mut ready = Vec::new();
         let mut runtime = Vec::new();
@@ -133,11 +142,9 @@ impl Node {
         let mut post = |origin: Rank, tag: Tag, payload: Bytes| {
             post_to(matcher, &mut ready, &mut runtime, origin, tag, payload)
         };
-        let res = self
-            .relm
-            .handle_control(now, &self.routing, from, &payload, &mut post);
+        let res = input(&mut self.relm, &self.routing, &mut post);
         self.posted_by_relm(now, ready, runtime, refused);
-        res.map_err(|e| format!("RELM control: {e}"))
+        res
     }
 
     /// Delivers what RELM posted, now that its call has returned, and warns (at the first of

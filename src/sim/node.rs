@@ -54,6 +54,8 @@ pub struct SimNode {
     pub declared: Vec<Rank>,
     /// Why it stopped, once it did (the world checks that it had to).
     pub stopped: Option<crate::node::StopReason>,
+    /// The DVM epoch it had applied after its last input (epochs never go back).
+    epoch: u64,
     /// Tokens of this daemon's broadcasts (their completions are checked as broadcasts).
     bcast_tokens: HashSet<u64>,
 }
@@ -101,6 +103,7 @@ impl SimNode {
             declared: Vec::new(),
             stopped: None,
             bcast_tokens: HashSet::new(),
+            epoch: 0,
         };
         n.collect();
         Ok(n)
@@ -226,6 +229,14 @@ impl SimNode {
         if let Err(e) = self.node.check_invariants() {
             self.errors.push(format!("invariant: {e}"));
         }
+        let epoch = self.node.epoch();
+        if epoch < self.epoch {
+            self.errors.push(format!(
+                "invariant: epoch went back from {} to {epoch}",
+                self.epoch
+            ));
+        }
+        self.epoch = epoch;
     }
 
     fn collect(&mut self) {
