@@ -1,0 +1,203 @@
+//! The world's connections: one per pair of daemons at a time (a generation), frames on it in
+//! order with their link's latency, what is lost when it drops, redials and what waits for
+//! them, and stale frames of an earlier incarnation.
+
+use super::{Ev, REDIAL_ATTEMPTS_MAX, REDIAL_BASE_US, World};
+use crate::Rank;
+use crate::oob::header::{HEADER_LEN, Header};
+use crate::sim::check::Violation;
+use crate::sim::rng::Rng;
+use bytes::Bytes;
+
+impl World {
+    pub(super) fn pair(a: Rank, b: Rank) -> (Rank, Rank) {
+        (a.min(b), a.max(b))
+    }
+
+    pub(super) fn generation(&self, a: Rank, b: Rank) -> u64 {
+        self.conn_gen.get(&Self::pair(a, b)).copied().unwrap_or(0)
+    }
+
+    /// The connection between `a` and `b` drops: what was in flight on it is lost.
+    pub(super) fn bump_generation(&mut self, a: Rank, b: Rank) {
+        *self.conn_gen.entry(Self::pair(a, b)).or_insert(0) += 1;
+        self.conn_lost.insert(Self::pair(a, b));
+    }
+
+    pub(super) fn down_until(&self, a: Rank, b: Rank) -> u64 {
+        self.conn_down_until
+            .get(&Self::pair(a, b))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// A link fault: the connection between two living daemons drops until `until_us`; both
+    /// notice at once.
+    pub(super) fn drop_link(&mut self, a: Rank, b: Rank, until_us: u64) {
+        if a == b || !(self.living(a) && self.living(b)) {
+            return;
+        }
+        self.stats.link_drops += 1;
+        self.bump_generation(a, b);
+        let p = Self::pair(a, b);
+        let until = self.down_until(a, b).max(until_us);
+        self.conn_down_until.insert(p, until);
+        let now = self.now_us;
+        self.push(now, Ev::LinkLost { node: a, peer: b });
+        self.push(now, Ev::LinkLost { node: b, peer: a });
+    }
+
+    /// `node` dials `peer` (again), unless a dial is under way.
+    pub(super) fn redial(&mut self, node: Rank, peer: Rank, attempt: u32) {
+        if attempt == 1 && !self.redialing.insert((node, peer)) {
+            return;
+        }
+        let shift = attempt.saturating_sub(1).min(20);
+        let at = self.now_us + REDIAL_BASE_US.saturating_mul(1 << shift);
+        self.push(
+            at,
+            Ev::Redial {
+                node,
+                peer,
+                attempt,
+            },
+        );
+    }
+
+    pub(super) fn on_redial(
+        &mut self,
+        node: Rank,
+        peer: Rank,
+        attempt: u32,
+    ) -> Result<(), Violation> {
+        let now = self.now();
+        if !self.living(node) {
+            self.redialing.remove(&(node, peer));
+            return Ok(());
+        }
+        let reachable = self.living(peer) && self.down_until(node, peer) <= self.now_us;
+        if !reachable {
+            if attempt < REDIAL_ATTEMPTS_MAX {
+                self.redial(node, peer, attempt + 1);
+                return Ok(());
+            }
+            self.redialing.remove(&(node, peer));
+            self.parked.remove(&(node, peer));
+            if let Some(n) = self.nodes.get_mut(node as usize) {
+                log::debug!("{} us: rank {node} cannot reach {peer}", self.now_us);
+                n.detect(now, peer);
+            }
+            return self.after(node);
+        }
+        self.redialing.remove(&(node, peer));
+        if !self.conn_lost.contains(&Self::pair(node, peer)) {
+            // The peer's own redial got there first: this dial is the one resolved away.
+            return Ok(());
+        }
+        // The peer's handshake: if it knows this daemon is dead it says so and hangs up.
+        let told = self
+            .nodes
+            .get_mut(peer as usize)
+            .filter(|p| p.node.is_failed(node))
+            .map(|p| p.node.declared_dead_frame(node));
+        if let Some(h) = told {
+            self.parked.remove(&(node, peer));
+            if let Some(n) = self.nodes.get_mut(node as usize) {
+                n.handle_frame(now, peer, Bytes::copy_from_slice(&h.encode()));
+            }
+            return self.after(node);
+        }
+        // A new connection: both sides' link-up, then what waited for it, in order.
+        self.conn_lost.remove(&Self::pair(node, peer));
+        for (a, b) in [(node, peer), (peer, node)] {
+            if let Some(n) = self.nodes.get_mut(a as usize)
+                && !n.node.is_failed(b)
+            {
+                n.link_up(now, b);
+            }
+        }
+        for (a, b) in [(node, peer), (peer, node)] {
+            let frames = self.parked.remove(&(a, b)).unwrap_or_default();
+            for f in frames {
+                self.transmit(a, b, f, false);
+            }
+        }
+        self.after(node)?;
+        self.after(peer)
+    }
+
+    pub(super) fn transmit(&mut self, from: Rank, to: Rank, frame: Bytes, heartbeat: bool) {
+        if self.conn_lost.contains(&Self::pair(from, to)) {
+            // No connection: the frame waits for one, and one is dialled.
+            self.parked.entry((from, to)).or_default().push(frame);
+            self.redial(from, to, 1);
+            return;
+        }
+        let lat =
+            self.scen.latency_us + self.rng.range(0, self.scen.jitter_us) + self.spread(from, to);
+        // Overlapping slow windows do not compound: the slowest one applies.
+        let factor = self
+            .slow
+            .iter()
+            .filter(|&&(a, b, start, end, _)| {
+                ((a, b) == (from, to) || (b, a) == (from, to))
+                    && (start..end).contains(&self.now_us)
+            })
+            .map(|&(.., factor)| factor)
+            .max()
+            .unwrap_or(1);
+        let lat = lat.saturating_mul(factor);
+        let generation = self.generation(from, to);
+        if self.scen.stale_rate > 0.0 && self.rng.chance(self.scen.stale_rate) {
+            // A copy from the sender's earlier incarnation turns up some time later (an old
+            // connection's leftovers: no order with this one).
+            if let Some(stale) = stale_copy(&frame) {
+                let at = self.now_us + self.rng.range(0, 20 * lat.max(1));
+                self.push(
+                    at,
+                    Ev::Frame {
+                        from,
+                        to,
+                        frame: stale,
+                        generation,
+                        heartbeat: false,
+                    },
+                );
+            }
+        }
+        // TCP: a link delivers in order.
+        let last = self.link_last.entry((from, to)).or_insert(0);
+        let at = (self.now_us + lat).max(*last);
+        *last = at;
+        self.push(
+            at,
+            Ev::Frame {
+                from,
+                to,
+                frame,
+                generation,
+                heartbeat,
+            },
+        );
+    }
+
+    /// The link's own extra latency (the same for every frame on it).
+    pub(super) fn spread(&self, from: Rank, to: Rank) -> u64 {
+        if self.scen.link_spread_us == 0 {
+            return 0;
+        }
+        let (a, b) = Self::pair(from, to);
+        let mut r = Rng::new((u64::from(a) << 32 | u64::from(b)) ^ self.scen.link_spread_us);
+        r.range(0, self.scen.link_spread_us)
+    }
+}
+
+/// The frame as its sender's previous incarnation would have sent it.
+fn stale_copy(frame: &Bytes) -> Option<Bytes> {
+    let head: &[u8; HEADER_LEN] = frame.first_chunk()?;
+    let mut h = Header::decode(head).ok()?;
+    h.epoch = h.epoch.checked_sub(1)?;
+    let mut b = h.encode().to_vec();
+    b.extend_from_slice(frame.get(HEADER_LEN..)?);
+    Some(Bytes::from(b))
+}
