@@ -347,3 +347,32 @@ fn a_result_decided_before_a_shutdown_is_delivered() {
         assert!(stops[r].is_some(), "rank {r} did not stop");
     }
 }
+
+/// The node is sans-IO: no clock, randomness, thread or socket in its sources (tests apart).
+#[test]
+fn the_node_reads_no_clock_and_draws_no_randomness() {
+    let sources = [
+        ("mod.rs", include_str!("mod.rs")),
+        ("commands.rs", include_str!("commands.rs")),
+        ("frames.rs", include_str!("frames.rs")),
+        ("faults.rs", include_str!("faults.rs")),
+        ("reliable.rs", include_str!("reliable.rs")),
+        ("collectives.rs", include_str!("collectives.rs")),
+        ("wiring.rs", include_str!("wiring.rs")),
+        ("wireup.rs", include_str!("wireup.rs")),
+        ("output.rs", include_str!("output.rs")),
+    ];
+    for (file, text) in sources {
+        let code = text.split("#[cfg(test)]").next().unwrap_or(text);
+        for banned in [
+            "Instant::now",
+            "SystemTime",
+            "getrandom",
+            "std::thread",
+            "std::net::Tcp",
+            "mio::",
+        ] {
+            assert!(!code.contains(banned), "node/{file} uses {banned}");
+        }
+    }
+}
