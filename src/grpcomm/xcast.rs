@@ -205,6 +205,9 @@ struct Child {
     acked: u64,
     /// The latest `Ack` received from it, whatever its view (counted if this daemon reaches it).
     last_ack: Option<(u64, u64)>,
+    /// Where its latest `Resume` asked the stream to start (1 for a child synchronised from the
+    /// start): it holds every operation below this.
+    resumed_from: u64,
 }
 
 impl Child {
@@ -214,6 +217,7 @@ impl Child {
             cursor: Some(1),
             acked: 0,
             last_ack: None,
+            resumed_from: 1,
         }
     }
 
@@ -223,6 +227,7 @@ impl Child {
             cursor: None,
             acked: 0,
             last_ack: None,
+            resumed_from: 1,
         }
     }
 }
@@ -475,6 +480,7 @@ impl Xcast {
                     // parent at the child.
                     Some(child) if child.cursor.is_some() || digest == view => {
                         child.cursor = Some(next);
+                        child.resumed_from = next;
                     }
                     _ => self.stats.stale += 1,
                 }
@@ -594,7 +600,13 @@ impl Xcast {
         }
         if let Some(child) = self.child_mut(peer) {
             match child.cursor {
-                Some(_) => child.cursor = Some(child.acked.saturating_add(1)),
+                // Resend what may have been lost on the old connection: everything after what
+                // it acknowledged, but nothing below where its session started (it holds that;
+                // its acks may not have counted yet, under another view, and asking upstream
+                // for operations long released would stall this daemon's stream).
+                Some(_) => {
+                    child.cursor = Some(child.acked.saturating_add(1).max(child.resumed_from))
+                }
                 None => {
                     if !self.sync_due.contains(&peer) {
                         self.sync_due.push_back(peer);

@@ -90,6 +90,16 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
          own reports died with it (slow link, then a crash), rank 0 never confirmed them and a \
          reliable send spun until it gave up",
     },
+    RegressionSeed {
+        seed: 82_233,
+        daemons: 30,
+        radix: 2,
+        faults: FaultKinds::ALL,
+        found: "xcast: after a reconnection a parent rewound a child's stream to the child's \
+                counted acks (none yet, under another view) instead of where its session began, \
+                asked its own parent for operations released long before, and stalled: later \
+                fault confirmations never reached that subtree",
+    },
 ];
 
 /// What to simulate.

@@ -465,7 +465,9 @@ impl World {
                 {
                     return Ok(());
                 }
-                log::trace!("{} us: {from} -> {to}: {frame:?}", self.now_us);
+                if log::log_enabled!(log::Level::Trace) {
+                    log::trace!("{} us: {from} -> {to}: {}", self.now_us, describe(&frame));
+                }
                 if let Some(n) = self.nodes.get_mut(to as usize) {
                     n.handle_frame(now, from, frame);
                 }
@@ -751,6 +753,29 @@ impl World {
             self.parked.remove(&(p, rank));
         }
     }
+}
+
+/// A frame for the trace log: its header and what its payload starts with.
+fn describe(frame: &Bytes) -> String {
+    use crate::oob::header::{HEADER_LEN, Header, Kind};
+    let Some(h) = frame
+        .first_chunk::<HEADER_LEN>()
+        .and_then(|b| Header::decode(b).ok())
+    else {
+        return format!("undecodable {frame:?}");
+    };
+    let body = frame.get(HEADER_LEN..).unwrap_or_default();
+    let detail = match h.kind {
+        Kind::Grpcomm => crate::grpcomm::XcastMsg::decode(u32::MAX, Bytes::copy_from_slice(body))
+            .map(|m| format!("{m:?}"))
+            .unwrap_or_else(|_| format!("allgather kind {:?}", body.first())),
+        _ => format!("{} bytes", body.len()),
+    };
+    let detail: String = detail.chars().take(160).collect();
+    format!(
+        "{:?} origin {} dst {} tag {} inc {}: {detail}",
+        h.kind, h.origin, h.dst, h.tag, h.epoch
+    )
 }
 
 /// Events that are work still to do (timers and heartbeats go on for ever).
