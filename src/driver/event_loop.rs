@@ -57,9 +57,12 @@ pub(crate) struct EventLoop {
     links: FxHashMap<Rank, Link>,
     /// Receive callbacks by the node's receive id, with the handle's post id.
     receives: FxHashMap<ReceiveId, (Peer, Tag, u64, RecvCallback)>,
-    /// Completions by token (sends, reliable sends, broadcasts); tokens are never reused.
-    completions: FxHashMap<u64, Completion>,
-    next_token: u64,
+    /// Completions by token (sends, reliable sends, broadcasts). A token is reused only once
+    /// the node has named it in its last output (a `Transmit` or a `SendDone`).
+    completions: Slab<Completion>,
+    /// The clock as read at the start of this batch of commands, reads or timers: one read
+    /// per batch, not per message.
+    now: Instant,
     /// Completions of this daemon's collectives by id (the node bounds how many are in flight).
     ag_done: FxHashMap<u64, AllgatherCompletion>,
     fault_handlers: Vec<FaultHandler>,
@@ -117,8 +120,8 @@ impl EventLoop {
             next_generation: 0,
             links: FxHashMap::default(),
             receives: FxHashMap::default(),
-            completions: FxHashMap::default(),
-            next_token: 0,
+            completions: Slab::new(),
+            now: Instant::now(),
             ag_done: FxHashMap::default(),
             fault_handlers: Vec::new(),
             timers: Timers::default(),
@@ -147,18 +150,19 @@ impl EventLoop {
                 .registry()
                 .register(l, Token(LISTENER_TOKEN_BASE - i), Interest::READABLE)?;
         }
-        self.node.start(Instant::now());
+        self.node.start(self.now);
         self.carry_out();
         let mut events = Events::with_capacity(limits::POLL_EVENTS_MAX);
         loop {
             let drained_all = self.drain_commands();
             // What the commands, events and timers since the last turn made the node want.
-            self.node.pump(Instant::now());
+            self.node.pump(self.now);
             self.carry_out();
             self.flush_dirty();
             if self.ready_to_exit() {
                 return Ok(());
             }
+            self.arm_node_timer();
             let now = Instant::now();
             let mut timeout = self.timers.poll_timeout(now);
             if !drained_all || !self.readable_again.is_empty() || !self.dirty.is_empty() {
@@ -174,6 +178,7 @@ impl EventLoop {
             }
             let res = self.poll.poll(&mut events, timeout);
             self.shared.asleep.store(false, Ordering::SeqCst);
+            self.now = Instant::now();
             match res {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -219,7 +224,7 @@ impl EventLoop {
                     payload,
                     token,
                 } => {
-                    let done = token.and_then(|t| self.completions.remove(&t));
+                    let done = token.and_then(|t| self.completions.try_remove(t as usize));
                     if !self.enqueue(to, header, payload, done) && header.kind == Kind::Grpcomm {
                         self.grpcomm_resync.insert(to);
                     }
@@ -262,6 +267,11 @@ impl EventLoop {
                 Output::Trace(_) => {}
             }
         }
+    }
+
+    /// Arms a timer for the node's next deadline, unless one at or before it is armed. Once
+    /// per turn, before polling: every input of the turn has been handled by then.
+    fn arm_node_timer(&mut self) {
         if self.stopping.is_none()
             && let Some(at) = self.node.poll_timeout()
             && self.node_timers.first().is_none_or(|t| *t > at)
@@ -275,7 +285,7 @@ impl EventLoop {
     fn complete(&mut self, o: Output) {
         match o {
             Output::SendDone { token, result } => {
-                if let Some(done) = self.completions.remove(&token) {
+                if let Some(done) = self.completions.try_remove(token as usize) {
                     done(result);
                 }
             }
@@ -314,6 +324,7 @@ impl EventLoop {
 
     /// Drains at most a batch of commands; returns whether the channel is now empty.
     fn drain_commands(&mut self) -> bool {
+        self.now = Instant::now();
         for _ in 0..limits::COMMANDS_PER_TURN_MAX {
             match self.rx.try_recv() {
                 Ok(c) => {
@@ -329,17 +340,13 @@ impl EventLoop {
 
     /// Keeps a completion under a fresh token.
     fn token(&mut self, done: Option<Completion>) -> Option<u64> {
-        let done = done?;
-        let t = self.next_token;
-        self.next_token += 1;
-        self.completions.insert(t, done);
-        Some(t)
+        Some(self.completions.insert(done?) as u64)
     }
 
     /// Hands a sending command to the node; a refusal goes straight to its completion.
     fn command_to_node(&mut self, token: Option<u64>, c: Command) {
-        if let Err(e) = self.node.handle_command(Instant::now(), c)
-            && let Some(done) = token.and_then(|t| self.completions.remove(&t))
+        if let Err(e) = self.node.handle_command(self.now, c)
+            && let Some(done) = token.and_then(|t| self.completions.try_remove(t as usize))
         {
             done(Err(e));
         }
@@ -403,7 +410,7 @@ impl EventLoop {
                 }
                 match self
                     .node
-                    .handle_command(Instant::now(), Command::Allgather { id, data })
+                    .handle_command(self.now, Command::Allgather { id, data })
                 {
                     Ok(()) => {
                         self.ag_done.insert(id, done);
@@ -445,11 +452,11 @@ impl EventLoop {
             Caddy::OnFault(h) => self.fault_handlers.push(h),
             Caddy::Abort => {
                 log::info!("rank {}: aborting", self.me);
-                self.node.handle_abort(Instant::now());
+                self.node.handle_abort(self.now);
                 self.carry_out();
                 self.close_all();
             }
-            Caddy::Shutdown { dvm } => self.node.handle_shutdown(Instant::now(), dvm),
+            Caddy::Shutdown { dvm } => self.node.handle_shutdown(self.now, dvm),
         }
     }
 
@@ -509,6 +516,7 @@ impl EventLoop {
 
     fn fire_timers(&mut self) {
         let now = Instant::now();
+        self.now = now;
         while let Some(t) = self.timers.pop_expired(now) {
             match t {
                 TimerKind::Handshake { token, generation } => {
@@ -614,10 +622,9 @@ impl EventLoop {
         while let Ok(c) = self.rx.try_recv() {
             self.refuse(c);
         }
-        let mut tokens: Vec<u64> = self.completions.keys().copied().collect();
-        tokens.sort_unstable();
+        let tokens: Vec<usize> = self.completions.iter().map(|(t, _)| t).collect();
         for t in tokens {
-            if let Some(done) = self.completions.remove(&t) {
+            if let Some(done) = self.completions.try_remove(t) {
                 done(Err(SendError::ShutDown));
             }
         }
