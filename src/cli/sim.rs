@@ -26,7 +26,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 200)]
     pub messages: u64,
     /// The kinds of fault seeds choose from (each seed picks its own mix): a comma-separated
-    /// list of crash, link, stall, partition, delay, stale; or all.
+    /// list of crash, link, stall, partition, delay, stale, dup; or all.
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Stop at the first failing seed.
@@ -58,7 +58,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let mut ran = 0u64;
     let (mut events, mut posted, mut crashed, mut retransmits) = (0u64, 0u64, 0u64, 0u64);
     let (mut ops, mut gathers) = (0u64, 0u64);
-    let (mut fenced, mut link_drops, mut stale) = (0u64, 0u64, 0u64);
+    let (mut fenced, mut link_drops, mut stale, mut dups) = (0u64, 0u64, 0u64, 0u64);
     let regressions = REGRESSION_SEEDS
         .iter()
         .map(|r| (r.seed, r.options(args.messages)));
@@ -77,6 +77,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 fenced += u64::from(s.fenced);
                 link_drops += s.link_drops;
                 stale += s.stale_dropped;
+                dups += s.duplicated;
             }
             Err(_) => {
                 failed += 1;
@@ -91,7 +92,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
         "tbon sim: {ran} seeds, {failed} failed, in {:.1} s: {events} events, {posted} reliable \
          messages posted, {ops} broadcasts, {gathers} allgather results, {crashed} daemons \
          crashed, {fenced} declared dead and fenced, {link_drops} connections dropped, {stale} \
-         stale frames dropped, {retransmits} retransmissions",
+         stale frames dropped, {dups} frames duplicated, {retransmits} retransmissions",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 { 0 } else { 1 })

@@ -94,7 +94,10 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         seed: 82_233,
         daemons: 30,
         radix: 2,
-        faults: FaultKinds::ALL,
+        faults: FaultKinds {
+            dup: false,
+            ..FaultKinds::ALL
+        },
         found: "xcast: after a reconnection a parent rewound a child's stream to the child's \
                 counted acks (none yet, under another view) instead of where its session began, \
                 asked its own parent for operations released long before, and stalled: later \

@@ -25,6 +25,11 @@ pub struct FaultKinds {
     /// Frames of an earlier incarnation of their sender turn up (left over from before a
     /// restart), and must be dropped.
     pub stale: bool,
+    /// Frames of the kinds the protocol must tolerate twice (RELM's, the collectives') arrive
+    /// twice. TCP never duplicates, and the driver never resends a frame it wrote; this checks
+    /// that the cores' own duplicates (retransmissions, re-statements) are harmless wherever
+    /// they land.
+    pub dup: bool,
 }
 
 impl FaultKinds {
@@ -36,6 +41,7 @@ impl FaultKinds {
         partition: true,
         delay: true,
         stale: true,
+        dup: true,
     };
 
     /// The kinds the simulator had when the first regression seeds were found (crashes, short
@@ -47,9 +53,11 @@ impl FaultKinds {
         partition: false,
         delay: true,
         stale: false,
+        dup: false,
     };
 
-    /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale`, or `all`).
+    /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup`, `all` or
+    /// `none`).
     pub fn parse(list: &str) -> Result<FaultKinds, String> {
         let mut k = FaultKinds {
             crash: false,
@@ -58,6 +66,7 @@ impl FaultKinds {
             partition: false,
             delay: false,
             stale: false,
+            dup: false,
         };
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
@@ -69,9 +78,10 @@ impl FaultKinds {
                 "partition" => k.partition = true,
                 "delay" => k.delay = true,
                 "stale" => k.stale = true,
+                "dup" => k.dup = true,
                 other => {
                     return Err(format!(
-                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, all)"
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, all)"
                     ));
                 }
             }
@@ -95,6 +105,7 @@ impl std::fmt::Display for FaultKinds {
             (self.partition, "partition"),
             (self.delay, "delay"),
             (self.stale, "stale"),
+            (self.dup, "dup"),
         ];
         let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {
@@ -196,6 +207,8 @@ pub struct Scenario {
     /// The chance that a frame is followed by a stale copy from its sender's earlier
     /// incarnation.
     pub stale_rate: f64,
+    /// The chance that a RELM or collective frame arrives twice.
+    pub dup_rate: f64,
 }
 
 impl Scenario {
@@ -381,6 +394,11 @@ impl Scenario {
         } else {
             0.0
         };
+        let dup_rate = if kinds.dup && more.chance(0.3) {
+            more.range(1, 50) as f64 / 1000.0
+        } else {
+            0.0
+        };
         Scenario {
             latency_us,
             jitter_us,
@@ -397,6 +415,7 @@ impl Scenario {
             heartbeats,
             link_spread_us,
             stale_rate,
+            dup_rate,
         }
     }
 

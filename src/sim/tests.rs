@@ -72,6 +72,7 @@ fn batch(n: u64, opts: Options) -> RunStats {
                 sum.link_drops += s.link_drops;
                 sum.stale_dropped += s.stale_dropped;
                 sum.reliable_posted += s.reliable_posted;
+                sum.duplicated += s.duplicated;
             }
             Err(e) => panic!("seed {seed}: {e:?}\nreplay: {}", o.replay_command(200)),
         }
@@ -82,7 +83,7 @@ fn batch(n: u64, opts: Options) -> RunStats {
 #[test]
 fn fault_kinds_parse_and_print_back() {
     let k = FaultKinds::parse("link, stale").unwrap();
-    assert!(k.link && k.stale && !k.crash && !k.stall && !k.partition && !k.delay);
+    assert!(k.link && k.stale && !k.crash && !k.stall && !k.partition && !k.delay && !k.dup);
     assert_eq!(k.to_string(), "link,stale");
     assert_eq!(FaultKinds::parse("all").unwrap(), FaultKinds::ALL);
     assert_eq!(
@@ -124,4 +125,11 @@ fn frames_of_an_earlier_incarnation_are_dropped() {
 #[test]
 fn partitions_and_delays_pass() {
     batch(60, kinds("partition,delay"));
+}
+
+/// RELM's and the collectives' frames arriving twice change nothing the checkers see.
+#[test]
+fn duplicated_relm_and_collective_frames_are_harmless() {
+    let s = batch(60, kinds("dup,crash"));
+    assert!(s.duplicated > 0, "no frame was duplicated");
 }

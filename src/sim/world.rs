@@ -125,6 +125,8 @@ pub struct RunStats {
     pub link_drops: u64,
     /// Stale frames (an earlier incarnation of their sender) the daemons dropped.
     pub stale_dropped: u64,
+    /// RELM and collective frames delivered twice.
+    pub duplicated: u64,
 }
 
 /// The world.

@@ -165,10 +165,26 @@ impl World {
                 );
             }
         }
+        let twice = self.scen.dup_rate > 0.0
+            && tolerates_duplicates(&frame)
+            && self.rng.chance(self.scen.dup_rate);
         // TCP: a link delivers in order.
         let last = self.link_last.entry((from, to)).or_insert(0);
         let at = (self.now_us + lat).max(*last);
         *last = at;
+        if twice {
+            self.stats.duplicated += 1;
+            self.push(
+                at,
+                Ev::Frame {
+                    from,
+                    to,
+                    frame: frame.clone(),
+                    generation,
+                    heartbeat,
+                },
+            );
+        }
         self.push(
             at,
             Ev::Frame {
@@ -190,6 +206,15 @@ impl World {
         let mut r = Rng::new((u64::from(a) << 32 | u64::from(b)) ^ self.scen.link_spread_us);
         r.range(0, self.scen.link_spread_us)
     }
+}
+
+/// RELM's and the collectives' frames: the cores must take a second copy in their stride.
+fn tolerates_duplicates(frame: &[u8]) -> bool {
+    use crate::oob::header::Kind;
+    frame
+        .first_chunk::<HEADER_LEN>()
+        .and_then(|b| Header::decode(b).ok())
+        .is_some_and(|h| matches!(h.kind, Kind::RelmData | Kind::Relm | Kind::Grpcomm))
 }
 
 /// The frame as its sender's previous incarnation would have sent it.
