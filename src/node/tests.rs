@@ -20,6 +20,9 @@ struct Net {
     done: Vec<(Rank, u64, Result<(), SendError>)>,
     /// Every transmit seen: (from, to, header).
     seen: Vec<(Rank, Rank, Header)>,
+    /// Allgather results (whether `Ok`) and stops, per rank.
+    gathered: Vec<(Rank, bool)>,
+    stops: Vec<(Rank, StopReason)>,
 }
 
 impl Net {
@@ -47,6 +50,8 @@ impl Net {
             delivered: Vec::new(),
             done: Vec::new(),
             seen: Vec::new(),
+            gathered: Vec::new(),
+            stops: Vec::new(),
         };
         for r in 0..size {
             net.collect(r);
@@ -77,10 +82,27 @@ impl Net {
                 }
                 Output::Deliver { msg, .. } => self.delivered.push((r, msg)),
                 Output::SendDone { token, result } => self.done.push((r, token, result)),
+                Output::AllgatherDone { result, .. } => self.gathered.push((r, result.is_ok())),
+                Output::Stop(reason) => self.stops.push((r, reason)),
                 _ => {}
             }
         }
         assert_eq!(n.check_invariants(), Ok(()));
+    }
+
+    /// Hands every frame queued now to its destination without letting anyone pump, as one
+    /// read of a socket would.
+    fn deliver_batch(&mut self) {
+        for (from, to, bytes) in std::mem::take(&mut self.links) {
+            if !(self.alive[from as usize] && self.alive[to as usize]) {
+                continue;
+            }
+            let h = Header::decode(bytes.first_chunk::<HEADER_LEN>().unwrap()).unwrap();
+            let now = self.now;
+            self.nodes[to as usize]
+                .handle_frame(now, from, h, bytes.slice(HEADER_LEN..))
+                .unwrap();
+        }
     }
 
     /// Delivers frames until none are left (frames to or from the dead are lost).
@@ -302,49 +324,27 @@ fn a_result_decided_before_a_shutdown_is_delivered() {
     // Rank 0 shuts the DVM down as soon as it has the result. Frames arrive in batches, as
     // from one read of a socket: everything queued is handed over, then each node pumps once,
     // so a daemon meets the result's operation and the shutdown's in one pump.
-    let mut results = [None; 8];
-    let mut stops: Vec<Option<StopReason>> = vec![None; 8];
     for _ in 0..1_000 {
         if net.links.is_empty() {
             break;
         }
-        for (from, to, bytes) in std::mem::take(&mut net.links) {
-            let h = Header::decode(bytes.first_chunk::<HEADER_LEN>().unwrap()).unwrap();
-            net.nodes[to as usize]
-                .handle_frame(now, from, h, bytes.slice(HEADER_LEN..))
-                .unwrap();
-        }
+        net.deliver_batch();
         for r in 0..8u32 {
-            let n = &mut net.nodes[r as usize];
-            n.pump(now);
-            while let Some(o) = n.poll_output() {
-                match o {
-                    Output::Transmit {
-                        to,
-                        header,
-                        payload,
-                        ..
-                    } => {
-                        let mut b = header.encode().to_vec();
-                        b.extend_from_slice(&payload.to_bytes());
-                        net.links.push_back((r, to, Bytes::from(b)));
-                    }
-                    Output::AllgatherDone { result, .. } => {
-                        results[r as usize] = Some(result.is_ok());
-                        if r == 0 {
-                            n.handle_shutdown(now, true);
-                            n.pump(now);
-                        }
-                    }
-                    Output::Stop(reason) => stops[r as usize] = Some(reason),
-                    _ => {}
-                }
+            net.collect(r);
+            if r == 0 && net.gathered.contains(&(0, true)) && net.stops.is_empty() {
+                net.node(0).handle_shutdown(now, true);
+                net.collect(0);
             }
         }
     }
+    let mut results = [None; 8];
+    for (r, ok) in &net.gathered {
+        results[*r as usize].get_or_insert(*ok);
+    }
+    let stops: Vec<Rank> = net.stops.iter().map(|(r, _)| *r).collect();
     for r in 0..8 {
-        assert_eq!(results[r], Some(true), "rank {r}'s result");
-        assert!(stops[r].is_some(), "rank {r} did not stop");
+        assert_eq!(results[r as usize], Some(true), "rank {r}'s result");
+        assert!(stops.contains(&r), "rank {r} did not stop");
     }
 }
 
