@@ -119,3 +119,40 @@ impl Drop for KillOnDrop {
         }
     }
 }
+
+/// Rank 0 still waiting for the other daemons' wire-up reports stops promptly on SIGTERM (it
+/// once waited for the whole wire-up timeout; here that is 10 minutes, far past the guard).
+#[test]
+fn rank_0_waiting_for_wire_up_stops_on_sigterm() {
+    let dir = std::env::temp_dir().join(format!("tbon-proc-wireup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let uri_file = dir.join("hnp.uri");
+    let _ = std::fs::remove_file(&uri_file);
+    let mut dvm = Dvm(Vec::new());
+    let child = daemon(0, 4, &uri_file)
+        .env("TBON_WIREUP_TIMEOUT_MS", "600000")
+        .spawn()
+        .expect("spawn tbon daemon");
+    dvm.0.push(child);
+    // It has bound and published its contact: it is waiting for ranks 1..3.
+    for _ in 0..(HANG_GUARD.as_millis() / 50) {
+        if uri_file.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(uri_file.exists(), "rank 0 never wrote its URI file");
+    let pid = nix::unistd::Pid::from_raw(dvm.0[0].id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let mut c = dvm.0.remove(0);
+    let (tx, rx) = mpsc::channel();
+    let _reaper = KillOnDrop(vec![pid]);
+    std::thread::spawn(move || {
+        let _ = tx.send(c.wait().unwrap());
+    });
+    let status = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("rank 0 did not stop on SIGTERM while waiting for wire-up");
+    assert!(status.success(), "rank 0 exited with {status}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

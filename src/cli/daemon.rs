@@ -72,10 +72,95 @@ fn read_hnp_file(path: &Path, timeout: Duration) -> Result<String, String> {
     }
 }
 
+/// Writes `text` to `path` so that a reader sees the whole file or none, and nobody else on
+/// the host can redirect the write: the temporary file has a name of its own, is created
+/// exclusively (never through a link planted at that name) in the same directory, and is then
+/// renamed over `path` (which replaces a link at `path`, never writes through it). A directory
+/// that others may write to without the sticky bit is refused: anyone could swap the file
+/// after it is written and point the other daemons at their own address.
 fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mode = std::fs::metadata(&dir)?.permissions().mode();
+    if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is writable by every user and not sticky: anyone could replace the URI file",
+                dir.display()
+            ),
+        ));
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "uri".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = dir.join(format!(".{name}.{}.{nanos}.tmp", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    let written = f.write_all(text.as_bytes()).and_then(|()| f.sync_all());
+    drop(f);
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// How waiting for wire-up ended.
+enum Wireup {
+    Wired,
+    /// SIGTERM or SIGINT came first.
+    Signal,
+    /// The daemon stopped (the main loop reports why).
+    Stopped,
+}
+
+/// Waits for wire-up, but not past a SIGTERM/SIGINT or the daemon's stop; an error if the time
+/// ran out.
+fn wait_wired(
+    daemon: &tbon::Daemon,
+    term: &AtomicBool,
+    timeout: Duration,
+) -> Result<Wireup, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if term.load(Ordering::SeqCst) {
+            return Ok(Wireup::Signal);
+        }
+        if daemon.wait_wired(Duration::from_millis(100)) {
+            return Ok(Wireup::Wired);
+        }
+        if daemon.wait_stopped(Duration::ZERO).is_some() {
+            return Ok(Wireup::Stopped);
+        }
+        if Instant::now() >= deadline {
+            return Err("wire-up did not complete".into());
+        }
+    }
+}
+
+/// A signal arrived before wire-up completed: stop this daemon (rank 0 stops the DVM, which
+/// before wire-up is only itself) and exit 0.
+fn stop_on_signal(rank: u32, daemon: tbon::Daemon) -> Result<i32, String> {
+    log::info!("rank {rank}: signal received during wire-up, stopping");
+    if rank == 0 {
+        daemon.shutdown_dvm();
+    } else {
+        daemon.shutdown();
+    }
+    Ok(0)
 }
 
 /// Runs the daemon; returns the process exit code.
@@ -164,27 +249,33 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
         if others == 0 {
             println!("rank {rank}: all-to-all ok (0 of 0)");
         }
-        if !daemon.wait_wired(wireup_timeout * 2) {
-            return Err("wire-up did not complete".into());
-        }
-        for dst in (0..size).filter(|d| *d != rank) {
-            let msg = Bytes::from(format!("ping from {rank}"));
-            if let Err(e) = h.send(dst, PING_TAG, msg) {
-                log::warn!("rank {rank}: ping to {dst}: {e}");
+        match wait_wired(&daemon, &term, wireup_timeout * 2)? {
+            Wireup::Signal => return stop_on_signal(rank, daemon),
+            Wireup::Stopped => {}
+            Wireup::Wired => {
+                for dst in (0..size).filter(|d| *d != rank) {
+                    let msg = Bytes::from(format!("ping from {rank}"));
+                    if let Err(e) = h.send(dst, PING_TAG, msg) {
+                        log::warn!("rank {rank}: ping to {dst}: {e}");
+                    }
+                }
             }
         }
     }
 
     let workload = super::workload::Workload::post(&args.workload, &daemon.handle())?;
     if let Some(w) = &workload {
-        if !daemon.wait_wired(wireup_timeout * 2) {
-            return Err("wire-up did not complete".into());
+        match wait_wired(&daemon, &term, wireup_timeout * 2)? {
+            Wireup::Signal => return stop_on_signal(rank, daemon),
+            Wireup::Stopped => {}
+            Wireup::Wired => {
+                println!(
+                    "{}",
+                    serde_json::json!({"wired": {"rank": rank, "mono_ns": super::workload::mono_ns()}})
+                );
+                w.start_sending(&args.workload, daemon.handle());
+            }
         }
-        println!(
-            "{}",
-            serde_json::json!({"wired": {"rank": rank, "mono_ns": super::workload::mono_ns()}})
-        );
-        w.start_sending(&args.workload, daemon.handle());
     }
 
     let mut next_progress = Instant::now();
@@ -221,5 +312,50 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
             log::error!("rank {rank}: stopped: {why}");
             Ok(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_atomically;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("tbon-uri-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A link planted at the URI file's path (or at the old fixed temporary name) is replaced,
+    /// never written through.
+    #[test]
+    fn a_planted_link_is_replaced_not_followed() {
+        let d = dir("link");
+        let victim = d.join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let uri = d.join("hnp.uri");
+        std::os::unix::fs::symlink(&victim, &uri).unwrap();
+        std::os::unix::fs::symlink(&victim, d.join("hnp.tmp")).unwrap();
+        write_atomically(&uri, "tbon.0;tcp://127.0.0.1:1").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(
+            std::fs::read_to_string(&uri).unwrap(),
+            "tbon.0;tcp://127.0.0.1:1"
+        );
+        assert!(!std::fs::symlink_metadata(&uri).unwrap().is_symlink());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A directory every user may write to, without the sticky bit, is refused.
+    #[test]
+    fn a_world_writable_directory_is_refused() {
+        let d = dir("open");
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = write_atomically(&d.join("hnp.uri"), "x").unwrap_err();
+        assert!(err.to_string().contains("writable by every user"), "{err}");
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        write_atomically(&d.join("hnp.uri"), "x").unwrap();
+        let _ = std::fs::remove_dir_all(&d);
     }
 }

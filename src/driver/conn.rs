@@ -83,7 +83,12 @@ impl Conn {
         payload: impl Into<Payload>,
         done: Option<Completion>,
     ) -> Result<(), (QueueFull, Option<Completion>)> {
-        if header.kind != Kind::RelmData {
+        // RELM's frames carry their uids in `seq`; handshake frames carry zero (`docs/wire.md`,
+        // and the handshake refuses anything else).
+        if !matches!(
+            header.kind,
+            Kind::RelmData | Kind::Hello | Kind::HelloAck | Kind::Auth
+        ) {
             header.seq = self.next_seq;
         }
         if self.queue.is_empty() {

@@ -140,6 +140,8 @@ pub enum HandshakeError {
     WrongDestination { dst: Rank, me: Rank },
     /// The dialled address answered as another rank.
     WrongPeer { expected: Rank, got: Rank },
+    /// The Auth that should prove the Hello's rank names another rank.
+    AuthFromOther { hello: Rank, auth: Rank },
     /// This side rejected the peer (e.g. the losing half of a simultaneous connect).
     Rejected,
     /// The peer's MAC is wrong: it does not hold the DVM's job key (or replays an old
@@ -173,6 +175,10 @@ impl fmt::Display for HandshakeError {
             HandshakeError::WrongPeer { expected, got } => write!(
                 f,
                 "handshake refused: dialled rank {expected} but rank {got} answered"
+            ),
+            HandshakeError::AuthFromOther { hello, auth } => write!(
+                f,
+                "handshake refused: the Hello claimed rank {hello} but its Auth names rank {auth}"
             ),
             HandshakeError::Rejected => write!(f, "handshake rejected by this daemon"),
             HandshakeError::BadKey => write!(
@@ -422,7 +428,14 @@ impl Handshake {
         Ok(nonce)
     }
 
-    fn check_dst(&self, h: &Header) -> Result<(), HandshakeError> {
+    /// The fields every handshake frame shares: addressed to this daemon, tag and sequence
+    /// zero (`docs/wire.md`).
+    fn check_header(&self, h: &Header) -> Result<(), HandshakeError> {
+        if h.tag != 0 || h.seq != 0 {
+            return Err(HandshakeError::Malformed(
+                "handshake frame with a non-zero tag or sequence",
+            ));
+        }
         if h.dst != self.cfg.me {
             return Err(HandshakeError::WrongDestination {
                 dst: h.dst,
@@ -444,7 +457,7 @@ impl Handshake {
                 size: self.cfg.size,
             });
         }
-        self.check_dst(h)?;
+        self.check_header(h)?;
         Ok(State::Deciding(
             PeerIdent {
                 rank: h.origin,
@@ -478,7 +491,7 @@ impl Handshake {
                 got: h.origin,
             });
         }
-        self.check_dst(h)?;
+        self.check_header(h)?;
         let me = self.cfg.me;
         transcript_mac(
             &self.cfg.key,
@@ -521,12 +534,12 @@ impl Handshake {
             return Err(HandshakeError::UnexpectedKind(h.kind));
         }
         if h.origin != peer.rank {
-            return Err(HandshakeError::WrongPeer {
-                expected: peer.rank,
-                got: h.origin,
+            return Err(HandshakeError::AuthFromOther {
+                hello: peer.rank,
+                auth: h.origin,
             });
         }
-        self.check_dst(h)?;
+        self.check_header(h)?;
         if frame.payload.len() != MAC_LEN {
             return Err(HandshakeError::Malformed("Auth payload is not one MAC"));
         }
@@ -727,6 +740,47 @@ mod tests {
             Err(HandshakeError::UnexpectedKind(Kind::Msg))
         );
         assert!(d.is_established());
+    }
+
+    /// `docs/wire.md`: tag and sequence are zero in every handshake frame; a Hello that says
+    /// otherwise is refused, not answered.
+    #[test]
+    fn a_hello_with_a_non_zero_tag_or_sequence_is_refused() {
+        for (tag, seq) in [(1, 0), (0, 1)] {
+            let mut hello = hello_from(2, 5);
+            hello.header.tag = tag;
+            hello.header.seq = seq;
+            let mut a = Handshake::accept(&cfg(5), fresh());
+            assert_eq!(
+                a.handle_frame(hello),
+                Err(HandshakeError::Malformed(
+                    "handshake frame with a non-zero tag or sequence"
+                ))
+            );
+            assert!(
+                a.poll_transmit().is_none(),
+                "a refused Hello is not answered"
+            );
+        }
+    }
+
+    /// An Auth from another rank than the Hello's is named as that, not as a wrong answer to a
+    /// dial.
+    #[test]
+    fn an_auth_from_another_rank_says_so() {
+        let mut d = Handshake::dial(&cfg(2), 5, fresh());
+        let mut a = Handshake::accept(&cfg(5), fresh());
+        a.handle_frame(one(&mut d)).unwrap();
+        assert!(a.try_accept_peer());
+        d.handle_frame(one(&mut a)).unwrap();
+        let mut auth = one(&mut d);
+        auth.header.origin = 3;
+        let err = a.handle_frame(auth).unwrap_err();
+        assert_eq!(err, HandshakeError::AuthFromOther { hello: 2, auth: 3 });
+        assert!(
+            err.to_string().contains("the Hello claimed rank 2"),
+            "{err}"
+        );
     }
 
     #[test]
