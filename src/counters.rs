@@ -126,4 +126,20 @@ pub struct Counters {
     /// Collective messages that did not decode. As a frame, its connection was closed (also
     /// counted in `protocol_errors`); over RELM, the message was dropped.
     pub grpcomm_malformed: u64,
+    /// Accepted connections still in their handshake closed to make room under the
+    /// pending-handshake bounds (`limits::PENDING_HANDSHAKES_PER_SOURCE_MAX`,
+    /// `limits::PENDING_HANDSHAKES_MAX`): the oldest pending one goes.
+    pub handshakes_evicted: u64,
+    /// Connections closed because their handshake did not finish within
+    /// `handshake_timeout_ms`.
+    pub handshakes_timed_out: u64,
+    /// Accepted connections whose peer hung up before proving it holds the job key.
+    pub handshakes_abandoned: u64,
+    /// Connections refused in their handshake for what they sent (wrong DVM, wrong MAC,
+    /// malformed or unexpected frames), or at accept beyond `limits::CONNECTIONS_MAX`. Each
+    /// refusal is counted once.
+    pub handshakes_refused: u64,
+    /// Refusal log lines not written because of the rate limit
+    /// (`limits::REFUSAL_LOG_LINES_PER_INTERVAL`); summarised per reason instead.
+    pub log_lines_suppressed: u64,
 }

@@ -43,11 +43,51 @@ pub const ACCEPTS_PER_EVENT_MAX: usize = 64;
 /// wire-up (every daemon dials rank 0 once) and for reconnects.
 pub const CONNECTIONS_MAX: usize = 16_384;
 
+/// Connections accepted and still in their handshake (not yet proved to hold the job key) per
+/// source IP address. At the bound, a new connection from that address is taken and the
+/// OLDEST pending handshake from that address is closed, logged (rate-limited) and counted
+/// (`handshakes_evicted`). A daemon's own peers finish their handshakes in a round trip, so a
+/// flood from one address evicts its own connections, not theirs. Established connections
+/// never count and are never evicted.
+pub const PENDING_HANDSHAKES_PER_SOURCE_MAX: usize = 64;
+
+/// Connections accepted and still in their handshake, from all sources together. At the
+/// bound, a new connection is taken and the OLDEST pending handshake of all is closed, logged
+/// (rate-limited) and counted (`handshakes_evicted`). With the per-connection cost below
+/// (`HANDSHAKE_READ_CHUNK_BYTES` plus the connection's bookkeeping, about 2 KiB in all), this
+/// holds a flood to about 2 MiB per daemon, whatever its size.
+pub const PENDING_HANDSHAKES_MAX: usize = 1_024;
+
+/// The read region of a connection still in its handshake (bytes). A handshake frame is a
+/// 40-byte header and at most `HANDSHAKE_MAX_PAYLOAD` bytes, so one region holds it; the
+/// region grows to `READ_CHUNK_BYTES` once the connection is established. Reached: a longer
+/// handshake frame is refused by `HANDSHAKE_MAX_PAYLOAD`; bytes pipelined behind the last
+/// handshake frame are read by the next reads.
+pub const HANDSHAKE_READ_CHUNK_BYTES: usize = 1_024;
+
+/// When the connection table (a slab indexed by poll token) has fewer than a quarter of its
+/// capacity in use and more than this many slots, its unused tail is given back
+/// (`Slab::shrink_to_fit`), so a flood that ended does not keep its high-water mark.
+pub const CONN_TABLE_SHRINK_MIN: usize = 256;
+
+/// Refusal log lines (WARN) per reason per `REFUSAL_LOG_INTERVAL_MS`. Beyond it the lines
+/// are not written, but counted (`log_lines_suppressed`), and one summary line per reason
+/// ("N more refused for REASON in the last T s") is written when the interval ends.
+pub const REFUSAL_LOG_LINES_PER_INTERVAL: u32 = 5;
+
+/// The interval of `REFUSAL_LOG_LINES_PER_INTERVAL` (milliseconds).
+pub const REFUSAL_LOG_INTERVAL_MS: u64 = 10_000;
+
 /// How long a stopping daemon keeps flushing queued frames before it closes its sockets anyway.
 pub const SHUTDOWN_LINGER_MS: u64 = 2_000;
 
 /// Ports tried from a configured port range before start-up fails.
 pub const PORT_RANGE_TRIES_MAX: usize = 1_024;
+
+/// Ephemeral ports tried (each picked by the kernel for the first selected address) when a
+/// daemon listens on several addresses and another address cannot have the port picked. At the
+/// bound start-up fails with the last bind error.
+pub const EPHEMERAL_PORT_TRIES_MAX: usize = 16;
 
 /// The listen backlog of each listener.
 pub const LISTEN_BACKLOG: i32 = 1_024;

@@ -172,3 +172,106 @@ fn hostile_connections_are_closed_and_the_dvm_keeps_serving() {
     drop(abandoned);
     still_serving(&dvm, 301);
 }
+
+#[test]
+fn a_daemon_listens_only_on_the_selected_address() {
+    // `loopback_config` selects 127.0.0.1/32; on Linux all of 127.0.0.0/8 is local, so a
+    // listener on the wildcard address would answer at 127.0.0.2 too.
+    let dvm = start_dvm(2, &loopback_config(2));
+    let addr = addr_of(&dvm[0]);
+    assert_eq!(addr.ip(), std::net::Ipv4Addr::LOCALHOST);
+    let other =
+        std::net::SocketAddr::new(std::net::Ipv4Addr::new(127, 0, 0, 2).into(), addr.port());
+    let err = TcpStream::connect_timeout(&other, HANG_GUARD)
+        .expect_err("a connection to an address the interface settings exclude was accepted");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+    // The selected address still works.
+    expect_closed(addr, b"garbage, refused at the header");
+}
+
+#[test]
+fn a_mac_mismatch_is_counted_once() {
+    let dvm = start_dvm(2, &loopback_config(2));
+    let addr = addr_of(&dvm[0]);
+    let before = dvm[0].counters().unwrap();
+    let stranger = HandshakeConfig {
+        me: 1,
+        size: 2,
+        epoch: 0,
+        dvm_id: "tbon".into(),
+        key: JobKey::new(*b"guessed-key-0123456789"),
+    };
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(HANG_GUARD)).unwrap();
+    let mut hs = Handshake::dial(&stranger, 0, common::nonce());
+    while let Some((h, p)) = hs.poll_transmit() {
+        s.write_all(&h.encode()).unwrap();
+        s.write_all(&p).unwrap();
+    }
+    let auth = Header {
+        kind: Kind::Auth,
+        origin: 1,
+        dst: 0,
+        tag: 0,
+        epoch: 0,
+        seq: 0,
+        len: 32,
+    };
+    s.write_all(&auth.encode()).unwrap();
+    s.write_all(&[0u8; 32]).unwrap();
+    let mut buf = [0u8; 4096];
+    while !matches!(s.read(&mut buf), Ok(0) | Err(_)) {}
+    let deadline = Instant::now() + HANG_GUARD;
+    let after = loop {
+        let c = dvm[0].counters().unwrap();
+        if c.handshakes_refused > before.handshakes_refused {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "the forged Auth was not counted");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // Give a second count (the old double count on close) the chance to show.
+    std::thread::sleep(Duration::from_millis(200));
+    let after2 = dvm[0].counters().unwrap();
+    assert_eq!(after2.handshakes_refused, after.handshakes_refused);
+    assert_eq!(after2.handshakes_refused - before.handshakes_refused, 1);
+    assert_eq!(after2.protocol_errors - before.protocol_errors, 1);
+    assert_eq!(after2.handshakes_abandoned, before.handshakes_abandoned);
+}
+
+#[test]
+fn pending_handshakes_are_bounded_per_source_oldest_evicted() {
+    let dvm = start_dvm(2, &loopback_config(2));
+    let addr = addr_of(&dvm[0]);
+    let n = tbon::limits::PENDING_HANDSHAKES_PER_SOURCE_MAX * 3;
+    let mut flood: Vec<TcpStream> = (0..n).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let want = (n - tbon::limits::PENDING_HANDSHAKES_PER_SOURCE_MAX) as u64;
+    let deadline = Instant::now() + HANG_GUARD;
+    while dvm[0].counters().unwrap().handshakes_evicted < want {
+        assert!(
+            Instant::now() < deadline,
+            "no eviction at the per-source bound"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let c = dvm[0].counters().unwrap();
+    // The oldest ones were closed; the newest are still held; the DVM's own link is intact.
+    assert!(c.connections <= tbon::limits::PENDING_HANDSHAKES_PER_SOURCE_MAX as u64 + 1);
+    let oldest = &mut flood[0];
+    oldest.set_read_timeout(Some(HANG_GUARD)).unwrap();
+    let mut buf = [0u8; 16];
+    assert!(
+        matches!(oldest.read(&mut buf), Ok(0) | Err(_)),
+        "the oldest was kept"
+    );
+    let newest = flood.last_mut().unwrap();
+    newest
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    assert!(
+        matches!(newest.read(&mut buf), Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut),
+        "the newest was closed"
+    );
+    drop(flood);
+    still_serving(&dvm, 302);
+}

@@ -42,6 +42,9 @@ pub(crate) struct Conn {
     /// non-empty: a queue that is not empty and has not moved for long means a peer that does
     /// not read.
     pub last_progress: std::time::Instant,
+    /// Its refusal was already logged and counted (a handshake refused, timed out or
+    /// evicted): closing it must not count it again.
+    pub refused: bool,
     next_seq: u64,
 }
 
@@ -62,10 +65,14 @@ impl Conn {
             peer: None,
             claimed: None,
             generation,
-            decoder: FrameDecoder::new(limits::HANDSHAKE_MAX_PAYLOAD),
+            decoder: FrameDecoder::with_read_chunk(
+                limits::HANDSHAKE_MAX_PAYLOAD,
+                limits::HANDSHAKE_READ_CHUNK_BYTES,
+            ),
             queue: SendQueue::new(send_queue_max_bytes),
             completions: VecDeque::new(),
             last_progress: std::time::Instant::now(),
+            refused: false,
             next_seq: 0,
         }
     }

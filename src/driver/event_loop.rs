@@ -15,6 +15,8 @@ mod links;
 use super::caddy::{AllgatherCompletion, Caddy, Completion, FaultHandler, RecvCallback};
 use super::conn::Conn;
 use super::handle::{Shared, lock};
+use super::log_limit::{LogLimiter, Refusal};
+use super::pending::PendingHandshakes;
 use super::timers::{TimerKind, Timers};
 use crate::Rank;
 use crate::config::Config;
@@ -78,6 +80,12 @@ pub(crate) struct EventLoop {
     /// Neighbours whose collective frames were dropped at a full queue: re-stated once it
     /// drains (at most one entry per neighbour).
     grpcomm_resync: FxHashSet<Rank>,
+    /// Accepted connections still in their handshake, bounded per source and in total.
+    pending: PendingHandshakes,
+    /// Refusal log lines, at a bounded rate per reason.
+    log_limit: LogLimiter,
+    /// When the connection table and the timer heap were last looked at for shrinking.
+    last_shrink: Instant,
 }
 
 /// The driver's answer to the node's question "is a neighbour's queue stuck?".
@@ -131,6 +139,15 @@ impl EventLoop {
             frame_buf: Vec::new(),
             stopping: None,
             grpcomm_resync: FxHashSet::default(),
+            pending: PendingHandshakes::new(
+                limits::PENDING_HANDSHAKES_PER_SOURCE_MAX,
+                limits::PENDING_HANDSHAKES_MAX,
+            ),
+            log_limit: LogLimiter::new(
+                limits::REFUSAL_LOG_LINES_PER_INTERVAL,
+                Duration::from_millis(limits::REFUSAL_LOG_INTERVAL_MS),
+            ),
+            last_shrink: Instant::now(),
         }
     }
 
@@ -509,6 +526,7 @@ impl EventLoop {
         let mut c = self.node.counters();
         c.wakeups = self.shared.wakeups.load(Ordering::Relaxed);
         c.connections = self.conns.len() as u64;
+        c.log_lines_suppressed = self.log_limit.suppressed_total();
         c
     }
 
@@ -517,6 +535,7 @@ impl EventLoop {
     fn fire_timers(&mut self) {
         let now = Instant::now();
         self.now = now;
+        self.housekeeping();
         while let Some(t) = self.timers.pop_expired(now) {
             match t {
                 TimerKind::Handshake { token, generation } => {
@@ -525,15 +544,7 @@ impl EventLoop {
                         .get(token)
                         .is_some_and(|c| c.generation == generation && !c.is_established());
                     if stuck {
-                        self.node.counters_mut().protocol_errors += 1;
-                        if let Some(c) = self.conns.get(token) {
-                            log::warn!(
-                                "rank {}: closing connection {}: handshake timed out",
-                                self.me,
-                                c.addr
-                            );
-                        }
-                        self.lost(token, "handshake timed out");
+                        self.refuse_handshake(token, Refusal::Timeout, "handshake timed out");
                     }
                 }
                 TimerKind::Redial { rank, attempt } => {

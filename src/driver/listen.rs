@@ -1,5 +1,6 @@
-//! Binding the daemon's listeners (IPv4 and/or IPv6; a static port, a port range, or an
-//! ephemeral port) and choosing the addresses it publishes in its contact URI.
+//! Binding the daemon's listeners (one per selected interface address, IPv4 and/or IPv6, all
+//! on one port: a static port, a port range, or an ephemeral port) and choosing the addresses
+//! it publishes in its contact URI.
 
 use crate::config::Config;
 use crate::error::StartError;
@@ -7,11 +8,13 @@ use crate::limits;
 use crate::oob::interfaces::select_addresses;
 use mio::net::TcpListener;
 use socket2::{Domain, Protocol, Socket, Type};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 /// Binds the listeners and returns them with the addresses to publish (the selected interface
-/// addresses with the bound port). Listeners bind the wildcard address of each family; the
-/// interface lists decide what is published, as PRRTE does.
+/// addresses with the bound port). One listener per selected address, all on one port: a
+/// daemon listens only where the interface settings (`if_include`, `if_exclude`, `ipv4`,
+/// `ipv6`) say, never on the wildcard address, so a connection to any other local address is
+/// refused by the kernel.
 pub(crate) fn bind(cfg: &Config) -> Result<(Vec<TcpListener>, Vec<SocketAddr>), StartError> {
     let ips = select_addresses(&cfg.if_include, &cfg.if_exclude, cfg.ipv4, cfg.ipv6)
         .map_err(|e| StartError::Config(e.to_string()))?;
@@ -20,19 +23,19 @@ pub(crate) fn bind(cfg: &Config) -> Result<(Vec<TcpListener>, Vec<SocketAddr>), 
             "no interface address matches the include/exclude lists".into(),
         ));
     }
-    let want_v4 = ips.iter().any(IpAddr::is_ipv4);
-    let want_v6 = ips.iter().any(IpAddr::is_ipv6);
     let range = cfg
         .port_range_bounds()
         .map_err(|e| StartError::Config(e.to_string()))?;
     let candidates: Vec<u16> = match (cfg.port, range) {
         (p, _) if p != 0 => vec![p],
         (_, Some((lo, hi))) => (lo..=hi).take(limits::PORT_RANGE_TRIES_MAX).collect(),
-        _ => vec![0],
+        // An ephemeral port: the kernel picks one for the first address; if another address
+        // cannot have the same one, try again with a new pick.
+        _ => vec![0; limits::EPHEMERAL_PORT_TRIES_MAX],
     };
     let mut last_err = None;
     for port in candidates {
-        match bind_port(port, want_v4, want_v6) {
+        match bind_port(port, &ips) {
             Ok((listeners, port)) => {
                 let addrs = ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect();
                 return Ok((listeners, addrs));
@@ -45,18 +48,13 @@ pub(crate) fn bind(cfg: &Config) -> Result<(Vec<TcpListener>, Vec<SocketAddr>), 
     })))
 }
 
-/// Binds every wanted family on one port (port 0: the kernel picks one for the first family and
-/// the second family takes the same).
-fn bind_port(port: u16, v4: bool, v6: bool) -> std::io::Result<(Vec<TcpListener>, u16)> {
-    let mut out = Vec::new();
+/// Binds every address on one port (port 0: the kernel picks one for the first address and
+/// the others take the same). All or nothing: on an error the listeners made so far close.
+fn bind_port(port: u16, ips: &[IpAddr]) -> std::io::Result<(Vec<TcpListener>, u16)> {
+    let mut out = Vec::with_capacity(ips.len());
     let mut port = port;
-    if v4 {
-        let l = listener(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))?;
-        port = l.local_addr()?.port();
-        out.push(l);
-    }
-    if v6 {
-        let l = listener(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port))?;
+    for ip in ips {
+        let l = listener(SocketAddr::new(*ip, port))?;
         port = l.local_addr()?.port();
         out.push(l);
     }

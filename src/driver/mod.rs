@@ -12,7 +12,9 @@ mod event_loop;
 mod handle;
 pub mod key;
 mod listen;
+mod log_limit;
 mod nonce;
+mod pending;
 mod timers;
 
 pub use caddy::{AllgatherCompletion, Completion, RecvCallback};

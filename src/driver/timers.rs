@@ -35,6 +35,14 @@ impl Timers {
         self.heap.push(Reverse((at, self.seq, kind)));
     }
 
+    /// Gives back the heap's spare room when it is mostly empty (after a flood of handshake
+    /// timers has fired).
+    pub(crate) fn shrink(&mut self) {
+        if self.heap.capacity() > 1024 && self.heap.len() < self.heap.capacity() / 4 {
+            self.heap.shrink_to_fit();
+        }
+    }
+
     /// Time until the nearest deadline (zero if one has passed), or `None` without timers.
     pub(crate) fn poll_timeout(&self, now: Instant) -> Option<Duration> {
         self.heap

@@ -228,6 +228,17 @@ pub struct tbon_counters {
     pub dropped_old_incarnation: u64,
     /// Fault reports that waited for room in the reliable-send window (delayed, never dropped).
     pub reports_delayed: u64,
+    /// Pending handshakes closed to make room under the pending-handshake bounds.
+    pub handshakes_evicted: u64,
+    /// Connections closed because their handshake timed out.
+    pub handshakes_timed_out: u64,
+    /// Accepted connections whose peer hung up before proving it holds the job key.
+    pub handshakes_abandoned: u64,
+    /// Connections refused in their handshake (wrong DVM, wrong MAC, malformed), or at accept
+    /// beyond the connection bound; each counted once.
+    pub handshakes_refused: u64,
+    /// Refusal log lines not written because of the rate limit.
+    pub log_lines_suppressed: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -285,6 +296,11 @@ impl From<&Counters> for tbon_counters {
             grpcomm_malformed: c.grpcomm_malformed,
             dropped_old_incarnation: c.dropped_old_incarnation,
             reports_delayed: c.reports_delayed,
+            handshakes_evicted: c.handshakes_evicted,
+            handshakes_timed_out: c.handshakes_timed_out,
+            handshakes_abandoned: c.handshakes_abandoned,
+            handshakes_refused: c.handshakes_refused,
+            log_lines_suppressed: c.log_lines_suppressed,
         }
     }
 }

@@ -33,18 +33,46 @@ pub struct FrameDecoder {
     /// Header of the frame at the front of `buf`, once its 40 bytes have arrived.
     pending: Option<Header>,
     poisoned: Option<WireError>,
+    /// The ordinary size of one read's region: [`READ_CHUNK_BYTES`], or less for a connection
+    /// still in its handshake (`limits::HANDSHAKE_READ_CHUNK_BYTES`).
+    chunk: usize,
 }
 
 impl FrameDecoder {
     /// A decoder that refuses frames whose payload exceeds `max_payload` bytes.
     pub fn new(max_payload: u32) -> Self {
+        Self::with_read_chunk(max_payload, READ_CHUNK_BYTES)
+    }
+
+    /// A decoder whose ordinary read region is `chunk` bytes (at least one header's worth)
+    /// instead of [`READ_CHUNK_BYTES`]. The driver gives a connection in its handshake a small
+    /// one (`limits::HANDSHAKE_READ_CHUNK_BYTES`), so that a stranger's idle connection costs
+    /// little, and raises it with [`set_read_chunk`](Self::set_read_chunk) once established.
+    pub fn with_read_chunk(max_payload: u32, chunk: usize) -> Self {
         FrameDecoder {
             buf: BytesMut::new(),
             filled: 0,
             max_payload,
             pending: None,
             poisoned: None,
+            chunk: chunk.max(HEADER_LEN),
         }
+    }
+
+    /// Changes the ordinary read region (at least one header's worth). Spare room already
+    /// allocated is kept until the next reallocation.
+    pub fn set_read_chunk(&mut self, chunk: usize) {
+        self.chunk = chunk.max(HEADER_LEN);
+    }
+
+    /// The ordinary read region, in bytes.
+    pub fn read_chunk(&self) -> usize {
+        self.chunk
+    }
+
+    /// Bytes this decoder holds allocated (received and spare), for memory accounting.
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
     }
 
     /// Change the largest payload accepted. Applies to the frame in progress too: if its header
@@ -62,7 +90,7 @@ impl FrameDecoder {
     /// A writable, initialised region to read socket bytes into; follow with
     /// [`commit`](Self::commit)`(n)` where `n` is how many bytes were written at its start.
     ///
-    /// At least [`READ_CHUNK_BYTES`] long. When the header of a frame whose remainder is larger
+    /// At least the read chunk long ([`READ_CHUNK_BYTES`] unless set lower). When the header of a frame whose remainder is larger
     /// has been decoded, capacity for the whole rest of that frame is reserved at once, so that
     /// a large payload lands in a single allocation, and the region offered is the rest of the
     /// frame up to [`READ_LARGE_STEP_BYTES`]: the zero-fill (safe Rust cannot read into
@@ -70,8 +98,8 @@ impl FrameDecoder {
     /// cache, instead of one cold pass over the whole payload. Zero-filling happens once per
     /// region, not once per call: unused room is kept for the next call.
     pub fn read_space(&mut self) -> &mut [u8] {
-        let mut want = READ_CHUNK_BYTES;
-        let mut reserve = READ_CHUNK_BYTES;
+        let mut want = self.chunk;
+        let mut reserve = self.chunk;
         if let Some(len) = self.front_payload_len() {
             // Never size by more than the maximum: a hostile header must not make us allocate.
             let frame_end = HEADER_LEN + len.min(self.max_payload) as usize;
@@ -410,6 +438,29 @@ mod tests {
             assert_eq!(out.len(), frames.len());
             assert!(d.buf.capacity() <= 4 * READ_CHUNK_BYTES + 70_000);
         }
+    }
+
+    #[test]
+    fn small_read_chunk_while_handshaking() {
+        // A handshake-sized decoder never allocates more than its chunk for a whole
+        // handshake frame, and offers the normal chunk once raised.
+        let mut d = FrameDecoder::with_read_chunk(512, 1024);
+        assert_eq!(d.read_space().len(), 1024);
+        assert!(d.capacity() <= 1024);
+        let h = hdr(Kind::Hello, 0, 300);
+        let mut bytes = h.encode().to_vec();
+        bytes.extend_from_slice(&[7; 300]);
+        for b in &bytes {
+            let space = d.read_space();
+            space[0] = *b;
+            d.commit(1);
+        }
+        assert!(d.capacity() <= 2048, "capacity {}", d.capacity());
+        let f = d.next_frame().expect("ok").expect("frame");
+        assert_eq!(f.payload.len(), 300);
+        d.set_read_chunk(READ_CHUNK_BYTES);
+        d.set_max_payload(1 << 20);
+        assert_eq!(d.read_space().len(), READ_CHUNK_BYTES);
     }
 
     #[test]

@@ -4,13 +4,14 @@
 
 use super::super::caddy::Completion;
 use super::super::conn::{Conn, ConnState};
+use super::super::log_limit::{Refusal, Summary};
 use super::super::timers::TimerKind;
 use super::{EventLoop, complete};
 use crate::Rank;
 use crate::error::SendError;
 use crate::limits;
 use crate::oob::frame::Frame;
-use crate::oob::handshake::{Handshake, HandshakeEvent, keep_dialled_by};
+use crate::oob::handshake::{Handshake, HandshakeError, HandshakeEvent, keep_dialled_by};
 use crate::oob::header::{Header, Kind};
 use crate::oob::send_queue::Payload;
 use bytes::Bytes;
@@ -275,8 +276,23 @@ impl EventLoop {
                 }
             };
             if self.conns.len() >= limits::CONNECTIONS_MAX {
-                log::warn!("rank {}: too many connections; refusing {addr}", self.me);
+                self.node.counters_mut().handshakes_refused += 1;
+                self.log_refusal(Refusal::TooManyConnections, || {
+                    format!("too many connections; refusing {addr}")
+                });
                 continue;
+            }
+            // Room for one more pending handshake from this source and in all: the oldest
+            // pending ones go (established connections are never touched).
+            for (old, generation) in self.pending.make_room(addr.ip()) {
+                if self.alive(old, generation) {
+                    self.node.counters_mut().handshakes_evicted += 1;
+                    self.refusal_closes(
+                        old,
+                        Refusal::Evicted,
+                        "evicted: too many pending handshakes",
+                    );
+                }
             }
             let hs = ConnState::Handshaking(Box::new(Handshake::accept(
                 &self.hs_cfg,
@@ -285,6 +301,9 @@ impl EventLoop {
             let Some(tok) = self.add_conn(stream, addr, hs, None) else {
                 continue;
             };
+            if let Some(c) = self.conns.get(tok) {
+                self.pending.insert(c.generation, tok, addr.ip());
+            }
             // A peer may have written its Hello already.
             self.readable_again.insert(tok);
         }
@@ -382,6 +401,10 @@ impl EventLoop {
                     return;
                 }
                 reads += 1;
+                if conn.is_established() && conn.decoder.read_chunk() < limits::READ_CHUNK_BYTES {
+                    // The small handshake region grows once the peer has proved itself.
+                    conn.decoder.set_read_chunk(limits::READ_CHUNK_BYTES);
+                }
                 let space = conn.decoder.read_space();
                 match conn.stream.read(space) {
                     Ok(0) => {
@@ -452,10 +475,26 @@ impl EventLoop {
                 Ok(None) => self.pump_handshake(tok),
                 Ok(Some(HandshakeEvent::HelloReceived(ident))) => self.on_hello(tok, ident.rank),
                 Ok(Some(HandshakeEvent::Established(ident))) => {
+                    let generation = conn.generation;
                     self.pump_handshake(tok);
                     self.established(tok, ident.rank, ident.epoch);
+                    // No longer pending: out of the bounds, never evicted.
+                    if self
+                        .conns
+                        .get(tok)
+                        .is_some_and(|c| c.generation == generation && c.is_established())
+                    {
+                        self.pending.remove(generation);
+                    }
                 }
-                Err(e) => self.protocol_error(tok, &format!("handshake: {e}")),
+                Err(e) => {
+                    let reason = match e {
+                        HandshakeError::WrongDvm { .. } => Refusal::WrongDvm,
+                        HandshakeError::BadKey => Refusal::BadMac,
+                        _ => Refusal::Malformed,
+                    };
+                    self.refuse_handshake(tok, reason, &format!("handshake: {e}"));
+                }
             }
             return;
         }
@@ -571,6 +610,10 @@ impl EventLoop {
     }
 
     pub(super) fn protocol_error(&mut self, tok: usize, why: &str) {
+        if self.conns.get(tok).is_some_and(|c| !c.is_established()) {
+            self.refuse_handshake(tok, Refusal::Malformed, why);
+            return;
+        }
         self.node.counters_mut().protocol_errors += 1;
         if let Some(c) = self.conns.get(tok) {
             let who = c
@@ -630,16 +673,25 @@ impl EventLoop {
             return;
         }
         let claimed = conn.claimed;
-        if let Some(p) = claimed {
+        if conn.refused {
+            // Already logged and counted by whoever refused it.
+        } else if let Some(p) = claimed {
             // The dialler hung up between our HelloAck and its proof: most often it found our
             // MAC wrong, i.e. it does not hold this DVM's key (it logs that on its side).
-            self.node.counters_mut().protocol_errors += 1;
-            log::warn!(
-                "rank {}: {} (claiming rank {p}) closed the connection before proving it holds \
-                 the job key ({why})",
-                self.me,
-                conn.addr
-            );
+            let addr = conn.addr;
+            let counters = self.node.counters_mut();
+            counters.protocol_errors += 1;
+            counters.handshakes_abandoned += 1;
+            self.log_refusal(Refusal::Abandoned, || {
+                format!(
+                    "{addr} (claiming rank {p}) closed the connection before proving it holds \
+                     the job key ({why})"
+                )
+            });
+        } else if dialled.is_none() {
+            // An accepted connection that hung up before its Hello: counted, logged at
+            // debug level only (above).
+            self.node.counters_mut().handshakes_abandoned += 1;
         }
         // Read before `close`, which clears the link's record of this dial.
         let was_dialing =
@@ -706,6 +758,7 @@ impl EventLoop {
             return;
         }
         let mut conn = self.conns.remove(tok);
+        self.pending.remove(conn.generation);
         let _ = self.poll.registry().deregister(&mut conn.stream);
         let err = err.unwrap_or(SendError::ShutDown);
         for done in conn.completions.drain(..) {
@@ -822,5 +875,79 @@ impl EventLoop {
             let _ = conn.flush(&mut done);
         }
         self.close(tok, None);
+    }
+
+    /// Closes a connection in its handshake for `reason`: counted once (`protocol_errors`,
+    /// and `handshakes_refused` or `handshakes_timed_out`), logged at a bounded rate.
+    pub(super) fn refuse_handshake(&mut self, tok: usize, reason: Refusal, why: &str) {
+        let counters = self.node.counters_mut();
+        counters.protocol_errors += 1;
+        if reason == Refusal::Timeout {
+            counters.handshakes_timed_out += 1;
+        } else {
+            counters.handshakes_refused += 1;
+        }
+        self.refusal_closes(tok, reason, why);
+    }
+
+    /// Logs (rate-limited) and closes a refused connection, marked so that `lost` does not
+    /// count or log it again.
+    fn refusal_closes(&mut self, tok: usize, reason: Refusal, why: &str) {
+        let Some(c) = self.conns.get_mut(tok) else {
+            return;
+        };
+        c.refused = true;
+        let addr = c.addr;
+        let who = c
+            .peer
+            .or(c.claimed)
+            .or(c.dialled)
+            .map_or_else(|| "unknown rank".to_string(), |r| format!("rank {r}"));
+        self.log_refusal(reason, || {
+            format!("closing the connection with {addr} ({who}): {why}")
+        });
+        self.lost(tok, why);
+    }
+
+    /// Writes one refusal line unless its reason is over its budget (then counted), after the
+    /// summary of the reason's last interval if one is due.
+    pub(super) fn log_refusal(&mut self, reason: Refusal, line: impl FnOnce() -> String) {
+        let (write, summary) = self.log_limit.admit(reason, self.now);
+        if let Some(s) = summary {
+            self.log_summary(s);
+        }
+        if write {
+            log::warn!("rank {}: {}", self.me, line());
+        }
+    }
+
+    fn log_summary(&self, s: Summary) {
+        log::warn!(
+            "rank {}: {} more refused for {} in the last {:.0} s",
+            self.me,
+            s.suppressed,
+            s.reason.as_str(),
+            s.over.as_secs_f64()
+        );
+    }
+
+    /// Once per turn: the refusal summaries that are due; about once a second, memory a flood
+    /// left behind (the connection table's unused tail, the timer heap's spare room).
+    pub(super) fn housekeeping(&mut self) {
+        for s in self.log_limit.due(self.now) {
+            self.log_summary(s);
+        }
+        if self.now.saturating_duration_since(self.last_shrink) < Duration::from_secs(1) {
+            return;
+        }
+        self.last_shrink = self.now;
+        let cap = self.conns.capacity();
+        if cap > limits::CONN_TABLE_SHRINK_MIN && self.conns.len() < cap / 4 {
+            self.conns.shrink_to_fit();
+        }
+        self.timers.shrink();
+        if self.readable_again.is_empty() && self.readable_again.capacity() > 1024 {
+            self.readable_again = Default::default();
+        }
     }
 }
