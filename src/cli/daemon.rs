@@ -271,7 +271,11 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
             Wireup::Wired => {
                 println!(
                     "{}",
-                    serde_json::json!({"wired": {"rank": rank, "mono_ns": super::workload::mono_ns()}})
+                    serde_json::json!({"wired": {
+                        "rank": rank,
+                        "mono_ns": super::workload::mono_ns(),
+                        "uri": daemon.contact_uri(),
+                    }})
                 );
                 w.start_sending(&args.workload, daemon.handle());
             }

@@ -5,6 +5,7 @@
 //! The daemons run the workload themselves (hidden `--workload-*` flags, see
 //! [`super::workload`]); the harness only starts, watches, signals and judges them.
 
+mod attack;
 mod check;
 mod net;
 
@@ -100,6 +101,20 @@ pub struct HarnessArgs {
     /// No progress display and no table; only the final verdict line (and errors).
     #[arg(long)]
     pub quiet: bool,
+    /// Attack the DVM from the harness process (loopback only) while traffic flows, as a
+    /// stranger without the job key: flood (many idle, partial, Hello-only and slow
+    /// connections), forge (forged Hellos claiming every rank, renewed every 0.3 s). Comma
+    /// separated. The report gains each daemon's RssAnon before, at its peak during, and
+    /// after the attack.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub attack: Vec<attack::AttackKind>,
+    /// Flood connections held at once, spread over the daemons (at most 20,000).
+    #[arg(long, default_value_t = 2000)]
+    pub attack_connections: usize,
+    /// Source addresses of the attack: 127.0.0.2 and up, this many (0: 127.0.0.1, the
+    /// daemons' own address).
+    #[arg(long, default_value_t = 1)]
+    pub attack_sources: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,6 +254,9 @@ impl Procs {
             _ => None,
         }
     }
+    fn pid(&self, rank: u32) -> Option<u32> {
+        self.0.get(rank as usize)?.as_ref().map(Child::id)
+    }
     fn alive(&self) -> usize {
         self.0.iter().filter(|c| c.is_some()).count()
     }
@@ -260,6 +278,8 @@ impl Drop for Procs {
 pub struct Seen {
     /// rank -> CLOCK_MONOTONIC ns it was wired.
     pub wired: BTreeMap<u32, u64>,
+    /// rank -> its contact URI (from its wired line).
+    pub uris: BTreeMap<u32, String>,
     /// rank -> (sent, received, done) from its latest progress line.
     pub progress: BTreeMap<u32, (u64, u64, bool)>,
     /// (rank, scope is global, newly failed, epoch, mono_ns) of every fault line.
@@ -274,6 +294,9 @@ impl Seen {
         if let Some(w) = v.get("wired") {
             self.wired
                 .insert(rank, w["mono_ns"].as_u64().unwrap_or_else(mono_ns));
+            if let Some(u) = w["uri"].as_str() {
+                self.uris.insert(rank, u.to_string());
+            }
         } else if let Some(p) = v.get("progress") {
             self.progress.insert(
                 rank,
@@ -343,6 +366,9 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         signal_hook::flag::register(sig, interrupted.clone()).map_err(|e| e.to_string())?;
     }
 
+    if !args.attack.is_empty() && args.hosts > 0 {
+        return Err("--attack runs on loopback only; it cannot be combined with --hosts".into());
+    }
     let hosts = match args.hosts {
         0 => None,
         h if h > n => return Err("--hosts cannot exceed --daemons".into()),
@@ -451,6 +477,12 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let mut shutdown_sent = false;
     let mut exits: BTreeMap<u32, Option<i32>> = BTreeMap::new();
     let mut signals: BTreeMap<u32, i32> = BTreeMap::new();
+    // The attack: running, then stopped (when), then its outcome; memory per rank.
+    let mut attacker: Option<attack::Attack> = None;
+    let mut attack_stopped: Option<Instant> = None;
+    let mut attack_outcome: Option<attack::Outcome> = None;
+    let mut memory: BTreeMap<u32, attack::Memory> = BTreeMap::new();
+    let mut next_sample = Instant::now();
 
     loop {
         if interrupted.load(Ordering::SeqCst) {
@@ -504,6 +536,21 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                 if seen.wired.len() == n as usize {
                     t0 = seen.wired.values().copied().max();
                     phase = "traffic";
+                    if !args.attack.is_empty() {
+                        for r in 0..n {
+                            let m = memory.entry(r).or_default();
+                            m.before_kib = procs.pid(r).and_then(attack::rss_anon_kib);
+                        }
+                        let (targets, dvm_id) = attack_targets(&seen)?;
+                        attacker = Some(attack::Attack::start(
+                            &args.attack,
+                            args.attack_connections,
+                            args.attack_sources,
+                            &targets,
+                            &dvm_id,
+                            n,
+                        ));
+                    }
                 }
             }
             Some(t0) => {
@@ -565,7 +612,36 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                 let sending_done = survivors
                     .iter()
                     .all(|r| seen.progress.get(r).is_some_and(|p| p.2));
-                if !shutdown_sent && all_injected && all_settled && sending_done {
+                if attacker.is_some() && Instant::now() >= next_sample {
+                    next_sample = Instant::now() + Duration::from_millis(250);
+                    for r in 0..n {
+                        if let Some(kib) = procs.pid(r).and_then(attack::rss_anon_kib) {
+                            let m = memory.entry(r).or_default();
+                            m.peak_kib = Some(m.peak_kib.unwrap_or(0).max(kib));
+                        }
+                    }
+                }
+                // The attack lasts through the traffic and the faults; then the DVM runs on
+                // for ATTACK_AFTER_S so the memory it gives back can be measured.
+                let mut attack_settled = true;
+                if all_injected && all_settled && sending_done {
+                    if let Some(a) = attacker.take() {
+                        attack_outcome = Some(a.stop(&args.attack, args.attack_connections));
+                        attack_stopped = Some(Instant::now());
+                    }
+                    if let Some(at) = attack_stopped {
+                        if at.elapsed() < Duration::from_secs_f64(ATTACK_AFTER_S) {
+                            attack_settled = false;
+                        } else if memory.values().all(|m| m.after_kib.is_none()) {
+                            for r in 0..n {
+                                if let Some(kib) = procs.pid(r).and_then(attack::rss_anon_kib) {
+                                    memory.entry(r).or_default().after_kib = Some(kib);
+                                }
+                            }
+                        }
+                    }
+                }
+                if !shutdown_sent && all_injected && all_settled && sending_done && attack_settled {
                     phase = "drain";
                     // Wait until deliveries stop growing for a second (bounded by --timeout).
                     let got = seen.received();
@@ -598,6 +674,9 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     bar.finish_and_clear();
     let ended = Instant::now();
     drop(procs); // kills whatever is left (only on a failed run)
+    if let Some(a) = attacker.take() {
+        attack_outcome = Some(a.stop(&args.attack, args.attack_connections));
+    }
 
     let survivors: BTreeSet<u32> = (0..n)
         .filter(|r| !victims.contains(r) && !crashed.contains_key(r))
@@ -632,7 +711,25 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         elapsed: ended - started,
         problems,
     };
-    let report = check::analyse(input);
+    let mut report = check::analyse(input);
+    if let Some(outcome) = &attack_outcome {
+        // Lines each daemon logged (its stderr): what the attack cost in logging.
+        let log_lines: BTreeMap<u32, usize> = (0..n)
+            .map(|r| {
+                let text = std::fs::read_to_string(log_file(r)).unwrap_or_default();
+                (r, text.lines().count())
+            })
+            .collect();
+        let (text, json) = attack::render(outcome, &memory, &log_lines);
+        let at = report
+            .text
+            .rfind(&format!("\n{}", report.verdict))
+            .unwrap_or(report.text.len());
+        report.text.insert_str(at, &text);
+        if let Some(obj) = report.json.as_object_mut() {
+            obj.insert("attack".into(), json);
+        }
+    }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report.json).map_err(|e| e.to_string())?;
         std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
@@ -643,6 +740,29 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         print!("{}", report.text);
     }
     Ok(if report.passed { 0 } else { 1 })
+}
+
+/// Seconds the DVM runs on after the attack stops, before it is shut down (the "after"
+/// memory sample is taken then).
+const ATTACK_AFTER_S: f64 = 3.0;
+
+/// Every daemon's listening address, from the contact URIs in their wired lines.
+fn attack_targets(seen: &Seen) -> Result<(Vec<attack::Target>, String), String> {
+    let mut out = Vec::new();
+    let mut dvm_id = String::from("tbon");
+    for (rank, uri) in &seen.uris {
+        let u: tbon::oob::uri::ContactUri = uri
+            .parse()
+            .map_err(|e| format!("rank {rank}'s contact URI: {e}"))?;
+        dvm_id = u.dvm_id.clone();
+        if let Some(addr) = u.addrs.first() {
+            out.push(attack::Target {
+                rank: *rank,
+                addr: *addr,
+            });
+        }
+    }
+    Ok((out, dvm_id))
 }
 
 /// Whether the victims of `f` must exit non-zero once resumed (stopped or cut off ones).

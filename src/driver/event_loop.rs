@@ -647,6 +647,9 @@ impl EventLoop {
             }
         }
         lock(&self.shared.posted).clear();
+        for s in self.log_limit.flush(Instant::now()) {
+            self.log_summary(s);
+        }
         log::debug!("rank {}: loop stopped", self.me);
     }
 }

@@ -125,6 +125,24 @@ impl LogLimiter {
         out
     }
 
+    /// Every summary still owed, interval over or not (when the daemon stops).
+    pub(crate) fn flush(&mut self, now: Instant) -> Vec<Summary> {
+        let mut out = Vec::new();
+        for (slot, reason) in self.slots.iter_mut().zip(Refusal::ALL) {
+            if slot.suppressed > 0
+                && let Some(since) = slot.since
+            {
+                out.push(Summary {
+                    reason,
+                    suppressed: slot.suppressed,
+                    over: now.saturating_duration_since(since),
+                });
+            }
+            *slot = Slot::default();
+        }
+        out
+    }
+
     /// Lines not written since the limiter was made.
     pub(crate) fn suppressed_total(&self) -> u64 {
         self.suppressed_total
@@ -190,6 +208,14 @@ mod tests {
         let s = s.expect("a summary");
         assert_eq!((s.reason, s.suppressed), (Refusal::Evicted, 2));
         assert_eq!(l.suppressed_total(), 2);
+        assert_eq!(
+            l.admit(Refusal::Evicted, t0 + Duration::from_secs(2)),
+            (false, None)
+        );
+        let owed = l.flush(t0 + Duration::from_secs(2));
+        assert_eq!(owed.len(), 1);
+        assert_eq!(owed[0].suppressed, 1);
+        assert!(l.flush(t0 + Duration::from_secs(3)).is_empty());
     }
 
     #[test]
@@ -201,6 +227,7 @@ mod tests {
             assert!(!r.as_str().is_empty());
         }
         assert!(l.due(t0 + Duration::from_secs(5)).is_empty());
+        assert!(l.flush(t0).is_empty());
         for r in Refusal::ALL {
             assert_eq!(l.admit(r, t0 + Duration::from_secs(5)), (true, None));
         }

@@ -921,7 +921,7 @@ impl EventLoop {
         }
     }
 
-    fn log_summary(&self, s: Summary) {
+    pub(super) fn log_summary(&self, s: Summary) {
         log::warn!(
             "rank {}: {} more refused for {} in the last {:.0} s",
             self.me,
