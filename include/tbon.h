@@ -280,6 +280,17 @@ typedef struct {
   uint64_t dropped_old_incarnation;
   // Fault reports that waited for room in the reliable-send window (delayed, never dropped).
   uint64_t reports_delayed;
+  // Pending handshakes closed to make room under the pending-handshake bounds.
+  uint64_t handshakes_evicted;
+  // Connections closed because their handshake timed out.
+  uint64_t handshakes_timed_out;
+  // Accepted connections whose peer hung up before proving it holds the job key.
+  uint64_t handshakes_abandoned;
+  // Connections refused in their handshake (wrong DVM, wrong MAC, malformed), or at accept
+  // beyond the connection bound; each counted once.
+  uint64_t handshakes_refused;
+  // Refusal log lines not written because of the rate limit.
+  uint64_t log_lines_suppressed;
 } tbon_counters;
 
 #ifdef __cplusplus

@@ -246,7 +246,7 @@ impl Attack {
         }
         let s = &self.stats;
         Outcome {
-            kinds: kinds.iter().map(|k| super::value_name(k)).collect(),
+            kinds: kinds.iter().map(super::value_name).collect(),
             connections: if kinds.contains(&AttackKind::Flood) {
                 connections.min(CONNECTIONS_MAX)
             } else {
