@@ -389,8 +389,10 @@ fn accept_parent(listener: &TcpListener, hs_cfg: &HandshakeConfig) -> Wire {
     let auth = w.recv().unwrap();
     assert!(matches!(
         acc.handle_frame(auth),
-        Ok(Some(HandshakeEvent::Established(_)))
+        Ok(Some(HandshakeEvent::Authenticated(_)))
     ));
+    assert!(acc.admit());
+    w.send_all(&mut acc);
     w
 }
 
@@ -437,13 +439,7 @@ fn a_link_that_comes_back_gets_a_link_update_and_replays() {
     };
     let mut to_root = Wire::dial(root_addr);
     let mut hs = Handshake::dial(&hs_cfg, 0, common::nonce());
-    to_root.send_all(&mut hs);
-    let ack = to_root.recv().unwrap();
-    assert!(matches!(
-        hs.handle_frame(ack),
-        Ok(Some(HandshakeEvent::Established(_)))
-    ));
-    to_root.send_all(&mut hs);
+    to_root.join(&mut hs);
     let me = ContactUri {
         dvm_id: cfg.dvm_id.clone(),
         rank: 3,

@@ -55,13 +55,7 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
     // Join: report to rank 0 like a daemon would.
     let mut to_root = Wire::dial(root_addr);
     let mut hs = Handshake::dial(&hs_cfg, 0, common::nonce());
-    to_root.send_all(&mut hs);
-    let ack = to_root.recv().unwrap();
-    assert!(matches!(
-        hs.handle_frame(ack),
-        Ok(Some(HandshakeEvent::Established(_)))
-    ));
-    to_root.send_all(&mut hs);
+    to_root.join(&mut hs);
     let me = ContactUri {
         dvm_id: cfg.dvm_id.clone(),
         rank: 3,
@@ -95,8 +89,10 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
     let auth = from_parent.recv().unwrap();
     assert!(matches!(
         acc.handle_frame(auth),
-        Ok(Some(HandshakeEvent::Established(_)))
+        Ok(Some(HandshakeEvent::Authenticated(_)))
     ));
+    assert!(acc.admit());
+    from_parent.send_all(&mut acc);
     assert!(root.wait_wired(HANG_GUARD));
     let (one, two) = (&others[0], &others[1]);
     assert!(one.wait_wired(HANG_GUARD) && two.wait_wired(HANG_GUARD));

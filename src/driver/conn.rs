@@ -94,7 +94,7 @@ impl Conn {
         // and the handshake refuses anything else).
         if !matches!(
             header.kind,
-            Kind::RelmData | Kind::Hello | Kind::HelloAck | Kind::Auth
+            Kind::RelmData | Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::Ready
         ) {
             header.seq = self.next_seq;
         }

@@ -551,7 +551,10 @@ impl EventLoop {
                     let link = self.links.entry(rank).or_default();
                     if link.redial_armed && link.attempt == attempt {
                         link.redial_armed = false;
-                        if (!link.pending.is_empty() || link.probe) && link.conn.is_none() {
+                        if (!link.pending.is_empty() || link.probe)
+                            && link.conn.is_none()
+                            && link.dialing.is_none()
+                        {
                             self.dial(rank);
                         }
                     }

@@ -73,7 +73,7 @@ impl Node {
             Kind::RelmData => self.on_relm_data(now, from, h, payload),
             Kind::Relm => self.on_relm_control(now, from, h, payload),
             Kind::Heartbeat => Ok(()),
-            Kind::Hello | Kind::HelloAck | Kind::Auth => {
+            Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::Ready => {
                 Err("handshake frame on an established connection".into())
             }
         }
@@ -178,5 +178,13 @@ impl Node {
             self.me
         );
         self.header(Kind::Msg, self.me, peer, TAG_DECLARED_DEAD, 0)
+    }
+
+    /// A heartbeat for `peer` to write on the link this daemon has to it, outside the monitor's
+    /// schedule: the driver probes a link that `peer` has just dialled around (a write on a
+    /// connection the peer closed draws a reset, so a link lost on one side only is found at
+    /// once instead of at the next heartbeat or keepalive).
+    pub fn probe_frame(&self, peer: Rank) -> Header {
+        self.header(Kind::Heartbeat, self.me, peer, 0, 0)
     }
 }

@@ -9,10 +9,19 @@
 //!                                            driver: try_accept_peer() (or reject() + close)
 //!   handle_frame ◀── HelloAck(nonce_a, ─────
 //!     checks mac_a         mac_a)
-//!   -> Established(peer)
 //!   ─────────────── Auth(mac_d) ───────────▶ handle_frame: checks mac_d
-//!                                            -> Established(peer)
+//!                                            -> Authenticated(peer)
+//!                                            driver: admit() (or reject() + close)
+//!   handle_frame ◀──────── Ready ───────────
+//!   -> Established(peer)                     (established once admitted)
 //! ```
+//!
+//! Why four frames: the answer to a `Hello` commits nothing. Before its proof has checked, a
+//! connection cannot count for the rank it claims, so the acceptor takes every link decision
+//! (a simultaneous connect, a reconnection replacing a link) at the `Auth`, and the dialler
+//! sends no data frame until the acceptor has admitted the connection with `Ready`. A stranger
+//! who sends `Hello`s claiming a rank therefore costs one HMAC and a short-lived connection,
+//! and changes no link (`docs/security.md`); the rule itself is [`super::arbiter`].
 //!
 //! Authentication: both sides prove they hold the DVM's job key. Each side contributes a fresh
 //! random 16-byte nonce, which the caller draws and passes in (this module reads no random
@@ -118,10 +127,16 @@ pub struct PeerIdent {
 /// What the driver must act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HandshakeEvent {
-    /// Acceptor: a valid `Hello` arrived. Resolve a simultaneous connect (see
-    /// [`keep_dialled_by`]) and call [`Handshake::try_accept_peer`] or [`Handshake::reject`].
+    /// Acceptor: a valid `Hello` arrived, from a peer that has proved nothing yet. Answer
+    /// with [`Handshake::try_accept_peer`] (or refuse with [`Handshake::reject`] and close);
+    /// nothing else may depend on the rank it claims.
     HelloReceived(PeerIdent),
-    /// The handshake is complete: raise the decoder's maximum; data frames may flow.
+    /// Acceptor: the dialler's proof of the key checked; the connection is now known to come
+    /// from `peer`. Decide whether it becomes the link to `peer` ([`super::arbiter::admit`])
+    /// and call [`Handshake::admit`] or [`Handshake::reject`] (and close).
+    Authenticated(PeerIdent),
+    /// Dialler: the acceptor admitted the connection. Raise the decoder's maximum; data
+    /// frames may flow.
     Established(PeerIdent),
 }
 
@@ -279,6 +294,10 @@ enum State {
         nonce_d: [u8; NONCE_LEN],
         nonce_a: [u8; NONCE_LEN],
     },
+    /// Acceptor: the dialler proved it holds the key; the driver decides (admit or reject).
+    Admitting(PeerIdent),
+    /// Dialler: Auth sent (the acceptor proved the key); waiting for the acceptor's `Ready`.
+    AwaitReady(PeerIdent),
     Established(PeerIdent),
     Failed(HandshakeError),
 }
@@ -392,7 +411,13 @@ impl Handshake {
                 let nonce_a = *nonce_a;
                 self.on_hello(nonce_a, &frame)
             }
-            State::Deciding(..) => Err(HandshakeError::UnexpectedKind(frame.header.kind)),
+            State::Deciding(..) | State::Admitting(_) => {
+                Err(HandshakeError::UnexpectedKind(frame.header.kind))
+            }
+            State::AwaitReady(peer) => {
+                let peer = *peer;
+                self.on_ready(peer, &frame)
+            }
             State::AwaitAuth {
                 peer,
                 nonce_d,
@@ -403,6 +428,7 @@ impl Handshake {
             Ok(state) => {
                 let event = match state {
                     State::Deciding(p, ..) => Some(HandshakeEvent::HelloReceived(p)),
+                    State::Admitting(p) => Some(HandshakeEvent::Authenticated(p)),
                     State::Established(p) => Some(HandshakeEvent::Established(p)),
                     _ => None,
                 };
@@ -516,10 +542,30 @@ impl Handshake {
         .finalize()
         .into_bytes();
         self.queue(Kind::Auth, peer, Bytes::copy_from_slice(&mac_d));
-        Ok(State::Established(PeerIdent {
+        Ok(State::AwaitReady(PeerIdent {
             rank: peer,
             epoch: h.epoch,
         }))
+    }
+
+    /// Dialler: the acceptor admitted this connection. Only the acceptor that proved the key
+    /// on this connection can send it (no frame is taken from anyone else on it).
+    fn on_ready(&self, peer: PeerIdent, frame: &Frame) -> Result<State, HandshakeError> {
+        let h = &frame.header;
+        if h.kind != Kind::Ready {
+            return Err(HandshakeError::UnexpectedKind(h.kind));
+        }
+        if h.origin != peer.rank {
+            return Err(HandshakeError::WrongPeer {
+                expected: peer.rank,
+                got: h.origin,
+            });
+        }
+        self.check_header(h)?;
+        if !frame.payload.is_empty() {
+            return Err(HandshakeError::Malformed("Ready with a payload"));
+        }
+        Ok(State::Established(peer))
     }
 
     fn on_auth(
@@ -555,7 +601,7 @@ impl Handshake {
         )
         .verify_slice(&frame.payload)
         .map_err(|_| HandshakeError::BadKey)?;
-        Ok(State::Established(peer))
+        Ok(State::Admitting(peer))
     }
 
     /// Acceptor, after `HelloReceived`: queue the `HelloAck` (with this side's nonce and proof
@@ -589,6 +635,25 @@ impl Handshake {
         true
     }
 
+    /// Acceptor, after `Authenticated`: make this connection the link to its peer. Queues the
+    /// `Ready` that lets the dialler send; the handshake is then established (raise the
+    /// decoder's maximum). Returns false, changing nothing, when no `Authenticated` is pending.
+    pub fn admit(&mut self) -> bool {
+        let State::Admitting(p) = self.state else {
+            return false;
+        };
+        self.queue(Kind::Ready, p.rank, Bytes::new());
+        self.state = State::Established(p);
+        true
+    }
+
+    /// Dialler: whether this side has sent its proof (`Auth`) and waits for `Ready`. From then
+    /// on the acceptor may admit the connection at any moment, so a simultaneous connect must
+    /// be resolved by the rank rule ([`super::arbiter`]), not by dropping this dial.
+    pub fn has_sent_proof(&self) -> bool {
+        matches!(self.state, State::AwaitReady(_))
+    }
+
     /// Refuse the peer (e.g. the losing connection of a simultaneous connect). Nothing is sent:
     /// the driver closes the connection. Later frames return `HandshakeError::Rejected`.
     pub fn reject(&mut self) {
@@ -610,9 +675,11 @@ impl Handshake {
     /// `Hello`'s origin for an acceptor.
     pub fn peer(&self) -> Option<PeerIdent> {
         match &self.state {
-            State::Deciding(p, ..) | State::AwaitAuth { peer: p, .. } | State::Established(p) => {
-                Some(*p)
-            }
+            State::Deciding(p, ..)
+            | State::AwaitAuth { peer: p, .. }
+            | State::Admitting(p)
+            | State::AwaitReady(p)
+            | State::Established(p) => Some(*p),
             _ => None,
         }
     }
@@ -714,19 +781,32 @@ mod tests {
             rank: 5,
             epoch: 105,
         };
-        assert_eq!(
-            d.handle_frame(ack),
-            Ok(Some(HandshakeEvent::Established(p5)))
-        );
-        assert!(d.is_established());
+        // The acceptor proved the key; the dialler proves it in turn and waits to be admitted.
+        assert_eq!(d.handle_frame(ack), Ok(None));
+        assert!(!d.is_established() && d.has_sent_proof());
         assert_eq!(d.peer(), Some(p5));
         let auth = one(&mut d);
         assert_eq!(auth.header.kind, Kind::Auth);
         assert_eq!(
             a.handle_frame(auth),
-            Ok(Some(HandshakeEvent::Established(p2)))
+            Ok(Some(HandshakeEvent::Authenticated(p2)))
         );
+        // Not established until the driver admits the connection.
+        assert!(!a.is_established());
+        assert!(a.poll_transmit().is_none());
+        assert!(a.admit());
         assert!(a.is_established());
+        // Idempotent: no second Ready.
+        assert!(!a.admit());
+        let ready = one(&mut a);
+        assert_eq!(ready.header.kind, Kind::Ready);
+        assert_eq!((ready.header.origin, ready.header.dst), (5, 2));
+        assert!(ready.payload.is_empty());
+        assert_eq!(
+            d.handle_frame(ready),
+            Ok(Some(HandshakeEvent::Established(p5)))
+        );
+        assert!(d.is_established() && !d.has_sent_proof());
         // Data frames are not the handshake's business.
         let data = Frame {
             header: Header {
@@ -740,6 +820,58 @@ mod tests {
             Err(HandshakeError::UnexpectedKind(Kind::Msg))
         );
         assert!(d.is_established());
+    }
+
+    /// After its proof the dialler takes only the acceptor's `Ready`: a data frame pipelined
+    /// early, a `Ready` from another rank or with a payload is refused.
+    #[test]
+    fn a_dialler_takes_nothing_but_ready_after_its_proof() {
+        let proved = || {
+            let mut d = Handshake::dial(&cfg(2), 5, fresh());
+            let mut a = Handshake::accept(&cfg(5), fresh());
+            a.handle_frame(one(&mut d)).expect("hello");
+            assert!(a.try_accept_peer());
+            d.handle_frame(one(&mut a)).expect("ack");
+            let auth = one(&mut d);
+            assert!(matches!(
+                a.handle_frame(auth),
+                Ok(Some(HandshakeEvent::Authenticated(_)))
+            ));
+            assert!(a.admit());
+            (d, one(&mut a))
+        };
+        let (mut d, ready) = proved();
+        let data = Frame {
+            header: Header {
+                kind: Kind::Msg,
+                ..ready.header
+            },
+            payload: Bytes::new(),
+        };
+        assert_eq!(
+            d.handle_frame(data),
+            Err(HandshakeError::UnexpectedKind(Kind::Msg))
+        );
+        let (mut d, mut ready) = proved();
+        ready.header.origin = 6;
+        assert_eq!(
+            d.handle_frame(ready),
+            Err(HandshakeError::WrongPeer {
+                expected: 5,
+                got: 6
+            })
+        );
+        let (mut d, mut ready) = proved();
+        ready.payload = Bytes::from_static(b"x");
+        ready.header.len = 1;
+        assert_eq!(
+            d.handle_frame(ready),
+            Err(HandshakeError::Malformed("Ready with a payload"))
+        );
+        // An acceptor that has not authenticated anyone admits nothing.
+        let mut a = Handshake::accept(&cfg(5), fresh());
+        assert!(!a.admit());
+        assert!(a.poll_transmit().is_none());
     }
 
     /// `docs/wire.md`: tag and sequence are zero in every handshake frame; a Hello that says
@@ -1013,6 +1145,13 @@ mod tests {
             return (dr, Err(HandshakeError::Rejected));
         }
         let ar = a.handle_frame(one(&mut d)).map(|_| ());
+        if ar.is_ok() {
+            assert!(a.admit());
+            assert!(matches!(
+                d.handle_frame(one(&mut a)),
+                Ok(Some(HandshakeEvent::Established(_)))
+            ));
+        }
         (dr, ar)
     }
 
@@ -1086,7 +1225,7 @@ mod tests {
         let _ = one(&mut reused);
         assert!(matches!(
             reused.handle_frame(recorded_auth),
-            Ok(Some(HandshakeEvent::Established(_)))
+            Ok(Some(HandshakeEvent::Authenticated(_)))
         ));
     }
 
@@ -1103,6 +1242,8 @@ mod tests {
             d.handle_frame(ack.clone()).expect("ack");
             let auth = one(&mut d);
             a.handle_frame(auth.clone()).expect("auth");
+            assert!(a.admit());
+            d.handle_frame(one(&mut a)).expect("ready");
             assert!(a.is_established() && d.is_established());
             (hello, ack, auth)
         };

@@ -23,7 +23,7 @@ pub const HEADER_LEN: usize = 40;
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"TB";
 /// The wire protocol version this code speaks; a header with any other version is refused.
-pub const PROTOCOL_VERSION: u8 = 3;
+pub const PROTOCOL_VERSION: u8 = 4;
 
 /// What a frame is. The numeric values are the wire encoding and never change meaning.
 #[repr(u8)]
@@ -53,11 +53,14 @@ pub enum Kind {
     /// neighbour, tag 0; payload: a `grpcomm::wire` message: xcast `Op`, `Ack`, `Sync`,
     /// `Resume`, allgather `Contribution`, `Sync`).
     Grpcomm = 9,
+    /// The handshake's fourth frame: the acceptor admits the dialler's connection as the link
+    /// between the two (empty payload). The dialler sends no data frame before it.
+    Ready = 10,
 }
 
 impl Kind {
     /// Every kind, in wire order.
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Hello,
         Kind::HelloAck,
         Kind::Msg,
@@ -67,6 +70,7 @@ impl Kind {
         Kind::RelmData,
         Kind::Relm,
         Kind::Grpcomm,
+        Kind::Ready,
     ];
 }
 
@@ -90,6 +94,7 @@ impl TryFrom<u8> for Kind {
             7 => Ok(Kind::RelmData),
             8 => Ok(Kind::Relm),
             9 => Ok(Kind::Grpcomm),
+            10 => Ok(Kind::Ready),
             other => Err(WireError::UnknownKind(other)),
         }
     }
@@ -227,7 +232,7 @@ mod tests {
     #[rustfmt::skip]
     const GOLDEN: [u8; HEADER_LEN] = [
         b'T', b'B',                                     // magic
-        3,                                              // version
+        4,                                              // version
         3,                                              // kind = Msg
         0x01, 0x02, 0x03, 0x04,                         // origin
         0x05, 0x06, 0x07, 0x08,                         // dst
@@ -262,7 +267,7 @@ mod tests {
         };
         #[rustfmt::skip]
         let want: [u8; HEADER_LEN] = [
-            0x54, 0x42, 0x03, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
+            0x54, 0x42, 0x04, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
             0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5,
             0, 0, 0, 6, 0, 0, 0, 0,
         ];
@@ -284,7 +289,7 @@ mod tests {
         assert_eq!(Kind::try_from(7), Ok(Kind::RelmData));
         assert_eq!(Kind::try_from(8), Ok(Kind::Relm));
         assert_eq!(Kind::try_from(9), Ok(Kind::Grpcomm));
-        assert_eq!(Kind::try_from(10), Err(WireError::UnknownKind(10)));
+        assert_eq!(Kind::try_from(11), Err(WireError::UnknownKind(11)));
         assert_eq!(Kind::try_from(255), Err(WireError::UnknownKind(255)));
         assert_eq!(u8::from(Kind::Hello), 1);
         assert_eq!(u8::from(Kind::Heartbeat), 5);
@@ -300,9 +305,9 @@ mod tests {
     #[test]
     fn bad_version() {
         let mut b = GOLDEN;
-        // Version 1 (before authentication), 2 (before the fault-tolerant collectives) and any
-        // future version are refused.
-        for v in [1, 2, 4] {
+        // Version 1 (before authentication), 2 (before the fault-tolerant collectives), 3
+        // (before the handshake's `Ready`) and any future version are refused.
+        for v in [1, 2, 3, 5] {
             b[2] = v;
             assert_eq!(Header::decode(&b), Err(WireError::BadVersion(v)));
         }

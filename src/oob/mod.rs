@@ -1,7 +1,9 @@
 //! The TCP transport, sans-IO part: wire header, incremental frame decoding, per-peer send
-//! queues with vectored writes, and the connection handshake. Nothing here touches a socket or
+//! queues with vectored writes, the connection handshake, and the rule that picks the one link
+//! between two daemons (`arbiter`). Nothing here touches a socket or
 //! a clock; the mio driver owns those. The wire format is documented in `docs/wire.md`.
 
+pub mod arbiter;
 pub mod frame;
 pub mod handshake;
 pub mod header;

@@ -5,7 +5,7 @@ use super::HANG_GUARD;
 use bytes::Bytes;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use tbon::oob::{Frame, FrameDecoder, Handshake, Header};
+use tbon::oob::{Frame, FrameDecoder, Handshake, HandshakeEvent, Header};
 
 /// One end of a connection driven by the test.
 pub struct Wire {
@@ -37,6 +37,20 @@ impl Wire {
         while let Some((h, p)) = hs.poll_transmit() {
             self.send(&h, &p);
         }
+    }
+
+    /// Dialler side of the whole handshake (Hello, HelloAck, Auth, Ready): returns once the
+    /// peer has admitted the connection.
+    pub fn join(&mut self, hs: &mut Handshake) {
+        self.send_all(hs);
+        let ack = self.recv().expect("HelloAck");
+        assert_eq!(hs.handle_frame(ack), Ok(None), "HelloAck");
+        self.send_all(hs); // the proof of the key
+        let ready = self.recv().expect("Ready");
+        assert!(matches!(
+            hs.handle_frame(ready),
+            Ok(Some(HandshakeEvent::Established(_)))
+        ));
     }
 
     /// The next frame, or `None` once the peer closed the connection.

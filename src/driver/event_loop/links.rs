@@ -10,8 +10,9 @@ use super::{EventLoop, complete};
 use crate::Rank;
 use crate::error::SendError;
 use crate::limits;
+use crate::oob::arbiter::{Admission, DialPhase, LinkDialler, admit};
 use crate::oob::frame::Frame;
-use crate::oob::handshake::{Handshake, HandshakeError, HandshakeEvent, keep_dialled_by};
+use crate::oob::handshake::{Handshake, HandshakeError, HandshakeEvent};
 use crate::oob::header::{Header, Kind};
 use crate::oob::send_queue::Payload;
 use bytes::Bytes;
@@ -36,10 +37,6 @@ pub(super) struct Link {
     pub conn: Option<usize>,
     /// Our outgoing attempt, connecting or handshaking.
     pub dialing: Option<usize>,
-    /// An incoming connection from this peer whose handshake is under way (Hello accepted,
-    /// proof pending). No dial is started meanwhile: two connections established at once
-    /// could each be kept by one side and closed by the other, losing what was sent on them.
-    pub incoming: Option<usize>,
     /// Frames waiting for `conn` (bounded by `send_queue_max_bytes`).
     pub pending: VecDeque<Pending>,
     pub pending_bytes: usize,
@@ -113,11 +110,9 @@ impl EventLoop {
     /// copied). Only for what cannot be a broadcast: the contact table and "rank 0 lost".
     pub(super) fn ensure_dial(&mut self, peer: Rank) {
         let link = self.links.entry(peer).or_default();
-        if link.conn.is_none()
-            && link.dialing.is_none()
-            && link.incoming.is_none()
-            && !link.redial_armed
-        {
+        // A connection claiming `peer` still in its handshake does not count: it has proved
+        // nothing (`oob::arbiter`).
+        if link.conn.is_none() && link.dialing.is_none() && !link.redial_armed {
             self.dial(peer);
         }
     }
@@ -474,18 +469,12 @@ impl EventLoop {
             match hs.handle_frame(frame) {
                 Ok(None) => self.pump_handshake(tok),
                 Ok(Some(HandshakeEvent::HelloReceived(ident))) => self.on_hello(tok, ident.rank),
+                Ok(Some(HandshakeEvent::Authenticated(ident))) => {
+                    self.on_authenticated(tok, ident.rank, ident.epoch);
+                }
                 Ok(Some(HandshakeEvent::Established(ident))) => {
-                    let generation = conn.generation;
                     self.pump_handshake(tok);
                     self.established(tok, ident.rank, ident.epoch);
-                    // No longer pending: out of the bounds, never evicted.
-                    if self
-                        .conns
-                        .get(tok)
-                        .is_some_and(|c| c.generation == generation && c.is_established())
-                    {
-                        self.pending.remove(generation);
-                    }
                 }
                 Err(e) => {
                     let reason = match e {
@@ -512,26 +501,10 @@ impl EventLoop {
         }
     }
 
-    /// A valid Hello: resolve a simultaneous connect, then answer with our proof of the key.
-    /// The connection is established when the dialler's proof arrives.
+    /// A valid Hello: answer it with our proof of the key, and nothing else. The rank it claims
+    /// is unproven, so it takes part in no link decision (`oob::arbiter`); a stranger's Hello
+    /// costs one HMAC and a pending connection within the bounds of `pending`.
     pub(super) fn on_hello(&mut self, tok: usize, peer: Rank) {
-        let link = self.links.entry(peer).or_default();
-        if let Some(d) = link.dialing.filter(|d| *d != tok) {
-            if keep_dialled_by(self.me, peer) == self.me {
-                log::debug!(
-                    "rank {}: simultaneous connect with {peer}: keeping the one I dialled",
-                    self.me
-                );
-                self.close(tok, None);
-                return;
-            }
-            log::debug!(
-                "rank {}: simultaneous connect with {peer}: keeping the one it dialled",
-                self.me
-            );
-            link.dialing = None;
-            self.close(d, None);
-        }
         let Some(conn) = self.conns.get_mut(tok) else {
             return;
         };
@@ -539,13 +512,74 @@ impl EventLoop {
         if let ConnState::Handshaking(hs) = &mut conn.state {
             hs.try_accept_peer();
         }
+        self.pump_handshake(tok);
+    }
+
+    /// The dialler of an incoming connection proved it is rank `peer`: decide whether the
+    /// connection becomes the link to `peer` (`oob::arbiter::admit`, the only place a
+    /// simultaneous connect or a reconnection is resolved).
+    fn on_authenticated(&mut self, tok: usize, peer: Rank, incarnation: u64) {
+        if self.node.is_failed(peer) {
+            // It proved it is rank `peer`, which the DVM declared dead: admit it only to tell
+            // it so (a dialler reads nothing before `Ready`), then hang up.
+            self.admit_conn(tok);
+            self.tell_dead_and_close(tok, peer);
+            return;
+        }
         let link = self.links.entry(peer).or_default();
-        if let Some(other) = link.incoming.replace(tok)
-            && other != tok
+        let link_dialler = link.conn.and_then(|t| self.conns.get(t)).map(|c| {
+            if c.dialled.is_some() {
+                LinkDialler::Here
+            } else {
+                LinkDialler::There
+            }
+        });
+        let dial_tok = link.dialing;
+        let dial = dial_tok
+            .and_then(|t| self.conns.get(t))
+            .map(|c| match &c.state {
+                ConnState::Handshaking(hs) if hs.has_sent_proof() => DialPhase::ProofSent,
+                _ => DialPhase::Unproven,
+            });
+        match admit(self.me, peer, link_dialler, dial) {
+            Admission::Refuse { probe_link } => {
+                log::debug!(
+                    "rank {}: rank {peer} dialled while the connection I dialled stands; \
+                     keeping mine",
+                    self.me
+                );
+                self.close(tok, None);
+                if probe_link && let Some(t) = self.links.get(&peer).and_then(|l| l.conn) {
+                    let h = self.node.probe_frame(peer);
+                    if let Some(conn) = self.conns.get_mut(t)
+                        && conn.push(h, Bytes::new(), None).is_ok()
+                    {
+                        self.dirty.push(t);
+                    }
+                }
+            }
+            Admission::Admit { close_dial, .. } => {
+                if close_dial && let Some(d) = dial_tok {
+                    log::debug!(
+                        "rank {}: rank {peer} dialled me while I dialled it; keeping its dial",
+                        self.me
+                    );
+                    self.links.entry(peer).or_default().dialing = None;
+                    self.close(d, None);
+                }
+                // A link it replaces is closed (its unsent frames kept) by `established`.
+                self.admit_conn(tok);
+                self.established(tok, peer, incarnation);
+            }
+        }
+    }
+
+    /// Acceptor: queues the `Ready` that lets the dialler send.
+    fn admit_conn(&mut self, tok: usize) {
+        if let Some(conn) = self.conns.get_mut(tok)
+            && let ConnState::Handshaking(hs) = &mut conn.state
         {
-            // A newer attempt from the same peer supersedes one still in its handshake.
-            self.close(other, None);
-            self.links.entry(peer).or_default().incoming = Some(tok);
+            hs.admit();
         }
         self.pump_handshake(tok);
     }
@@ -573,6 +607,8 @@ impl EventLoop {
         let Some(conn) = self.conns.get_mut(tok) else {
             return;
         };
+        // No longer pending: out of the handshake bounds, never evicted.
+        self.pending.remove(conn.generation);
         conn.state = ConnState::Established;
         conn.peer = Some(peer);
         conn.decoder.set_max_payload(msg_max);
@@ -582,9 +618,6 @@ impl EventLoop {
             link.dialing = None;
         }
         link.conn = Some(tok);
-        if link.incoming == Some(tok) {
-            link.incoming = None;
-        }
         link.attempt = 0;
         link.probe = false;
         link.redial_armed = false;
@@ -697,17 +730,6 @@ impl EventLoop {
         let was_dialing =
             dialled.filter(|p| self.links.get(p).and_then(|l| l.dialing) == Some(tok));
         self.close(tok, None);
-        // An incoming connection that won a simultaneous connect failed before it was
-        // established: our own dial was closed for it, so dial again if anything waits.
-        if let Some(p) = claimed
-            && self.stopping.is_none()
-            && self
-                .links
-                .get(&p)
-                .is_some_and(|l| l.conn.is_none() && (l.probe || !l.pending.is_empty()))
-        {
-            self.ensure_dial(p);
-        }
         if let Some(p) = was_dialing {
             self.dial_failed(p);
         }
@@ -772,9 +794,6 @@ impl EventLoop {
             }
             if link.dialing == Some(tok) {
                 link.dialing = None;
-            }
-            if link.incoming == Some(tok) {
-                link.incoming = None;
             }
         }
         self.readable_again.remove(&tok);
