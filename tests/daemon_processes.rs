@@ -156,3 +156,46 @@ fn rank_0_waiting_for_wire_up_stops_on_sigterm() {
     assert!(status.success(), "rank 0 exited with {status}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue "Real launchers", defect 1: a daemon started with another size than rank 0's stops
+/// with exit 1 and a message that says what to fix (before: it logged "bad contact table" and
+/// ran for ever). Rank 0 (size 2) wires up with it and is stopped by SIGTERM.
+#[test]
+fn a_daemon_given_another_size_than_rank_0_exits_1_saying_so() {
+    let dir = std::env::temp_dir().join(format!("tbon-proc-size-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let uri_file = dir.join("hnp.uri");
+    let _ = std::fs::remove_file(&uri_file);
+    let mut dvm = Dvm(Vec::new());
+    dvm.0.push(daemon(0, 2, &uri_file).spawn().unwrap());
+    let deadline = std::time::Instant::now() + HANG_GUARD;
+    while !uri_file.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rank 0 wrote no URI file"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut wrong = daemon(1, 3, &uri_file);
+    wrong.stderr(Stdio::piped());
+    let child = wrong.spawn().unwrap();
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(HANG_GUARD) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("the daemon with the wrong size never exited");
+        }
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("give every daemon the same size"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -131,8 +131,10 @@ impl LinkProgress for NoQueues {
 enum Wire {
     /// Rank 0 collecting reports until `deadline`.
     Collecting(WireupCollector, Instant),
-    /// Waiting for the contact table; commands are held (bounded).
-    Waiting,
+    /// Waiting for the contact table; commands are held (bounded). Past the deadline (set by
+    /// `start`: twice the wire-up timeout, since rank 0 itself may collect reports for one
+    /// timeout before it sends the table) the daemon stops with a fatal error.
+    Waiting(Option<Instant>),
     Wired,
 }
 
@@ -215,7 +217,7 @@ impl Node {
                 .heartbeat
                 .map(|(interval, timeout)| HeartbeatMonitor::new(interval, timeout)),
             heartbeat_at: None,
-            wire: Wire::Waiting,
+            wire: Wire::Waiting(None),
             wired_at_start: cfg.wired_at_start,
             wireup_timeout: cfg.wireup_timeout,
             contacts,
@@ -335,6 +337,7 @@ impl Node {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let wireup = match &self.wire {
             Wire::Collecting(_, at) => Some(*at),
+            Wire::Waiting(at) if self.stopping.is_none() => *at,
             _ => None,
         };
         let running = if self.stopping.is_none() {
@@ -353,6 +356,12 @@ impl Node {
             self.finish_wireup(now);
         }
         if self.stopping.is_some() {
+            return;
+        }
+        if let Wire::Waiting(Some(at)) = self.wire
+            && at <= now
+        {
+            self.no_table_in_time(now);
             return;
         }
         if self.heartbeat_at.is_some_and(|at| at <= now) {

@@ -376,3 +376,86 @@ fn the_node_reads_no_clock_and_draws_no_randomness() {
         }
     }
 }
+
+/// A rank-1 node of a DVM of `size`, not wired, that has reported to rank 0.
+fn unwired_rank_1(size: u32, now: Instant) -> Node {
+    let uri = |rank| ContactUri {
+        dvm_id: "tbon".into(),
+        rank,
+        addrs: vec!["127.0.0.1:1".parse().unwrap()],
+    };
+    let cfg = NodeConfig {
+        heartbeat: None,
+        uri: Some(uri(1)),
+        hnp: Some(uri(0)),
+        wireup_timeout: Duration::from_secs(60),
+        ..NodeConfig::new(1, size, 2)
+    };
+    let mut n = Node::new(cfg).unwrap();
+    n.start(now);
+    n.pump(now);
+    while n.poll_output().is_some() {}
+    n
+}
+
+fn stop_reason(n: &mut Node) -> Option<StopReason> {
+    std::iter::from_fn(|| n.poll_output()).find_map(|o| match o {
+        Output::Stop(r) => Some(r),
+        _ => None,
+    })
+}
+
+/// Issue "Real launchers", defect 1: a daemon given another size than rank 0's got a contact
+/// table it could not use, logged it and ran for ever. It now stops with a fatal error that
+/// says what to fix.
+#[test]
+fn a_contact_table_for_another_size_is_fatal() {
+    let now = Instant::now();
+    let mut n = unwired_rank_1(2, now);
+    // Rank 0 was started with size 3: its table has three entries.
+    let table = wireup::encode_table(&[None, None, None]);
+    let h = Header {
+        kind: Kind::Xcast,
+        origin: 0,
+        dst: 1,
+        tag: wireup::TAG_WIREUP_TABLE,
+        epoch: 1,
+        seq: 0,
+        len: table.len() as u32,
+    };
+    n.handle_frame(now, 0, h, table).unwrap();
+    n.pump(now);
+    match stop_reason(&mut n) {
+        Some(StopReason::Fatal(why)) => {
+            assert!(why.contains("same size"), "{why}");
+            assert!(why.contains('3') && why.contains('2'), "{why}");
+        }
+        other => panic!("expected a fatal stop, got {other:?}"),
+    }
+}
+
+/// Defect 1, the other half: a wait for the table that never ends ends at twice the wire-up
+/// timeout (rank 0 may itself collect reports for one timeout).
+#[test]
+fn no_contact_table_in_time_is_fatal() {
+    let now = Instant::now();
+    let mut n = unwired_rank_1(2, now);
+    assert_eq!(n.poll_timeout(), Some(now + Duration::from_secs(120)));
+    struct NoLinks;
+    impl LinkProgress for NoLinks {
+        fn stuck_since(&self, _: Rank) -> Option<Instant> {
+            None
+        }
+    }
+    n.handle_timeout(now + Duration::from_secs(119), &NoLinks);
+    n.pump(now + Duration::from_secs(119));
+    assert!(stop_reason(&mut n).is_none());
+    let late = now + Duration::from_secs(120);
+    n.handle_timeout(late, &NoLinks);
+    n.pump(late);
+    match stop_reason(&mut n) {
+        Some(StopReason::Fatal(why)) => assert!(why.contains("no contact table"), "{why}"),
+        other => panic!("expected a fatal stop, got {other:?}"),
+    }
+    assert_eq!(n.poll_timeout(), None);
+}

@@ -29,6 +29,7 @@ impl Node {
             }
             return;
         }
+        self.wire = Wire::Waiting(Some(now + 2 * self.wireup_timeout));
         let report = Bytes::from(uri.to_string());
         let header = self.header(Kind::Msg, self.me, 0, TAG_WIREUP_REPORT, report.len());
         self.transmit(0, header, report, None);
@@ -94,8 +95,22 @@ impl Node {
         }
         let table = match wireup::decode_table(self.size, payload) {
             Ok(t) => t,
+            Err(wireup::WireupError::WrongSize { got, expected }) => {
+                // Nothing this daemon could do with the DVM would be right: its ranks and
+                // tree differ from everyone else's.
+                let why = format!(
+                    "the DVM has {got} daemons but this daemon was started with size \
+                     {expected}: give every daemon the same size (--size / TBON_SIZE, or the \
+                     launcher's task count)"
+                );
+                log::error!("rank {}: {why}", self.me);
+                self.begin_stop(now, StopReason::Fatal(why));
+                return;
+            }
             Err(e) => {
-                log::error!("rank {}: bad contact table: {e}", self.me);
+                let why = format!("unusable contact table from the DVM: {e}");
+                log::error!("rank {}: {why}", self.me);
+                self.begin_stop(now, StopReason::Fatal(why));
                 return;
             }
         };
@@ -130,6 +145,18 @@ impl Node {
             self.routing.children().len()
         );
         self.wired(now);
+    }
+
+    /// A rank other than 0 got no contact table within its deadline: rank 0 never finished
+    /// wire-up, or this daemon's report never reached it (another DVM, another size).
+    pub(super) fn no_table_in_time(&mut self, now: Instant) {
+        let why = format!(
+            "no contact table from rank 0 within {} ms (twice the wire-up timeout): check that \
+             every daemon has the same size and DVM id and that rank 0's contact is current",
+            2 * self.wireup_timeout.as_millis()
+        );
+        log::error!("rank {}: {why}", self.me);
+        self.begin_stop(now, StopReason::Fatal(why));
     }
 
     fn wired(&mut self, now: Instant) {
