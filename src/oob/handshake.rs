@@ -671,6 +671,21 @@ impl Handshake {
         matches!(self.state, State::Failed(_))
     }
 
+    /// The state's name, for tests that explore states (nonces and keys left out).
+    #[cfg(test)]
+    pub(crate) fn phase(&self) -> &'static str {
+        match self.state {
+            State::AwaitAck { .. } => "await-ack",
+            State::AwaitHello { .. } => "await-hello",
+            State::Deciding(..) => "deciding",
+            State::AwaitAuth { .. } => "await-auth",
+            State::Admitting(_) => "admitting",
+            State::AwaitReady(_) => "await-ready",
+            State::Established(_) => "established",
+            State::Failed(_) => "failed",
+        }
+    }
+
     /// The peer, once known: the dialled rank for a dialler (epoch once established), the
     /// `Hello`'s origin for an acceptor.
     pub fn peer(&self) -> Option<PeerIdent> {
