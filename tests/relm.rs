@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tbon::node::wireup::TAG_WIREUP_REPORT;
 use tbon::oob::handshake::JobKey;
 use tbon::oob::uri::ContactUri;
-use tbon::oob::{Frame, Handshake, HandshakeConfig, HandshakeEvent, Header, Kind};
+use tbon::oob::{Frame, Handshake, HandshakeConfig, Header, Kind};
 use tbon::relm::Control;
 use tbon::relm::uid::MsgKey;
 use tbon::relm::wire::unpack_seq;
@@ -379,20 +379,7 @@ fn accept_parent(listener: &TcpListener, hs_cfg: &HandshakeConfig) -> Wire {
     let (s, _) = listener.accept().unwrap();
     let mut w = Wire::new(s);
     let mut acc = Handshake::accept(hs_cfg, common::nonce());
-    let hello = w.recv().unwrap();
-    assert!(matches!(
-        acc.handle_frame(hello),
-        Ok(Some(HandshakeEvent::HelloReceived(_)))
-    ));
-    assert!(acc.try_accept_peer());
-    w.send_all(&mut acc);
-    let auth = w.recv().unwrap();
-    assert!(matches!(
-        acc.handle_frame(auth),
-        Ok(Some(HandshakeEvent::Authenticated(_)))
-    ));
-    assert!(acc.admit());
-    w.send_all(&mut acc);
+    w.accept_dial(&mut acc);
     w
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tbon::node::wireup::TAG_WIREUP_REPORT;
 use tbon::oob::handshake::JobKey;
 use tbon::oob::uri::ContactUri;
-use tbon::oob::{Handshake, HandshakeConfig, HandshakeEvent, Header, Kind};
+use tbon::oob::{Handshake, HandshakeConfig, Header, Kind};
 use tbon::{Peer, SendError};
 
 const TAG: u32 = 100;
@@ -79,20 +79,7 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
     let (s, _) = listener.accept().unwrap();
     let mut from_parent = Wire::new(s);
     let mut acc = Handshake::accept(&hs_cfg, common::nonce());
-    let hello = from_parent.recv().unwrap();
-    assert!(matches!(
-        acc.handle_frame(hello),
-        Ok(Some(HandshakeEvent::HelloReceived(_)))
-    ));
-    assert!(acc.try_accept_peer());
-    from_parent.send_all(&mut acc);
-    let auth = from_parent.recv().unwrap();
-    assert!(matches!(
-        acc.handle_frame(auth),
-        Ok(Some(HandshakeEvent::Authenticated(_)))
-    ));
-    assert!(acc.admit());
-    from_parent.send_all(&mut acc);
+    from_parent.accept_dial(&mut acc);
     assert!(root.wait_wired(HANG_GUARD));
     let (one, two) = (&others[0], &others[1]);
     assert!(one.wait_wired(HANG_GUARD) && two.wait_wired(HANG_GUARD));

@@ -53,6 +53,30 @@ impl Wire {
         ));
     }
 
+    /// Acceptor side up to the dialler's proof (Hello, HelloAck, Auth): returns once `acc`
+    /// has authenticated the dialler; admitting it (`Ready`) is the caller's decision.
+    pub fn take_proof(&mut self, acc: &mut Handshake) {
+        let hello = self.recv().expect("Hello");
+        assert!(matches!(
+            acc.handle_frame(hello),
+            Ok(Some(HandshakeEvent::HelloReceived(_)))
+        ));
+        assert!(acc.try_accept_peer());
+        self.send_all(acc);
+        let auth = self.recv().expect("Auth");
+        assert!(matches!(
+            acc.handle_frame(auth),
+            Ok(Some(HandshakeEvent::Authenticated(_)))
+        ));
+    }
+
+    /// Acceptor side of the whole handshake: takes the proof and admits the connection.
+    pub fn accept_dial(&mut self, acc: &mut Handshake) {
+        self.take_proof(acc);
+        assert!(acc.admit());
+        self.send_all(acc);
+    }
+
     /// The next frame, or `None` once the peer closed the connection.
     pub fn recv(&mut self) -> Option<Frame> {
         loop {
