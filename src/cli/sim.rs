@@ -26,7 +26,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 200)]
     pub messages: u64,
     /// The kinds of fault seeds choose from (each seed picks its own mix): a comma-separated
-    /// list of crash, link, stall, partition, delay, stale, dup; or all.
+    /// list of crash, link, stall, partition, delay, stale, dup, stranger; or all.
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Stop at the first failing seed.
@@ -59,6 +59,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let (mut events, mut posted, mut crashed, mut retransmits) = (0u64, 0u64, 0u64, 0u64);
     let (mut ops, mut gathers) = (0u64, 0u64);
     let (mut fenced, mut link_drops, mut stale, mut dups) = (0u64, 0u64, 0u64, 0u64);
+    let (mut strangers, mut refused, mut crossed) = (0u64, 0u64, 0u64);
     let regressions = REGRESSION_SEEDS
         .iter()
         .map(|r| (r.seed, r.options(args.messages)));
@@ -78,6 +79,9 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 link_drops += s.link_drops;
                 stale += s.stale_dropped;
                 dups += s.duplicated;
+                strangers += s.strangers;
+                refused += s.strangers_refused;
+                crossed += s.dials_crossed;
             }
             Err(_) => {
                 failed += 1;
@@ -92,7 +96,9 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
         "tbon sim: {ran} seeds, {failed} failed, in {:.1} s: {events} events, {posted} reliable \
          messages posted, {ops} broadcasts, {gathers} allgather results, {crashed} daemons \
          crashed, {fenced} declared dead and fenced, {link_drops} connections dropped, {stale} \
-         stale frames dropped, {dups} frames duplicated, {retransmits} retransmissions",
+         stale frames dropped, {dups} frames duplicated, {retransmits} retransmissions, \
+         {strangers} strangers' connections ({refused} refused at a forged proof), {crossed} \
+         crossing dials resolved",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 { 0 } else { 1 })

@@ -96,6 +96,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         radix: 2,
         faults: FaultKinds {
             dup: false,
+            stranger: false,
             ..FaultKinds::ALL
         },
         found: "xcast: after a reconnection a parent rewound a child's stream to the child's \

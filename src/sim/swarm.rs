@@ -30,6 +30,11 @@ pub struct FaultKinds {
     /// that the cores' own duplicates (retransmissions, re-statements) are harmless wherever
     /// they land.
     pub dup: bool,
+    /// A stranger without the key opens connections claiming ranks (a `Hello` and nothing
+    /// more, or a forged `Auth` behind it). Such runs also put every redial through the real
+    /// handshake and the link rule (`oob::arbiter`), so crossing dials are resolved as the
+    /// driver resolves them.
+    pub stranger: bool,
 }
 
 impl FaultKinds {
@@ -42,6 +47,7 @@ impl FaultKinds {
         delay: true,
         stale: true,
         dup: true,
+        stranger: true,
     };
 
     /// The kinds the simulator had when the first regression seeds were found (crashes, short
@@ -54,10 +60,11 @@ impl FaultKinds {
         delay: true,
         stale: false,
         dup: false,
+        stranger: false,
     };
 
-    /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup`, `all` or
-    /// `none`).
+    /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup,stranger`,
+    /// `all` or `none`).
     pub fn parse(list: &str) -> Result<FaultKinds, String> {
         let mut k = FaultKinds {
             crash: false,
@@ -67,6 +74,7 @@ impl FaultKinds {
             delay: false,
             stale: false,
             dup: false,
+            stranger: false,
         };
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
@@ -79,9 +87,10 @@ impl FaultKinds {
                 "delay" => k.delay = true,
                 "stale" => k.stale = true,
                 "dup" => k.dup = true,
+                "stranger" => k.stranger = true,
                 other => {
                     return Err(format!(
-                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, all)"
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, all)"
                     ));
                 }
             }
@@ -106,6 +115,7 @@ impl std::fmt::Display for FaultKinds {
             (self.delay, "delay"),
             (self.stale, "stale"),
             (self.dup, "dup"),
+            (self.stranger, "stranger"),
         ];
         let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {
@@ -132,6 +142,14 @@ pub const HEARTBEAT_TIMEOUT_US: u64 = 4_000_000;
 pub enum Fault {
     /// The daemon dies: its connections drop, what was in flight to or from it is lost.
     Crash { rank: Rank, at_us: u64 },
+    /// A stranger without the key connects to `target` claiming to be `claims` and sends a
+    /// `Hello` (and, if `forge`, a forged `Auth` behind it).
+    Stranger {
+        target: Rank,
+        claims: Rank,
+        at_us: u64,
+        forge: bool,
+    },
     /// The daemon stops working for a while, then goes on.
     Stall { rank: Rank, at_us: u64, for_us: u64 },
     /// The connection between two daemons drops; both live and redial.
@@ -399,6 +417,32 @@ impl Scenario {
         } else {
             0.0
         };
+        if kinds.stranger && size > 1 && more.chance(0.3) {
+            // Hellos claiming ranks, at random times through the run; link faults with them
+            // so that daemons redial (through the handshake) while strangers claim their peers.
+            for _ in 0..more.range(5, 80) {
+                let target = more.range(0, u64::from(size - 1)) as Rank;
+                let mut claims = more.range(0, u64::from(size - 1)) as Rank;
+                if claims == target {
+                    claims = (claims + 1) % size;
+                }
+                faults.push(Fault::Stranger {
+                    target,
+                    claims,
+                    at_us: more.range(0, safety_us),
+                    forge: more.chance(0.5),
+                });
+            }
+            for _ in 0..more.range(1, 8) {
+                let b = more.range(1, u64::from(size - 1)) as Rank;
+                faults.push(Fault::LinkDown {
+                    a: parent_of(b),
+                    b,
+                    at_us: more.range(0, safety_us),
+                    for_us: more.range(1_000, 200_000),
+                });
+            }
+        }
         Scenario {
             latency_us,
             jitter_us,

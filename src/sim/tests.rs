@@ -73,6 +73,9 @@ fn batch(n: u64, opts: Options) -> RunStats {
                 sum.stale_dropped += s.stale_dropped;
                 sum.reliable_posted += s.reliable_posted;
                 sum.duplicated += s.duplicated;
+                sum.strangers += s.strangers;
+                sum.strangers_refused += s.strangers_refused;
+                sum.dials_crossed += s.dials_crossed;
             }
             Err(e) => panic!("seed {seed}: {e:?}\nreplay: {}", o.replay_command(200)),
         }
@@ -132,4 +135,18 @@ fn partitions_and_delays_pass() {
 fn duplicated_relm_and_collective_frames_are_harmless() {
     let s = batch(60, kinds("dup,crash"));
     assert!(s.duplicated > 0, "no frame was duplicated");
+}
+
+/// Issue "Hardening": strangers without the key connect claiming ranks (a `Hello`, sometimes a
+/// forged `Auth`) while connections drop and daemons redial through the real handshake and
+/// the link rule. No stranger is admitted, no admitted connection is closed by its other end,
+/// no live daemon is declared dead, and every redial comes through (the checkers). Flipping
+/// the rule's refusal for crossing proofs fails 36 of the first 2,005 seeds.
+#[test]
+fn strangers_claiming_ranks_change_no_link() {
+    let s = batch(150, kinds("stranger"));
+    assert!(s.strangers > 0, "no stranger connected");
+    assert!(s.strangers_refused > 0, "no forged proof was refused");
+    assert!(s.dials_crossed > 0, "no two dials crossed");
+    assert_eq!(s.fenced, 0, "a live daemon was declared dead");
 }

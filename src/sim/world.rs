@@ -23,6 +23,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+mod handshakes;
 mod links;
 
 /// Events processed per seed at most: a run that needs more has livelocked.
@@ -94,6 +95,25 @@ enum Ev {
         rank: Rank,
         id: u64,
     },
+    /// A handshake frame (or the end of the connection, `None`) reaches one end of a
+    /// connection (`handshakes.rs`); `node` is the daemon at that end (none: the stranger).
+    Hs {
+        conn: u64,
+        to_acceptor: bool,
+        node: Option<Rank>,
+        frame: Option<crate::oob::frame::Frame>,
+    },
+    /// A connection's handshake timeout.
+    HsTimeout {
+        conn: u64,
+        node: Option<Rank>,
+    },
+    /// A stranger connects to `target` claiming `claims`.
+    Stranger {
+        target: Rank,
+        claims: Rank,
+        forge: bool,
+    },
 }
 
 /// Counts from one run.
@@ -127,6 +147,11 @@ pub struct RunStats {
     pub stale_dropped: u64,
     /// RELM and collective frames delivered twice.
     pub duplicated: u64,
+    /// Runs with strangers: their connections, those refused at a forged proof, and dials
+    /// that met the peer's own dial (resolved by the link rule).
+    pub strangers: u64,
+    pub strangers_refused: u64,
+    pub dials_crossed: u64,
 }
 
 /// The world.
@@ -166,6 +191,8 @@ pub struct World {
     busy: u64,
     check: Checker,
     stats: RunStats,
+    /// Connections with their handshake (runs with strangers only).
+    hs: Option<handshakes::Handshakes>,
 }
 
 impl World {
@@ -223,7 +250,15 @@ impl World {
             busy: 0,
             check: Checker::default(),
             stats: RunStats::default(),
+            hs: None,
         };
+        if w.scen
+            .faults
+            .iter()
+            .any(|f| matches!(f, Fault::Stranger { .. }))
+        {
+            w.hs = Some(handshakes::Handshakes::default());
+        }
         w.plan();
         Ok(w)
     }
@@ -251,6 +286,19 @@ impl World {
                     for_us,
                     factor,
                 } => self.slow.push((a, b, at_us, at_us + for_us, factor)),
+                Fault::Stranger {
+                    target,
+                    claims,
+                    at_us,
+                    forge,
+                } => self.push(
+                    at_us,
+                    Ev::Stranger {
+                        target,
+                        claims,
+                        forge,
+                    },
+                ),
                 Fault::LinkDown {
                     a,
                     b,
@@ -422,6 +470,11 @@ impl World {
         self.stats.plain_posted = self.check.plain_posted;
         self.stats.crashed = self.crashed.len() as u32;
         self.stats.fenced = self.fenced.len() as u32;
+        if let Some(hs) = &self.hs {
+            self.stats.strangers = hs.strangers;
+            self.stats.strangers_refused = hs.refused;
+            self.stats.dials_crossed = hs.crossed;
+        }
         for n in &self.nodes {
             self.stats.retransmits += n.relm().stats().retransmits;
             self.stats.replays += n.relm().stats().replays;
@@ -537,6 +590,18 @@ impl World {
                 peer,
                 attempt,
             } => return self.on_redial(node, peer, attempt),
+            Ev::Hs {
+                conn,
+                to_acceptor,
+                frame,
+                ..
+            } => return self.hs_frame(conn, to_acceptor, frame),
+            Ev::HsTimeout { conn, .. } => return self.hs_timeout(conn),
+            Ev::Stranger {
+                target,
+                claims,
+                forge,
+            } => self.hs_stranger(target, claims, forge),
             Ev::Stall { rank, until_us } => {
                 if let Some(s) = self.stalled_until.get_mut(rank as usize) {
                     *s = (*s).max(until_us);
@@ -785,6 +850,7 @@ fn is_work(ev: &Ev) -> bool {
     match ev {
         Ev::Timer { .. } => false,
         Ev::Frame { heartbeat, .. } => !heartbeat,
+        Ev::Hs { node, .. } | Ev::HsTimeout { node, .. } => node.is_some(),
         _ => true,
     }
 }
@@ -796,6 +862,8 @@ fn target(ev: &Ev) -> Option<Rank> {
         Ev::LinkLost { node, .. } | Ev::Redial { node, .. } => Some(*node),
         Ev::Send { origin, .. } | Ev::Broadcast { origin } => Some(*origin),
         Ev::Contribute { rank, .. } => Some(*rank),
+        Ev::Hs { node, .. } | Ev::HsTimeout { node, .. } => *node,
+        Ev::Stranger { .. } => None,
         Ev::Crash { .. } | Ev::Stall { .. } | Ev::LinkDown { .. } | Ev::Partition { .. } => None,
     }
 }

@@ -22,6 +22,7 @@ impl World {
     pub(super) fn bump_generation(&mut self, a: Rank, b: Rank) {
         *self.conn_gen.entry(Self::pair(a, b)).or_insert(0) += 1;
         self.conn_lost.insert(Self::pair(a, b));
+        self.hs_pair_dropped(a, b);
     }
 
     pub(super) fn down_until(&self, a: Rank, b: Rank) -> u64 {
@@ -107,7 +108,18 @@ impl World {
             }
             return self.after(node);
         }
-        // A new connection: both sides' link-up, then what waited for it, in order.
+        if self.hs.is_some() {
+            // Through the real handshake and the link rule; `connection_up` once both ends
+            // hold the same connection as their link.
+            return self.hs_dial(node, peer, attempt);
+        }
+        self.connection_up(node, peer)
+    }
+
+    /// A new connection between `node` and `peer`: both sides' link-up, then what waited for
+    /// it, in order.
+    pub(super) fn connection_up(&mut self, node: Rank, peer: Rank) -> Result<(), Violation> {
+        let now = self.now();
         self.conn_lost.remove(&Self::pair(node, peer));
         for (a, b) in [(node, peer), (peer, node)] {
             if let Some(n) = self.nodes.get_mut(a as usize)
