@@ -433,7 +433,13 @@ impl Scenario {
                     forge: more.chance(0.5),
                 });
             }
-            for _ in 0..more.range(1, 8) {
+            // Unless the link kind already drops some (more would make links flap for good).
+            let drops = if faults.iter().any(|f| matches!(f, Fault::LinkDown { .. })) {
+                0
+            } else {
+                more.range(1, 3)
+            };
+            for _ in 0..drops {
                 let b = more.range(1, u64::from(size - 1)) as Rank;
                 faults.push(Fault::LinkDown {
                     a: parent_of(b),

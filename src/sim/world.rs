@@ -407,6 +407,16 @@ impl World {
                 });
             }
             if at > deadline {
+                log::debug!(
+                    "still busy: {} work events, redials {:?}, parked {:?}",
+                    self.busy,
+                    self.redialing,
+                    self.parked
+                        .iter()
+                        .filter(|(_, v)| !v.is_empty())
+                        .map(|(k, v)| (*k, v.len()))
+                        .collect::<Vec<_>>()
+                );
                 return Err(Violation {
                     checker: "liveness",
                     detail: format!(

@@ -506,9 +506,7 @@ impl World {
         let Some(c) = self.hs.as_ref().and_then(|h| h.conns.get(&id)) else {
             return Ok(());
         };
-        if c.a.is_established() || c.d.is_established() {
-            return Ok(());
-        }
+        let established = c.a.is_established() || c.d.is_established();
         let (dialler, acceptor, stranger) = (c.dialler, c.acceptor, c.stranger);
         let (a_open, d_open) = (c.a_open, c.d_open);
         if !stranger && !self.living(dialler) {
@@ -522,6 +520,9 @@ impl World {
                 l.dial = None;
             }
             self.redialing.remove(&(dialler, acceptor));
+        }
+        if established {
+            return Ok(());
         }
         if a_open && self.living(acceptor) {
             self.hs_close(id, acceptor)?;
