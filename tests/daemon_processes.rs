@@ -1,5 +1,6 @@
 //! `tbon daemon` as separate processes on 127.0.0.1: rank 0 plus 7 others wire up, exchange
-//! messages all-to-all (`--ping-all`), and stop cleanly when rank 0 gets SIGTERM.
+//! messages all-to-all (`--ping-all`), and stop cleanly when rank 0 gets SIGTERM, logging no
+//! alarm.
 
 mod procs;
 
@@ -55,10 +56,19 @@ fn eight_daemon_processes_exchange_messages_and_stop_cleanly() {
     let size = 8;
     let mut dvm = Dvm(Vec::new());
     let (tx, rx) = mpsc::channel();
+    let mut logs = Vec::new();
     for rank in 0..size {
         let mut child = daemon(rank, size, &uri_file)
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn tbon daemon");
+        let err = child.stderr.take().unwrap();
+        logs.push(std::thread::spawn(move || {
+            BufReader::new(err)
+                .lines()
+                .map_while(Result::ok)
+                .collect::<Vec<String>>()
+        }));
         let out = child.stdout.take().unwrap();
         let tx = tx.clone();
         std::thread::spawn(move || {
@@ -104,6 +114,20 @@ fn eight_daemon_processes_exchange_messages_and_stop_cleanly() {
             .recv_timeout(HANG_GUARD)
             .expect("a daemon did not stop after the DVM shutdown");
         assert!(status.success(), "rank {rank} exited with {status}");
+    }
+    // Issue "Real launchers", defect 2: an orderly shutdown logs no alarm. Daemons once read
+    // rank 0's close before delivering the shutdown broadcast that preceded it and logged
+    // "lost connection to rank 0 (...); probing".
+    for (rank, log) in logs.into_iter().enumerate() {
+        let log = log.join().unwrap();
+        let alarms: Vec<&String> = log
+            .iter()
+            .filter(|l| l.contains("probing") || l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        assert!(
+            alarms.is_empty(),
+            "rank {rank} logged alarms during an orderly DVM shutdown: {alarms:#?}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

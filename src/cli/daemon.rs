@@ -56,11 +56,53 @@ fn env_u32(names: &[&str]) -> Option<(String, u32)> {
     })
 }
 
+/// A URI file as rank 0 writes it: the contact URI on the first line, then a stamp with a
+/// nonce drawn at this start (the URI alone can repeat across runs: a fixed port, the same
+/// `--dvm-id`), so a reader can tell that the file was replaced by another rank 0.
+fn uri_file_text(uri: &str) -> String {
+    let nonce = getrandom::u64().unwrap_or_else(|_| {
+        // No OS generator: the clock and the pid still differ from one start to the next.
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id())
+    });
+    format!(
+        "{uri}\n# tbon rank 0 start {nonce:016x}, pid {}\n",
+        std::process::id()
+    )
+}
+
+/// The contact URI in a URI file's text: its first non-empty line (a file with the URI alone,
+/// written by hand or by an older tbon, is read too).
+fn uri_of(text: &str) -> Option<&str> {
+    text.lines().map(str::trim).find(|l| !l.is_empty())
+}
+
+/// Rank 0 removes its URI file when it exits, unless another rank 0 has replaced it since: the
+/// next launch then waits for a fresh file instead of reading this run's address.
+struct UriFile {
+    path: PathBuf,
+    text: String,
+}
+
+impl Drop for UriFile {
+    fn drop(&mut self) {
+        if std::fs::read_to_string(&self.path).is_ok_and(|t| t == self.text) {
+            match std::fs::remove_file(&self.path) {
+                Ok(()) => log::debug!("removed {}", self.path.display()),
+                Err(e) => log::warn!("cannot remove {}: {e}", self.path.display()),
+            }
+        }
+    }
+}
+
+/// Reads a URI file, waiting up to `timeout` for it to appear; returns its whole text.
 fn read_hnp_file(path: &Path, timeout: Duration) -> Result<String, String> {
     let deadline = Instant::now() + timeout;
     loop {
         match std::fs::read_to_string(path) {
-            Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_string()),
+            Ok(s) if uri_of(&s).is_some() => return Ok(s),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
@@ -187,32 +229,89 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
                 .1
         }
     };
+    let wireup_timeout = Duration::from_millis(args.config.wireup_timeout_ms);
+    // The URI file's whole text as read, when the URI came from one.
+    let mut hnp_text = None;
     let hnp = match (&args.hnp, &args.hnp_file) {
         _ if rank == 0 => None,
         (Some(h), _) => Some(h.clone()),
-        (None, Some(p)) => Some(read_hnp_file(
-            p,
-            Duration::from_millis(args.config.wireup_timeout_ms),
-        )?),
+        (None, Some(p)) => {
+            let text = read_hnp_file(p, wireup_timeout)?;
+            let uri = uri_of(&text).map(str::to_string);
+            hnp_text = Some(text);
+            uri
+        }
         (None, None) => return Err("ranks other than 0 need --hnp or --hnp-file".into()),
     };
-    let wireup_timeout = Duration::from_millis(args.config.wireup_timeout_ms);
-    let daemon = tbon::start(args.config, rank, size, hnp.as_deref()).map_err(|e| e.to_string())?;
+    let mut daemon =
+        tbon::start(args.config.clone(), rank, size, hnp.as_deref()).map_err(|e| e.to_string())?;
     log::info!(
         "rank {rank} of {size}: listening at {}",
         daemon.contact_uri()
     );
+    let mut _uri_file = None;
     if rank == 0 {
         println!("TBON_HNP_URI={}", daemon.contact_uri());
         if let Some(p) = &args.uri_file {
-            write_atomically(p, daemon.contact_uri())
-                .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+            let text = uri_file_text(daemon.contact_uri());
+            write_atomically(p, &text).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+            _uri_file = Some(UriFile {
+                path: p.clone(),
+                text,
+            });
         }
     }
 
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, term.clone()).map_err(|e| e.to_string())?;
+    }
+
+    // A URI file left by an earlier run names a rank 0 that is gone. If this daemon read it
+    // before the new rank 0 replaced it, the file has changed by the time rank 0 proves
+    // unreachable: start again with the new contents. If it has not, say it is stale.
+    if let (Some(p), Some(mut used)) = (&args.hnp_file, hnp_text) {
+        let mut retries = 0;
+        while let Ok(Wireup::Stopped) = wait_wired(&daemon, &term, wireup_timeout * 3) {
+            match daemon.wait_stopped(Duration::ZERO) {
+                Some(StopReason::Fatal(why)) if why.contains("cannot reach rank 0") => {}
+                _ => break,
+            }
+            let now = std::fs::read_to_string(p).ok();
+            let fresh = now
+                .as_deref()
+                .filter(|t| *t != used)
+                .and_then(|t| uri_of(t).map(|u| (t.to_string(), u.to_string())));
+            match fresh {
+                Some((text, uri)) if retries < tbon::limits::URI_FILE_RETRIES_MAX => {
+                    retries += 1;
+                    log::info!(
+                        "rank {rank}: {} was replaced since it was read (a new rank 0 wrote \
+                         it); joining rank 0 at {uri}",
+                        p.display()
+                    );
+                    drop(daemon);
+                    daemon = tbon::start(args.config.clone(), rank, size, Some(&uri))
+                        .map_err(|e| e.to_string())?;
+                    used = text;
+                }
+                _ => {
+                    let state = if now.is_none() {
+                        "has been removed since (its rank 0 exited)"
+                    } else {
+                        "did not change"
+                    };
+                    log::error!(
+                        "rank {rank}: cannot reach rank 0 at {}, read from {}, which {state}: \
+                         the URI file is stale (written by a rank 0 that is gone), or rank 0 is \
+                         unreachable from here; remove the file before the launch",
+                        uri_of(&used).unwrap_or("?"),
+                        p.display()
+                    );
+                    return Ok(1);
+                }
+            }
+        }
     }
 
     if args.print_faults {
@@ -238,14 +337,20 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
         let others = size.saturating_sub(1);
         let seen = Arc::new(AtomicU32::new(0));
         let counted = seen.clone();
-        h.recv(Peer::Any, PING_TAG, true, move |m| {
+        let posted = h.recv(Peer::Any, PING_TAG, true, move |m| {
             let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
             log::debug!("rank {rank}: ping from {} ({n}/{others})", m.origin);
             if n == others {
                 println!("rank {rank}: all-to-all ok ({n} of {others})");
             }
-        })
-        .map_err(|e| e.to_string())?;
+        });
+        // A daemon that already stopped (a fatal wire-up error, say) exits with its own reason
+        // below, not with "the daemon is shut down" as a start-up error.
+        if let Err(e) = posted
+            && !daemon.is_stopped()
+        {
+            return Err(e.to_string());
+        }
         if others == 0 {
             println!("rank {rank}: all-to-all ok (0 of 0)");
         }
