@@ -97,6 +97,39 @@ impl Drop for UriFile {
     }
 }
 
+/// Waits up to `timeout` (or until a signal) for the URI file to hold something else than
+/// `used`: a new rank 0 wrote it. Returns its text and URI.
+fn wait_replaced(
+    path: &Path,
+    used: &str,
+    timeout: Duration,
+    term: &AtomicBool,
+) -> Option<(String, String)> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline && !term.load(Ordering::SeqCst) {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text != used
+            && let Some(uri) = uri_of(&text).map(str::to_string)
+        {
+            return Some((text, uri));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Says that the URI file is stale; the exit code (1, as for any rank 0 unreachable at start).
+fn stale_uri_file(rank: u32, path: &Path, used: &str, what: &str) -> i32 {
+    log::error!(
+        "rank {rank}: the URI file {} is stale: it names rank 0 at {}, which cannot be reached, \
+         and {what} (written by a rank 0 that is gone, or rank 0 is unreachable from here); \
+         remove the file before the launch",
+        path.display(),
+        uri_of(used).unwrap_or("?"),
+    );
+    1
+}
+
 /// Reads a URI file, waiting up to `timeout` for it to appear; returns its whole text.
 fn read_hnp_file(path: &Path, timeout: Duration) -> Result<String, String> {
     let deadline = Instant::now() + timeout;
@@ -277,17 +310,26 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
                 Some(StopReason::Fatal(why)) if why.contains("cannot reach rank 0") => {}
                 _ => break,
             }
-            let now = std::fs::read_to_string(p).ok();
-            let fresh = now
-                .as_deref()
-                .filter(|t| *t != used)
-                .and_then(|t| uri_of(t).map(|u| (t.to_string(), u.to_string())));
-            match fresh {
-                Some((text, uri)) if retries < tbon::limits::URI_FILE_RETRIES_MAX => {
+            if retries == tbon::limits::URI_FILE_RETRIES_MAX {
+                return Ok(stale_uri_file(
+                    rank,
+                    p,
+                    &used,
+                    "kept naming unreachable ranks 0",
+                ));
+            }
+            log::warn!(
+                "rank {rank}: cannot reach rank 0 at {}, read from {}: the file is stale \
+                 (written by a rank 0 that is gone) unless a new rank 0 replaces it; waiting \
+                 up to the wire-up timeout for that",
+                uri_of(&used).unwrap_or("?"),
+                p.display()
+            );
+            match wait_replaced(p, &used, wireup_timeout, &term) {
+                Some((text, uri)) => {
                     retries += 1;
                     log::info!(
-                        "rank {rank}: {} was replaced since it was read (a new rank 0 wrote \
-                         it); joining rank 0 at {uri}",
+                        "rank {rank}: {} was replaced by a new rank 0; joining it at {uri}",
                         p.display()
                     );
                     drop(daemon);
@@ -295,21 +337,8 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
                         .map_err(|e| e.to_string())?;
                     used = text;
                 }
-                _ => {
-                    let state = if now.is_none() {
-                        "has been removed since (its rank 0 exited)"
-                    } else {
-                        "did not change"
-                    };
-                    log::error!(
-                        "rank {rank}: cannot reach rank 0 at {}, read from {}, which {state}: \
-                         the URI file is stale (written by a rank 0 that is gone), or rank 0 is \
-                         unreachable from here; remove the file before the launch",
-                        uri_of(&used).unwrap_or("?"),
-                        p.display()
-                    );
-                    return Ok(1);
-                }
+                None if term.load(Ordering::SeqCst) => return Ok(0),
+                None => return Ok(stale_uri_file(rank, p, &used, "was not replaced in time")),
             }
         }
     }
