@@ -339,7 +339,7 @@ pub const GRPCOMM_RELIABLE_BACKLOG_MAX: usize =
 pub const PUMP_ROUNDS_MAX: usize = 1_000_000;
 
 /// `tbon daemon --hnp-file`: how many times a daemon that could not reach the rank 0 named in
-/// the URI file starts again with the file's new contents (a fresh rank 0 replaced a stale
-/// file after this daemon had read it). Past the bound, or if the file did not change, the
+/// the URI file starts again (`exec`, the same pid) to read the file's new contents (a fresh
+/// rank 0 replaced a stale file after this daemon had read it). Past the bound, or if the file did not change, the
 /// daemon exits 1 saying that the file is stale.
 pub const URI_FILE_RETRIES_MAX: u32 = 3;

@@ -118,6 +118,60 @@ fn wait_replaced(
     None
 }
 
+/// The environment variable that counts this daemon's starts past a replaced URI file (set on
+/// the `exec` below, not meant for users).
+const URI_FILE_RETRY_ENV: &str = "TBON_URI_FILE_RETRY";
+
+/// This daemon could not reach the rank 0 its URI file names, and never joined. A file left by
+/// an earlier run names a rank 0 that is gone; under a launcher that starts every task at once,
+/// this daemon may have read it just before the new rank 0 replaced it. So wait (up to the
+/// wire-up timeout) for the file to change, and if it does, start again as a fresh process (the
+/// same pid, as launchers expect: `exec`) that reads the new file; if it does not, say that it
+/// is stale. Returns the exit code.
+fn follow_uri_file(
+    rank: u32,
+    path: &Path,
+    used: &str,
+    timeout: Duration,
+    term: &AtomicBool,
+) -> Result<i32, String> {
+    let retries: u32 = std::env::var(URI_FILE_RETRY_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if retries >= tbon::limits::URI_FILE_RETRIES_MAX {
+        return Ok(stale_uri_file(
+            rank,
+            path,
+            used,
+            "kept naming unreachable ranks 0",
+        ));
+    }
+    log::warn!(
+        "rank {rank}: {} names a rank 0 that cannot be reached: the file is stale (written by \
+         a rank 0 that is gone) unless a new rank 0 replaces it; waiting up to the wire-up \
+         timeout for that",
+        path.display()
+    );
+    match wait_replaced(path, used, timeout, term) {
+        Some((_, uri)) => {
+            log::info!(
+                "rank {rank}: {} was replaced by a new rank 0 (at {uri}); starting again",
+                path.display()
+            );
+            use std::os::unix::process::CommandExt;
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let err = std::process::Command::new(exe)
+                .args(std::env::args_os().skip(1))
+                .env(URI_FILE_RETRY_ENV, (retries + 1).to_string())
+                .exec();
+            Err(format!("cannot start again: {err}"))
+        }
+        None if term.load(Ordering::SeqCst) => Ok(0),
+        None => Ok(stale_uri_file(rank, path, used, "was not replaced in time")),
+    }
+}
+
 /// Says that the URI file is stale; the exit code (1, as for any rank 0 unreachable at start).
 fn stale_uri_file(rank: u32, path: &Path, used: &str, what: &str) -> i32 {
     log::error!(
@@ -264,7 +318,7 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
     };
     let wireup_timeout = Duration::from_millis(args.config.wireup_timeout_ms);
     // The URI file's whole text as read, when the URI came from one.
-    let mut hnp_text = None;
+    let mut hnp_text: Option<String> = None;
     let hnp = match (&args.hnp, &args.hnp_file) {
         _ if rank == 0 => None,
         (Some(h), _) => Some(h.clone()),
@@ -276,8 +330,7 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
         }
         (None, None) => return Err("ranks other than 0 need --hnp or --hnp-file".into()),
     };
-    let mut daemon =
-        tbon::start(args.config.clone(), rank, size, hnp.as_deref()).map_err(|e| e.to_string())?;
+    let daemon = tbon::start(args.config, rank, size, hnp.as_deref()).map_err(|e| e.to_string())?;
     log::info!(
         "rank {rank} of {size}: listening at {}",
         daemon.contact_uri()
@@ -298,49 +351,6 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, term.clone()).map_err(|e| e.to_string())?;
-    }
-
-    // A URI file left by an earlier run names a rank 0 that is gone. If this daemon read it
-    // before the new rank 0 replaced it, the file has changed by the time rank 0 proves
-    // unreachable: start again with the new contents. If it has not, say it is stale.
-    if let (Some(p), Some(mut used)) = (&args.hnp_file, hnp_text) {
-        let mut retries = 0;
-        while let Ok(Wireup::Stopped) = wait_wired(&daemon, &term, wireup_timeout * 3) {
-            match daemon.wait_stopped(Duration::ZERO) {
-                Some(StopReason::Fatal(why)) if why.contains("cannot reach rank 0") => {}
-                _ => break,
-            }
-            if retries == tbon::limits::URI_FILE_RETRIES_MAX {
-                return Ok(stale_uri_file(
-                    rank,
-                    p,
-                    &used,
-                    "kept naming unreachable ranks 0",
-                ));
-            }
-            log::warn!(
-                "rank {rank}: cannot reach rank 0 at {}, read from {}: the file is stale \
-                 (written by a rank 0 that is gone) unless a new rank 0 replaces it; waiting \
-                 up to the wire-up timeout for that",
-                uri_of(&used).unwrap_or("?"),
-                p.display()
-            );
-            match wait_replaced(p, &used, wireup_timeout, &term) {
-                Some((text, uri)) => {
-                    retries += 1;
-                    log::info!(
-                        "rank {rank}: {} was replaced by a new rank 0; joining it at {uri}",
-                        p.display()
-                    );
-                    drop(daemon);
-                    daemon = tbon::start(args.config.clone(), rank, size, Some(&uri))
-                        .map_err(|e| e.to_string())?;
-                    used = text;
-                }
-                None if term.load(Ordering::SeqCst) => return Ok(0),
-                None => return Ok(stale_uri_file(rank, p, &used, "was not replaced in time")),
-            }
-        }
     }
 
     if args.print_faults {
@@ -447,6 +457,11 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
             Ok(0)
         }
         StopReason::Fatal(why) => {
+            if let (Some(p), Some(used)) = (&args.hnp_file, &hnp_text)
+                && why.contains("cannot reach rank 0")
+            {
+                return follow_uri_file(rank, p, used, wireup_timeout, &term);
+            }
             log::error!("rank {rank}: stopped: {why}");
             Ok(1)
         }
