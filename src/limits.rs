@@ -78,7 +78,8 @@ pub const REFUSAL_LOG_LINES_PER_INTERVAL: u32 = 5;
 /// The interval of `REFUSAL_LOG_LINES_PER_INTERVAL` (milliseconds).
 pub const REFUSAL_LOG_INTERVAL_MS: u64 = 10_000;
 
-/// How long a stopping daemon keeps flushing queued frames before it closes its sockets anyway.
+/// How long a stopping daemon keeps flushing queued frames before it closes its sockets anyway
+/// (rank 0 shutting the DVM down also waits that long at most for its peers to close first).
 pub const SHUTDOWN_LINGER_MS: u64 = 2_000;
 
 /// Ports tried from a configured port range before start-up fails.
@@ -336,3 +337,9 @@ pub const GRPCOMM_RELIABLE_BACKLOG_MAX: usize =
 /// Rounds of a node's collectives pump at most per call: each round moves something, and the
 /// cores produce nothing without input, so reaching this is a bug (reported, not looped on).
 pub const PUMP_ROUNDS_MAX: usize = 1_000_000;
+
+/// `tbon daemon --hnp-file`: how many times a daemon that could not reach the rank 0 named in
+/// the URI file starts again (`exec`, the same pid) to read the file's new contents (a fresh
+/// rank 0 replaced a stale file after this daemon had read it). Past the bound, or if the file did not change, the
+/// daemon exits 1 saying that the file is stale.
+pub const URI_FILE_RETRIES_MAX: u32 = 3;

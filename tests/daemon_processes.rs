@@ -1,5 +1,6 @@
 //! `tbon daemon` as separate processes on 127.0.0.1: rank 0 plus 7 others wire up, exchange
-//! messages all-to-all (`--ping-all`), and stop cleanly when rank 0 gets SIGTERM.
+//! messages all-to-all (`--ping-all`), and stop cleanly when rank 0 gets SIGTERM, logging no
+//! alarm.
 
 mod procs;
 
@@ -55,10 +56,19 @@ fn eight_daemon_processes_exchange_messages_and_stop_cleanly() {
     let size = 8;
     let mut dvm = Dvm(Vec::new());
     let (tx, rx) = mpsc::channel();
+    let mut logs = Vec::new();
     for rank in 0..size {
         let mut child = daemon(rank, size, &uri_file)
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn tbon daemon");
+        let err = child.stderr.take().unwrap();
+        logs.push(std::thread::spawn(move || {
+            BufReader::new(err)
+                .lines()
+                .map_while(Result::ok)
+                .collect::<Vec<String>>()
+        }));
         let out = child.stdout.take().unwrap();
         let tx = tx.clone();
         std::thread::spawn(move || {
@@ -104,6 +114,20 @@ fn eight_daemon_processes_exchange_messages_and_stop_cleanly() {
             .recv_timeout(HANG_GUARD)
             .expect("a daemon did not stop after the DVM shutdown");
         assert!(status.success(), "rank {rank} exited with {status}");
+    }
+    // Issue "Real launchers", defect 2: an orderly shutdown logs no alarm. Daemons once read
+    // rank 0's close before delivering the shutdown broadcast that preceded it and logged
+    // "lost connection to rank 0 (...); probing".
+    for (rank, log) in logs.into_iter().enumerate() {
+        let log = log.join().unwrap();
+        let alarms: Vec<&String> = log
+            .iter()
+            .filter(|l| l.contains("probing") || l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        assert!(
+            alarms.is_empty(),
+            "rank {rank} logged alarms during an orderly DVM shutdown: {alarms:#?}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -196,6 +220,115 @@ fn a_daemon_given_another_size_than_rank_0_exits_1_saying_so() {
     assert!(
         stderr.contains("give every daemon the same size"),
         "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A URI file naming a rank 0 that is gone (its port now closed), as an earlier run leaves it.
+fn stale_uri_file(path: &std::path::Path) {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = dead.local_addr().unwrap().port();
+    drop(dead);
+    std::fs::write(path, format!("tbon.0;tcp://127.0.0.1:{port}\n")).unwrap();
+}
+
+/// Waits for a child with a hang guard; kills it if the guard runs out.
+fn wait_output(child: Child) -> std::process::Output {
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(HANG_GUARD) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("the daemon never exited");
+        }
+    }
+}
+
+/// Issue "Real launchers", defect 3: a URI file left by an earlier run made a daemon dial a dead
+/// address and end with a bare "cannot reach rank 0 after 6 attempts". With no new rank 0 to
+/// replace the file, it now exits 1 naming the file as stale and saying what to do.
+#[test]
+fn a_stale_uri_file_is_named_as_such() {
+    let dir = std::env::temp_dir().join(format!("tbon-proc-stale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let uri_file = dir.join("hnp.uri");
+    stale_uri_file(&uri_file);
+    let mut cmd = daemon(1, 2, &uri_file);
+    cmd.env("TBON_WIREUP_TIMEOUT_MS", "1000")
+        .stderr(Stdio::piped());
+    let out = wait_output(cmd.spawn().unwrap());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is stale") && stderr.contains("remove the file before the launch"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Defect 3, the launch that works "by luck of timing" made certain: a daemon that read a stale
+/// URI file before the new rank 0 replaced it (the one-command launch: every task starts at
+/// once) joins the new rank 0 once the old address proves dead. Rank 0's file carries a start
+/// nonce, so a replacement is seen even with the same address, and rank 0 removes it at exit.
+#[test]
+fn a_uri_file_replaced_by_a_new_rank_0_is_followed_and_removed_at_exit() {
+    let dir = std::env::temp_dir().join(format!("tbon-proc-replaced-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let uri_file = dir.join("hnp.uri");
+    stale_uri_file(&uri_file);
+    let mut dvm = Dvm(Vec::new());
+    let (tx, rx) = mpsc::channel();
+    // Rank 1 first: it has read the stale file once it says where it listens.
+    let mut one = daemon(1, 2, &uri_file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (started_tx, started_rx) = mpsc::channel();
+    let err = one.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if line.contains("listening at") {
+                let _ = started_tx.send(());
+            }
+        }
+    });
+    dvm.0.push(one);
+    started_rx
+        .recv_timeout(HANG_GUARD)
+        .expect("rank 1 never started");
+    dvm.0.insert(0, daemon(0, 2, &uri_file).spawn().unwrap());
+    for (rank, c) in dvm.0.iter_mut().enumerate() {
+        let out = c.stdout.take().unwrap();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if line.contains("all-to-all ok") {
+                    let _ = tx.send(rank);
+                }
+            }
+        });
+    }
+    for _ in 0..2 {
+        rx.recv_timeout(HANG_GUARD)
+            .expect("the daemons did not wire up past the stale URI file");
+    }
+    let pid = nix::unistd::Pid::from_raw(dvm.0[0].id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    for (rank, c) in std::mem::take(&mut dvm.0).into_iter().enumerate() {
+        let out = wait_output(c);
+        assert!(
+            out.status.success(),
+            "rank {rank} exited with {}",
+            out.status
+        );
+    }
+    assert!(
+        !uri_file.exists(),
+        "rank 0 left its URI file behind after an orderly exit"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

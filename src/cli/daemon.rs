@@ -56,11 +56,140 @@ fn env_u32(names: &[&str]) -> Option<(String, u32)> {
     })
 }
 
+/// A URI file as rank 0 writes it: the contact URI on the first line, then a stamp with a
+/// nonce drawn at this start (the URI alone can repeat across runs: a fixed port, the same
+/// `--dvm-id`), so a reader can tell that the file was replaced by another rank 0.
+fn uri_file_text(uri: &str) -> String {
+    let nonce = getrandom::u64().unwrap_or_else(|_| {
+        // No OS generator: the clock and the pid still differ from one start to the next.
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id())
+    });
+    format!(
+        "{uri}\n# tbon rank 0 start {nonce:016x}, pid {}\n",
+        std::process::id()
+    )
+}
+
+/// The contact URI in a URI file's text: its first non-empty line (a file with the URI alone,
+/// written by hand or by an older tbon, is read too).
+fn uri_of(text: &str) -> Option<&str> {
+    text.lines().map(str::trim).find(|l| !l.is_empty())
+}
+
+/// Rank 0 removes its URI file when it exits, unless another rank 0 has replaced it since: the
+/// next launch then waits for a fresh file instead of reading this run's address.
+struct UriFile {
+    path: PathBuf,
+    text: String,
+}
+
+impl Drop for UriFile {
+    fn drop(&mut self) {
+        if std::fs::read_to_string(&self.path).is_ok_and(|t| t == self.text) {
+            match std::fs::remove_file(&self.path) {
+                Ok(()) => log::debug!("removed {}", self.path.display()),
+                Err(e) => log::warn!("cannot remove {}: {e}", self.path.display()),
+            }
+        }
+    }
+}
+
+/// Waits up to `timeout` (or until a signal) for the URI file to hold something else than
+/// `used`: a new rank 0 wrote it. Returns its text and URI.
+fn wait_replaced(
+    path: &Path,
+    used: &str,
+    timeout: Duration,
+    term: &AtomicBool,
+) -> Option<(String, String)> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline && !term.load(Ordering::SeqCst) {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text != used
+            && let Some(uri) = uri_of(&text).map(str::to_string)
+        {
+            return Some((text, uri));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// The environment variable that counts this daemon's starts past a replaced URI file (set on
+/// the `exec` below, not meant for users).
+const URI_FILE_RETRY_ENV: &str = "TBON_URI_FILE_RETRY";
+
+/// This daemon could not reach the rank 0 its URI file names, and never joined. A file left by
+/// an earlier run names a rank 0 that is gone; under a launcher that starts every task at once,
+/// this daemon may have read it just before the new rank 0 replaced it. So wait (up to the
+/// wire-up timeout) for the file to change, and if it does, start again as a fresh process (the
+/// same pid, as launchers expect: `exec`) that reads the new file; if it does not, say that it
+/// is stale. Returns the exit code.
+fn follow_uri_file(
+    rank: u32,
+    path: &Path,
+    used: &str,
+    timeout: Duration,
+    term: &AtomicBool,
+) -> Result<i32, String> {
+    let retries: u32 = std::env::var(URI_FILE_RETRY_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if retries >= tbon::limits::URI_FILE_RETRIES_MAX {
+        return Ok(stale_uri_file(
+            rank,
+            path,
+            used,
+            "kept naming unreachable ranks 0",
+        ));
+    }
+    log::warn!(
+        "rank {rank}: {} names a rank 0 that cannot be reached: the file is stale (written by \
+         a rank 0 that is gone) unless a new rank 0 replaces it; waiting up to the wire-up \
+         timeout for that",
+        path.display()
+    );
+    match wait_replaced(path, used, timeout, term) {
+        Some((_, uri)) => {
+            log::info!(
+                "rank {rank}: {} was replaced by a new rank 0 (at {uri}); starting again",
+                path.display()
+            );
+            use std::os::unix::process::CommandExt;
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let err = std::process::Command::new(exe)
+                .args(std::env::args_os().skip(1))
+                .env(URI_FILE_RETRY_ENV, (retries + 1).to_string())
+                .exec();
+            Err(format!("cannot start again: {err}"))
+        }
+        None if term.load(Ordering::SeqCst) => Ok(0),
+        None => Ok(stale_uri_file(rank, path, used, "was not replaced in time")),
+    }
+}
+
+/// Says that the URI file is stale; the exit code (1, as for any rank 0 unreachable at start).
+fn stale_uri_file(rank: u32, path: &Path, used: &str, what: &str) -> i32 {
+    log::error!(
+        "rank {rank}: the URI file {} is stale: it names rank 0 at {}, which cannot be reached, \
+         and {what} (written by a rank 0 that is gone, or rank 0 is unreachable from here); \
+         remove the file before the launch",
+        path.display(),
+        uri_of(used).unwrap_or("?"),
+    );
+    1
+}
+
+/// Reads a URI file, waiting up to `timeout` for it to appear; returns its whole text.
 fn read_hnp_file(path: &Path, timeout: Duration) -> Result<String, String> {
     let deadline = Instant::now() + timeout;
     loop {
         match std::fs::read_to_string(path) {
-            Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_string()),
+            Ok(s) if uri_of(&s).is_some() => return Ok(s),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
@@ -187,26 +316,35 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
                 .1
         }
     };
+    let wireup_timeout = Duration::from_millis(args.config.wireup_timeout_ms);
+    // The URI file's whole text as read, when the URI came from one.
+    let mut hnp_text: Option<String> = None;
     let hnp = match (&args.hnp, &args.hnp_file) {
         _ if rank == 0 => None,
         (Some(h), _) => Some(h.clone()),
-        (None, Some(p)) => Some(read_hnp_file(
-            p,
-            Duration::from_millis(args.config.wireup_timeout_ms),
-        )?),
+        (None, Some(p)) => {
+            let text = read_hnp_file(p, wireup_timeout)?;
+            let uri = uri_of(&text).map(str::to_string);
+            hnp_text = Some(text);
+            uri
+        }
         (None, None) => return Err("ranks other than 0 need --hnp or --hnp-file".into()),
     };
-    let wireup_timeout = Duration::from_millis(args.config.wireup_timeout_ms);
     let daemon = tbon::start(args.config, rank, size, hnp.as_deref()).map_err(|e| e.to_string())?;
     log::info!(
         "rank {rank} of {size}: listening at {}",
         daemon.contact_uri()
     );
+    let mut _uri_file = None;
     if rank == 0 {
         println!("TBON_HNP_URI={}", daemon.contact_uri());
         if let Some(p) = &args.uri_file {
-            write_atomically(p, daemon.contact_uri())
-                .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+            let text = uri_file_text(daemon.contact_uri());
+            write_atomically(p, &text).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+            _uri_file = Some(UriFile {
+                path: p.clone(),
+                text,
+            });
         }
     }
 
@@ -238,14 +376,20 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
         let others = size.saturating_sub(1);
         let seen = Arc::new(AtomicU32::new(0));
         let counted = seen.clone();
-        h.recv(Peer::Any, PING_TAG, true, move |m| {
+        let posted = h.recv(Peer::Any, PING_TAG, true, move |m| {
             let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
             log::debug!("rank {rank}: ping from {} ({n}/{others})", m.origin);
             if n == others {
                 println!("rank {rank}: all-to-all ok ({n} of {others})");
             }
-        })
-        .map_err(|e| e.to_string())?;
+        });
+        // A daemon that already stopped (a fatal wire-up error, say) exits with its own reason
+        // below, not with "the daemon is shut down" as a start-up error.
+        if let Err(e) = posted
+            && !daemon.is_stopped()
+        {
+            return Err(e.to_string());
+        }
         if others == 0 {
             println!("rank {rank}: all-to-all ok (0 of 0)");
         }
@@ -313,6 +457,11 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
             Ok(0)
         }
         StopReason::Fatal(why) => {
+            if let (Some(p), Some(used)) = (&args.hnp_file, &hnp_text)
+                && why.contains("cannot reach rank 0")
+            {
+                return follow_uri_file(rank, p, used, wireup_timeout, &term);
+            }
             log::error!("rank {rank}: stopped: {why}");
             Ok(1)
         }

@@ -77,6 +77,11 @@ pub(crate) struct EventLoop {
     /// Frames decoded from one read, kept between reads so decoding allocates nothing.
     frame_buf: Vec<Frame>,
     stopping: Option<StopReason>,
+    /// Rank 0 shutting the DVM down: it keeps its established connections until each peer
+    /// closes its end (or the linger runs out), because a peer that sees rank 0's close before
+    /// the shutdown broadcast reaches it through the tree takes it for rank 0's failure (issue
+    /// "Real launchers", defect 2). Every other daemon closes first, once it has the shutdown.
+    close_after_peers: bool,
     /// Neighbours whose collective frames were dropped at a full queue: re-stated once it
     /// drains (at most one entry per neighbour).
     grpcomm_resync: FxHashSet<Rank>,
@@ -138,6 +143,7 @@ impl EventLoop {
             readable_again: FxHashSet::default(),
             frame_buf: Vec::new(),
             stopping: None,
+            close_after_peers: false,
             grpcomm_resync: FxHashSet::default(),
             pending: PendingHandshakes::new(
                 limits::PENDING_HANDSHAKES_PER_SOURCE_MAX,
@@ -473,7 +479,12 @@ impl EventLoop {
                 self.carry_out();
                 self.close_all();
             }
-            Caddy::Shutdown { dvm } => self.node.handle_shutdown(self.now, dvm),
+            Caddy::Shutdown { dvm } => {
+                // A wired rank 0 broadcasts the shutdown (the node's rule); its peers hear of
+                // it through the tree, and only then close their connections to it.
+                self.close_after_peers = dvm && self.me == 0 && self.node.is_wired();
+                self.node.handle_shutdown(self.now, dvm);
+            }
         }
     }
 
@@ -595,11 +606,13 @@ impl EventLoop {
         for p in peers {
             self.give_up(p, SendError::ShutDown);
         }
-        // Connections still connecting or handshaking carry no data: close them now.
+        // Connections still connecting or handshaking carry no data: close them now. Idle
+        // established ones too, unless the peers are to close first.
+        let keep = self.close_after_peers;
         let idle: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| !c.is_established() || c.queue.is_empty())
+            .filter(|(_, c)| !c.is_established() || (c.queue.is_empty() && !keep))
             .map(|(t, _)| t)
             .collect();
         for t in idle {
@@ -609,9 +622,14 @@ impl EventLoop {
         self.timers.arm(at, TimerKind::Linger);
     }
 
-    /// Stopping, and every queued frame has reached the kernel (or the linger ran out).
+    /// Stopping, and every queued frame has reached the kernel (or the linger ran out); with
+    /// `close_after_peers`, every peer has closed its established connection too.
     fn ready_to_exit(&self) -> bool {
-        self.stopping.is_some() && self.conns.iter().all(|(_, c)| c.queue.is_empty())
+        self.stopping.is_some()
+            && self
+                .conns
+                .iter()
+                .all(|(_, c)| c.queue.is_empty() && !(self.close_after_peers && c.is_established()))
     }
 
     /// Closes everything and fails whatever is still waiting.

@@ -146,7 +146,16 @@ impl Node {
     /// The established connection with `peer` was lost while both may live. Returns whether the
     /// driver must probe it (redial, bounded, even with nothing to send): a lost tree
     /// neighbour or rank 0 is declared failed only if it cannot be reached again.
-    pub fn handle_link_lost(&mut self, _now: Instant, peer: Rank) -> bool {
+    ///
+    /// What arrived on the link before it ended is acted on first (the node pumps): the
+    /// collectives deliver at the pump, and the driver may read a peer's end of stream in the
+    /// same turn as the frames before it. A DVM shutdown broadcast followed by its sender's
+    /// close then stops this daemon (no probe, and the driver logs no loss) instead of being
+    /// delivered after a "lost connection; probing" alarm (issue "Real launchers", defect 2).
+    pub fn handle_link_lost(&mut self, now: Instant, peer: Rank) -> bool {
+        if self.stopping.is_none() {
+            self.pump(now);
+        }
         self.stopping.is_none()
             && self.is_wired()
             && (peer == 0 || self.is_neighbour(peer))

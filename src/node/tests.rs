@@ -459,3 +459,34 @@ fn no_contact_table_in_time_is_fatal() {
     }
     assert_eq!(n.poll_timeout(), None);
 }
+
+/// Issue "Real launchers", defect 2: rank 0 closes its connections right after queueing the
+/// shutdown broadcast, and a daemon may read that close in the same turn as the broadcast,
+/// before its pump has delivered it. The loss must not start a probe (logged as "lost
+/// connection to rank 0; probing" before "the DVM is shutting down"): the broadcast that came
+/// first is acted on first, and the daemon stops for the DVM shutdown.
+#[test]
+fn a_shutdown_read_just_before_its_senders_close_stops_without_a_probe() {
+    let mut net = Net::new(4, 4, |_| {});
+    let now = net.now;
+    net.node(0).handle_shutdown(now, true);
+    net.collect(0);
+    // One read: the broadcast is handed over, no pump yet, then the end of stream.
+    net.deliver_batch();
+    for r in 1..4 {
+        assert!(
+            !net.node(r).handle_link_lost(now, 0),
+            "rank {r} would probe rank 0 during the DVM shutdown"
+        );
+        net.collect(r);
+    }
+    for r in 1..4 {
+        assert!(
+            net.stops
+                .iter()
+                .any(|(s, why)| *s == r && *why == StopReason::DvmShutdown),
+            "rank {r} did not stop for the DVM shutdown: {:?}",
+            net.stops
+        );
+    }
+}

@@ -689,6 +689,13 @@ impl EventLoop {
                 // a live one answers (and, if the DVM already declared this daemon dead, says
                 // so). Frames still waiting go out on the new connection.
                 let watch = self.node.handle_link_lost(Instant::now(), p);
+                if self.node.stopping().is_some() {
+                    // What the peer sent before its close stopped this daemon (a DVM
+                    // shutdown): an orderly end, not a loss. The node's stop is carried out
+                    // with its other outputs.
+                    log::debug!("rank {}: rank {p} closed the connection; stopping", self.me);
+                    return;
+                }
                 let link = self.links.entry(p).or_default();
                 if watch {
                     link.probe = true;
