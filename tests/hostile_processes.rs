@@ -63,3 +63,84 @@ fn a_flood_of_2000_connections_is_survived() {
         "{stdout}"
     );
 }
+
+/// A burst of connections larger than one accept round (`ACCEPTS_PER_EVENT_MAX`) queued while
+/// the daemon cannot run: every one is accepted and answered once it runs again. The listener
+/// is edge-triggered; before the fix, what one round left in the backlog waited for the next
+/// connection to arrive, so here (no next connection) it was never answered.
+#[test]
+fn a_burst_queued_while_the_daemon_is_stopped_is_all_answered() {
+    use std::io::{Read, Write};
+    use tbon::oob::handshake::JobKey;
+    use tbon::oob::{Handshake, HandshakeConfig};
+    let dir = std::env::temp_dir().join(format!("tbon-burst-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let uri_file = dir.join("hnp.uri");
+    let _ = std::fs::remove_file(&uri_file);
+    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_tbon"))
+        .args(["daemon", "--rank", "0", "--size", "2"])
+        .arg("--key-file")
+        .arg(procs::keygen_file())
+        .args([
+            "--if-include",
+            "127.0.0.1/32",
+            "--handshake-timeout-ms",
+            "600000",
+        ])
+        .arg("--uri-file")
+        .arg(&uri_file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let guard = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let text = loop {
+        if let Ok(t) = std::fs::read_to_string(&uri_file)
+            && !t.trim().is_empty()
+        {
+            break t;
+        }
+        assert!(std::time::Instant::now() < guard, "no URI file");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let uri: tbon::oob::uri::ContactUri = text.lines().next().unwrap().trim().parse().unwrap();
+    let addr = uri.addrs[0];
+    let pid = nix::unistd::Pid::from_raw(daemon.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // 150 connections from three source addresses (50 each, under the per-source bound), each
+    // with a Hello claiming rank 1, all queued before the daemon runs again.
+    let cfg = HandshakeConfig {
+        me: 1,
+        size: 2,
+        epoch: 0,
+        dvm_id: uri.dvm_id.clone(),
+        key: JobKey::new(*b"not the job key, only a Hello"),
+    };
+    let mut conns = Vec::new();
+    for i in 0..150u8 {
+        let source: std::net::SocketAddr = format!("127.0.0.{}:0", 2 + i / 50).parse().unwrap();
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&source.into()).unwrap();
+        s.connect(&addr.into()).unwrap();
+        let mut s: std::net::TcpStream = s.into();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        let mut hs = Handshake::dial(&cfg, 0, [i; 16]);
+        while let Some((h, p)) = hs.poll_transmit() {
+            s.write_all(&h.encode()).unwrap();
+            s.write_all(&p).unwrap();
+        }
+        conns.push(s);
+    }
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    for (i, s) in conns.iter_mut().enumerate() {
+        let mut head = [0u8; tbon::oob::HEADER_LEN];
+        s.read_exact(&mut head)
+            .unwrap_or_else(|e| panic!("connection {i} of 150 never answered: {e}"));
+        let h = tbon::oob::Header::decode(&head).unwrap();
+        assert_eq!(h.kind, tbon::oob::Kind::HelloAck);
+    }
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -74,6 +74,9 @@ pub(crate) struct EventLoop {
     node_timers: BTreeSet<Instant>,
     dirty: Vec<usize>,
     readable_again: FxHashSet<usize>,
+    /// Listeners (by index) that stopped at `ACCEPTS_PER_EVENT_MAX` with connections still
+    /// waiting: accepted again next turn (edge-triggered, no new event would come for them).
+    accept_again: Vec<usize>,
     /// Frames decoded from one read, kept between reads so decoding allocates nothing.
     frame_buf: Vec<Frame>,
     stopping: Option<StopReason>,
@@ -141,6 +144,7 @@ impl EventLoop {
             node_timers: BTreeSet::new(),
             dirty: Vec::new(),
             readable_again: FxHashSet::default(),
+            accept_again: Vec::new(),
             frame_buf: Vec::new(),
             stopping: None,
             close_after_peers: false,
@@ -188,7 +192,11 @@ impl EventLoop {
             self.arm_node_timer();
             let now = Instant::now();
             let mut timeout = self.timers.poll_timeout(now);
-            if !drained_all || !self.readable_again.is_empty() || !self.dirty.is_empty() {
+            if !drained_all
+                || !self.readable_again.is_empty()
+                || !self.accept_again.is_empty()
+                || !self.dirty.is_empty()
+            {
                 timeout = Some(Duration::ZERO);
             }
             if timeout != Some(Duration::ZERO) {
@@ -230,6 +238,10 @@ impl EventLoop {
             let again: Vec<usize> = self.readable_again.drain().collect();
             for t in again {
                 self.on_readable(t);
+            }
+            let again = std::mem::take(&mut self.accept_again);
+            for index in again {
+                self.accept(index);
             }
             self.fire_timers();
         }

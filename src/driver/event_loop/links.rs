@@ -302,7 +302,12 @@ impl EventLoop {
             // A peer may have written its Hello already.
             self.readable_again.insert(tok);
         }
-        // More may be waiting: come back next turn rather than starve the other sockets.
+        // More may be waiting: come back next turn rather than starve the other sockets. The
+        // listener is edge-triggered, so without this the rest of a burst would wait for the
+        // next connection to arrive.
+        if !self.accept_again.contains(&index) {
+            self.accept_again.push(index);
+        }
     }
 
     pub(super) fn on_writable(&mut self, tok: usize) {
