@@ -51,6 +51,38 @@ fn still_serving(dvm: &[tbon::Daemon], tag: u32) {
     }
 }
 
+/// A stranger claiming rank `claims` in a DVM of `size`: a real Hello (right identity, wrong
+/// key) and, without waiting for the HelloAck, a forged Auth; returns once the daemon closed.
+fn hello_and_forged_auth(addr: std::net::SocketAddr, claims: u32, size: u32) {
+    let stranger = HandshakeConfig {
+        me: claims,
+        size,
+        epoch: 0,
+        dvm_id: "tbon".into(),
+        key: JobKey::new(*b"guessed-key-0123456789"),
+    };
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(HANG_GUARD)).unwrap();
+    let mut hs = Handshake::dial(&stranger, 0, common::nonce());
+    while let Some((h, p)) = hs.poll_transmit() {
+        s.write_all(&h.encode()).unwrap();
+        s.write_all(&p).unwrap();
+    }
+    let auth = Header {
+        kind: Kind::Auth,
+        origin: claims,
+        dst: 0,
+        tag: 0,
+        epoch: 0,
+        seq: 0,
+        len: 32,
+    };
+    s.write_all(&auth.encode()).unwrap();
+    s.write_all(&[0u8; 32]).unwrap();
+    let mut buf = [0u8; 4096];
+    while !matches!(s.read(&mut buf), Ok(0) | Err(_)) {}
+}
+
 #[test]
 fn a_daemon_with_the_wrong_key_cannot_join() {
     let _ = env_logger::builder().is_test(true).try_init();
@@ -117,35 +149,9 @@ fn hostile_connections_are_closed_and_the_dvm_keeps_serving() {
     let mut bytes = v.encode();
     bytes[2] = 99;
     expect_closed(addr, &bytes);
-    // A real Hello with the right identity but no key: refused at the proof.
-    let stranger = HandshakeConfig {
-        me: 3,
-        size: 4,
-        epoch: 0,
-        dvm_id: "tbon".into(),
-        key: JobKey::new(*b"guessed-key-0123456789"),
-    };
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(HANG_GUARD)).unwrap();
-    let mut hs = Handshake::dial(&stranger, 0, common::nonce());
-    while let Some((h, p)) = hs.poll_transmit() {
-        s.write_all(&h.encode()).unwrap();
-        s.write_all(&p).unwrap();
-    }
-    // Send a forged proof without waiting for the HelloAck: refused at the proof.
-    let auth = Header {
-        kind: Kind::Auth,
-        origin: 3,
-        dst: 0,
-        tag: 0,
-        epoch: 0,
-        seq: 0,
-        len: 32,
-    };
-    s.write_all(&auth.encode()).unwrap();
-    s.write_all(&[0u8; 32]).unwrap();
-    let mut buf = [0u8; 4096];
-    while !matches!(s.read(&mut buf), Ok(0) | Err(_)) {}
+    // A real Hello with the right identity but no key, and a forged proof sent without waiting
+    // for the HelloAck: refused at the proof.
+    hello_and_forged_auth(addr, 3, 4);
 
     // One byte, then silence: the handshake timeout closes it.
     expect_closed(addr, b"T");
@@ -194,33 +200,7 @@ fn a_mac_mismatch_is_counted_once() {
     let dvm = start_dvm(2, &loopback_config(2));
     let addr = addr_of(&dvm[0]);
     let before = dvm[0].counters().unwrap();
-    let stranger = HandshakeConfig {
-        me: 1,
-        size: 2,
-        epoch: 0,
-        dvm_id: "tbon".into(),
-        key: JobKey::new(*b"guessed-key-0123456789"),
-    };
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(HANG_GUARD)).unwrap();
-    let mut hs = Handshake::dial(&stranger, 0, common::nonce());
-    while let Some((h, p)) = hs.poll_transmit() {
-        s.write_all(&h.encode()).unwrap();
-        s.write_all(&p).unwrap();
-    }
-    let auth = Header {
-        kind: Kind::Auth,
-        origin: 1,
-        dst: 0,
-        tag: 0,
-        epoch: 0,
-        seq: 0,
-        len: 32,
-    };
-    s.write_all(&auth.encode()).unwrap();
-    s.write_all(&[0u8; 32]).unwrap();
-    let mut buf = [0u8; 4096];
-    while !matches!(s.read(&mut buf), Ok(0) | Err(_)) {}
+    hello_and_forged_auth(addr, 1, 2);
     let deadline = Instant::now() + HANG_GUARD;
     let after = loop {
         let c = dvm[0].counters().unwrap();

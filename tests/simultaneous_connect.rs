@@ -98,6 +98,20 @@ fn accept_within_guard(listener: &TcpListener) -> std::net::TcpStream {
     }
 }
 
+/// A real rank 1 of 2 whose rank 0 is the test: returns it with its dial, just accepted.
+fn real_rank_1_dialling_fake_rank_0() -> (tbon::Daemon, Wire) {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let fake_listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let fake_uri = ContactUri {
+        dvm_id: "tbon".into(),
+        rank: 0,
+        addrs: vec![fake_listener.local_addr().unwrap()],
+    };
+    let real = tbon::start(loopback_config(2), 1, 2, Some(&fake_uri.to_string())).unwrap();
+    let (s, _) = fake_listener.accept().unwrap();
+    (real, Wire::new(s))
+}
+
 /// The next routed message (heartbeats and RELM's link updates are skipped).
 fn next_message(c: &mut Wire) -> tbon::oob::Frame {
     std::iter::from_fn(|| c.recv())
@@ -151,19 +165,9 @@ fn lower_real_rank_keeps_the_connection_the_higher_rank_dialled() {
 /// dial (after its proof, never before) and keeps its own.
 #[test]
 fn higher_real_rank_refuses_the_lower_ranks_dial() {
-    let _ = env_logger::builder().is_test(true).try_init();
-    let fake_listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let fake_uri = ContactUri {
-        dvm_id: "tbon".into(),
-        rank: 0,
-        addrs: vec![fake_listener.local_addr().unwrap()],
-    };
-    let real = tbon::start(loopback_config(2), 1, 2, Some(&fake_uri.to_string())).unwrap();
-
     // Rank 1 dials rank 0 (the fake) to report; the fake answers, takes its proof, and holds
     // the admission while it dials back.
-    let (s, _) = fake_listener.accept().unwrap();
-    let mut c1 = Wire::new(s);
+    let (real, mut c1) = real_rank_1_dialling_fake_rank_0();
     let mut acceptor = Handshake::accept(&cfg(0), common::nonce());
     c1.take_proof(&mut acceptor);
     let mut c2 = Wire::dial(uri_addr(real.contact_uri()));
@@ -191,17 +195,8 @@ fn higher_real_rank_refuses_the_lower_ranks_dial() {
 /// the higher real rank's unanswered dial gives way to the lower rank's.
 #[test]
 fn an_unproven_dial_gives_way_to_a_proved_one() {
-    let _ = env_logger::builder().is_test(true).try_init();
-    let fake_listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let fake_uri = ContactUri {
-        dvm_id: "tbon".into(),
-        rank: 0,
-        addrs: vec![fake_listener.local_addr().unwrap()],
-    };
-    let real = tbon::start(loopback_config(2), 1, 2, Some(&fake_uri.to_string())).unwrap();
     // Rank 1 dials the fake rank 0, which never answers that dial.
-    let (s, _) = fake_listener.accept().unwrap();
-    let mut c1 = Wire::new(s);
+    let (real, mut c1) = real_rank_1_dialling_fake_rank_0();
     assert_eq!(c1.recv().unwrap().header.kind, Kind::Hello);
     // The fake dials rank 1 and proves itself: admitted, and rank 1's own dial is closed.
     let mut c2 = Wire::dial(uri_addr(real.contact_uri()));
