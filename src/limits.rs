@@ -38,6 +38,12 @@ pub const WRITES_PER_FLUSH_MAX: usize = 64;
 /// Connections accepted per listener event; the rest are accepted next turn.
 pub const ACCEPTS_PER_EVENT_MAX: usize = 64;
 
+/// After `accept` fails with anything but "would block" (out of file descriptors, out of
+/// memory), the listener is tried again after this long. Meanwhile connections wait in the
+/// kernel's backlog (`LISTEN_BACKLOG`): nothing is dropped here, and the failure is logged at
+/// the refusal log's bounded rate.
+pub const ACCEPT_RETRY_MS: u64 = 100;
+
 /// Open connections (established or handshaking) per daemon. A connection accepted beyond it is
 /// closed at once with a log line. A tree neighbour needs one each; the rest is headroom for
 /// wire-up (every daemon dials rank 0 once) and for reconnects.

@@ -144,3 +144,89 @@ fn a_burst_queued_while_the_daemon_is_stopped_is_all_answered() {
     let _ = daemon.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A daemon out of file descriptors keeps its backlog and accepts it once descriptors are
+/// free, without waiting for a new connection: before, `accept` failing (EMFILE) left the
+/// edge-triggered listener idle until the next connection arrived, so the last connection of
+/// a burst was never answered.
+#[test]
+fn a_daemon_out_of_descriptors_accepts_its_backlog_once_they_are_free() {
+    use std::io::{Read, Write};
+    use tbon::oob::handshake::JobKey;
+    use tbon::oob::{Handshake, HandshakeConfig};
+    let dir = std::env::temp_dir().join(format!("tbon-emfile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let uri_file = dir.join("hnp.uri");
+    let _ = std::fs::remove_file(&uri_file);
+    // 40 descriptors: enough to start, few enough that the flood below exhausts them.
+    let mut daemon = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 40 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_tbon"))
+        .args(["daemon", "--rank", "0", "--size", "2"])
+        .arg("--key-file")
+        .arg(procs::keygen_file())
+        .args([
+            "--if-include",
+            "127.0.0.1/32",
+            "--handshake-timeout-ms",
+            "600000",
+        ])
+        .arg("--uri-file")
+        .arg(&uri_file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let guard = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let text = loop {
+        if let Ok(t) = std::fs::read_to_string(&uri_file)
+            && !t.trim().is_empty()
+        {
+            break t;
+        }
+        assert!(std::time::Instant::now() < guard, "no URI file");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let uri: tbon::oob::uri::ContactUri = text.lines().next().unwrap().trim().parse().unwrap();
+    let addr = uri.addrs[0];
+    let cfg = HandshakeConfig {
+        me: 1,
+        size: 2,
+        epoch: 0,
+        dvm_id: uri.dvm_id.clone(),
+        key: JobKey::new(*b"not the job key, only a Hello"),
+    };
+    let hello = |s: &mut std::net::TcpStream, n: u8| {
+        let mut hs = Handshake::dial(&cfg, 0, [n; 16]);
+        while let Some((h, p)) = hs.poll_transmit() {
+            s.write_all(&h.encode()).unwrap();
+            s.write_all(&p).unwrap();
+        }
+    };
+    // More connections than the daemon has descriptors for (from several source addresses,
+    // under the per-source bound), then one more that must be answered in the end.
+    let mut flood = Vec::new();
+    for i in 0..60u8 {
+        let source: std::net::SocketAddr = format!("127.0.0.{}:0", 2 + i / 30).parse().unwrap();
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&source.into()).unwrap();
+        s.connect(&addr.into()).unwrap();
+        flood.push(std::net::TcpStream::from(s));
+    }
+    let mut last = std::net::TcpStream::connect(addr).unwrap();
+    last.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    hello(&mut last, 99);
+    // Give the daemon time to run out, then free its descriptors: the flood hangs up.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    drop(flood);
+    let mut head = [0u8; tbon::oob::HEADER_LEN];
+    last.read_exact(&mut head)
+        .expect("the connection left in the backlog was never accepted");
+    let h = tbon::oob::Header::decode(&head).unwrap();
+    assert_eq!(h.kind, tbon::oob::Kind::HelloAck);
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -77,6 +77,8 @@ pub(crate) struct EventLoop {
     /// Listeners (by index) that stopped at `ACCEPTS_PER_EVENT_MAX` with connections still
     /// waiting: accepted again next turn (edge-triggered, no new event would come for them).
     accept_again: Vec<usize>,
+    /// Listeners (by index) with an `AcceptRetry` timer armed after `accept` failed.
+    accept_retry: Vec<usize>,
     /// Frames decoded from one read, kept between reads so decoding allocates nothing.
     frame_buf: Vec<Frame>,
     stopping: Option<StopReason>,
@@ -145,6 +147,7 @@ impl EventLoop {
             dirty: Vec::new(),
             readable_again: FxHashSet::default(),
             accept_again: Vec::new(),
+            accept_retry: Vec::new(),
             frame_buf: Vec::new(),
             stopping: None,
             close_after_peers: false,
@@ -589,6 +592,10 @@ impl EventLoop {
                         conns: &self.conns,
                     };
                     self.node.handle_timeout(now, &progress);
+                }
+                TimerKind::AcceptRetry { index } => {
+                    self.accept_retry.retain(|i| *i != index);
+                    self.accept(index);
                 }
                 TimerKind::Linger => {
                     log::debug!("rank {}: linger over; dropping unsent frames", self.me);

@@ -22,10 +22,13 @@ pub(crate) enum Refusal {
     Evicted,
     /// Accepted beyond `limits::CONNECTIONS_MAX`.
     TooManyConnections,
+    /// `accept` itself failed (out of file descriptors or memory); retried after
+    /// `limits::ACCEPT_RETRY_MS`.
+    AcceptFailed,
 }
 
 impl Refusal {
-    const ALL: [Refusal; 7] = [
+    const ALL: [Refusal; 8] = [
         Refusal::WrongDvm,
         Refusal::BadMac,
         Refusal::Malformed,
@@ -33,6 +36,7 @@ impl Refusal {
         Refusal::Abandoned,
         Refusal::Evicted,
         Refusal::TooManyConnections,
+        Refusal::AcceptFailed,
     ];
 
     fn index(self) -> usize {
@@ -49,6 +53,7 @@ impl Refusal {
             Refusal::Abandoned => "abandoned handshake",
             Refusal::Evicted => "evicted pending handshake",
             Refusal::TooManyConnections => "too many connections",
+            Refusal::AcceptFailed => "accept failed",
         }
     }
 }

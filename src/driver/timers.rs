@@ -15,6 +15,8 @@ pub(crate) enum TimerKind {
     Redial { rank: u32, attempt: u32 },
     /// Stop lingering to flush frames and exit.
     Linger,
+    /// Accept on this listener again after `accept` failed (at most one armed per listener).
+    AcceptRetry { index: usize },
     /// The node's next deadline (`Node::poll_timeout`: wire-up, heartbeats, RELM): a new one
     /// is armed only when none at or before it is.
     Node,

@@ -265,8 +265,24 @@ impl EventLoop {
             let (stream, addr) = match listener.accept() {
                 Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    log::warn!("rank {}: accept: {e}", self.me);
+                    // Out of descriptors or memory: the connections stay in the backlog. The
+                    // listener is edge-triggered, so try again later rather than wait for a
+                    // next connection that may never come.
+                    self.log_refusal(Refusal::AcceptFailed, || {
+                        format!(
+                            "accept: {e}; trying again in {} ms",
+                            limits::ACCEPT_RETRY_MS
+                        )
+                    });
+                    if !self.accept_retry.contains(&index) {
+                        self.accept_retry.push(index);
+                        self.timers.arm(
+                            Instant::now() + Duration::from_millis(limits::ACCEPT_RETRY_MS),
+                            TimerKind::AcceptRetry { index },
+                        );
+                    }
                     return;
                 }
             };
