@@ -64,85 +64,138 @@ fn a_flood_of_2000_connections_is_survived() {
     );
 }
 
+/// A lone rank 0 (of 2, never wired) as a `tbon daemon` process, run through `sh` with
+/// `ulimit -n` when `fds` is given; killed on drop. Its handshake timeout is far beyond the
+/// tests' hang guards, so only what the tests do closes a connection.
+struct LoneRank0 {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    addr: std::net::SocketAddr,
+    dvm_id: String,
+}
+
+impl LoneRank0 {
+    fn start(name: &str, fds: Option<u32>) -> LoneRank0 {
+        let dir = std::env::temp_dir().join(format!("tbon-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let uri_file = dir.join("hnp.uri");
+        let _ = std::fs::remove_file(&uri_file);
+        let mut cmd = match fds {
+            Some(n) => {
+                let mut c = std::process::Command::new("sh");
+                c.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(env!("CARGO_BIN_EXE_tbon"));
+                c
+            }
+            None => std::process::Command::new(env!("CARGO_BIN_EXE_tbon")),
+        };
+        let child = cmd
+            .args(["daemon", "--rank", "0", "--size", "2"])
+            .arg("--key-file")
+            .arg(procs::keygen_file())
+            .args(["--if-include", "127.0.0.1/32"])
+            .args(["--handshake-timeout-ms", "600000"])
+            .arg("--uri-file")
+            .arg(&uri_file)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let guard = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let text = loop {
+            if let Ok(t) = std::fs::read_to_string(&uri_file)
+                && !t.trim().is_empty()
+            {
+                break t;
+            }
+            assert!(std::time::Instant::now() < guard, "no URI file");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let uri: tbon::oob::uri::ContactUri = text.lines().next().unwrap().trim().parse().unwrap();
+        LoneRank0 {
+            child,
+            dir,
+            addr: uri.addrs[0],
+            dvm_id: uri.dvm_id,
+        }
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, sig).unwrap();
+    }
+
+    /// A connection from `source` (a loopback address of its own, so that the per-source
+    /// bound is not what the test measures).
+    fn connect_from(&self, source: &str) -> std::net::TcpStream {
+        let source: std::net::SocketAddr = format!("{source}:0").parse().unwrap();
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&source.into()).unwrap();
+        s.connect(&self.addr.into()).unwrap();
+        let s = std::net::TcpStream::from(s);
+        s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        s
+    }
+
+    /// A stranger's Hello claiming rank 1 (any key: a Hello carries no proof).
+    fn hello(&self, s: &mut std::net::TcpStream, n: u8) {
+        use std::io::Write;
+        let cfg = tbon::oob::HandshakeConfig {
+            me: 1,
+            size: 2,
+            epoch: 0,
+            dvm_id: self.dvm_id.clone(),
+            key: tbon::oob::handshake::JobKey::new(*b"not the job key, only a Hello"),
+        };
+        let mut hs = tbon::oob::Handshake::dial(&cfg, 0, [n; 16]);
+        while let Some((h, p)) = hs.poll_transmit() {
+            s.write_all(&h.encode()).unwrap();
+            s.write_all(&p).unwrap();
+        }
+    }
+
+    /// The daemon's answer on `s` must be a HelloAck.
+    fn expect_hello_ack(s: &mut std::net::TcpStream, what: &str) {
+        use std::io::Read;
+        let mut head = [0u8; tbon::oob::HEADER_LEN];
+        s.read_exact(&mut head)
+            .unwrap_or_else(|e| panic!("{what} never answered: {e}"));
+        let h = tbon::oob::Header::decode(&head).unwrap();
+        assert_eq!(h.kind, tbon::oob::Kind::HelloAck);
+    }
+}
+
+impl Drop for LoneRank0 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A burst of connections larger than one accept round (`ACCEPTS_PER_EVENT_MAX`) queued while
 /// the daemon cannot run: every one is accepted and answered once it runs again. The listener
 /// is edge-triggered; before the fix, what one round left in the backlog waited for the next
 /// connection to arrive, so here (no next connection) it was never answered.
 #[test]
 fn a_burst_queued_while_the_daemon_is_stopped_is_all_answered() {
-    use std::io::{Read, Write};
-    use tbon::oob::handshake::JobKey;
-    use tbon::oob::{Handshake, HandshakeConfig};
-    let dir = std::env::temp_dir().join(format!("tbon-burst-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let uri_file = dir.join("hnp.uri");
-    let _ = std::fs::remove_file(&uri_file);
-    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_tbon"))
-        .args(["daemon", "--rank", "0", "--size", "2"])
-        .arg("--key-file")
-        .arg(procs::keygen_file())
-        .args([
-            "--if-include",
-            "127.0.0.1/32",
-            "--handshake-timeout-ms",
-            "600000",
-        ])
-        .arg("--uri-file")
-        .arg(&uri_file)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let guard = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let text = loop {
-        if let Ok(t) = std::fs::read_to_string(&uri_file)
-            && !t.trim().is_empty()
-        {
-            break t;
-        }
-        assert!(std::time::Instant::now() < guard, "no URI file");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
-    let uri: tbon::oob::uri::ContactUri = text.lines().next().unwrap().trim().parse().unwrap();
-    let addr = uri.addrs[0];
-    let pid = nix::unistd::Pid::from_raw(daemon.id() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let d = LoneRank0::start("burst", None);
+    d.signal(nix::sys::signal::Signal::SIGSTOP);
     // 150 connections from three source addresses (50 each, under the per-source bound), each
-    // with a Hello claiming rank 1, all queued before the daemon runs again.
-    let cfg = HandshakeConfig {
-        me: 1,
-        size: 2,
-        epoch: 0,
-        dvm_id: uri.dvm_id.clone(),
-        key: JobKey::new(*b"not the job key, only a Hello"),
-    };
-    let mut conns = Vec::new();
-    for i in 0..150u8 {
-        let source: std::net::SocketAddr = format!("127.0.0.{}:0", 2 + i / 50).parse().unwrap();
-        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        s.bind(&source.into()).unwrap();
-        s.connect(&addr.into()).unwrap();
-        let mut s: std::net::TcpStream = s.into();
-        s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
-            .unwrap();
-        let mut hs = Handshake::dial(&cfg, 0, [i; 16]);
-        while let Some((h, p)) = hs.poll_transmit() {
-            s.write_all(&h.encode()).unwrap();
-            s.write_all(&p).unwrap();
-        }
-        conns.push(s);
-    }
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    // with a Hello, all queued before the daemon runs again.
+    let mut conns: Vec<_> = (0..150u8)
+        .map(|i| {
+            let mut s = d.connect_from(&format!("127.0.0.{}", 2 + i / 50));
+            d.hello(&mut s, i);
+            s
+        })
+        .collect();
+    d.signal(nix::sys::signal::Signal::SIGCONT);
     for (i, s) in conns.iter_mut().enumerate() {
-        let mut head = [0u8; tbon::oob::HEADER_LEN];
-        s.read_exact(&mut head)
-            .unwrap_or_else(|e| panic!("connection {i} of 150 never answered: {e}"));
-        let h = tbon::oob::Header::decode(&head).unwrap();
-        assert_eq!(h.kind, tbon::oob::Kind::HelloAck);
+        LoneRank0::expect_hello_ack(s, &format!("connection {i} of 150"));
     }
-    let _ = daemon.kill();
-    let _ = daemon.wait();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A daemon out of file descriptors keeps its backlog and accepts it once descriptors are
@@ -151,82 +204,16 @@ fn a_burst_queued_while_the_daemon_is_stopped_is_all_answered() {
 /// a burst was never answered.
 #[test]
 fn a_daemon_out_of_descriptors_accepts_its_backlog_once_they_are_free() {
-    use std::io::{Read, Write};
-    use tbon::oob::handshake::JobKey;
-    use tbon::oob::{Handshake, HandshakeConfig};
-    let dir = std::env::temp_dir().join(format!("tbon-emfile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let uri_file = dir.join("hnp.uri");
-    let _ = std::fs::remove_file(&uri_file);
     // 40 descriptors: enough to start, few enough that the flood below exhausts them.
-    let mut daemon = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -n 40 && exec \"$0\" \"$@\"")
-        .arg(env!("CARGO_BIN_EXE_tbon"))
-        .args(["daemon", "--rank", "0", "--size", "2"])
-        .arg("--key-file")
-        .arg(procs::keygen_file())
-        .args([
-            "--if-include",
-            "127.0.0.1/32",
-            "--handshake-timeout-ms",
-            "600000",
-        ])
-        .arg("--uri-file")
-        .arg(&uri_file)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let guard = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let text = loop {
-        if let Ok(t) = std::fs::read_to_string(&uri_file)
-            && !t.trim().is_empty()
-        {
-            break t;
-        }
-        assert!(std::time::Instant::now() < guard, "no URI file");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
-    let uri: tbon::oob::uri::ContactUri = text.lines().next().unwrap().trim().parse().unwrap();
-    let addr = uri.addrs[0];
-    let cfg = HandshakeConfig {
-        me: 1,
-        size: 2,
-        epoch: 0,
-        dvm_id: uri.dvm_id.clone(),
-        key: JobKey::new(*b"not the job key, only a Hello"),
-    };
-    let hello = |s: &mut std::net::TcpStream, n: u8| {
-        let mut hs = Handshake::dial(&cfg, 0, [n; 16]);
-        while let Some((h, p)) = hs.poll_transmit() {
-            s.write_all(&h.encode()).unwrap();
-            s.write_all(&p).unwrap();
-        }
-    };
-    // More connections than the daemon has descriptors for (from several source addresses,
-    // under the per-source bound), then one more that must be answered in the end.
-    let mut flood = Vec::new();
-    for i in 0..60u8 {
-        let source: std::net::SocketAddr = format!("127.0.0.{}:0", 2 + i / 30).parse().unwrap();
-        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        s.bind(&source.into()).unwrap();
-        s.connect(&addr.into()).unwrap();
-        flood.push(std::net::TcpStream::from(s));
-    }
-    let mut last = std::net::TcpStream::connect(addr).unwrap();
-    last.set_read_timeout(Some(std::time::Duration::from_secs(60)))
-        .unwrap();
-    hello(&mut last, 99);
+    let d = LoneRank0::start("emfile", Some(40));
+    let flood: Vec<_> = (0..60u8)
+        .map(|i| d.connect_from(&format!("127.0.0.{}", 2 + i / 30)))
+        .collect();
+    // One more, behind the flood in the backlog, that must be answered in the end.
+    let mut last = d.connect_from("127.0.0.1");
+    d.hello(&mut last, 99);
     // Give the daemon time to run out, then free its descriptors: the flood hangs up.
     std::thread::sleep(std::time::Duration::from_millis(500));
     drop(flood);
-    let mut head = [0u8; tbon::oob::HEADER_LEN];
-    last.read_exact(&mut head)
-        .expect("the connection left in the backlog was never accepted");
-    let h = tbon::oob::Header::decode(&head).unwrap();
-    assert_eq!(h.kind, tbon::oob::Kind::HelloAck);
-    let _ = daemon.kill();
-    let _ = daemon.wait();
-    let _ = std::fs::remove_dir_all(&dir);
+    LoneRank0::expect_hello_ack(&mut last, "the connection left in the backlog");
 }
