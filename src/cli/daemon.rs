@@ -458,7 +458,7 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
         }
         StopReason::Fatal(why) => {
             if let (Some(p), Some(used)) = (&args.hnp_file, &hnp_text)
-                && why.contains("cannot reach rank 0")
+                && why == tbon::node::FATAL_RANK_0_UNREACHABLE
             {
                 return follow_uri_file(rank, p, used, wireup_timeout, &term);
             }

@@ -174,7 +174,10 @@ impl Node {
                 "rank {}: cannot reach rank {peer} after {attempts} attempts",
                 self.me
             );
-            self.begin_stop(now, super::StopReason::Fatal("cannot reach rank 0".into()));
+            self.begin_stop(
+                now,
+                super::StopReason::Fatal(super::FATAL_RANK_0_UNREACHABLE.into()),
+            );
         }
     }
 

@@ -31,7 +31,7 @@ mod reliable;
 pub mod wireup;
 mod wiring;
 
-pub use output::{Output, Reroute, StopReason, Trace};
+pub use output::{FATAL_RANK_0_UNREACHABLE, Output, Reroute, StopReason, Trace};
 
 use crate::Rank;
 use crate::counters::Counters;

@@ -9,6 +9,11 @@ use crate::rml::{Message, ReceiveId, Tag};
 use crate::routed::RecoveryStatus;
 use bytes::Bytes;
 
+/// The text of the [`StopReason::Fatal`] a daemon stops with when it cannot reach rank 0 (at
+/// start-up, or after losing it). Compare with `==`: a launcher front end (`tbon daemon`) acts
+/// on it (a URI file that may be stale).
+pub const FATAL_RANK_0_UNREACHABLE: &str = "cannot reach rank 0";
+
 /// Why a daemon stopped, readable after it has.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopReason {
