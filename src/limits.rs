@@ -257,15 +257,25 @@ pub const RELM_COUNT_CEILING: usize = 1 << 20;
 
 /// Broadcast operations rank 0 keeps in flight: assigned an operation id and not yet completed
 /// (acknowledged by the whole living tree), counting completion notices (`Done`) not yet handed
-/// to the driver. At the bound rank 0 refuses new broadcasts: its own `Xcast::originate`
-/// returns `XcastError::Busy`, and a request from another daemon is answered with `Refused`,
-/// which that daemon reports as `XcastEvent::Refused` (the caller may try again later).
+/// to the driver. At the bound rank 0 numbers no more: requests (its own included) wait in
+/// arrival order, held up to [`XCAST_HELD_MAX`], and are numbered as completions make room.
 pub const XCAST_INFLIGHT_MAX: usize = 256;
+
+/// Broadcast requests rank 0 holds beyond its window ([`XCAST_INFLIGHT_MAX`]), waiting to be
+/// numbered. Under overload this is where broadcasts wait instead of being refused: the
+/// originators' own bound ([`XCAST_ORIGINATE_MAX`]) then turns their callers away locally.
+/// At the bound rank 0's driver stops taking requests from RELM (the originator replays them
+/// after its retransmission timeout) and rank 0's own broadcasts are refused `Busy`.
+pub const XCAST_HELD_MAX: usize = 4_096;
+
+/// Payload bytes rank 0 holds beyond its window (see [`XCAST_HELD_MAX`]; the same behaviour
+/// at the bound). At least the largest payload, so that one always fits.
+pub const XCAST_HELD_MAX_BYTES: usize = 64 * 1024 * 1024;
 
 /// Payload bytes rank 0 keeps in flight (same accounting as [`XCAST_INFLIGHT_MAX`]), and so the
 /// largest broadcast payload. A larger payload is refused at once (`XcastError::TooLarge` at the
-/// originator, `Refused` from rank 0); a payload that does not fit beside those in flight is
-/// refused as busy, like a full window.
+/// originator, `Refused` from rank 0); a payload that does not fit beside those in flight waits,
+/// like one that finds the window full.
 pub const XCAST_INFLIGHT_MAX_BYTES: usize = 64 * 1024 * 1024;
 
 /// Operations one daemon retains: those it has not delivered yet (held ahead of a gap, or
@@ -287,10 +297,11 @@ pub const XCAST_RETAINED_MAX_BYTES: usize = 4 * XCAST_INFLIGHT_MAX_BYTES;
 /// `XcastError::TooManyOutstanding`; the caller waits for a completion.
 pub const XCAST_ORIGINATE_MAX: usize = 256;
 
-/// Refusals rank 0 has queued for the driver and not yet handed out. At the bound a further
-/// refusal is dropped, logged and counted (`XcastStats::refusals_dropped`); the originator's
-/// request then stays outstanding. Only reachable when the driver stops draining
-/// `poll_transmit` while requests keep arriving.
+/// Refusals (requests whose payload is too large for rank 0) rank 0 has queued for the driver
+/// and not yet handed out. At the bound a further refusal is dropped, logged and counted
+/// (`XcastStats::refusals_dropped`); the originator's request then stays outstanding. Only
+/// reachable with daemons of different configurations, when the driver stops draining
+/// `poll_notice`.
 pub const XCAST_REFUSALS_MAX: usize = 4_096;
 
 /// Allgathers (and barriers) a daemon may have contributed to and not yet seen the result of.
@@ -332,13 +343,12 @@ pub const GRPCOMM_PENDING_SYNCS_MAX: usize = 16;
 /// dropped, logged and counted (`dropped_queue_full`).
 pub const GRPCOMM_DEFERRED_MAX: usize = ALLGATHER_TRACKED_MAX;
 
-/// Broadcast requests (an originator's) and completion notices (rank 0's) waiting for room in
-/// RELM's window (`relm_unacked_max`, which user reliable sends share): the driver retries them,
-/// in order, on every loop turn. At most [`XCAST_ORIGINATE_MAX`] requests, and at most one
-/// notice per request rank 0 accepted or refused, can wait. At the bound the message is dropped,
-/// logged and counted (`dropped_queue_full`): its originator's broadcast then never completes.
-pub const GRPCOMM_RELIABLE_BACKLOG_MAX: usize =
-    XCAST_ORIGINATE_MAX + XCAST_INFLIGHT_MAX + XCAST_REFUSALS_MAX;
+/// Unacknowledged reliable messages of the runtime (fault reports, broadcast requests and
+/// completion notices) a daemon may have beyond `relm_unacked_max`, the window user reliable
+/// sends are refused at: the runtime's messages never queue behind a user who keeps the window
+/// full. At this bound too they wait where they are made (the xcast core's queues, which count
+/// against rank 0's window; the unreported fault set) and go out as acknowledgements make room.
+pub const RELM_RUNTIME_RESERVE: usize = 1_024;
 
 /// Rounds of a node's collectives pump at most per call: each round moves something, and the
 /// cores produce nothing without input, so reaching this is a bug (reported, not looped on).

@@ -101,6 +101,10 @@ pub struct HarnessArgs {
     /// No progress display and no table; only the final verdict line (and errors).
     #[arg(long)]
     pub quiet: bool,
+    /// Keep the run's folder (each daemon's log `rank-R.log` and results) instead of removing
+    /// it at the end; its path is printed.
+    #[arg(long)]
+    pub keep: bool,
     /// Attack the DVM from the harness process (loopback only) while traffic flows, as a
     /// stranger without the job key: flood (many idle, partial, Hello-only and slow
     /// connections), forge (forged Hellos claiming every rank, renewed every 0.3 s). Comma
@@ -377,7 +381,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the tbon binary: {e}"))?;
     let dir = std::env::temp_dir().join(format!("tbon-harness-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let _cleanup = RemoveDir(dir.clone());
+    let _cleanup = RemoveDir(dir.clone(), args.keep);
     let uri_file = dir.join("hnp.uri");
     // The harness is the launcher here, so it makes the DVM's job key (mode 0600, in the run's
     // private folder, which is removed at the end).
@@ -800,10 +804,15 @@ fn tail(path: &std::path::Path) -> String {
     }
 }
 
-struct RemoveDir(PathBuf);
+/// Removes the run's folder at the end, or with `--keep` says where it is.
+struct RemoveDir(PathBuf, bool);
 
 impl Drop for RemoveDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if self.1 {
+            eprintln!("tbon harness: kept the run's folder {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }

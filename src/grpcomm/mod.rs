@@ -14,7 +14,8 @@
 //! every [`RecoveryStatus`](crate::RecoveryStatus) the daemon's
 //! [`RoutingState`](crate::routed::RoutingState) returns (all of them, in order), and the API
 //! calls (`originate`, `contribute`, ...). Outputs are drained with `poll_transmit()` and
-//! `poll_event()`. After every input the driver must call `poll_transmit` until it returns
+//! `poll_event()`, plus the xcast core's `poll_notice()` (requests and completion notices,
+//! carried reliably, taken only while the reliable channel has room). After every input the driver must call `poll_transmit` until it returns
 //! `None`, then `poll_event` until `None`, and repeat while either returned something
 //! (delivering an event can make an acknowledgement ready). Transmits are sent in the order
 //! they are polled; the cores need FIFO order per directed link (the tree's TCP connections

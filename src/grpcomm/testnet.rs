@@ -351,7 +351,13 @@ impl Sim {
         loop {
             let node = &mut self.nodes[r as usize];
             let mut progress = false;
-            while let Some(t) = node.xcast.poll_transmit() {
+            // Notices first, as they came before `poll_notice` was split off (the driver sends
+            // them over RELM, a channel of their own).
+            while let Some(t) = node
+                .xcast
+                .poll_notice()
+                .or_else(|| node.xcast.poll_transmit())
+            {
                 progress = true;
                 if let XcastMsg::Done { op, .. } = t.msg {
                     completions.push(op);

@@ -55,8 +55,12 @@
 //! fetch chain, and no daemon skips an operation.
 //!
 //! # Bounds
-//! [`XCAST_INFLIGHT_MAX`] and [`XCAST_INFLIGHT_MAX_BYTES`] at rank 0 (refusal: `Busy`,
-//! `Refused`), [`XCAST_RETAINED_MAX`] and [`XCAST_RETAINED_MAX_BYTES`] at every daemon (drop the
+//! [`XCAST_INFLIGHT_MAX`] and [`XCAST_INFLIGHT_MAX_BYTES`] at rank 0: requests beyond the
+//! window are held, in arrival order, and numbered as completions make room (back-pressure:
+//! the originator's own bound, [`XCAST_ORIGINATE_MAX`], then refuses its caller locally, with
+//! no round trip). [`XCAST_HELD_MAX`] and [`XCAST_HELD_MAX_BYTES`] bound what rank 0 holds:
+//! the driver stops accepting requests (RELM replays them later) when [`Xcast::hold_room`] is
+//! exhausted, and rank 0's own broadcasts are refused `Busy`. [`XCAST_RETAINED_MAX`] and [`XCAST_RETAINED_MAX_BYTES`] at every daemon (drop the
 //! highest operation and re-request it later), [`XCAST_ORIGINATE_MAX`] outstanding requests per
 //! originator, [`XCAST_REFUSALS_MAX`] queued refusals at rank 0. Delivery is pulled by
 //! `poll_event`: an application that does not poll holds operations in the retained store and
@@ -66,8 +70,9 @@ use super::view::TreeView;
 use super::wire::{Op, Request, XcastMsg};
 use crate::Rank;
 use crate::limits::{
-    GRPCOMM_PENDING_SYNCS_MAX, XCAST_INFLIGHT_MAX, XCAST_INFLIGHT_MAX_BYTES, XCAST_ORIGINATE_MAX,
-    XCAST_REFUSALS_MAX, XCAST_RETAINED_MAX, XCAST_RETAINED_MAX_BYTES,
+    GRPCOMM_PENDING_SYNCS_MAX, XCAST_HELD_MAX, XCAST_HELD_MAX_BYTES, XCAST_INFLIGHT_MAX,
+    XCAST_INFLIGHT_MAX_BYTES, XCAST_ORIGINATE_MAX, XCAST_REFUSALS_MAX, XCAST_RETAINED_MAX,
+    XCAST_RETAINED_MAX_BYTES,
 };
 use crate::rml::Tag;
 use crate::routed::{RecoveryStatus, RoutingState};
@@ -99,8 +104,8 @@ pub enum XcastEvent {
 /// Why [`Xcast::originate`] refused a broadcast. Nothing was sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum XcastError {
-    /// Rank 0 only: [`XCAST_INFLIGHT_MAX`] operations (or their bytes) are in flight. Retry
-    /// after a completion.
+    /// Rank 0 only: it holds [`XCAST_HELD_MAX`] requests (or their bytes) beyond its window.
+    /// Retry after a completion.
     Busy,
     /// The payload is larger than the largest one (`XcastLimits::payload`, by default
     /// [`XCAST_INFLIGHT_MAX_BYTES`]).
@@ -115,7 +120,7 @@ pub enum XcastError {
 impl std::fmt::Display for XcastError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            XcastError::Busy => write!(f, "broadcast refused: rank 0 has too many in flight"),
+            XcastError::Busy => write!(f, "broadcast refused: rank 0 holds too many"),
             XcastError::TooLarge { len, max } => {
                 write!(f, "broadcast payload of {len} bytes is above {max}")
             }
@@ -150,8 +155,10 @@ pub struct XcastStats {
     pub stale: u64,
     /// Acks received under another view (kept, counted if this daemon reaches that view).
     pub acks_other_view: u64,
-    /// Rank 0: requests refused (busy or too large).
+    /// Rank 0: requests refused (too large).
     pub refused: u64,
+    /// Rank 0: requests that waited for room in the window.
+    pub held: u64,
     /// Rank 0: refusals dropped at [`XCAST_REFUSALS_MAX`].
     pub refusals_dropped: u64,
     /// Rank 0: requests dropped as duplicates (request id not above the last one seen from that
@@ -179,6 +186,10 @@ pub struct XcastLimits {
     pub originate: usize,
     /// [`XCAST_REFUSALS_MAX`].
     pub refusals: usize,
+    /// [`XCAST_HELD_MAX`].
+    pub held: usize,
+    /// [`XCAST_HELD_MAX_BYTES`]; raised to `payload` so that the largest payload can wait.
+    pub held_bytes: usize,
 }
 
 impl Default for XcastLimits {
@@ -191,6 +202,8 @@ impl Default for XcastLimits {
             retained_bytes: XCAST_RETAINED_MAX_BYTES,
             originate: XCAST_ORIGINATE_MAX,
             refusals: XCAST_REFUSALS_MAX,
+            held: XCAST_HELD_MAX,
+            held_bytes: XCAST_HELD_MAX_BYTES,
         }
     }
 }
@@ -299,6 +312,10 @@ pub struct Xcast {
     dones: VecDeque<(Rank, u64, u64)>,
     /// Rank 0: (originator, request) refusals to send.
     refusals: VecDeque<(Rank, u64)>,
+    /// Rank 0: requests (its own included) waiting for room in the window, in arrival order.
+    held: VecDeque<Request>,
+    /// Rank 0: payload bytes of `held`.
+    held_bytes: usize,
     stats: XcastStats,
 }
 
@@ -317,14 +334,17 @@ impl Xcast {
     /// `retained_bytes` below `inflight_bytes` is raised to it, and every bound to at least 1,
     /// so that the largest payload always fits.
     pub fn with_limits(routing: &RoutingState, limits: XcastLimits) -> Self {
+        let payload = limits.payload.min(limits.inflight_bytes);
         let limits = XcastLimits {
             inflight: limits.inflight.max(1),
             inflight_bytes: limits.inflight_bytes,
-            payload: limits.payload.min(limits.inflight_bytes),
+            payload,
             retained: limits.retained.max(1),
             retained_bytes: limits.retained_bytes.max(limits.inflight_bytes),
             originate: limits.originate.max(1),
             refusals: limits.refusals,
+            held: limits.held.max(1),
+            held_bytes: limits.held_bytes.max(payload),
         };
         let view = TreeView::new(routing);
         let children = view.children.iter().map(|&r| Child::synced(r)).collect();
@@ -349,6 +369,8 @@ impl Xcast {
             last_request: BTreeMap::new(),
             dones: VecDeque::new(),
             refusals: VecDeque::new(),
+            held: VecDeque::new(),
+            held_bytes: 0,
             stats: XcastStats::default(),
         }
     }
@@ -378,6 +400,25 @@ impl Xcast {
         self.outstanding.len()
     }
 
+    /// Rank 0: requests held until the window has room.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Rank 0: how many more requests, and payload bytes, it can hold beyond the window. A
+    /// driver that carries requests reliably takes a request only if it fits (else the sender
+    /// replays it later): that is what bounds rank 0's memory when originators outrun the
+    /// tree. (0, 0) on other ranks.
+    pub fn hold_room(&self) -> (usize, usize) {
+        if self.view.me != 0 || self.view.dead {
+            return (0, 0);
+        }
+        (
+            self.limits.held.saturating_sub(self.held.len()),
+            self.limits.held_bytes.saturating_sub(self.held_bytes),
+        )
+    }
+
     /// Rank 0: every operation up to this id has completed.
     pub fn completed(&self) -> u64 {
         self.completed
@@ -386,17 +427,27 @@ impl Xcast {
     /// Broadcast `payload` with `tag` to every living daemon (this one included). Returns the
     /// request id that [`XcastEvent::Completed`] or [`XcastEvent::Refused`] will name.
     ///
-    /// On rank 0 the operation is numbered at once; elsewhere a `Request` to rank 0 is queued
-    /// (poll transmits). Fails, sending nothing, with [`XcastError::TooLarge`],
-    /// [`XcastError::TooManyOutstanding`] (not rank 0), [`XcastError::Busy`] (rank 0) or
-    /// [`XcastError::Dead`].
+    /// On rank 0 the operation is numbered at once if the window has room, else held behind
+    /// the requests already waiting; elsewhere a `Request` to rank 0 is queued (poll notices).
+    /// Fails, sending nothing, with [`XcastError::TooLarge`], [`XcastError::TooManyOutstanding`]
+    /// (not rank 0), [`XcastError::Busy`] (rank 0, holding all it may) or [`XcastError::Dead`].
     pub fn originate(&mut self, tag: Tag, payload: Bytes) -> Result<u64, XcastError> {
         if self.view.dead {
             return Err(XcastError::Dead);
         }
         let request = self.next_request;
         if self.view.me == 0 {
-            self.assign(0, request, tag, payload, false)?;
+            self.check_len(&payload)?;
+            let (count, bytes) = self.hold_room();
+            if count == 0 || bytes < payload.len() {
+                return Err(XcastError::Busy);
+            }
+            self.hold(Request {
+                originator: 0,
+                request,
+                tag,
+                payload,
+            });
         } else {
             self.check_len(&payload)?;
             if self.outstanding.len() >= self.limits.originate {
@@ -575,6 +626,8 @@ impl Xcast {
             self.dones.retain(|(r, _, _)| !failed.contains(r));
             self.refusals.retain(|(r, _)| !failed.contains(r));
             self.last_request.retain(|r, _| !failed.contains(r));
+            self.held.retain(|q| !failed.contains(&q.originator));
+            self.held_bytes = self.held.iter().map(|q| q.payload.len()).sum();
         }
         self.check_resume = true;
         self.settle();
@@ -617,8 +670,11 @@ impl Xcast {
         self.check_resume = true;
     }
 
-    /// The next message to send, or `None`. Drain it after every input (see [`super`]).
-    pub fn poll_transmit(&mut self) -> Option<Transmit<XcastMsg>> {
+    /// The next request, completion notice or refusal to carry reliably and in order (the
+    /// driver's RELM), or `None`. A driver whose reliable window is full leaves them here:
+    /// rank 0's notices count against its window ([`XCAST_INFLIGHT_MAX`]), so waiting ones
+    /// push back on what it accepts.
+    pub fn poll_notice(&mut self) -> Option<Transmit<XcastMsg>> {
         if self.view.dead {
             return None;
         }
@@ -629,6 +685,8 @@ impl Xcast {
             });
         }
         if let Some((to, request, op)) = self.dones.pop_front() {
+            // A notice out of the window is room for a held request.
+            self.admit_held();
             return Some(Transmit {
                 to,
                 msg: XcastMsg::Done { request, op },
@@ -639,6 +697,15 @@ impl Xcast {
                 to,
                 msg: XcastMsg::Refused { request },
             });
+        }
+        None
+    }
+
+    /// The next tree message (`Op`, `Ack`, `Sync`, `Resume`) to send, or `None`. Drain it
+    /// after every input (see [`super`]).
+    pub fn poll_transmit(&mut self) -> Option<Transmit<XcastMsg>> {
+        if self.view.dead {
+            return None;
         }
         if let Some(t) = self.poll_upstream() {
             return Some(t);
@@ -693,7 +760,7 @@ impl Xcast {
         }
         self.last_request.insert(from, request.request);
         let id = request.request;
-        if let Err(e) = self.assign(from, id, request.tag, request.payload, false) {
+        if let Err(e) = self.check_len(&request.payload) {
             self.stats.refused += 1;
             log::debug!("xcast: refused request {id} of rank {from}: {e}");
             if self.refusals.len() >= self.limits.refusals {
@@ -702,7 +769,49 @@ impl Xcast {
             } else {
                 self.refusals.push_back((from, id));
             }
+            return;
         }
+        // The driver took it only if it fits (`hold_room`); a driver that did not check is
+        // still served (the bound is the driver's contract, not a reason to lose a request).
+        self.hold(request);
+    }
+
+    /// Rank 0: queues a request behind those waiting and numbers what the window has room for.
+    fn hold(&mut self, request: Request) {
+        self.held_bytes = self.held_bytes.saturating_add(request.payload.len());
+        self.held.push_back(request);
+        self.admit_held();
+        if !self.held.is_empty() {
+            self.stats.held += 1;
+        }
+    }
+
+    /// Rank 0: numbers held requests, in order, while the window has room.
+    fn admit_held(&mut self) {
+        while let Some(front) = self.held.front() {
+            if !self.window_fits(front.payload.len()) {
+                return;
+            }
+            let Some(r) = self.held.pop_front() else {
+                return;
+            };
+            self.held_bytes = self.held_bytes.saturating_sub(r.payload.len());
+            if let Err(e) = self.assign(r.originator, r.request, r.tag, r.payload, false) {
+                // Only an exhausted operation id space: nothing more can be numbered.
+                log::error!(
+                    "xcast: cannot number request {}/{}: {e}",
+                    r.originator,
+                    r.request
+                );
+            }
+        }
+    }
+
+    /// Rank 0: whether an operation of `len` payload bytes fits in the window now.
+    fn window_fits(&self, len: usize) -> bool {
+        let in_flight = self.store.len().saturating_add(self.dones.len());
+        in_flight < self.limits.inflight
+            && self.store_bytes.saturating_add(len) <= self.limits.inflight_bytes
     }
 
     /// Rank 0: number a broadcast and hold it until it completes (`urgent`: past the window).
@@ -715,11 +824,7 @@ impl Xcast {
         urgent: bool,
     ) -> Result<u64, XcastError> {
         self.check_len(&payload)?;
-        let in_flight = self.store.len().saturating_add(self.dones.len());
-        if !urgent
-            && (in_flight >= self.limits.inflight
-                || self.store_bytes.saturating_add(payload.len()) > self.limits.inflight_bytes)
-        {
+        if !urgent && !self.window_fits(payload.len()) {
             return Err(XcastError::Busy);
         }
         let id = self.next_op;
@@ -822,6 +927,8 @@ impl Xcast {
         self.events.clear();
         self.dones.clear();
         self.refusals.clear();
+        self.held.clear();
+        self.held_bytes = 0;
     }
 
     // ----- state -----------------------------------------------------------------------------
@@ -857,6 +964,7 @@ impl Xcast {
                 }
             }
         }
+
         if self
             .store
             .first_key_value()
@@ -868,6 +976,10 @@ impl Xcast {
             self.store_bytes = self.store_bytes.saturating_sub(freed);
             // Room may have appeared for a re-request.
             self.check_resume = true;
+        }
+        // Completions and the trim made room: number what waits, in arrival order.
+        if self.view.me == 0 {
+            self.admit_held();
         }
     }
 

@@ -10,7 +10,8 @@
 //!   [`Node::handle_link_restate`] once the queue has room again.
 //! * **Requests, dones and refusals** (originator <-> rank 0, possibly several hops) ride RELM
 //!   with the runtime tags `TAG_XCAST_REQUEST` and `TAG_XCAST_DONE`: reliable, in order per
-//!   origin; a full RELM window delays them (`runtime_reliable`).
+//!   origin. They leave the core (`poll_notice`) only while RELM has room for the runtime's
+//!   messages; a full window leaves them waiting in the core.
 //! * **Pump**, once per turn before RELM's: `poll_transmit` of both cores until `None`, then
 //!   each `poll_event` of the xcast followed by the allgather's events it caused, repeated
 //!   while anything came out. Transmits before events is what makes a daemon forward an
@@ -319,6 +320,14 @@ impl Node {
         for _ in 0..limits::PUMP_ROUNDS_MAX {
             let mut any = self.me == 0 && self.retry_deferred();
             while let Some(t) = self.xcast.poll_transmit() {
+                any = true;
+                self.send_xcast(now, t);
+            }
+            // Requests, dones and refusals ride RELM: while its window is full they wait in
+            // the core (where rank 0's count against its own window).
+            while self.relm.has_runtime_room()
+                && let Some(t) = self.xcast.poll_notice()
+            {
                 any = true;
                 self.send_xcast(now, t);
             }

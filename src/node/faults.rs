@@ -145,7 +145,7 @@ impl Node {
         let ranks: Vec<Rank> = self.unreported.iter().copied().collect();
         let payload = notice::encode_ranks(&ranks);
         let token = self.next_runtime_token();
-        match self.relm.send(
+        match self.relm.send_runtime(
             now,
             &self.routing,
             0,

@@ -177,8 +177,6 @@ pub struct Node {
     gathering: BTreeSet<u64>,
     /// Rank 0: its own notices waiting for room in its window (`GRPCOMM_DEFERRED_MAX`).
     xcast_deferred: VecDeque<(Tag, Bytes)>,
-    /// Runtime messages waiting for room in RELM's window (`GRPCOMM_RELIABLE_BACKLOG_MAX`).
-    relm_backlog: VecDeque<(Rank, Tag, Bytes)>,
     /// Deaths detected here and not yet handed to RELM in a report to rank 0 (at most `size`):
     /// a full window delays a report, never loses it.
     unreported: BTreeSet<Rank>,
@@ -232,7 +230,6 @@ impl Node {
             bcast_tokens: FxHashMap::default(),
             gathering: BTreeSet::new(),
             xcast_deferred: VecDeque::new(),
-            relm_backlog: VecDeque::new(),
             unreported: BTreeSet::new(),
             incarnations: FxHashMap::default(),
             out: VecDeque::new(),
@@ -430,7 +427,10 @@ impl Node {
     pub fn check_invariants(&self) -> Result<(), String> {
         let (unacked, cached, pending) = self.relm.records();
         let cfg = self.relm.config();
-        if unacked > cfg.unacked_max || pending > cfg.pending_max {
+        let window = cfg
+            .unacked_max
+            .saturating_add(crate::limits::RELM_RUNTIME_RESERVE);
+        if unacked > window || pending > cfg.pending_max {
             return Err(format!(
                 "rank {}: RELM table beyond its bounds ({unacked} unacknowledged, {pending} pending)",
                 self.me
@@ -442,9 +442,6 @@ impl Node {
                 "rank {}: pre-wire-up queue beyond its bound",
                 self.me
             ));
-        }
-        if self.relm_backlog.len() > crate::limits::GRPCOMM_RELIABLE_BACKLOG_MAX {
-            return Err(format!("rank {}: RELM backlog beyond its bound", self.me));
         }
         if self.routing.is_failed(self.me) {
             return Err(format!("rank {}: believes itself failed", self.me));

@@ -8,14 +8,18 @@
 //! * A message RELM posts here goes to `Matcher::try_handle_message`, which refuses rather
 //!   than evict a held message when the unmatched list is full: RELM then does not acknowledge
 //!   it and the origin replays it later. Runtime messages are always taken.
-//! * The runtime's own reliable messages (fault reports, broadcast requests and dones) never
-//!   meet a full window as an error: they wait, bounded, and are retried every pump.
+//! * The runtime's own reliable messages (fault reports, broadcast requests and dones) use
+//!   `Relm::send_runtime`, which has `RELM_RUNTIME_RESERVE` more room than users get; past it
+//!   they wait where they are made (the xcast core, the unreported set), bounded, and go out as
+//!   acknowledgements make room.
+//! * Rank 0 takes a broadcast request from RELM only if its xcast core can hold it
+//!   (`Xcast::hold_room`): otherwise RELM does not acknowledge it and the originator replays it
+//!   later. Every other runtime message is always taken.
 
 use super::{Node, Output};
 use crate::Rank;
 use crate::error::SendError;
 use crate::grpcomm::{TAG_XCAST_DONE, TAG_XCAST_REQUEST};
-use crate::limits;
 use crate::oob::header::{Header, Kind};
 use crate::relm::wire::{pack_seq, unpack_seq};
 use crate::relm::{DataFrame, Event, Transmit};
@@ -139,8 +143,19 @@ impl Node {
         let mut ready = Vec::new();
         let mut runtime = Vec::new();
         let matcher = &mut self.matcher;
+        // Rank 0 takes no more broadcast requests than its xcast core can hold (elsewhere a
+        // request is stale, and the core ignores it).
+        let mut hold_room = match self.me {
+            0 => self.xcast.hold_room(),
+            _ => (usize::MAX, usize::MAX),
+        };
         let mut post = |origin: Rank, tag: Tag, payload: Bytes| {
-            post_to(matcher, &mut ready, &mut runtime, origin, tag, payload)
+            let m = Message {
+                origin,
+                tag,
+                payload,
+            };
+            post_to(matcher, &mut ready, &mut runtime, &mut hold_room, m)
         };
         let res = input(&mut self.relm, &self.routing, &mut post);
         self.posted_by_relm(now, ready, runtime, refused);
@@ -172,26 +187,9 @@ impl Node {
         }
     }
 
-    /// A runtime message for rank `to` over RELM (or the bounded backlog if RELM's window is
-    /// full).
+    /// A runtime message for rank `to` over RELM. The caller has checked
+    /// `Relm::has_runtime_room` (`pump_grpcomm`); a refusal is a bug (logged and counted).
     pub(super) fn runtime_reliable(&mut self, now: Instant, to: Rank, tag: Tag, payload: Bytes) {
-        if !self.relm_backlog.is_empty() {
-            self.backlog(to, tag, payload);
-            return;
-        }
-        if let Err((tag, payload)) = self.try_reliable(now, to, tag, payload) {
-            self.backlog(to, tag, payload);
-        }
-    }
-
-    /// Hands one message to RELM; gives it back if RELM's window is full.
-    fn try_reliable(
-        &mut self,
-        now: Instant,
-        to: Rank,
-        tag: Tag,
-        payload: Bytes,
-    ) -> Result<(), (Tag, Bytes)> {
         if to == self.me {
             self.deliver(
                 now,
@@ -201,44 +199,24 @@ impl Node {
                     payload,
                 },
             );
-            return Ok(());
+            return;
         }
         let token = self.next_runtime_token();
         match self
             .relm
-            .send(now, &self.routing, to, tag, payload.clone(), token)
+            .send_runtime(now, &self.routing, to, tag, payload, token)
         {
-            Ok(()) => Ok(()),
-            Err(SendError::Busy(_)) => Err((tag, payload)),
+            Ok(()) => {}
+            Err(SendError::Busy(_)) => {
+                crate::bug!(
+                    "rank {}: runtime message {tag} for {to} found RELM's window full",
+                    self.me
+                );
+                self.counters.dropped_queue_full += 1;
+            }
             Err(e) => {
                 // To a dead rank: its requests and broadcasts died with it.
                 log::debug!("rank {}: runtime message to {to} not sent: {e}", self.me);
-                Ok(())
-            }
-        }
-    }
-
-    fn backlog(&mut self, to: Rank, tag: Tag, payload: Bytes) {
-        if self.relm_backlog.len() >= limits::GRPCOMM_RELIABLE_BACKLOG_MAX {
-            // The cores' own bounds keep the backlog below this (see `limits`).
-            crate::bug!(
-                "rank {}: {} runtime messages wait for RELM; dropped one for {to}",
-                self.me,
-                self.relm_backlog.len()
-            );
-            self.counters.dropped_queue_full += 1;
-            return;
-        }
-        self.relm_backlog.push_back((to, tag, payload));
-    }
-
-    /// Retries what waited for RELM's window, in order.
-    pub(super) fn retry_backlog(&mut self, now: Instant) {
-        self.flush_reports(now);
-        while let Some((to, tag, payload)) = self.relm_backlog.pop_front() {
-            if let Err((tag, payload)) = self.try_reliable(now, to, tag, payload) {
-                self.relm_backlog.push_front((to, tag, payload));
-                break;
             }
         }
     }
@@ -246,7 +224,7 @@ impl Node {
     /// Turns what RELM asked for into outputs: its frames and its completions.
     pub(super) fn pump_relm(&mut self, now: Instant) {
         if self.stopping.is_none() {
-            self.retry_backlog(now);
+            self.flush_reports(now);
         }
         while let Some(t) = self.relm.poll_transmit() {
             if self.stopping.is_some() {
@@ -288,24 +266,22 @@ fn post_to(
     matcher: &mut Matcher,
     ready: &mut Vec<Dispatch>,
     runtime: &mut Vec<Message>,
-    origin: Rank,
-    tag: Tag,
-    payload: Bytes,
+    (count, bytes): &mut (usize, usize),
+    m: Message,
 ) -> bool {
+    if m.tag == TAG_XCAST_REQUEST {
+        if *count == 0 || *bytes < m.payload.len() {
+            return false;
+        }
+        *count -= 1;
+        *bytes -= m.payload.len();
+    }
     // Runtime notices are handled by the node itself, never held: always posted.
-    if tag < TAG_USER_MIN {
-        runtime.push(Message {
-            origin,
-            tag,
-            payload,
-        });
+    if m.tag < TAG_USER_MIN {
+        runtime.push(m);
         return true;
     }
-    match matcher.try_handle_message(Message {
-        origin,
-        tag,
-        payload,
-    }) {
+    match matcher.try_handle_message(m) {
         Ok(d) => {
             ready.push(d);
             true

@@ -46,7 +46,7 @@
 //!
 //! # Bounds
 //! Unacknowledged messages per origin (`relm_unacked_max`: at the bound `send_reliable` fails
-//! with `Busy`), pending messages at a destination (`relm_pending_max`: an early message beyond
+//! with `Busy`; the runtime's own messages may use `RELM_RUNTIME_RESERVE` more), pending messages at a destination (`relm_pending_max`: an early message beyond
 //! it is dropped unacknowledged, and replayed later), the hop cache (count and age), link update
 //! size (`RELM_UPDATE_ENTRIES_MAX` per frame, several frames if needed), retransmissions per
 //! message (`RELM_RETRANSMITS_MAX`: then the completion fails with `Unreachable`).

@@ -54,6 +54,47 @@ impl Relm {
         payload: Bytes,
         token: u64,
     ) -> Result<(), SendError> {
+        let window = self.cfg.unacked_max;
+        self.send_within(now, topo, (dst, tag, payload), token, window)
+    }
+
+    /// [`Relm::send`] for the runtime's own messages (fault reports, broadcast requests and
+    /// notices): refused `Busy` only past `relm_unacked_max` plus
+    /// [`RELM_RUNTIME_RESERVE`](crate::limits::RELM_RUNTIME_RESERVE), so that a user keeping
+    /// the window full never holds them up. The caller bounds what it makes and keeps what is
+    /// refused until [`Relm::has_runtime_room`].
+    pub fn send_runtime(
+        &mut self,
+        now: Instant,
+        topo: &dyn Topology,
+        dst: Rank,
+        tag: Tag,
+        payload: Bytes,
+        token: u64,
+    ) -> Result<(), SendError> {
+        let window = self.runtime_window();
+        self.send_within(now, topo, (dst, tag, payload), token, window)
+    }
+
+    /// Whether [`Relm::send_runtime`] would take a message now (as far as the window goes).
+    pub fn has_runtime_room(&self) -> bool {
+        self.table.counts().0 < self.runtime_window()
+    }
+
+    fn runtime_window(&self) -> usize {
+        self.cfg
+            .unacked_max
+            .saturating_add(crate::limits::RELM_RUNTIME_RESERVE)
+    }
+
+    fn send_within(
+        &mut self,
+        now: Instant,
+        topo: &dyn Topology,
+        (dst, tag, payload): (Rank, Tag, Bytes),
+        token: u64,
+        window: usize,
+    ) -> Result<(), SendError> {
         if dst == self.me || dst >= self.size {
             return Err(SendError::RankOutOfRange {
                 rank: dst,
@@ -63,7 +104,7 @@ impl Relm {
         if topo.is_failed(dst) {
             return Err(SendError::NodeDown(dst));
         }
-        if self.table.counts().0 >= self.cfg.unacked_max {
+        if self.table.counts().0 >= window {
             return Err(SendError::Busy("the reliable-send window"));
         }
         let id = self.next_uid;

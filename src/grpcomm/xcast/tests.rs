@@ -22,7 +22,7 @@ fn op(id: u64) -> Op {
 }
 
 fn drain_transmits(x: &mut Xcast) -> Vec<Transmit<XcastMsg>> {
-    std::iter::from_fn(|| x.poll_transmit()).collect()
+    std::iter::from_fn(|| x.poll_notice().or_else(|| x.poll_transmit())).collect()
 }
 
 fn drain_events(x: &mut Xcast) -> Vec<XcastEvent> {
@@ -115,43 +115,83 @@ fn ignores_strangers_duplicates_and_holds_gaps() {
     assert_eq!(drain_events(&mut three), vec![]);
 }
 
+fn op_ids(ts: &[Transmit<XcastMsg>]) -> Vec<u64> {
+    ts.iter()
+        .filter_map(|t| match &t.msg {
+            XcastMsg::Op(op) => Some(op.id),
+            _ => None,
+        })
+        .collect()
+}
+
+fn completed_requests(events: &[XcastEvent]) -> Vec<u64> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            XcastEvent::Completed { request, .. } => Some(*request),
+            _ => None,
+        })
+        .collect()
+}
+
+fn request(originator: Rank, request: u64) -> XcastMsg {
+    XcastMsg::Request(Request {
+        originator,
+        request,
+        tag: 100,
+        payload: Bytes::from_static(b"r"),
+    })
+}
+
 #[test]
-fn rank_zero_refuses_when_full_and_originators_are_bounded() {
-    // Rank 0 with one child that never acks: operations stay in flight.
-    let mut zero = core(2, 2, 0);
-    for _ in 0..XCAST_INFLIGHT_MAX {
-        zero.originate(100, Bytes::new()).unwrap();
-    }
-    assert_eq!(zero.originate(100, Bytes::new()), Err(XcastError::Busy));
-    // A request from rank 1 is answered with Refused.
-    drain_transmits(&mut zero);
-    zero.handle_msg(
-        1,
-        XcastMsg::Request(Request {
-            originator: 1,
-            request: 1,
-            tag: 100,
-            payload: Bytes::new(),
-        }),
-    );
+fn rank_zero_holds_beyond_the_window_and_refuses_only_when_holding_is_full() {
+    // Rank 0 with one child (rank 1) that acks only when told: operations stay in flight.
+    let limits = XcastLimits {
+        inflight: 2,
+        held: 2,
+        ..XcastLimits::default()
+    };
+    let mut zero = Xcast::with_limits(&RoutingState::new(2, 2, 0).unwrap(), limits);
+    assert_eq!(zero.originate(100, Bytes::from_static(b"a")), Ok(1));
+    assert_eq!(zero.originate(100, Bytes::from_static(b"b")), Ok(2));
+    assert_eq!(op_ids(&drain_transmits(&mut zero)), [1, 2]);
+    // Beyond the window: held, not numbered, nothing sent.
+    assert_eq!(zero.originate(100, Bytes::from_static(b"c")), Ok(3));
+    assert_eq!(zero.held(), 1);
+    assert_eq!(drain_transmits(&mut zero), vec![]);
+    // A request from rank 1 waits behind it, in arrival order.
+    assert_eq!(zero.hold_room().0, 1);
+    zero.handle_msg(1, request(1, 1));
+    assert_eq!(zero.held(), 2);
+    assert_eq!(zero.hold_room().0, 0);
+    // Holding is full: rank 0's own broadcast is refused locally.
     assert_eq!(
-        drain_transmits(&mut zero),
-        vec![Transmit {
-            to: 1,
-            msg: XcastMsg::Refused { request: 1 }
-        }]
+        zero.originate(100, Bytes::from_static(b"d")),
+        Err(XcastError::Busy)
     );
     // A request naming another originator is ignored.
-    zero.handle_msg(
-        1,
-        XcastMsg::Request(Request {
-            originator: 0,
-            request: 2,
-            tag: 100,
-            payload: Bytes::new(),
-        }),
+    zero.handle_msg(1, request(0, 2));
+    assert_eq!(zero.held(), 2);
+    // The child acks both: they complete, and the held ones are numbered in order.
+    drain_events(&mut zero);
+    zero.handle_msg(1, XcastMsg::Ack { upto: 2, digest: 0 });
+    assert_eq!(completed_requests(&drain_events(&mut zero)), [1, 2]);
+    assert_eq!(zero.held(), 0);
+    let ts = drain_transmits(&mut zero);
+    assert_eq!(op_ids(&ts), [3, 4]);
+    drain_events(&mut zero);
+    zero.handle_msg(1, XcastMsg::Ack { upto: 4, digest: 0 });
+    assert_eq!(completed_requests(&drain_events(&mut zero)), [3]);
+    // Rank 1's request completed too: its notice leaves by `poll_notice`.
+    assert_eq!(
+        zero.poll_notice(),
+        Some(Transmit {
+            to: 1,
+            msg: XcastMsg::Done { request: 1, op: 4 }
+        })
     );
-    assert_eq!(drain_transmits(&mut zero), vec![]);
+    assert_eq!(zero.poll_notice(), None);
+    assert_eq!(zero.stats().refused, 0);
 
     let mut one = core(2, 2, 1);
     for _ in 0..XCAST_ORIGINATE_MAX {
@@ -160,6 +200,11 @@ fn rank_zero_refuses_when_full_and_originators_are_bounded() {
     assert_eq!(
         one.originate(100, Bytes::new()),
         Err(XcastError::TooManyOutstanding)
+    );
+    // Requests are notices, not tree messages.
+    assert!(
+        one.poll_transmit()
+            .is_none_or(|t| !matches!(t.msg, XcastMsg::Request(_)))
     );
     one.handle_msg(0, XcastMsg::Refused { request: 1 });
     assert_eq!(
@@ -175,45 +220,63 @@ fn rank_zero_refuses_when_full_and_originators_are_bounded() {
 }
 
 #[test]
+fn a_request_too_large_for_rank_zero_is_refused() {
+    let limits = XcastLimits {
+        payload: 4,
+        ..XcastLimits::default()
+    };
+    let mut zero = Xcast::with_limits(&RoutingState::new(2, 2, 0).unwrap(), limits);
+    zero.handle_msg(
+        1,
+        XcastMsg::Request(Request {
+            originator: 1,
+            request: 1,
+            tag: 100,
+            payload: Bytes::from_static(b"too large"),
+        }),
+    );
+    assert_eq!(
+        zero.poll_notice(),
+        Some(Transmit {
+            to: 1,
+            msg: XcastMsg::Refused { request: 1 }
+        })
+    );
+    assert_eq!(zero.stats().refused, 1);
+    assert_eq!(zero.held(), 0);
+}
+
+#[test]
 fn an_urgent_operation_passes_a_full_window() {
-    // Rank 0 with one child that acks nothing: the window fills.
+    // Rank 0 with one child that acks nothing: the window fills, then holding.
     let limits = XcastLimits {
         inflight: 2,
+        held: 1,
         ..XcastLimits::default()
     };
     let mut zero = Xcast::with_limits(&RoutingState::new(2, 2, 0).unwrap(), limits);
     zero.originate(100, Bytes::from_static(b"a")).unwrap();
     zero.originate(100, Bytes::from_static(b"b")).unwrap();
+    zero.originate(100, Bytes::from_static(b"c")).unwrap();
     assert_eq!(
-        zero.originate(100, Bytes::from_static(b"c")),
+        zero.originate(100, Bytes::from_static(b"d")),
         Err(XcastError::Busy)
     );
     let urgent = zero
         .originate_urgent(6, Bytes::from_static(b"confirm"))
         .unwrap();
-    let ops: Vec<u64> = drain_transmits(&mut zero)
-        .into_iter()
-        .filter_map(|t| match t.msg {
-            XcastMsg::Op(op) => Some(op.id),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(ops, [1, 2, 3]);
+    // The urgent one is numbered at once, ahead of the held one.
+    let ts = drain_transmits(&mut zero);
+    assert_eq!(op_ids(&ts), [1, 2, 3]);
     assert_eq!(delivered_ids(&drain_events(&mut zero)), [1, 2, 3]);
-    // Still full for everything else; the child's ack completes all three.
     assert_eq!(
         zero.originate(100, Bytes::from_static(b"d")),
         Err(XcastError::Busy)
     );
+    // The child's ack completes all three; the held one goes out.
     zero.handle_msg(1, XcastMsg::Ack { upto: 3, digest: 0 });
-    let completed: Vec<u64> = drain_events(&mut zero)
-        .into_iter()
-        .filter_map(|e| match e {
-            XcastEvent::Completed { request, .. } => Some(request),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(completed, [1, 2, urgent]);
+    assert_eq!(completed_requests(&drain_events(&mut zero)), [1, 2, urgent]);
+    assert_eq!(op_ids(&drain_transmits(&mut zero)), [4]);
     zero.originate(100, Bytes::from_static(b"d")).unwrap();
 }
 
@@ -465,6 +528,8 @@ const TIGHT: XcastLimits = XcastLimits {
     retained_bytes: 48,
     originate: 2,
     refusals: 1_024,
+    held: 3,
+    held_bytes: 40,
 };
 
 /// A random broadcast workload with faults; returns the settled network. With
