@@ -240,6 +240,8 @@ typedef struct {
   uint64_t xcast_refused;
   // Rank 0: broadcast requests it refused.
   uint64_t xcast_requests_refused;
+  // Rank 0: broadcast requests that waited for room in its window.
+  uint64_t xcast_requests_held;
   // Broadcast operations received again and ignored.
   uint64_t xcast_duplicates;
   // Broadcast operations ignored because they did not come from this daemon's parent.
@@ -291,6 +293,11 @@ typedef struct {
   uint64_t handshakes_refused;
   // Refusal log lines not written because of the rate limit.
   uint64_t log_lines_suppressed;
+  // Times a send queue towards a neighbour became congested (reads from the others paused
+  // until it drained).
+  uint64_t flow_congested;
+  // Sends refused `TBON_ERR_BUSY` because the queue towards their next hop was congested.
+  uint64_t sends_busy_flow;
 } tbon_counters;
 
 #ifdef __cplusplus

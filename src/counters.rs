@@ -83,10 +83,13 @@ pub struct Counters {
     /// Broadcasts the application originated here that completed: every living daemon
     /// delivered them (rank 0's own notices are not counted).
     pub xcast_completed: u64,
-    /// Broadcasts originated here that rank 0 refused (its window was full): `Busy`.
+    /// Broadcasts originated here that rank 0 refused (a payload too large for it): `Busy`.
     pub xcast_refused: u64,
-    /// Rank 0: broadcast requests it refused (window full, or payload too large).
+    /// Rank 0: broadcast requests it refused (payload too large; a full window holds them).
     pub xcast_requests_refused: u64,
+    /// Rank 0: broadcast requests (its own included) that waited for room in its window
+    /// (`limits::XCAST_INFLIGHT_MAX`) instead of being numbered at once.
+    pub xcast_requests_held: u64,
     /// Broadcast operations received again (already held or delivered) and ignored.
     pub xcast_duplicates: u64,
     /// Broadcast operations ignored because they came from a rank that is not this daemon's
@@ -142,4 +145,10 @@ pub struct Counters {
     /// Refusal log lines not written because of the rate limit
     /// (`limits::REFUSAL_LOG_LINES_PER_INTERVAL`); summarised per reason instead.
     pub log_lines_suppressed: u64,
+    /// Times a send queue towards a neighbour became congested (above
+    /// `limits::FLOW_HIGH_BYTES`): reads from the other neighbours paused until it drained.
+    pub flow_congested: u64,
+    /// Sends of this daemon's callers refused `Busy` because the queue towards their next hop
+    /// was congested (back-pressure; the caller retries).
+    pub sends_busy_flow: u64,
 }

@@ -168,6 +168,25 @@ pub const MSG_MAX_BYTES_CEILING: u64 = u32::MAX as u64;
 /// Setting: `send_queue_max_bytes`.
 pub const SEND_QUEUE_MAX_BYTES_DEFAULT: usize = 128 * 1024 * 1024;
 
+/// Bytes queued towards a neighbour above which its queue is congested (`node::flow`): this
+/// daemon stops reading the other neighbours' frames, and refuses its callers' sends towards
+/// it `Busy`, until the queue is down to [`FLOW_LOW_BYTES`]. Far below
+/// `send_queue_max_bytes`, where relayed frames are dropped: under overload, queues stay near
+/// this size (latency grows by about this much per hop) and nothing is dropped.
+pub const FLOW_HIGH_BYTES: usize = 1024 * 1024;
+
+/// Bytes a congested queue must drain to before reads resume (see [`FLOW_HIGH_BYTES`]).
+pub const FLOW_LOW_BYTES: usize = 256 * 1024;
+
+/// A congested queue that took no bytes for this long stops pausing reads (its neighbour has
+/// stopped reading: hung or dying; the heartbeats deal with it), so that one stuck neighbour
+/// cannot stop a daemon from reading all the others.
+pub const FLOW_STUCK_MS: u64 = 2_000;
+
+/// How often, at most, a driver with connections left unread by flow control looks again
+/// whether it may read them, when no write made room in between.
+pub const FLOW_RECHECK_MS: u64 = 100;
+
 /// Default bound on messages sent before wire-up completes (the tree's connections are not up
 /// yet). At the bound further sends are refused with a back-pressure error.
 /// Setting: `prewire_queue_max`.

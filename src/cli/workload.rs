@@ -279,8 +279,13 @@ pub fn destination(
 struct Record {
     /// (seq, dst, sent_ns)
     sent: Vec<(u64, u32, u64)>,
-    /// (seq, error)
+    /// (seq, error): final errors only (a `Busy` is retried, not an error).
     errors: Vec<(u64, String)>,
+    /// (seq, submission): every submission of a message, in order; a message's last one is
+    /// the one accepted, and sets its place in the per-origin order a receiver must see.
+    submits: Vec<(u64, u64)>,
+    /// Submissions refused `Busy` and retried.
+    busy_retries: u64,
     /// (tag, origin, seq, sent_ns, recv_ns); for corrupted payloads seq = u64::MAX.
     received: Vec<(u32, u32, u64, u64, u64)>,
 }
@@ -335,64 +340,23 @@ impl Workload {
     }
 
     /// Starts the sender thread: `messages` sends at `rate` per second, deterministic in
-    /// (seed, rank).
+    /// (seed, rank). A send refused `Busy` (back-pressure: a congested next hop, a full
+    /// window) is sent again, before any new one, with exponential back-off
+    /// ([`RETRY_BACKOFF_MS_MIN`] to [`RETRY_BACKOFF_MS_MAX`]): under overload the schedule
+    /// slips and latency grows, but every message is offered until it is accepted.
     pub fn start_sending(&self, args: &WorkloadArgs, h: Handle) {
-        let args = args.clone();
-        let rec = self.record.clone();
-        let sent = self.sent.clone();
-        let completed = self.completed.clone();
+        let sender = Sender {
+            args: args.clone(),
+            h,
+            rec: self.record.clone(),
+            sent: self.sent.clone(),
+            completed: self.completed.clone(),
+            retry: Arc::new(Mutex::new(std::collections::VecDeque::new())),
+            submissions: 0,
+        };
         let finished = self.finished_sending.clone();
         std::thread::spawn(move || {
-            let me = h.rank();
-            let size = h.size();
-            let mut rng = Rng::new(args.workload_seed ^ (u64::from(me) << 32) ^ 0x7b0b);
-            let span = (args.workload_payload.max - args.workload_payload.min) as u64;
-            let start = Instant::now();
-            let rate = args.workload_rate.max(0.001);
-            for seq in 0..args.workload_messages {
-                let at = start + Duration::from_secs_f64(seq as f64 / rate);
-                if let Some(wait) = at.checked_duration_since(Instant::now()) {
-                    std::thread::sleep(wait);
-                }
-                let dst = destination(
-                    args.workload_pattern,
-                    args.workload_mode,
-                    me,
-                    (args.workload_radix, size),
-                    seq,
-                    &mut rng,
-                );
-                if dst == DST_NONE {
-                    continue;
-                }
-                let len = args.workload_payload.min + rng.below(span + 1) as usize;
-                let now = mono_ns();
-                let payload = encode(me, dst, seq, now, len);
-                lock(&rec).sent.push((seq, dst, now));
-                let rec2 = rec.clone();
-                let done = completed.clone();
-                let on_done = move |r: Result<(), SendError>| {
-                    if let Err(e) = r {
-                        lock(&rec2).errors.push((seq, error_name(&e).to_string()));
-                    }
-                    done.fetch_add(1, Ordering::Relaxed);
-                };
-                let r = if dst == DST_ALL {
-                    h.broadcast(TAG_BCAST, payload, Some(Box::new(on_done)))
-                } else if is_reliable(args.workload_mode, seq) {
-                    h.send_reliable_with(dst, TAG_RELIABLE, payload, on_done)
-                } else {
-                    h.send_with(dst, TAG_PLAIN, payload, on_done)
-                };
-                if let Err(e) = r {
-                    lock(&rec).errors.push((seq, error_name(&e).to_string()));
-                    completed.fetch_add(1, Ordering::Relaxed);
-                    if matches!(e, SendError::ShutDown) {
-                        break;
-                    }
-                }
-                sent.fetch_add(1, Ordering::Relaxed);
-            }
+            sender.run();
             finished.store(true, Ordering::SeqCst);
         });
     }
@@ -424,6 +388,10 @@ impl Workload {
         for (seq, e) in &rec.errors {
             writeln!(f, "E {seq} {e}")?;
         }
+        for (seq, n) in &rec.submits {
+            writeln!(f, "O {seq} {n}")?;
+        }
+        writeln!(f, "B {}", rec.busy_retries)?;
         for (tag, origin, seq, t0, t1) in &rec.received {
             writeln!(f, "R {tag} {origin} {seq} {t0} {t1}")?;
         }
@@ -431,6 +399,205 @@ impl Workload {
         drop(f);
         std::fs::rename(&tmp, &self.out)
     }
+}
+
+/// The first back-off after a send refused `Busy`; it doubles while refusals go on.
+pub const RETRY_BACKOFF_MS_MIN: u64 = 1;
+/// The longest back-off between retries of refused sends.
+pub const RETRY_BACKOFF_MS_MAX: u64 = 64;
+/// Messages a daemon's workload has offered whose outcome is not known yet: past this, the
+/// schedule waits (a caller's own window, as a real one would keep).
+pub const SEND_WINDOW_MAX: u64 = 1_024;
+
+/// A message of the schedule, kept until it is accepted.
+#[derive(Clone)]
+struct Offer {
+    seq: u64,
+    dst: u32,
+    payload: Bytes,
+}
+
+/// The sender thread's state: the schedule, and the messages refused `Busy` to offer again.
+struct Sender {
+    args: WorkloadArgs,
+    h: Handle,
+    rec: Arc<Mutex<Record>>,
+    sent: Arc<AtomicU64>,
+    completed: Arc<AtomicU64>,
+    /// Offers refused `Busy` (by their completion), oldest first.
+    retry: Arc<Mutex<std::collections::VecDeque<Offer>>>,
+    submissions: u64,
+}
+
+enum Submitted {
+    Accepted,
+    Busy,
+    ShutDown,
+}
+
+impl Sender {
+    fn run(mut self) {
+        let me = self.h.rank();
+        let size = self.h.size();
+        let args = self.args.clone();
+        let mut rng = Rng::new(args.workload_seed ^ (u64::from(me) << 32) ^ 0x7b0b);
+        let span = (args.workload_payload.max - args.workload_payload.min) as u64;
+        let start = Instant::now();
+        let rate = args.workload_rate.max(0.001);
+        let mut backoff_ms = RETRY_BACKOFF_MS_MIN;
+        // How many refused messages one pass offers again: halved when refusals continue,
+        // doubled when they stop (additive probing would be slower to find room again).
+        let mut batch: usize = 1;
+        let mut busy_seen = 0;
+        let mut seq = 0;
+        loop {
+            // Refused messages first, in order, after a back-off that grows while refusals
+            // go on (without it the sender and the loop would trade refusals as fast as they
+            // can, a storm that takes the CPU the network needs).
+            let busy_now = lock(&self.rec).busy_retries;
+            let refused_since = busy_now > busy_seen;
+            busy_seen = busy_now;
+            if refused_since {
+                batch = (batch / 2).max(1);
+                backoff_ms = (backoff_ms * 2).min(RETRY_BACKOFF_MS_MAX);
+            } else {
+                batch = batch.saturating_mul(2).min(SEND_WINDOW_MAX as usize);
+                backoff_ms = RETRY_BACKOFF_MS_MIN;
+            }
+            if !lock_queue(&self.retry).is_empty() {
+                std::thread::sleep(Duration::from_millis(backoff_ms));
+            }
+            match self.offer_retries(batch) {
+                Submitted::ShutDown => return,
+                Submitted::Busy => continue,
+                Submitted::Accepted => {}
+            }
+            let unfinished = self
+                .sent
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.completed.load(Ordering::Relaxed));
+            let retrying = !lock_queue(&self.retry).is_empty();
+            if seq < args.workload_messages && (unfinished >= SEND_WINDOW_MAX || retrying) {
+                // Enough offered and not yet accepted: wait for completions.
+                std::thread::sleep(Duration::from_millis(RETRY_BACKOFF_MS_MIN));
+                continue;
+            }
+            if seq == args.workload_messages {
+                // Schedule done: wait for the last completions (a `Busy` one comes back).
+                if self.completed.load(Ordering::Relaxed) >= self.sent.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(backoff_ms));
+                backoff_ms = (backoff_ms * 2).min(RETRY_BACKOFF_MS_MAX);
+                continue;
+            }
+            let at = start + Duration::from_secs_f64(seq as f64 / rate);
+            if let Some(wait) = at.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            let dst = destination(
+                args.workload_pattern,
+                args.workload_mode,
+                me,
+                (args.workload_radix, size),
+                seq,
+                &mut rng,
+            );
+            let this = seq;
+            seq += 1;
+            if dst == DST_NONE {
+                continue;
+            }
+            let len = args.workload_payload.min + rng.below(span + 1) as usize;
+            let now = mono_ns();
+            let offer = Offer {
+                seq: this,
+                dst,
+                payload: encode(me, dst, this, now, len),
+            };
+            lock(&self.rec).sent.push((this, dst, now));
+            self.sent.fetch_add(1, Ordering::Relaxed);
+            if let Submitted::ShutDown = self.submit(offer) {
+                return;
+            }
+        }
+    }
+
+    /// Offers again up to `batch` of what was refused, oldest first, until one is refused at
+    /// once.
+    fn offer_retries(&mut self, batch: usize) -> Submitted {
+        for _ in 0..batch {
+            let Some(offer) = lock_queue(&self.retry).pop_front() else {
+                return Submitted::Accepted;
+            };
+            match self.submit(offer) {
+                Submitted::Accepted => {}
+                other => return other,
+            }
+        }
+        Submitted::Accepted
+    }
+
+    /// Hands one offer to tbon. A refusal at once (the command channel full) puts it back at
+    /// the head of the retry queue; a `Busy` completion puts it at the tail.
+    fn submit(&mut self, offer: Offer) -> Submitted {
+        let n = self.submissions;
+        self.submissions += 1;
+        lock(&self.rec).submits.push((offer.seq, n));
+        let rec = self.rec.clone();
+        let done = self.completed.clone();
+        let retry = self.retry.clone();
+        let again = offer.clone();
+        let on_done = move |r: Result<(), SendError>| match r {
+            Err(SendError::Busy(_)) => {
+                lock(&rec).busy_retries += 1;
+                lock_queue(&retry).push_back(again);
+            }
+            Err(e) => {
+                lock(&rec)
+                    .errors
+                    .push((again.seq, error_name(&e).to_string()));
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(()) => {
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        let (seq, dst) = (offer.seq, offer.dst);
+        let r = if dst == DST_ALL {
+            self.h
+                .broadcast(TAG_BCAST, offer.payload.clone(), Some(Box::new(on_done)))
+        } else if is_reliable(self.args.workload_mode, seq) {
+            self.h
+                .send_reliable_with(dst, TAG_RELIABLE, offer.payload.clone(), on_done)
+        } else {
+            self.h
+                .send_with(dst, TAG_PLAIN, offer.payload.clone(), on_done)
+        };
+        match r {
+            Ok(()) => Submitted::Accepted,
+            Err(SendError::Busy(_)) => {
+                lock(&self.rec).busy_retries += 1;
+                lock_queue(&self.retry).push_front(offer);
+                Submitted::Busy
+            }
+            Err(e) => {
+                lock(&self.rec)
+                    .errors
+                    .push((seq, error_name(&e).to_string()));
+                self.completed.fetch_add(1, Ordering::Relaxed);
+                if matches!(e, SendError::ShutDown) {
+                    Submitted::ShutDown
+                } else {
+                    Submitted::Accepted
+                }
+            }
+        }
+    }
+}
+
+fn lock_queue<T>(q: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    q.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn error_name(e: &SendError) -> &'static str {
@@ -448,6 +615,10 @@ fn error_name(e: &SendError) -> &'static str {
 pub struct Results {
     pub sent: Vec<(u64, u32, u64)>,
     pub errors: Vec<(u64, String)>,
+    /// seq -> its accepted (last) submission number: the order a receiver must see.
+    pub order: std::collections::HashMap<u64, u64>,
+    /// Submissions refused `Busy` and retried.
+    pub busy_retries: u64,
     pub received: Vec<(u32, u32, u64, u64, u64)>,
 }
 
@@ -468,6 +639,10 @@ pub fn read_results(path: &Path) -> Result<Results, String> {
             Some(&"E") => r
                 .errors
                 .push((n(1)?, f.get(2).unwrap_or(&"other").to_string())),
+            Some(&"O") => {
+                r.order.insert(n(1)?, n(2)?);
+            }
+            Some(&"B") => r.busy_retries = n(1)?,
             Some(&"R") => r
                 .received
                 .push((n(1)? as u32, n(2)? as u32, n(3)?, n(4)?, n(5)?)),

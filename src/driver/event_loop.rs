@@ -74,6 +74,9 @@ pub(crate) struct EventLoop {
     node_timers: BTreeSet<Instant>,
     dirty: Vec<usize>,
     readable_again: FxHashSet<usize>,
+    /// Connections left unread by flow control (`node::flow`): read again once the node
+    /// allows it (checked every turn, and at least every `limits::FLOW_RECHECK_MS`).
+    paused: FxHashSet<usize>,
     /// Listeners (by index) that stopped at `ACCEPTS_PER_EVENT_MAX` with connections still
     /// waiting: accepted again next turn (edge-triggered, no new event would come for them).
     accept_again: Vec<usize>,
@@ -146,6 +149,7 @@ impl EventLoop {
             node_timers: BTreeSet::new(),
             dirty: Vec::new(),
             readable_again: FxHashSet::default(),
+            paused: FxHashSet::default(),
             accept_again: Vec::new(),
             accept_retry: Vec::new(),
             frame_buf: Vec::new(),
@@ -189,12 +193,18 @@ impl EventLoop {
             self.node.pump(self.now);
             self.carry_out();
             self.flush_dirty();
+            self.resume_paused();
             if self.ready_to_exit() {
                 return Ok(());
             }
             self.arm_node_timer();
             let now = Instant::now();
             let mut timeout = self.timers.poll_timeout(now);
+            if !self.paused.is_empty() {
+                // A pause also ends by time (a congested queue that counts as stuck).
+                let recheck = Duration::from_millis(limits::FLOW_RECHECK_MS);
+                timeout = Some(timeout.map_or(recheck, |t| t.min(recheck)));
+            }
             if !drained_all
                 || !self.readable_again.is_empty()
                 || !self.accept_again.is_empty()

@@ -188,6 +188,8 @@ pub struct tbon_counters {
     pub xcast_refused: u64,
     /// Rank 0: broadcast requests it refused.
     pub xcast_requests_refused: u64,
+    /// Rank 0: broadcast requests that waited for room in its window.
+    pub xcast_requests_held: u64,
     /// Broadcast operations received again and ignored.
     pub xcast_duplicates: u64,
     /// Broadcast operations ignored because they did not come from this daemon's parent.
@@ -239,6 +241,11 @@ pub struct tbon_counters {
     pub handshakes_refused: u64,
     /// Refusal log lines not written because of the rate limit.
     pub log_lines_suppressed: u64,
+    /// Times a send queue towards a neighbour became congested (reads from the others paused
+    /// until it drained).
+    pub flow_congested: u64,
+    /// Sends refused `TBON_ERR_BUSY` because the queue towards their next hop was congested.
+    pub sends_busy_flow: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -277,6 +284,7 @@ impl From<&Counters> for tbon_counters {
             xcast_completed: c.xcast_completed,
             xcast_refused: c.xcast_refused,
             xcast_requests_refused: c.xcast_requests_refused,
+            xcast_requests_held: c.xcast_requests_held,
             xcast_duplicates: c.xcast_duplicates,
             xcast_not_from_parent: c.xcast_not_from_parent,
             xcast_resumes: c.xcast_resumes,
@@ -301,6 +309,8 @@ impl From<&Counters> for tbon_counters {
             handshakes_abandoned: c.handshakes_abandoned,
             handshakes_refused: c.handshakes_refused,
             log_lines_suppressed: c.log_lines_suppressed,
+            flow_congested: c.flow_congested,
+            sends_busy_flow: c.sends_busy_flow,
         }
     }
 }

@@ -499,6 +499,7 @@ impl Node {
         c.xcast_forwarded = x.forwarded;
         c.xcast_delivered = x.delivered;
         c.xcast_requests_refused = x.refused;
+        c.xcast_requests_held = x.held;
         c.xcast_duplicates = x.duplicates;
         c.xcast_not_from_parent = x.not_from_parent;
         c.xcast_resumes = x.resumes_sent;

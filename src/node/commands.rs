@@ -74,6 +74,7 @@ impl Node {
                 payload,
                 token,
             } => {
+                self.check_flow(dst)?;
                 self.counters.sent += 1;
                 self.send(dst, tag, payload, token);
                 Ok(())
@@ -84,6 +85,7 @@ impl Node {
                 payload,
                 token,
             } => {
+                self.check_flow(dst)?;
                 self.counters.sent += 1;
                 self.send_reliable(now, dst, tag, payload, token)
             }
@@ -94,6 +96,18 @@ impl Node {
             } => self.broadcast(tag, payload, token),
             Command::Allgather { id, data } => self.contribute(id, data),
         }
+    }
+
+    /// A send to `dst` originated here is turned away while the queue towards its next hop is
+    /// congested (`flow`): the caller slows down instead of a relay dropping.
+    fn check_flow(&mut self, dst: Rank) -> Result<(), SendError> {
+        if let Route::Parent(hop) | Route::Child(hop) = self.routing.route(dst)
+            && !self.flow.may_originate(hop)
+        {
+            self.counters.sends_busy_flow += 1;
+            return Err(SendError::Busy("the send queue towards the next hop"));
+        }
+        Ok(())
     }
 
     /// Wire-up completed: the held commands run, in order; what they are refused now is

@@ -106,6 +106,10 @@ impl Node {
                 m.forget(*r);
             }
         }
+        for r in &dead {
+            self.flow.forget(*r);
+            self.paused_by.remove(r);
+        }
         self.out.push_back(Output::PeersFailed { dead, adopted });
         self.watch_neighbours(now);
         self.grpcomm_repair(&status);
@@ -322,6 +326,17 @@ impl Node {
         };
         let timeout = m.timeout();
         self.heartbeat_at = Some(now + m.tick_every());
+        // A neighbour whose frames flow control leaves unread is silent because of this
+        // daemon, not of itself (`flow`: pauses end while it lives).
+        if self.flow.is_pausing(now) {
+            let mut n: Vec<Rank> = self.routing.children().to_vec();
+            n.extend(self.routing.parent());
+            for r in n {
+                if !self.flow.may_read(now, r) {
+                    m.heard(r, now);
+                }
+            }
+        }
         let tick = m.tick(now);
         if tick.stalled {
             log::warn!(
@@ -330,7 +345,10 @@ impl Node {
             );
         }
         for r in tick.send_to {
-            let header = self.header(crate::oob::header::Kind::Heartbeat, self.me, r, 0, 0);
+            let mut header = self.header(crate::oob::header::Kind::Heartbeat, self.me, r, 0, 0);
+            if !self.flow.may_read(now, r) {
+                header.tag = super::flow::HEARTBEAT_PAUSING;
+            }
             self.out.push_back(Output::Heartbeat { to: r, header });
         }
         let mut n: Vec<Rank> = self.routing.children().to_vec();
@@ -338,9 +356,9 @@ impl Node {
         let deaf: Vec<Rank> = n
             .into_iter()
             .filter(|r| {
-                links
-                    .stuck_since(*r)
-                    .is_some_and(|t| now.saturating_duration_since(t) > timeout)
+                let since = |t: Instant| now.saturating_duration_since(t);
+                links.stuck_since(*r).is_some_and(|t| since(t) > timeout)
+                    && self.paused_by.get(r).is_none_or(|t| since(*t) > timeout)
             })
             .collect();
         if !deaf.is_empty() && !tick.stalled {

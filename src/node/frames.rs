@@ -2,6 +2,7 @@
 //! passes (incarnation, failed senders, rank ranges), the dispatch by kind, runtime messages.
 
 use super::Node;
+use super::flow::HEARTBEAT_PAUSING;
 use crate::Rank;
 use crate::faults::notice::{TAG_ADOPTED, TAG_DECLARED_DEAD, TAG_FAULT_REPORT, TAG_ROOT_LOST};
 use crate::grpcomm::{TAG_XCAST_DONE, TAG_XCAST_REQUEST};
@@ -72,7 +73,13 @@ impl Node {
             Kind::Grpcomm => self.on_grpcomm_frame(from, h, payload),
             Kind::RelmData => self.on_relm_data(now, from, h, payload),
             Kind::Relm => self.on_relm_control(now, from, h, payload),
-            Kind::Heartbeat => Ok(()),
+            Kind::Heartbeat => {
+                if h.tag & HEARTBEAT_PAUSING != 0 {
+                    // Its silence towards our frames is flow control, not deafness.
+                    self.paused_by.insert(from, now);
+                }
+                Ok(())
+            }
             Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::Ready => {
                 Err("handshake frame on an established connection".into())
             }
@@ -153,6 +160,7 @@ impl Node {
     /// close then stops this daemon (no probe, and the driver logs no loss) instead of being
     /// delivered after a "lost connection; probing" alarm (issue "Real launchers", defect 2).
     pub fn handle_link_lost(&mut self, now: Instant, peer: Rank) -> bool {
+        self.flow.forget(peer);
         if self.stopping.is_none() {
             self.pump(now);
         }

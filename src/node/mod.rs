@@ -25,6 +25,7 @@
 mod collectives;
 mod commands;
 mod faults;
+pub mod flow;
 mod frames;
 mod output;
 mod reliable;
@@ -77,6 +78,8 @@ pub struct NodeConfig {
     pub wireup_timeout: Duration,
     /// Emit [`Output::Trace`] observations (the simulator's checkers).
     pub trace: bool,
+    /// The thresholds of hop-by-hop flow control ([`flow`]).
+    pub flow: flow::FlowLimits,
 }
 
 impl NodeConfig {
@@ -108,6 +111,7 @@ impl NodeConfig {
             )),
             wireup_timeout: Duration::from_millis(c.wireup_timeout_ms),
             trace: false,
+            flow: flow::FlowLimits::default(),
         }
     }
 }
@@ -180,6 +184,11 @@ pub struct Node {
     /// Deaths detected here and not yet handed to RELM in a report to rank 0 (at most `size`):
     /// a full window delays a report, never loses it.
     unreported: BTreeSet<Rank>,
+    /// Hop-by-hop flow control: send queue levels the driver reported ([`flow`]).
+    flow: flow::Flow,
+    /// Neighbours that said, in their latest heartbeats, that they leave this daemon's frames
+    /// unread (flow control), with when they last said so.
+    paused_by: FxHashMap<Rank, Instant>,
     /// The newest incarnation seen of each neighbour.
     incarnations: FxHashMap<Rank, u64>,
     out: VecDeque<Output>,
@@ -232,6 +241,8 @@ impl Node {
             xcast_deferred: VecDeque::new(),
             unreported: BTreeSet::new(),
             incarnations: FxHashMap::default(),
+            flow: flow::Flow::new(cfg.flow),
+            paused_by: FxHashMap::default(),
             out: VecDeque::new(),
         })
     }
@@ -314,6 +325,7 @@ impl Node {
         c.relm_unacked = unacked as u64;
         c.relm_cached = cached as u64;
         c.relm_pending = pending as u64;
+        c.flow_congested = self.flow.episodes();
         self.collective_counters(&mut c);
         c
     }
@@ -420,6 +432,27 @@ impl Node {
 
     fn done(&mut self, token: u64, result: Result<(), crate::SendError>) {
         self.out.push_back(Output::SendDone { token, result });
+    }
+
+    /// The send queue towards neighbour `peer` now holds `queued` bytes (frames handed over in
+    /// [`Output::Transmit`] and not yet written). Call it whenever that may have changed:
+    /// after carrying out transmits, after writing. It decides [`Node::may_read`] and whether
+    /// this daemon's callers' sends towards `peer` are turned away (`Busy`).
+    pub fn handle_send_queue(&mut self, now: Instant, peer: Rank, queued: usize) {
+        self.flow.handle_queued(now, peer, queued);
+    }
+
+    /// Whether the driver may read frames from neighbour `peer` now. A driver that stops
+    /// reading a connection because of this must ask again after each
+    /// [`Node::handle_send_queue`] and at least every 100 ms while [`flow::Flow::is_pausing`]
+    /// (a pause also ends when a congested queue counts as stuck).
+    pub fn may_read(&self, now: Instant, peer: Rank) -> bool {
+        self.flow.may_read(now, peer)
+    }
+
+    /// The flow-control state (see [`flow`]).
+    pub fn flow(&self) -> &flow::Flow {
+        &self.flow
     }
 
     /// Checks the rules every node keeps at every step (the simulator calls this after each

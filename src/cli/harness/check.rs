@@ -73,6 +73,8 @@ struct Counts {
     corrupted: u64,
     misdelivered: u64,
     send_errors: BTreeMap<String, u64>,
+    /// Sends refused `Busy` (back-pressure) and offered again by the workload.
+    busy_retries: u64,
     to_faulted: u64,
     from_faulted_delivered: u64,
 }
@@ -216,6 +218,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
         for (_, e) in &res.errors {
             *c.send_errors.entry(e.clone()).or_default() += 1;
         }
+        c.busy_retries += res.busy_retries;
     }
     c.expected = expected.len() as u64;
     let mut got: HashMap<(u32, u32, u32, u64), u32> = HashMap::new();
@@ -224,7 +227,9 @@ pub fn analyse(inp: Input<'_>) -> Report {
     // Each survivor's broadcasts of survivors, in delivery order.
     let mut bcast_orders: Vec<Vec<(u32, u64)>> = Vec::new();
     for (&d, res) in results {
-        let mut max_seq: HashMap<(u32, u32), u64> = HashMap::new();
+        // The order a receiver must see is the order its origin's accepted submissions went
+        // in (a message refused `Busy` and sent again comes after those accepted meanwhile).
+        let mut max_order: HashMap<(u32, u32), u64> = HashMap::new();
         let mut bcast_order = Vec::new();
         for &(tag, origin, seq, t_sent, t_recv) in &res.received {
             if seq == u64::MAX {
@@ -257,8 +262,13 @@ pub fn analyse(inp: Input<'_>) -> Report {
             c.delivered += 1;
             latencies.push(t_recv.saturating_sub(t_sent));
             last_recv = last_recv.max(t_recv);
-            let m = max_seq.entry((tag, origin)).or_insert(0);
-            if seq < *m {
+            let place = results
+                .get(&origin)
+                .and_then(|r| r.order.get(&seq))
+                .copied()
+                .unwrap_or(seq);
+            let m = max_order.entry((tag, origin)).or_insert(0);
+            if place < *m {
                 if tag == TAG_RELIABLE {
                     c.reordered_reliable += 1;
                 } else if tag == TAG_BCAST {
@@ -269,7 +279,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
                     c.reordered_outside_fault_window += 1;
                 }
             }
-            *m = (*m).max(seq);
+            *m = (*m).max(place);
         }
         if survivors.contains(&d) {
             bcast_orders.push(bcast_order);
@@ -305,6 +315,10 @@ pub fn analyse(inp: Input<'_>) -> Report {
     latencies.sort_unstable();
     let traffic_ns = last_recv.saturating_sub(first_send).max(1);
     let throughput = c.delivered as f64 / (traffic_ns as f64 / 1e9);
+    // What the schedule offered: every expected delivery within the schedule's span (each
+    // daemon sends `messages` at `rate`). Above what was delivered per second: overload.
+    let schedule_s = (messages as f64 / args.rate.max(0.001)).max(1e-3);
+    let offered = c.expected as f64 / schedule_s;
     let wireup_s = t0.map(|t| t.saturating_sub(spawn_ns) as f64 / 1e9);
 
     let ran = !results.is_empty();
@@ -519,7 +533,12 @@ pub fn analyse(inp: Input<'_>) -> Report {
         row(
             &mut t,
             "throughput",
-            format!("{throughput:.0} deliveries/s"),
+            format!("{throughput:.0} deliveries/s (offered {offered:.0}/s)"),
+        );
+        row(
+            &mut t,
+            "busy, offered again",
+            format!("{} (back-pressure)", c.busy_retries),
         );
     }
     let _ = writeln!(t, "\n  checks");
@@ -572,6 +591,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
             "max": ms(latencies.last().copied().unwrap_or(0)),
         },
         "throughput_per_s": throughput,
+        "offered_per_s": offered,
         "checks": checks.iter().map(|(w, ok)| serde_json::json!({"check": w, "ok": ok})).collect::<Vec<_>>(),
         "problems": problems,
     });

@@ -388,6 +388,15 @@ impl EventLoop {
                 return;
             }
             let generation = conn.generation;
+            // Flow control: frames from this neighbour could be for a congested queue; leave
+            // them in the socket (TCP pushes back on the sender) until the node says so.
+            if let Some(p) = conn.peer.filter(|_| conn.is_established())
+                && !self.node.may_read(self.now, p)
+            {
+                self.readable_again.remove(&tok);
+                self.paused.insert(tok);
+                return;
+            }
             // While handshaking, one frame at a time: the frame that completes the handshake
             // raises the decoder's size limit for the data frames pipelined behind it.
             let max = if conn.is_established() {
@@ -452,8 +461,9 @@ impl EventLoop {
                 self.on_frame(tok, f);
             }
             // What the batch made the node want, in order (once per batch, not per frame:
-            // measured cheaper).
+            // measured cheaper), and the queue levels that leaves (flow control).
             self.carry_out();
+            self.report_queues();
             frames.clear();
             self.frame_buf = frames;
             if gone {
@@ -827,6 +837,43 @@ impl EventLoop {
         self.readable_again.remove(&tok);
     }
 
+    /// Tells the node how full the queues written to since the last flush are (flow control
+    /// decides from them which neighbours are read).
+    pub(super) fn report_queues(&mut self) {
+        for &tok in &self.dirty {
+            if let Some(conn) = self.conns.get(tok)
+                && let Some(p) = conn.peer.filter(|_| conn.is_established())
+            {
+                self.node
+                    .handle_send_queue(self.now, p, conn.queue.queued_bytes());
+            }
+        }
+    }
+
+    /// Connections left unread by flow control that may be read now: read next turn.
+    pub(super) fn resume_paused(&mut self) {
+        if self.paused.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let node = &self.node;
+        let conns = &self.conns;
+        let mut resume = Vec::new();
+        self.paused.retain(|&tok| {
+            let Some(conn) = conns.get(tok) else {
+                return false;
+            };
+            match conn.peer.filter(|_| conn.is_established()) {
+                Some(p) if !node.may_read(now, p) => true,
+                _ => {
+                    resume.push(tok);
+                    false
+                }
+            }
+        });
+        self.readable_again.extend(resume);
+    }
+
     pub(super) fn flush_dirty(&mut self) {
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
@@ -840,7 +887,12 @@ impl EventLoop {
             if matches!(conn.state, ConnState::Connecting) {
                 continue;
             }
-            match conn.flush(&mut completed) {
+            let flushed = conn.flush(&mut completed);
+            if let Some(p) = conn.peer.filter(|_| conn.is_established()) {
+                self.node
+                    .handle_send_queue(self.now, p, conn.queue.queued_bytes());
+            }
+            match flushed {
                 Ok(true) => again.push(tok),
                 Ok(false) => {}
                 Err(e) => self.lost(tok, &format!("write: {e}")),

@@ -1,0 +1,167 @@
+//! Hop-by-hop flow control: which neighbours' frames a daemon reads now, and when its callers'
+//! sends are turned away, decided from how full its send queues are.
+//!
+//! # The rule
+//! A send queue towards a neighbour is *congested* from the moment it holds more than
+//! [`FLOW_HIGH_BYTES`] until it is down to [`FLOW_LOW_BYTES`] (hysteresis: a queue that
+//! hovers at one threshold does not flap). While a queue towards `c` is congested and moving
+//! (it took bytes within [`FLOW_STUCK_MS`]):
+//! - the daemon reads no frames from any neighbour other than `c` (they could be for `c`):
+//!   TCP's own flow control then fills those neighbours' queues towards this daemon, and so on
+//!   back to the originators;
+//! - a send originated here whose next hop is a congested neighbour is refused `Busy` at once
+//!   (the caller retries later): back-pressure reaches the caller instead of a relay dropping.
+//!
+//! # Why it cannot deadlock
+//! A daemon stops reading from `x` only because of a queue towards another neighbour `y != x`.
+//! Following "x waits for y" from daemon to daemon is a walk on the tree that never turns
+//! straight back, and such a walk ends: at a leaf, which has one neighbour and so never stops
+//! reading it, or at a queue that drains. Frames never turn back either (routing is along the
+//! tree), so a stopped reader is always waiting for a queue that moves.
+//!
+//! # Why a stuck queue does not count
+//! A neighbour that stopped reading altogether (hung, or dying before the heartbeats say so)
+//! must not stop this daemon from reading everyone else until its death is detected: a queue
+//! that took nothing for [`FLOW_STUCK_MS`] stops pausing reads. Frames for it then pile up to
+//! the hard bound (`send_queue_max_bytes`), where relayed frames are dropped and counted, as
+//! before; the heartbeats' not-reading rule declares it failed.
+//!
+//! A neighbour whose frames this daemon is not reading is counted as heard by the heartbeat
+//! monitor: its silence is this daemon's own doing. And the heartbeats this daemon sends it
+//! carry [`HEARTBEAT_PAUSING`], so that it does not take this daemon for deaf (its queue
+//! towards this daemon takes no bytes): the not-reading rule applies only a whole heartbeat
+//! timeout after the last such heartbeat.
+
+use crate::Rank;
+
+/// The heartbeat's tag bit that says "I am leaving your frames unread (flow control)": the
+/// receiver does not take the sender's stalled reading for deafness (`docs/wire.md`).
+pub const HEARTBEAT_PAUSING: u32 = 1;
+use crate::fxhash::FxHashMap;
+use crate::limits::{FLOW_HIGH_BYTES, FLOW_LOW_BYTES, FLOW_STUCK_MS};
+use std::time::{Duration, Instant};
+
+#[cfg(test)]
+mod tests;
+
+/// The thresholds of one daemon's flow control (the `limits` values unless a test lowers them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowLimits {
+    /// [`FLOW_HIGH_BYTES`].
+    pub high_bytes: usize,
+    /// [`FLOW_LOW_BYTES`]; at most `high_bytes`.
+    pub low_bytes: usize,
+    /// [`FLOW_STUCK_MS`].
+    pub stuck_ms: u64,
+}
+
+impl Default for FlowLimits {
+    fn default() -> Self {
+        FlowLimits {
+            high_bytes: FLOW_HIGH_BYTES,
+            low_bytes: FLOW_LOW_BYTES,
+            stuck_ms: FLOW_STUCK_MS,
+        }
+    }
+}
+
+/// One congested queue: its size when last told, and when it last took bytes.
+#[derive(Debug, Clone, Copy)]
+struct Congested {
+    queued: usize,
+    moved_at: Instant,
+}
+
+/// The flow-control state of one daemon (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct Flow {
+    limits: FlowLimits,
+    /// Neighbours whose queue is congested. Few: at most this daemon's neighbours.
+    congested: FxHashMap<Rank, Congested>,
+    /// Times a queue became congested (for the counters).
+    episodes: u64,
+}
+
+impl Flow {
+    /// Flow control with these thresholds (`low_bytes` is lowered to `high_bytes`).
+    pub fn new(limits: FlowLimits) -> Self {
+        Flow {
+            limits: FlowLimits {
+                low_bytes: limits.low_bytes.min(limits.high_bytes),
+                ..limits
+            },
+            congested: FxHashMap::default(),
+            episodes: 0,
+        }
+    }
+
+    /// The queue towards `peer` now holds `queued` bytes. Call it whenever it may have
+    /// changed (after queueing frames, after writing); cheap when nothing crosses a threshold.
+    pub fn handle_queued(&mut self, now: Instant, peer: Rank, queued: usize) {
+        match self.congested.get_mut(&peer) {
+            Some(c) => {
+                if queued <= self.limits.low_bytes {
+                    self.congested.remove(&peer);
+                } else {
+                    if queued < c.queued {
+                        c.moved_at = now;
+                    }
+                    c.queued = queued;
+                }
+            }
+            None if queued > self.limits.high_bytes => {
+                self.episodes += 1;
+                self.congested.insert(
+                    peer,
+                    Congested {
+                        queued,
+                        moved_at: now,
+                    },
+                );
+            }
+            None => {}
+        }
+    }
+
+    /// The connection with `peer` is gone (or `peer` failed): its queue no longer counts.
+    pub fn forget(&mut self, peer: Rank) {
+        self.congested.remove(&peer);
+    }
+
+    /// Whether frames from neighbour `from` may be read now: no queue towards another
+    /// neighbour is congested and moving.
+    pub fn may_read(&self, now: Instant, from: Rank) -> bool {
+        !self
+            .congested
+            .iter()
+            .any(|(&peer, c)| peer != from && self.moving(now, c))
+    }
+
+    /// Whether a send originated here may be queued towards neighbour `hop` now.
+    pub fn may_originate(&self, hop: Rank) -> bool {
+        !self.congested.contains_key(&hop)
+    }
+
+    /// Whether any queue is congested and moving (a driver that paused reads re-checks them
+    /// while this holds, and when it stops holding).
+    pub fn is_pausing(&self, now: Instant) -> bool {
+        self.congested.values().any(|c| self.moving(now, c))
+    }
+
+    /// When a pause may end by itself (a congested queue counting as stuck), if any does.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.congested
+            .values()
+            .map(|c| c.moved_at + Duration::from_millis(self.limits.stuck_ms))
+            .min()
+    }
+
+    /// Times a queue became congested.
+    pub fn episodes(&self) -> u64 {
+        self.episodes
+    }
+
+    fn moving(&self, now: Instant, c: &Congested) -> bool {
+        now.saturating_duration_since(c.moved_at) < Duration::from_millis(self.limits.stuck_ms)
+    }
+}

@@ -1,0 +1,80 @@
+use super::*;
+
+fn flow() -> (Flow, Instant) {
+    let f = Flow::new(FlowLimits {
+        high_bytes: 100,
+        low_bytes: 40,
+        stuck_ms: 1_000,
+    });
+    (f, Instant::now())
+}
+
+#[test]
+fn a_queue_is_congested_above_high_until_down_to_low() {
+    let (mut f, t) = flow();
+    f.handle_queued(t, 1, 100);
+    assert!(f.may_originate(1), "at the threshold is not above it");
+    f.handle_queued(t, 1, 101);
+    assert!(!f.may_originate(1));
+    f.handle_queued(t, 1, 60);
+    assert!(!f.may_originate(1), "hysteresis: still above low");
+    f.handle_queued(t, 1, 40);
+    assert!(f.may_originate(1));
+    assert_eq!(f.episodes(), 1);
+}
+
+#[test]
+fn reads_pause_for_every_neighbour_but_the_congested_one() {
+    let (mut f, t) = flow();
+    f.handle_queued(t, 1, 500);
+    assert!(f.may_read(t, 1), "the congested neighbour itself is read");
+    assert!(!f.may_read(t, 2));
+    assert!(!f.may_read(t, 3));
+    assert!(f.may_originate(2));
+    // Two congested queues: neither neighbour is read (each could feed the other).
+    f.handle_queued(t, 2, 500);
+    assert!(!f.may_read(t, 1));
+    assert!(!f.may_read(t, 2));
+    f.forget(2);
+    assert!(f.may_read(t, 1));
+    f.handle_queued(t, 1, 0);
+    assert!(f.may_read(t, 3));
+    assert!(!f.is_pausing(t));
+}
+
+#[test]
+fn a_stuck_queue_stops_pausing_and_a_moving_one_pauses_again() {
+    let (mut f, t) = flow();
+    f.handle_queued(t, 1, 500);
+    assert_eq!(f.poll_timeout(), Some(t + Duration::from_millis(1_000)));
+    let later = t + Duration::from_millis(999);
+    assert!(!f.may_read(later, 2));
+    // A growing queue is not moving.
+    f.handle_queued(later, 1, 600);
+    let stuck = t + Duration::from_millis(1_000);
+    assert!(
+        f.may_read(stuck, 2),
+        "a stuck neighbour must not stop the others"
+    );
+    assert!(!f.is_pausing(stuck));
+    assert!(
+        !f.may_originate(1),
+        "but sends towards it are still turned away"
+    );
+    // It took bytes: it pauses reads again.
+    f.handle_queued(stuck, 1, 550);
+    assert!(!f.may_read(stuck, 2));
+}
+
+#[test]
+fn low_is_never_above_high() {
+    let mut f = Flow::new(FlowLimits {
+        high_bytes: 10,
+        low_bytes: 50,
+        stuck_ms: 1,
+    });
+    let t = Instant::now();
+    f.handle_queued(t, 1, 11);
+    f.handle_queued(t, 1, 10);
+    assert!(f.may_originate(1));
+}
