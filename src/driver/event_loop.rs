@@ -73,6 +73,8 @@ pub(crate) struct EventLoop {
     /// only when earlier than all of these, so they stay few.
     node_timers: BTreeSet<Instant>,
     dirty: Vec<usize>,
+    /// How much of `dirty` `report_queues` has told the node about since the last flush.
+    dirty_reported: usize,
     readable_again: FxHashSet<usize>,
     /// Connections left unread by flow control (`node::flow`): read again once the node
     /// allows it (checked every turn, and at least every `limits::FLOW_RECHECK_MS`).
@@ -148,6 +150,7 @@ impl EventLoop {
             timers: Timers::default(),
             node_timers: BTreeSet::new(),
             dirty: Vec::new(),
+            dirty_reported: 0,
             readable_again: FxHashSet::default(),
             paused: FxHashSet::default(),
             accept_again: Vec::new(),

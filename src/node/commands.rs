@@ -101,6 +101,9 @@ impl Node {
     /// A send to `dst` originated here is turned away while the queue towards its next hop is
     /// congested (`flow`): the caller slows down instead of a relay dropping.
     fn check_flow(&mut self, dst: Rank) -> Result<(), SendError> {
+        if !self.flow.any_congested() {
+            return Ok(());
+        }
         if let Route::Parent(hop) | Route::Child(hop) = self.routing.route(dst)
             && !self.flow.may_originate(hop)
         {

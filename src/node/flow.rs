@@ -137,6 +137,12 @@ impl Flow {
             .any(|(&peer, c)| peer != from && self.moving(now, c))
     }
 
+    /// Whether any queue is congested (the common answer, no: callers skip routing a send
+    /// only to ask [`Flow::may_originate`]).
+    pub fn any_congested(&self) -> bool {
+        !self.congested.is_empty()
+    }
+
     /// Whether a send originated here may be queued towards neighbour `hop` now.
     pub fn may_originate(&self, hop: Rank) -> bool {
         !self.congested.contains_key(&hop)

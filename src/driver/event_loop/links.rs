@@ -840,7 +840,16 @@ impl EventLoop {
     /// Tells the node how full the queues written to since the last flush are (flow control
     /// decides from them which neighbours are read).
     pub(super) fn report_queues(&mut self) {
-        for &tok in &self.dirty {
+        // Only the connections queued to since the last report (the list grows by one entry
+        // per frame until the flush): reporting the whole list per batch would be quadratic.
+        let from = self.dirty_reported.min(self.dirty.len());
+        self.dirty_reported = self.dirty.len();
+        let mut last = None;
+        for &tok in self.dirty.get(from..).unwrap_or(&[]) {
+            if last == Some(tok) {
+                continue;
+            }
+            last = Some(tok);
             if let Some(conn) = self.conns.get(tok)
                 && let Some(p) = conn.peer.filter(|_| conn.is_established())
             {
@@ -875,6 +884,7 @@ impl EventLoop {
     }
 
     pub(super) fn flush_dirty(&mut self) {
+        self.dirty_reported = 0;
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
         dirty.dedup();

@@ -14,8 +14,10 @@ fn a_queue_is_congested_above_high_until_down_to_low() {
     let (mut f, t) = flow();
     f.handle_queued(t, 1, 100);
     assert!(f.may_originate(1), "at the threshold is not above it");
+    assert!(!f.any_congested());
     f.handle_queued(t, 1, 101);
     assert!(!f.may_originate(1));
+    assert!(f.any_congested());
     f.handle_queued(t, 1, 60);
     assert!(!f.may_originate(1), "hysteresis: still above low");
     f.handle_queued(t, 1, 40);
