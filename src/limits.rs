@@ -13,6 +13,10 @@ pub const COMMAND_QUEUE_MAX: usize = 8_192;
 /// Commands handled per loop turn before the loop looks at its sockets again, so a flood of API
 /// calls cannot starve the network. The rest wait for the next turn (which does not sleep).
 pub const COMMANDS_PER_TURN_MAX: usize = 4_096;
+/// While draining commands, the loop reports its queue levels to flow control (and publishes
+/// the origin gate) after every this many: a long drain of sends overshoots a queue's
+/// high-water mark by at most this many messages.
+pub const COMMANDS_PER_QUEUE_REPORT: usize = 256;
 
 /// Readiness events taken from one `poll`; more are returned by the next call.
 pub const POLL_EVENTS_MAX: usize = 1_024;

@@ -101,6 +101,8 @@ pub(crate) struct EventLoop {
     log_limit: LogLimiter,
     /// When the connection table and the timer heap were last looked at for shrinking.
     last_shrink: Instant,
+    /// The node's `origin_gate_version` when the gate was last published.
+    gate_version: (u64, usize),
 }
 
 /// The driver's answer to the node's question "is a neighbour's queue stuck?".
@@ -168,6 +170,7 @@ impl EventLoop {
                 Duration::from_millis(limits::REFUSAL_LOG_INTERVAL_MS),
             ),
             last_shrink: Instant::now(),
+            gate_version: (0, 0),
         }
     }
 
@@ -197,6 +200,7 @@ impl EventLoop {
             self.carry_out();
             self.flush_dirty();
             self.resume_paused();
+            self.publish_gate();
             if self.ready_to_exit() {
                 return Ok(());
             }
@@ -376,7 +380,7 @@ impl EventLoop {
     /// Drains at most a batch of commands; returns whether the channel is now empty.
     fn drain_commands(&mut self) -> bool {
         self.now = Instant::now();
-        for _ in 0..limits::COMMANDS_PER_TURN_MAX {
+        for i in 1..=limits::COMMANDS_PER_TURN_MAX {
             match self.rx.try_recv() {
                 Ok(c) => {
                     self.node.counters_mut().commands += 1;
@@ -385,8 +389,30 @@ impl EventLoop {
                 }
                 Err(_) => return true,
             }
+            // A long drain of sends must not fill a queue far past its high-water mark
+            // before flow control sees it.
+            if i % limits::COMMANDS_PER_QUEUE_REPORT == 0 {
+                self.report_queues();
+                self.publish_gate();
+            }
         }
         false
+    }
+
+    /// Publishes the node's origin answers to the submitting threads when they may have
+    /// changed (`gate`).
+    pub(super) fn publish_gate(&mut self) {
+        let version = self.node.origin_gate_version();
+        if version == self.gate_version {
+            return;
+        }
+        self.gate_version = version;
+        let node = &self.node;
+        self.shared
+            .gate
+            .publish(!node.flow().any_congested(), |dst| {
+                !node.may_originate_to(dst)
+            });
     }
 
     /// Keeps a completion under a fresh token.
@@ -564,6 +590,7 @@ impl EventLoop {
     fn snapshot(&self) -> Counters {
         let mut c = self.node.counters();
         c.wakeups = self.shared.wakeups.load(Ordering::Relaxed);
+        c.sends_busy_flow += self.shared.gate.refused();
         c.connections = self.conns.len() as u64;
         c.log_lines_suppressed = self.log_limit.suppressed_total();
         c

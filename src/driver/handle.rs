@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     /// Set once, by the loop thread when it starts (read on every submit: no lock).
     pub loop_thread: OnceLock<ThreadId>,
     pub join: Mutex<Option<JoinHandle<()>>>,
+    /// Destinations whose next hop is congested: sends to them are refused `Busy` here.
+    pub gate: super::gate::OriginGate,
 }
 
 /// Locks a mutex, ignoring poisoning: every critical section here leaves the data consistent,
@@ -174,6 +176,14 @@ impl Handle {
         &self.shared.uri
     }
 
+    /// Flow control at the origin: a send whose next hop is congested is refused at once.
+    fn check_gate(&self, dst: Rank) -> Result<(), SendError> {
+        if self.shared.gate.refuses(dst) {
+            return Err(SendError::Busy("the send queue towards the next hop"));
+        }
+        Ok(())
+    }
+
     fn check_send(&self, dst: Rank, tag: Tag, payload: &Bytes) -> Result<(), SendError> {
         if tag < TAG_USER_MIN {
             return Err(SendError::ReservedTag(tag));
@@ -194,9 +204,11 @@ impl Handle {
     }
 
     /// Sends `payload` to `dst` with `tag`, without waiting. Argument errors are returned at
-    /// once; errors the DVM meets later (destination failed, unreachable, shut down) are only
-    /// logged and counted — use [`Handle::send_with`] to see them. The payload is shared, never
-    /// copied, on its way through this daemon.
+    /// once, and so is `Busy` while the send queue towards `dst`'s next hop is congested (flow
+    /// control: offer the message again later, with back-off; nothing was queued). Errors the
+    /// DVM meets later (destination failed, unreachable, shut down) are only logged and
+    /// counted — use [`Handle::send_with`] to see them. The payload is shared, never copied,
+    /// on its way through this daemon.
     pub fn send(&self, dst: Rank, tag: Tag, payload: impl Into<Bytes>) -> Result<(), SendError> {
         self.send_inner(dst, tag, payload.into(), None)
     }
@@ -237,6 +249,7 @@ impl Handle {
         done: Option<Completion>,
     ) -> Result<(), SendError> {
         self.check_send(dst, tag, &payload)?;
+        self.check_gate(dst)?;
         self.shared.submit(Caddy::Send {
             dst,
             tag,
@@ -307,6 +320,7 @@ impl Handle {
         done: Option<Completion>,
     ) -> Result<(), SendError> {
         self.check_send(dst, tag, &payload)?;
+        self.check_gate(dst)?;
         self.shared.submit(Caddy::SendReliable {
             dst,
             tag,

@@ -9,6 +9,7 @@
 mod caddy;
 mod conn;
 mod event_loop;
+mod gate;
 mod handle;
 pub mod key;
 mod listen;
@@ -92,6 +93,7 @@ pub fn start(
         lifecycle_cv: Condvar::new(),
         loop_thread: OnceLock::new(),
         join: Mutex::new(None),
+        gate: gate::OriginGate::new(size),
     });
     let incarnation = incarnation();
     let node = Node::new(NodeConfig {

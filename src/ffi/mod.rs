@@ -876,7 +876,9 @@ pub extern "C" fn tbon_free(d: tbon_daemon) -> tbon_rc {
 /// `cb` (may be NULL) is called exactly once, on the loop thread, if and only if this returns
 /// `TBON_OK`. Argument errors are returned at once (`TBON_ERR_RESERVED_TAG`,
 /// `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`), as is `TBON_ERR_SHUT_DOWN` or
-/// `TBON_ERR_BUSY` (from a callback, when the command queue is full).
+/// `TBON_ERR_BUSY`: the send queue towards `dst`'s next hop is congested (flow control: nothing
+/// was queued; offer the message again later, with back-off), or, from a callback, the command
+/// queue is full.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tbon_send(
     d: tbon_daemon,

@@ -74,7 +74,7 @@ impl Node {
                 payload,
                 token,
             } => {
-                self.check_flow(dst)?;
+                self.check_flow(dst, token)?;
                 self.counters.sent += 1;
                 self.send(dst, tag, payload, token);
                 Ok(())
@@ -85,7 +85,7 @@ impl Node {
                 payload,
                 token,
             } => {
-                self.check_flow(dst)?;
+                self.check_flow(dst, token)?;
                 self.counters.sent += 1;
                 self.send_reliable(now, dst, tag, payload, token)
             }
@@ -98,19 +98,16 @@ impl Node {
         }
     }
 
-    /// A send to `dst` originated here is turned away while the queue towards its next hop is
-    /// congested (`flow`): the caller slows down instead of a relay dropping.
-    fn check_flow(&mut self, dst: Rank) -> Result<(), SendError> {
-        if !self.flow.any_congested() {
+    /// A send to `dst` originated here with a completion `token` is turned away while the
+    /// queue towards its next hop is congested (`flow`): the caller slows down instead of a
+    /// relay dropping. One without a token was gated when submitted (see
+    /// [`Node::may_originate_to`]) and is accepted: its caller could not learn of a refusal.
+    fn check_flow(&mut self, dst: Rank, token: Option<u64>) -> Result<(), SendError> {
+        if token.is_none() || self.may_originate_to(dst) {
             return Ok(());
         }
-        if let Route::Parent(hop) | Route::Child(hop) = self.routing.route(dst)
-            && !self.flow.may_originate(hop)
-        {
-            self.counters.sends_busy_flow += 1;
-            return Err(SendError::Busy("the send queue towards the next hop"));
-        }
-        Ok(())
+        self.counters.sends_busy_flow += 1;
+        Err(SendError::Busy("the send queue towards the next hop"))
     }
 
     /// Wire-up completed: the held commands run, in order; what they are refused now is

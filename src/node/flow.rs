@@ -80,6 +80,8 @@ pub struct Flow {
     congested: FxHashMap<Rank, Congested>,
     /// Times a queue became congested (for the counters).
     episodes: u64,
+    /// Bumped whenever the congested set changes (see [`Flow::generation`]).
+    generation: u64,
 }
 
 impl Flow {
@@ -92,6 +94,7 @@ impl Flow {
             },
             congested: FxHashMap::default(),
             episodes: 0,
+            generation: 0,
         }
     }
 
@@ -102,6 +105,7 @@ impl Flow {
             Some(c) => {
                 if queued <= self.limits.low_bytes {
                     self.congested.remove(&peer);
+                    self.generation += 1;
                 } else {
                     if queued < c.queued {
                         c.moved_at = now;
@@ -111,6 +115,7 @@ impl Flow {
             }
             None if queued > self.limits.high_bytes => {
                 self.episodes += 1;
+                self.generation += 1;
                 self.congested.insert(
                     peer,
                     Congested {
@@ -125,7 +130,9 @@ impl Flow {
 
     /// The connection with `peer` is gone (or `peer` failed): its queue no longer counts.
     pub fn forget(&mut self, peer: Rank) {
-        self.congested.remove(&peer);
+        if self.congested.remove(&peer).is_some() {
+            self.generation += 1;
+        }
     }
 
     /// Whether frames from neighbour `from` may be read now: no queue towards another
@@ -165,6 +172,12 @@ impl Flow {
     /// Times a queue became congested.
     pub fn episodes(&self) -> u64 {
         self.episodes
+    }
+
+    /// Changes whenever the set of congested queues changes: a driver that publishes
+    /// [`Flow::may_originate`] answers to other threads recomputes them only then.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     fn moving(&self, now: Instant, c: &Congested) -> bool {

@@ -43,7 +43,7 @@ use crate::oob::header::{Header, Kind};
 use crate::oob::uri::ContactUri;
 use crate::relm::{Relm, RelmConfig};
 use crate::rml::{Matcher, Message, Tag};
-use crate::routed::{RoutingState, TreeError};
+use crate::routed::{Route, RoutingState, TreeError};
 use bytes::Bytes;
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -448,6 +448,29 @@ impl Node {
     /// (a pause also ends when a congested queue counts as stuck).
     pub fn may_read(&self, now: Instant, peer: Rank) -> bool {
         self.flow.may_read(now, peer)
+    }
+
+    /// Whether a send originated here towards `dst` may be accepted now: its next hop's queue
+    /// is not congested (flow control). A caller that submits sends from other threads
+    /// publishes these answers to them (the driver's origin gate) and refuses `Busy` before
+    /// submitting; this node itself refuses only sends that carry a completion token, so a
+    /// send without one, admitted by such a gate a moment before a queue became congested, is
+    /// never dropped for flow control. The answers change only when
+    /// [`Node::origin_gate_version`] does.
+    pub fn may_originate_to(&self, dst: Rank) -> bool {
+        if !self.flow.any_congested() {
+            return true;
+        }
+        match self.routing.route(dst) {
+            Route::Parent(hop) | Route::Child(hop) => self.flow.may_originate(hop),
+            _ => true,
+        }
+    }
+
+    /// Changes whenever an answer of [`Node::may_originate_to`] may have changed: when the
+    /// congested queues change, or the tree is repaired.
+    pub fn origin_gate_version(&self) -> (u64, usize) {
+        (self.flow.generation(), self.routing.failed_count())
     }
 
     /// The flow-control state (see [`flow`]).

@@ -186,6 +186,11 @@ impl RoutingState {
         self.failed.iter().copied()
     }
 
+    /// How many ranks are known failed (it only grows: a cheap "has the tree changed?").
+    pub fn failed_count(&self) -> usize {
+        self.failed.len()
+    }
+
     /// The slot living rank `r` occupies; `None` if `r` failed or is out of range.
     pub fn slot_of(&self, r: Rank) -> Option<Rank> {
         (r < self.size() && !self.is_failed(r)).then(|| self.occupancy.slot_of(r))

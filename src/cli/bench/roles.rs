@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tbon::config::Config;
-use tbon::{Daemon, Peer, Rank};
+use tbon::{Daemon, Peer, Rank, SendError};
 
 /// Data tag of the benchmarks.
 pub const TAG_DATA: u32 = 100;
@@ -159,7 +159,13 @@ fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64, reliable: bool) -> 
             }
         }
         if !reliable {
-            d.send(dst, TAG_DATA, body.clone()).map_err(ctx("send"))?;
+            // `Busy`: the queue towards the next hop is congested (flow control).
+            while let Err(e) = d.send(dst, TAG_DATA, body.clone()) {
+                if !matches!(e, SendError::Busy(_)) {
+                    return Err(format!("send: {e}"));
+                }
+                std::thread::yield_now();
+            }
             continue;
         }
         // Keep fewer than `relm_unacked_max` unacknowledged (a send beyond it would complete
@@ -167,13 +173,18 @@ fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64, reliable: bool) -> 
         while i.saturating_sub(acked.load(Ordering::Acquire)) >= RELIABLE_WINDOW {
             std::thread::yield_now();
         }
-        let a2 = acked.clone();
-        d.send_reliable_with(dst, TAG_DATA, body.clone(), move |r| {
-            if r.is_ok() {
-                a2.fetch_add(1, Ordering::Release);
+        loop {
+            let a2 = acked.clone();
+            match d.send_reliable_with(dst, TAG_DATA, body.clone(), move |r| {
+                if r.is_ok() {
+                    a2.fetch_add(1, Ordering::Release);
+                }
+            }) {
+                Ok(()) => break,
+                Err(SendError::Busy(_)) => std::thread::yield_now(),
+                Err(e) => return Err(format!("send_reliable: {e}")),
             }
-        })
-        .map_err(ctx("send_reliable"))?;
+        }
     }
     Ok(())
 }

@@ -464,6 +464,7 @@ impl EventLoop {
             // measured cheaper), and the queue levels that leaves (flow control).
             self.carry_out();
             self.report_queues();
+            self.publish_gate();
             frames.clear();
             self.frame_buf = frames;
             if gone {
