@@ -431,7 +431,8 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
         if let Some(w) = &workload
             && Instant::now() >= next_progress
         {
-            println!("{}", w.progress_line(rank));
+            let counters = daemon.counters().ok();
+            println!("{}", w.progress_line(rank, counters.as_ref()));
             next_progress = Instant::now() + Duration::from_millis(250);
         }
         if term.load(Ordering::SeqCst) {

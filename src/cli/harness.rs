@@ -286,6 +286,9 @@ pub struct Seen {
     pub uris: BTreeMap<u32, String>,
     /// rank -> (sent, received, done) from its latest progress line.
     pub progress: BTreeMap<u32, (u64, u64, bool)>,
+    /// rank -> its flow-control counters from its latest progress line: congestion episodes,
+    /// sends refused `Busy` by flow control, relayed frames dropped at a full queue.
+    pub flow: BTreeMap<u32, [u64; 3]>,
     /// (rank, scope is global, newly failed, epoch, mono_ns) of every fault line.
     pub faults: Vec<(u32, bool, Vec<u32>, u64, u64)>,
 }
@@ -310,6 +313,18 @@ impl Seen {
                     p["done"].as_bool().unwrap_or(false),
                 ),
             );
+            let c = &p["counters"];
+            if c.is_object() {
+                let n = |k: &str| c[k].as_u64().unwrap_or(0);
+                self.flow.insert(
+                    rank,
+                    [
+                        n("flow_congested"),
+                        n("sends_busy_flow"),
+                        n("dropped_queue_full"),
+                    ],
+                );
+            }
         } else if let Some(f) = v.get("fault") {
             let newly = f["newly_failed"]
                 .as_array()

@@ -361,8 +361,9 @@ impl Workload {
         });
     }
 
-    /// A JSON progress line for the harness.
-    pub fn progress_line(&self, rank: u32) -> String {
+    /// A JSON progress line for the harness, with the daemon's flow-control counters when
+    /// given (what a run that lost messages needs to name the cause).
+    pub fn progress_line(&self, rank: u32, counters: Option<&tbon::Counters>) -> String {
         let sent = self.sent.load(Ordering::Relaxed);
         let done = self.finished_sending.load(Ordering::SeqCst)
             && self.completed.load(Ordering::Relaxed) >= sent;
@@ -372,6 +373,11 @@ impl Workload {
             "planned": self.planned,
             "received": self.received.load(Ordering::Relaxed),
             "done": done,
+            "counters": counters.map(|c| serde_json::json!({
+                "flow_congested": c.flow_congested,
+                "sends_busy_flow": c.sends_busy_flow,
+                "dropped_queue_full": c.dropped_queue_full,
+            })),
         }})
         .to_string()
     }

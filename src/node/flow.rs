@@ -26,6 +26,10 @@
 //! the hard bound (`send_queue_max_bytes`), where relayed frames are dropped and counted, as
 //! before; the heartbeats' not-reading rule declares it failed.
 //!
+//! A queue towards a neighbour that says it is pausing (its heartbeats carry
+//! [`HEARTBEAT_PAUSING`]) counts as moving: it waits on the neighbour's own congested queue,
+//! which moves or is itself declared stuck, and then the neighbour stops saying so.
+//!
 //! A neighbour whose frames this daemon is not reading is counted as heard by the heartbeat
 //! monitor: its silence is this daemon's own doing. And the heartbeats this daemon sends it
 //! carry [`HEARTBEAT_PAUSING`], so that it does not take this daemon for deaf (its queue
@@ -125,6 +129,18 @@ impl Flow {
                 );
             }
             None => {}
+        }
+    }
+
+    /// Neighbour `peer` said (in a heartbeat) that it leaves this daemon's frames unread
+    /// because of its own congested queue: a congested queue towards it is waiting on a
+    /// moving queue further on, not stuck, so it counts as moving. Without this, a pause
+    /// longer than `stuck_ms` down a chain of relays (slow consumers, or daemons not
+    /// scheduled for seconds on an overloaded host) would make each relay in turn stop
+    /// pausing and fill its queue to the hard bound, where relayed frames are dropped.
+    pub fn handle_pausing(&mut self, now: Instant, peer: Rank) {
+        if let Some(c) = self.congested.get_mut(&peer) {
+            c.moved_at = now;
         }
     }
 

@@ -77,6 +77,7 @@ impl Node {
                 if h.tag & HEARTBEAT_PAUSING != 0 {
                     // Its silence towards our frames is flow control, not deafness.
                     self.paused_by.insert(from, now);
+                    self.flow.handle_pausing(now, from);
                 }
                 Ok(())
             }

@@ -75,6 +75,12 @@ struct Counts {
     send_errors: BTreeMap<String, u64>,
     /// Sends refused `Busy` (back-pressure) and offered again by the workload.
     busy_retries: u64,
+    /// Summed over the daemons' latest progress lines: times a send queue became congested,
+    /// sends refused `Busy` by flow control, relayed frames dropped at a full queue (a
+    /// plain message lost without a fault is one of these).
+    flow_congested: u64,
+    sends_busy_flow: u64,
+    dropped_queue_full: u64,
     to_faulted: u64,
     from_faulted_delivered: u64,
 }
@@ -219,6 +225,11 @@ pub fn analyse(inp: Input<'_>) -> Report {
             *c.send_errors.entry(e.clone()).or_default() += 1;
         }
         c.busy_retries += res.busy_retries;
+    }
+    for f in seen.flow.values() {
+        c.flow_congested += f[0];
+        c.sends_busy_flow += f[1];
+        c.dropped_queue_full += f[2];
     }
     c.expected = expected.len() as u64;
     let mut got: HashMap<(u32, u32, u32, u64), u32> = HashMap::new();
@@ -539,6 +550,14 @@ pub fn analyse(inp: Input<'_>) -> Report {
             &mut t,
             "busy, offered again",
             format!("{} (back-pressure)", c.busy_retries),
+        );
+        row(
+            &mut t,
+            "flow control",
+            format!(
+                "{} congestions, {} sends refused, {} relayed frames dropped at a full queue",
+                c.flow_congested, c.sends_busy_flow, c.dropped_queue_full
+            ),
         );
     }
     let _ = writeln!(t, "\n  checks");

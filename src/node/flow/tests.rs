@@ -69,6 +69,26 @@ fn a_stuck_queue_stops_pausing_and_a_moving_one_pauses_again() {
 }
 
 #[test]
+fn a_queue_towards_a_pausing_neighbour_is_not_stuck() {
+    let (mut f, t) = flow();
+    f.handle_queued(t, 1, 500);
+    // Rank 1 reads nothing from us for longer than stuck_ms, but keeps saying it pauses.
+    let mut now = t;
+    for _ in 0..5 {
+        now += Duration::from_millis(500);
+        f.handle_pausing(now, 1);
+        assert!(!f.may_read(now, 2), "a paused chain must keep pushing back");
+        assert!(f.is_pausing(now));
+    }
+    // It stops saying so (its own stuck queue stopped counting): stuck a while later.
+    let stuck = now + Duration::from_millis(1_000);
+    assert!(f.may_read(stuck, 2));
+    // Saying so about a queue that is not congested changes nothing.
+    f.handle_pausing(stuck, 3);
+    assert!(f.may_originate(3));
+}
+
+#[test]
 fn low_is_never_above_high() {
     let mut f = Flow::new(FlowLimits {
         high_bytes: 10,
