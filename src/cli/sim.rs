@@ -60,6 +60,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let (mut ops, mut gathers) = (0u64, 0u64);
     let (mut fenced, mut link_drops, mut stale, mut dups) = (0u64, 0u64, 0u64, 0u64);
     let (mut strangers, mut refused, mut crossed) = (0u64, 0u64, 0u64);
+    let (mut busy, mut unread) = (0u64, 0u64);
     let regressions = REGRESSION_SEEDS
         .iter()
         .map(|r| (r.seed, r.options(args.messages)));
@@ -82,6 +83,8 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 strangers += s.strangers;
                 refused += s.strangers_refused;
                 crossed += s.dials_crossed;
+                busy += s.sends_busy;
+                unread += s.unread_frames;
             }
             Err(_) => {
                 failed += 1;
@@ -98,7 +101,8 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
          crashed, {fenced} declared dead and fenced, {link_drops} connections dropped, {stale} \
          stale frames dropped, {dups} frames duplicated, {retransmits} retransmissions, \
          {strangers} strangers' connections ({refused} refused at a forged proof), {crossed} \
-         crossing dials resolved",
+         crossing dials resolved, {busy} sends refused Busy by flow control, {unread} frames \
+         left unread by flow control",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 { 0 } else { 1 })

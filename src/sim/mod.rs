@@ -27,7 +27,7 @@ mod check;
 mod node;
 mod rng;
 mod swarm;
-mod world;
+pub(crate) mod world;
 
 pub use check::Violation;
 pub use swarm::{CrashPattern, FaultKinds, Scenario};
@@ -97,6 +97,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             dup: false,
             stranger: false,
+            overload: false,
             ..FaultKinds::ALL
         },
         found: "xcast: after a reconnection a parent rewound a child's stream to the child's \
@@ -118,6 +119,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             stale: true,
             dup: true,
             stranger: true,
+            overload: false,
         },
         found: "simulator (strangers' runs): a daemon that died with its dial proved and admitted \
                 by the peer stayed recorded as redialling for ever, so the run never went quiet",

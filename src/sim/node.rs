@@ -68,6 +68,7 @@ impl SimNode {
         radix: u32,
         relm: RelmConfig,
         heartbeat: Option<(std::time::Duration, std::time::Duration)>,
+        flow: crate::node::flow::FlowLimits,
         now: Instant,
     ) -> Result<SimNode, String> {
         let cfg = NodeConfig {
@@ -77,6 +78,7 @@ impl SimNode {
             heartbeat,
             wired_at_start: true,
             trace: true,
+            flow,
             ..NodeConfig::new(rank, size, radix)
         };
         let mut node = Node::new(cfg).map_err(|e| e.to_string())?;

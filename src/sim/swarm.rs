@@ -35,6 +35,11 @@ pub struct FaultKinds {
     /// handshake and the link rule (`oob::arbiter`), so crossing dials are resolved as the
     /// driver resolves them.
     pub stranger: bool,
+    /// Not a fault: traffic well above what the links carry (each link has a capacity and
+    /// buffers, `world/capacity.rs`), with heartbeats on, so that flow control must keep
+    /// delivery going without dropping anything or declaring anyone dead. Such a run has no
+    /// other fault (links keep their own latency spread with `delay`).
+    pub overload: bool,
 }
 
 impl FaultKinds {
@@ -48,6 +53,7 @@ impl FaultKinds {
         stale: true,
         dup: true,
         stranger: true,
+        overload: true,
     };
 
     /// The kinds the simulator had when the first regression seeds were found (crashes, short
@@ -61,9 +67,10 @@ impl FaultKinds {
         stale: false,
         dup: false,
         stranger: false,
+        overload: false,
     };
 
-    /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup,stranger`,
+    /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup,stranger,overload`,
     /// `all` or `none`).
     pub fn parse(list: &str) -> Result<FaultKinds, String> {
         let mut k = FaultKinds {
@@ -75,6 +82,7 @@ impl FaultKinds {
             stale: false,
             dup: false,
             stranger: false,
+            overload: false,
         };
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
@@ -88,9 +96,10 @@ impl FaultKinds {
                 "stale" => k.stale = true,
                 "dup" => k.dup = true,
                 "stranger" => k.stranger = true,
+                "overload" => k.overload = true,
                 other => {
                     return Err(format!(
-                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, all)"
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, overload, all)"
                     ));
                 }
             }
@@ -116,6 +125,7 @@ impl std::fmt::Display for FaultKinds {
             (self.stale, "stale"),
             (self.dup, "dup"),
             (self.stranger, "stranger"),
+            (self.overload, "overload"),
         ];
         let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {
@@ -227,6 +237,14 @@ pub struct Scenario {
     pub stale_rate: f64,
     /// The chance that a RELM or collective frame arrives twice.
     pub dup_rate: f64,
+    /// The messages and broadcasts are sent within the first this many microseconds.
+    pub traffic_us: u64,
+    /// A message's payload has up to this many bytes of padding.
+    pub pad_max: u64,
+    /// Link capacity (the `overload` kind), or none: links carry anything at once.
+    pub capacity: Option<crate::sim::world::LinkCapacity>,
+    /// The daemons' flow-control thresholds (scaled down with the capacity).
+    pub flow: crate::node::flow::FlowLimits,
 }
 
 impl Scenario {
@@ -449,6 +467,39 @@ impl Scenario {
                 });
             }
         }
+        // Overload: a stream of its own, so the other kinds' scenarios stay as they were.
+        let mut load = Rng::new(seed ^ 0x0E7E_A10A_D000_0000);
+        let mut plain = messages / 2;
+        let (mut traffic_us, mut pad_max) = (safety_us, 48);
+        let mut capacity = None;
+        let mut flow = crate::node::flow::FlowLimits::default();
+        let (mut stale_rate, mut dup_rate) = (stale_rate, dup_rate);
+        if kinds.overload && size > 1 && load.chance(0.25) {
+            // Offered: twenty times the messages, 0.5-2 KiB each, within a tenth of the safety
+            // phase, over links of 1-8 MB/s with 16-64 KiB of buffers: far above capacity
+            // near rank 0. Queues congest at 8-32 KiB (the real thresholds scaled down).
+            // No faults: a slow window (up to 200 times the latency) would outlast the
+            // heartbeat timeout by itself, and this run's heartbeats must declare no one.
+            faults.clear();
+            plain = messages * 20;
+            traffic_us = safety_us / 10;
+            pad_max = load.range(512, 2048);
+            let window_bytes = load.range(16, 64) as usize * 1024;
+            capacity = Some(crate::sim::world::LinkCapacity {
+                bytes_per_us: load.range(1, 8),
+                window_bytes,
+                queue_max_bytes: 256 << 10,
+            });
+            let high_bytes = load.range(8, 32) as usize * 1024;
+            flow = crate::node::flow::FlowLimits {
+                high_bytes,
+                low_bytes: high_bytes / 4,
+                stuck_ms: crate::limits::FLOW_STUCK_MS,
+            };
+            heartbeats = true;
+            stale_rate = 0.0;
+            dup_rate = 0.0;
+        }
         Scenario {
             latency_us,
             jitter_us,
@@ -456,7 +507,11 @@ impl Scenario {
             pattern,
             faults,
             messages,
-            plain: messages / 2,
+            plain,
+            traffic_us,
+            pad_max,
+            capacity,
+            flow,
             broadcasts,
             gathers,
             safety_us,

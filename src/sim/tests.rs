@@ -76,6 +76,10 @@ fn batch(n: u64, opts: Options) -> RunStats {
                 sum.strangers += s.strangers;
                 sum.strangers_refused += s.strangers_refused;
                 sum.dials_crossed += s.dials_crossed;
+                sum.sends_busy += s.sends_busy;
+                sum.unread_frames += s.unread_frames;
+                sum.plain_sent += s.plain_sent;
+                sum.plain_posted += s.plain_posted;
             }
             Err(e) => panic!("seed {seed}: {e:?}\nreplay: {}", o.replay_command(200)),
         }
@@ -149,4 +153,17 @@ fn strangers_claiming_ranks_change_no_link() {
     assert!(s.strangers_refused > 0, "no forged proof was refused");
     assert!(s.dials_crossed > 0, "no two dials crossed");
     assert_eq!(s.fenced, 0, "a live daemon was declared dead");
+}
+
+/// Issue "Performance": offered load far above what the links carry, with heartbeats on.
+/// Flow control must push back to the origins (sends refused `Busy` and offered again) and
+/// pause reads hop by hop, while the checkers (`world/capacity.rs`) require that no frame is
+/// dropped at a full queue, no living daemon is declared dead, and every accepted plain message
+/// arrives: delivery never stops.
+#[test]
+fn overload_pushes_back_without_dropping_or_declaring_anyone_dead() {
+    let s = batch(80, kinds("overload,delay"));
+    assert!(s.sends_busy > 0, "no send was ever refused: no overload");
+    assert!(s.unread_frames > 0, "no read was ever paused");
+    assert_eq!(s.plain_sent, s.plain_posted);
 }

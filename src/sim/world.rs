@@ -23,8 +23,11 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+mod capacity;
 mod handshakes;
 mod links;
+
+pub use capacity::LinkCapacity;
 
 /// Events processed per seed at most: a run that needs more has livelocked.
 pub const EVENTS_MAX: u64 = 20_000_000;
@@ -108,6 +111,15 @@ enum Ev {
         conn: u64,
         node: Option<Rank>,
     },
+    /// The head frame of the wire `from -> to` has been sent (capacity model).
+    WireDone {
+        from: Rank,
+        to: Rank,
+    },
+    /// `node` looks again at the frames it left unread (capacity model).
+    Recheck {
+        node: Rank,
+    },
     /// A stranger connects to `target` claiming `claims`.
     Stranger {
         target: Rank,
@@ -152,6 +164,11 @@ pub struct RunStats {
     pub strangers: u64,
     pub strangers_refused: u64,
     pub dials_crossed: u64,
+    /// Runs with the capacity model: sends refused `Busy` by flow control and offered again,
+    /// frames a receiver left unread (flow control), frames dropped at a full queue.
+    pub sends_busy: u64,
+    pub unread_frames: u64,
+    pub dropped_queue_full: u64,
 }
 
 /// The world.
@@ -193,6 +210,8 @@ pub struct World {
     stats: RunStats,
     /// Connections with their handshake (runs with strangers only).
     hs: Option<handshakes::Handshakes>,
+    /// Link capacity (runs with the `overload` kind only).
+    wires: Option<capacity::Wires>,
 }
 
 impl World {
@@ -216,8 +235,9 @@ impl World {
         };
         crate::invariant::set_strict(true);
         let base = Instant::now();
+        let flow = scen.flow;
         let nodes = (0..size)
-            .map(|r| SimNode::new(r, size, radix, cfg, heartbeat, base))
+            .map(|r| SimNode::new(r, size, radix, cfg, heartbeat, flow, base))
             .collect::<Result<Vec<_>, _>>()?;
         let n = size as usize;
         log::debug!("seed {seed}: {scen:?}");
@@ -251,7 +271,11 @@ impl World {
             check: Checker::default(),
             stats: RunStats::default(),
             hs: None,
+            wires: None,
         };
+        if let Some(cap) = w.scen.capacity {
+            w.wires = Some(capacity::Wires::new(cap));
+        }
         if w.scen
             .faults
             .iter()
@@ -328,7 +352,7 @@ impl World {
         // Broadcasts from random daemons, and allgathers every daemon contributes to.
         for _ in 0..self.scen.broadcasts {
             let origin = self.rng.range(0, size - 1) as Rank;
-            let at = self.rng.range(0, self.scen.safety_us);
+            let at = self.rng.range(0, self.scen.traffic_us);
             self.push(at, Ev::Broadcast { origin });
         }
         for id in 1..=self.scen.gathers {
@@ -354,7 +378,7 @@ impl World {
                 if dst >= origin {
                     dst += 1;
                 }
-                let at = self.rng.range(0, self.scen.safety_us);
+                let at = self.rng.range(0, self.scen.traffic_us);
                 self.push(
                     at,
                     Ev::Send {
@@ -455,7 +479,15 @@ impl World {
                 self.queue.push(Reverse((until, seq, idx2)));
                 continue;
             }
+            let at_node = target(&ev);
             self.handle(ev)?;
+            // The driver resumes a connection it left unread as soon as the node allows it,
+            // on the next turn: here, after the node's next event.
+            if let Some(r) = at_node
+                && self.wires.is_some()
+            {
+                self.read_unread(r)?;
+            }
             // With heartbeats the queue never empties: the run ends once no work is left and
             // every daemon is quiet.
             if self.scen.heartbeats && self.busy == 0 && at > self.scen.safety_us && self.quiet() {
@@ -463,6 +495,11 @@ impl World {
             }
         }
         self.stats.end_us = self.now_us;
+        if let Some(w) = &self.wires {
+            self.stats.unread_frames = w.unread_frames;
+            self.stats.dropped_queue_full = w.dropped;
+            self.check_overload(w.dropped)?;
+        }
         let mut gone = self.crashed.clone();
         gone.extend(&self.fenced);
         gone.sort_unstable();
@@ -497,6 +534,7 @@ impl World {
     /// and broadcast state empty.
     fn quiet(&self) -> bool {
         self.parked.values().all(Vec::is_empty)
+            && self.wires.as_ref().is_none_or(capacity::Wires::is_empty)
             && self.redialing.is_empty()
             && self.nodes.iter().filter(|n| self.living(n.rank)).all(|n| {
                 n.relm().is_idle() && n.xcast().retained() == 0 && n.xcast().outstanding() == 0
@@ -521,7 +559,7 @@ impl World {
                 to,
                 frame,
                 generation,
-                ..
+                heartbeat,
             } => {
                 // A connection to or from a dead daemon is gone, with whatever it carried; so
                 // is a connection that dropped since the frame was sent.
@@ -533,11 +571,18 @@ impl World {
                 if log::log_enabled!(log::Level::Trace) {
                     log::trace!("{} us: {from} -> {to}: {}", self.now_us, describe(&frame));
                 }
+                if self.wires.is_some()
+                    && !self.wire_arrived(from, to, &frame, generation, heartbeat)
+                {
+                    return Ok(());
+                }
                 if let Some(n) = self.nodes.get_mut(to as usize) {
                     n.handle_frame(now, from, frame);
                 }
                 self.after(to)?;
             }
+            Ev::WireDone { from, to } => self.on_wire_done(from, to)?,
+            Ev::Recheck { node } => self.on_recheck(node)?,
             Ev::Timer { node } => {
                 // Only the latest timer counts; a stall may have delayed it past its instant.
                 let armed = self.timer_at.get(node as usize).copied().flatten();
@@ -659,12 +704,32 @@ impl World {
                 if !self.living(origin) {
                     return Ok(());
                 }
+                // Flow control at the origin, as the driver's gate applies it: a send whose
+                // next hop is congested is offered again later.
+                if self.wires.is_some()
+                    && self
+                        .nodes
+                        .get(origin as usize)
+                        .is_some_and(|n| !n.node.may_originate_to(dst))
+                {
+                    self.stats.sends_busy += 1;
+                    let at = self.now_us + self.rng.range(1_000, 20_000);
+                    self.push(
+                        at,
+                        Ev::Send {
+                            origin,
+                            dst,
+                            reliable,
+                        },
+                    );
+                    return Ok(());
+                }
                 let seq = {
                     let s = self.pair_seq.entry((origin, dst)).or_insert(0);
                     *s += 1;
                     *s
                 };
-                let pad = self.rng.range(0, 48) as usize;
+                let pad = self.rng.range(0, self.scen.pad_max) as usize;
                 let payload = check::payload(origin, dst, seq, pad);
                 let Some(n) = self.nodes.get_mut(origin as usize) else {
                     return Ok(());
@@ -683,6 +748,34 @@ impl World {
                 }
                 self.after(origin)?;
             }
+        }
+        Ok(())
+    }
+
+    /// The checks of a run with the capacity model (no faults): nothing was
+    /// dropped at a full queue, nobody was declared dead, every accepted plain message
+    /// arrived (delivery never stopped).
+    fn check_overload(&self, dropped: u64) -> Result<(), Violation> {
+        let fail = |detail: String| {
+            Err(Violation {
+                checker: "overload",
+                detail,
+            })
+        };
+        if dropped > 0 {
+            return fail(format!("{dropped} frames dropped at a full send queue"));
+        }
+        if !self.declared.is_empty() {
+            return fail(format!(
+                "living daemons declared dead under load: {:?}",
+                self.declared
+            ));
+        }
+        if self.check.plain_posted != self.check.plain_sent {
+            return fail(format!(
+                "{} of {} plain messages delivered",
+                self.check.plain_posted, self.check.plain_sent
+            ));
         }
         Ok(())
     }
@@ -858,7 +951,7 @@ fn describe(frame: &Bytes) -> String {
 /// Events that are work still to do (timers and heartbeats go on for ever).
 fn is_work(ev: &Ev) -> bool {
     match ev {
-        Ev::Timer { .. } => false,
+        Ev::Timer { .. } | Ev::Recheck { .. } => false,
         Ev::Frame { heartbeat, .. } => !heartbeat,
         Ev::Hs { node, .. } | Ev::HsTimeout { node, .. } => node.is_some(),
         _ => true,
@@ -874,6 +967,8 @@ fn target(ev: &Ev) -> Option<Rank> {
         Ev::Contribute { rank, .. } => Some(*rank),
         Ev::Hs { node, .. } | Ev::HsTimeout { node, .. } => *node,
         Ev::Stranger { .. } => None,
+        Ev::WireDone { from, .. } => Some(*from),
+        Ev::Recheck { node } => Some(*node),
         Ev::Crash { .. } | Ev::Stall { .. } | Ev::LinkDown { .. } | Ev::Partition { .. } => None,
     }
 }

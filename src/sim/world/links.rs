@@ -22,6 +22,9 @@ impl World {
     pub(super) fn bump_generation(&mut self, a: Rank, b: Rank) {
         *self.conn_gen.entry(Self::pair(a, b)).or_insert(0) += 1;
         self.conn_lost.insert(Self::pair(a, b));
+        if let Some(w) = self.wires.as_mut() {
+            w.forget(a, b);
+        }
         self.hs_pair_dropped(a, b);
     }
 
@@ -145,6 +148,16 @@ impl World {
             self.redial(from, to, 1);
             return;
         }
+        if self.wires.is_some() {
+            self.wire_transmit(from, to, frame, heartbeat);
+            return;
+        }
+        self.travel(from, to, frame, heartbeat);
+    }
+
+    /// The frame crosses the link: its latency (and the seed's slow windows, stale copies and
+    /// duplicates), in order with the link's earlier frames.
+    pub(super) fn travel(&mut self, from: Rank, to: Rank, frame: Bytes, heartbeat: bool) {
         let lat =
             self.scen.latency_us + self.rng.range(0, self.scen.jitter_us) + self.spread(from, to);
         // Overlapping slow windows do not compound: the slowest one applies.

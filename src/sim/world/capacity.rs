@@ -1,0 +1,289 @@
+//! Link capacity (runs with the `overload` kind): each direction of a connection carries a
+//! bounded number of bytes per microsecond, through a sender-side queue (the driver's send
+//! queue, whose level the sending node is told, as the driver tells it) and a window of bytes
+//! sent but not yet read by the receiver (the kernel's socket buffers). A receiver whose node
+//! says not to read a neighbour (`Node::may_read`, flow control) leaves that neighbour's frames
+//! unread; the window then fills and the sender's queue stops draining, as TCP makes it.
+//!
+//! What it checks, with the world's checkers: under offered load well above capacity, with
+//! heartbeats on and no fault, delivery never stops (every accepted plain message arrives), no relay
+//! reaches its hard queue bound (nothing is dropped), and no living daemon is declared dead.
+
+use super::{Ev, World};
+use crate::Rank;
+use crate::sim::check::Violation;
+use bytes::Bytes;
+use std::collections::{HashMap, HashSet, VecDeque};
+
+/// Re-checks of a receiver that leaves frames unread, in microseconds (the driver's
+/// `limits::FLOW_RECHECK_MS`).
+const RECHECK_US: u64 = 100_000;
+
+/// The capacity of every link in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkCapacity {
+    /// Bytes a direction of a link carries per microsecond (1 is 1 MB/s).
+    pub bytes_per_us: u64,
+    /// Bytes sent and not yet read that a direction holds (the socket buffers).
+    pub window_bytes: usize,
+    /// The send queue's hard bound (`send_queue_max_bytes`): a frame beyond it is dropped.
+    pub queue_max_bytes: usize,
+}
+
+/// One direction of a connection.
+#[derive(Debug, Default)]
+struct Wire {
+    /// Frames waiting to go on the wire (the head is on it while `sending`).
+    queue: VecDeque<(Bytes, bool)>,
+    queued_bytes: usize,
+    sending: bool,
+    /// Bytes on the wire or arrived and not read.
+    window_used: usize,
+    /// Arrived frames the receiver has not read, with the generation they came on.
+    unread: VecDeque<(Bytes, u64, bool)>,
+}
+
+/// Every wire of a run, and what the checks need.
+#[derive(Debug)]
+pub(super) struct Wires {
+    cap: LinkCapacity,
+    wires: HashMap<(Rank, Rank), Wire>,
+    /// (from, to) with unread frames.
+    paused: HashSet<(Rank, Rank)>,
+    /// Receivers with a re-check scheduled.
+    recheck_armed: HashSet<Rank>,
+    /// Frames dropped at the hard bound.
+    pub dropped: u64,
+    /// Times a receiver left a frame unread (flow control at work).
+    pub unread_frames: u64,
+}
+
+impl Wires {
+    pub(super) fn new(cap: LinkCapacity) -> Self {
+        Wires {
+            cap,
+            wires: HashMap::new(),
+            paused: HashSet::new(),
+            recheck_armed: HashSet::new(),
+            dropped: 0,
+            unread_frames: 0,
+        }
+    }
+
+    /// Nothing queued, on a wire, or unread anywhere.
+    pub(super) fn is_empty(&self) -> bool {
+        self.wires
+            .values()
+            .all(|w| w.queue.is_empty() && w.unread.is_empty() && !w.sending)
+    }
+
+    /// Bytes queued towards `to` at `from`.
+    fn queued(&self, from: Rank, to: Rank) -> usize {
+        self.wires.get(&(from, to)).map_or(0, |w| w.queued_bytes)
+    }
+
+    /// Forgets every wire to or from `r` (it crashed, or a connection of it dropped): what
+    /// they carried is lost, as the world's in-flight frames are.
+    pub(super) fn forget(&mut self, a: Rank, b: Rank) {
+        self.wires.remove(&(a, b));
+        self.wires.remove(&(b, a));
+        self.paused.remove(&(a, b));
+        self.paused.remove(&(b, a));
+    }
+}
+
+impl World {
+    /// Queues a frame on the wire `from -> to` (the connection is up); false if the model is
+    /// off and the frame should go the usual way.
+    pub(super) fn wire_transmit(
+        &mut self,
+        from: Rank,
+        to: Rank,
+        frame: Bytes,
+        heartbeat: bool,
+    ) -> bool {
+        let Some(wires) = self.wires.as_mut() else {
+            return false;
+        };
+        let max = wires.cap.queue_max_bytes;
+        let w = wires.wires.entry((from, to)).or_default();
+        if !w.queue.is_empty() && w.queued_bytes + frame.len() > max {
+            wires.dropped += 1;
+            log::debug!(
+                "{} us: {from} -> {to}: queue full, frame dropped",
+                self.now_us
+            );
+            return true;
+        }
+        w.queued_bytes += frame.len();
+        w.queue.push_back((frame, heartbeat));
+        self.report_queue(from, to);
+        self.pump_wire(from, to);
+        true
+    }
+
+    /// Puts the next queued frame on the wire if it is free and the window has room.
+    fn pump_wire(&mut self, from: Rank, to: Rank) {
+        let Some(wires) = self.wires.as_mut() else {
+            return;
+        };
+        let cap = wires.cap;
+        let Some(w) = wires.wires.get_mut(&(from, to)) else {
+            return;
+        };
+        let Some((head, _)) = w.queue.front() else {
+            return;
+        };
+        let len = head.len();
+        // A frame larger than the whole window still goes once the window is empty.
+        if w.sending || (w.window_used > 0 && w.window_used + len > cap.window_bytes) {
+            return;
+        }
+        w.sending = true;
+        let at = self.now_us + (len as u64).div_ceil(cap.bytes_per_us.max(1));
+        self.push(at, Ev::WireDone { from, to });
+    }
+
+    /// The head frame of `from -> to` has left the sender: it travels with the link's
+    /// latency; the next one may start.
+    pub(super) fn on_wire_done(&mut self, from: Rank, to: Rank) -> Result<(), Violation> {
+        let Some(w) = self
+            .wires
+            .as_mut()
+            .and_then(|ws| ws.wires.get_mut(&(from, to)))
+        else {
+            return Ok(());
+        };
+        w.sending = false;
+        let Some((frame, heartbeat)) = w.queue.pop_front() else {
+            return Ok(());
+        };
+        w.queued_bytes = w.queued_bytes.saturating_sub(frame.len());
+        w.window_used += frame.len();
+        self.travel(from, to, frame, heartbeat);
+        self.report_queue(from, to);
+        self.pump_wire(from, to);
+        self.after(from)
+    }
+
+    /// Tells `from`'s node how full its queue towards `to` is.
+    fn report_queue(&mut self, from: Rank, to: Rank) {
+        let queued = self.wires.as_ref().map_or(0, |ws| ws.queued(from, to));
+        let now = self.now();
+        if let Some(n) = self.nodes.get_mut(from as usize) {
+            n.node.handle_send_queue(now, to, queued);
+        }
+    }
+
+    /// A frame arrived at `to` over a wire: read now if its node allows it, otherwise left
+    /// unread. True if it was read (the caller hands it to the node).
+    pub(super) fn wire_arrived(
+        &mut self,
+        from: Rank,
+        to: Rank,
+        frame: &Bytes,
+        generation: u64,
+        heartbeat: bool,
+    ) -> bool {
+        let now = self.now();
+        let may_read = self
+            .nodes
+            .get(to as usize)
+            .is_some_and(|n| n.node.may_read(now, from));
+        let Some(wires) = self.wires.as_mut() else {
+            return true;
+        };
+        let w = wires.wires.entry((from, to)).or_default();
+        if may_read && w.unread.is_empty() {
+            w.window_used = w.window_used.saturating_sub(frame.len());
+            self.pump_wire(from, to);
+            return true;
+        }
+        w.unread.push_back((frame.clone(), generation, heartbeat));
+        wires.unread_frames += 1;
+        wires.paused.insert((from, to));
+        self.arm_recheck(to);
+        false
+    }
+
+    fn arm_recheck(&mut self, node: Rank) {
+        let Some(wires) = self.wires.as_mut() else {
+            return;
+        };
+        if wires.recheck_armed.insert(node) {
+            let at = self.now_us + RECHECK_US;
+            self.push(at, Ev::Recheck { node });
+        }
+    }
+
+    /// Reads, at `node`, the frames it left unread from neighbours it may read again.
+    pub(super) fn read_unread(&mut self, node: Rank) -> Result<(), Violation> {
+        let Some(wires) = self.wires.as_mut() else {
+            return Ok(());
+        };
+        let mut from: Vec<Rank> = wires
+            .paused
+            .iter()
+            .filter(|(_, to)| *to == node)
+            .map(|(f, _)| *f)
+            .collect();
+        from.sort_unstable();
+        let now = self.now();
+        for f in from {
+            let allowed = self
+                .nodes
+                .get(node as usize)
+                .is_some_and(|n| n.node.may_read(now, f));
+            if !allowed {
+                continue;
+            }
+            let frames: Vec<(Bytes, u64, bool)> = match self
+                .wires
+                .as_mut()
+                .and_then(|ws| ws.wires.get_mut(&(f, node)))
+            {
+                Some(w) => {
+                    let v: Vec<_> = w.unread.drain(..).collect();
+                    let bytes: usize = v.iter().map(|(b, ..)| b.len()).sum();
+                    w.window_used = w.window_used.saturating_sub(bytes);
+                    v
+                }
+                None => Vec::new(),
+            };
+            if let Some(ws) = self.wires.as_mut() {
+                ws.paused.remove(&(f, node));
+            }
+            for (frame, generation, _) in frames {
+                if generation != self.generation(f, node) || !self.living(f) {
+                    continue;
+                }
+                if let Some(n) = self.nodes.get_mut(node as usize) {
+                    n.handle_frame(now, f, frame);
+                }
+            }
+            self.pump_wire(f, node);
+            self.after(node)?;
+        }
+        Ok(())
+    }
+
+    /// The periodic re-check of a receiver with unread frames (a pause also ends by time,
+    /// when a congested queue counts as stuck).
+    pub(super) fn on_recheck(&mut self, node: Rank) -> Result<(), Violation> {
+        if let Some(ws) = self.wires.as_mut() {
+            ws.recheck_armed.remove(&node);
+        }
+        if !self.living(node) {
+            return Ok(());
+        }
+        self.read_unread(node)?;
+        let still = self
+            .wires
+            .as_ref()
+            .is_some_and(|ws| ws.paused.iter().any(|(_, to)| *to == node));
+        if still {
+            self.arm_recheck(node);
+        }
+        Ok(())
+    }
+}
