@@ -17,6 +17,11 @@ pub const COMMANDS_PER_TURN_MAX: usize = 4_096;
 /// the origin gate) after every this many: a long drain of sends overshoots a queue's
 /// high-water mark by at most this many messages.
 pub const COMMANDS_PER_QUEUE_REPORT: usize = 256;
+/// Payload bytes of sends that may wait in a daemon's command channel (or a quarter of
+/// `send_queue_max_bytes`, if less); a send beyond is refused `Busy` at once (one larger send
+/// still passes alone). It bounds what reaches a send queue after flow control closed the
+/// origin gate (`driver/gate.rs`), so that a burst cannot carry a queue past its hard bound.
+pub const COMMAND_QUEUE_MAX_BYTES: usize = 16 * 1024 * 1024;
 
 /// Readiness events taken from one `poll`; more are returned by the next call.
 pub const POLL_EVENTS_MAX: usize = 1_024;

@@ -1,9 +1,12 @@
 //! A peer that stops reading. A scripted daemon (rank 3, a leaf under rank 1) joins with the
 //! real key, completes its handshakes, then never reads again, while it keeps sending
 //! heartbeats (so silence detection never fires). Its parent's queue towards it stays within
-//! `send_queue_max_bytes`: the parent's own sends get `Busy` (back-pressure), frames relayed
-//! towards it are dropped and counted, traffic that does not involve it keeps flowing, and the
-//! queue that stopped moving gets it declared failed, after which sends to it are `NodeDown`.
+//! `send_queue_max_bytes`: the parent's own sends get `Busy` (back-pressure); frames relayed
+//! towards it fill that queue to near its bound and then the parent stops reading the
+//! neighbour they come from (flow control: nothing is dropped for a peer that may only be
+//! slow); traffic that does not pass through the parent keeps flowing; the queue that stopped
+//! moving gets the peer declared failed, after which traffic through the parent flows again
+//! and sends to the peer are `NodeDown`.
 
 mod common;
 
@@ -128,20 +131,21 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
             Err(e) => panic!("unexpected refusal {e}"),
         }
     }
-    // Rank 0's frames for rank 3 reach rank 1 and are dropped there, counted.
+    // Rank 0's frames for rank 3 reach rank 1 and wait in its queue towards 3; once that is
+    // nearly full, rank 1 leaves rank 0's frames unread. None is dropped.
     for _ in 0..64 {
         match root.send(3, TAG, chunk.clone()) {
             Ok(()) | Err(SendError::Busy(_)) => {}
             Err(e) => panic!("unexpected refusal {e}"),
         }
     }
-    wait_for("relayed frames dropped at the full queue", || {
+    wait_for("rank 1's queue towards the deaf peer to congest", || {
         let c = one.counters().unwrap();
         assert!(
             c.failed.is_empty(),
             "declared failed before the flood was seen"
         );
-        c.dropped_queue_full > 0
+        c.flow_congested > 0
     });
 
     let mut ok_bytes = 0usize;
@@ -163,8 +167,8 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
         "{ok_bytes} bytes accepted"
     );
 
-    // Traffic that does not involve rank 3 keeps flowing, both ways through rank 1's links.
-    for (a, b) in [(&root, one), (one, two), (two, one), (two, &root)] {
+    // Traffic that does not pass through rank 1 keeps flowing.
+    for (a, b) in [(&root, two), (two, &root)] {
         a.send(b.rank(), TAG + 1, "unaffected").unwrap();
         let m = b
             .recv_blocking(Peer::Rank(a.rank()), TAG + 1, HANG_GUARD)
@@ -179,6 +183,25 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
             .iter()
             .all(|d| d.counters().unwrap().failed == [3])
     });
+    // Then traffic through rank 1 flows again, both ways, and nothing was ever dropped at a
+    // full queue.
+    for (a, b) in [(&root, one), (one, two), (two, one), (one, &root)] {
+        let body = Bytes::from_static(b"after");
+        let deadline = Instant::now() + HANG_GUARD;
+        // `Busy` while rank 1's congestion drains.
+        while let Err(e) = a.send(b.rank(), TAG + 2, body.clone()) {
+            assert!(matches!(e, SendError::Busy(_)), "unexpected refusal {e}");
+            assert!(Instant::now() < deadline, "still busy");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let m = b
+            .recv_blocking(Peer::Rank(a.rank()), TAG + 2, HANG_GUARD)
+            .expect("traffic through rank 1 did not resume");
+        assert_eq!(&m.payload[..], b"after");
+    }
+    for d in [&root, one, two] {
+        assert_eq!(d.counters().unwrap().dropped_queue_full, 0);
+    }
     let (tx, rx) = unbounded();
     two.send_with(3, TAG, "anyone there?", move |r| tx.send(r).unwrap())
         .unwrap();

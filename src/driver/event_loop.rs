@@ -384,6 +384,9 @@ impl EventLoop {
             match self.rx.try_recv() {
                 Ok(c) => {
                     self.node.counters_mut().commands += 1;
+                    if let Caddy::Send { payload, .. } | Caddy::SendReliable { payload, .. } = &c {
+                        self.shared.gate.taken(payload.len());
+                    }
                     self.command(c);
                     self.carry_out();
                 }

@@ -9,7 +9,7 @@
 //! what the bounded command channel holds, and nothing is dropped.
 
 use crate::Rank;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// A bit per destination rank: set while the next hop towards it is congested.
 #[derive(Debug)]
@@ -20,18 +20,48 @@ pub(crate) struct OriginGate {
     size: u32,
     /// Sends refused by the gate (added to the `sends_busy_flow` counter).
     refused: AtomicU64,
+    /// Payload bytes of sends submitted and not yet taken by the loop: what can still reach a
+    /// queue after the gate closed. Bounded by `in_channel_max`, so that a burst submitted
+    /// before the loop saw any congestion cannot carry a queue past its hard bound.
+    in_channel: AtomicUsize,
+    in_channel_max: usize,
 }
 
 impl OriginGate {
-    /// An open gate for a DVM of `size` ranks.
-    pub(crate) fn new(size: u32) -> Self {
+    /// An open gate for a DVM of `size` ranks, letting at most `in_channel_max` payload bytes
+    /// wait in the command channel (a single larger send still passes alone).
+    pub(crate) fn new(size: u32, in_channel_max: usize) -> Self {
         let words = (size as usize).div_ceil(64);
         OriginGate {
             any: AtomicBool::new(false),
             blocked: (0..words).map(|_| AtomicU64::new(0)).collect(),
             size,
             refused: AtomicU64::new(0),
+            in_channel: AtomicUsize::new(0),
+            in_channel_max,
         }
+    }
+
+    /// Reserves room for a send of `len` payload bytes in the command channel; false (counted
+    /// as a refusal) if the channel already holds its share. Undo with [`OriginGate::taken`]
+    /// if the send is not submitted after all.
+    pub(crate) fn admit_bytes(&self, len: usize) -> bool {
+        let before = self.in_channel.fetch_add(len, Ordering::AcqRel);
+        if before > 0 && before.saturating_add(len) > self.in_channel_max {
+            self.in_channel.fetch_sub(len, Ordering::AcqRel);
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// The loop took a send of `len` payload bytes from the channel (or it was never sent).
+    pub(crate) fn taken(&self, len: usize) {
+        let _ = self
+            .in_channel
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(len))
+            });
     }
 
     /// Whether a send to `dst` is refused now; counts the refusal.
@@ -86,8 +116,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_channel_holds_a_bounded_number_of_bytes_but_always_one_send() {
+        let g = OriginGate::new(4, 100);
+        assert!(
+            g.admit_bytes(500),
+            "one send larger than the share passes alone"
+        );
+        assert!(!g.admit_bytes(1));
+        g.taken(500);
+        assert!(g.admit_bytes(60) && g.admit_bytes(40));
+        assert!(!g.admit_bytes(1));
+        g.taken(60);
+        assert!(g.admit_bytes(60));
+        assert_eq!(g.refused(), 2);
+    }
+
+    #[test]
     fn an_open_gate_refuses_nothing_and_a_closed_one_only_what_it_names() {
-        let g = OriginGate::new(130);
+        let g = OriginGate::new(130, usize::MAX);
         assert!(!g.refuses(5));
         g.publish(false, |r| r == 5 || r == 129);
         assert!(g.refuses(5) && g.refuses(129));

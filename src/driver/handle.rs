@@ -176,10 +176,17 @@ impl Handle {
         &self.shared.uri
     }
 
-    /// Flow control at the origin: a send whose next hop is congested is refused at once.
-    fn check_gate(&self, dst: Rank) -> Result<(), SendError> {
+    /// Flow control at the origin: a send whose next hop is congested is refused at once, and
+    /// so is one that would put more than its share of bytes in the command channel. On `Ok`
+    /// the bytes are reserved: the caller submits the send or gives them back.
+    fn check_gate(&self, dst: Rank, len: usize) -> Result<(), SendError> {
         if self.shared.gate.refuses(dst) {
             return Err(SendError::Busy("the send queue towards the next hop"));
+        }
+        if !self.shared.gate.admit_bytes(len) {
+            return Err(SendError::Busy(
+                "the command channel (bytes of sends not yet taken)",
+            ));
         }
         Ok(())
     }
@@ -249,13 +256,16 @@ impl Handle {
         done: Option<Completion>,
     ) -> Result<(), SendError> {
         self.check_send(dst, tag, &payload)?;
-        self.check_gate(dst)?;
-        self.shared.submit(Caddy::Send {
-            dst,
-            tag,
-            payload,
-            done,
-        })
+        self.check_gate(dst, payload.len())?;
+        let len = payload.len();
+        self.shared
+            .submit(Caddy::Send {
+                dst,
+                tag,
+                payload,
+                done,
+            })
+            .inspect_err(|_| self.shared.gate.taken(len))
     }
 
     /// Sends `payload` to `dst` with `tag` reliably (RELM), without waiting: the message
@@ -320,13 +330,16 @@ impl Handle {
         done: Option<Completion>,
     ) -> Result<(), SendError> {
         self.check_send(dst, tag, &payload)?;
-        self.check_gate(dst)?;
-        self.shared.submit(Caddy::SendReliable {
-            dst,
-            tag,
-            payload,
-            done,
-        })
+        self.check_gate(dst, payload.len())?;
+        let len = payload.len();
+        self.shared
+            .submit(Caddy::SendReliable {
+                dst,
+                tag,
+                payload,
+                done,
+            })
+            .inspect_err(|_| self.shared.gate.taken(len))
     }
 
     /// Broadcasts `payload` with `tag` to every living daemon, this one included: the

@@ -93,7 +93,10 @@ pub fn start(
         lifecycle_cv: Condvar::new(),
         loop_thread: OnceLock::new(),
         join: Mutex::new(None),
-        gate: gate::OriginGate::new(size),
+        gate: gate::OriginGate::new(
+            size,
+            limits::COMMAND_QUEUE_MAX_BYTES.min(config.send_queue_max_bytes / 4),
+        ),
     });
     let incarnation = incarnation();
     let node = Node::new(NodeConfig {

@@ -19,12 +19,14 @@
 //! reading it, or at a queue that drains. Frames never turn back either (routing is along the
 //! tree), so a stopped reader is always waiting for a queue that moves.
 //!
-//! # Why a stuck queue does not count
-//! A neighbour that stopped reading altogether (hung, or dying before the heartbeats say so)
-//! must not stop this daemon from reading everyone else until its death is detected: a queue
-//! that took nothing for [`FLOW_STUCK_MS`] stops pausing reads. Frames for it then pile up to
-//! the hard bound (`send_queue_max_bytes`), where relayed frames are dropped and counted, as
-//! before; the heartbeats' not-reading rule declares it failed.
+//! # Why a stuck queue does not count, until it is nearly full
+//! A neighbour that stopped reading altogether (hung, not scheduled, or dying before the
+//! heartbeats say so) should not stop this daemon from reading everyone else: a queue that
+//! took nothing for [`FLOW_STUCK_MS`] stops pausing reads. Frames for it then pile up in its
+//! queue; once that holds more than [`FlowLimits::full_bytes`] (the hard bound,
+//! `send_queue_max_bytes`, less room for what one more read can add), the queue pauses reads
+//! again, so that nothing is dropped for a neighbour that may only be slow. If it is dead, the
+//! heartbeats' not-reading rule declares it failed and its queue no longer counts.
 //!
 //! A queue towards a neighbour that says it is pausing (its heartbeats carry
 //! [`HEARTBEAT_PAUSING`]) counts as moving: it waits on the neighbour's own congested queue,
@@ -42,7 +44,10 @@ use crate::Rank;
 /// receiver does not take the sender's stalled reading for deafness (`docs/wire.md`).
 pub const HEARTBEAT_PAUSING: u32 = 1;
 use crate::fxhash::FxHashMap;
-use crate::limits::{FLOW_HIGH_BYTES, FLOW_LOW_BYTES, FLOW_STUCK_MS};
+use crate::limits::{
+    FLOW_HIGH_BYTES, FLOW_LOW_BYTES, FLOW_STUCK_MS, MSG_MAX_BYTES_DEFAULT, READ_LARGE_STEP_BYTES,
+    SEND_QUEUE_MAX_BYTES_DEFAULT,
+};
 use std::time::{Duration, Instant};
 
 #[cfg(test)]
@@ -57,15 +62,38 @@ pub struct FlowLimits {
     pub low_bytes: usize,
     /// [`FLOW_STUCK_MS`].
     pub stuck_ms: u64,
+    /// A stuck queue above this pauses reads again: room is left below the hard bound for
+    /// what one read can still add, so that nothing is dropped for a neighbour that is alive
+    /// but not reading (see [`FlowLimits::for_queue`]).
+    pub full_bytes: usize,
+}
+
+impl FlowLimits {
+    /// The thresholds for send queues bounded at `queue_max_bytes` carrying messages of at
+    /// most `msg_max_bytes`: the high-water mark is [`FLOW_HIGH_BYTES`], or a quarter of a
+    /// smaller bound (the low one a quarter of that at most); `full_bytes` leaves room for one maximal frame and one read
+    /// region (`READ_LARGE_STEP_BYTES`), what a single read of another connection can add
+    /// before the levels are reported again. Where there is no such room, a stuck queue never
+    /// stops pausing.
+    pub fn for_queue(queue_max_bytes: usize, msg_max_bytes: usize) -> Self {
+        let margin = msg_max_bytes
+            .saturating_add(crate::oob::header::HEADER_LEN)
+            .saturating_add(READ_LARGE_STEP_BYTES);
+        // A small queue congests early enough for the rule to act before its bound.
+        let high_bytes = FLOW_HIGH_BYTES.min(queue_max_bytes / 4).max(1);
+        FlowLimits {
+            high_bytes,
+            low_bytes: FLOW_LOW_BYTES.min(high_bytes / 4),
+            stuck_ms: FLOW_STUCK_MS,
+            full_bytes: queue_max_bytes.saturating_sub(margin).max(high_bytes),
+        }
+    }
 }
 
 impl Default for FlowLimits {
+    /// [`FlowLimits::for_queue`] with the default queue bound and message size.
     fn default() -> Self {
-        FlowLimits {
-            high_bytes: FLOW_HIGH_BYTES,
-            low_bytes: FLOW_LOW_BYTES,
-            stuck_ms: FLOW_STUCK_MS,
-        }
+        FlowLimits::for_queue(SEND_QUEUE_MAX_BYTES_DEFAULT, MSG_MAX_BYTES_DEFAULT as usize)
     }
 }
 
@@ -157,7 +185,7 @@ impl Flow {
         !self
             .congested
             .iter()
-            .any(|(&peer, c)| peer != from && self.moving(now, c))
+            .any(|(&peer, c)| peer != from && self.holds_back(now, c))
     }
 
     /// Whether any queue is congested (the common answer, no: callers skip routing a send
@@ -174,7 +202,7 @@ impl Flow {
     /// Whether any queue is congested and moving (a driver that paused reads re-checks them
     /// while this holds, and when it stops holding).
     pub fn is_pausing(&self, now: Instant) -> bool {
-        self.congested.values().any(|c| self.moving(now, c))
+        self.congested.values().any(|c| self.holds_back(now, c))
     }
 
     /// When a pause may end by itself (a congested queue counting as stuck), if any does.
@@ -194,6 +222,11 @@ impl Flow {
     /// [`Flow::may_originate`] answers to other threads recomputes them only then.
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// Whether a congested queue pauses reads: it moves, or it is too full to take more.
+    fn holds_back(&self, now: Instant, c: &Congested) -> bool {
+        c.queued > self.limits.full_bytes || self.moving(now, c)
     }
 
     fn moving(&self, now: Instant, c: &Congested) -> bool {

@@ -111,7 +111,7 @@ impl NodeConfig {
             )),
             wireup_timeout: Duration::from_millis(c.wireup_timeout_ms),
             trace: false,
-            flow: flow::FlowLimits::default(),
+            flow: flow::FlowLimits::for_queue(c.send_queue_max_bytes, c.msg_max_bytes as usize),
         }
     }
 }

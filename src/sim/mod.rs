@@ -124,6 +124,26 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         found: "simulator (strangers' runs): a daemon that died with its dial proved and admitted \
                 by the peer stayed recorded as redialling for ever, so the run never went quiet",
     },
+    RegressionSeed {
+        seed: 67,
+        daemons: 4,
+        radix: 2,
+        faults: FaultKinds {
+            crash: false,
+            link: false,
+            stall: false,
+            partition: false,
+            delay: true,
+            stale: false,
+            dup: false,
+            stranger: false,
+            overload: true,
+        },
+        found: "flow: a daemon not scheduled for longer than FLOW_STUCK_MS made its neighbours' \
+                queues towards it count as stuck, so they read on and filled those queues to \
+                the hard bound, where relayed frames were dropped; a stuck queue near its bound \
+                now pauses reads again (FlowLimits::full_bytes)",
+    },
 ];
 
 /// What to simulate.

@@ -185,6 +185,11 @@ pub enum Fault {
     },
 }
 
+/// The traffic window of an overload run: the first tenth of the safety phase.
+fn traffic_us_of(safety_us: u64) -> u64 {
+    safety_us / 10
+}
+
 /// How a seed's crashes are arranged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrashPattern {
@@ -481,20 +486,39 @@ impl Scenario {
             // No faults: a slow window (up to 200 times the latency) would outlast the
             // heartbeat timeout by itself, and this run's heartbeats must declare no one.
             faults.clear();
+            // But daemons that are not scheduled for a while, as on a host with far more
+            // daemons than cores: longer than FLOW_STUCK_MS, shorter than the heartbeat
+            // timeout. Reads paused down a chain through such a daemon must not let the
+            // relays before it give up pausing and fill their queues to the hard bound.
+            if load.chance(0.5) {
+                for _ in 0..load.range(1, 3) {
+                    faults.push(Fault::Stall {
+                        rank: load.range(0, u64::from(size - 1)) as Rank,
+                        at_us: load.range(0, traffic_us_of(safety_us)),
+                        for_us: load.range(
+                            crate::limits::FLOW_STUCK_MS * 1000 + 100_000,
+                            HEARTBEAT_TIMEOUT_US * 3 / 4,
+                        ),
+                    });
+                }
+            }
             plain = messages * 20;
-            traffic_us = safety_us / 10;
+            traffic_us = traffic_us_of(safety_us);
             pad_max = load.range(512, 2048);
             let window_bytes = load.range(16, 64) as usize * 1024;
+            let queue_max_bytes = 256 << 10;
             capacity = Some(crate::sim::world::LinkCapacity {
                 bytes_per_us: load.range(1, 8),
                 window_bytes,
-                queue_max_bytes: 256 << 10,
+                queue_max_bytes,
             });
             let high_bytes = load.range(8, 32) as usize * 1024;
             flow = crate::node::flow::FlowLimits {
                 high_bytes,
                 low_bytes: high_bytes / 4,
                 stuck_ms: crate::limits::FLOW_STUCK_MS,
+                // One read of unread frames can add up to a window.
+                full_bytes: queue_max_bytes - window_bytes - 4096,
             };
             heartbeats = true;
             stale_rate = 0.0;

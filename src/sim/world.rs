@@ -713,7 +713,7 @@ impl World {
                         .is_some_and(|n| !n.node.may_originate_to(dst))
                 {
                     self.stats.sends_busy += 1;
-                    let at = self.now_us + self.rng.range(1_000, 20_000);
+                    let at = self.now_us + self.rng.range(5_000, 50_000);
                     self.push(
                         at,
                         Ev::Send {

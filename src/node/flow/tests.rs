@@ -5,6 +5,7 @@ fn flow() -> (Flow, Instant) {
         high_bytes: 100,
         low_bytes: 40,
         stuck_ms: 1_000,
+        full_bytes: 2_000,
     });
     (f, Instant::now())
 }
@@ -89,11 +90,42 @@ fn a_queue_towards_a_pausing_neighbour_is_not_stuck() {
 }
 
 #[test]
+fn a_stuck_queue_near_its_bound_pauses_reads_again() {
+    let (mut f, t) = flow();
+    f.handle_queued(t, 1, 500);
+    let stuck = t + Duration::from_millis(1_000);
+    assert!(f.may_read(stuck, 2));
+    // Reads from the others went on and filled it: above full_bytes it holds back again,
+    // stuck or not, until it drains or its neighbour is forgotten (declared dead).
+    f.handle_queued(stuck, 1, 2_001);
+    assert!(!f.may_read(stuck, 2));
+    assert!(f.is_pausing(stuck));
+    assert!(f.may_read(stuck, 1), "never the congested neighbour itself");
+    f.forget(1);
+    assert!(f.may_read(stuck, 2));
+}
+
+#[test]
+fn full_leaves_room_for_a_maximal_frame_and_one_read() {
+    let l = FlowLimits::for_queue(128 << 20, 64 << 20);
+    assert!(l.full_bytes < (64 << 20) && l.full_bytes > l.high_bytes);
+    // No room at all: a stuck queue never stops pausing.
+    let tight = FlowLimits::for_queue(1 << 20, 1 << 20);
+    assert_eq!(tight.full_bytes, tight.high_bytes);
+    // A small queue congests at a quarter of its bound.
+    let small = FlowLimits::for_queue(1 << 20, 64 << 10);
+    assert_eq!(small.high_bytes, 256 << 10);
+    assert!(small.low_bytes <= small.high_bytes / 4);
+    assert!(small.full_bytes > small.high_bytes && small.full_bytes < 1 << 20);
+}
+
+#[test]
 fn low_is_never_above_high() {
     let mut f = Flow::new(FlowLimits {
         high_bytes: 10,
         low_bytes: 50,
         stuck_ms: 1,
+        full_bytes: usize::MAX,
     });
     let t = Instant::now();
     f.handle_queued(t, 1, 11);
