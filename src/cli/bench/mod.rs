@@ -84,6 +84,7 @@ pub fn run(args: BenchArgs) -> Res<i32> {
         out["scale"] = b.scale()?;
     }
     out["load_after"] = json!(loadavg());
+    out["targets"] = targets(&out);
     print_tables(&out);
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&out).map_err(ctx("json"))?;
@@ -447,6 +448,23 @@ fn print_tables(out: &Value) {
         "load average (1/5/15 min): before {}, after {}",
         out["load"], out["load_after"]
     );
+    if let Some(rows) = out["targets"].as_array().filter(|r| !r.is_empty()) {
+        println!("\n| issue \"Performance\" row | measured | target | met |");
+        println!("|---|---|---|---|");
+        for r in rows {
+            println!(
+                "| {} | {} | {} | {} |",
+                r["what"].as_str().unwrap_or(""),
+                r["measured"].as_str().unwrap_or(""),
+                r["target"].as_str().unwrap_or(""),
+                if r["met"].as_bool() == Some(true) {
+                    "yes"
+                } else {
+                    "no"
+                }
+            );
+        }
+    }
     if let Some(rows) = out["rate"].as_array() {
         println!(
             "\n| route | payload | tbon msg/s | raw msg/s | tbon GiB/s | raw GiB/s | tbon/raw |"
@@ -521,6 +539,72 @@ fn print_tables(out: &Value) {
             );
         }
     }
+}
+
+/// The rows of issue "Performance" that this run measured: (what, measured, target, met).
+/// A row whose part was not run (`--only`) is left out.
+fn targets(out: &Value) -> Value {
+    let rate = |relays: u64, payload: u64, key: &str| -> Option<f64> {
+        out["rate"].as_array()?.iter().find_map(|r| {
+            (r["relays"].as_u64() == Some(relays) && r["payload"].as_u64() == Some(payload))
+                .then(|| r[key].as_f64())
+                .flatten()
+        })
+    };
+    let mut rows = Vec::new();
+    let mut at_least = |what: &str, v: Option<f64>, target: f64| {
+        if let Some(v) = v {
+            rows.push(
+                json!({"what": what, "measured": format!("{:.0}%", 100.0 * v),
+                "target": format!("at least {:.0}%", 100.0 * target), "met": v >= target}),
+            );
+        }
+    };
+    at_least(
+        "64 B direct rate vs raw batched TCP",
+        rate(0, 64, "ratio"),
+        0.40,
+    );
+    at_least(
+        "64 B through 1 relay vs direct",
+        rate(1, 64, "tbon_msgs_per_s")
+            .zip(rate(0, 64, "tbon_msgs_per_s"))
+            .map(|(a, b)| a / b.max(1e-9)),
+        0.70,
+    );
+    let reliable = out["reliable_rate"].as_array().and_then(|rows| {
+        rows.iter().find_map(|r| {
+            (r["relays"].as_u64() == Some(0) && r["payload"].as_u64() == Some(64))
+                .then(|| r["ratio"].as_f64())
+                .flatten()
+        })
+    });
+    at_least("reliable vs plain, 64 B direct", reliable, 0.50);
+    at_least("1 MiB direct vs raw TCP", rate(0, 1 << 20, "ratio"), 0.90);
+    if let Some(v) = out["pingpong"]["p50_ratio"].as_f64() {
+        rows.push(json!({"what": "64 B round trip (p50) vs plain mio",
+            "measured": format!("{v:.2}x"), "target": "at most 1.10x", "met": v <= 1.10}));
+    }
+    if let Some(scale) = out["scale"].as_array() {
+        let anon: Vec<(u64, u64)> = scale
+            .iter()
+            .filter_map(|r| Some((r["daemons"].as_u64()?, r["idle_rss_anon_kib"].as_u64()?)))
+            .collect();
+        if let Some(&(n, kib)) = anon.first() {
+            rows.push(json!({"what": format!("idle daemon's own memory (RssAnon, DVM of {n})"),
+                "measured": format!("{kib} KiB"), "target": "at most 1024 KiB", "met": kib <= 1024}));
+        }
+        if let (Some(&(n0, k0)), Some(&(n1, k1))) = (anon.first(), anon.last())
+            && n1 > n0
+        {
+            let per = (k1 as f64 - k0 as f64) * 1024.0 / (n1 - n0) as f64;
+            rows.push(
+                json!({"what": format!("memory per daemon in the DVM (RssAnon, {n0} to {n1})"),
+                "measured": format!("{per:.0} B"), "target": "reported", "met": true}),
+            );
+        }
+    }
+    Value::Array(rows)
 }
 
 fn size_name(b: u64) -> String {
