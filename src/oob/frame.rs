@@ -70,6 +70,17 @@ impl FrameDecoder {
         self.chunk
     }
 
+    /// Gives back the buffer's memory if it holds no received byte (an idle connection need
+    /// not keep a whole read region); the next [`read_space`](Self::read_space) allocates
+    /// again. True if memory was released.
+    pub fn release_idle(&mut self) -> bool {
+        if self.filled > 0 || self.pending.is_some() || self.buf.capacity() == 0 {
+            return false;
+        }
+        self.buf = BytesMut::new();
+        true
+    }
+
     /// Bytes this decoder holds allocated (received and spare), for memory accounting.
     pub fn capacity(&self) -> usize {
         self.buf.capacity()
@@ -417,6 +428,29 @@ mod tests {
         let room = d.read_space().len();
         d.commit(room + 10);
         assert_eq!(d.buffered(), room);
+    }
+
+    #[test]
+    fn an_idle_decoder_gives_its_buffer_back_and_reads_again() {
+        let frames = sample_frames();
+        let bytes = encode(&frames);
+        let mut d = FrameDecoder::new(1 << 20);
+        let (first, rest) = bytes.split_at(10);
+        let space = d.read_space();
+        space[..first.len()].copy_from_slice(first);
+        d.commit(first.len());
+        assert!(!d.release_idle(), "a partial frame must be kept");
+        d.feed(rest);
+        let mut out = Vec::new();
+        drain(&mut d, &mut out);
+        assert_eq!(out.len(), frames.len());
+        assert!(d.release_idle());
+        assert_eq!(d.capacity(), 0);
+        assert!(!d.release_idle());
+        d.feed(&bytes);
+        out.clear();
+        drain(&mut d, &mut out);
+        assert_eq!(out.len(), frames.len());
     }
 
     #[test]

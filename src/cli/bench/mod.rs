@@ -26,6 +26,10 @@ pub struct BenchArgs {
     /// Run only these parts (comma-separated): rate, pingpong, scale.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Rate part: only these payload sizes in bytes (comma-separated; default 64, 4096,
+    /// 65536, 1048576).
+    #[arg(long, value_delimiter = ',')]
+    pub payloads: Vec<usize>,
     #[command(flatten)]
     pub role: RoleArgs,
 }
@@ -71,6 +75,9 @@ pub fn run(args: BenchArgs) -> Res<i32> {
         return Ok(0);
     }
     let mut b = Bench::new(args.quick)?;
+    if !args.payloads.is_empty() {
+        b.payloads = args.payloads.clone();
+    }
     let want = |p: &str| args.only.is_empty() || args.only.iter().any(|o| o == p);
     let mut out = json!({ "quick": args.quick, "load": loadavg() });
     if want("rate") {
@@ -136,6 +143,8 @@ struct Bench {
     quick: bool,
     /// Reliable-versus-plain rate rows, filled by `rates`.
     reliable_rows: Vec<Value>,
+    /// Payload sizes of the rate part.
+    payloads: Vec<usize>,
 }
 
 impl Bench {
@@ -149,6 +158,7 @@ impl Bench {
             runs: 0,
             quick,
             reliable_rows: Vec::new(),
+            payloads: vec![64, 4096, 65_536, 1 << 20],
         })
     }
 
@@ -279,7 +289,7 @@ impl Bench {
     fn rates(&mut self) -> Res<Value> {
         let mut rows = Vec::new();
         for relays in [0, 1, 3] {
-            for payload in [64usize, 4096, 65_536, 1 << 20] {
+            for payload in self.payloads.clone() {
                 let t = self.tbon_rate(relays, payload, false)?;
                 let r = self.raw_rate(relays, payload)?;
                 let rate = |v: &Value| {
@@ -304,6 +314,9 @@ impl Bench {
         // Reliable sends (RELM) beside plain ones, same layout: the cost of the guarantee.
         for relays in [0, 3] {
             for payload in [64usize, 65_536] {
+                if !self.payloads.contains(&payload) {
+                    continue;
+                }
                 let plain = self.tbon_rate(relays, payload, false)?;
                 let rel = self.tbon_rate(relays, payload, true)?;
                 let rate = |v: &Value| {

@@ -1056,6 +1056,14 @@ impl EventLoop {
             self.conns.shrink_to_fit();
         }
         self.timers.shrink();
+        // An idle daemon keeps no read region per connection (64 KiB each): read buffers
+        // holding nothing are given back once a second (a busy connection reallocates one
+        // region per second, nothing measurable).
+        for (_, conn) in self.conns.iter_mut() {
+            if conn.is_established() {
+                conn.decoder.release_idle();
+            }
+        }
         if self.readable_again.is_empty() && self.readable_again.capacity() > 1024 {
             self.readable_again = Default::default();
         }
