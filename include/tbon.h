@@ -37,12 +37,12 @@
  *
  * MEMORY. tbon never keeps a caller pointer past a call except `user` (and the lent buffer of
  * tbon_send_nocopy). Payloads are COPIED by tbon_send / tbon_send_reliable / tbon_broadcast
- * before they return (the caller keeps ownership). tbon_send_nocopy lends the buffer instead
+ * (and tbon_send_batch) before they return (the caller keeps ownership). tbon_send_nocopy lends the buffer instead
  * and gets a free callback. Received data is valid only during the receive callback;
  * tbon_recv_blocking copies into the caller's buffer.
  *
  * MESSAGES. Tags below TBON_TAG_USER_MIN (100) are reserved. Plain sends (tbon_send,
- * tbon_send_nocopy) are not acknowledged end to end: a completion with TBON_OK means handed to
+ * tbon_send_nocopy, tbon_send_batch for many small messages at once) are not acknowledged end to end: a completion with TBON_OK means handed to
  * the kernel on the first hop, and a plain message can be lost when a daemon on its path dies.
  * tbon_send_reliable is acknowledged end to end: each message reaches its destination once, in
  * order with the sender's other reliable messages to it, across the deaths of daemons on its
@@ -69,6 +69,9 @@
 
 // The lowest user tag; tags below it are reserved for the runtime.
 #define TBON_TAG_USER_MIN 100
+
+// Messages `tbon_send_batch` hands to the loop at once (a longer array is sent in groups).
+#define TBON_SEND_BATCH_MAX 1024
 
 // Result code of every tbon call (and the argument of send completions).
 typedef enum {
@@ -125,6 +128,18 @@ typedef uint64_t tbon_daemon;
 // the destination posted it), otherwise the error (`TBON_ERR_NODE_DOWN`,
 // `TBON_ERR_UNREACHABLE`, `TBON_ERR_BUSY`, `TBON_ERR_SHUT_DOWN`).
 typedef void (*tbon_send_cb)(tbon_rc rc, void *user);
+
+// One message of `tbon_send_batch`.
+typedef struct {
+  // The destination rank.
+  uint32_t dst;
+  // The tag (at least `TBON_TAG_USER_MIN`).
+  uint32_t tag;
+  // The payload (may be NULL when `len` is 0); copied before `tbon_send_batch` returns.
+  const void *data;
+  // How many bytes `data` points to.
+  size_t len;
+} tbon_outgoing;
 
 // Frees a zero-copy payload (`tbon_send_nocopy`): called with the `data` and `free_user` given.
 typedef void (*tbon_free_cb)(void *data, void *free_user);
@@ -399,6 +414,21 @@ tbon_rc tbon_send(tbon_daemon d,
                   size_t len,
                   tbon_send_cb cb,
                   void *user);
+
+// Sends the `n` messages at `msgs` as plain sends, without waiting, handed to the daemon's loop
+// in groups of up to `TBON_SEND_BATCH_MAX` (one hand-over each instead of one per message: the
+// call for many small messages). Every payload is COPIED (into one buffer per group) before
+// this returns. Messages to one destination stay in order. No completions: use `tbon_send`
+// with a callback to learn a message's fate.
+//
+// `*sent` (`sent` may be NULL) is set to how many leading messages were sent. `TBON_OK`: all
+// `n`. `TBON_ERR_BUSY`: message `*sent` was refused by flow control (its next hop is
+// congested) or the command queue is full; it and those after it were not sent: offer them
+// again later, with back-off. An argument error in any message (`TBON_ERR_RESERVED_TAG`,
+// `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`, `TBON_ERR_BAD_PARAM` for a NULL `data`
+// with a non-zero `len`, or a NULL `msgs` with a non-zero `n`) sends nothing; the message
+// names the index. `TBON_ERR_SHUT_DOWN` once the daemon stopped.
+tbon_rc tbon_send_batch(tbon_daemon d, const tbon_outgoing *msgs, size_t n, size_t *sent);
 
 // Sends `len` bytes at `data` to rank `dst` with `tag` RELIABLY, without waiting: the message
 // reaches `dst`'s receive matching exactly once, in order with this daemon's other reliable

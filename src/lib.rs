@@ -36,7 +36,7 @@ pub mod routed;
 pub mod sim;
 
 pub use counters::Counters;
-pub use driver::{Daemon, Handle, StopReason, start};
+pub use driver::{Batch, Daemon, Handle, Outgoing, StopReason, start};
 pub use error::{RecvError, SendError, StartError};
 pub use grpcomm::AllgatherResult;
 pub use rml::{Message, Peer, Tag};

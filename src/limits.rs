@@ -10,6 +10,11 @@
 /// `COMMANDS_PER_TURN_MAX`) keeps the sender's rate (`tbon bench`) at 0.6 MiB.
 pub const COMMAND_QUEUE_MAX: usize = 8_192;
 
+/// Messages a `Batch` holds (`Handle::send_batch`). At the bound, `Batch::push` returns `Busy`:
+/// the caller sends the batch and pushes again. A batch counts as this many commands against
+/// `COMMANDS_PER_TURN_MAX`, so a turn still yields to the sockets after that many messages.
+pub const SEND_BATCH_MAX: usize = 1_024;
+
 /// Commands handled per loop turn before the loop looks at its sockets again, so a flood of API
 /// calls cannot starve the network. The rest wait for the next turn (which does not sleep).
 pub const COMMANDS_PER_TURN_MAX: usize = 4_096;

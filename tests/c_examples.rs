@@ -118,3 +118,8 @@ fn c_ring_passes_the_token_1000_times() {
 fn c_fault_survivors_see_the_fault_and_keep_talking() {
     run_example("fault");
 }
+
+#[test]
+fn c_batch_sends_200000_small_messages_in_order() {
+    run_example("batch");
+}

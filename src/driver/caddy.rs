@@ -31,6 +31,10 @@ pub(crate) enum Caddy {
         payload: Bytes,
         done: Option<Completion>,
     },
+    /// Plain sends without completions, in order ([`super::Batch`]).
+    SendBatch {
+        msgs: Vec<super::batch::Outgoing>,
+    },
     /// A reliable send (RELM): `done` runs once the destination has posted it.
     SendReliable {
         dst: Rank,

@@ -73,6 +73,9 @@ pub(crate) struct EventLoop {
     /// only when earlier than all of these, so they stay few.
     node_timers: BTreeSet<Instant>,
     dirty: Vec<usize>,
+    /// Completions of frames written before the turn's flush (`enqueue` writes a queue at
+    /// once when it holds a full coalescing buffer); run by `flush_dirty`.
+    written_early: Vec<Option<Completion>>,
     /// How much of `dirty` `report_queues` has told the node about since the last flush.
     dirty_reported: usize,
     readable_again: FxHashSet<usize>,
@@ -152,6 +155,7 @@ impl EventLoop {
             timers: Timers::default(),
             node_timers: BTreeSet::new(),
             dirty: Vec::new(),
+            written_early: Vec::new(),
             dirty_reported: 0,
             readable_again: FxHashSet::default(),
             paused: FxHashSet::default(),
@@ -289,7 +293,7 @@ impl EventLoop {
                         && let Some(conn) = self.conns.get_mut(tok)
                         && conn.push(header, bytes::Bytes::new(), None).is_ok()
                     {
-                        self.dirty.push(tok);
+                        self.mark_dirty(tok);
                     }
                 }
                 Output::PeersFailed { dead, adopted } => self.peers_failed(&dead, &adopted),
@@ -380,8 +384,20 @@ impl EventLoop {
     /// Drains at most a batch of commands; returns whether the channel is now empty.
     fn drain_commands(&mut self) -> bool {
         self.now = Instant::now();
-        for i in 1..=limits::COMMANDS_PER_TURN_MAX {
+        // A batch counts one per message, so a turn's work stays bounded in messages.
+        let mut done = 0;
+        while done < limits::COMMANDS_PER_TURN_MAX {
             match self.rx.try_recv() {
+                Ok(Caddy::SendBatch { msgs }) => {
+                    let len: usize = msgs.iter().map(|m| m.payload.len()).sum();
+                    self.shared.gate.taken(len);
+                    for m in msgs {
+                        self.node.counters_mut().commands += 1;
+                        self.send_plain(m.dst, m.tag, m.payload);
+                        done += 1;
+                        self.after_command(done);
+                    }
+                }
                 Ok(c) => {
                     self.node.counters_mut().commands += 1;
                     if let Caddy::Send { payload, .. } | Caddy::SendReliable { payload, .. } = &c {
@@ -389,17 +405,40 @@ impl EventLoop {
                     }
                     self.command(c);
                     self.carry_out();
+                    done += 1;
+                    self.after_command(done);
                 }
                 Err(_) => return true,
             }
-            // A long drain of sends must not fill a queue far past its high-water mark
-            // before flow control sees it.
-            if i % limits::COMMANDS_PER_QUEUE_REPORT == 0 {
-                self.report_queues();
-                self.publish_gate();
-            }
         }
         false
+    }
+
+    /// A long drain of sends must not fill a queue far past its high-water mark before flow
+    /// control sees it: queue levels and the origin gate are brought up to date every
+    /// `COMMANDS_PER_QUEUE_REPORT` commands.
+    fn after_command(&mut self, done: usize) {
+        if done.is_multiple_of(limits::COMMANDS_PER_QUEUE_REPORT) {
+            self.report_queues();
+            self.publish_gate();
+        }
+    }
+
+    /// One plain send of a batch (no completion: a refusal is logged and counted by the node).
+    fn send_plain(&mut self, dst: Rank, tag: Tag, payload: bytes::Bytes) {
+        if self.stopping.is_some() {
+            return;
+        }
+        self.command_to_node(
+            None,
+            Command::Send {
+                dst,
+                tag,
+                payload,
+                token: None,
+            },
+        );
+        self.carry_out();
     }
 
     /// Publishes the node's origin answers to the submitting threads when they may have
@@ -438,6 +477,12 @@ impl EventLoop {
             return;
         }
         match c {
+            // `drain_commands` takes batches apart itself (it counts their messages).
+            Caddy::SendBatch { msgs } => {
+                for m in msgs {
+                    self.send_plain(m.dst, m.tag, m.payload);
+                }
+            }
             Caddy::Send {
                 dst,
                 tag,
@@ -551,6 +596,7 @@ impl EventLoop {
             Caddy::Send { done, .. }
             | Caddy::SendReliable { done, .. }
             | Caddy::Broadcast { done, .. } => complete(done, Err(SendError::ShutDown)),
+            Caddy::SendBatch { .. } => {}
             Caddy::Allgather { done, .. } => done(Err(SendError::ShutDown)),
             Caddy::Recv {
                 peer, tag, post, ..

@@ -268,6 +268,51 @@ impl Handle {
             .inspect_err(|_| self.shared.gate.taken(len))
     }
 
+    /// Sends the messages of `batch` as plain sends, without waiting, handed to the loop as one
+    /// command (for many small messages: one channel operation and at most one wake-up for the
+    /// whole batch). Messages leave the batch as they are sent.
+    ///
+    /// `Ok`: every message was sent and the batch is empty. `Busy`: flow control refused the
+    /// first message still in the batch (its next hop is congested) or the command channel
+    /// holds too many bytes; the messages before it were sent, it and those after it were not
+    /// (offer the batch again later, with back-off: messages to one destination stay in
+    /// order). An argument error (`RankOutOfRange`, `TooLarge` for any message) sends nothing.
+    /// As for [`Handle::send`], errors the DVM meets later are only logged and counted.
+    pub fn send_batch(&self, batch: &mut super::Batch) -> Result<(), SendError> {
+        for m in &batch.msgs {
+            self.check_send(m.dst, m.tag, &m.payload)?;
+        }
+        if batch.msgs.is_empty() {
+            return Ok(());
+        }
+        let open = batch
+            .msgs
+            .iter()
+            .position(|m| self.shared.gate.refuses(m.dst))
+            .unwrap_or(batch.msgs.len());
+        if open > 0 {
+            let len: usize = batch.msgs.iter().take(open).map(|m| m.payload.len()).sum();
+            if !self.shared.gate.admit_bytes(len) {
+                return Err(SendError::Busy(
+                    "the command channel (bytes of sends not yet taken)",
+                ));
+            }
+            let msgs = if open == batch.msgs.len() {
+                std::mem::take(&mut batch.msgs)
+            } else {
+                batch.msgs.drain(..open).collect()
+            };
+            self.shared
+                .submit(Caddy::SendBatch { msgs })
+                .inspect_err(|_| self.shared.gate.taken(len))?;
+        }
+        if batch.msgs.is_empty() {
+            Ok(())
+        } else {
+            Err(SendError::Busy("the send queue towards the next hop"))
+        }
+    }
+
     /// Sends `payload` to `dst` with `tag` reliably (RELM), without waiting: the message
     /// reaches `dst`'s receive matching exactly once, and in order with the other reliable
     /// messages from this daemon to `dst`, even while daemons on its path die and the tree is

@@ -6,6 +6,7 @@
 //! rank 0's contact URI ([`Handle::contact_uri`] on rank 0). Several daemons may run in one
 //! process, each on its own loop thread.
 
+mod batch;
 mod caddy;
 mod conn;
 mod event_loop;
@@ -18,6 +19,7 @@ mod nonce;
 mod pending;
 mod timers;
 
+pub use batch::{Batch, Outgoing};
 pub use caddy::{AllgatherCompletion, Completion, RecvCallback};
 pub use handle::{Daemon, Handle, StopReason};
 

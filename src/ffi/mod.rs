@@ -92,6 +92,10 @@ pub const TBON_RANK_NONE: u32 = 0xFFFF_FFFF;
 /// The lowest user tag; tags below it are reserved for the runtime.
 pub const TBON_TAG_USER_MIN: u32 = 100;
 
+/// Messages `tbon_send_batch` hands to the loop at once (a longer array is sent in groups).
+pub const TBON_SEND_BATCH_MAX: usize = 1024;
+const _: () = assert!(TBON_SEND_BATCH_MAX == crate::limits::SEND_BATCH_MAX);
+
 /// Send completion: called once, on the loop thread, with `TBON_OK` when the message was handed
 /// to the kernel on the first hop (or delivered, for a self-send; for `tbon_send_reliable`, once
 /// the destination posted it), otherwise the error (`TBON_ERR_NODE_DOWN`,
@@ -896,6 +900,100 @@ pub unsafe extern "C" fn tbon_send(
         match completion(cb, user) {
             Some(done) => h.send_with(dst, tag, payload, done)?,
             None => h.send(dst, tag, payload)?,
+        }
+        Ok(())
+    })
+}
+
+/// One message of `tbon_send_batch`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tbon_outgoing {
+    /// The destination rank.
+    pub dst: u32,
+    /// The tag (at least `TBON_TAG_USER_MIN`).
+    pub tag: u32,
+    /// The payload (may be NULL when `len` is 0); copied before `tbon_send_batch` returns.
+    pub data: *const c_void,
+    /// How many bytes `data` points to.
+    pub len: usize,
+}
+
+/// Sends the `n` messages at `msgs` as plain sends, without waiting, handed to the daemon's loop
+/// in groups of up to `TBON_SEND_BATCH_MAX` (one hand-over each instead of one per message: the
+/// call for many small messages). Every payload is COPIED (into one buffer per group) before
+/// this returns. Messages to one destination stay in order. No completions: use `tbon_send`
+/// with a callback to learn a message's fate.
+///
+/// `*sent` (`sent` may be NULL) is set to how many leading messages were sent. `TBON_OK`: all
+/// `n`. `TBON_ERR_BUSY`: message `*sent` was refused by flow control (its next hop is
+/// congested) or the command queue is full; it and those after it were not sent: offer them
+/// again later, with back-off. An argument error in any message (`TBON_ERR_RESERVED_TAG`,
+/// `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`, `TBON_ERR_BAD_PARAM` for a NULL `data`
+/// with a non-zero `len`, or a NULL `msgs` with a non-zero `n`) sends nothing; the message
+/// names the index. `TBON_ERR_SHUT_DOWN` once the daemon stopped.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_send_batch(
+    d: tbon_daemon,
+    msgs: *const tbon_outgoing,
+    n: usize,
+    sent: *mut usize,
+) -> tbon_rc {
+    if !sent.is_null() {
+        // SAFETY: non-null; the caller promised it is writable.
+        unsafe { put(sent, 0) };
+    }
+    guard(|| {
+        let h = handle(d)?;
+        if n == 0 {
+            return Ok(());
+        }
+        non_null(msgs, "msgs")?;
+        // SAFETY: non-null, and the caller promised `n` readable elements for the call.
+        let all = unsafe { std::slice::from_raw_parts(msgs, n) };
+        let (size, max) = (h.shared.size, h.shared.msg_max_bytes);
+        for (i, m) in all.iter().enumerate() {
+            let e = if m.tag < crate::rml::TAG_USER_MIN {
+                Some(SendError::ReservedTag(m.tag))
+            } else if m.dst >= size {
+                Some(SendError::RankOutOfRange { rank: m.dst, size })
+            } else if m.len > max {
+                Some(SendError::TooLarge { len: m.len, max })
+            } else {
+                None
+            };
+            if let Some(e) = e {
+                return fail(send_rc(&e), format!("message {i}: {e}"));
+            }
+            if m.len > 0 && m.data.is_null() {
+                return fail(
+                    tbon_rc::TBON_ERR_BAD_PARAM,
+                    format!("message {i}: data is NULL"),
+                );
+            }
+        }
+        let mut done = 0usize;
+        let mut batch = crate::Batch::new();
+        for group in all.chunks(crate::limits::SEND_BATCH_MAX) {
+            let total: usize = group.iter().map(|m| m.len).sum();
+            let mut buf = bytes::BytesMut::with_capacity(total);
+            for m in group.iter().filter(|m| m.len > 0) {
+                // SAFETY: checked non-null above; the caller promised `len` readable bytes.
+                buf.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(m.data.cast::<u8>(), m.len)
+                });
+            }
+            let mut buf = buf.freeze();
+            for m in group {
+                batch.push(m.dst, m.tag, buf.split_to(m.len))?;
+            }
+            let r = h.send_batch(&mut batch);
+            done += group.len() - batch.len();
+            if !sent.is_null() {
+                // SAFETY: as above.
+                unsafe { put(sent, done) };
+            }
+            r?;
         }
         Ok(())
     })

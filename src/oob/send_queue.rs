@@ -23,6 +23,10 @@ use bytes::{Bytes, BytesMut};
 use super::header::{HEADER_LEN, Header};
 use crate::limits::{SEND_COALESCE_BUFFER_BYTES, SEND_COALESCE_MAX_PAYLOAD};
 
+/// A packing buffer grows past `SEND_COALESCE_BUFFER_BYTES` by at most one frame, and doubles
+/// as it grows; one of at most this capacity is kept for reuse.
+const SPARE_MAX_BYTES: usize = 2 * SEND_COALESCE_BUFFER_BYTES;
+
 /// A frame was refused because the queue is at its bound. Nothing was queued; the caller keeps
 /// its payload (a `Bytes` clone is cheap) and applies back-pressure or reports an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,6 +148,10 @@ pub struct SendQueue {
     /// Unwritten bytes in the queue.
     queued: usize,
     max_bytes: usize,
+    /// A written packing buffer kept for the next one (its capacity, empty): a steady stream of
+    /// small frames then packs without allocating or faulting in fresh pages. Given back by
+    /// [`release_idle`](Self::release_idle).
+    spare: Option<BytesMut>,
 }
 
 impl SendQueue {
@@ -157,6 +165,7 @@ impl SendQueue {
             frame_off: 0,
             queued: 0,
             max_bytes,
+            spare: None,
         }
     }
 
@@ -218,7 +227,8 @@ impl SendQueue {
             _ => false,
         };
         if !append {
-            self.segs.push_back(Seg::Packed(BytesMut::new()));
+            let buf = self.spare.take().unwrap_or_default();
+            self.segs.push_back(Seg::Packed(buf));
         }
         if let Some(Seg::Packed(b)) = self.segs.back_mut() {
             for p in parts {
@@ -269,7 +279,13 @@ impl SendQueue {
             let rest = seg.bytes().len().saturating_sub(self.seg_off);
             if left >= rest {
                 left -= rest;
-                self.segs.pop_front();
+                if let Some(Seg::Packed(mut b)) = self.segs.pop_front()
+                    && self.spare.is_none()
+                    && b.capacity() <= SPARE_MAX_BYTES
+                {
+                    b.clear();
+                    self.spare = Some(b);
+                }
                 self.seg_off = 0;
             } else {
                 self.seg_off += left;
@@ -293,6 +309,12 @@ impl SendQueue {
             }
         }
         done
+    }
+
+    /// Gives back the spare packing buffer while nothing is queued (an idle connection keeps no
+    /// buffer). True if memory was released.
+    pub fn release_idle(&mut self) -> bool {
+        self.is_empty() && self.spare.take().is_some()
     }
 
     /// Whether nothing is left to write.
@@ -448,6 +470,36 @@ mod tests {
             i += 1;
         }
         (out, done)
+    }
+
+    #[test]
+    fn a_written_packing_buffer_is_reused_then_released_when_idle() {
+        let mut q = SendQueue::new(1 << 20);
+        let mut kept: Option<*const u8> = None;
+        for round in 0..3u64 {
+            for i in 0..100 {
+                q.push(&hdr(round * 100 + i), payload(i as usize, 64))
+                    .expect("room");
+            }
+            let ptr = match q.segs.back() {
+                Some(Seg::Packed(b)) => b.as_ptr(),
+                other => panic!("expected a packed segment, got {other:?}"),
+            };
+            if let Some(k) = kept {
+                assert_eq!(
+                    ptr, k,
+                    "round {round}: the spare buffer is packed into again"
+                );
+            }
+            let total = q.queued_bytes();
+            assert_eq!(q.advance(total), 100);
+            assert!(q.is_empty());
+            kept = q.spare.as_ref().map(|b| b.as_ptr());
+            assert!(kept.is_some(), "round {round}: the written buffer is kept");
+        }
+        assert!(q.release_idle());
+        assert!(q.spare.is_none());
+        assert!(!q.release_idle());
     }
 
     #[test]

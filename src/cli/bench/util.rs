@@ -71,11 +71,12 @@ impl RateMeter {
         }
     }
 
-    /// Records one message; returns the JSON report once the last one arrived.
+    /// Records one message; returns the JSON report once the last one arrived. The clock is
+    /// read only at the first and the last message: a clock read per message cost the
+    /// receivers (tbon and raw alike) about 15% of a 64 B stream.
     pub fn on_message(&mut self, len: usize) -> Option<String> {
-        let now = Instant::now();
         if self.first.is_none() {
-            self.first = Some(now);
+            self.first = Some(Instant::now());
         } else {
             // The first message starts the clock; it is not counted in the rate.
             self.bytes += len as u64;
@@ -84,6 +85,7 @@ impl RateMeter {
         if self.got != self.want {
             return None;
         }
+        let now = Instant::now();
         let secs = self
             .first
             .map_or(0.0, |f| now.duration_since(f).as_secs_f64());

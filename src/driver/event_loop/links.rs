@@ -63,7 +63,16 @@ impl EventLoop {
         {
             return match conn.push(header, payload, done) {
                 Ok(()) => {
-                    self.dirty.push(tok);
+                    // A queue holding a full coalescing buffer is written at once: the peer
+                    // starts on it while this turn goes on, and the written buffer is packed
+                    // into again instead of a fresh one being allocated.
+                    if conn.queue.queued_bytes() >= limits::SEND_COALESCE_BUFFER_BYTES
+                        && conn.is_established()
+                    {
+                        // An error is met again, and handled, by the turn's flush.
+                        let _ = conn.flush(&mut self.written_early);
+                    }
+                    self.mark_dirty(tok);
                     true
                 }
                 Err((_, done)) => {
@@ -357,7 +366,7 @@ impl EventLoop {
             )));
             self.pump_handshake(tok);
         }
-        self.dirty.push(tok);
+        self.mark_dirty(tok);
     }
 
     pub(super) fn pump_handshake(&mut self, tok: usize) {
@@ -374,7 +383,7 @@ impl EventLoop {
             // An empty queue always takes one frame, and handshake frames are tiny.
             let _ = conn.push(h, p, None);
         }
-        self.dirty.push(tok);
+        self.mark_dirty(tok);
     }
 
     pub(super) fn on_readable(&mut self, tok: usize) {
@@ -586,7 +595,7 @@ impl EventLoop {
                     if let Some(conn) = self.conns.get_mut(t)
                         && conn.push(h, Bytes::new(), None).is_ok()
                     {
-                        self.dirty.push(t);
+                        self.mark_dirty(t);
                     }
                 }
             }
@@ -668,7 +677,7 @@ impl EventLoop {
             }
             self.queue_full(peer, done);
         }
-        self.dirty.push(tok);
+        self.mark_dirty(tok);
         self.node
             .handle_link_up(Instant::now(), peer, incarnation, relink);
         self.carry_out();
@@ -838,12 +847,22 @@ impl EventLoop {
         self.readable_again.remove(&tok);
     }
 
+    /// Notes that connection `tok` has frames to write (flushed at the end of the turn). A run
+    /// of frames to one connection takes one entry.
+    pub(super) fn mark_dirty(&mut self, tok: usize) {
+        if self.dirty.last() != Some(&tok) {
+            self.dirty.push(tok);
+        }
+    }
+
     /// Tells the node how full the queues written to since the last flush are (flow control
     /// decides from them which neighbours are read).
     pub(super) fn report_queues(&mut self) {
         // Only the connections queued to since the last report (the list grows by one entry
-        // per frame until the flush): reporting the whole list per batch would be quadratic.
-        let from = self.dirty_reported.min(self.dirty.len());
+        // per run of frames until the flush): reporting the whole list per batch would be
+        // quadratic. The last entry reported is reported again: frames queued to it since
+        // were not appended (`mark_dirty`).
+        let from = self.dirty_reported.min(self.dirty.len()).saturating_sub(1);
         self.dirty_reported = self.dirty.len();
         let mut last = None;
         for &tok in self.dirty.get(from..).unwrap_or(&[]) {
@@ -889,7 +908,7 @@ impl EventLoop {
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
         dirty.dedup();
-        let mut completed = Vec::new();
+        let mut completed = std::mem::take(&mut self.written_early);
         let mut again = Vec::new();
         for tok in dirty.drain(..) {
             let Some(conn) = self.conns.get_mut(tok) else {
@@ -910,6 +929,10 @@ impl EventLoop {
             }
         }
         // Stopped at the write bound with the socket still writable: no event will come.
+        // (The list's allocation is kept: it is needed again next turn; closing a connection
+        // above may have queued to others.)
+        let queued_meanwhile = std::mem::replace(&mut self.dirty, dirty);
+        self.dirty.extend(queued_meanwhile);
         self.dirty.extend(again);
         for done in completed {
             complete(done, Ok(()));
@@ -1056,12 +1079,13 @@ impl EventLoop {
             self.conns.shrink_to_fit();
         }
         self.timers.shrink();
-        // An idle daemon keeps no read region per connection (64 KiB each): read buffers
-        // holding nothing are given back once a second (a busy connection reallocates one
-        // region per second, nothing measurable).
+        // An idle daemon keeps no read region or spare packing buffer per connection (64 KiB
+        // each): buffers holding nothing are given back once a second (a busy connection
+        // allocates one again per second, nothing measurable).
         for (_, conn) in self.conns.iter_mut() {
             if conn.is_established() {
                 conn.decoder.release_idle();
+                conn.queue.release_idle();
             }
         }
         if self.readable_again.is_empty() && self.readable_again.capacity() > 1024 {
