@@ -30,6 +30,10 @@ pub struct BenchArgs {
     /// 65536, 1048576).
     #[arg(long, value_delimiter = ',')]
     pub payloads: Vec<usize>,
+    /// Rate part: runs of each row, tbon and raw alternating; the median rate of each side is
+    /// reported (this machine is shared and noisy: one run of a row varied by a third).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
     #[command(flatten)]
     pub role: RoleArgs,
 }
@@ -81,6 +85,7 @@ pub fn run(args: BenchArgs) -> Res<i32> {
     if !args.payloads.is_empty() {
         b.payloads = args.payloads.clone();
     }
+    b.repeat = args.repeat.max(1);
     let want = |p: &str| args.only.is_empty() || args.only.iter().any(|o| o == p);
     let mut out = json!({ "quick": args.quick, "load": loadavg() });
     if want("rate") {
@@ -162,6 +167,8 @@ struct Bench {
     reliable_rows: Vec<Value>,
     /// Payload sizes of the rate part.
     payloads: Vec<usize>,
+    /// Runs per rate row (`--repeat`).
+    repeat: usize,
 }
 
 impl Bench {
@@ -176,6 +183,7 @@ impl Bench {
             quick,
             reliable_rows: Vec::new(),
             payloads: vec![64, 4096, 65_536, 1 << 20],
+            repeat: 3,
         })
     }
 
@@ -309,29 +317,30 @@ impl Bench {
         let mut rows = Vec::new();
         for relays in [0, 1, 3] {
             for payload in self.payloads.clone() {
-                let t = self.tbon_rate(relays, payload, Mode::Plain)?;
-                // Small messages are also sent with `send_batch`, the API for many of them.
-                let batched = if payload <= BATCH_PAYLOAD_MAX {
-                    Some(self.tbon_rate(relays, payload, Mode::Batch)?)
-                } else {
-                    None
-                };
-                let r = self.raw_rate(relays, payload)?;
                 let rate = |v: &Value| {
                     v["msgs"].as_f64().unwrap_or(0.0) / v["secs"].as_f64().unwrap_or(1.0)
                 };
-                let gib = |v: &Value| {
-                    v["bytes"].as_f64().unwrap_or(0.0)
-                        / v["secs"].as_f64().unwrap_or(1.0)
-                        / f64::from(1u32 << 30)
-                };
+                // Small messages are also sent with `send_batch`, the API for many of them.
+                let batching = payload <= BATCH_PAYLOAD_MAX;
+                let (mut t, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
+                for _ in 0..self.repeat {
+                    t.push(rate(&self.tbon_rate(relays, payload, Mode::Plain)?));
+                    if batching {
+                        b.push(rate(&self.tbon_rate(relays, payload, Mode::Batch)?));
+                    }
+                    r.push(rate(&self.raw_rate(relays, payload)?));
+                }
+                let (tm, rm) = (median(&t), median(&r));
+                let bm = batching.then(|| median(&b));
+                let gib = |msgs: f64| msgs * payload as f64 / f64::from(1u32 << 30);
                 let row = json!({
                     "relays": relays, "payload": payload,
-                    "tbon_msgs_per_s": rate(&t), "raw_msgs_per_s": rate(&r),
-                    "tbon_gib_per_s": gib(&t), "raw_gib_per_s": gib(&r),
-                    "ratio": rate(&t) / rate(&r).max(1e-9),
-                    "tbon_batch_msgs_per_s": batched.as_ref().map(rate),
-                    "batch_ratio": batched.as_ref().map(|b| rate(b) / rate(&r).max(1e-9)),
+                    "tbon_msgs_per_s": tm, "raw_msgs_per_s": rm,
+                    "tbon_gib_per_s": gib(tm), "raw_gib_per_s": gib(rm),
+                    "ratio": tm / rm.max(1e-9),
+                    "tbon_batch_msgs_per_s": bm,
+                    "batch_ratio": bm.map(|b| b / rm.max(1e-9)),
+                    "runs": {"tbon": t, "tbon_batch": b, "raw": r},
                     "load": loadavg(),
                 });
                 eprintln!("{row}");
@@ -344,15 +353,20 @@ impl Bench {
                 if !self.payloads.contains(&payload) {
                     continue;
                 }
-                let plain = self.tbon_rate(relays, payload, Mode::Plain)?;
-                let rel = self.tbon_rate(relays, payload, Mode::Reliable)?;
                 let rate = |v: &Value| {
                     v["msgs"].as_f64().unwrap_or(0.0) / v["secs"].as_f64().unwrap_or(1.0)
                 };
+                let (mut plain, mut rel) = (Vec::new(), Vec::new());
+                for _ in 0..self.repeat {
+                    plain.push(rate(&self.tbon_rate(relays, payload, Mode::Plain)?));
+                    rel.push(rate(&self.tbon_rate(relays, payload, Mode::Reliable)?));
+                }
+                let (pm, rm) = (median(&plain), median(&rel));
                 let row = json!({
                     "relays": relays, "payload": payload,
-                    "plain_msgs_per_s": rate(&plain), "reliable_msgs_per_s": rate(&rel),
-                    "ratio": rate(&rel) / rate(&plain).max(1e-9),
+                    "plain_msgs_per_s": pm, "reliable_msgs_per_s": rm,
+                    "ratio": rm / pm.max(1e-9),
+                    "runs": {"plain": plain, "reliable": rel},
                     "load": loadavg(),
                 });
                 eprintln!("{row}");
@@ -656,6 +670,13 @@ fn targets(out: &Value) -> Value {
         }
     }
     Value::Array(rows)
+}
+
+/// The median of a few measurements (the upper one of the middle two for an even count).
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s.get(s.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn size_name(b: u64) -> String {

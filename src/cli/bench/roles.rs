@@ -143,48 +143,84 @@ fn ack_every(payload: usize) -> u64 {
 /// completions is not enough: a relay has no back-pressure towards the sender, and when it
 /// forwards more slowly than it receives, its bounded send queue fills and it drops frames.
 fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64, reliable: bool) -> Res<()> {
+    if reliable {
+        return stream_reliable(d, dst, payload, count);
+    }
     let body = Bytes::from(vec![0x5au8; payload]);
     let window = window(payload);
     let completed = post_ack_counter(d, dst)?;
-    let acked = Arc::new(AtomicU64::new(0));
-    let me = std::thread::current();
     for i in 0..count {
         let mut w = Waiter::default();
         while i.saturating_sub(completed.load(Ordering::Acquire)) >= window {
             w.wait();
         }
-        if !reliable {
-            // `Busy`: the queue towards the next hop is congested (flow control).
-            let mut w = Waiter::default();
-            while let Err(e) = d.send(dst, TAG_DATA, body.clone()) {
-                if !matches!(e, SendError::Busy(_)) {
-                    return Err(format!("send: {e}"));
-                }
-                w.wait();
-            }
-            continue;
-        }
-        // Keep fewer than `relm_unacked_max` unacknowledged (a send beyond it would complete
-        // with `Busy`): the completions are the end-to-end flow control.
+        // `Busy`: the queue towards the next hop is congested (flow control).
         let mut w = Waiter::default();
-        while i.saturating_sub(acked.load(Ordering::Acquire)) >= RELIABLE_WINDOW {
+        while let Err(e) = d.send(dst, TAG_DATA, body.clone()) {
+            if !matches!(e, SendError::Busy(_)) {
+                return Err(format!("send: {e}"));
+            }
             w.wait();
-        }
-        let mut w = Waiter::default();
-        loop {
-            let (a2, me) = (acked.clone(), me.clone());
-            match d.send_reliable_with(dst, TAG_DATA, body.clone(), move |r| {
-                if r.is_ok() && a2.fetch_add(1, Ordering::Release) % 64 == 0 {
-                    me.unpark();
-                }
-            }) {
-                Ok(()) => break,
-                Err(SendError::Busy(_)) => w.wait(),
-                Err(e) => return Err(format!("send_reliable: {e}")),
-            }
         }
     }
     Ok(())
+}
+
+/// [`stream`] with reliable sends. Fewer than `RELIABLE_WINDOW` are unacknowledged at a time (a
+/// send beyond `relm_unacked_max` would complete with `Busy`): the completions are the
+/// end-to-end flow control. A send whose completion says `Busy` (flow control found the next
+/// hop congested when the loop took it) was not sent: it is offered again.
+fn stream_reliable(d: &Daemon, dst: Rank, payload: usize, count: u64) -> Res<()> {
+    let body = Bytes::from(vec![0x5au8; payload]);
+    let acked = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(std::sync::Mutex::new(None::<String>));
+    let me = std::thread::current();
+    let mut issued = 0u64;
+    let mut w = Waiter::default();
+    loop {
+        if let Some(e) = failed.lock().map_err(|_| "poisoned")?.take() {
+            return Err(format!("send_reliable completion: {e}"));
+        }
+        let (ok, lost) = (acked.load(Ordering::Acquire), refused.load(Ordering::Acquire));
+        if ok >= count {
+            if lost > 0 {
+                log::info!("{lost} reliable sends completed Busy and were offered again");
+            }
+            return Ok(());
+        }
+        let live = issued - lost;
+        if live >= count || live - ok >= RELIABLE_WINDOW {
+            w.wait();
+            continue;
+        }
+        w = Waiter::default();
+        let (a2, r2, f2, me) = (acked.clone(), refused.clone(), failed.clone(), me.clone());
+        let sent = d.send_reliable_with(dst, TAG_DATA, body.clone(), move |r| {
+            match r {
+                Ok(()) => {
+                    if a2.fetch_add(1, Ordering::Release) % 64 == 0 {
+                        me.unpark();
+                    }
+                    return;
+                }
+                Err(SendError::Busy(_)) => {
+                    r2.fetch_add(1, Ordering::Release);
+                }
+                Err(e) => {
+                    if let Ok(mut f) = f2.lock() {
+                        *f = Some(e.to_string());
+                    }
+                }
+            }
+            me.unpark();
+        });
+        match sent {
+            Ok(()) => issued += 1,
+            Err(SendError::Busy(_)) => w.wait(),
+            Err(e) => return Err(format!("send_reliable: {e}")),
+        }
+    }
 }
 
 /// How the sender waits for room: a few spins, then parked until an acknowledgement unparks
