@@ -12,7 +12,7 @@
 //! what keeps a daemon resumed after SIGSTOP from declaring its healthy neighbours dead.
 
 use crate::Rank;
-use std::collections::HashMap;
+use crate::fxhash::FxHashMap;
 use std::time::{Duration, Instant};
 
 /// What the driver must do after a tick.
@@ -31,7 +31,7 @@ pub struct Tick {
 pub struct HeartbeatMonitor {
     interval: Duration,
     timeout: Duration,
-    heard: HashMap<Rank, Instant>,
+    heard: FxHashMap<Rank, Instant>,
     last_tick: Option<Instant>,
 }
 
@@ -42,7 +42,7 @@ impl HeartbeatMonitor {
         HeartbeatMonitor {
             interval,
             timeout,
-            heard: HashMap::new(),
+            heard: FxHashMap::default(),
             last_tick: None,
         }
     }

@@ -15,7 +15,8 @@ use super::uid::{self, MsgKey};
 use crate::Rank;
 use crate::rml::Tag;
 use bytes::Bytes;
-use std::collections::{HashMap, VecDeque};
+use crate::fxhash::FxHashMap;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// A daemon's lasting state for one message.
@@ -152,9 +153,9 @@ pub struct Record {
 /// the hop cache evicts its oldest).
 #[derive(Debug, Default)]
 pub struct MessageTable {
-    records: HashMap<MsgKey, Record>,
+    records: FxHashMap<MsgKey, Record>,
     /// (origin, dst) -> uids of origin and hop records, ascending.
-    chains: HashMap<(Rank, Rank), VecDeque<u32>>,
+    chains: FxHashMap<(Rank, Rank), VecDeque<u32>>,
     /// Hop records, oldest first (stale entries are skipped).
     cache: VecDeque<(MsgKey, Instant)>,
     hop_records: usize,

@@ -65,7 +65,8 @@ use crate::Rank;
 use crate::error::SendError;
 use crate::routed::{Route, RoutingState};
 use engine::MessageTable;
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::fxhash::{FxHashMap, FxHashSet};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// What RELM needs to know of the tree: the daemon's current routing view.
@@ -202,7 +203,7 @@ struct Inbound {
     /// The last uid posted from this origin (`uid::NONE` before the first).
     posted: u32,
     /// Early messages: predecessor uid -> uid.
-    pending: HashMap<u32, u32>,
+    pending: FxHashMap<u32, u32>,
     /// The predecessor last requested, and when to ask again.
     requested: Option<(u32, Instant)>,
 }
@@ -211,9 +212,9 @@ struct Inbound {
 #[derive(Debug, Default)]
 struct Gate {
     /// Changed neighbours not heard from yet.
-    awaiting: HashSet<Rank>,
+    awaiting: FxHashSet<Rank>,
     /// Changed neighbours still owed this daemon's link update.
-    owed: HashSet<Rank>,
+    owed: FxHashSet<Rank>,
     /// When to stop waiting.
     deadline: Option<Instant>,
     /// After a global repair: once the gate opens, re-acknowledge every inbound chain, and
@@ -230,10 +231,10 @@ pub struct Relm {
     table: MessageTable,
     next_uid: u32,
     /// dst -> the last uid originated for it.
-    outbound: HashMap<Rank, u32>,
-    inbound: HashMap<Rank, Inbound>,
+    outbound: FxHashMap<Rank, u32>,
+    inbound: FxHashMap<Rank, Inbound>,
     /// (origin, dst) -> (upto, neighbour): acknowledgements to send, coalesced.
-    acks_due: HashMap<(Rank, Rank), (u32, Rank)>,
+    acks_due: FxHashMap<(Rank, Rank), (u32, Rank)>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
     gate: Gate,
@@ -250,9 +251,9 @@ impl Relm {
             cfg,
             table: MessageTable::default(),
             next_uid: 0,
-            outbound: HashMap::new(),
-            inbound: HashMap::new(),
-            acks_due: HashMap::new(),
+            outbound: FxHashMap::default(),
+            inbound: FxHashMap::default(),
+            acks_due: FxHashMap::default(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             gate: Gate::default(),
