@@ -171,18 +171,28 @@ fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64, reliable: bool) -> 
 /// end-to-end flow control. A send whose completion says `Busy` (flow control found the next
 /// hop congested when the loop took it) was not sent: it is offered again.
 fn stream_reliable(d: &Daemon, dst: Rank, payload: usize, count: u64) -> Res<()> {
+    /// What the completions tell the sender (one `Arc` clone per send, not one per field).
+    struct Progress {
+        acked: AtomicU64,
+        refused: AtomicU64,
+        failed: std::sync::Mutex<Option<String>>,
+        sender: std::thread::Thread,
+    }
     let body = Bytes::from(vec![0x5au8; payload]);
-    let acked = Arc::new(AtomicU64::new(0));
-    let refused = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(std::sync::Mutex::new(None::<String>));
-    let me = std::thread::current();
+    let p = Arc::new(Progress {
+        acked: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
+        failed: std::sync::Mutex::new(None),
+        sender: std::thread::current(),
+    });
     let mut issued = 0u64;
     let mut w = Waiter::default();
     loop {
-        if let Some(e) = failed.lock().map_err(|_| "poisoned")?.take() {
+        if let Some(e) = p.failed.lock().map_err(|_| "poisoned")?.take() {
             return Err(format!("send_reliable completion: {e}"));
         }
-        let (ok, lost) = (acked.load(Ordering::Acquire), refused.load(Ordering::Acquire));
+        let ok = p.acked.load(Ordering::Acquire);
+        let lost = p.refused.load(Ordering::Acquire);
         if ok >= count {
             if lost > 0 {
                 log::info!("{lost} reliable sends completed Busy and were offered again");
@@ -195,25 +205,25 @@ fn stream_reliable(d: &Daemon, dst: Rank, payload: usize, count: u64) -> Res<()>
             continue;
         }
         w = Waiter::default();
-        let (a2, r2, f2, me) = (acked.clone(), refused.clone(), failed.clone(), me.clone());
+        let p2 = p.clone();
         let sent = d.send_reliable_with(dst, TAG_DATA, body.clone(), move |r| {
             match r {
                 Ok(()) => {
-                    if a2.fetch_add(1, Ordering::Release) % 64 == 0 {
-                        me.unpark();
+                    if p2.acked.fetch_add(1, Ordering::Release) % 64 == 0 {
+                        p2.sender.unpark();
                     }
                     return;
                 }
                 Err(SendError::Busy(_)) => {
-                    r2.fetch_add(1, Ordering::Release);
+                    p2.refused.fetch_add(1, Ordering::Release);
                 }
                 Err(e) => {
-                    if let Ok(mut f) = f2.lock() {
+                    if let Ok(mut f) = p2.failed.lock() {
                         *f = Some(e.to_string());
                     }
                 }
             }
-            me.unpark();
+            p2.sender.unpark();
         });
         match sent {
             Ok(()) => issued += 1,
