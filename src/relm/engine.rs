@@ -13,9 +13,9 @@
 
 use super::uid::{self, MsgKey};
 use crate::Rank;
+use crate::fxhash::FxHashMap;
 use crate::rml::Tag;
 use bytes::Bytes;
-use crate::fxhash::FxHashMap;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 

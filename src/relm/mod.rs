@@ -63,9 +63,9 @@ pub use wire::{Control, ControlError};
 
 use crate::Rank;
 use crate::error::SendError;
+use crate::fxhash::{FxHashMap, FxHashSet};
 use crate::routed::{Route, RoutingState};
 use engine::MessageTable;
-use crate::fxhash::{FxHashMap, FxHashSet};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 

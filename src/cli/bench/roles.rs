@@ -209,7 +209,7 @@ fn stream_reliable(d: &Daemon, dst: Rank, payload: usize, count: u64) -> Res<()>
         let sent = d.send_reliable_with(dst, TAG_DATA, body.clone(), move |r| {
             match r {
                 Ok(()) => {
-                    if p2.acked.fetch_add(1, Ordering::Release) % 64 == 0 {
+                    if p2.acked.fetch_add(1, Ordering::Release).is_multiple_of(64) {
                         p2.sender.unpark();
                     }
                     return;
