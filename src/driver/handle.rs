@@ -217,7 +217,7 @@ impl Handle {
     /// counted — use [`Handle::send_with`] to see them. The payload is shared, never copied,
     /// on its way through this daemon.
     pub fn send(&self, dst: Rank, tag: Tag, payload: impl Into<Bytes>) -> Result<(), SendError> {
-        self.send_inner(dst, tag, payload.into(), None)
+        self.submit_send(dst, tag, payload.into(), None, false)
     }
 
     /// Like [`Handle::send`], and calls `done` once on the loop thread: `Ok` when the message
@@ -230,7 +230,7 @@ impl Handle {
         payload: impl Into<Bytes>,
         done: impl FnOnce(Result<(), SendError>) + Send + 'static,
     ) -> Result<(), SendError> {
-        self.send_inner(dst, tag, payload.into(), Some(Box::new(done)))
+        self.submit_send(dst, tag, payload.into(), Some(Box::new(done)), false)
     }
 
     /// Sends and blocks until the send completed (see [`Handle::send_with`]). Must not be called
@@ -248,23 +248,35 @@ impl Handle {
         rx.recv().unwrap_or(Err(SendError::ShutDown))
     }
 
-    fn send_inner(
+    /// Checks the arguments and the origin gate, then hands the send to the loop.
+    fn submit_send(
         &self,
         dst: Rank,
         tag: Tag,
         payload: Bytes,
         done: Option<Completion>,
+        reliable: bool,
     ) -> Result<(), SendError> {
         self.check_send(dst, tag, &payload)?;
         self.check_gate(dst, payload.len())?;
         let len = payload.len();
-        self.shared
-            .submit(Caddy::Send {
+        let caddy = if reliable {
+            Caddy::SendReliable {
                 dst,
                 tag,
                 payload,
                 done,
-            })
+            }
+        } else {
+            Caddy::Send {
+                dst,
+                tag,
+                payload,
+                done,
+            }
+        };
+        self.shared
+            .submit(caddy)
             .inspect_err(|_| self.shared.gate.taken(len))
     }
 
@@ -325,7 +337,7 @@ impl Handle {
         tag: Tag,
         payload: impl Into<Bytes>,
     ) -> Result<(), SendError> {
-        self.send_reliable_inner(dst, tag, payload.into(), None)
+        self.submit_send(dst, tag, payload.into(), None, true)
     }
 
     /// Like [`Handle::send_reliable`], and calls `done` once on the loop thread: `Ok` when
@@ -342,7 +354,7 @@ impl Handle {
         payload: impl Into<Bytes>,
         done: impl FnOnce(Result<(), SendError>) + Send + 'static,
     ) -> Result<(), SendError> {
-        self.send_reliable_inner(dst, tag, payload.into(), Some(Box::new(done)))
+        self.submit_send(dst, tag, payload.into(), Some(Box::new(done)), true)
     }
 
     /// Sends reliably and blocks until the send completed (see
@@ -365,26 +377,6 @@ impl Handle {
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(SendError::TimedOut),
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(SendError::ShutDown),
         }
-    }
-
-    fn send_reliable_inner(
-        &self,
-        dst: Rank,
-        tag: Tag,
-        payload: Bytes,
-        done: Option<Completion>,
-    ) -> Result<(), SendError> {
-        self.check_send(dst, tag, &payload)?;
-        self.check_gate(dst, payload.len())?;
-        let len = payload.len();
-        self.shared
-            .submit(Caddy::SendReliable {
-                dst,
-                tag,
-                payload,
-                done,
-            })
-            .inspect_err(|_| self.shared.gate.taken(len))
     }
 
     /// Broadcasts `payload` with `tag` to every living daemon, this one included: the

@@ -379,16 +379,21 @@ impl World {
                     dst += 1;
                 }
                 let at = self.rng.range(0, self.scen.traffic_us);
-                self.push(
-                    at,
-                    Ev::Send {
-                        origin,
-                        dst,
-                        reliable,
-                    },
-                );
+                self.push_send(at, origin, dst, reliable);
             }
         }
+    }
+
+    /// Schedules a user send from `origin` to `dst` at `at_us`.
+    fn push_send(&mut self, at_us: u64, origin: Rank, dst: Rank, reliable: bool) {
+        self.push(
+            at_us,
+            Ev::Send {
+                origin,
+                dst,
+                reliable,
+            },
+        );
     }
 
     fn push(&mut self, at_us: u64, ev: Ev) {
@@ -714,14 +719,7 @@ impl World {
                 {
                     self.stats.sends_busy += 1;
                     let at = self.now_us + self.rng.range(5_000, 50_000);
-                    self.push(
-                        at,
-                        Ev::Send {
-                            origin,
-                            dst,
-                            reliable,
-                        },
-                    );
+                    self.push_send(at, origin, dst, reliable);
                     return Ok(());
                 }
                 let seq = {
