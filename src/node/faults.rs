@@ -114,7 +114,7 @@ impl Node {
         self.watch_neighbours(now);
         self.grpcomm_repair(&status);
         self.relm.handle_repair(now, &self.routing, &status);
-        self.out.push_back(Output::Repaired(status));
+        self.out.push_back(Output::Repaired(Box::new(status)));
     }
 
     /// Sends child `c` an adoption notice: every failure this daemon knows, and its ancestors.

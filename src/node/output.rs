@@ -62,8 +62,9 @@ pub enum Output {
         id: u64,
         result: Result<AllgatherResult, SendError>,
     },
-    /// The tree was repaired: run the user's fault handlers with this status.
-    Repaired(RecoveryStatus),
+    /// The tree was repaired: run the user's fault handlers with this status (boxed: inline,
+    /// its 160 bytes made every `Output`, a transmit included, that large).
+    Repaired(Box<RecoveryStatus>),
     /// Wire-up is complete: this daemon knows the contact table.
     Wired,
     /// The daemon stops: flush what is queued (bounded linger), then close everything.
