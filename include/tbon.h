@@ -416,7 +416,7 @@ tbon_rc tbon_send(tbon_daemon d,
                   void *user);
 
 // Sends the `n` messages at `msgs` as plain sends, without waiting, handed to the daemon's loop
-// in groups of up to `TBON_SEND_BATCH_MAX` (one hand-over each instead of one per message: the
+// in groups of up to `TBON_SEND_BATCH_MAX` messages and 16 MiB of payload (one hand-over each instead of one per message: the
 // call for many small messages). Every payload is COPIED (into one buffer per group) before
 // this returns. Messages to one destination stay in order. No completions: use `tbon_send`
 // with a callback to learn a message's fate.
@@ -428,7 +428,10 @@ tbon_rc tbon_send(tbon_daemon d,
 // `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`, `TBON_ERR_BAD_PARAM` for a NULL `data`
 // with a non-zero `len`, or a NULL `msgs` with a non-zero `n`) sends nothing; the message
 // names the index. `TBON_ERR_SHUT_DOWN` once the daemon stopped.
-tbon_rc tbon_send_batch(tbon_daemon d, const tbon_outgoing *msgs, size_t n, size_t *sent);
+tbon_rc tbon_send_batch(tbon_daemon d,
+                        const tbon_outgoing *msgs,
+                        size_t n,
+                        size_t *sent);
 
 // Sends `len` bytes at `data` to rank `dst` with `tag` RELIABLY, without waiting: the message
 // reaches `dst`'s receive matching exactly once, in order with this daemon's other reliable

@@ -489,3 +489,42 @@ fn a_batch_arrives_in_order_and_a_bad_message_sends_none_of_it() {
     assert_eq!(sender.counters().unwrap().sent, PER_DST * dsts.len() as u64);
     eprintln!("busy retries: {busy}");
 }
+
+/// From a callback the command channel does not block: `send_batch` says `Busy` once it is
+/// full, and the refused messages are still in the batch (none lost), to be sent later.
+#[test]
+fn a_batch_refused_from_a_callback_keeps_its_messages() {
+    let dvm = start_dvm(2, &loopback_config(2));
+    let (tx, rx) = unbounded();
+    let h = dvm[1].handle();
+    dvm[1]
+        .recv(Peer::Rank(0), TAG, false, move |_| {
+            let mut batch = tbon::Batch::new();
+            let mut sent = 0u64;
+            let kept = loop {
+                batch.push(0, TAG + 1, Bytes::from_static(b"x")).unwrap();
+                match h.send_batch(&mut batch) {
+                    Ok(()) => sent += 1,
+                    Err(e) => break (e, batch.len()),
+                }
+                if sent > 100_000 {
+                    break (SendError::TimedOut, batch.len());
+                }
+            };
+            tx.send((sent, kept)).unwrap();
+        })
+        .unwrap();
+    let (got_tx, got_rx) = unbounded();
+    dvm[0]
+        .recv(Peer::Rank(1), TAG + 1, true, move |_| {
+            got_tx.send(()).unwrap();
+        })
+        .unwrap();
+    dvm[0].send(1, TAG, Bytes::from_static(b"go")).unwrap();
+    let (sent, (err, kept)) = rx.recv_timeout(HANG_GUARD).expect("the callback ran");
+    assert!(matches!(err, SendError::Busy(_)), "{err}");
+    assert_eq!(kept, 1, "the refused message stays in the batch");
+    for _ in 0..sent {
+        got_rx.recv_timeout(HANG_GUARD).expect("a batched message went missing");
+    }
+}

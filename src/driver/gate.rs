@@ -55,6 +55,12 @@ impl OriginGate {
         true
     }
 
+    /// The payload bytes the command channel may hold (`admit_bytes` lets one larger send
+    /// through alone).
+    pub(crate) fn bytes_share(&self) -> usize {
+        self.in_channel_max
+    }
+
     /// The loop took a send of `len` payload bytes from the channel (or it was never sent).
     pub(crate) fn taken(&self, len: usize) {
         let _ = self

@@ -70,19 +70,26 @@ impl Shared {
     /// Hands a command to the loop. From the loop thread itself (callbacks) a full channel is
     /// `Busy` rather than a deadlock; other threads block until there is room (back-pressure).
     pub(crate) fn submit(&self, caddy: Caddy) -> Result<(), SendError> {
+        self.submit_or_return(caddy).map_err(|(e, _)| e)
+    }
+
+    /// [`submit`](Self::submit), giving the command back when it was not taken (a batch's
+    /// messages then stay the caller's).
+    pub(crate) fn submit_or_return(&self, caddy: Caddy) -> Result<(), (SendError, Caddy)> {
         if self.is_stopped() {
-            return Err(SendError::ShutDown);
+            return Err((SendError::ShutDown, caddy));
         }
-        let res = if self.on_loop_thread() {
+        if self.on_loop_thread() {
             match self.tx.try_send(caddy) {
-                Ok(()) => Ok(()),
-                Err(TrySendError::Full(_)) => Err(SendError::Busy("the command channel")),
-                Err(TrySendError::Disconnected(_)) => Err(SendError::ShutDown),
+                Ok(()) => {}
+                Err(TrySendError::Full(c)) => {
+                    return Err((SendError::Busy("the command channel"), c));
+                }
+                Err(TrySendError::Disconnected(c)) => return Err((SendError::ShutDown, c)),
             }
-        } else {
-            self.tx.send(caddy).map_err(|_| SendError::ShutDown)
-        };
-        res?;
+        } else if let Err(e) = self.tx.send(caddy) {
+            return Err((SendError::ShutDown, e.into_inner()));
+        }
         if self.asleep.swap(false, Ordering::SeqCst) {
             self.wakeups.fetch_add(1, Ordering::Relaxed);
             // A failed wake means the poller is gone, i.e. the loop is stopping; the command is
@@ -285,8 +292,10 @@ impl Handle {
     /// whole batch). Messages leave the batch as they are sent.
     ///
     /// `Ok`: every message was sent and the batch is empty. `Busy`: flow control refused the
-    /// first message still in the batch (its next hop is congested) or the command channel
-    /// holds too many bytes; the messages before it were sent, it and those after it were not
+    /// first message still in the batch (its next hop is congested), or the command channel
+    /// holds too many bytes (one call takes at most its byte share, about 16 MiB, unless one
+    /// message is larger), or, from a callback, the channel is full; the messages before it
+    /// were sent, it and those after it were not
     /// (offer the batch again later, with back-off: messages to one destination stay in
     /// order). An argument error (`RankOutOfRange`, `TooLarge` for any message) sends nothing.
     /// As for [`Handle::send`], errors the DVM meets later are only logged and counted.
@@ -297,13 +306,23 @@ impl Handle {
         if batch.msgs.is_empty() {
             return Ok(());
         }
-        let open = batch
-            .msgs
-            .iter()
-            .position(|m| self.shared.gate.refuses(m.dst))
-            .unwrap_or(batch.msgs.len());
+        // The prefix that may go: up to the first destination the gate refuses, and no more
+        // payload bytes than the command channel's share (at least one message), so that a
+        // batch of large messages cannot carry a send queue past its bound.
+        let share = self.shared.gate.bytes_share();
+        let (mut open, mut len, mut refused) = (0usize, 0usize, false);
+        for m in &batch.msgs {
+            if self.shared.gate.refuses(m.dst) {
+                refused = true;
+                break;
+            }
+            if open > 0 && len.saturating_add(m.payload.len()) > share {
+                break;
+            }
+            open += 1;
+            len = len.saturating_add(m.payload.len());
+        }
         if open > 0 {
-            let len: usize = batch.msgs.iter().take(open).map(|m| m.payload.len()).sum();
             if !self.shared.gate.admit_bytes(len) {
                 return Err(SendError::Busy(
                     "the command channel (bytes of sends not yet taken)",
@@ -314,14 +333,22 @@ impl Handle {
             } else {
                 batch.msgs.drain(..open).collect()
             };
-            self.shared
-                .submit(Caddy::SendBatch { msgs })
-                .inspect_err(|_| self.shared.gate.taken(len))?;
+            if let Err((e, caddy)) = self.shared.submit_or_return(Caddy::SendBatch { msgs }) {
+                self.shared.gate.taken(len);
+                // Not taken: the messages stay the caller's, in order, ahead of the rest.
+                if let Caddy::SendBatch { mut msgs } = caddy {
+                    msgs.append(&mut batch.msgs);
+                    batch.msgs = msgs;
+                }
+                return Err(e);
+            }
         }
-        if batch.msgs.is_empty() {
-            Ok(())
-        } else {
-            Err(SendError::Busy("the send queue towards the next hop"))
+        match (batch.msgs.is_empty(), refused) {
+            (true, _) => Ok(()),
+            (false, true) => Err(SendError::Busy("the send queue towards the next hop")),
+            (false, false) => Err(SendError::Busy(
+                "the command channel (bytes of sends not yet taken)",
+            )),
         }
     }
 

@@ -920,7 +920,7 @@ pub struct tbon_outgoing {
 }
 
 /// Sends the `n` messages at `msgs` as plain sends, without waiting, handed to the daemon's loop
-/// in groups of up to `TBON_SEND_BATCH_MAX` (one hand-over each instead of one per message: the
+/// in groups of up to `TBON_SEND_BATCH_MAX` messages and 16 MiB of payload (one hand-over each instead of one per message: the
 /// call for many small messages). Every payload is COPIED (into one buffer per group) before
 /// this returns. Messages to one destination stay in order. No completions: use `tbon_send`
 /// with a callback to learn a message's fate.
@@ -974,8 +974,20 @@ pub unsafe extern "C" fn tbon_send_batch(
         }
         let mut done = 0usize;
         let mut batch = crate::Batch::new();
-        for group in all.chunks(crate::limits::SEND_BATCH_MAX) {
-            let total: usize = group.iter().map(|m| m.len).sum();
+        let mut rest = all;
+        while !rest.is_empty() {
+            // A group: at most SEND_BATCH_MAX messages and COMMAND_QUEUE_MAX_BYTES of payload
+            // (at least one message), which bounds the copy made here.
+            let (mut n_group, mut total) = (0usize, 0usize);
+            for m in rest.iter().take(crate::limits::SEND_BATCH_MAX) {
+                if n_group > 0 && total + m.len > crate::limits::COMMAND_QUEUE_MAX_BYTES {
+                    break;
+                }
+                n_group += 1;
+                total += m.len;
+            }
+            let (group, after) = rest.split_at(n_group);
+            rest = after;
             let mut buf = bytes::BytesMut::with_capacity(total);
             for m in group.iter().filter(|m| m.len > 0) {
                 // SAFETY: checked non-null above; the caller promised `len` readable bytes.
