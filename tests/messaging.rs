@@ -525,6 +525,8 @@ fn a_batch_refused_from_a_callback_keeps_its_messages() {
     assert!(matches!(err, SendError::Busy(_)), "{err}");
     assert_eq!(kept, 1, "the refused message stays in the batch");
     for _ in 0..sent {
-        got_rx.recv_timeout(HANG_GUARD).expect("a batched message went missing");
+        got_rx
+            .recv_timeout(HANG_GUARD)
+            .expect("a batched message went missing");
     }
 }
