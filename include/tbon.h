@@ -73,6 +73,13 @@
 // Messages `tbon_send_batch` hands to the loop at once (a longer array is sent in groups).
 #define TBON_SEND_BATCH_MAX 1024
 
+// `tbon_send_routed`: do not ask for a direct link because of this send.
+#define TBON_ROUTE_TREE 0
+
+// `tbon_send_routed`: ask the destination for a direct link if none is open or asked for
+// (unless a recent denial is cached).
+#define TBON_ROUTE_DIRECT 1
+
 // Result code of every tbon call (and the argument of send completions).
 typedef enum {
   // Success.
@@ -313,6 +320,23 @@ typedef struct {
   uint64_t flow_congested;
   // Sends refused `TBON_ERR_BUSY` because the queue towards their next hop was congested.
   uint64_t sends_busy_flow;
+  // Direct links (setting `route`): requests for a link this daemon sent.
+  uint64_t direct_requests_sent;
+  // Requests other daemons sent this one.
+  uint64_t direct_requests_received;
+  // Requests this daemon granted.
+  uint64_t direct_grants;
+  // Denials this daemon's requests met (every reason; the Rust counters split them).
+  uint64_t direct_denied;
+  // Sends that would have asked for a link but found a recent denial cached.
+  uint64_t direct_denial_cache_hits;
+  // Links in use now (granted or open).
+  uint64_t direct_links_open;
+  // Links that fell back to the tree (connection lost, grant withdrawn).
+  uint64_t direct_fallbacks;
+  // User messages originated here that took a direct link, and their payload bytes.
+  uint64_t direct_messages;
+  uint64_t direct_bytes;
 } tbon_counters;
 
 #ifdef __cplusplus
@@ -414,6 +438,20 @@ tbon_rc tbon_send(tbon_daemon d,
                   size_t len,
                   tbon_send_cb cb,
                   void *user);
+
+// `tbon_send` with `route` (`TBON_ROUTE_TREE` or `TBON_ROUTE_DIRECT`) overriding the daemon's
+// `route` setting for the decision whether to ask `dst` for a direct link. The message itself
+// takes an open direct link to `dst` if there is one and the tree otherwise, so it never
+// overtakes an earlier message to `dst`. Errors as `tbon_send`, and `TBON_ERR_BAD_PARAM` for
+// another `route`.
+tbon_rc tbon_send_routed(tbon_daemon d,
+                         uint32_t dst,
+                         uint32_t tag,
+                         const void *data,
+                         size_t len,
+                         int route,
+                         tbon_send_cb cb,
+                         void *user);
 
 // Sends the `n` messages at `msgs` as plain sends, without waiting, handed to the daemon's loop
 // in groups of up to `TBON_SEND_BATCH_MAX` messages and 16 MiB of payload (one hand-over each instead of one per message: the

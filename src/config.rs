@@ -93,6 +93,12 @@ impl SettingValue for bool {
     }
 }
 
+impl SettingValue for crate::direct::RouteSetting {
+    fn parse_setting(s: &str) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
 impl SettingValue for String {
     fn parse_setting(s: &str) -> Result<Self, String> {
         Ok(s.trim().to_string())
@@ -269,6 +275,27 @@ settings! {
     /// missing; beyond it an early message is dropped unacknowledged and replayed later by its
     /// origin. 1..=1048576.
     relm_pending_max: usize = limits::RELM_PENDING_MAX_DEFAULT, env "TBON_RELM_PENDING_MAX";
+    /// Direct links beside the tree (PVM's routing options): `tree` never asks for one and
+    /// refuses requests; `direct` asks for a link to every daemon it sends to; `auto` asks
+    /// once a destination takes more than direct_auto_messages or direct_auto_bytes within
+    /// direct_auto_window_ms, and grants requests. A per-send `Route` overrides the asking.
+    route: crate::direct::RouteSetting = crate::direct::RouteSetting::Tree, env "TBON_ROUTE";
+    /// Direct links (asked for, granted or open) a daemon keeps at once; at the bound it asks
+    /// for no more and denies requests. 1..=4096.
+    direct_links_max: usize = limits::DIRECT_LINKS_MAX_DEFAULT, env "TBON_DIRECT_LINKS_MAX";
+    /// route=auto: messages to one destination within the window before a link is asked for.
+    direct_auto_messages: u64 = limits::DIRECT_AUTO_MESSAGES_DEFAULT, env "TBON_DIRECT_AUTO_MESSAGES";
+    /// route=auto: payload bytes to one destination within the window before a link is asked
+    /// for.
+    direct_auto_bytes: u64 = limits::DIRECT_AUTO_BYTES_DEFAULT, env "TBON_DIRECT_AUTO_BYTES";
+    /// route=auto: the window in milliseconds. 1..=3600000.
+    direct_auto_window_ms: u64 = limits::DIRECT_AUTO_WINDOW_MS_DEFAULT, env "TBON_DIRECT_AUTO_WINDOW_MS";
+    /// Milliseconds a denied request is remembered: no new request to that daemon meanwhile.
+    /// 1..=3600000.
+    direct_denial_ms: u64 = limits::DIRECT_DENIAL_MS_DEFAULT, env "TBON_DIRECT_DENIAL_MS";
+    /// Milliseconds a request for a direct link (or a grant) waits for its answer; messages
+    /// take the tree meanwhile. 1..=3600000.
+    direct_request_ms: u64 = limits::DIRECT_REQUEST_MS_DEFAULT, env "TBON_DIRECT_REQUEST_MS";
 }
 
 /// clap value parser for list items: trims each, like [`Config::set`] does.
@@ -498,6 +525,9 @@ impl Config {
             ("relm_cache_ms", self.relm_cache_ms),
             ("relm_retransmit_ms", self.relm_retransmit_ms),
             ("relm_gate_ms", self.relm_gate_ms),
+            ("direct_auto_window_ms", self.direct_auto_window_ms),
+            ("direct_denial_ms", self.direct_denial_ms),
+            ("direct_request_ms", self.direct_request_ms),
         ] {
             if v == 0 || v > limits::RELM_MS_CEILING {
                 return Err(ConfigError::invalid(
@@ -517,6 +547,12 @@ impl Config {
                     format!("must be 1..={}", limits::RELM_COUNT_CEILING),
                 ));
             }
+        }
+        if self.direct_links_max == 0 || self.direct_links_max > limits::DIRECT_LINKS_MAX_MAX {
+            return Err(ConfigError::invalid(
+                "direct_links_max",
+                format!("must be 1..={}", limits::DIRECT_LINKS_MAX_MAX),
+            ));
         }
         Ok(())
     }

@@ -151,4 +151,65 @@ pub struct Counters {
     /// Sends of this daemon's callers refused `Busy` because the queue towards their next hop
     /// was congested (back-pressure; the caller retries).
     pub sends_busy_flow: u64,
+    /// Direct links (`route` setting; see [`crate::direct`]).
+    pub direct: DirectCounters,
+}
+
+/// The direct-link counters of one daemon ([`Counters::direct`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DirectCounters {
+    /// Requests for a direct link this daemon sent.
+    pub requests_sent: u64,
+    /// Requests other daemons sent this one.
+    pub requests_received: u64,
+    /// Requests this daemon granted.
+    pub grants: u64,
+    /// Requests this daemon denied (a crossed request, answered by a grant the other way, is
+    /// not counted).
+    pub denials_sent: u64,
+    /// Denials this daemon's requests met, by reason: the grantor's `route` is `tree`.
+    pub denied_policy: u64,
+    /// ... the grantor speaks another negotiation version.
+    pub denied_version: u64,
+    /// ... the grantor had no room under its `direct_links_max`.
+    pub denied_full: u64,
+    /// ... the two disagreed on the DVM epoch (a repair under way), or the grantor was
+    /// stopping, or the two were tree neighbours.
+    pub denied_other: u64,
+    /// ... the grantor died or was known dead.
+    pub denied_dead: u64,
+    /// ... no answer within `direct_request_ms`.
+    pub denied_timeout: u64,
+    /// Sends that would have asked for a link but found a recent denial of it cached.
+    pub denial_cache_hits: u64,
+    /// Sends that would have asked for a link but found no room under `direct_links_max`.
+    pub no_room: u64,
+    /// Links that opened (both ways on the link).
+    pub links_opened: u64,
+    /// Links in use now (granted or open).
+    pub links_open: u64,
+    /// Links that fell back to the tree (the connection was lost, or a grant was withdrawn).
+    pub fallbacks: u64,
+    /// User messages originated here that took a direct link, and their payload bytes.
+    pub direct_messages: u64,
+    pub direct_bytes: u64,
+    /// User messages originated here for daemons that are not tree neighbours that took the
+    /// tree, and their payload bytes.
+    pub tree_messages: u64,
+    pub tree_bytes: u64,
+}
+
+impl DirectCounters {
+    /// Counts a denial this daemon's request met.
+    pub(crate) fn count_denial(&mut self, r: crate::direct::DenyReason) {
+        use crate::direct::DenyReason::*;
+        match r {
+            Policy => self.denied_policy += 1,
+            Version => self.denied_version += 1,
+            Full => self.denied_full += 1,
+            PeerDead => self.denied_dead += 1,
+            Timeout => self.denied_timeout += 1,
+            Epoch | Neighbour | Stopping | Crossed => self.denied_other += 1,
+        }
+    }
 }

@@ -18,6 +18,7 @@
 
 pub mod config;
 pub mod counters;
+pub mod direct;
 pub mod driver;
 pub mod error;
 pub mod faults;
@@ -35,7 +36,8 @@ pub mod routed;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 
-pub use counters::Counters;
+pub use counters::{Counters, DirectCounters};
+pub use direct::{Route, RouteSetting};
 pub use driver::{Batch, Daemon, Handle, Outgoing, StopReason, start};
 pub use error::{RecvError, SendError, StartError};
 pub use grpcomm::AllgatherResult;

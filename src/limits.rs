@@ -394,3 +394,27 @@ pub const PUMP_ROUNDS_MAX: usize = 1_000_000;
 /// rank 0 replaced a stale file after this daemon had read it). Past the bound, or if the file did not change, the
 /// daemon exits 1 saying that the file is stale.
 pub const URI_FILE_RETRIES_MAX: u32 = 3;
+
+// ----- direct links (src/direct/) -------------------------------------------------------------
+
+/// Default `direct_links_max`: direct links (asked for, granted or open) a daemon keeps at once.
+/// At the bound a daemon asks for no new link (the message takes the tree, counted in
+/// `direct.no_room`) and denies requests (`Full`).
+pub const DIRECT_LINKS_MAX_DEFAULT: usize = 64;
+/// Upper bound of `direct_links_max` (each link is a connection with its send queue).
+pub const DIRECT_LINKS_MAX_MAX: usize = 4_096;
+/// Denials a daemon remembers (no new request to those daemons until each expires); at the
+/// bound the one expiring first is forgotten.
+pub const DIRECT_DENIALS_MAX: usize = 1_024;
+/// Default `direct_auto_messages`: the `auto` policy asks once a destination took more
+/// messages than this within `direct_auto_window_ms`.
+pub const DIRECT_AUTO_MESSAGES_DEFAULT: u64 = 256;
+/// Default `direct_auto_bytes`: ... or more payload bytes than this.
+pub const DIRECT_AUTO_BYTES_DEFAULT: u64 = 1024 * 1024;
+/// Default `direct_auto_window_ms`.
+pub const DIRECT_AUTO_WINDOW_MS_DEFAULT: u64 = 1_000;
+/// Default `direct_denial_ms`: how long a denial is remembered.
+pub const DIRECT_DENIAL_MS_DEFAULT: u64 = 30_000;
+/// Default `direct_request_ms`: how long a request (or a grant) waits for its answer before
+/// it ends (`Timeout`); the messages meanwhile take the tree, so nothing waits with it.
+pub const DIRECT_REQUEST_MS_DEFAULT: u64 = 5_000;

@@ -123,3 +123,8 @@ fn c_fault_survivors_see_the_fault_and_keep_talking() {
 fn c_batch_sends_200000_small_messages_in_order() {
     run_example("batch");
 }
+
+#[test]
+fn c_direct_link_between_two_leaves_keeps_order_and_skips_the_relays() {
+    run_example("direct");
+}

@@ -86,6 +86,7 @@ fn non_default_value(name: &str) -> &'static str {
         "port_range" => "20000-20100",
         "if_include" => "lo, 10.0.0.0/8",
         "if_exclude" => "eth9",
+        "route" => "auto",
         _ => "7",
     }
 }
@@ -125,6 +126,9 @@ fn list_and_bool_values() {
     assert!(c.ipv6);
     c.set("port_range", "").unwrap();
     assert_eq!(c.port_range, None);
+    c.set("route", " Direct ").unwrap();
+    assert_eq!(c.route, crate::direct::RouteSetting::Direct);
+    assert!(c.set("route", "sideways").is_err());
     // Bare boolean flag means true.
     assert!(parse(&["--ipv6"]).unwrap().ipv6);
     assert!(!parse(&["--ipv4=false", "--ipv6"]).unwrap().ipv4);

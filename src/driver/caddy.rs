@@ -30,6 +30,7 @@ pub(crate) enum Caddy {
         tag: Tag,
         payload: Bytes,
         done: Option<Completion>,
+        route: Option<crate::Route>,
     },
     /// Plain sends without completions, in order ([`super::Batch`]).
     SendBatch {

@@ -105,7 +105,7 @@ pub(crate) struct EventLoop {
     /// When the connection table and the timer heap were last looked at for shrinking.
     last_shrink: Instant,
     /// The node's `origin_gate_version` when the gate was last published.
-    gate_version: (u64, usize),
+    gate_version: (u64, usize, u64),
 }
 
 /// The driver's answer to the node's question "is a neighbour's queue stuck?".
@@ -174,7 +174,7 @@ impl EventLoop {
                 Duration::from_millis(limits::REFUSAL_LOG_INTERVAL_MS),
             ),
             last_shrink: Instant::now(),
-            gate_version: (0, 0),
+            gate_version: (0, 0, 0),
         }
     }
 
@@ -297,6 +297,7 @@ impl EventLoop {
                     }
                 }
                 Output::PeersFailed { dead, adopted } => self.peers_failed(&dead, &adopted),
+                Output::Fallback { peer } => self.fall_back(peer),
                 Output::Deliver {
                     receive,
                     retired,
@@ -379,6 +380,31 @@ impl EventLoop {
         }
     }
 
+    /// The direct link to `peer` is no longer used: what was queued for it takes the tree,
+    /// in order, and its connection closes (unless `peer` became a tree neighbour meanwhile).
+    fn fall_back(&mut self, peer: Rank) {
+        if self.node.is_neighbour(peer) {
+            return;
+        }
+        if let Some(tok) = self.links.get(&peer).and_then(|l| l.conn) {
+            self.requeue_and_close(tok);
+        }
+        let Some(link) = self.links.get_mut(&peer) else {
+            return;
+        };
+        link.pending_bytes = 0;
+        let frames: Vec<links::Pending> = link.pending.drain(..).collect();
+        for p in frames {
+            match self.node.reroute(p.header, &[]) {
+                Reroute::Hop(hop, header) => {
+                    self.enqueue(hop, header, p.payload, p.done);
+                }
+                Reroute::Copies(_) | Reroute::Drop => complete(p.done, Ok(())),
+                Reroute::Fail(e) => complete(p.done, Err(e)),
+            }
+        }
+    }
+
     // ----- commands -------------------------------------------------------------------------
 
     /// Drains at most a batch of commands; returns whether the channel is now empty.
@@ -436,6 +462,7 @@ impl EventLoop {
                 tag,
                 payload,
                 token: None,
+                route: None,
             },
         );
         self.carry_out();
@@ -488,6 +515,7 @@ impl EventLoop {
                 tag,
                 payload,
                 done,
+                route,
             } => {
                 let token = self.token(done);
                 self.command_to_node(
@@ -497,6 +525,7 @@ impl EventLoop {
                         tag,
                         payload,
                         token,
+                        route,
                     },
                 );
             }

@@ -224,7 +224,7 @@ impl Handle {
     /// counted — use [`Handle::send_with`] to see them. The payload is shared, never copied,
     /// on its way through this daemon.
     pub fn send(&self, dst: Rank, tag: Tag, payload: impl Into<Bytes>) -> Result<(), SendError> {
-        self.submit_send(dst, tag, payload.into(), None, false)
+        self.submit_send(dst, tag, payload.into(), None, Kind::Plain(None))
     }
 
     /// Like [`Handle::send`], and calls `done` once on the loop thread: `Ok` when the message
@@ -237,7 +237,46 @@ impl Handle {
         payload: impl Into<Bytes>,
         done: impl FnOnce(Result<(), SendError>) + Send + 'static,
     ) -> Result<(), SendError> {
-        self.submit_send(dst, tag, payload.into(), Some(Box::new(done)), false)
+        self.submit_send(
+            dst,
+            tag,
+            payload.into(),
+            Some(Box::new(done)),
+            Kind::Plain(None),
+        )
+    }
+
+    /// Like [`Handle::send`], with `route` overriding this daemon's `route` setting for the
+    /// decision whether to ask `dst` for a direct link ([`crate::Route`]): `Route::Direct`
+    /// asks for one (unless a recent denial is cached), `Route::Tree` does not. The message
+    /// itself takes an open direct link if there is one and the tree otherwise, so it never
+    /// overtakes an earlier message to `dst`. Errors as for [`Handle::send`].
+    pub fn send_routed(
+        &self,
+        dst: Rank,
+        tag: Tag,
+        payload: impl Into<Bytes>,
+        route: crate::Route,
+    ) -> Result<(), SendError> {
+        self.submit_send(dst, tag, payload.into(), None, Kind::Plain(Some(route)))
+    }
+
+    /// [`Handle::send_routed`] with a completion, as [`Handle::send_with`] has.
+    pub fn send_routed_with(
+        &self,
+        dst: Rank,
+        tag: Tag,
+        payload: impl Into<Bytes>,
+        route: crate::Route,
+        done: impl FnOnce(Result<(), SendError>) + Send + 'static,
+    ) -> Result<(), SendError> {
+        self.submit_send(
+            dst,
+            tag,
+            payload.into(),
+            Some(Box::new(done)),
+            Kind::Plain(Some(route)),
+        )
     }
 
     /// Sends and blocks until the send completed (see [`Handle::send_with`]). Must not be called
@@ -262,25 +301,25 @@ impl Handle {
         tag: Tag,
         payload: Bytes,
         done: Option<Completion>,
-        reliable: bool,
+        kind: Kind,
     ) -> Result<(), SendError> {
         self.check_send(dst, tag, &payload)?;
         self.check_gate(dst, payload.len())?;
         let len = payload.len();
-        let caddy = if reliable {
-            Caddy::SendReliable {
+        let caddy = match kind {
+            Kind::Reliable => Caddy::SendReliable {
                 dst,
                 tag,
                 payload,
                 done,
-            }
-        } else {
-            Caddy::Send {
+            },
+            Kind::Plain(route) => Caddy::Send {
                 dst,
                 tag,
                 payload,
                 done,
-            }
+                route,
+            },
         };
         self.shared
             .submit(caddy)
@@ -364,7 +403,7 @@ impl Handle {
         tag: Tag,
         payload: impl Into<Bytes>,
     ) -> Result<(), SendError> {
-        self.submit_send(dst, tag, payload.into(), None, true)
+        self.submit_send(dst, tag, payload.into(), None, Kind::Reliable)
     }
 
     /// Like [`Handle::send_reliable`], and calls `done` once on the loop thread: `Ok` when
@@ -381,7 +420,13 @@ impl Handle {
         payload: impl Into<Bytes>,
         done: impl FnOnce(Result<(), SendError>) + Send + 'static,
     ) -> Result<(), SendError> {
-        self.submit_send(dst, tag, payload.into(), Some(Box::new(done)), true)
+        self.submit_send(
+            dst,
+            tag,
+            payload.into(),
+            Some(Box::new(done)),
+            Kind::Reliable,
+        )
     }
 
     /// Sends reliably and blocks until the send completed (see
@@ -806,4 +851,11 @@ fn wait_result(
 
 pub(crate) fn channel(cap: usize) -> (Sender<Caddy>, Receiver<Caddy>) {
     crossbeam_channel::bounded(cap)
+}
+
+/// What [`Handle::submit_send`] submits.
+enum Kind {
+    /// A plain send, with its per-send route if any.
+    Plain(Option<crate::Route>),
+    Reliable,
 }

@@ -250,6 +250,23 @@ pub struct tbon_counters {
     pub flow_congested: u64,
     /// Sends refused `TBON_ERR_BUSY` because the queue towards their next hop was congested.
     pub sends_busy_flow: u64,
+    /// Direct links (setting `route`): requests for a link this daemon sent.
+    pub direct_requests_sent: u64,
+    /// Requests other daemons sent this one.
+    pub direct_requests_received: u64,
+    /// Requests this daemon granted.
+    pub direct_grants: u64,
+    /// Denials this daemon's requests met (every reason; the Rust counters split them).
+    pub direct_denied: u64,
+    /// Sends that would have asked for a link but found a recent denial cached.
+    pub direct_denial_cache_hits: u64,
+    /// Links in use now (granted or open).
+    pub direct_links_open: u64,
+    /// Links that fell back to the tree (connection lost, grant withdrawn).
+    pub direct_fallbacks: u64,
+    /// User messages originated here that took a direct link, and their payload bytes.
+    pub direct_messages: u64,
+    pub direct_bytes: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -272,6 +289,20 @@ impl From<&Counters> for tbon_counters {
             epoch: c.epoch,
             parent: c.parent.unwrap_or(TBON_RANK_NONE),
             children_count: u32::try_from(c.children.len()).unwrap_or(u32::MAX),
+            direct_requests_sent: c.direct.requests_sent,
+            direct_requests_received: c.direct.requests_received,
+            direct_grants: c.direct.grants,
+            direct_denied: c.direct.denied_policy
+                + c.direct.denied_version
+                + c.direct.denied_full
+                + c.direct.denied_other
+                + c.direct.denied_dead
+                + c.direct.denied_timeout,
+            direct_denial_cache_hits: c.direct.denial_cache_hits,
+            direct_links_open: c.direct.links_open,
+            direct_fallbacks: c.direct.fallbacks,
+            direct_messages: c.direct.direct_messages,
+            direct_bytes: c.direct.direct_bytes,
             relm_sent: c.relm_sent,
             relm_posted: c.relm_posted,
             relm_duplicates: c.relm_duplicates,
@@ -900,6 +931,51 @@ pub unsafe extern "C" fn tbon_send(
         match completion(cb, user) {
             Some(done) => h.send_with(dst, tag, payload, done)?,
             None => h.send(dst, tag, payload)?,
+        }
+        Ok(())
+    })
+}
+
+/// `tbon_send_routed`: do not ask for a direct link because of this send.
+pub const TBON_ROUTE_TREE: c_int = 0;
+/// `tbon_send_routed`: ask the destination for a direct link if none is open or asked for
+/// (unless a recent denial is cached).
+pub const TBON_ROUTE_DIRECT: c_int = 1;
+
+/// `tbon_send` with `route` (`TBON_ROUTE_TREE` or `TBON_ROUTE_DIRECT`) overriding the daemon's
+/// `route` setting for the decision whether to ask `dst` for a direct link. The message itself
+/// takes an open direct link to `dst` if there is one and the tree otherwise, so it never
+/// overtakes an earlier message to `dst`. Errors as `tbon_send`, and `TBON_ERR_BAD_PARAM` for
+/// another `route`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn tbon_send_routed(
+    d: tbon_daemon,
+    dst: u32,
+    tag: u32,
+    data: *const c_void,
+    len: usize,
+    route: c_int,
+    cb: tbon_send_cb,
+    user: *mut c_void,
+) -> tbon_rc {
+    guard(|| {
+        let route = match route {
+            TBON_ROUTE_TREE => crate::Route::Tree,
+            TBON_ROUTE_DIRECT => crate::Route::Direct,
+            r => {
+                return fail(
+                    tbon_rc::TBON_ERR_BAD_PARAM,
+                    format!("route {r} is not a route"),
+                );
+            }
+        };
+        let h = handle(d)?;
+        // SAFETY: the caller's buffer, valid for this call.
+        let payload = unsafe { payload_arg(&h, data, len)? };
+        match completion(cb, user) {
+            Some(done) => h.send_routed_with(dst, tag, payload, route, done)?,
+            None => h.send_routed(dst, tag, payload, route)?,
         }
         Ok(())
     })

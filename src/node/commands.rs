@@ -15,12 +15,14 @@ use std::time::Instant;
 /// [`Output::Transmit`] or [`Output::SendDone`]; `None` when nobody waits for it.
 #[derive(Debug)]
 pub enum Command {
-    /// A plain message: complete once it reached the kernel on the first hop.
+    /// A plain message: complete once it reached the kernel on the first hop. `route`
+    /// overrides the daemon's route setting for it ([`crate::direct::Route`]).
     Send {
         dst: Rank,
         tag: Tag,
         payload: Bytes,
         token: Option<u64>,
+        route: Option<crate::direct::Route>,
     },
     /// A reliable (RELM) message: complete once the destination posted it.
     SendReliable {
@@ -73,10 +75,15 @@ impl Node {
                 tag,
                 payload,
                 token,
+                route,
             } => {
                 self.check_flow(dst, token)?;
                 self.counters.sent += 1;
-                self.send(dst, tag, payload, token);
+                if dst == self.me || tag < TAG_USER_MIN {
+                    self.send(dst, tag, payload, token);
+                } else {
+                    self.send_routed(now, dst, tag, payload, token, route);
+                }
                 Ok(())
             }
             Command::SendReliable {

@@ -120,6 +120,7 @@ impl Node {
                 self.declared_dead(now, &format!("rank {} refused this daemon", msg.origin))
             }
             TAG_XCAST_REQUEST | TAG_XCAST_DONE => self.on_grpcomm_reliable(msg),
+            crate::direct::TAG_DIRECT => self.on_direct_message(now, msg),
             t => log::warn!(
                 "rank {}: message with unexpected runtime tag {t} from {} dropped",
                 self.me,
@@ -160,8 +161,13 @@ impl Node {
     /// same turn as the frames before it. A DVM shutdown broadcast followed by its sender's
     /// close then stops this daemon (no probe, and the driver logs no loss) instead of being
     /// delivered after a "lost connection; probing" alarm (issue "Real launchers", defect 2).
+    ///
+    /// A lost direct link is no failure: its frames take the tree ([`super::Output::Fallback`]).
     pub fn handle_link_lost(&mut self, now: Instant, peer: Rank) -> bool {
         self.flow.forget(peer);
+        if !self.is_neighbour(peer) {
+            self.direct_link_lost(peer);
+        }
         if self.stopping.is_none() {
             self.pump(now);
         }

@@ -24,6 +24,7 @@
 
 mod collectives;
 mod commands;
+mod direct;
 mod faults;
 pub mod flow;
 mod frames;
@@ -80,6 +81,8 @@ pub struct NodeConfig {
     pub trace: bool,
     /// The thresholds of hop-by-hop flow control ([`flow`]).
     pub flow: flow::FlowLimits,
+    /// Direct links beside the tree ([`crate::direct`]).
+    pub direct: crate::direct::DirectConfig,
 }
 
 impl NodeConfig {
@@ -112,6 +115,7 @@ impl NodeConfig {
             wireup_timeout: Duration::from_millis(c.wireup_timeout_ms),
             trace: false,
             flow: flow::FlowLimits::for_queue(c.send_queue_max_bytes, c.msg_max_bytes as usize),
+            direct: crate::direct::DirectConfig::from_config(c),
         }
     }
 }
@@ -189,6 +193,8 @@ pub struct Node {
     /// Neighbours that said, in their latest heartbeats, that they leave this daemon's frames
     /// unread (flow control), with when they last said so.
     paused_by: FxHashMap<Rank, Instant>,
+    /// Direct links beside the tree.
+    direct: crate::direct::DirectLinks,
     /// The newest incarnation seen of each neighbour.
     incarnations: FxHashMap<Rank, u64>,
     out: VecDeque<Output>,
@@ -242,6 +248,7 @@ impl Node {
             unreported: BTreeSet::new(),
             incarnations: FxHashMap::default(),
             flow: flow::Flow::new(cfg.flow),
+            direct: crate::direct::DirectLinks::new(me, cfg.direct),
             paused_by: FxHashMap::default(),
             out: VecDeque::new(),
         })
@@ -326,6 +333,7 @@ impl Node {
         c.relm_cached = cached as u64;
         c.relm_pending = pending as u64;
         c.flow_congested = self.flow.episodes();
+        c.direct = self.direct.counters();
         self.collective_counters(&mut c);
         c
     }
@@ -350,9 +358,13 @@ impl Node {
             _ => None,
         };
         let running = if self.stopping.is_none() {
-            [self.heartbeat_at, self.relm.poll_timeout()]
+            [
+                self.heartbeat_at,
+                self.relm.poll_timeout(),
+                self.direct.poll_timeout(),
+            ]
         } else {
-            [None, None]
+            [None, None, None]
         };
         [wireup].into_iter().chain(running).flatten().min()
     }
@@ -378,6 +390,12 @@ impl Node {
         }
         if self.relm.poll_timeout().is_some_and(|at| at <= now) {
             self.relm.handle_timeout(now, &self.routing);
+        }
+        if self.direct.poll_timeout().is_some_and(|at| at <= now) {
+            for peer in self.direct.handle_timeout(now) {
+                self.out.push_back(Output::Fallback { peer });
+            }
+            self.send_direct_control();
         }
     }
 
@@ -446,8 +464,11 @@ impl Node {
     /// reading a connection because of this must ask again after each
     /// [`Node::handle_send_queue`] and at least every 100 ms while [`flow::Flow::is_pausing`]
     /// (a pause also ends when a congested queue counts as stuck).
+    ///
+    /// Nor while a direct link with `peer` waits for `peer`'s drain marker over the tree
+    /// (re-check every turn: the marker may come at any input).
     pub fn may_read(&self, now: Instant, peer: Rank) -> bool {
-        self.flow.may_read(now, peer)
+        self.direct.may_read(peer) && self.flow.may_read(now, peer)
     }
 
     /// Whether a send originated here towards `dst` may be accepted now: its next hop's queue
@@ -461,6 +482,9 @@ impl Node {
         if !self.flow.any_congested() {
             return true;
         }
+        if self.direct.is_direct(dst) {
+            return self.flow.may_originate(dst);
+        }
         match self.routing.route(dst) {
             Route::Parent(hop) | Route::Child(hop) => self.flow.may_originate(hop),
             _ => true,
@@ -469,8 +493,12 @@ impl Node {
 
     /// Changes whenever an answer of [`Node::may_originate_to`] may have changed: when the
     /// congested queues change, or the tree is repaired.
-    pub fn origin_gate_version(&self) -> (u64, usize) {
-        (self.flow.generation(), self.routing.failed_count())
+    pub fn origin_gate_version(&self) -> (u64, usize, u64) {
+        (
+            self.flow.generation(),
+            self.routing.failed_count(),
+            self.direct.generation(),
+        )
     }
 
     /// The flow-control state (see [`flow`]).
@@ -481,6 +509,7 @@ impl Node {
     /// Checks the rules every node keeps at every step (the simulator calls this after each
     /// input); the first one broken.
     pub fn check_invariants(&self) -> Result<(), String> {
+        self.direct.check_invariants()?;
         let (unacked, cached, pending) = self.relm.records();
         let cfg = self.relm.config();
         let window = cfg

@@ -46,6 +46,12 @@ pub enum Output {
     /// back through [`Node::reroute`](super::Node::reroute), with `adopted` (the children this
     /// repair gave this daemon), before carrying out the outputs that follow.
     PeersFailed { dead: Vec<Rank>, adopted: Vec<Rank> },
+    /// The direct link to `peer` is no longer used: take every frame still queued for `peer`
+    /// (on its connection, unless `peer` is a tree neighbour, and waiting for one), close that
+    /// connection, and give the frames back through [`Node::reroute`](super::Node::reroute)
+    /// (they take the tree now) before carrying out the outputs that follow. Do not redial
+    /// `peer` for them.
+    Fallback { peer: Rank },
     /// A posted receive matched `msg`; `retired` if that was a one-shot receive's only match.
     Deliver {
         receive: ReceiveId,

@@ -239,6 +239,7 @@ fn frames_from_an_older_incarnation_are_dropped() {
                 tag: TAG,
                 payload: Bytes::from_static(b"new"),
                 token: None,
+                route: None,
             },
         )
         .unwrap();
@@ -279,6 +280,7 @@ fn frames_from_an_older_incarnation_are_dropped() {
                 tag: TAG,
                 payload: Bytes::from_static(b"again"),
                 token: None,
+                route: None,
             },
         )
         .unwrap();

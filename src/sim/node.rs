@@ -133,6 +133,7 @@ impl SimNode {
             tag,
             payload,
             token: None,
+            route: None,
         };
         if let Err(e) = self.node.handle_command(now, c) {
             self.errors.push(format!("plain send refused: {e}"));
@@ -267,6 +268,8 @@ impl SimNode {
                 // The world keeps no send queues (frames in flight are on the links); it
                 // closes the connections to the dead.
                 Output::PeersFailed { dead, .. } => self.declared.extend(dead),
+                // Nothing waits in the simulated transport: frames are on the links at once.
+                Output::Fallback { .. } => {}
                 Output::Wired => {}
                 Output::Deliver { msg, .. } => {
                     // Broadcasts are checked from their trace, which carries the op.

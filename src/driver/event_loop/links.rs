@@ -737,6 +737,9 @@ impl EventLoop {
                     log::debug!("rank {}: rank {p} closed the connection; stopping", self.me);
                     return;
                 }
+                // A lost direct link gives its frames to the tree (`Output::Fallback`) before
+                // anything is redialled for them.
+                self.carry_out();
                 let link = self.links.entry(p).or_default();
                 if watch {
                     link.probe = true;

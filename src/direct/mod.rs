@@ -1,0 +1,111 @@
+//! Direct links: a negotiated connection between two daemons beside the tree, so that two
+//! daemons that talk a lot stop paying a relay at every tree hop (PVM's "direct message
+//! routing"). Sans-IO, like the other protocol cores: [`DirectLinks`] takes requests, answers
+//! and time in, and says which route a send takes and which control messages to send over the
+//! tree; the node (`node/direct.rs`) carries them out.
+//!
+//! * `wire.rs` — the control messages (runtime tag [`TAG_DIRECT`]) and their layout.
+//! * `table.rs` — [`DirectLinks`]: the link table, the denial cache, the auto policy, counters.
+//!
+//! # The protocol
+//! A requester `A` in state `ConnWait` sends `Request` (protocol version, its DVM epoch) to `B`
+//! over the tree. Meanwhile its messages to `B` keep going over the tree: nothing waits, so
+//! the first message after the request is not delayed at all. `B` grants when its `route`
+//! setting is not `tree`, the version and epoch match, `A` is not its tree neighbour and it
+//! has room under `direct_links_max`; otherwise it denies with a reason. A granting `B` is in
+//! `GrantWait`: it sends `Grant` over the tree, and its own messages to `A` go on the direct
+//! connection from then on. `A`, on the `Grant`, is `Open`: it sends `Switch` over the tree,
+//! and its messages to `B` go on the direct connection from then on. `B`, on the `Switch`, is
+//! `Open` too.
+//!
+//! # Order through the switch
+//! `Grant` and `Switch` are drain markers. Each is the last message its sender sends to the
+//! other over the tree before it moves to the direct connection, and the tree carries one
+//! origin's messages to one destination in order. A daemon does not read the direct
+//! connection while it waits for the other's marker ([`DirectLinks::may_read`]: the bytes
+//! stay in the socket, TCP holds the sender back), so every tree message sent before the
+//! switch is delivered before any direct message sent after it. Nothing is buffered and
+//! nothing waits on the sending side.
+//!
+//! # Simultaneous requests
+//! When each daemon asks the other (both in `ConnWait`), the request of the lower rank wins:
+//! the higher rank grants it and drops its own request; the lower rank answers the higher
+//! rank's request with the denial `Crossed`, which is neither cached nor counted as a refusal,
+//! and which the higher rank (by then in `GrantWait`) ignores. Both then use the one
+//! connection the transport keeps between two daemons (`oob::arbiter`); which TCP connection
+//! survives a simultaneous dial is the arbiter's rule, the same as for tree links.
+//!
+//! # Losses and failures
+//! A direct link is never a tree edge: it has no heartbeats and its loss is not a daemon
+//! failure. When it is lost, both ends fall back to the tree at once: frames not yet written
+//! go over the tree in their order (`Output::Fallback`), and later sends take the tree. Plain
+//! messages already handed to the kernel on a lost link may be lost, as on a lost tree link.
+//! A request to a daemon that dies (or is already known dead) ends `Denied` through the fault
+//! handling, never by waiting; a request nobody answers ends `Denied` (`Timeout`) after
+//! `direct_request_ms`.
+//!
+//! # Bounds
+//! Links in any state: `direct_links_max`; denials cached: [`crate::limits::DIRECT_DENIALS_MAX`]
+//! (the oldest dropped), each for `direct_denial_ms`; destinations whose traffic the `auto`
+//! policy counts: at most the DVM's size.
+
+mod table;
+pub mod wire;
+
+pub use table::{Asker, DirectConfig, DirectLinks, Via};
+pub use wire::{DenyReason, DirectMsg, TAG_DIRECT};
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A daemon's route setting (`route`, `TBON_ROUTE`), with PVM's meanings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteSetting {
+    /// Never ask for a direct link, and refuse requests (PVM's `PvmDontRoute`).
+    #[default]
+    Tree,
+    /// Ask for a direct link to any daemon this one sends to (`PvmRouteDirect`).
+    Direct,
+    /// Ask once a destination took more than `direct_auto_messages` messages or
+    /// `direct_auto_bytes` bytes within `direct_auto_window_ms`; grant requests (`PvmAllowDirect`).
+    Auto,
+}
+
+impl fmt::Display for RouteSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RouteSetting::Tree => "tree",
+            RouteSetting::Direct => "direct",
+            RouteSetting::Auto => "auto",
+        })
+    }
+}
+
+impl FromStr for RouteSetting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tree" => Ok(RouteSetting::Tree),
+            "direct" => Ok(RouteSetting::Direct),
+            "auto" => Ok(RouteSetting::Auto),
+            other => Err(format!("{other:?} is not a route (tree, direct or auto)")),
+        }
+    }
+}
+
+/// The route of one send, overriding the daemon's [`RouteSetting`] for the decision whether
+/// to ask for a direct link to its destination.
+///
+/// It governs negotiation, not the path of that one message: a message never overtakes an
+/// earlier one to the same destination, so once a direct link to the destination is open
+/// every message to it takes the link (a `Tree` send included), and until it is open every
+/// message takes the tree (a `Direct` send included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Do not ask for a direct link because of this send (as the setting `tree` would).
+    Tree,
+    /// Ask for a direct link to the destination if none is open or asked for, unless a
+    /// recent denial is cached (as the setting `direct` would).
+    Direct,
+}

@@ -1,0 +1,694 @@
+//! [`DirectLinks`]: one daemon's direct links (their states), the denial cache, the `auto`
+//! policy's traffic windows and the counters. Sans-IO: `now` comes in, control messages to
+//! send over the tree come out of [`DirectLinks::poll_control`].
+
+use super::wire::{DIRECT_VERSION, DenyReason, DirectMsg};
+use super::{Route, RouteSetting};
+use crate::Rank;
+use crate::counters::DirectCounters;
+use crate::fxhash::FxHashMap;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// The direct-link settings (from `Config`).
+#[derive(Debug, Clone)]
+pub struct DirectConfig {
+    pub setting: RouteSetting,
+    /// Links in any state (asked for, granted, open) at once.
+    pub links_max: usize,
+    /// `auto`: ask once a destination took more than this many messages within the window.
+    pub auto_messages: u64,
+    /// `auto`: ... or more than this many payload bytes.
+    pub auto_bytes: u64,
+    pub auto_window: Duration,
+    /// How long a denial is remembered (no new request to that daemon meanwhile).
+    pub denial_ttl: Duration,
+    /// How long a request (or a grant) waits for its answer.
+    pub request_timeout: Duration,
+}
+
+impl DirectConfig {
+    /// The settings of `c`.
+    pub fn from_config(c: &crate::config::Config) -> DirectConfig {
+        DirectConfig {
+            setting: c.route,
+            links_max: c.direct_links_max,
+            auto_messages: c.direct_auto_messages,
+            auto_bytes: c.direct_auto_bytes,
+            auto_window: Duration::from_millis(c.direct_auto_window_ms),
+            denial_ttl: Duration::from_millis(c.direct_denial_ms),
+            request_timeout: Duration::from_millis(c.direct_request_ms),
+        }
+    }
+}
+
+/// Which way a message goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Tree,
+    Direct,
+}
+
+/// A link's state (PVM's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Asked, waiting for the answer; messages take the tree.
+    ConnWait,
+    /// Granted, waiting for the requester's `Switch`; this daemon's messages take the link,
+    /// the link is not read yet.
+    GrantWait,
+    /// Both ways on the link.
+    Open,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Link {
+    phase: Phase,
+    /// When the phase began (the deadline of a wait runs from it).
+    since: Instant,
+}
+
+/// What the table needs to know of the node when a request arrives.
+#[derive(Debug, Clone, Copy)]
+pub struct Asker {
+    pub from: Rank,
+    /// `from` is this daemon's tree neighbour.
+    pub neighbour: bool,
+    pub my_epoch: u64,
+    pub stopping: bool,
+}
+
+/// A traffic window of the `auto` policy.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    start: Instant,
+    messages: u64,
+    bytes: u64,
+}
+
+/// One daemon's direct links. See the module documentation of [`crate::direct`].
+#[derive(Debug)]
+pub struct DirectLinks {
+    me: Rank,
+    cfg: DirectConfig,
+    links: FxHashMap<Rank, Link>,
+    /// Peer -> (reason, until when), at most `DIRECT_DENIALS_MAX`.
+    denials: FxHashMap<Rank, (DenyReason, Instant)>,
+    traffic: FxHashMap<Rank, Window>,
+    control: VecDeque<(Rank, DirectMsg)>,
+    stats: DirectCounters,
+    /// Bumped whenever a link may have changed state ([`DirectLinks::generation`]).
+    generation: u64,
+}
+
+impl DirectLinks {
+    pub fn new(me: Rank, cfg: DirectConfig) -> DirectLinks {
+        DirectLinks {
+            me,
+            cfg,
+            links: FxHashMap::default(),
+            denials: FxHashMap::default(),
+            traffic: FxHashMap::default(),
+            control: VecDeque::new(),
+            stats: DirectCounters::default(),
+            generation: 0,
+        }
+    }
+
+    /// Changes whenever an answer of [`DirectLinks::is_direct`] or
+    /// [`DirectLinks::may_read`] may have changed.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The counters, with the links open now.
+    pub fn counters(&self) -> DirectCounters {
+        let mut c = self.stats.clone();
+        c.links_open = self
+            .links
+            .values()
+            .filter(|l| l.phase != Phase::ConnWait)
+            .count() as u64;
+        c
+    }
+
+    /// The route of a user message of `len` payload bytes originated here for `dst` (not this
+    /// daemon, not a tree neighbour), and whether to ask for a link: counts it, and queues a
+    /// request when the policy says so. `requester` gives this daemon's epoch and URI for it.
+    pub fn route(
+        &mut self,
+        now: Instant,
+        dst: Rank,
+        len: usize,
+        route: Option<Route>,
+        requester: impl FnOnce() -> (u64, String),
+    ) -> Via {
+        if let Some(l) = self.links.get(&dst)
+            && l.phase != Phase::ConnWait
+        {
+            self.stats.direct_messages += 1;
+            self.stats.direct_bytes += len as u64;
+            return Via::Direct;
+        }
+        self.stats.tree_messages += 1;
+        self.stats.tree_bytes += len as u64;
+        if self.links.contains_key(&dst) {
+            return Via::Tree;
+        }
+        let ask = match route {
+            Some(Route::Tree) => false,
+            Some(Route::Direct) => true,
+            None => match self.cfg.setting {
+                RouteSetting::Tree => false,
+                RouteSetting::Direct => true,
+                RouteSetting::Auto => self.busy_destination(now, dst, len),
+            },
+        };
+        if ask {
+            self.generation += 1;
+            self.ask(now, dst, requester);
+        }
+        Via::Tree
+    }
+
+    /// `auto`: counts a message in `dst`'s window; whether the window is past a threshold.
+    fn busy_destination(&mut self, now: Instant, dst: Rank, len: usize) -> bool {
+        let w = self.traffic.entry(dst).or_insert(Window {
+            start: now,
+            messages: 0,
+            bytes: 0,
+        });
+        if now.saturating_duration_since(w.start) > self.cfg.auto_window {
+            *w = Window {
+                start: now,
+                messages: 0,
+                bytes: 0,
+            };
+        }
+        w.messages += 1;
+        w.bytes += len as u64;
+        w.messages > self.cfg.auto_messages || w.bytes > self.cfg.auto_bytes
+    }
+
+    fn ask(&mut self, now: Instant, dst: Rank, requester: impl FnOnce() -> (u64, String)) {
+        if let Some(&(_, until)) = self.denials.get(&dst) {
+            if now < until {
+                self.stats.denial_cache_hits += 1;
+                return;
+            }
+            self.denials.remove(&dst);
+        }
+        if self.links.len() >= self.cfg.links_max {
+            // No room here: the message simply takes the tree.
+            self.stats.no_room += 1;
+            return;
+        }
+        let (epoch, uri) = requester();
+        self.links.insert(
+            dst,
+            Link {
+                phase: Phase::ConnWait,
+                since: now,
+            },
+        );
+        self.traffic.remove(&dst);
+        self.stats.requests_sent += 1;
+        log::debug!("rank {}: asking rank {dst} for a direct link", self.me);
+        self.control.push_back((
+            dst,
+            DirectMsg::Request {
+                version: DIRECT_VERSION,
+                epoch,
+                uri,
+            },
+        ));
+    }
+
+    /// A control message from `who.from`, over the tree.
+    pub fn handle_message(&mut self, now: Instant, who: Asker, msg: DirectMsg) {
+        self.generation += 1;
+        let from = who.from;
+        let phase = self.links.get(&from).map(|l| l.phase);
+        match msg {
+            DirectMsg::Request { version, epoch, .. } => {
+                self.stats.requests_received += 1;
+                let deny = if who.stopping {
+                    Some(DenyReason::Stopping)
+                } else if self.cfg.setting == RouteSetting::Tree {
+                    Some(DenyReason::Policy)
+                } else if version != DIRECT_VERSION {
+                    Some(DenyReason::Version)
+                } else if who.neighbour {
+                    Some(DenyReason::Neighbour)
+                } else if epoch != who.my_epoch {
+                    Some(DenyReason::Epoch)
+                } else if phase == Some(Phase::ConnWait) && from > self.me {
+                    // Both asked: the lower rank's request wins, and this is the lower rank.
+                    Some(DenyReason::Crossed)
+                } else if phase.is_none() && self.links.len() >= self.cfg.links_max {
+                    Some(DenyReason::Full)
+                } else {
+                    None
+                };
+                match deny {
+                    Some(r) => {
+                        if r != DenyReason::Crossed {
+                            self.stats.denials_sent += 1;
+                        }
+                        log::debug!(
+                            "rank {}: denied rank {from} a direct link ({})",
+                            self.me,
+                            r.name()
+                        );
+                        self.control.push_back((from, DirectMsg::Deny(r)));
+                    }
+                    None => {
+                        // A new grant, or one again for a requester that lost its state (its
+                        // link was lost, or its request crossed ours and won).
+                        self.stats.grants += 1;
+                        self.links.insert(
+                            from,
+                            Link {
+                                phase: Phase::GrantWait,
+                                since: now,
+                            },
+                        );
+                        log::debug!("rank {}: granted rank {from} a direct link", self.me);
+                        self.control.push_back((from, DirectMsg::Grant));
+                    }
+                }
+            }
+            DirectMsg::Grant => match phase {
+                Some(Phase::ConnWait) => {
+                    self.links.insert(
+                        from,
+                        Link {
+                            phase: Phase::Open,
+                            since: now,
+                        },
+                    );
+                    self.stats.links_opened += 1;
+                    self.control.push_back((from, DirectMsg::Switch));
+                }
+                // Nobody waits for it here any more (timed out): the grantor forgets it.
+                _ => self.control.push_back((from, DirectMsg::Withdraw)),
+            },
+            DirectMsg::Deny(r) => {
+                if phase == Some(Phase::ConnWait) && r != DenyReason::Crossed {
+                    self.links.remove(&from);
+                    self.denied(now, from, r);
+                }
+            }
+            DirectMsg::Switch => {
+                if let Some(l) = self.links.get_mut(&from)
+                    && l.phase == Phase::GrantWait
+                {
+                    l.phase = Phase::Open;
+                    l.since = now;
+                    self.stats.links_opened += 1;
+                }
+            }
+            DirectMsg::Withdraw => {
+                if phase == Some(Phase::GrantWait) {
+                    self.links.remove(&from);
+                    self.stats.fallbacks += 1;
+                }
+            }
+        }
+    }
+
+    /// Records a denial for `peer` (counted by reason, cached for `denial_ttl`).
+    fn denied(&mut self, now: Instant, peer: Rank, r: DenyReason) {
+        self.stats.count_denial(r);
+        log::debug!(
+            "rank {}: rank {peer} denied a direct link ({})",
+            self.me,
+            r.name()
+        );
+        if self.denials.len() >= crate::limits::DIRECT_DENIALS_MAX
+            && !self.denials.contains_key(&peer)
+            && let Some(oldest) = self
+                .denials
+                .iter()
+                .min_by_key(|(r, (_, until))| (*until, **r))
+                .map(|(r, _)| *r)
+        {
+            self.denials.remove(&oldest);
+        }
+        self.denials.insert(peer, (r, now + self.cfg.denial_ttl));
+    }
+
+    /// Waits past `direct_request_ms` end: a request unanswered is denied (`Timeout`); a grant
+    /// whose requester never switched is forgotten.
+    /// Returns the peers whose messages took a link and now take the tree.
+    pub fn handle_timeout(&mut self, now: Instant) -> Vec<Rank> {
+        self.generation += 1;
+        let limit = self.cfg.request_timeout;
+        let mut expired: Vec<(Rank, Phase)> = self
+            .links
+            .iter()
+            .filter(|(_, l)| {
+                l.phase != Phase::Open && now.saturating_duration_since(l.since) >= limit
+            })
+            .map(|(r, l)| (*r, l.phase))
+            .collect();
+        expired.sort_unstable_by_key(|(r, _)| *r);
+        let mut fell_back = Vec::new();
+        for (peer, phase) in expired {
+            self.links.remove(&peer);
+            if phase == Phase::ConnWait {
+                self.denied(now, peer, DenyReason::Timeout);
+                self.control.push_back((peer, DirectMsg::Withdraw));
+            } else {
+                self.stats.fallbacks += 1;
+                fell_back.push(peer);
+            }
+        }
+        fell_back
+    }
+
+    /// When [`DirectLinks::handle_timeout`] is next due.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.links
+            .values()
+            .filter(|l| l.phase != Phase::Open)
+            .map(|l| l.since + self.cfg.request_timeout)
+            .min()
+    }
+
+    /// The next control message to send over the tree, with its destination.
+    pub fn poll_control(&mut self) -> Option<(Rank, DirectMsg)> {
+        self.control.pop_front()
+    }
+
+    /// Whether this daemon's messages to `dst` take a direct link.
+    pub fn is_direct(&self, dst: Rank) -> bool {
+        self.links
+            .get(&dst)
+            .is_some_and(|l| l.phase != Phase::ConnWait)
+    }
+
+    /// Whether the connection with `peer` may be read: not while a drain marker from it is
+    /// awaited (its direct messages must wait for its tree messages before the switch).
+    pub fn may_read(&self, peer: Rank) -> bool {
+        !self
+            .links
+            .get(&peer)
+            .is_some_and(|l| l.phase != Phase::Open)
+    }
+
+    /// Daemons with a link in any state (ascending).
+    pub fn peers(&self) -> Vec<Rank> {
+        let mut v: Vec<Rank> = self.links.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// `peer` failed: its link (in any state) is gone; a request to it ends denied.
+    pub fn handle_peer_failed(&mut self, now: Instant, peer: Rank) {
+        self.generation += 1;
+        self.traffic.remove(&peer);
+        self.denials.remove(&peer);
+        if let Some(l) = self.links.remove(&peer)
+            && l.phase == Phase::ConnWait
+        {
+            self.stats.count_denial(DenyReason::PeerDead);
+        }
+        let _ = now;
+    }
+
+    /// `peer` became a tree neighbour (a repair): the tree links the two directly now, over
+    /// the one connection two daemons keep, so the direct link's state is dropped.
+    pub fn handle_became_neighbour(&mut self, peer: Rank) {
+        self.generation += 1;
+        self.links.remove(&peer);
+        self.traffic.remove(&peer);
+    }
+
+    /// The connection with `peer` was lost: whether a direct link used it (then this daemon's
+    /// messages to `peer` take the tree from now on, and what was queued for it must too). A
+    /// request still waiting stays: its answer comes over the tree.
+    pub fn handle_link_lost(&mut self, peer: Rank) -> bool {
+        self.generation += 1;
+        match self.links.get(&peer).map(|l| l.phase) {
+            Some(Phase::GrantWait | Phase::Open) => {
+                self.links.remove(&peer);
+                self.stats.fallbacks += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Checks the table's bounds.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self.links.len() > self.cfg.links_max {
+            return Err(format!(
+                "{} direct links, more than direct_links_max {}",
+                self.links.len(),
+                self.cfg.links_max
+            ));
+        }
+        if self.denials.len() > crate::limits::DIRECT_DENIALS_MAX {
+            return Err(format!("{} denials cached", self.denials.len()));
+        }
+        if self.links.contains_key(&self.me) {
+            return Err("a direct link to itself".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(setting: RouteSetting, links_max: usize) -> DirectConfig {
+        DirectConfig {
+            setting,
+            links_max,
+            auto_messages: 3,
+            auto_bytes: 1000,
+            auto_window: Duration::from_millis(100),
+            denial_ttl: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+
+    fn asker(from: Rank) -> Asker {
+        Asker {
+            from,
+            neighbour: false,
+            my_epoch: 0,
+            stopping: false,
+        }
+    }
+
+    fn me() -> (u64, String) {
+        (0, String::new())
+    }
+
+    /// Carries every control message between `a` and `b` until neither has any.
+    fn exchange(now: Instant, a: &mut DirectLinks, b: &mut DirectLinks) {
+        for _ in 0..16 {
+            let mut moved = false;
+            while let Some((to, m)) = a.poll_control() {
+                assert_eq!(to, b.me);
+                b.handle_message(now, asker(a.me), m);
+                moved = true;
+            }
+            while let Some((to, m)) = b.poll_control() {
+                assert_eq!(to, a.me);
+                a.handle_message(now, asker(b.me), m);
+                moved = true;
+            }
+            if !moved {
+                return;
+            }
+        }
+        panic!("the exchange does not settle");
+    }
+
+    #[test]
+    fn a_grant_opens_both_ends_and_reading_waits_for_the_markers() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(7, cfg(RouteSetting::Direct, 4));
+        let mut b = DirectLinks::new(14, cfg(RouteSetting::Auto, 4));
+        assert_eq!(a.route(t, 14, 8, None, me), Via::Tree);
+        assert!(
+            !a.may_read(14),
+            "ConnWait: the grantor's direct frames wait for its Grant"
+        );
+        let (to, req) = a.poll_control().unwrap();
+        assert_eq!(to, 14);
+        b.handle_message(t, asker(7), req);
+        assert!(
+            b.is_direct(7) && !b.may_read(7),
+            "GrantWait: sends direct, reads wait"
+        );
+        let (_, grant) = b.poll_control().unwrap();
+        assert_eq!(grant, DirectMsg::Grant);
+        a.handle_message(t, asker(14), grant);
+        assert!(a.is_direct(14) && a.may_read(14));
+        assert_eq!(a.route(t, 14, 8, None, me), Via::Direct);
+        let (_, switch) = a.poll_control().unwrap();
+        assert_eq!(switch, DirectMsg::Switch);
+        b.handle_message(t, asker(7), switch);
+        assert!(b.may_read(7));
+        assert_eq!(a.counters().links_open, 1);
+        assert_eq!(b.counters().links_open, 1);
+        assert_eq!(a.counters().requests_sent, 1);
+    }
+
+    #[test]
+    fn a_denial_is_cached_until_it_expires() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
+        let mut b = DirectLinks::new(2, cfg(RouteSetting::Tree, 4));
+        a.route(t, 2, 8, None, me);
+        exchange(t, &mut a, &mut b);
+        assert_eq!(a.counters().denied_policy, 1);
+        assert_eq!(b.counters().denials_sent, 1);
+        a.route(t, 2, 8, None, me);
+        assert_eq!(a.counters().denial_cache_hits, 1);
+        assert!(a.poll_control().is_none());
+        a.route(t + Duration::from_secs(2), 2, 8, None, me);
+        assert_eq!(
+            a.counters().requests_sent,
+            2,
+            "asked again after the denial expired"
+        );
+    }
+
+    #[test]
+    fn crossed_requests_leave_one_grant() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(3, cfg(RouteSetting::Direct, 4));
+        let mut b = DirectLinks::new(9, cfg(RouteSetting::Direct, 4));
+        a.route(t, 9, 8, None, me);
+        b.route(t, 3, 8, None, me);
+        exchange(t, &mut a, &mut b);
+        assert!(a.is_direct(9) && b.is_direct(3) && a.may_read(9) && b.may_read(3));
+        assert_eq!(a.counters().grants + b.counters().grants, 1);
+        assert_eq!(
+            b.counters().grants,
+            1,
+            "the higher rank grants the lower's request"
+        );
+        let denied = |c: DirectCounters| c.denied_other + c.denials_sent;
+        assert_eq!(denied(a.counters()) + denied(b.counters()), 0);
+    }
+
+    #[test]
+    fn no_room_means_no_request_and_a_full_grantor_denies() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 1));
+        a.route(t, 2, 8, None, me);
+        a.route(t, 3, 8, None, me);
+        assert_eq!(a.counters().requests_sent, 1);
+        assert_eq!(a.counters().no_room, 1);
+        a.handle_message(t, asker(4), a_request());
+        assert_eq!(
+            a.control.back().map(|(_, m)| m.clone()),
+            Some(DirectMsg::Deny(DenyReason::Full))
+        );
+        a.check_invariants().unwrap();
+    }
+
+    fn a_request() -> DirectMsg {
+        DirectMsg::Request {
+            version: DIRECT_VERSION,
+            epoch: 0,
+            uri: String::new(),
+        }
+    }
+
+    #[test]
+    fn version_epoch_and_neighbours_are_denied() {
+        let t = Instant::now();
+        let mut b = DirectLinks::new(2, cfg(RouteSetting::Auto, 4));
+        let deny = |b: &mut DirectLinks| b.poll_control().map(|(_, m)| m);
+        b.handle_message(
+            t,
+            asker(1),
+            DirectMsg::Request {
+                version: 9,
+                epoch: 0,
+                uri: String::new(),
+            },
+        );
+        assert_eq!(deny(&mut b), Some(DirectMsg::Deny(DenyReason::Version)));
+        b.handle_message(
+            t,
+            Asker {
+                my_epoch: 3,
+                ..asker(1)
+            },
+            a_request(),
+        );
+        assert_eq!(deny(&mut b), Some(DirectMsg::Deny(DenyReason::Epoch)));
+        b.handle_message(
+            t,
+            Asker {
+                neighbour: true,
+                ..asker(1)
+            },
+            a_request(),
+        );
+        assert_eq!(deny(&mut b), Some(DirectMsg::Deny(DenyReason::Neighbour)));
+        assert!(b.peers().is_empty());
+    }
+
+    #[test]
+    fn an_unanswered_request_times_out_and_a_dead_peer_ends_one() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
+        a.route(t, 2, 8, None, me);
+        a.route(t, 3, 8, None, me);
+        a.handle_peer_failed(t, 3);
+        assert_eq!(a.counters().denied_dead, 1);
+        let due = a.poll_timeout().unwrap();
+        assert_eq!(due, t + Duration::from_secs(5));
+        assert!(a.handle_timeout(due).is_empty());
+        assert_eq!(a.counters().denied_timeout, 1);
+        assert!(a.peers().is_empty() && a.poll_timeout().is_none());
+        // The late grant is withdrawn.
+        a.poll_control();
+        a.poll_control();
+        a.poll_control();
+        a.handle_message(due, asker(2), DirectMsg::Grant);
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Withdraw)));
+        assert!(!a.is_direct(2));
+    }
+
+    #[test]
+    fn auto_asks_past_a_threshold_within_the_window() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Auto, 4));
+        for i in 0..3 {
+            a.route(t + Duration::from_millis(i * 60), 2, 8, None, me);
+        }
+        assert_eq!(a.counters().requests_sent, 0, "the window restarted");
+        for _ in 0..4 {
+            a.route(t + Duration::from_millis(200), 2, 8, None, me);
+        }
+        assert_eq!(a.counters().requests_sent, 1);
+        a.route(t, 3, 2000, None, me);
+        assert_eq!(a.counters().requests_sent, 2, "bytes past the threshold");
+    }
+
+    #[test]
+    fn a_lost_link_falls_back_and_a_new_neighbour_drops_its_state() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
+        let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 4));
+        a.route(t, 2, 8, None, me);
+        exchange(t, &mut a, &mut b);
+        assert!(a.handle_link_lost(2));
+        assert!(!a.is_direct(2));
+        assert_eq!(a.counters().fallbacks, 1);
+        assert!(!a.handle_link_lost(2));
+        b.handle_became_neighbour(1);
+        assert!(!b.is_direct(1) && b.may_read(1));
+    }
+}

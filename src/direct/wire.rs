@@ -1,0 +1,220 @@
+//! The direct-link control messages: plain runtime messages with tag [`TAG_DIRECT`], sent over
+//! the tree (never over the link they negotiate: `Grant` and `Switch` are the drain markers of
+//! the tree route). Layout (big-endian): one kind byte, then the kind's fields.
+//!
+//! | kind | message | fields |
+//! |---|---|---|
+//! | 1 | `Request` | version (u8), the requester's DVM epoch (u64), its contact URI (u16 length, UTF-8) |
+//! | 2 | `Grant` | — |
+//! | 3 | `Deny` | reason (u8, [`DenyReason`]) |
+//! | 4 | `Switch` | — |
+//! | 5 | `Withdraw` | — |
+
+use crate::rml::Tag;
+
+/// The runtime tag of every direct-link control message.
+pub const TAG_DIRECT: Tag = 13;
+
+/// The version of the direct-link negotiation; a request with another one is denied.
+pub const DIRECT_VERSION: u8 = 1;
+
+/// Longest contact URI a request may carry.
+const URI_MAX_BYTES: usize = 1024;
+
+/// Why a request was denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DenyReason {
+    /// The grantor's `route` setting is `tree`.
+    Policy = 1,
+    /// The requester speaks another negotiation version.
+    Version = 2,
+    /// The grantor has no room under its `direct_links_max`.
+    Full = 3,
+    /// The two daemons disagree on the DVM epoch (a repair is under way): ask again later.
+    Epoch = 4,
+    /// The two are tree neighbours: the tree already links them directly.
+    Neighbour = 5,
+    /// Both asked at once and the other's request won: not a refusal (never cached).
+    Crossed = 6,
+    /// The grantor is stopping.
+    Stopping = 7,
+    /// Only at the requester: the peer died or is known dead.
+    PeerDead = 8,
+    /// Only at the requester: no answer within `direct_request_ms`.
+    Timeout = 9,
+}
+
+impl DenyReason {
+    fn from_wire(v: u8) -> Option<DenyReason> {
+        use DenyReason::*;
+        [
+            Policy, Version, Full, Epoch, Neighbour, Crossed, Stopping, PeerDead, Timeout,
+        ]
+        .into_iter()
+        .find(|r| *r as u8 == v)
+    }
+
+    /// A short name (counters, logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            DenyReason::Policy => "policy",
+            DenyReason::Version => "version",
+            DenyReason::Full => "full",
+            DenyReason::Epoch => "epoch",
+            DenyReason::Neighbour => "neighbour",
+            DenyReason::Crossed => "crossed",
+            DenyReason::Stopping => "stopping",
+            DenyReason::PeerDead => "peer dead",
+            DenyReason::Timeout => "timeout",
+        }
+    }
+}
+
+/// One control message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirectMsg {
+    /// Asks the destination for a direct link.
+    Request {
+        version: u8,
+        epoch: u64,
+        /// The requester's contact URI, as text ("" if it has none to give).
+        uri: String,
+    },
+    /// The request is granted; the grantor's messages now take the link (a drain marker).
+    Grant,
+    /// The request is denied.
+    Deny(DenyReason),
+    /// The requester's answer to a grant: its messages now take the link (a drain marker).
+    Switch,
+    /// The requester no longer waits (its request timed out): the grantor forgets its grant.
+    Withdraw,
+}
+
+impl DirectMsg {
+    /// The payload.
+    pub fn encode(&self) -> bytes::Bytes {
+        let mut b = Vec::with_capacity(16);
+        match self {
+            DirectMsg::Request {
+                version,
+                epoch,
+                uri,
+            } => {
+                b.push(1);
+                b.push(*version);
+                b.extend_from_slice(&epoch.to_be_bytes());
+                let uri = uri.as_bytes();
+                let n = uri.len().min(URI_MAX_BYTES);
+                b.extend_from_slice(&(n as u16).to_be_bytes());
+                b.extend_from_slice(uri.get(..n).unwrap_or_default());
+            }
+            DirectMsg::Grant => b.push(2),
+            DirectMsg::Deny(r) => {
+                b.push(3);
+                b.push(*r as u8);
+            }
+            DirectMsg::Switch => b.push(4),
+            DirectMsg::Withdraw => b.push(5),
+        }
+        b.into()
+    }
+
+    /// Decodes a payload; the error says what is wrong with it.
+    pub fn decode(p: &[u8]) -> Result<DirectMsg, String> {
+        let (&kind, rest) = p.split_first().ok_or("empty direct-link message")?;
+        let exact = |n: usize| {
+            if rest.len() == n {
+                Ok(())
+            } else {
+                Err(format!(
+                    "direct-link message kind {kind}: {} bytes, expected {n}",
+                    rest.len()
+                ))
+            }
+        };
+        match kind {
+            1 => {
+                let (&version, rest) = rest.split_first().ok_or("request without a version")?;
+                let (epoch, rest) = rest
+                    .split_first_chunk::<8>()
+                    .ok_or("request without an epoch")?;
+                let (len, rest) = rest
+                    .split_first_chunk::<2>()
+                    .ok_or("request without a URI length")?;
+                let len = u16::from_be_bytes(*len) as usize;
+                if len > URI_MAX_BYTES || rest.len() != len {
+                    return Err(format!(
+                        "request URI of {len} bytes in {} bytes",
+                        rest.len()
+                    ));
+                }
+                let uri = std::str::from_utf8(rest)
+                    .map_err(|_| "request URI is not UTF-8")?
+                    .to_string();
+                Ok(DirectMsg::Request {
+                    version,
+                    epoch: u64::from_be_bytes(*epoch),
+                    uri,
+                })
+            }
+            2 => exact(0).map(|_| DirectMsg::Grant),
+            3 => {
+                exact(1)?;
+                let r = rest.first().copied().unwrap_or(0);
+                DenyReason::from_wire(r)
+                    .map(DirectMsg::Deny)
+                    .ok_or_else(|| format!("unknown denial reason {r}"))
+            }
+            4 => exact(0).map(|_| DirectMsg::Switch),
+            5 => exact(0).map(|_| DirectMsg::Withdraw),
+            k => Err(format!("unknown direct-link message kind {k}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_round_trips() {
+        let all = [
+            DirectMsg::Request {
+                version: DIRECT_VERSION,
+                epoch: 7,
+                uri: "tbon.3;tcp://127.0.0.1:4000".into(),
+            },
+            DirectMsg::Request {
+                version: 9,
+                epoch: 0,
+                uri: String::new(),
+            },
+            DirectMsg::Grant,
+            DirectMsg::Deny(DenyReason::Full),
+            DirectMsg::Deny(DenyReason::Crossed),
+            DirectMsg::Switch,
+            DirectMsg::Withdraw,
+        ];
+        for m in all {
+            assert_eq!(DirectMsg::decode(&m.encode()), Ok(m));
+        }
+    }
+
+    #[test]
+    fn malformed_messages_are_errors() {
+        for bad in [
+            &[][..],
+            &[0],
+            &[2, 0],
+            &[3],
+            &[3, 0],
+            &[3, 200],
+            &[1, 1, 0, 0],
+            &[1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, b'a'],
+            &[1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff],
+            &[99],
+        ] {
+            assert!(DirectMsg::decode(bad).is_err(), "{bad:?}");
+        }
+    }
+}

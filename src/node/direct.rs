@@ -1,0 +1,121 @@
+//! The node's side of direct links: the route of each user message, the control messages over
+//! the tree, and what repairs and lost connections mean for the links. The protocol's rules
+//! are in `src/direct/`; this file feeds that table and turns its answers into frames.
+
+use super::{Node, Output};
+use crate::Rank;
+use crate::direct::Asker;
+use crate::direct::{DirectMsg, Route, TAG_DIRECT, Via};
+use crate::oob::header::Kind;
+use crate::rml::Message;
+use bytes::Bytes;
+use std::time::Instant;
+
+impl Node {
+    /// Sends a user message originated here for `dst` (another daemon) by the route the
+    /// direct-link table chooses; the table may ask `dst` for a link on the way.
+    pub(super) fn send_routed(
+        &mut self,
+        now: Instant,
+        dst: Rank,
+        tag: crate::rml::Tag,
+        payload: Bytes,
+        token: Option<u64>,
+        route: Option<Route>,
+    ) {
+        let via = if self.is_neighbour(dst) || self.routing.is_failed(dst) {
+            Via::Tree
+        } else {
+            let (epoch, uri) = (self.epoch, &self.uri);
+            self.direct.route(now, dst, payload.len(), route, || {
+                (
+                    epoch,
+                    uri.as_ref().map(|u| u.to_string()).unwrap_or_default(),
+                )
+            })
+        };
+        let header = self.header(Kind::Msg, self.me, dst, tag, payload.len());
+        match via {
+            Via::Direct => self.transmit(dst, header, payload, token),
+            Via::Tree => self.forward(header, payload.into(), token),
+        }
+        self.send_direct_control();
+    }
+
+    /// The table's control messages go out over the tree (plain runtime messages: `Grant`
+    /// and `Switch` are the tree route's drain markers, so they must take it).
+    pub(super) fn send_direct_control(&mut self) {
+        while let Some((to, m)) = self.direct.poll_control() {
+            if self.routing.is_failed(to) {
+                continue;
+            }
+            let header = self.header(Kind::Msg, self.me, to, TAG_DIRECT, 0);
+            let payload = m.encode();
+            let mut header = header;
+            header.len = payload.len() as u32;
+            self.forward(header, payload.into(), None);
+        }
+    }
+
+    /// A direct-link control message arrived over the tree.
+    pub(super) fn on_direct_message(&mut self, now: Instant, msg: Message) {
+        let m = match DirectMsg::decode(&msg.payload) {
+            Ok(m) => m,
+            Err(e) => {
+                log::warn!(
+                    "rank {}: malformed direct-link message from rank {} dropped: {e}",
+                    self.me,
+                    msg.origin
+                );
+                return;
+            }
+        };
+        if let DirectMsg::Request { uri, .. } = &m
+            && !uri.is_empty()
+            && self.contact(msg.origin).is_none()
+            && let Ok(u) = uri.parse()
+            && let Some(slot) = self.contacts.get_mut(msg.origin as usize)
+        {
+            // A daemon whose contact this one lacks (none from wire-up) can be dialled.
+            *slot = Some(u);
+        }
+        let was_direct = self.direct.is_direct(msg.origin);
+        let who = Asker {
+            from: msg.origin,
+            neighbour: self.is_neighbour(msg.origin),
+            my_epoch: self.epoch,
+            stopping: self.stopping.is_some(),
+        };
+        self.direct.handle_message(now, who, m);
+        if was_direct && !self.direct.is_direct(msg.origin) {
+            // A withdrawn grant: what was queued for the link takes the tree.
+            self.out.push_back(Output::Fallback { peer: msg.origin });
+        }
+        self.send_direct_control();
+    }
+
+    /// After a repair: the dead's links end (a request to one ends denied), and a daemon that
+    /// became a tree neighbour is reached over the tree (the same connection).
+    pub(super) fn direct_after_repair(&mut self, now: Instant, dead: &[Rank]) {
+        for r in dead {
+            self.direct.handle_peer_failed(now, *r);
+        }
+        for peer in self.direct.peers() {
+            if self.is_neighbour(peer) {
+                self.direct.handle_became_neighbour(peer);
+            }
+        }
+    }
+
+    /// The connection with `peer` was lost: if a direct link used it, this daemon's messages
+    /// to `peer` take the tree from now on, and what was queued for it goes the same way.
+    pub(super) fn direct_link_lost(&mut self, peer: Rank) {
+        if self.direct.handle_link_lost(peer) {
+            log::info!(
+                "rank {}: direct link to rank {peer} lost; its messages take the tree",
+                self.me
+            );
+            self.out.push_back(Output::Fallback { peer });
+        }
+    }
+}
