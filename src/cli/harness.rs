@@ -92,6 +92,9 @@ pub struct HarnessArgs {
     /// flight through the dying daemon).
     #[arg(long, default_value_t = 2000)]
     pub loss_grace_ms: u64,
+    /// Every daemon's `route` setting (direct links beside the tree): tree, direct or auto.
+    #[arg(long, default_value_t = tbon::RouteSetting::Tree)]
+    pub route: tbon::RouteSetting,
     /// Give up (and fail) if the run has not finished after this many seconds.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
@@ -288,7 +291,10 @@ pub struct Seen {
     pub progress: BTreeMap<u32, (u64, u64, bool)>,
     /// rank -> its flow-control counters from its latest progress line: congestion episodes,
     /// sends refused `Busy` by flow control, relayed frames dropped at a full queue.
-    pub flow: BTreeMap<u32, [u64; 3]>,
+    /// Per rank, from its latest progress line: flow control (congestions, sends refused,
+    /// frames dropped), then direct links (requests, grants, denials, links opened,
+    /// fallbacks, messages on links).
+    pub flow: BTreeMap<u32, [u64; 9]>,
     /// (rank, scope is global, newly failed, epoch, mono_ns) of every fault line.
     pub faults: Vec<(u32, bool, Vec<u32>, u64, u64)>,
 }
@@ -322,6 +328,12 @@ impl Seen {
                         n("flow_congested"),
                         n("sends_busy_flow"),
                         n("dropped_queue_full"),
+                        n("direct_requests_sent"),
+                        n("direct_grants"),
+                        n("direct_denied"),
+                        n("direct_links_opened"),
+                        n("direct_fallbacks"),
+                        n("direct_messages"),
                     ],
                 );
             }
@@ -434,6 +446,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             .arg(&key_file)
             .args(["--rank", &rank.to_string(), "--size", &n.to_string()])
             .args(["--radix", &args.radix.to_string()])
+            .args(["--route", &args.route.to_string()])
             .args(["--if-include", subnet, "--print-faults"])
             .arg("--workload-out")
             .arg(result_file(rank))

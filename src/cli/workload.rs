@@ -377,6 +377,14 @@ impl Workload {
                 "flow_congested": c.flow_congested,
                 "sends_busy_flow": c.sends_busy_flow,
                 "dropped_queue_full": c.dropped_queue_full,
+                "direct_requests_sent": c.direct.requests_sent,
+                "direct_grants": c.direct.grants,
+                "direct_denied": c.direct.denied_policy + c.direct.denied_version
+                    + c.direct.denied_full + c.direct.denied_other + c.direct.denied_dead
+                    + c.direct.denied_timeout,
+                "direct_links_opened": c.direct.links_opened,
+                "direct_fallbacks": c.direct.fallbacks,
+                "direct_messages": c.direct.direct_messages,
             })),
         }})
         .to_string()

@@ -81,6 +81,14 @@ struct Counts {
     flow_congested: u64,
     sends_busy_flow: u64,
     dropped_queue_full: u64,
+    /// Direct links, summed likewise: requests, grants, denials, links opened, fallbacks to
+    /// the tree, messages that took a link.
+    direct_requests: u64,
+    direct_grants: u64,
+    direct_denied: u64,
+    direct_links_opened: u64,
+    direct_fallbacks: u64,
+    direct_messages: u64,
     to_faulted: u64,
     from_faulted_delivered: u64,
 }
@@ -230,6 +238,12 @@ pub fn analyse(inp: Input<'_>) -> Report {
         c.flow_congested += f[0];
         c.sends_busy_flow += f[1];
         c.dropped_queue_full += f[2];
+        c.direct_requests += f[3];
+        c.direct_grants += f[4];
+        c.direct_denied += f[5];
+        c.direct_links_opened += f[6];
+        c.direct_fallbacks += f[7];
+        c.direct_messages += f[8];
     }
     c.expected = expected.len() as u64;
     let mut got: HashMap<(u32, u32, u32, u64), u32> = HashMap::new();
@@ -557,6 +571,20 @@ pub fn analyse(inp: Input<'_>) -> Report {
             format!(
                 "{} congestions, {} sends refused, {} relayed frames dropped at a full queue",
                 c.flow_congested, c.sends_busy_flow, c.dropped_queue_full
+            ),
+        );
+        row(
+            &mut t,
+            "direct links",
+            format!(
+                "{} requests, {} grants, {} denials, {} opened, {} fell back to the tree, {} \
+                 messages on links",
+                c.direct_requests,
+                c.direct_grants,
+                c.direct_denied,
+                c.direct_links_opened,
+                c.direct_fallbacks,
+                c.direct_messages
             ),
         );
     }
