@@ -75,6 +75,13 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// The link is open both ways: the grantor has the requester's `Switch`, the last control
+/// message between the two that the tree relays (so `relayed` stays still from here on).
+fn open_at_both_ends(a: &Daemon, b: &Daemon) -> bool {
+    let (ca, cb) = (a.counters().unwrap().direct, b.counters().unwrap().direct);
+    ca.links_opened == 1 && cb.links_opened == 1 && ca.links_open == 1 && cb.links_open == 1
+}
+
 fn relayed(dvm: &[Daemon]) -> u64 {
     dvm.iter().map(|d| d.counters().unwrap().relayed).sum()
 }
@@ -96,9 +103,7 @@ fn a_burst_through_the_switch_arrives_in_order_and_then_skips_the_relays() {
     send_range(a, B, n..n + 1000, 64, None);
     n += 1000;
     expect_in_order(&at_b, 0..n);
-    wait_until("the link to open at both ends", || {
-        a.counters().unwrap().direct.links_open == 1 && b.counters().unwrap().direct.links_open == 1
-    });
+    wait_until("the link to open at both ends", || open_at_both_ends(a, b));
     let ca = a.counters().unwrap().direct;
     assert_eq!(ca.requests_sent, 1, "one request, not one per message");
     assert!(ca.tree_messages > 0 && ca.direct_messages > 0, "{ca:?}");
@@ -150,9 +155,7 @@ fn crossed_requests_end_with_one_link_used_both_ways() {
     });
     expect_in_order(&at_b, 0..2000);
     expect_in_order(&at_a, 0..2000);
-    wait_until("one link at both ends", || {
-        a.counters().unwrap().direct.links_open == 1 && b.counters().unwrap().direct.links_open == 1
-    });
+    wait_until("one link at both ends", || open_at_both_ends(a, b));
     let (ca, cb) = (a.counters().unwrap().direct, b.counters().unwrap().direct);
     assert_eq!(ca.grants + cb.grants, 1, "{ca:?} {cb:?}");
     let before = relayed(&dvm);
@@ -179,7 +182,8 @@ fn a_per_send_route_asks_where_the_setting_would_not() {
     assert_eq!(a.counters().unwrap().direct.requests_sent, 0);
     send_range(a, B, 5..10, 8, Some(Route::Direct));
     expect_in_order(&at_b, 5..10);
-    wait_until("the link", || a.counters().unwrap().direct.links_open == 1);
+    let b = &dvm[B as usize];
+    wait_until("the link", || open_at_both_ends(a, b));
     // A `Tree` send still takes the open link: it must not overtake the ones before it.
     let before = relayed(&dvm);
     send_range(a, B, 10..20, 8, Some(Route::Tree));

@@ -143,16 +143,15 @@ impl DirectLinks {
         route: Option<Route>,
         requester: impl FnOnce() -> (u64, String),
     ) -> Via {
-        if let Some(l) = self.links.get(&dst)
-            && l.phase != Phase::ConnWait
-        {
+        let phase = self.links.get(&dst).map(|l| l.phase);
+        if phase.is_some_and(|p| p != Phase::ConnWait) {
             self.stats.direct_messages += 1;
             self.stats.direct_bytes += len as u64;
             return Via::Direct;
         }
         self.stats.tree_messages += 1;
         self.stats.tree_bytes += len as u64;
-        if self.links.contains_key(&dst) {
+        if phase.is_some() {
             return Via::Tree;
         }
         let ask = match route {
@@ -391,10 +390,12 @@ impl DirectLinks {
     /// Whether the connection with `peer` may be read: not while a drain marker from it is
     /// awaited (its direct messages must wait for its tree messages before the switch).
     pub fn may_read(&self, peer: Rank) -> bool {
-        !self
-            .links
-            .get(&peer)
-            .is_some_and(|l| l.phase != Phase::Open)
+        // Every read of every connection asks: the common answer needs no lookup.
+        self.links.is_empty()
+            || !self
+                .links
+                .get(&peer)
+                .is_some_and(|l| l.phase != Phase::Open)
     }
 
     /// Daemons with a link in any state (ascending).
@@ -405,7 +406,7 @@ impl DirectLinks {
     }
 
     /// `peer` failed: its link (in any state) is gone; a request to it ends denied.
-    pub fn handle_peer_failed(&mut self, now: Instant, peer: Rank) {
+    pub fn handle_peer_failed(&mut self, peer: Rank) {
         self.generation += 1;
         self.traffic.remove(&peer);
         self.denials.remove(&peer);
@@ -414,7 +415,6 @@ impl DirectLinks {
         {
             self.stats.count_denial(DenyReason::PeerDead);
         }
-        let _ = now;
     }
 
     /// `peer` became a tree neighbour (a repair): the tree links the two directly now, over
@@ -645,7 +645,7 @@ mod tests {
         let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
         a.route(t, 2, 8, None, me);
         a.route(t, 3, 8, None, me);
-        a.handle_peer_failed(t, 3);
+        a.handle_peer_failed(3);
         assert_eq!(a.counters().denied_dead, 1);
         let due = a.poll_timeout().unwrap();
         assert_eq!(due, t + Duration::from_secs(5));

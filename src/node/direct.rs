@@ -49,10 +49,8 @@ impl Node {
             if self.routing.is_failed(to) {
                 continue;
             }
-            let header = self.header(Kind::Msg, self.me, to, TAG_DIRECT, 0);
             let payload = m.encode();
-            let mut header = header;
-            header.len = payload.len() as u32;
+            let header = self.header(Kind::Msg, self.me, to, TAG_DIRECT, payload.len());
             self.forward(header, payload.into(), None);
         }
     }
@@ -96,9 +94,9 @@ impl Node {
 
     /// After a repair: the dead's links end (a request to one ends denied), and a daemon that
     /// became a tree neighbour is reached over the tree (the same connection).
-    pub(super) fn direct_after_repair(&mut self, now: Instant, dead: &[Rank]) {
+    pub(super) fn direct_after_repair(&mut self, dead: &[Rank]) {
         for r in dead {
-            self.direct.handle_peer_failed(now, *r);
+            self.direct.handle_peer_failed(*r);
         }
         for peer in self.direct.peers() {
             if self.is_neighbour(peer) {
