@@ -87,7 +87,7 @@ impl Node {
         self.direct.handle_message(now, who, m);
         if was_direct && !self.direct.is_direct(msg.origin) {
             // A withdrawn grant: what was queued for the link takes the tree.
-            self.out.push_back(Output::Fallback { peer: msg.origin });
+            self.fall_back(now, msg.origin);
         }
         self.send_direct_control();
     }
@@ -107,13 +107,22 @@ impl Node {
 
     /// The connection with `peer` was lost: if a direct link used it, this daemon's messages
     /// to `peer` take the tree from now on, and what was queued for it goes the same way.
-    pub(super) fn direct_link_lost(&mut self, peer: Rank) {
+    pub(super) fn direct_link_lost(&mut self, now: Instant, peer: Rank) {
         if self.direct.handle_link_lost(peer) {
             log::info!(
                 "rank {}: direct link to rank {peer} lost; its messages take the tree",
                 self.me
             );
-            self.out.push_back(Output::Fallback { peer });
+            self.fall_back(now, peer);
         }
+    }
+
+    /// This daemon's messages to `peer` took a direct link and take the tree from now on: the
+    /// driver gives the tree what was queued for the link, and RELM resends at once what
+    /// the link may have lost.
+    pub(super) fn fall_back(&mut self, now: Instant, peer: Rank) {
+        self.out.push_back(Output::Fallback { peer });
+        let paths = super::reliable::Paths::new(&self.routing, &self.direct);
+        self.relm.handle_direct_lost(now, &paths, peer);
     }
 }

@@ -114,7 +114,8 @@ impl Node {
         self.out.push_back(Output::PeersFailed { dead, adopted });
         self.watch_neighbours(now);
         self.grpcomm_repair(&status);
-        self.relm.handle_repair(now, &self.routing, &status);
+        let paths = super::reliable::Paths::new(&self.routing, &self.direct);
+        self.relm.handle_repair(now, &paths, &status);
         self.out.push_back(Output::Repaired(Box::new(status)));
     }
 
@@ -150,9 +151,10 @@ impl Node {
         let ranks: Vec<Rank> = self.unreported.iter().copied().collect();
         let payload = notice::encode_ranks(&ranks);
         let token = self.next_runtime_token();
+        let paths = super::reliable::Paths::new(&self.routing, &self.direct);
         match self.relm.send_runtime(
             now,
-            &self.routing,
+            &paths,
             0,
             crate::faults::notice::TAG_FAULT_REPORT,
             payload,

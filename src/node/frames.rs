@@ -147,7 +147,8 @@ impl Node {
             return;
         }
         if self.is_neighbour(peer) {
-            self.relm.handle_link_up(now, &self.routing, peer);
+            let paths = super::reliable::Paths::new(&self.routing, &self.direct);
+            self.relm.handle_link_up(now, &paths, peer);
             self.handle_link_restate(now, peer);
         }
     }
@@ -166,7 +167,7 @@ impl Node {
     pub fn handle_link_lost(&mut self, now: Instant, peer: Rank) -> bool {
         self.flow.forget(peer);
         if !self.is_neighbour(peer) {
-            self.direct_link_lost(peer);
+            self.direct_link_lost(now, peer);
         }
         if self.stopping.is_none() {
             self.pump(now);

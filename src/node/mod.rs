@@ -389,11 +389,12 @@ impl Node {
             self.heartbeat_tick(now, links);
         }
         if self.relm.poll_timeout().is_some_and(|at| at <= now) {
-            self.relm.handle_timeout(now, &self.routing);
+            let paths = reliable::Paths::new(&self.routing, &self.direct);
+            self.relm.handle_timeout(now, &paths);
         }
         if self.direct.poll_timeout().is_some_and(|at| at <= now) {
             for peer in self.direct.handle_timeout(now) {
-                self.out.push_back(Output::Fallback { peer });
+                self.fall_back(now, peer);
             }
             self.send_direct_control();
         }

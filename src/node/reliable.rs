@@ -40,6 +40,47 @@ pub const RELIABLE_RUNTIME_TAGS: [Tag; 3] = [
     TAG_XCAST_DONE,
 ];
 
+/// RELM's view of this daemon's paths: the repaired tree, and the direct links its own
+/// messages take ([`crate::relm::Topology::direct`]).
+pub(super) struct Paths<'a> {
+    pub routing: &'a crate::routed::RoutingState,
+    pub direct: &'a crate::direct::DirectLinks,
+}
+
+impl<'a> Paths<'a> {
+    /// Takes the two fields rather than the node, so that RELM can be borrowed beside it.
+    pub fn new(
+        routing: &'a crate::routed::RoutingState,
+        direct: &'a crate::direct::DirectLinks,
+    ) -> Paths<'a> {
+        Paths { routing, direct }
+    }
+}
+
+impl crate::relm::Topology for Paths<'_> {
+    fn me(&self) -> Rank {
+        self.routing.me()
+    }
+    fn next_hop(&self, target: Rank) -> Option<Rank> {
+        crate::relm::Topology::next_hop(self.routing, target)
+    }
+    fn is_failed(&self, r: Rank) -> bool {
+        self.routing.is_failed(r)
+    }
+    fn depth(&self) -> u32 {
+        self.routing.depth()
+    }
+    fn parent(&self) -> Option<Rank> {
+        self.routing.parent()
+    }
+    fn children(&self) -> &[Rank] {
+        self.routing.children()
+    }
+    fn direct(&self, target: Rank) -> bool {
+        self.direct.is_direct(target)
+    }
+}
+
 impl Node {
     pub(super) fn next_runtime_token(&mut self) -> u64 {
         let t = self.relm_next_token | RUNTIME_TOKEN_MIN;
@@ -66,8 +107,21 @@ impl Node {
             self.send(dst, tag, payload, token);
             return Ok(());
         }
+        // The route setting and the auto policy count reliable messages too; RELM takes a
+        // link once one is open (its chains keep order and exactly-once across the switch).
+        if !self.is_neighbour(dst) && !self.routing.is_failed(dst) {
+            let (epoch, uri) = (self.epoch, &self.uri);
+            self.direct.route(now, dst, payload.len(), None, || {
+                (
+                    epoch,
+                    uri.as_ref().map(|u| u.to_string()).unwrap_or_default(),
+                )
+            });
+            self.send_direct_control();
+        }
         let rt = self.next_user_token();
-        self.relm.send(now, &self.routing, dst, tag, payload, rt)?;
+        let paths = Paths::new(&self.routing, &self.direct);
+        self.relm.send(now, &paths, dst, tag, payload, rt)?;
         if let Some(token) = token {
             self.relm_users.insert(rt, token);
         }
@@ -99,8 +153,8 @@ impl Node {
             prev,
             payload,
         };
-        self.relm_input(now, |relm, routing, post| {
-            relm.handle_data(now, routing, from, d, post)
+        self.relm_input(now, |relm, paths, post| {
+            relm.handle_data(now, paths, from, d, post)
         })
         .map_err(|e| format!("reliable message: {e}"))
     }
@@ -122,8 +176,8 @@ impl Node {
                 h.origin, h.dst
             ));
         }
-        self.relm_input(now, |relm, routing, post| {
-            relm.handle_control(now, routing, from, &payload, post)
+        self.relm_input(now, |relm, paths, post| {
+            relm.handle_control(now, paths, from, &payload, post)
         })
         .map_err(|e| format!("RELM control: {e}"))
     }
@@ -135,7 +189,7 @@ impl Node {
         now: Instant,
         input: impl FnOnce(
             &mut crate::relm::Relm,
-            &crate::routed::RoutingState,
+            &dyn crate::relm::Topology,
             &mut crate::relm::Post<'_>,
         ) -> Result<(), crate::relm::ControlError>,
     ) -> Result<(), crate::relm::ControlError> {
@@ -157,7 +211,8 @@ impl Node {
             };
             post_to(matcher, &mut ready, &mut runtime, &mut hold_room, m)
         };
-        let res = input(&mut self.relm, &self.routing, &mut post);
+        let paths = Paths::new(&self.routing, &self.direct);
+        let res = input(&mut self.relm, &paths, &mut post);
         self.posted_by_relm(now, ready, runtime, refused);
         res
     }
@@ -202,10 +257,8 @@ impl Node {
             return;
         }
         let token = self.next_runtime_token();
-        match self
-            .relm
-            .send_runtime(now, &self.routing, to, tag, payload, token)
-        {
+        let paths = Paths::new(&self.routing, &self.direct);
+        match self.relm.send_runtime(now, &paths, to, tag, payload, token) {
             Ok(()) => {}
             Err(SendError::Busy(_)) => {
                 crate::bug!(
@@ -245,6 +298,16 @@ impl Node {
             // Queued in RELM before a repair that failed `to`: RELM replays what matters.
             if to == self.me || to >= self.size || self.routing.is_failed(to) {
                 log::debug!("rank {}: RELM frame for rank {to} dropped", self.me);
+                continue;
+            }
+            // For a daemon that is neither a tree neighbour nor reached by a direct link (the
+            // link fell back since RELM chose it): RELM resent its messages over the tree on
+            // the fallback, and a lost control frame is asked for again or retransmitted.
+            if !self.is_neighbour(to) && !self.direct.is_direct(to) {
+                log::debug!(
+                    "rank {}: RELM frame for rank {to}, no longer linked, dropped",
+                    self.me
+                );
                 continue;
             }
             self.transmit(to, header, payload, None);

@@ -72,6 +72,36 @@ impl Relm {
         self.arm_tick(now);
     }
 
+    /// The direct link with `peer` was lost (`topo` no longer says [`Topology::direct`] for
+    /// it). What went on it unacknowledged may be gone with the connection, so every message
+    /// of this origin to `peer` still unacknowledged goes again at once over the tree rather
+    /// than at its retransmission time, and `peer`'s chain to this daemon is acknowledged
+    /// again over the tree (an ack on the link may be gone too). What had arrived becomes a
+    /// duplicate, which the destination's watermark discards.
+    pub fn handle_direct_lost(&mut self, now: Instant, topo: &dyn Topology, peer: Rank) {
+        if topo.is_failed(peer) {
+            return;
+        }
+        let mut mine: Vec<MsgKey> = self
+            .table
+            .iter()
+            .filter(|(_, r)| r.role == Role::Origin && r.dst == peer && r.data.is_some())
+            .map(|(k, _)| *k)
+            .collect();
+        mine.sort_unstable();
+        for key in mine {
+            self.stats.replays += 1;
+            self.transmit(topo, key, None);
+        }
+        let posted = self.inbound.get(&peer).map(|i| i.posted);
+        if let Some(upto) = posted.filter(|p| *p != uid::NONE)
+            && let Some(up) = topo.route(peer)
+        {
+            self.ack_due(peer, self.me, upto, up);
+        }
+        self.arm_tick(now);
+    }
+
     /// Drops records to or from dead ranks (failing the origin's completions with
     /// `NodeDown`) and hop records whose path no longer crosses this daemon.
     fn purge(&mut self, topo: &dyn Topology) {

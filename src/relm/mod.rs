@@ -83,6 +83,21 @@ pub trait Topology {
     fn parent(&self) -> Option<Rank>;
     /// My children.
     fn children(&self) -> &[Rank];
+    /// Whether this daemon's messages to `target` take a direct link (`src/direct/`) rather
+    /// than the tree. Only an origin's own messages and its requests to an origin follow it:
+    /// hops relay over the tree, and link updates concern tree links only.
+    fn direct(&self, _target: Rank) -> bool {
+        false
+    }
+    /// The neighbour this daemon's own frames for `target` go to: `target` itself over a
+    /// direct link, else the tree's next hop.
+    fn route(&self, target: Rank) -> Option<Rank> {
+        if self.direct(target) {
+            Some(target)
+        } else {
+            self.next_hop(target)
+        }
+    }
 }
 
 impl Topology for RoutingState {

@@ -144,7 +144,12 @@ impl Relm {
         let Some(payload) = r.data.clone() else {
             return;
         };
-        let Some(to) = to.or_else(|| topo.next_hop(r.dst)) else {
+        // The origin's own messages take a direct link when one is open; hops use the tree.
+        let hop = match r.role {
+            Role::Origin => topo.route(r.dst),
+            Role::Hop | Role::Destination => topo.next_hop(r.dst),
+        };
+        let Some(to) = to.or(hop) else {
             return;
         };
         self.transmits.push_back(Transmit::Data {
@@ -185,8 +190,10 @@ impl Relm {
         if topo.is_failed(d.origin) || topo.is_failed(d.dst) || d.origin == self.me {
             return Ok(());
         }
-        // Data is accepted only from the message's current upstream neighbour.
-        if topo.next_hop(d.origin) != Some(from) {
+        // Data is accepted only from the message's current upstream neighbour, or at the
+        // destination from the origin itself (over a direct link: `Topology::direct`).
+        let direct = d.dst == self.me && from == d.origin;
+        if topo.next_hop(d.origin) != Some(from) && !direct {
             self.stats.ignored += 1;
             log::debug!(
                 "rank {}: relm data {}:{} from {from}, not its upstream, ignored",
@@ -396,8 +403,10 @@ impl Relm {
     }
 
     fn on_ack(&mut self, topo: &dyn Topology, from: Rank, origin: Rank, dst: Rank, upto: u32) {
-        // Acks are accepted only from the chain's current downstream neighbour.
-        if topo.next_hop(dst) != Some(from) || topo.is_failed(origin) {
+        // Acks are accepted only from the chain's current downstream neighbour, or at the
+        // origin from the destination itself (over a direct link).
+        let direct = origin == self.me && from == dst;
+        if (topo.next_hop(dst) != Some(from) && !direct) || topo.is_failed(origin) {
             self.stats.ignored += 1;
             return;
         }
@@ -422,8 +431,10 @@ impl Relm {
         key: MsgKey,
         dst: Rank,
     ) {
-        // Requests come back from the message's current downstream neighbour.
-        if topo.next_hop(dst) != Some(from) || topo.is_failed(key.origin) {
+        // Requests come back from the message's current downstream neighbour, or to the
+        // origin from the destination itself (over a direct link).
+        let direct = key.origin == self.me && from == dst;
+        if (topo.next_hop(dst) != Some(from) && !direct) || topo.is_failed(key.origin) {
             self.stats.ignored += 1;
             return;
         }
@@ -528,7 +539,7 @@ impl Relm {
         }
         asks.sort_unstable();
         for (origin, u) in asks {
-            if let Some(up) = topo.next_hop(origin) {
+            if let Some(up) = topo.route(origin) {
                 self.transmits.push_back(Transmit::Control {
                     to: up,
                     control: Control::Request {

@@ -10,10 +10,51 @@ use std::collections::BTreeMap;
 
 struct Node {
     routing: RoutingState,
+    /// Peers this node reaches over a direct link.
+    direct: Vec<Rank>,
     relm: Relm,
     got: Vec<(Rank, Tag, Bytes)>,
     done: Vec<(u64, Result<(), SendError>)>,
     alive: bool,
+}
+
+/// A node's tree plus its direct links, as the daemon's `node::reliable::Paths` has them.
+struct View<'a> {
+    routing: &'a RoutingState,
+    direct: &'a [Rank],
+}
+
+impl Topology for View<'_> {
+    fn me(&self) -> Rank {
+        self.routing.me()
+    }
+    fn next_hop(&self, target: Rank) -> Option<Rank> {
+        Topology::next_hop(self.routing, target)
+    }
+    fn is_failed(&self, r: Rank) -> bool {
+        self.routing.is_failed(r)
+    }
+    fn depth(&self) -> u32 {
+        self.routing.depth()
+    }
+    fn parent(&self) -> Option<Rank> {
+        self.routing.parent()
+    }
+    fn children(&self) -> &[Rank] {
+        self.routing.children()
+    }
+    fn direct(&self, target: Rank) -> bool {
+        self.direct.contains(&target)
+    }
+}
+
+impl Node {
+    fn view(&self) -> View<'_> {
+        View {
+            routing: &self.routing,
+            direct: &self.direct,
+        }
+    }
 }
 
 struct Net {
@@ -29,6 +70,7 @@ impl Net {
         let nodes = (0..size)
             .map(|r| Node {
                 routing: RoutingState::new(radix, size, r).unwrap(),
+                direct: Vec::new(),
                 relm: Relm::new(r, size, RelmConfig::default()),
                 got: Vec::new(),
                 done: Vec::new(),
@@ -45,9 +87,13 @@ impl Net {
 
     fn send(&mut self, from: Rank, dst: Rank, seq: u64) -> Result<(), SendError> {
         let n = &mut self.nodes[from as usize];
+        let view = View {
+            routing: &n.routing,
+            direct: &n.direct,
+        };
         let r = n.relm.send(
             self.now,
-            &n.routing,
+            &view,
             dst,
             100,
             Bytes::from(seq.to_be_bytes().to_vec()),
@@ -97,6 +143,10 @@ impl Net {
     /// Hands one frame from `from` to `to`, then moves `to`'s output onto the links.
     fn deliver(&mut self, from: Rank, to: Rank, t: Transmit) {
         let n = &mut self.nodes[to as usize];
+        let view = View {
+            routing: &n.routing,
+            direct: &n.direct,
+        };
         let got = &mut n.got;
         let mut post = |o: Rank, tag: Tag, p: Bytes| {
             got.push((o, tag, p));
@@ -105,11 +155,11 @@ impl Net {
         match t {
             Transmit::Data { frame, .. } => n
                 .relm
-                .handle_data(self.now, &n.routing, from, frame, &mut post)
+                .handle_data(self.now, &view, from, frame, &mut post)
                 .unwrap(),
             Transmit::Control { control, .. } => n
                 .relm
-                .handle_control(self.now, &n.routing, from, &control.encode(), &mut post)
+                .handle_control(self.now, &view, from, &control.encode(), &mut post)
                 .unwrap(),
         }
         self.pump(to);
@@ -131,7 +181,11 @@ impl Net {
                     for r in 0..self.nodes.len() {
                         if self.nodes[r].alive {
                             let n = &mut self.nodes[r];
-                            n.relm.handle_timeout(self.now, &n.routing);
+                            let view = View {
+                                routing: &n.routing,
+                                direct: &n.direct,
+                            };
+                            n.relm.handle_timeout(self.now, &view);
                             self.pump(r as Rank);
                         }
                     }
@@ -329,4 +383,96 @@ fn a_replay_from_a_requested_record_keeps_the_tag_and_predecessor() {
         Some(Transmit::Data { to, frame }) => assert_eq!((to, frame.tag, frame.prev), (2, 123, 4)),
         other => panic!("expected a replay, got {other:?}"),
     }
+}
+
+/// Opens (or with `false` drops) a direct link between `a` and `b` at both ends; a dropped
+/// link loses what was on it, and both ends fall back as the node does.
+fn set_direct(net: &mut Net, a: Rank, b: Rank, open: bool) {
+    for (x, y) in [(a, b), (b, a)] {
+        let n = &mut net.nodes[x as usize];
+        if open {
+            n.direct.push(y);
+        } else {
+            n.direct.retain(|r| *r != y);
+            net.links.remove(&(x, y));
+        }
+    }
+    if !open {
+        for (x, y) in [(a, b), (b, a)] {
+            let n = &mut net.nodes[x as usize];
+            let view = View {
+                routing: &n.routing,
+                direct: &n.direct,
+            };
+            n.relm.handle_direct_lost(net.now, &view, y);
+            net.pump(x);
+        }
+    }
+}
+
+#[test]
+fn a_direct_link_carries_the_chain_and_a_lost_one_loses_nothing() {
+    // Leaves 7 and 14 are six tree hops apart; with a link, data and acks skip them all.
+    let mut net = Net::new(2, 15);
+    for s in 0..10 {
+        net.send(7, 14, s).unwrap();
+    }
+    set_direct(&mut net, 7, 14, true);
+    for s in 10..20 {
+        net.send(7, 14, s).unwrap();
+    }
+    assert_eq!(net.links.get(&(7, 14)).map(|q| q.len()), Some(10));
+    net.run();
+    assert_eq!(net.seqs(14, 7), (0..20).collect::<Vec<_>>());
+    assert_eq!(net.nodes[7].done.len(), 20);
+    assert!(net.nodes[7].done.iter().all(|(_, r)| r.is_ok()));
+    // Acks on the link vanish, then the data on it too: the link is lost with both in flight.
+    net.lossy.push((14, 7));
+    for s in 20..30 {
+        net.send(7, 14, s).unwrap();
+    }
+    net.run();
+    net.lossy.clear();
+    for s in 30..35 {
+        net.send(7, 14, s).unwrap();
+    }
+    set_direct(&mut net, 7, 14, false);
+    net.run();
+    // Everything arrived once and in order: 20..30 came twice (link, then tree) and the
+    // watermark dropped the copies; 30..35 went only over the tree.
+    assert_eq!(net.seqs(14, 7), (0..35).collect::<Vec<_>>());
+    assert_eq!(net.nodes[14].relm.stats().duplicates, 10);
+    assert_eq!(net.nodes[7].done.len(), 35);
+    assert!(net.nodes[7].done.iter().all(|(_, r)| r.is_ok()));
+    assert_eq!(net.nodes[7].relm.stats().retransmits, 0);
+    net.advance(2_000);
+    assert!(net.all_idle());
+}
+
+#[test]
+fn a_frame_from_the_origin_is_taken_only_at_the_destination() {
+    // 7 sends to 14 over a link that only 7 believes in (a grant 14 withdrew): 14 takes it,
+    // since it came from its origin. A hop would not take a message from a stranger.
+    let mut net = Net::new(2, 15);
+    net.nodes[7].direct.push(14);
+    net.send(7, 14, 1).unwrap();
+    net.run();
+    assert_eq!(net.seqs(14, 7), vec![1]);
+    assert!(net.nodes[7].done.iter().all(|(_, r)| r.is_ok()));
+    let n = &mut net.nodes[3];
+    let d = DataFrame {
+        origin: 7,
+        dst: 14,
+        tag: 100,
+        uid: 5,
+        prev: uid::NONE,
+        payload: Bytes::from_static(b"x"),
+    };
+    let ignored = n.relm.stats().ignored;
+    let mut post = |_: Rank, _: Tag, _: Bytes| true;
+    // Rank 3 is 7's parent: 14 is no neighbour of it, so data "from" 14 is not its upstream.
+    n.relm
+        .handle_data(net.now, &n.routing, 14, d, &mut post)
+        .unwrap();
+    assert_eq!(n.relm.stats().ignored, ignored + 1);
 }
