@@ -208,7 +208,7 @@ impl DirectCounters {
             Version => self.denied_version += 1,
             Full => self.denied_full += 1,
             PeerDead => self.denied_dead += 1,
-            Timeout => self.denied_timeout += 1,
+            Timeout | Unreachable => self.denied_timeout += 1,
             Epoch | Neighbour | Stopping | Crossed => self.denied_other += 1,
         }
     }

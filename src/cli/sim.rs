@@ -26,7 +26,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 200)]
     pub messages: u64,
     /// The kinds of fault seeds choose from (each seed picks its own mix): a comma-separated
-    /// list of crash, link, stall, partition, delay, stale, dup, stranger; or all.
+    /// list of crash, link, stall, partition, delay, stale, dup, stranger, direct, overload; or all.
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Stop at the first failing seed.
@@ -61,6 +61,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let (mut fenced, mut link_drops, mut stale, mut dups) = (0u64, 0u64, 0u64, 0u64);
     let (mut strangers, mut refused, mut crossed) = (0u64, 0u64, 0u64);
     let (mut busy, mut unread) = (0u64, 0u64);
+    let (mut opened, mut fallbacks, mut held) = (0u64, 0u64, 0u64);
     let regressions = REGRESSION_SEEDS
         .iter()
         .map(|r| (r.seed, r.options(args.messages)));
@@ -85,6 +86,9 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 crossed += s.dials_crossed;
                 busy += s.sends_busy;
                 unread += s.unread_frames;
+                opened += s.direct_opened;
+                fallbacks += s.direct_fallbacks;
+                held += s.held_frames;
             }
             Err(_) => {
                 failed += 1;
@@ -102,7 +106,8 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
          stale frames dropped, {dups} frames duplicated, {retransmits} retransmissions, \
          {strangers} strangers' connections ({refused} refused at a forged proof), {crossed} \
          crossing dials resolved, {busy} sends refused Busy by flow control, {unread} frames \
-         left unread by flow control",
+         left unread by flow control, {opened} direct links opened (ends), {fallbacks} fallbacks \
+         to the tree, {held} frames held for a drain marker",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 { 0 } else { 1 })

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// The direct-link settings (from `Config`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct DirectConfig {
     pub setting: RouteSetting,
     /// Links in any state (asked for, granted, open) at once.
@@ -307,8 +307,10 @@ impl DirectLinks {
                     self.stats.links_opened += 1;
                 }
             }
+            // The peer gave the link up (a late grant, a grant it never switched to, a
+            // connection it could not make): this end stops using it too.
             DirectMsg::Withdraw => {
-                if phase == Some(Phase::GrantWait) {
+                if matches!(phase, Some(Phase::GrantWait | Phase::Open)) {
                     self.links.remove(&from);
                     self.stats.fallbacks += 1;
                 }
@@ -359,7 +361,9 @@ impl DirectLinks {
                 self.denied(now, peer, DenyReason::Timeout);
                 self.control.push_back((peer, DirectMsg::Withdraw));
             } else {
+                // The requester may have switched all the same (its `Switch` is late).
                 self.stats.fallbacks += 1;
+                self.control.push_back((peer, DirectMsg::Withdraw));
                 fell_back.push(peer);
             }
         }
@@ -438,6 +442,21 @@ impl DirectLinks {
             }
             _ => false,
         }
+    }
+
+    /// The connection with `peer` could not be made within the driver's reconnect attempts.
+    /// That is no failure of `peer` (a direct link is never a tree edge; the tree's links and
+    /// heartbeats decide failures): a link that used it ends as a lost one does, and no request
+    /// goes to `peer` for `direct_denial_ms` (a cached `Unreachable`), so that an unreachable
+    /// address is not dialled at every message. Returns whether messages took the link.
+    pub fn handle_unreachable(&mut self, now: Instant, peer: Rank) -> bool {
+        let fell_back = self.handle_link_lost(peer);
+        if fell_back {
+            // The peer may reach this daemon's end and go on using the link: tell it.
+            self.control.push_back((peer, DirectMsg::Withdraw));
+        }
+        self.denied(now, peer, DenyReason::Unreachable);
+        fell_back
     }
 
     /// Checks the table's bounds.
@@ -538,6 +557,35 @@ mod tests {
         assert_eq!(a.counters().links_open, 1);
         assert_eq!(b.counters().links_open, 1);
         assert_eq!(a.counters().requests_sent, 1);
+    }
+
+    #[test]
+    fn an_unreachable_peer_falls_back_and_is_not_asked_again_soon() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
+        let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 4));
+        a.route(t, 2, 8, None, me);
+        exchange(t, &mut a, &mut b);
+        assert!(a.is_direct(2) && b.is_direct(1));
+        assert!(
+            b.handle_unreachable(t, 1),
+            "the grantor's messages took the link"
+        );
+        assert!(!b.is_direct(1));
+        assert_eq!(b.poll_control(), Some((1, DirectMsg::Withdraw)));
+        a.handle_message(t, asker(2), DirectMsg::Withdraw);
+        assert!(!a.is_direct(2), "the other end gives the link up too");
+        assert_eq!(b.counters().fallbacks, 1);
+        assert_eq!(b.counters().denied_timeout, 1);
+        b.route(t, 1, 8, None, me);
+        assert_eq!(b.counters().denial_cache_hits, 1, "no request while cached");
+        assert!(b.poll_control().is_none());
+        assert!(
+            !a.handle_unreachable(t, 3),
+            "no link to 3: nothing fell back"
+        );
+        b.check_invariants().unwrap();
+        a.check_invariants().unwrap();
     }
 
     #[test]

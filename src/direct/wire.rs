@@ -42,6 +42,9 @@ pub enum DenyReason {
     PeerDead = 8,
     /// Only at the requester: no answer within `direct_request_ms`.
     Timeout = 9,
+    /// Only locally, never sent: the direct connection could not be made within the
+    /// reconnect attempts (the peer may well live: the tree decides that).
+    Unreachable = 10,
 }
 
 impl DenyReason {
@@ -66,6 +69,7 @@ impl DenyReason {
             DenyReason::Stopping => "stopping",
             DenyReason::PeerDead => "peer dead",
             DenyReason::Timeout => "timeout",
+            DenyReason::Unreachable => "unreachable",
         }
     }
 }

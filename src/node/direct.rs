@@ -117,6 +117,19 @@ impl Node {
         }
     }
 
+    /// The direct connection with `peer` could not be made: its messages take the tree, and
+    /// no new request goes to it for a while (a cached denial).
+    pub(super) fn direct_unreachable(&mut self, now: Instant, peer: Rank, attempts: u32) {
+        log::warn!(
+            "rank {}: cannot make a direct link with rank {peer} after {attempts} attempts; \
+             its messages take the tree",
+            self.me
+        );
+        if self.direct.handle_unreachable(now, peer) {
+            self.fall_back(now, peer);
+        }
+    }
+
     /// This daemon's messages to `peer` took a direct link and take the tree from now on: the
     /// driver gives the tree what was queued for the link, and RELM resends at once what
     /// the link may have lost.

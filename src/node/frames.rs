@@ -179,9 +179,18 @@ impl Node {
     }
 
     /// `peer` could not be reached within the driver's bounded reconnect policy. Once wired,
-    /// that is a failure of the peer; before, only rank 0 is dialled and this daemon cannot
-    /// join the DVM.
+    /// that is a failure of a tree neighbour or of rank 0, and only the end of a direct link
+    /// for any other daemon (its messages take the tree); before, only rank 0 is dialled and
+    /// this daemon cannot join the DVM.
     pub fn handle_unreachable(&mut self, now: Instant, peer: Rank, attempts: u32) {
+        if self.is_wired() && !self.is_neighbour(peer) && (peer != 0 || self.direct.is_direct(peer))
+        {
+            // Dialled for a direct link, which is never a tree edge: no failure. (Rank 0,
+            // dialled for wire-up, keeps its rule unless a link to it was being made.)
+            self.direct_unreachable(now, peer, attempts);
+            self.pump(now);
+            return;
+        }
         if self.is_wired() {
             let cause = format!("unreachable after {attempts} connection attempts");
             self.declare_failed(now, &[peer], &cause, true);

@@ -204,7 +204,7 @@ impl Relm {
             return Ok(());
         }
         if d.dst == self.me {
-            self.arrive(now, from, d, post);
+            self.arrive(now, topo, from, d, post);
         } else {
             self.relay(now, topo, d);
         }
@@ -262,16 +262,26 @@ impl Relm {
     }
 
     /// At the destination: post in chain order, hold early ones, discard copies.
-    fn arrive(&mut self, now: Instant, from: Rank, d: DataFrame, post: &mut Post<'_>) {
+    fn arrive(
+        &mut self,
+        now: Instant,
+        topo: &dyn Topology,
+        from: Rank,
+        d: DataFrame,
+        post: &mut Post<'_>,
+    ) {
         let origin = d.origin;
         let inbound = self.inbound.entry(origin).or_insert_with(|| Inbound {
             posted: uid::NONE,
             ..Inbound::default()
         });
         let posted = inbound.posted;
+        // Acks and requests go back the way the data came, if this daemon still reaches
+        // that neighbour (a direct link given up here may still carry the origin's frames).
+        let back = reply_to(topo, from, origin);
         if posted != uid::NONE && uid::at_or_before(d.uid, posted) {
             self.stats.duplicates += 1;
-            self.ack_due(origin, self.me, posted, from);
+            self.ack_due(origin, self.me, posted, back);
             return;
         }
         let key = MsgKey { origin, uid: d.uid };
@@ -323,7 +333,7 @@ impl Relm {
                     i.requested = None;
                 }
             }
-            self.ack_due(origin, self.me, last, from);
+            self.ack_due(origin, self.me, last, back);
             return;
         }
         // Early: its predecessor is missing.
@@ -369,7 +379,7 @@ impl Relm {
         };
         if ask {
             self.transmits.push_back(Transmit::Control {
-                to: from,
+                to: back,
                 control: Control::Request {
                     key: MsgKey {
                         origin,
@@ -444,7 +454,7 @@ impl Relm {
                     bug(e);
                 }
                 self.stats.replays += 1;
-                self.transmit(topo, key, Some(from));
+                self.transmit(topo, key, Some(reply_to(topo, from, dst)));
             }
             // Already asked upstream.
             Some(_) => {}
@@ -551,4 +561,15 @@ impl Relm {
         }
         self.arm_tick(now);
     }
+}
+
+/// Where a reply to a frame from `from` about the chain towards or from `target` goes: back
+/// to `from` while this daemon reaches it (the tree's neighbour on that path, or a direct
+/// link), else by this daemon's own route to `target` (a frame its origin sent on a link this
+/// end has given up).
+fn reply_to(topo: &dyn Topology, from: Rank, target: Rank) -> Rank {
+    if topo.next_hop(target) == Some(from) || topo.direct(from) {
+        return from;
+    }
+    topo.route(target).unwrap_or(from)
 }

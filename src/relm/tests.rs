@@ -48,15 +48,6 @@ impl Topology for View<'_> {
     }
 }
 
-impl Node {
-    fn view(&self) -> View<'_> {
-        View {
-            routing: &self.routing,
-            direct: &self.direct,
-        }
-    }
-}
-
 struct Net {
     nodes: Vec<Node>,
     links: BTreeMap<(Rank, Rank), VecDeque<Transmit>>,

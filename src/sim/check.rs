@@ -72,6 +72,12 @@ pub struct Checker {
     pub plain_seen: HashSet<(Rank, Rank, u64)>,
     /// Plain messages sent.
     pub plain_sent: u64,
+    /// Whether plain messages must arrive in order per (origin, destination): in runs where
+    /// nothing reroutes or loses frames (`Scenario::keeps_plain_order`), a direct link opening
+    /// beside the tree must not reorder them.
+    pub plain_order: bool,
+    /// (origin, dst) -> the last plain sequence number posted.
+    pub plain_last: HashMap<(Rank, Rank), u64>,
     /// Reliable deliveries and plain deliveries seen.
     pub reliable_posted: u64,
     /// Plain deliveries seen.
@@ -122,6 +128,13 @@ impl Checker {
                 return Err(v(
                     "plain-no-duplicate",
                     format!("plain {origin}->{dst} #{seq} posted twice"),
+                ));
+            }
+            let last = self.plain_last.insert((origin, dst), seq);
+            if self.plain_order && last.is_some_and(|l| l > seq) {
+                return Err(v(
+                    "plain-in-order",
+                    format!("plain {origin}->{dst}: posted #{seq} after #{last:?}"),
                 ));
             }
             return Ok(());

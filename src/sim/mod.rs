@@ -97,6 +97,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             dup: false,
             stranger: false,
+            direct: false,
             overload: false,
             ..FaultKinds::ALL
         },
@@ -119,6 +120,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             stale: true,
             dup: true,
             stranger: true,
+            direct: false,
             overload: false,
         },
         found: "simulator (strangers' runs): a daemon that died with its dial proved and admitted \
@@ -137,12 +139,35 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             stale: false,
             dup: false,
             stranger: false,
+            direct: false,
             overload: true,
         },
         found: "flow: a daemon not scheduled for longer than FLOW_STUCK_MS made its neighbours' \
                 queues towards it count as stuck, so they read on and filled those queues to \
                 the hard bound, where relayed frames were dropped; a stuck queue near its bound \
                 now pauses reads again (FlowLimits::full_bytes)",
+    },
+    RegressionSeed {
+        seed: 27,
+        daemons: 6,
+        radix: 3,
+        faults: FaultKinds {
+            crash: false,
+            link: false,
+            stall: false,
+            partition: false,
+            delay: true,
+            stale: false,
+            dup: false,
+            stranger: false,
+            direct: true,
+            overload: false,
+        },
+        found: "direct links: a daemon that could not dial its peer gave the link up alone; the \
+                peer went on sending reliable messages on it, and the acknowledgements went back \
+                to the link the first had given up and were dropped, until the origin's \
+                retransmissions ran out (Unreachable). Now the one giving up sends Withdraw, and \
+                a destination replies by its own route when it no longer reaches the sender",
     },
 ];
 

@@ -26,14 +26,24 @@ pub const TAG_BCAST: Tag = TAG_USER_MIN + 2;
 /// A broadcast delivered here: (op, originator, tag, payload).
 pub type BcastDelivery = (u64, Rank, Tag, Bytes);
 
+/// What a daemon asks of its connections, in order.
+#[derive(Debug)]
+pub enum Out {
+    /// A frame (header and payload) for a neighbour or a direct link's peer.
+    Frame(Rank, Bytes),
+    /// Its messages to this peer took a direct link and now take the tree: frames still
+    /// waiting for that connection go over the tree ([`crate::node::Output::Fallback`]).
+    Fallback(Rank),
+}
+
 /// One simulated daemon.
 pub struct SimNode {
     /// Its rank.
     pub rank: Rank,
     /// The daemon's protocol state.
     pub node: Node,
-    /// Encoded frames to put on links: (neighbour, header and payload).
-    pub out: Vec<(Rank, Bytes)>,
+    /// Encoded frames to put on links, and fallbacks, in the order the node made them.
+    pub out: Vec<Out>,
     /// Encoded heartbeats, sent only over a connection that is up.
     pub heartbeats: Vec<(Rank, Bytes)>,
     /// User messages posted to the application, in order.
@@ -61,18 +71,20 @@ pub struct SimNode {
 }
 
 impl SimNode {
-    /// Daemon `rank` of `size` with radix `radix`, started (wired) at `now`.
+    /// Daemon `rank` of `size` with radix `radix`, started (wired) at `now`, with its
+    /// flow-control thresholds and direct-link settings.
     pub fn new(
         rank: Rank,
         size: u32,
         radix: u32,
         relm: RelmConfig,
         heartbeat: Option<(std::time::Duration, std::time::Duration)>,
-        flow: crate::node::flow::FlowLimits,
+        (flow, direct): (crate::node::flow::FlowLimits, crate::direct::DirectConfig),
         now: Instant,
     ) -> Result<SimNode, String> {
         let cfg = NodeConfig {
             relm,
+            direct,
             // Without heartbeats the world's `Detect` events (a lost connection that cannot be
             // re-established) are the only detection.
             heartbeat,
@@ -255,7 +267,7 @@ impl SimNode {
                     b.put_slice(&header.encode());
                     b.put_slice(payload.head());
                     b.put_slice(payload.body());
-                    self.out.push((to, b.freeze()));
+                    self.out.push(Out::Frame(to, b.freeze()));
                     if token.is_some() {
                         self.errors
                             .push("a workload frame with a completion".into());
@@ -268,8 +280,7 @@ impl SimNode {
                 // The world keeps no send queues (frames in flight are on the links); it
                 // closes the connections to the dead.
                 Output::PeersFailed { dead, .. } => self.declared.extend(dead),
-                // Nothing waits in the simulated transport: frames are on the links at once.
-                Output::Fallback { .. } => {}
+                Output::Fallback { peer } => self.out.push(Out::Fallback(peer)),
                 Output::Wired => {}
                 Output::Deliver { msg, .. } => {
                     // Broadcasts are checked from their trace, which carries the op.
@@ -327,4 +338,25 @@ fn decode(frame: &[u8]) -> Result<Header, String> {
         ));
     }
     Ok(h)
+}
+
+impl SimNode {
+    /// Frames that waited for the connection with `peer` after this daemon's messages to it
+    /// fell back to the tree: where each goes now (as the driver's `fall_back` does), or
+    /// nowhere (RELM's frames, which RELM resent itself).
+    pub fn reroute(&mut self, frames: Vec<Bytes>) -> Vec<(Rank, Bytes)> {
+        let mut out = Vec::new();
+        for f in frames {
+            let Ok(h) = decode(&f) else {
+                continue;
+            };
+            if let crate::node::Reroute::Hop(hop, h) = self.node.reroute(h, &[]) {
+                let mut b = BytesMut::with_capacity(f.len());
+                b.put_slice(&h.encode());
+                b.put_slice(f.get(HEADER_LEN..).unwrap_or_default());
+                out.push((hop, b.freeze()));
+            }
+        }
+        out
+    }
 }

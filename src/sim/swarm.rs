@@ -35,6 +35,11 @@ pub struct FaultKinds {
     /// handshake and the link rule (`oob::arbiter`), so crossing dials are resolved as the
     /// driver resolves them.
     pub stranger: bool,
+    /// Not a fault: daemons ask each other for direct links (`route` `direct` or `auto` on
+    /// most daemons, `tree` on some, which deny), with short request and denial lifetimes and
+    /// sometimes room for only one or two links; connections between daemons that are not
+    /// tree neighbours (the direct links) drop, briefly or past the redial attempts.
+    pub direct: bool,
     /// Not a fault: traffic well above what the links carry (each link has a capacity and
     /// buffers, `world/capacity.rs`), with heartbeats on, so that flow control must keep
     /// delivery going without dropping anything or declaring anyone dead. Such a run has no
@@ -53,6 +58,7 @@ impl FaultKinds {
         stale: true,
         dup: true,
         stranger: true,
+        direct: true,
         overload: true,
     };
 
@@ -67,10 +73,11 @@ impl FaultKinds {
         stale: false,
         dup: false,
         stranger: false,
+        direct: false,
         overload: false,
     };
 
-    /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup,stranger,overload`,
+    /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup,stranger,direct,overload`,
     /// `all` or `none`).
     pub fn parse(list: &str) -> Result<FaultKinds, String> {
         let mut k = FaultKinds {
@@ -82,6 +89,7 @@ impl FaultKinds {
             stale: false,
             dup: false,
             stranger: false,
+            direct: false,
             overload: false,
         };
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -96,10 +104,11 @@ impl FaultKinds {
                 "stale" => k.stale = true,
                 "dup" => k.dup = true,
                 "stranger" => k.stranger = true,
+                "direct" => k.direct = true,
                 "overload" => k.overload = true,
                 other => {
                     return Err(format!(
-                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, overload, all)"
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, overload, all)"
                     ));
                 }
             }
@@ -125,6 +134,7 @@ impl std::fmt::Display for FaultKinds {
             (self.stale, "stale"),
             (self.dup, "dup"),
             (self.stranger, "stranger"),
+            (self.direct, "direct"),
             (self.overload, "overload"),
         ];
         let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
@@ -250,6 +260,8 @@ pub struct Scenario {
     pub capacity: Option<crate::sim::world::LinkCapacity>,
     /// The daemons' flow-control thresholds (scaled down with the capacity).
     pub flow: crate::node::flow::FlowLimits,
+    /// Each daemon's direct-link settings (the `direct` kind; otherwise `route` `tree`).
+    pub direct: Vec<crate::direct::DirectConfig>,
 }
 
 impl Scenario {
@@ -524,7 +536,13 @@ impl Scenario {
             stale_rate = 0.0;
             dup_rate = 0.0;
         }
+        // Direct links: a stream of their own, so the other kinds' scenarios stay as they were.
+        let (direct, cuts) = direct_links(seed, size, radix, safety_us, kinds);
+        if capacity.is_none() {
+            faults.extend(cuts);
+        }
         Scenario {
+            direct,
             latency_us,
             jitter_us,
             detect_us_max,
@@ -548,6 +566,18 @@ impl Scenario {
         }
     }
 
+    /// Whether nothing in this run may reorder plain messages between one origin and one
+    /// destination: no crash, stall, dropped link or partition (which reroute or lose frames),
+    /// and no capacity model (whose refused sends are offered again later). Slow links and
+    /// direct links must keep the order.
+    pub fn keeps_plain_order(&self) -> bool {
+        self.capacity.is_none()
+            && self
+                .faults
+                .iter()
+                .all(|f| matches!(f, Fault::SlowLink { .. } | Fault::Stranger { .. }))
+    }
+
     /// The ranks this scenario crashes.
     pub fn crashed(&self) -> Vec<Rank> {
         let mut v: Vec<Rank> = self
@@ -562,4 +592,79 @@ impl Scenario {
         v.dedup();
         v
     }
+}
+
+/// The `direct` kind's part of a scenario: each daemon's direct-link settings, and cuts of
+/// connections between daemons that are not tree neighbours (the direct links).
+fn direct_links(
+    seed: u64,
+    size: u32,
+    radix: u32,
+    safety_us: u64,
+    kinds: FaultKinds,
+) -> (Vec<crate::direct::DirectConfig>, Vec<Fault>) {
+    use crate::direct::{DirectConfig, RouteSetting};
+    use std::time::Duration;
+    let tree = DirectConfig {
+        setting: RouteSetting::Tree,
+        ..DirectConfig::from_config(&crate::config::Config::default())
+    };
+    let mut rng = Rng::new(seed ^ 0xD1EC_7000_0000_0000);
+    if !kinds.direct || size < 4 || !rng.chance(0.6) {
+        return (vec![tree; size as usize], Vec::new());
+    }
+    let links_max = if rng.chance(0.3) {
+        rng.range(1, 2) as usize
+    } else {
+        tree.links_max
+    };
+    let request_timeout = Duration::from_millis(rng.range(20, 3_000));
+    let denial_ttl = Duration::from_millis(rng.range(10, 2_000));
+    let auto_messages = rng.range(0, 8);
+    let configs = (0..size)
+        .map(|_| {
+            let setting = match rng.range(0, 19) {
+                0..=11 => RouteSetting::Direct,
+                12..=16 => RouteSetting::Auto,
+                _ => RouteSetting::Tree,
+            };
+            DirectConfig {
+                setting,
+                links_max,
+                auto_messages,
+                request_timeout,
+                denial_ttl,
+                ..tree
+            }
+        })
+        .collect();
+    let shape = crate::routed::radix::Shape::new(radix, size).ok();
+    let neighbours = |a: Rank, b: Rank| {
+        shape
+            .as_ref()
+            .is_some_and(|s| s.parent(a) == Some(b) || s.parent(b) == Some(a))
+    };
+    let mut cuts = Vec::new();
+    if rng.chance(0.6) {
+        for _ in 0..rng.range(1, 6) {
+            let a = rng.range(1, u64::from(size - 1)) as Rank;
+            let b = rng.range(1, u64::from(size - 1)) as Rank;
+            if a == b || neighbours(a, b) {
+                continue;
+            }
+            // Past the redial attempts (about 1.3 s) the dialling end gives the link up.
+            let for_us = if rng.chance(0.3) {
+                rng.range(1_500_000, 3_000_000)
+            } else {
+                rng.range(1_000, 200_000)
+            };
+            cuts.push(Fault::LinkDown {
+                a,
+                b,
+                at_us: rng.range(0, safety_us),
+                for_us,
+            });
+        }
+    }
+    (configs, cuts)
 }

@@ -78,6 +78,10 @@ fn batch(n: u64, opts: Options) -> RunStats {
                 sum.dials_crossed += s.dials_crossed;
                 sum.sends_busy += s.sends_busy;
                 sum.unread_frames += s.unread_frames;
+                sum.direct_opened += s.direct_opened;
+                sum.direct_fallbacks += s.direct_fallbacks;
+                sum.held_frames += s.held_frames;
+                sum.plain_order_runs += s.plain_order_runs;
                 sum.plain_sent += s.plain_sent;
                 sum.plain_posted += s.plain_posted;
             }
@@ -166,4 +170,24 @@ fn overload_pushes_back_without_dropping_or_declaring_anyone_dead() {
     assert!(s.sends_busy > 0, "no send was ever refused: no overload");
     assert!(s.unread_frames > 0, "no read was ever paused");
     assert_eq!(s.plain_sent, s.plain_posted);
+}
+
+#[test]
+fn direct_links_open_fall_back_and_keep_order() {
+    // Grants, denials (some daemons refuse), crossed requests, a small direct_links_max, and
+    // cuts of direct connections, some past the redial attempts; slow links so that the link
+    // and the tree path race. Plain messages are checked in order where nothing else
+    // reroutes them.
+    let s = batch(120, kinds("direct,delay"));
+    assert!(s.direct_opened > 100, "links opened: {}", s.direct_opened);
+    assert!(s.direct_fallbacks > 0, "no fallback to the tree");
+    assert!(s.held_frames > 0, "no frame waited for a drain marker");
+    assert!(
+        s.plain_order_runs > 10,
+        "plain order checked in {} runs",
+        s.plain_order_runs
+    );
+    // With crashes: requests to the dead end denied, RELM's chains through every switch.
+    let s = batch(60, kinds("direct,crash,link"));
+    assert!(s.direct_opened > 0);
 }

@@ -12,7 +12,7 @@
 //! counts as crashed.
 
 use super::check::{self, Checker, Violation};
-use super::node::{SimNode, TAG_PLAIN, TAG_RELIABLE};
+use super::node::{Out, SimNode, TAG_PLAIN, TAG_RELIABLE};
 use super::rng::Rng;
 use super::swarm::{Fault, FaultKinds, HEARTBEAT_INTERVAL_US, HEARTBEAT_TIMEOUT_US, Scenario};
 use crate::Rank;
@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 mod capacity;
 mod handshakes;
+mod held;
 mod links;
 
 pub use capacity::LinkCapacity;
@@ -169,6 +170,13 @@ pub struct RunStats {
     pub sends_busy: u64,
     pub unread_frames: u64,
     pub dropped_queue_full: u64,
+    /// Runs with direct links: frames a daemon held unread until a drain marker arrived;
+    /// links opened, and fallbacks to the tree.
+    pub held_frames: u64,
+    /// 1 if the run checked plain messages' order (`Scenario::keeps_plain_order`).
+    pub plain_order_runs: u64,
+    pub direct_opened: u64,
+    pub direct_fallbacks: u64,
 }
 
 /// The world.
@@ -212,6 +220,8 @@ pub struct World {
     hs: Option<handshakes::Handshakes>,
     /// Link capacity (runs with the `overload` kind only).
     wires: Option<capacity::Wires>,
+    /// Frames a daemon may not read yet, per direction (runs without the capacity model).
+    held: HashMap<(Rank, Rank), held::Held>,
 }
 
 impl World {
@@ -237,7 +247,12 @@ impl World {
         let base = Instant::now();
         let flow = scen.flow;
         let nodes = (0..size)
-            .map(|r| SimNode::new(r, size, radix, cfg, heartbeat, flow, base))
+            .map(|r| {
+                let direct = scen.direct.get(r as usize).copied().unwrap_or_else(|| {
+                    crate::direct::DirectConfig::from_config(&crate::config::Config::default())
+                });
+                SimNode::new(r, size, radix, cfg, heartbeat, (flow, direct), base)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let n = size as usize;
         log::debug!("seed {seed}: {scen:?}");
@@ -272,7 +287,9 @@ impl World {
             stats: RunStats::default(),
             hs: None,
             wires: None,
+            held: HashMap::new(),
         };
+        w.check.plain_order = w.scen.keeps_plain_order();
         if let Some(cap) = w.scen.capacity {
             w.wires = Some(capacity::Wires::new(cap));
         }
@@ -437,8 +454,12 @@ impl World {
             }
             if at > deadline {
                 log::debug!(
-                    "still busy: {} work events, redials {:?}, parked {:?}",
+                    "still busy: {} work events, held {:?}, redials {:?}, parked {:?}",
                     self.busy,
+                    self.held
+                        .iter()
+                        .map(|(k, q)| (*k, q.len()))
+                        .collect::<Vec<_>>(),
                     self.redialing,
                     self.parked
                         .iter()
@@ -531,6 +552,9 @@ impl World {
             self.stats.retransmits += n.relm().stats().retransmits;
             self.stats.replays += n.relm().stats().replays;
             self.stats.stale_dropped += n.node.counters().dropped_old_incarnation;
+            self.stats.direct_opened += n.node.counters().direct.links_opened;
+            self.stats.plain_order_runs = u64::from(self.check.plain_order);
+            self.stats.direct_fallbacks += n.node.counters().direct.fallbacks;
         }
         Ok(self.stats)
     }
@@ -539,6 +563,7 @@ impl World {
     /// and broadcast state empty.
     fn quiet(&self) -> bool {
         self.parked.values().all(Vec::is_empty)
+            && self.held.is_empty()
             && self.wires.as_ref().is_none_or(capacity::Wires::is_empty)
             && self.redialing.is_empty()
             && self.nodes.iter().filter(|n| self.living(n.rank)).all(|n| {
@@ -579,6 +604,9 @@ impl World {
                 if self.wires.is_some()
                     && !self.wire_arrived(from, to, &frame, generation, heartbeat)
                 {
+                    return Ok(());
+                }
+                if self.wires.is_none() && !self.read_or_hold(from, to, &frame, generation) {
                     return Ok(());
                 }
                 if let Some(n) = self.nodes.get_mut(to as usize) {
@@ -788,6 +816,10 @@ impl World {
     /// the links, fail its dials to dead neighbours, close its connections to the ranks it
     /// declared dead, handle its stop, re-arm its timer.
     fn after(&mut self, r: Rank) -> Result<(), Violation> {
+        // What it held back may be readable now (its input may have been the drain marker).
+        if self.held.keys().any(|(_, to)| *to == r) && self.living(r) {
+            self.read_held(r)?;
+        }
         let Some(n) = self.nodes.get_mut(r as usize) else {
             return Ok(());
         };
@@ -841,8 +873,11 @@ impl World {
         for g in &gathered {
             self.check.gathered(r, g, self.nodes.len() as u32)?;
         }
-        for (to, frame) in out {
-            self.transmit(r, to, frame, false);
+        for o in out {
+            match o {
+                Out::Frame(to, frame) => self.transmit(r, to, frame, false),
+                Out::Fallback(peer) => self.fall_back(r, peer),
+            }
         }
         for (to, frame) in heartbeats {
             // Only over a connection that is up.
@@ -899,6 +934,8 @@ impl World {
         if let Some(a) = self.alive.get_mut(rank as usize) {
             *a = false;
         }
+        // What it held unread, or what others held from it, is gone with its connections.
+        self.held.retain(|(f, t), _| *f != rank && *t != rank);
         let watchers: Vec<Rank> = self
             .nodes
             .iter()

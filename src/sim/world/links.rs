@@ -25,6 +25,8 @@ impl World {
         if let Some(w) = self.wires.as_mut() {
             w.forget(a, b);
         }
+        self.held.remove(&(a, b));
+        self.held.remove(&(b, a));
         self.hs_pair_dropped(a, b);
     }
 
@@ -139,6 +141,22 @@ impl World {
         }
         self.after(node)?;
         self.after(peer)
+    }
+
+    /// `node`'s messages to `peer` took a direct link and now take the tree: what waited for
+    /// that connection goes over the tree, before anything the node sends next.
+    pub(super) fn fall_back(&mut self, node: Rank, peer: Rank) {
+        let frames = self.parked.remove(&(node, peer)).unwrap_or_default();
+        if frames.is_empty() {
+            return;
+        }
+        let moved = match self.nodes.get_mut(node as usize) {
+            Some(n) => n.reroute(frames),
+            None => return,
+        };
+        for (hop, frame) in moved {
+            self.transmit(node, hop, frame, false);
+        }
     }
 
     pub(super) fn transmit(&mut self, from: Rank, to: Rank, frame: Bytes, heartbeat: bool) {
