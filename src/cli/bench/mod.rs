@@ -23,7 +23,9 @@ pub struct BenchArgs {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Run only these parts (comma-separated): rate, pingpong, scale.
+    /// Run only these parts (comma-separated): rate, pingpong, scale, direct (two leaves at
+    /// depth 3 of a radix-2 tree, over the tree and over a direct link, beside two tree
+    /// neighbours).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Rate part: only these payload sizes in bytes (comma-separated; default 64, 4096,
@@ -63,6 +65,9 @@ pub struct RoleArgs {
     /// Rate test: send with `send_batch` (many messages per hand-over to the loop).
     #[arg(long, hide = true)]
     pub batch: bool,
+    /// Every daemon's route setting (`tree` when absent).
+    #[arg(long, hide = true)]
+    pub route: Option<String>,
 }
 
 pub fn run(args: BenchArgs) -> Res<i32> {
@@ -94,6 +99,9 @@ pub fn run(args: BenchArgs) -> Res<i32> {
     }
     if want("pingpong") {
         out["pingpong"] = b.pingpong()?;
+    }
+    if want("direct") {
+        out["direct_link"] = b.direct_links()?;
     }
     if want("scale") {
         out["scale"] = b.scale()?;
@@ -207,6 +215,7 @@ impl Bench {
             .args(["--count", &a.count.to_string()])
             .args(a.reliable.then_some("--reliable"))
             .args(a.batch.then_some("--batch"))
+            .args(a.route.iter().flat_map(|r| ["--route", r.as_str()]))
             .arg("--dir")
             .arg(&a.dir)
             .env("RUST_LOG", "error")
@@ -257,6 +266,18 @@ impl Bench {
 
     fn tbon_rate(&mut self, relays: u32, payload: usize, mode: Mode) -> Res<Value> {
         let (size, sender, receiver) = layout(relays).ok_or("no layout")?;
+        self.tbon_rate_between((size, sender, receiver), payload, mode, None)
+    }
+
+    /// The rate test from `sender` to `receiver` in a radix-2 DVM of `size`, every daemon
+    /// with the route setting `route`.
+    fn tbon_rate_between(
+        &mut self,
+        (size, sender, receiver): (u32, Rank, Rank),
+        payload: usize,
+        mode: Mode,
+        route: Option<&str>,
+    ) -> Res<Value> {
         let dir = self.fresh_dir()?;
         let mut kids = Vec::new();
         for rank in 0..size {
@@ -271,6 +292,7 @@ impl Bench {
                 dir: dir.clone(),
                 reliable: mode == Mode::Reliable,
                 batch: mode == Mode::Batch,
+                route: route.map(str::to_string),
             };
             kids.push(self.spawn(&a, rank == receiver)?);
         }
@@ -404,23 +426,37 @@ impl Bench {
         Ok(row)
     }
 
-    fn pingpong_once(&mut self) -> Res<(Value, Value)> {
+    /// tbon's 64 B round trip from `pinger` to `echoer` in a radix-2 DVM of `size`, every
+    /// daemon with the route setting `route`.
+    fn tbon_pingpong(
+        &mut self,
+        (size, pinger, echoer): (u32, Rank, Rank),
+        route: Option<&str>,
+    ) -> Res<Value> {
         let count = if self.quick { 5_000 } else { 20_000 };
         let dir = self.fresh_dir()?;
-        let a = |rank, role: &str| RoleArgs {
-            role: Some(role.into()),
-            rank,
-            size: 2,
-            payload: 64,
-            count,
-            dir: dir.clone(),
-            ..RoleArgs::default()
-        };
-        let kids = vec![
-            self.spawn(&a(0, "pingpong"), false)?,
-            self.spawn(&a(1, "pingpong"), true)?,
-        ];
-        let t = self.collect(kids, 1)?;
+        let mut kids = Vec::new();
+        for rank in 0..size {
+            let a = RoleArgs {
+                role: Some("pingpong".into()),
+                rank,
+                size,
+                sender: pinger,
+                receiver: echoer,
+                payload: 64,
+                count,
+                dir: dir.clone(),
+                route: route.map(str::to_string),
+                ..RoleArgs::default()
+            };
+            kids.push(self.spawn(&a, rank == pinger)?);
+        }
+        self.collect(kids, pinger as usize)
+    }
+
+    fn pingpong_once(&mut self) -> Res<(Value, Value)> {
+        let count = if self.quick { 5_000 } else { 20_000 };
+        let t = self.tbon_pingpong((2, 1, 0), None)?;
         let dir = self.fresh_dir()?;
         let b = |role: &str| RoleArgs {
             role: Some(role.into()),
@@ -435,6 +471,75 @@ impl Bench {
         ];
         let r = self.collect(kids, 1)?;
         Ok((t, r))
+    }
+
+    /// Issue "Direct links": two leaves at depth 3 of a radix-2 DVM of 15 (ranks 7 and 14,
+    /// five relays apart over the tree) over the tree and over a direct link, beside two tree
+    /// neighbours (a DVM of 2), in one run: the rate at 64 B and 64 KiB (median of `repeat`
+    /// runs each) and the 64 B round trip (median p50 of three runs each).
+    fn direct_links(&mut self) -> Res<Value> {
+        const LEAVES: (u32, Rank, Rank) = (15, 7, 14);
+        let neighbours = layout(0).ok_or("no layout")?;
+        let rate =
+            |v: &Value| v["msgs"].as_f64().unwrap_or(0.0) / v["secs"].as_f64().unwrap_or(1.0);
+        let mut rows = Vec::new();
+        for payload in [64usize, 65_536] {
+            let (mut n, mut t, mut d) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..self.repeat {
+                n.push(rate(&self.tbon_rate_between(
+                    neighbours,
+                    payload,
+                    Mode::Plain,
+                    None,
+                )?));
+                t.push(rate(&self.tbon_rate_between(
+                    LEAVES,
+                    payload,
+                    Mode::Plain,
+                    None,
+                )?));
+                d.push(rate(&self.tbon_rate_between(
+                    LEAVES,
+                    payload,
+                    Mode::Plain,
+                    Some("direct"),
+                )?));
+            }
+            let (nm, tm, dm) = (median(&n), median(&t), median(&d));
+            let row = json!({
+                "payload": payload,
+                "neighbours_msgs_per_s": nm, "leaves_tree_msgs_per_s": tm,
+                "leaves_direct_msgs_per_s": dm,
+                "direct_vs_neighbours": dm / nm.max(1e-9),
+                "direct_vs_tree": dm / tm.max(1e-9),
+                "runs": {"neighbours": n, "tree": t, "direct": d},
+                "load": loadavg(),
+            });
+            eprintln!("{row}");
+            rows.push(row);
+        }
+        let p50 = |v: &Value| v["p50_us"].as_f64().unwrap_or(0.0);
+        let (mut n, mut t, mut d) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..3 {
+            n.push(self.tbon_pingpong((2, 1, 0), None)?);
+            t.push(self.tbon_pingpong(LEAVES, None)?);
+            d.push(self.tbon_pingpong(LEAVES, Some("direct"))?);
+        }
+        let mid = |mut v: Vec<Value>| {
+            v.sort_by(|a, b| p50(a).total_cmp(&p50(b)));
+            v.get(v.len() / 2).cloned().unwrap_or(Value::Null)
+        };
+        let firsts: Vec<f64> = d.iter().filter_map(|v| v["first_us"].as_f64()).collect();
+        let (n, t, d) = (mid(n), mid(t), mid(d));
+        let round_trip = json!({
+            "neighbours": n, "leaves_tree": t, "leaves_direct": d,
+            "direct_vs_neighbours": p50(&d) / p50(&n).max(1e-9),
+            // The first ping asks for the link: how many tree round trips it took beyond one.
+            "first_message_extra_tree_rtts": (median(&firsts) - p50(&t)) / p50(&t).max(1e-9),
+            "load": loadavg(),
+        });
+        eprintln!("{round_trip}");
+        Ok(json!({ "rate": rows, "round_trip": round_trip }))
     }
 
     fn scale_one(&mut self, size: u32) -> Res<Value> {
@@ -527,7 +632,7 @@ fn print_tables(out: &Value) {
         for r in rows {
             let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
             let route = match r["relays"].as_u64() {
-                Some(0) => "direct".to_string(),
+                Some(0) => "neighbour".to_string(),
                 Some(n) => format!("{n} relay{}", if n == 1 { "" } else { "s" }),
                 None => "?".into(),
             };
@@ -562,6 +667,39 @@ fn print_tables(out: &Value) {
                 100.0 * f("ratio"),
             );
         }
+    }
+    if let Some(rows) = out["direct_link"]["rate"].as_array() {
+        println!(
+            "\n| direct links: payload | tree neighbours msg/s | leaves over the tree msg/s | leaves over a direct link msg/s | link/neighbours | link/tree |"
+        );
+        println!("|---|---|---|---|---|---|");
+        for r in rows {
+            let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+            println!(
+                "| {} | {:.3e} | {:.3e} | {:.3e} | {:.0}% | {:.0}% |",
+                size_name(r["payload"].as_u64().unwrap_or(0)),
+                f("neighbours_msgs_per_s"),
+                f("leaves_tree_msgs_per_s"),
+                f("leaves_direct_msgs_per_s"),
+                100.0 * f("direct_vs_neighbours"),
+                100.0 * f("direct_vs_tree"),
+            );
+        }
+        let rt = &out["direct_link"]["round_trip"];
+        let p = |k: &str, q: &str| rt[k][q].as_f64().unwrap_or(0.0);
+        println!(
+            "\n| direct links: 64 B round trip | p50 µs | p99 µs |\n|---|---|---|\n| tree neighbours | {:.1} | {:.1} |\n| leaves over the tree | {:.1} | {:.1} |\n| leaves over a direct link | {:.1} | {:.1} |",
+            p("neighbours", "p50_us"),
+            p("neighbours", "p99_us"),
+            p("leaves_tree", "p50_us"),
+            p("leaves_tree", "p99_us"),
+            p("leaves_direct", "p50_us"),
+            p("leaves_direct", "p99_us"),
+        );
+        println!(
+            "first ping to a new direct peer (it asks for the link): {:.0} µs",
+            p("leaves_direct", "first_us")
+        );
     }
     let pp = &out["pingpong"];
     if pp.is_object() {
@@ -621,17 +759,17 @@ fn targets(out: &Value) -> Value {
         }
     };
     at_least(
-        "64 B direct rate (send_batch) vs raw batched TCP",
+        "64 B neighbour rate (send_batch) vs raw batched TCP",
         rate(0, 64, "batch_ratio"),
         0.40,
     );
     at_least(
-        "64 B direct rate (one send call each) vs raw batched TCP",
+        "64 B neighbour rate (one send call each) vs raw batched TCP",
         rate(0, 64, "ratio"),
         0.40,
     );
     at_least(
-        "64 B through 1 relay vs direct",
+        "64 B through 1 relay vs neighbours",
         rate(1, 64, "tbon_msgs_per_s")
             .zip(rate(0, 64, "tbon_msgs_per_s"))
             .map(|(a, b)| a / b.max(1e-9)),
@@ -644,8 +782,32 @@ fn targets(out: &Value) -> Value {
                 .flatten()
         })
     });
-    at_least("reliable vs plain, 64 B direct", reliable, 0.50);
-    at_least("1 MiB direct vs raw TCP", rate(0, 1 << 20, "ratio"), 0.90);
+    at_least("reliable vs plain, 64 B neighbours", reliable, 0.50);
+    at_least(
+        "1 MiB neighbours vs raw TCP",
+        rate(0, 1 << 20, "ratio"),
+        0.90,
+    );
+    if let Some(rows) = out["direct_link"]["rate"].as_array() {
+        for r in rows {
+            let what = format!(
+                "{} direct link between depth-3 leaves vs tree neighbours (issue \"Direct links\")",
+                size_name(r["payload"].as_u64().unwrap_or(0))
+            );
+            at_least(&what, r["direct_vs_neighbours"].as_f64(), 0.90);
+        }
+    }
+    let rtt = &out["direct_link"]["round_trip"];
+    if let Some(v) = rtt["direct_vs_neighbours"].as_f64() {
+        rows.push(
+            json!({"what": "64 B round trip (p50), direct link between leaves vs tree neighbours",
+            "measured": format!("{v:.2}x"), "target": "at most 1.10x", "met": v <= 1.10}),
+        );
+    }
+    if let Some(v) = rtt["first_message_extra_tree_rtts"].as_f64() {
+        rows.push(json!({"what": "first message to a new direct peer: delay beyond one tree round trip",
+            "measured": format!("{v:.2} tree round trips"), "target": "at most 2", "met": v <= 2.0}));
+    }
     if let Some(v) = out["pingpong"]["p50_ratio"].as_f64() {
         rows.push(json!({"what": "64 B round trip (p50) vs plain mio",
             "measured": format!("{v:.2}x"), "target": "at most 1.10x", "met": v <= 1.10}));

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tbon::config::Config;
-use tbon::{Batch, Daemon, Peer, Rank, SendError};
+use tbon::{Batch, Daemon, Peer, Rank, RouteSetting, SendError};
 
 /// Data tag of the benchmarks.
 pub const TAG_DATA: u32 = 100;
@@ -20,6 +20,8 @@ pub const TAG_DONE: u32 = 101;
 pub const TAG_BCAST: u32 = 102;
 /// Rate test: the receiver's acknowledgements to the sender (the count received so far).
 pub const TAG_ACK: u32 = 104;
+/// Messages that open a direct link before a measurement (ignored by the receiver).
+pub const TAG_WARM: u32 = 105;
 
 const GUARD: Duration = Duration::from_secs(120);
 /// Reliable sends in flight in the rate test: half of the default `relm_unacked_max`.
@@ -28,9 +30,10 @@ const RELIABLE_WINDOW: u64 = 2_048;
 const BATCH_LEN: u64 = 256;
 
 /// The DVM's job key lives beside its URI; rank 0 makes it before publishing the URI.
-fn config(radix: u32, key_file: &std::path::Path) -> Config {
+fn config(radix: u32, key_file: &std::path::Path, route: RouteSetting) -> Config {
     Config {
         radix,
+        route,
         if_include: vec!["127.0.0.1/32".to_string()],
         key_file: Some(key_file.display().to_string()),
         ..Config::default()
@@ -38,20 +41,43 @@ fn config(radix: u32, key_file: &std::path::Path) -> Config {
 }
 
 /// Starts this process's daemon: rank 0 publishes its URI in `<dir>/hnp`, the others read it.
+/// Every daemon has the route setting `--route` (default `tree`).
 fn start(a: &RoleArgs, radix: u32) -> Res<Daemon> {
     let hnp_path = a.dir.join("hnp");
     let key_path = a.dir.join("job.key");
+    let route: RouteSetting = a.route.as_deref().unwrap_or("tree").parse()?;
     if a.rank == 0 {
         let _ = std::fs::remove_file(&key_path);
         tbon::driver::key::generate(&key_path).map_err(ctx("make the job key"))?;
-        let d =
-            tbon::start(config(radix, &key_path), 0, a.size, None).map_err(ctx("start rank 0"))?;
+        let d = tbon::start(config(radix, &key_path, route), 0, a.size, None)
+            .map_err(ctx("start rank 0"))?;
         write_atomically(&hnp_path, d.contact_uri())?;
         Ok(d)
     } else {
         let uri = wait_file(&hnp_path, GUARD)?;
-        tbon::start(config(radix, &key_path), a.rank, a.size, Some(&uri))
+        tbon::start(config(radix, &key_path, route), a.rank, a.size, Some(&uri))
             .map_err(ctx("start daemon"))
+    }
+}
+
+/// With the route `direct`: sends `TAG_WARM` messages to `dst` until this daemon's direct link
+/// to it is open, so that the measurement that follows runs on the link (the first messages
+/// take the tree while the link is negotiated). Nothing to do with the route `tree`.
+fn open_link(d: &Daemon, a: &RoleArgs, dst: Rank) -> Res<()> {
+    if a.route.as_deref() != Some("direct") {
+        return Ok(());
+    }
+    let deadline = Instant::now() + GUARD;
+    loop {
+        let c = d.handle().counters().map_err(ctx("counters"))?;
+        if c.direct.links_open >= 1 && c.direct.links_opened >= 1 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err("no direct link opened".into());
+        }
+        let _ = d.send(dst, TAG_WARM, Bytes::new());
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -102,6 +128,8 @@ pub fn rate(a: &RoleArgs) -> Res<()> {
             }
         })
         .map_err(ctx("post data receive"))?;
+        d.recv(Peer::Any, TAG_WARM, true, |_| {})
+            .map_err(ctx("post warm-up receive"))?;
         Some(rx)
     } else {
         None
@@ -110,6 +138,7 @@ pub fn rate(a: &RoleArgs) -> Res<()> {
         return Err("not wired".into());
     }
     if a.rank == a.sender {
+        open_link(&d, a, a.receiver)?;
         if a.batch {
             stream_batched(&d, a.receiver, a.payload, a.count)?;
         } else {
@@ -308,17 +337,20 @@ fn stream_batched(d: &Daemon, dst: Rank, payload: usize, count: u64) -> Res<()> 
 pub fn pingpong(a: &RoleArgs) -> Res<()> {
     let d = start(a, 2)?;
     let done_rx = post_done(&d)?;
-    if a.rank == 0 {
+    let (pinger, echoer) = (a.sender, a.receiver);
+    if a.rank == echoer {
         let h = d.handle();
-        d.recv(Peer::Rank(1), TAG_DATA, true, move |m| {
-            let _ = h.send(1, TAG_DATA, m.payload);
+        d.recv(Peer::Rank(pinger), TAG_DATA, true, move |m| {
+            let _ = h.send(pinger, TAG_DATA, m.payload);
         })
         .map_err(ctx("post echo"))?;
+    }
+    if a.rank != pinger {
         finish(&d, done_rx);
         return Ok(());
     }
     let (tx, rx) = crossbeam_channel::bounded(16);
-    d.recv(Peer::Rank(0), TAG_DATA, true, move |_| {
+    d.recv(Peer::Rank(echoer), TAG_DATA, true, move |_| {
         let _ = tx.try_send(());
     })
     .map_err(ctx("post pong"))?;
@@ -328,19 +360,32 @@ pub fn pingpong(a: &RoleArgs) -> Res<()> {
     let body = Bytes::from(vec![0x5au8; a.payload]);
     let warm = (a.count / 10).max(100);
     let mut samples = Vec::with_capacity(a.count as usize);
+    // With the route `direct`, the first ping asks for the link and takes the tree: its round
+    // trip is the delay the negotiation adds to the first message.
+    let mut first_us = None;
     for i in 0..warm + a.count {
         let t = Instant::now();
-        d.send(0, TAG_DATA, body.clone()).map_err(ctx("ping"))?;
+        d.send(echoer, TAG_DATA, body.clone())
+            .map_err(ctx("ping"))?;
         rx.recv_timeout(GUARD).map_err(ctx("pong"))?;
+        first_us.get_or_insert(t.elapsed().as_secs_f64() * 1e6);
         if i >= warm {
             samples.push(t.elapsed());
         }
     }
+    let links = d.handle().counters().map_err(ctx("counters"))?.direct;
+    if a.route.as_deref() == Some("direct") && links.links_open == 0 {
+        return Err("the route is direct, and no direct link opened".into());
+    }
     let p50 = quantile_us(&mut samples, 0.5);
     let p99 = quantile_us(&mut samples, 0.99);
-    print_line(&serde_json::json!({"p50_us": p50, "p99_us": p99}).to_string());
+    print_line(
+        &serde_json::json!({"p50_us": p50, "p99_us": p99, "first_us": first_us,
+            "direct_messages": links.direct_messages})
+        .to_string(),
+    );
     d.send(0, TAG_DONE, Bytes::new()).map_err(ctx("done"))?;
-    finish(&d, None);
+    finish(&d, done_rx);
     Ok(())
 }
 
