@@ -42,7 +42,18 @@
 //! messages already handed to the kernel on a lost link may be lost, as on a lost tree link.
 //! A request to a daemon that dies (or is already known dead) ends `Denied` through the fault
 //! handling, never by waiting; a request nobody answers ends `Denied` (`Timeout`) after
-//! `direct_request_ms`.
+//! `direct_request_ms`. A link whose connection cannot be made within the driver's reconnect
+//! attempts ends the same way as a lost one (never a failure of the peer: the tree decides
+//! that); that end caches the local denial `Unreachable` and sends `Withdraw`, which ends the
+//! other end's link too (a grant that expired unswitched sends it as well).
+//!
+//! # Reliable messages
+//! RELM needs no marker: its per-(origin, destination) chains post in order and drop copies
+//! whichever way each message came. An origin sends its own reliable messages on an open link
+//! (`relm::Topology::direct`), a destination takes data from the origin itself, and the origin
+//! takes acknowledgements and requests from the destination itself. When the link is lost,
+//! every unacknowledged reliable message to the peer goes again over the tree at once, and the
+//! peer's chain is acknowledged again over the tree (`Relm::handle_direct_lost`).
 //!
 //! # Bounds
 //! Links in any state: `direct_links_max`; denials cached: [`crate::limits::DIRECT_DENIALS_MAX`]
