@@ -248,6 +248,8 @@ typedef struct {
   uint64_t relm_refused;
   // RELM link updates sent.
   uint64_t relm_link_updates;
+  // Reliable messages for other daemons forwarded by this one as a hop.
+  uint64_t relm_relayed;
   // Reliable messages originated here and not yet acknowledged.
   uint64_t relm_unacked;
   // Reliable messages held in this daemon's hop cache.

@@ -70,6 +70,9 @@ pub struct Counters {
     pub relm_refused: u64,
     /// RELM link updates this daemon sent after repairs and reconnections.
     pub relm_link_updates: u64,
+    /// Reliable messages for other daemons this one forwarded as an intermediate hop (copies
+    /// included; an origin's messages on a direct link cross no hop).
+    pub relm_relayed: u64,
     /// Reliable messages originated here and not yet acknowledged (at most
     /// `relm_unacked_max`).
     pub relm_unacked: u64,

@@ -209,3 +209,35 @@ fn the_death_of_a_direct_peer_ends_its_link_and_a_pending_request() {
     send_range(a, 13, 0..100, 8, None);
     expect_in_order(&at_13, 0..100);
 }
+
+#[test]
+fn reliable_messages_take_an_open_link_in_order_exactly_once() {
+    let dvm = dvm(|_| RouteSetting::Direct);
+    let (a, b) = (&dvm[A as usize], &dvm[B as usize]);
+    let at_b = sequence_receiver(&dvm, B, A);
+    // The first reliable messages ask for the link and take the tree meanwhile.
+    let reliable = |d: &Daemon, to: u32, range: std::ops::Range<u64>| {
+        for n in range {
+            d.send_reliable_wait(to, TAG, n.to_be_bytes().to_vec(), HANG_GUARD)
+                .unwrap_or_else(|e| panic!("reliable {n}: {e}"));
+        }
+    };
+    reliable(a, B, 0..50);
+    expect_in_order(&at_b, 0..50);
+    wait_until("the link to open at both ends", || open_at_both_ends(a, b));
+    // On the link now: the origin counts them as direct, and no hop relays any.
+    let hops =
+        |dvm: &[Daemon]| -> u64 { dvm.iter().map(|d| d.counters().unwrap().relm_relayed).sum() };
+    let (before, relayed) = (a.counters().unwrap().direct.direct_messages, hops(&dvm));
+    assert!(relayed > 0, "the first ones took the tree");
+    reliable(a, B, 50..550);
+    expect_in_order(&at_b, 50..550);
+    assert_eq!(a.counters().unwrap().direct.direct_messages, before + 500);
+    assert_eq!(
+        hops(&dvm),
+        relayed,
+        "a hop relayed a reliable message meant for the link"
+    );
+    assert!(at_b.try_recv().is_err(), "a duplicate arrived");
+    assert_eq!(b.counters().unwrap().relm_duplicates, 0);
+}

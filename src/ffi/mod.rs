@@ -178,6 +178,8 @@ pub struct tbon_counters {
     pub relm_refused: u64,
     /// RELM link updates sent.
     pub relm_link_updates: u64,
+    /// Reliable messages for other daemons forwarded by this one as a hop.
+    pub relm_relayed: u64,
     /// Reliable messages originated here and not yet acknowledged.
     pub relm_unacked: u64,
     /// Reliable messages held in this daemon's hop cache.
@@ -312,6 +314,7 @@ impl From<&Counters> for tbon_counters {
             relm_evicted: c.relm_evicted,
             relm_refused: c.relm_refused,
             relm_link_updates: c.relm_link_updates,
+            relm_relayed: c.relm_relayed,
             relm_unacked: c.relm_unacked,
             relm_cached: c.relm_cached,
             relm_pending: c.relm_pending,

@@ -328,6 +328,7 @@ impl Node {
         c.relm_evicted = r.evicted;
         c.relm_refused = r.refused;
         c.relm_link_updates = r.link_updates;
+        c.relm_relayed = r.relayed;
         let (unacked, cached, pending) = self.relm.records();
         c.relm_unacked = unacked as u64;
         c.relm_cached = cached as u64;

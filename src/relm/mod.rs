@@ -210,6 +210,8 @@ pub struct RelmStats {
     pub refused: u64,
     /// Link updates sent.
     pub link_updates: u64,
+    /// Messages this daemon forwarded as an intermediate hop (copies included).
+    pub relayed: u64,
 }
 
 /// Where a destination stands with one origin.

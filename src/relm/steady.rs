@@ -254,6 +254,7 @@ impl Relm {
         // lost; the destination discards what it already has.
         // Without a route the record stays `Sending` and goes out after the repair.
         if let Some(to) = topo.next_hop(d.dst) {
+            self.stats.relayed += 1;
             self.transmits.push_back(Transmit::Data { to, frame: d });
             if let Err(e) = self.table.apply(&key, Trigger::Transmitted) {
                 bug(e);
