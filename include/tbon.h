@@ -336,6 +336,8 @@ typedef struct {
   uint64_t direct_links_open;
   // Links that fell back to the tree (connection lost, grant withdrawn).
   uint64_t direct_fallbacks;
+  // Idle direct links this daemon closed to make room for a new one.
+  uint64_t direct_links_evicted;
   // User messages originated here that took a direct link, and their payload bytes.
   uint64_t direct_messages;
   uint64_t direct_bytes;

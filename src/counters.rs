@@ -193,6 +193,8 @@ pub struct DirectCounters {
     pub links_open: u64,
     /// Links that fell back to the tree (the connection was lost, or a grant was withdrawn).
     pub fallbacks: u64,
+    /// Idle links this daemon closed to make room for a new one (least recently used first).
+    pub links_evicted: u64,
     /// User messages originated here that took a direct link, and their payload bytes.
     pub direct_messages: u64,
     pub direct_bytes: u64,

@@ -406,6 +406,14 @@ pub const DIRECT_LINKS_MAX_MAX: usize = 4_096;
 /// Denials a daemon remembers (no new request to those daemons until each expires); at the
 /// bound the one expiring first is forgotten.
 pub const DIRECT_DENIALS_MAX: usize = 1_024;
+
+/// Messages (and bytes) to one daemon that wait while the direct link to it closes (about one
+/// link round trip plus one tree hop; only links idle for `direct_auto_window_ms` are evicted,
+/// so few wait). Beyond either, a send with a completion fails `Busy` and one without is
+/// dropped, counted in `dropped_queue_full` and logged, as at a relay's hard queue bound.
+pub const DIRECT_HELD_MAX: usize = 65_536;
+/// See [`DIRECT_HELD_MAX`].
+pub const DIRECT_HELD_BYTES_MAX: usize = 64 << 20;
 /// Default `direct_auto_messages`: the `auto` policy asks once a destination took more
 /// messages than this within `direct_auto_window_ms`.
 pub const DIRECT_AUTO_MESSAGES_DEFAULT: u64 = 256;

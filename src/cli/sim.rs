@@ -61,7 +61,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let (mut fenced, mut link_drops, mut stale, mut dups) = (0u64, 0u64, 0u64, 0u64);
     let (mut strangers, mut refused, mut crossed) = (0u64, 0u64, 0u64);
     let (mut busy, mut unread) = (0u64, 0u64);
-    let (mut opened, mut fallbacks, mut held) = (0u64, 0u64, 0u64);
+    let (mut opened, mut fallbacks, mut held, mut evicted) = (0u64, 0u64, 0u64, 0u64);
     let regressions = REGRESSION_SEEDS
         .iter()
         .map(|r| (r.seed, r.options(args.messages)));
@@ -89,6 +89,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 opened += s.direct_opened;
                 fallbacks += s.direct_fallbacks;
                 held += s.held_frames;
+                evicted += s.direct_evicted;
             }
             Err(_) => {
                 failed += 1;
@@ -106,8 +107,8 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
          stale frames dropped, {dups} frames duplicated, {retransmits} retransmissions, \
          {strangers} strangers' connections ({refused} refused at a forged proof), {crossed} \
          crossing dials resolved, {busy} sends refused Busy by flow control, {unread} frames \
-         left unread by flow control, {opened} direct links opened (ends), {fallbacks} fallbacks \
-         to the tree, {held} frames held for a drain marker",
+         left unread by flow control, {opened} direct links opened (ends), {evicted} evicted, \
+         {fallbacks} fallbacks to the tree, {held} frames held for a drain marker",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 { 0 } else { 1 })

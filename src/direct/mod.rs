@@ -63,7 +63,7 @@
 mod table;
 pub mod wire;
 
-pub use table::{Asker, DirectConfig, DirectLinks, Via};
+pub use table::{Asker, DirectConfig, DirectLinks, LinkEvent, Via};
 pub use wire::{DenyReason, DirectMsg, TAG_DIRECT};
 
 use std::fmt;

@@ -47,6 +47,19 @@ impl DirectConfig {
 pub enum Via {
     Tree,
     Direct,
+    /// The link to the destination is closing: the message waits (in order) until
+    /// [`LinkEvent::Release`], then takes the tree.
+    Hold,
+}
+
+/// What the node must do for a link besides sending control messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// The messages held for this daemon while its link closed take the tree now, in order.
+    Release(Rank),
+    /// This end is done with the connection to this daemon (nothing more is written or read
+    /// on it): close it, giving the tree anything not yet written.
+    Shut(Rank),
 }
 
 /// A link's state (PVM's names).
@@ -59,6 +72,22 @@ enum Phase {
     GrantWait,
     /// Both ways on the link.
     Open,
+    /// Evicting: `Close` was the last frame written on the link; messages wait until the
+    /// other end's `CloseAck` (it has read everything this end wrote there).
+    Closing,
+    /// The other end evicts: `CloseAck` was the last frame written on the link; messages wait
+    /// for its `Shut` over the tree (it has read everything this end wrote there).
+    Draining,
+}
+
+impl Phase {
+    /// Counted against `direct_links_max` (a closing link is on its way out).
+    fn active(self) -> bool {
+        matches!(self, Phase::ConnWait | Phase::GrantWait | Phase::Open)
+    }
+    fn closing(self) -> bool {
+        matches!(self, Phase::Closing | Phase::Draining)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -66,6 +95,8 @@ struct Link {
     phase: Phase,
     /// When the phase began (the deadline of a wait runs from it).
     since: Instant,
+    /// The last message this daemon sent on it (eviction picks the least recently used).
+    used: Instant,
 }
 
 /// What the table needs to know of the node when a request arrives.
@@ -96,6 +127,7 @@ pub struct DirectLinks {
     denials: FxHashMap<Rank, (DenyReason, Instant)>,
     traffic: FxHashMap<Rank, Window>,
     control: VecDeque<(Rank, DirectMsg)>,
+    events: VecDeque<LinkEvent>,
     stats: DirectCounters,
     /// Bumped whenever a link may have changed state ([`DirectLinks::generation`]).
     generation: u64,
@@ -110,6 +142,7 @@ impl DirectLinks {
             denials: FxHashMap::default(),
             traffic: FxHashMap::default(),
             control: VecDeque::new(),
+            events: VecDeque::new(),
             stats: DirectCounters::default(),
             generation: 0,
         }
@@ -127,7 +160,7 @@ impl DirectLinks {
         c.links_open = self
             .links
             .values()
-            .filter(|l| l.phase != Phase::ConnWait)
+            .filter(|l| matches!(l.phase, Phase::GrantWait | Phase::Open))
             .count() as u64;
         c
     }
@@ -144,13 +177,19 @@ impl DirectLinks {
         requester: impl FnOnce() -> (u64, String),
     ) -> Via {
         let phase = self.links.get(&dst).map(|l| l.phase);
-        if phase.is_some_and(|p| p != Phase::ConnWait) {
+        if let Some(Phase::GrantWait | Phase::Open) = phase {
             self.stats.direct_messages += 1;
             self.stats.direct_bytes += len as u64;
+            if let Some(l) = self.links.get_mut(&dst) {
+                l.used = now;
+            }
             return Via::Direct;
         }
         self.stats.tree_messages += 1;
         self.stats.tree_bytes += len as u64;
+        if phase.is_some_and(Phase::closing) {
+            return Via::Hold;
+        }
         if phase.is_some() {
             return Via::Tree;
         }
@@ -197,7 +236,9 @@ impl DirectLinks {
             }
             self.denials.remove(&dst);
         }
-        if self.links.len() >= self.cfg.links_max {
+        let full = self.active() >= self.cfg.links_max && !self.evict(now);
+        // Closing links count too, up to as many again (they end within `direct_request_ms`).
+        if full || self.links.len() >= 2 * self.cfg.links_max {
             // No room here: the message simply takes the tree.
             self.stats.no_room += 1;
             return;
@@ -208,6 +249,7 @@ impl DirectLinks {
             Link {
                 phase: Phase::ConnWait,
                 since: now,
+                used: now,
             },
         );
         self.traffic.remove(&dst);
@@ -223,7 +265,56 @@ impl DirectLinks {
         ));
     }
 
-    /// A control message from `who.from`, over the tree.
+    /// Links counted against `direct_links_max`.
+    fn active(&self) -> usize {
+        self.links.values().filter(|l| l.phase.active()).count()
+    }
+
+    /// Starts closing the least recently used open link that carried nothing from this end
+    /// for `direct_auto_window_ms` (ties: the lower rank); whether there was one. Its last
+    /// frame on the link is `Close`.
+    fn evict(&mut self, now: Instant) -> bool {
+        let idle = self.cfg.auto_window;
+        let Some(peer) = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.phase == Phase::Open && now.saturating_duration_since(l.used) >= idle)
+            .min_by_key(|(r, l)| (l.used, **r))
+            .map(|(r, _)| *r)
+        else {
+            return false;
+        };
+        // A closing link is bounded by the active ones it came from: at most as many again.
+        if self.links.len() >= 2 * self.cfg.links_max {
+            return false;
+        }
+        self.generation += 1;
+        if let Some(l) = self.links.get_mut(&peer) {
+            l.phase = Phase::Closing;
+            l.since = now;
+        }
+        self.stats.links_evicted += 1;
+        log::debug!("rank {}: evicting the idle direct link to rank {peer}", self.me);
+        self.control.push_back((peer, DirectMsg::Close));
+        true
+    }
+
+    /// A link in any state ends: what waits for it takes the tree.
+    fn end(&mut self, peer: Rank) -> Option<Phase> {
+        let l = self.links.remove(&peer)?;
+        if l.phase.closing() {
+            self.events.push_back(LinkEvent::Release(peer));
+        }
+        Some(l.phase)
+    }
+
+    /// The next thing the node must do for a link: release held messages, shut a connection.
+    pub fn poll_event(&mut self) -> Option<LinkEvent> {
+        self.events.pop_front()
+    }
+
+    /// A control message from `who.from`: over the tree, or (`Close`, `CloseAck`) on the
+    /// link, where each is the last frame its sender writes.
     pub fn handle_message(&mut self, now: Instant, who: Asker, msg: DirectMsg) {
         self.generation += 1;
         let from = who.from;
@@ -244,8 +335,14 @@ impl DirectLinks {
                 } else if phase == Some(Phase::ConnWait) && from > self.me {
                     // Both asked: the lower rank's request wins, and this is the lower rank.
                     Some(DenyReason::Crossed)
-                } else if phase.is_none() && self.links.len() >= self.cfg.links_max {
+                } else if phase.is_none()
+                    && ((self.active() >= self.cfg.links_max && !self.evict(now))
+                        || self.links.len() >= 2 * self.cfg.links_max)
+                {
                     Some(DenyReason::Full)
+                } else if phase.is_some_and(Phase::closing) {
+                    // Asked again before the close finished: ask once it has.
+                    Some(DenyReason::Epoch)
                 } else {
                     None
                 };
@@ -270,6 +367,7 @@ impl DirectLinks {
                             Link {
                                 phase: Phase::GrantWait,
                                 since: now,
+                                used: now,
                             },
                         );
                         log::debug!("rank {}: granted rank {from} a direct link", self.me);
@@ -284,6 +382,7 @@ impl DirectLinks {
                         Link {
                             phase: Phase::Open,
                             since: now,
+                            used: now,
                         },
                     );
                     self.stats.links_opened += 1;
@@ -310,9 +409,40 @@ impl DirectLinks {
             // The peer gave the link up (a late grant, a grant it never switched to, a
             // connection it could not make): this end stops using it too.
             DirectMsg::Withdraw => {
-                if matches!(phase, Some(Phase::GrantWait | Phase::Open)) {
-                    self.links.remove(&from);
+                if matches!(
+                    phase,
+                    Some(Phase::GrantWait | Phase::Open | Phase::Closing | Phase::Draining)
+                ) {
+                    self.end(from);
                     self.stats.fallbacks += 1;
+                }
+            }
+            // The other end evicts: everything it wrote on the link has been read.
+            DirectMsg::Close => match phase {
+                Some(Phase::Open) => {
+                    if let Some(l) = self.links.get_mut(&from) {
+                        l.phase = Phase::Draining;
+                        l.since = now;
+                    }
+                    self.control.push_back((from, DirectMsg::CloseAck));
+                }
+                // Both evict at once: each answers the other's `Close` and waits for the
+                // answer to its own.
+                Some(Phase::Closing) => self.control.push_back((from, DirectMsg::CloseAck)),
+                _ => {}
+            },
+            // The other end read everything this one wrote on the link: this end's messages
+            // may take the tree, and it is done with the connection.
+            DirectMsg::CloseAck => {
+                if phase == Some(Phase::Closing) {
+                    self.end(from);
+                    self.events.push_back(LinkEvent::Shut(from));
+                    self.control.push_back((from, DirectMsg::Shut));
+                }
+            }
+            DirectMsg::Shut => {
+                if phase == Some(Phase::Draining) {
+                    self.end(from);
                 }
             }
         }
@@ -356,8 +486,12 @@ impl DirectLinks {
         expired.sort_unstable_by_key(|(r, _)| *r);
         let mut fell_back = Vec::new();
         for (peer, phase) in expired {
-            self.links.remove(&peer);
-            if phase == Phase::ConnWait {
+            self.end(peer);
+            if phase.closing() {
+                // The other end went quiet while the link closed: what waits takes the tree.
+                self.control.push_back((peer, DirectMsg::Withdraw));
+                fell_back.push(peer);
+            } else if phase == Phase::ConnWait {
                 self.denied(now, peer, DenyReason::Timeout);
                 self.control.push_back((peer, DirectMsg::Withdraw));
             } else {
@@ -388,7 +522,7 @@ impl DirectLinks {
     pub fn is_direct(&self, dst: Rank) -> bool {
         self.links
             .get(&dst)
-            .is_some_and(|l| l.phase != Phase::ConnWait)
+            .is_some_and(|l| matches!(l.phase, Phase::GrantWait | Phase::Open))
     }
 
     /// Whether the connection with `peer` may be read: not while a drain marker from it is
@@ -399,7 +533,7 @@ impl DirectLinks {
             || !self
                 .links
                 .get(&peer)
-                .is_some_and(|l| l.phase != Phase::Open)
+                .is_some_and(|l| matches!(l.phase, Phase::ConnWait | Phase::GrantWait))
     }
 
     /// Daemons with a link in any state (ascending).
@@ -414,9 +548,7 @@ impl DirectLinks {
         self.generation += 1;
         self.traffic.remove(&peer);
         self.denials.remove(&peer);
-        if let Some(l) = self.links.remove(&peer)
-            && l.phase == Phase::ConnWait
-        {
+        if self.end(peer) == Some(Phase::ConnWait) {
             self.stats.count_denial(DenyReason::PeerDead);
         }
     }
@@ -425,7 +557,7 @@ impl DirectLinks {
     /// the one connection two daemons keep, so the direct link's state is dropped.
     pub fn handle_became_neighbour(&mut self, peer: Rank) {
         self.generation += 1;
-        self.links.remove(&peer);
+        self.end(peer);
         self.traffic.remove(&peer);
     }
 
@@ -435,11 +567,13 @@ impl DirectLinks {
     pub fn handle_link_lost(&mut self, peer: Rank) -> bool {
         self.generation += 1;
         match self.links.get(&peer).map(|l| l.phase) {
-            Some(Phase::GrantWait | Phase::Open) => {
-                self.links.remove(&peer);
+            Some(Phase::GrantWait | Phase::Open | Phase::Closing) => {
+                self.end(peer);
                 self.stats.fallbacks += 1;
                 true
             }
+            // The evicting end closes the connection once it has read `CloseAck`; this end
+            // waits for its `Shut` over the tree.
             _ => false,
         }
     }
@@ -461,10 +595,11 @@ impl DirectLinks {
 
     /// Checks the table's bounds.
     pub fn check_invariants(&self) -> Result<(), String> {
-        if self.links.len() > self.cfg.links_max {
+        if self.active() > self.cfg.links_max || self.links.len() > 2 * self.cfg.links_max {
             return Err(format!(
-                "{} direct links, more than direct_links_max {}",
+                "{} direct links ({} active), direct_links_max {}",
                 self.links.len(),
+                self.active(),
                 self.cfg.links_max
             ));
         }
@@ -586,6 +721,101 @@ mod tests {
         );
         b.check_invariants().unwrap();
         a.check_invariants().unwrap();
+    }
+
+    /// Opens a link from `a` to `b` (both tables) at `t`.
+    fn open(t: Instant, a: &mut DirectLinks, b: &mut DirectLinks) {
+        a.route(t, b.me, 8, Some(Route::Direct), me);
+        exchange(t, a, b);
+        assert!(a.is_direct(b.me) && b.is_direct(a.me));
+    }
+
+    #[test]
+    fn a_full_table_evicts_its_least_recently_used_idle_link_gracefully() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 2));
+        let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 4));
+        let mut c = DirectLinks::new(3, cfg(RouteSetting::Direct, 4));
+        let mut d = DirectLinks::new(4, cfg(RouteSetting::Direct, 4));
+        open(t, &mut a, &mut b);
+        open(t, &mut a, &mut c);
+        // Both idle past the window; 3 was used more recently than 2.
+        let t1 = t + Duration::from_millis(50);
+        assert_eq!(a.route(t1, 3, 8, None, me), Via::Direct);
+        let t2 = t + Duration::from_millis(500);
+        a.route(t2, 4, 8, None, me);
+        // 2 is evicted: `Close` is its last frame on the link, then the request to 4.
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Close)));
+        let request = a.poll_control();
+        assert!(matches!(request, Some((4, DirectMsg::Request { .. }))));
+        assert_eq!(a.counters().links_evicted, 1);
+        assert_eq!(a.route(t2, 2, 8, None, me), Via::Hold, "held while it closes");
+        assert!(a.may_read(2), "the evicting end reads the link up to CloseAck");
+        // The other end reads `Close`: its messages to 1 wait now, `CloseAck` goes last.
+        b.handle_message(t2, asker(1), DirectMsg::Close);
+        assert_eq!(b.route(t2, 1, 8, None, me), Via::Hold);
+        assert_eq!(b.poll_control(), Some((1, DirectMsg::CloseAck)));
+        assert_eq!(b.handle_link_lost(1), false, "the connection's end is expected");
+        a.handle_message(t2, asker(2), DirectMsg::CloseAck);
+        assert_eq!(a.poll_event(), Some(LinkEvent::Release(2)));
+        assert_eq!(a.poll_event(), Some(LinkEvent::Shut(2)));
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Shut)));
+        b.handle_message(t2, asker(1), DirectMsg::Shut);
+        assert_eq!(b.poll_event(), Some(LinkEvent::Release(1)));
+        assert_eq!(a.route(t2, 2, 8, Some(Route::Tree), me), Via::Tree);
+        assert_eq!(b.route(t2, 1, 8, Some(Route::Tree), me), Via::Tree);
+        // The new link opens in the room made.
+        if let Some((_, m)) = request {
+            d.handle_message(t2, asker(1), m);
+        }
+        exchange(t2, &mut a, &mut d);
+        assert!(a.is_direct(4));
+        for x in [&a, &b, &c, &d] {
+            x.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_busy_link_is_not_evicted_and_crossing_closes_finish() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 1));
+        let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 1));
+        open(t, &mut a, &mut b);
+        // Used within the window: no room, nothing evicted.
+        a.route(t + Duration::from_millis(10), 3, 8, None, me);
+        assert_eq!(a.counters().no_room, 1);
+        assert_eq!(a.counters().links_evicted, 0);
+        // Both evict each other at once: each answers the other's Close and waits for its own.
+        let t2 = t + Duration::from_secs(1);
+        a.route(t2, 3, 8, None, me);
+        b.route(t2, 5, 8, None, me);
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Close)));
+        assert_eq!(b.poll_control(), Some((1, DirectMsg::Close)));
+        a.poll_control();
+        b.poll_control();
+        a.handle_message(t2, asker(2), DirectMsg::Close);
+        b.handle_message(t2, asker(1), DirectMsg::Close);
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::CloseAck)));
+        assert_eq!(b.poll_control(), Some((1, DirectMsg::CloseAck)));
+        a.handle_message(t2, asker(2), DirectMsg::CloseAck);
+        b.handle_message(t2, asker(1), DirectMsg::CloseAck);
+        assert_eq!(a.poll_event(), Some(LinkEvent::Release(2)));
+        assert_eq!(b.poll_event(), Some(LinkEvent::Release(1)));
+        assert!(!a.peers().contains(&2) && !b.peers().contains(&1));
+    }
+
+    #[test]
+    fn a_close_that_hears_nothing_releases_after_the_request_timeout() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 1));
+        let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 1));
+        open(t, &mut a, &mut b);
+        let t2 = t + Duration::from_secs(1);
+        a.route(t2, 3, 8, None, me);
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Close)));
+        let later = t2 + Duration::from_secs(5);
+        assert_eq!(a.handle_timeout(later), vec![2]);
+        assert_eq!(a.poll_event(), Some(LinkEvent::Release(2)));
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! The direct-link control messages: plain runtime messages with tag [`TAG_DIRECT`], sent over
-//! the tree (never over the link they negotiate: `Grant` and `Switch` are the drain markers of
-//! the tree route). Layout (big-endian): one kind byte, then the kind's fields.
+//! The direct-link control messages: plain runtime messages with tag [`TAG_DIRECT`]. Most go
+//! over the tree (never over the link they negotiate: `Grant` and `Switch` are the drain
+//! markers of the tree route); `Close` and `CloseAck`, which end a link, go on the link itself,
+//! as the last frame each end writes on it. Layout (big-endian): one kind byte, then the
+//! kind's fields.
 //!
 //! | kind | message | fields |
 //! |---|---|---|
@@ -9,6 +11,9 @@
 //! | 3 | `Deny` | reason (u8, [`DenyReason`]) |
 //! | 4 | `Switch` | — |
 //! | 5 | `Withdraw` | — |
+//! | 6 | `Close` (on the link) | — |
+//! | 7 | `CloseAck` (on the link) | — |
+//! | 8 | `Shut` | — |
 
 use crate::rml::Tag;
 
@@ -16,7 +21,7 @@ use crate::rml::Tag;
 pub const TAG_DIRECT: Tag = 13;
 
 /// The version of the direct-link negotiation; a request with another one is denied.
-pub const DIRECT_VERSION: u8 = 1;
+pub const DIRECT_VERSION: u8 = 2;
 
 /// Longest contact URI a request may carry.
 const URI_MAX_BYTES: usize = 1024;
@@ -90,8 +95,18 @@ pub enum DirectMsg {
     Deny(DenyReason),
     /// The requester's answer to a grant: its messages now take the link (a drain marker).
     Switch,
-    /// The requester no longer waits (its request timed out): the grantor forgets its grant.
+    /// This end gave the link up (a request that timed out, a grant never switched to, a
+    /// connection it could not make): the other end stops using it too.
     Withdraw,
+    /// On the link, the last frame its sender writes there: it evicts the link, and its
+    /// messages to the other end wait until the other has read everything it sent on it.
+    Close,
+    /// On the link, the answer to `Close` and the last frame its sender writes there: it has
+    /// read everything the evicting end sent on the link; its own messages wait for `Shut`.
+    CloseAck,
+    /// Over the tree, from the evicting end once it read `CloseAck`: it has read everything
+    /// the other end sent on the link, whose messages may take the tree now.
+    Shut,
 }
 
 impl DirectMsg {
@@ -119,6 +134,9 @@ impl DirectMsg {
             }
             DirectMsg::Switch => b.push(4),
             DirectMsg::Withdraw => b.push(5),
+            DirectMsg::Close => b.push(6),
+            DirectMsg::CloseAck => b.push(7),
+            DirectMsg::Shut => b.push(8),
         }
         b.into()
     }
@@ -171,6 +189,9 @@ impl DirectMsg {
             }
             4 => exact(0).map(|_| DirectMsg::Switch),
             5 => exact(0).map(|_| DirectMsg::Withdraw),
+            6 => exact(0).map(|_| DirectMsg::Close),
+            7 => exact(0).map(|_| DirectMsg::CloseAck),
+            8 => exact(0).map(|_| DirectMsg::Shut),
             k => Err(format!("unknown direct-link message kind {k}")),
         }
     }
@@ -198,6 +219,9 @@ mod tests {
             DirectMsg::Deny(DenyReason::Crossed),
             DirectMsg::Switch,
             DirectMsg::Withdraw,
+            DirectMsg::Close,
+            DirectMsg::CloseAck,
+            DirectMsg::Shut,
         ];
         for m in all {
             assert_eq!(DirectMsg::decode(&m.encode()), Ok(m));

@@ -266,6 +266,8 @@ pub struct tbon_counters {
     pub direct_links_open: u64,
     /// Links that fell back to the tree (connection lost, grant withdrawn).
     pub direct_fallbacks: u64,
+    /// Idle direct links this daemon closed to make room for a new one.
+    pub direct_links_evicted: u64,
     /// User messages originated here that took a direct link, and their payload bytes.
     pub direct_messages: u64,
     pub direct_bytes: u64,
@@ -303,6 +305,7 @@ impl From<&Counters> for tbon_counters {
             direct_denial_cache_hits: c.direct.denial_cache_hits,
             direct_links_open: c.direct.links_open,
             direct_fallbacks: c.direct.fallbacks,
+            direct_links_evicted: c.direct.links_evicted,
             direct_messages: c.direct.direct_messages,
             direct_bytes: c.direct.direct_bytes,
             relm_sent: c.relm_sent,

@@ -5,11 +5,15 @@
 use super::{Node, Output};
 use crate::Rank;
 use crate::direct::Asker;
-use crate::direct::{DirectMsg, Route, TAG_DIRECT, Via};
-use crate::oob::header::Kind;
+use crate::direct::{DirectMsg, LinkEvent, Route, TAG_DIRECT, Via};
+use crate::oob::header::{Header, Kind};
 use crate::rml::Message;
 use bytes::Bytes;
 use std::time::Instant;
+
+/// A message waiting while the direct link to its destination closes: its header, payload
+/// and completion token.
+pub(super) type Held = (Header, Bytes, Option<u64>);
 
 impl Node {
     /// Sends a user message originated here for `dst` (another daemon) by the route the
@@ -38,20 +42,62 @@ impl Node {
         match via {
             Via::Direct => self.transmit(dst, header, payload, token),
             Via::Tree => self.forward(header, payload.into(), token),
+            Via::Hold => self.hold(dst, (header, payload, token)),
         }
-        self.send_direct_control();
+        self.send_direct_control(now);
     }
 
-    /// The table's control messages go out over the tree (plain runtime messages: `Grant`
-    /// and `Switch` are the tree route's drain markers, so they must take it).
-    pub(super) fn send_direct_control(&mut self) {
+    /// Keeps a message for `dst` until its closing link's `Release`, within the bounds.
+    fn hold(&mut self, dst: Rank, m: Held) {
+        let (queue, bytes) = self.direct_held.entry(dst).or_default();
+        let len = m.1.len();
+        if queue.len() >= crate::limits::DIRECT_HELD_MAX
+            || *bytes + len > crate::limits::DIRECT_HELD_BYTES_MAX
+        {
+            // The designed behaviour at the bound (see `limits::DIRECT_HELD_MAX`).
+            let waiting = queue.len();
+            self.counters.dropped_queue_full += 1;
+            log::warn!(
+                "rank {}: {waiting} messages wait for the direct link to rank {dst} to close; \
+                 one more refused",
+                self.me
+            );
+            if let Some(token) = m.2 {
+                self.done(token, Err(crate::SendError::Busy("a closing direct link's queue")));
+            }
+            return;
+        }
+        *bytes += len;
+        queue.push_back(m);
+    }
+
+    /// The table's control messages (over the tree, plain runtime messages: `Grant` and
+    /// `Switch` are the tree route's drain markers, so they must take it; `Close` and
+    /// `CloseAck` on the link, the last frame written there) and its link events.
+    pub(super) fn send_direct_control(&mut self, now: Instant) {
         while let Some((to, m)) = self.direct.poll_control() {
             if self.routing.is_failed(to) {
                 continue;
             }
+            let on_link = matches!(m, DirectMsg::Close | DirectMsg::CloseAck);
             let payload = m.encode();
             let header = self.header(Kind::Msg, self.me, to, TAG_DIRECT, payload.len());
-            self.forward(header, payload.into(), None);
+            if on_link && !self.is_neighbour(to) {
+                self.transmit(to, header, payload, None);
+            } else {
+                self.forward(header, payload.into(), None);
+            }
+        }
+        while let Some(e) = self.direct.poll_event() {
+            match e {
+                LinkEvent::Release(peer) => {
+                    let (held, _) = self.direct_held.remove(&peer).unwrap_or_default();
+                    for (header, payload, token) in held {
+                        self.forward(header, payload.into(), token);
+                    }
+                }
+                LinkEvent::Shut(peer) => self.fall_back(now, peer),
+            }
         }
     }
 
@@ -84,17 +130,18 @@ impl Node {
             my_epoch: self.epoch,
             stopping: self.stopping.is_some(),
         };
+        let closing = matches!(m, DirectMsg::Close | DirectMsg::CloseAck | DirectMsg::Shut);
         self.direct.handle_message(now, who, m);
-        if was_direct && !self.direct.is_direct(msg.origin) {
+        if was_direct && !self.direct.is_direct(msg.origin) && !closing {
             // A withdrawn grant: what was queued for the link takes the tree.
             self.fall_back(now, msg.origin);
         }
-        self.send_direct_control();
+        self.send_direct_control(now);
     }
 
     /// After a repair: the dead's links end (a request to one ends denied), and a daemon that
     /// became a tree neighbour is reached over the tree (the same connection).
-    pub(super) fn direct_after_repair(&mut self, dead: &[Rank]) {
+    pub(super) fn direct_after_repair(&mut self, now: Instant, dead: &[Rank]) {
         for r in dead {
             self.direct.handle_peer_failed(*r);
         }
@@ -103,6 +150,7 @@ impl Node {
                 self.direct.handle_became_neighbour(peer);
             }
         }
+        self.send_direct_control(now);
     }
 
     /// The connection with `peer` was lost: if a direct link used it, this daemon's messages
@@ -115,6 +163,7 @@ impl Node {
             );
             self.fall_back(now, peer);
         }
+        self.send_direct_control(now);
     }
 
     /// The direct connection with `peer` could not be made: its messages take the tree, and
@@ -128,6 +177,7 @@ impl Node {
         if self.direct.handle_unreachable(now, peer) {
             self.fall_back(now, peer);
         }
+        self.send_direct_control(now);
     }
 
     /// This daemon's messages to `peer` took a direct link and take the tree from now on: the

@@ -110,7 +110,7 @@ impl Node {
             self.flow.forget(*r);
             self.paused_by.remove(r);
         }
-        self.direct_after_repair(&dead);
+        self.direct_after_repair(now, &dead);
         self.out.push_back(Output::PeersFailed { dead, adopted });
         self.watch_neighbours(now);
         self.grpcomm_repair(&status);

@@ -195,6 +195,9 @@ pub struct Node {
     paused_by: FxHashMap<Rank, Instant>,
     /// Direct links beside the tree.
     direct: crate::direct::DirectLinks,
+    /// Messages to daemons whose direct link is closing, in order (`direct::Via::Hold`), and
+    /// their bytes; each at most `DIRECT_HELD_MAX` / `DIRECT_HELD_BYTES_MAX`.
+    direct_held: FxHashMap<Rank, (VecDeque<direct::Held>, usize)>,
     /// The newest incarnation seen of each neighbour.
     incarnations: FxHashMap<Rank, u64>,
     out: VecDeque<Output>,
@@ -249,6 +252,7 @@ impl Node {
             incarnations: FxHashMap::default(),
             flow: flow::Flow::new(cfg.flow),
             direct: crate::direct::DirectLinks::new(me, cfg.direct),
+            direct_held: FxHashMap::default(),
             paused_by: FxHashMap::default(),
             out: VecDeque::new(),
         })
@@ -397,7 +401,7 @@ impl Node {
             for peer in self.direct.handle_timeout(now) {
                 self.fall_back(now, peer);
             }
-            self.send_direct_control();
+            self.send_direct_control(now);
         }
     }
 

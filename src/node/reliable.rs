@@ -117,7 +117,7 @@ impl Node {
                     uri.as_ref().map(|u| u.to_string()).unwrap_or_default(),
                 )
             });
-            self.send_direct_control();
+            self.send_direct_control(now);
         }
         let rt = self.next_user_token();
         let paths = Paths::new(&self.routing, &self.direct);

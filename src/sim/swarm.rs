@@ -621,7 +621,7 @@ fn direct_links(
     let request_timeout = Duration::from_millis(rng.range(20, 3_000));
     let denial_ttl = Duration::from_millis(rng.range(10, 2_000));
     let auto_messages = rng.range(0, 8);
-    let configs = (0..size)
+    let configs: Vec<DirectConfig> = (0..size)
         .map(|_| {
             let setting = match rng.range(0, 19) {
                 0..=11 => RouteSetting::Direct,
@@ -666,5 +666,11 @@ fn direct_links(
             });
         }
     }
+    // Idle for this long, a link may be evicted (drawn last: earlier seeds keep their draws).
+    let auto_window = Duration::from_millis(rng.range(20, 1_000));
+    let configs = configs
+        .into_iter()
+        .map(|c| DirectConfig { auto_window, ..c })
+        .collect();
     (configs, cuts)
 }

@@ -80,6 +80,7 @@ fn batch(n: u64, opts: Options) -> RunStats {
                 sum.unread_frames += s.unread_frames;
                 sum.direct_opened += s.direct_opened;
                 sum.direct_fallbacks += s.direct_fallbacks;
+                sum.direct_evicted += s.direct_evicted;
                 sum.held_frames += s.held_frames;
                 sum.plain_order_runs += s.plain_order_runs;
                 sum.plain_sent += s.plain_sent;
@@ -181,6 +182,7 @@ fn direct_links_open_fall_back_and_keep_order() {
     let s = batch(120, kinds("direct,delay"));
     assert!(s.direct_opened > 100, "links opened: {}", s.direct_opened);
     assert!(s.direct_fallbacks > 0, "no fallback to the tree");
+    assert!(s.direct_evicted > 0, "no link evicted");
     assert!(s.held_frames > 0, "no frame waited for a drain marker");
     assert!(
         s.plain_order_runs > 10,

@@ -177,6 +177,7 @@ pub struct RunStats {
     pub plain_order_runs: u64,
     pub direct_opened: u64,
     pub direct_fallbacks: u64,
+    pub direct_evicted: u64,
 }
 
 /// The world.
@@ -555,6 +556,7 @@ impl World {
             self.stats.direct_opened += n.node.counters().direct.links_opened;
             self.stats.plain_order_runs = u64::from(self.check.plain_order);
             self.stats.direct_fallbacks += n.node.counters().direct.fallbacks;
+            self.stats.direct_evicted += n.node.counters().direct.links_evicted;
         }
         Ok(self.stats)
     }
