@@ -278,7 +278,9 @@ impl DirectLinks {
         let Some(peer) = self
             .links
             .iter()
-            .filter(|(_, l)| l.phase == Phase::Open && now.saturating_duration_since(l.used) >= idle)
+            .filter(|(_, l)| {
+                l.phase == Phase::Open && now.saturating_duration_since(l.used) >= idle
+            })
             .min_by_key(|(r, l)| (l.used, **r))
             .map(|(r, _)| *r)
         else {
@@ -294,7 +296,10 @@ impl DirectLinks {
             l.since = now;
         }
         self.stats.links_evicted += 1;
-        log::debug!("rank {}: evicting the idle direct link to rank {peer}", self.me);
+        log::debug!(
+            "rank {}: evicting the idle direct link to rank {peer}",
+            self.me
+        );
         self.control.push_back((peer, DirectMsg::Close));
         true
     }
@@ -536,6 +541,18 @@ impl DirectLinks {
                 .is_some_and(|l| matches!(l.phase, Phase::ConnWait | Phase::GrantWait))
     }
 
+    /// Daemons whose link is closing (`Close` sent or read, `Shut` not yet), ascending.
+    pub fn closing_peers(&self) -> Vec<Rank> {
+        let mut v: Vec<Rank> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.phase.closing())
+            .map(|(r, _)| *r)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     /// Daemons with a link in any state (ascending).
     pub fn peers(&self) -> Vec<Rank> {
         let mut v: Vec<Rank> = self.links.keys().copied().collect();
@@ -749,13 +766,20 @@ mod tests {
         let request = a.poll_control();
         assert!(matches!(request, Some((4, DirectMsg::Request { .. }))));
         assert_eq!(a.counters().links_evicted, 1);
-        assert_eq!(a.route(t2, 2, 8, None, me), Via::Hold, "held while it closes");
-        assert!(a.may_read(2), "the evicting end reads the link up to CloseAck");
+        assert_eq!(
+            a.route(t2, 2, 8, None, me),
+            Via::Hold,
+            "held while it closes"
+        );
+        assert!(
+            a.may_read(2),
+            "the evicting end reads the link up to CloseAck"
+        );
         // The other end reads `Close`: its messages to 1 wait now, `CloseAck` goes last.
         b.handle_message(t2, asker(1), DirectMsg::Close);
         assert_eq!(b.route(t2, 1, 8, None, me), Via::Hold);
         assert_eq!(b.poll_control(), Some((1, DirectMsg::CloseAck)));
-        assert_eq!(b.handle_link_lost(1), false, "the connection's end is expected");
+        assert!(!b.handle_link_lost(1), "the connection's end is expected");
         a.handle_message(t2, asker(2), DirectMsg::CloseAck);
         assert_eq!(a.poll_event(), Some(LinkEvent::Release(2)));
         assert_eq!(a.poll_event(), Some(LinkEvent::Shut(2)));

@@ -63,7 +63,10 @@ impl Node {
                 self.me
             );
             if let Some(token) = m.2 {
-                self.done(token, Err(crate::SendError::Busy("a closing direct link's queue")));
+                self.done(
+                    token,
+                    Err(crate::SendError::Busy("a closing direct link's queue")),
+                );
             }
             return;
         }

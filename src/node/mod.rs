@@ -507,6 +507,11 @@ impl Node {
         )
     }
 
+    /// The direct-link table (see [`crate::direct`]).
+    pub fn direct(&self) -> &crate::direct::DirectLinks {
+        &self.direct
+    }
+
     /// The flow-control state (see [`flow`]).
     pub fn flow(&self) -> &flow::Flow {
         &self.flow

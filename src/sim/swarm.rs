@@ -672,5 +672,23 @@ fn direct_links(
         .into_iter()
         .map(|c| DirectConfig { auto_window, ..c })
         .collect();
+    // Slow direct links: the tree path may then overtake the link, which the drain markers
+    // (opening) and the held messages (closing) must make harmless.
+    if rng.chance(0.5) {
+        for _ in 0..rng.range(1, 6) {
+            let a = rng.range(1, u64::from(size - 1)) as Rank;
+            let b = rng.range(1, u64::from(size - 1)) as Rank;
+            if a == b || neighbours(a, b) {
+                continue;
+            }
+            cuts.push(Fault::SlowLink {
+                a,
+                b,
+                at_us: rng.range(0, safety_us),
+                for_us: rng.range(100_000, 3_000_000),
+                factor: rng.range(5, 200),
+            });
+        }
+    }
     (configs, cuts)
 }

@@ -223,6 +223,8 @@ pub struct World {
     wires: Option<capacity::Wires>,
     /// Frames a daemon may not read yet, per direction (runs without the capacity model).
     held: HashMap<(Rank, Rank), held::Held>,
+    /// (daemon, peer) whose direct link was seen closing (its sends were chased).
+    closing_seen: HashSet<(Rank, Rank)>,
 }
 
 impl World {
@@ -289,6 +291,7 @@ impl World {
             hs: None,
             wires: None,
             held: HashMap::new(),
+            closing_seen: HashSet::new(),
         };
         w.check.plain_order = w.scen.keeps_plain_order();
         if let Some(cap) = w.scen.capacity {
@@ -881,6 +884,7 @@ impl World {
                 Out::Fallback(peer) => self.fall_back(r, peer),
             }
         }
+        self.chase_closing(r);
         for (to, frame) in heartbeats {
             // Only over a connection that is up.
             if !self.conn_lost.contains(&Self::pair(r, to)) {
@@ -907,6 +911,32 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// A direct link that starts closing gets messages both ways while it closes (they wait
+    /// and must still arrive in order): a few sends each way, within about a link's latency.
+    /// Without this, traffic is too sparse to land in the short close window.
+    fn chase_closing(&mut self, r: Rank) {
+        let Some(n) = self.nodes.get(r as usize) else {
+            return;
+        };
+        let closing = n.node.direct().closing_peers();
+        if closing.is_empty() && !self.closing_seen.iter().any(|(a, _)| *a == r) {
+            return;
+        }
+        self.closing_seen
+            .retain(|(a, p)| *a != r || closing.contains(p));
+        let step = (self.scen.latency_us / 4).max(1);
+        for p in closing {
+            if !self.closing_seen.insert((r, p)) || !self.living(p) {
+                continue;
+            }
+            for i in 0..3u64 {
+                let at = self.now_us + i * step;
+                self.push_send(at, r, p, i == 1);
+                self.push_send(at, p, r, false);
+            }
+        }
     }
 
     /// Daemon `r` stopped. It must have been declared dead (it fences itself), or have lost
