@@ -241,3 +241,47 @@ fn reliable_messages_take_an_open_link_in_order_exactly_once() {
     assert!(at_b.try_recv().is_err(), "a duplicate arrived");
     assert_eq!(b.counters().unwrap().relm_duplicates, 0);
 }
+
+#[test]
+fn a_full_table_evicts_its_idle_link_gracefully_and_nothing_is_reordered() {
+    // Rank A has room for one link; a link idle for 50 ms may be evicted.
+    let dvm = start_dvm_with(SIZE, |r| {
+        let mut c = loopback_config(2);
+        c.route = RouteSetting::Direct;
+        if r == A {
+            c.direct_links_max = 1;
+            c.direct_auto_window_ms = 50;
+        }
+        c
+    });
+    let (a, b) = (&dvm[A as usize], &dvm[B as usize]);
+    const C: u32 = 13;
+    let (at_b, at_a, at_c) = (
+        sequence_receiver(&dvm, B, A),
+        sequence_receiver(&dvm, A, B),
+        sequence_receiver(&dvm, C, A),
+    );
+    send_range(a, B, 0..100, 64, None);
+    expect_in_order(&at_b, 0..100);
+    wait_until("the link to B at both ends", || open_at_both_ends(a, b));
+    std::thread::sleep(Duration::from_millis(100));
+    // Asking C for a link evicts the idle one to B; traffic both ways goes on meanwhile.
+    send_range(a, C, 0..10, 64, None);
+    send_range(a, B, 100..300, 64, None);
+    send_range(b, A, 0..300, 64, None);
+    expect_in_order(&at_c, 0..10);
+    expect_in_order(&at_b, 100..300);
+    expect_in_order(&at_a, 0..300);
+    wait_until("the link to C, and none to B", || {
+        let (ca, cb) = (a.counters().unwrap().direct, b.counters().unwrap().direct);
+        ca.links_evicted == 1 && ca.links_open == 1 && cb.links_open == 0
+    });
+    send_range(a, B, 300..400, 64, None);
+    send_range(b, A, 300..400, 64, None);
+    expect_in_order(&at_b, 300..400);
+    expect_in_order(&at_a, 300..400);
+    assert!(
+        at_b.try_recv().is_err() && at_a.try_recv().is_err(),
+        "a duplicate arrived"
+    );
+}

@@ -293,8 +293,8 @@ pub struct Seen {
     /// sends refused `Busy` by flow control, relayed frames dropped at a full queue.
     /// Per rank, from its latest progress line: flow control (congestions, sends refused,
     /// frames dropped), then direct links (requests, grants, denials, links opened,
-    /// fallbacks, messages on links).
-    pub flow: BTreeMap<u32, [u64; 9]>,
+    /// fallbacks, messages on links, links evicted).
+    pub flow: BTreeMap<u32, [u64; 10]>,
     /// (rank, scope is global, newly failed, epoch, mono_ns) of every fault line.
     pub faults: Vec<(u32, bool, Vec<u32>, u64, u64)>,
 }
@@ -334,6 +334,7 @@ impl Seen {
                         n("direct_links_opened"),
                         n("direct_fallbacks"),
                         n("direct_messages"),
+                        n("direct_links_evicted"),
                     ],
                 );
             }

@@ -384,6 +384,7 @@ impl Workload {
                     + c.direct.denied_timeout,
                 "direct_links_opened": c.direct.links_opened,
                 "direct_fallbacks": c.direct.fallbacks,
+                "direct_links_evicted": c.direct.links_evicted,
                 "direct_messages": c.direct.direct_messages,
             })),
         }})

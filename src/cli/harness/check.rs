@@ -89,6 +89,7 @@ struct Counts {
     direct_links_opened: u64,
     direct_fallbacks: u64,
     direct_messages: u64,
+    direct_links_evicted: u64,
     to_faulted: u64,
     from_faulted_delivered: u64,
 }
@@ -244,6 +245,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
         c.direct_links_opened += f[6];
         c.direct_fallbacks += f[7];
         c.direct_messages += f[8];
+        c.direct_links_evicted += f[9];
     }
     c.expected = expected.len() as u64;
     let mut got: HashMap<(u32, u32, u32, u64), u32> = HashMap::new();
@@ -577,12 +579,13 @@ pub fn analyse(inp: Input<'_>) -> Report {
             &mut t,
             "direct links",
             format!(
-                "{} requests, {} grants, {} denials, {} opened, {} fell back to the tree, {} \
-                 messages on links",
+                "{} requests, {} grants, {} denials, {} opened, {} evicted, {} fell back to the \
+                 tree, {} messages on links",
                 c.direct_requests,
                 c.direct_grants,
                 c.direct_denied,
                 c.direct_links_opened,
+                c.direct_links_evicted,
                 c.direct_fallbacks,
                 c.direct_messages
             ),
