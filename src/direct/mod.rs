@@ -55,9 +55,27 @@
 //! every unacknowledged reliable message to the peer goes again over the tree at once, and the
 //! peer's chain is acknowledged again over the tree (`Relm::handle_direct_lost`).
 //!
+//! # Eviction
+//! At `direct_links_max`, a new link (asked for or granted) evicts the least recently used
+//! link that carried nothing from this end for `direct_auto_window_ms`; with none idle there is
+//! no room. Closing needs no new order rule on the tree, only this: each end switches a message
+//! to the tree only once the other has read everything it wrote on the link.
+//! The evicting end `E` writes `Close` as its last frame on the link (`Closing`), and its
+//! messages to `P` wait, in order. `P` reads `Close` (so it read all of `E`'s link frames),
+//! writes `CloseAck` as its last frame there (`Draining`) and its own messages to `E` wait.
+//! `E` reads `CloseAck` (so it read all of `P`'s): its messages take the tree, it closes the
+//! connection and sends `Shut` over the tree, on which `P`'s messages take the tree too. Two
+//! ends evicting each other at once each answer the other's `Close` and finish on the answer
+//! to their own. A close that hears nothing for `direct_request_ms`, or whose connection is
+//! lost first, releases what waits over the tree (a fault window, as any lost link).
+//! Reliable messages do not wait: RELM takes the tree at once (its chains keep the order).
+//!
 //! # Bounds
-//! Links in any state: `direct_links_max`; denials cached: [`crate::limits::DIRECT_DENIALS_MAX`]
-//! (the oldest dropped), each for `direct_denial_ms`; destinations whose traffic the `auto`
+//! Links asked for, granted or open: `direct_links_max`, and closing ones up to as many again;
+//! messages waiting for a link to close: `limits::DIRECT_HELD_MAX` and
+//! `limits::DIRECT_HELD_BYTES_MAX` per peer (beyond, a send fails `Busy`, or without a
+//! completion is dropped and counted in `dropped_queue_full`); denials cached:
+//! [`crate::limits::DIRECT_DENIALS_MAX`] (the oldest dropped), each for `direct_denial_ms`; destinations whose traffic the `auto`
 //! policy counts: at most the DVM's size.
 
 mod table;
