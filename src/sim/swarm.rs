@@ -639,19 +639,21 @@ fn direct_links(
         })
         .collect();
     let shape = crate::routed::radix::Shape::new(radix, size).ok();
-    let neighbours = |a: Rank, b: Rank| {
-        shape
+    // Two daemons (not rank 0) that are not tree neighbours: a possible direct link.
+    let pair = |rng: &mut Rng| {
+        let a = rng.range(1, u64::from(size - 1)) as Rank;
+        let b = rng.range(1, u64::from(size - 1)) as Rank;
+        let neighbours = shape
             .as_ref()
-            .is_some_and(|s| s.parent(a) == Some(b) || s.parent(b) == Some(a))
+            .is_some_and(|s| s.parent(a) == Some(b) || s.parent(b) == Some(a));
+        (a != b && !neighbours).then_some((a, b))
     };
     let mut cuts = Vec::new();
     if rng.chance(0.6) {
         for _ in 0..rng.range(1, 6) {
-            let a = rng.range(1, u64::from(size - 1)) as Rank;
-            let b = rng.range(1, u64::from(size - 1)) as Rank;
-            if a == b || neighbours(a, b) {
+            let Some((a, b)) = pair(&mut rng) else {
                 continue;
-            }
+            };
             // Past the redial attempts (about 1.3 s) the dialling end gives the link up.
             let for_us = if rng.chance(0.3) {
                 rng.range(1_500_000, 3_000_000)
@@ -676,11 +678,9 @@ fn direct_links(
     // (opening) and the held messages (closing) must make harmless.
     if rng.chance(0.5) {
         for _ in 0..rng.range(1, 6) {
-            let a = rng.range(1, u64::from(size - 1)) as Rank;
-            let b = rng.range(1, u64::from(size - 1)) as Rank;
-            if a == b || neighbours(a, b) {
+            let Some((a, b)) = pair(&mut rng) else {
                 continue;
-            }
+            };
             cuts.push(Fault::SlowLink {
                 a,
                 b,
