@@ -474,7 +474,9 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             cmd.arg("--hnp-file").arg(&uri_file);
         }
         let log = std::fs::File::create(log_file(rank)).map_err(|e| e.to_string())?;
-        cmd.env("RUST_LOG", "tbon=warn")
+        // `TBON_HARNESS_LOG` (a `RUST_LOG` filter) makes the daemons' logs more verbose.
+        let filter = std::env::var("TBON_HARNESS_LOG").unwrap_or_else(|_| "tbon=warn".into());
+        cmd.env("RUST_LOG", filter)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
