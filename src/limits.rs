@@ -426,3 +426,18 @@ pub const DIRECT_DENIAL_MS_DEFAULT: u64 = 30_000;
 /// Default `direct_request_ms`: how long a request (or a grant) waits for its answer before
 /// it ends (`Timeout`); the messages meanwhile take the tree, so nothing waits with it.
 pub const DIRECT_REQUEST_MS_DEFAULT: u64 = 5_000;
+
+/// Stream chunks: the most payload bytes one `Data` message carries (a larger write is cut
+/// into chunks of this size without copying).
+pub const STREAM_CHUNK_MAX: usize = 64 * 1024;
+/// Stream credit: the most bytes a consumer lets a producer have in flight (sent and not yet
+/// consumed) on one stream; a larger window asked for is cut to this. What a stream holds at
+/// the producer, at the consumer and on the path together stays under it, whatever the
+/// stream's length and however slow the consumer.
+pub const STREAM_WINDOW_MAX: usize = 64 << 20;
+/// A stream request's bytes (the name of the data asked for); a larger `Open` is refused.
+pub const STREAM_REQUEST_MAX: usize = 64 * 1024;
+/// A stream service name's bytes.
+pub const STREAM_SERVICE_MAX: usize = 255;
+/// A stream failure's reason, in bytes (cut to this when sent).
+pub const STREAM_REASON_MAX: usize = 1024;

@@ -1,7 +1,8 @@
 //! Every runtime control-message decoder on arbitrary bytes: fault reports, confirmations,
 //! adoption notices, the wire-up contact table and report, RELM control messages, the
-//! collectives' messages (xcast, allgather, allgather results), and contact URIs. Errors are
-//! fine; panics are not. A collective message that decodes is encoded again.
+//! collectives' messages (xcast, allgather, allgather results), direct-link and stream
+//! messages, and contact URIs. Errors are fine; panics are not. A collective or stream message
+//! that decodes is encoded again.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -9,7 +10,9 @@ use tbon::node::wireup::{decode_report, decode_table};
 use tbon::faults::notice::{Adoption, Confirmation, decode_ranks};
 use tbon::grpcomm::{AllgatherMsg, AllgatherResult, XcastMsg};
 use tbon::oob::uri::ContactUri;
+use tbon::direct::DirectMsg;
 use tbon::relm::Control;
+use tbon::stream::StreamMsg;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&size, rest)) = data.split_first() else {
@@ -30,6 +33,10 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(r) = AllgatherResult::decode(size, rest.to_vec().into()) {
         let _ = r.encode();
+    }
+    let _ = DirectMsg::decode(rest);
+    if let Ok((id, m)) = StreamMsg::decode(&rest.to_vec().into()) {
+        let _ = m.encode(id);
     }
     if let Ok(s) = std::str::from_utf8(rest) {
         let _ = s.parse::<ContactUri>();

@@ -1,0 +1,236 @@
+//! The consumer's side of one stream: it opens the stream, checks every chunk (in order,
+//! within the credit it granted, its digest) before handing it on, grants credit as the
+//! application consumes, and ends `Finished` (length and digest sum checked) or with an error
+//! that says why. A stream whose path broke resumes from the byte it stands at, under a new id.
+
+use super::StreamError;
+use super::digest;
+use super::wire::StreamMsg;
+use crate::Rank;
+use crate::limits::STREAM_WINDOW_MAX;
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Where a stream stands at its consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// Chunks are still coming.
+    Streaming,
+    /// Every byte arrived and checked.
+    Finished,
+    /// It ended with this error.
+    Failed(StreamError),
+}
+
+/// One stream this daemon consumes (sans-IO): take its messages with
+/// [`Incoming::poll_msg`] and send them to [`Incoming::producer`] in order.
+#[derive(Debug)]
+pub struct Incoming {
+    id: u64,
+    producer: Rank,
+    service: String,
+    request: Bytes,
+    window: u64,
+    /// The next offset expected.
+    received: u64,
+    /// Bytes the application has taken (credit follows it).
+    consumed: u64,
+    /// The credit granted: the producer may send below this offset.
+    granted: u64,
+    /// The wrapping sum of the digests received since this instance's `Open`.
+    digests: u64,
+    status: Status,
+    out: VecDeque<StreamMsg>,
+    idle: Duration,
+    heard: Instant,
+}
+
+impl Incoming {
+    /// Opens stream `id` from `service` at `producer` with `request`, granting `window` bytes
+    /// at a time (at most `STREAM_WINDOW_MAX`); it fails `TimedOut` after `idle` without a
+    /// message from the producer.
+    pub fn open(
+        now: Instant,
+        id: u64,
+        producer: Rank,
+        service: &str,
+        request: Bytes,
+        window: u32,
+        idle: Duration,
+    ) -> Incoming {
+        let window = u64::from(window).clamp(1, STREAM_WINDOW_MAX as u64);
+        let mut s = Incoming {
+            id,
+            producer,
+            service: service.to_string(),
+            request,
+            window,
+            received: 0,
+            consumed: 0,
+            granted: window,
+            digests: 0,
+            status: Status::Streaming,
+            out: VecDeque::new(),
+            idle,
+            heard: now,
+        };
+        s.push_open();
+        s
+    }
+
+    fn push_open(&mut self) {
+        self.out.push_back(StreamMsg::Open {
+            offset: self.received,
+            window: (self.granted - self.received) as u32,
+            service: self.service.clone(),
+            request: self.request.clone(),
+        });
+    }
+
+    /// Its current id (a resumed stream has a new one).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Where its messages go.
+    pub fn producer(&self) -> Rank {
+        self.producer
+    }
+
+    /// Where it stands.
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+
+    /// Bytes received and checked so far.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    /// A chunk arrived. Returns the new bytes to hand to the application (`None`: nothing
+    /// new, e.g. a late copy), or the error that ends the stream: a gap, bytes beyond the
+    /// credit granted, a digest that does not match. The caller closes nothing for those:
+    /// the stream fails, other traffic goes on.
+    pub fn handle_data(
+        &mut self,
+        now: Instant,
+        offset: u64,
+        d: u64,
+        bytes: Bytes,
+    ) -> Result<Option<Bytes>, StreamError> {
+        if self.status != Status::Streaming {
+            return Ok(None);
+        }
+        self.heard = now;
+        let end = offset.saturating_add(bytes.len() as u64);
+        let err = if offset != self.received {
+            Some(StreamError::Protocol(format!(
+                "stream {}: a chunk at {offset}, expected {}",
+                self.id, self.received
+            )))
+        } else if end > self.granted {
+            Some(StreamError::Protocol(format!(
+                "stream {}: bytes up to {end}, credit granted up to {}",
+                self.id, self.granted
+            )))
+        } else if digest::chunk(offset, &bytes) != d {
+            Some(StreamError::Corrupt { offset })
+        } else {
+            None
+        };
+        if let Some(e) = err {
+            // The producer stops too.
+            self.out.push_back(StreamMsg::Cancel);
+            return Err(self.fail_with(e));
+        }
+        self.digests = self.digests.wrapping_add(d);
+        self.received = end;
+        Ok((!bytes.is_empty()).then_some(bytes))
+    }
+
+    /// The application took `n` more bytes: credit follows, in steps of half a window.
+    pub fn consumed(&mut self, n: u64) {
+        self.consumed = (self.consumed + n).min(self.received);
+        let want = self.consumed + self.window;
+        if self.status == Status::Streaming && want >= self.granted + self.window / 2 {
+            self.granted = want;
+            self.out.push_back(StreamMsg::Credit { upto: want });
+        }
+    }
+
+    /// The producer ended the stream: `Finished` if every byte arrived and the digests add up.
+    pub fn handle_end(&mut self, now: Instant, total: u64, digests: u64) -> &Status {
+        if self.status == Status::Streaming {
+            self.heard = now;
+            self.status = if total != self.received {
+                Status::Failed(StreamError::Protocol(format!(
+                    "stream {}: ended at {total}, {} bytes arrived",
+                    self.id, self.received
+                )))
+            } else if digests != self.digests {
+                Status::Failed(StreamError::Corrupt { offset: total })
+            } else {
+                Status::Finished
+            };
+        }
+        &self.status
+    }
+
+    /// The producer failed the stream.
+    pub fn handle_fail(&mut self, code: u32, reason: String) {
+        self.fail_with(StreamError::Producer { code, reason });
+    }
+
+    /// The application gives the stream up: `Cancel` goes to the producer.
+    pub fn cancel(&mut self) {
+        if self.status == Status::Streaming {
+            self.out.push_back(StreamMsg::Cancel);
+            self.status = Status::Failed(StreamError::Cancelled);
+        }
+    }
+
+    /// The producer died.
+    pub fn handle_producer_failed(&mut self) {
+        self.fail_with(StreamError::ProducerDied(self.producer));
+    }
+
+    /// The path to the producer broke (a relay died) while both live: the stream goes on from
+    /// the byte it stands at, as stream `new_id` (frames of the old id are stale from now on).
+    pub fn resume(&mut self, now: Instant, new_id: u64) {
+        if self.status != Status::Streaming {
+            return;
+        }
+        self.id = new_id;
+        self.digests = 0;
+        self.heard = now;
+        self.out.clear();
+        self.granted = self.consumed.max(self.received) + self.window;
+        self.push_open();
+    }
+
+    fn fail_with(&mut self, e: StreamError) -> StreamError {
+        if self.status == Status::Streaming {
+            self.status = Status::Failed(e.clone());
+        }
+        e
+    }
+
+    /// When [`Incoming::handle_timeout`] is due.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        (self.status == Status::Streaming).then_some(self.heard + self.idle)
+    }
+
+    /// Time passed: a stream that heard nothing for its idle time fails `TimedOut`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.status == Status::Streaming && now >= self.heard + self.idle {
+            self.out.push_back(StreamMsg::Cancel);
+            self.status = Status::Failed(StreamError::TimedOut);
+        }
+    }
+
+    /// The next message for the producer.
+    pub fn poll_msg(&mut self) -> Option<StreamMsg> {
+        self.out.pop_front()
+    }
+}

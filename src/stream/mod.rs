@@ -1,0 +1,97 @@
+//! Streams (issue "Streams", step 1: the sans-IO protocol core): bulk data from a producer to
+//! a consumer that asked for it by service name, in order, under the consumer's credit, with
+//! an explicit end. DYAD's data transport layer over Flux has the shape (a request, many raw
+//! responses, ENODATA at the end) but no flow control; here a slow consumer holds a fast
+//! producer back instead of filling up.
+//!
+//! * `wire.rs` — the messages (`Open`, `Data`, `Credit`, `End`, `Fail`, `Cancel`).
+//! * `digest.rs` — the end-to-end check of every chunk and of the whole stream.
+//! * `outgoing.rs` — [`Outgoing`], the producer's side of one stream.
+//! * `incoming.rs` — [`Incoming`], the consumer's side of one stream.
+//!
+//! Not yet (the next steps of the issue): the node and driver carrying these messages (over a
+//! direct link when the route setting allows, else through the tree), `serve`/`fetch` in Rust
+//! and C, a priority lane for control traffic, the simulator, harness and bench.
+//!
+//! # The protocol
+//! The consumer picks a stream id (unique among its streams) and sends `Open` with the
+//! service name, the request bytes, the offset it wants to start at and its window: the
+//! producer may send bytes below `offset + window`. The producer sends `Data` chunks in
+//! order (each at most [`crate::limits::STREAM_CHUNK_MAX`] bytes, with the digest of its offset
+//! and bytes) while it has credit, and waits when it has none ([`Outgoing::room`] is 0): the
+//! writer is told to wait, nothing is buffered beyond the window. The consumer checks each
+//! chunk (at the expected offset, within the credit, digest right) before handing it on, and
+//! grants more credit (`Credit`, the offset the producer may send up to) as the application
+//! consumes, half a window at a time. The producer ends with `End` (the total length and the
+//! sum of its chunks' digests: the consumer reports `Finished` only if both match) or `Fail`
+//! (an application code and reason). The consumer may `Cancel` at any time; the producer's
+//! writes then fail `Cancelled`.
+//!
+//! # Faults
+//! The death of the producer ends the consumer's stream `ProducerDied` (through the fault
+//! handling, within the failure-detection time); the death of the consumer ends the
+//! producer's. When a relay on the path dies and both ends live, the consumer resumes: it
+//! opens the stream again under a new id at the byte it stands at ([`Incoming::resume`]), so
+//! no byte is lost or delivered twice; late frames of the old id are stale and ignored. The
+//! producer's service is asked again with the same request and that offset (it must be able
+//! to start there: a file, a buffer). A stream that hears nothing for its idle time fails
+//! `TimedOut`.
+//!
+//! # Bounds
+//! Per stream, the bytes in flight: the window, at most [`crate::limits::STREAM_WINDOW_MAX`];
+//! chunk, request, service name and reason sizes: `limits::STREAM_*` (a larger one is an
+//! error at decoding, and the stream fails).
+
+mod digest;
+mod incoming;
+mod outgoing;
+pub mod wire;
+
+#[cfg(test)]
+mod tests;
+
+pub use incoming::{Incoming, Status};
+pub use outgoing::Outgoing;
+pub use wire::StreamMsg;
+
+use crate::Rank;
+
+/// Why a stream did not finish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamError {
+    /// The producer has no such service.
+    NoService(String),
+    /// The producer failed the stream with its own code and reason.
+    Producer { code: u32, reason: String },
+    /// The producer died.
+    ProducerDied(Rank),
+    /// The consumer died.
+    ConsumerDied(Rank),
+    /// The consumer cancelled it.
+    Cancelled,
+    /// Nothing arrived for the stream's idle time.
+    TimedOut,
+    /// A chunk (or the whole stream, at its end) failed its digest check.
+    Corrupt { offset: u64 },
+    /// The other end broke the protocol (a gap, bytes beyond the credit, a second end).
+    Protocol(String),
+}
+
+impl std::fmt::Display for StreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamError::NoService(s) => write!(f, "no service {s:?}"),
+            StreamError::Producer { code, reason } => {
+                write!(f, "the producer failed the stream ({code}: {reason})")
+            }
+            StreamError::ProducerDied(r) => write!(f, "the producer, rank {r}, died"),
+            StreamError::ConsumerDied(r) => write!(f, "the consumer, rank {r}, died"),
+            StreamError::Cancelled => write!(f, "cancelled by the consumer"),
+            StreamError::TimedOut => write!(f, "nothing arrived for the stream's idle time"),
+            StreamError::Corrupt { offset } => write!(f, "corrupt data at byte {offset}"),
+            StreamError::Protocol(why) => write!(f, "protocol error: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for StreamError {}

@@ -1,0 +1,149 @@
+//! The producer's side of one stream: what it may send under the consumer's credit, chunked,
+//! each chunk with its digest, then `End` or `Fail`; the consumer's credits and cancel.
+
+use super::StreamError;
+use super::digest;
+use super::wire::StreamMsg;
+use crate::Rank;
+use crate::limits::{STREAM_CHUNK_MAX, STREAM_WINDOW_MAX};
+use bytes::Bytes;
+use std::collections::VecDeque;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Streaming,
+    Ended,
+    Cancelled,
+}
+
+/// One stream this daemon produces (sans-IO): feed it the consumer's messages, take its
+/// messages with [`Outgoing::poll_msg`] and send them to [`Outgoing::consumer`] in order.
+#[derive(Debug)]
+pub struct Outgoing {
+    id: u64,
+    consumer: Rank,
+    /// The next offset to send.
+    next: u64,
+    /// Bytes below this offset may be sent (the consumer's credit).
+    upto: u64,
+    /// The wrapping sum of the digests sent.
+    digests: u64,
+    state: State,
+    out: VecDeque<StreamMsg>,
+}
+
+impl Outgoing {
+    /// The stream `id` that `consumer` opened at `offset` with `window` bytes of credit.
+    pub fn new(id: u64, consumer: Rank, offset: u64, window: u32) -> Outgoing {
+        let window = u64::from(window).min(STREAM_WINDOW_MAX as u64);
+        Outgoing {
+            id,
+            consumer,
+            next: offset,
+            upto: offset.saturating_add(window),
+            digests: 0,
+            state: State::Streaming,
+            out: VecDeque::new(),
+        }
+    }
+
+    /// The stream's id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Where its messages go.
+    pub fn consumer(&self) -> Rank {
+        self.consumer
+    }
+
+    /// Bytes it may send now; 0 means: wait for credit (back-pressure, never a buffer).
+    pub fn room(&self) -> u64 {
+        match self.state {
+            State::Streaming => self.upto.saturating_sub(self.next),
+            _ => 0,
+        }
+    }
+
+    /// Takes as much of `chunk` as the credit allows (in messages of at most
+    /// `STREAM_CHUNK_MAX` bytes, without copying) and leaves the rest in it. Returns the bytes
+    /// taken: 0 means wait for credit. Fails once the stream ended or was cancelled.
+    pub fn write(&mut self, chunk: &mut Bytes) -> Result<usize, StreamError> {
+        self.check_open()?;
+        let take = (chunk.len() as u64).min(self.room()) as usize;
+        let mut part = chunk.split_to(take);
+        while !part.is_empty() {
+            let bytes = part.split_to(part.len().min(STREAM_CHUNK_MAX));
+            let d = digest::chunk(self.next, &bytes);
+            self.digests = self.digests.wrapping_add(d);
+            self.out.push_back(StreamMsg::Data {
+                offset: self.next,
+                digest: d,
+                bytes: bytes.clone(),
+            });
+            self.next += bytes.len() as u64;
+        }
+        Ok(take)
+    }
+
+    /// Ends the stream after what was written: the consumer reports it finished.
+    pub fn finish(&mut self) -> Result<(), StreamError> {
+        self.check_open()?;
+        self.state = State::Ended;
+        self.out.push_back(StreamMsg::End {
+            total: self.next,
+            digests: self.digests,
+        });
+        Ok(())
+    }
+
+    /// Fails the stream with an application `code` and `reason`; the consumer reports both.
+    pub fn fail(&mut self, code: u32, reason: &str) -> Result<(), StreamError> {
+        self.check_open()?;
+        self.state = State::Ended;
+        self.out.push_back(StreamMsg::Fail {
+            code,
+            reason: reason.to_string(),
+        });
+        Ok(())
+    }
+
+    fn check_open(&self) -> Result<(), StreamError> {
+        match self.state {
+            State::Streaming => Ok(()),
+            State::Ended => Err(StreamError::Protocol("the stream already ended".into())),
+            State::Cancelled => Err(StreamError::Cancelled),
+        }
+    }
+
+    /// The consumer's credit. An older one is ignored (messages may cross); one beyond any
+    /// window it could have granted is a protocol error (the caller closes that connection).
+    pub fn handle_credit(&mut self, upto: u64) -> Result<(), StreamError> {
+        if upto > self.next.saturating_add(STREAM_WINDOW_MAX as u64) {
+            return Err(StreamError::Protocol(format!(
+                "stream {}: credit up to {upto}, beyond any window from {}",
+                self.id, self.next
+            )));
+        }
+        self.upto = self.upto.max(upto);
+        Ok(())
+    }
+
+    /// The consumer cancelled: writes fail from now on, nothing more is sent.
+    pub fn handle_cancel(&mut self) {
+        if self.state == State::Streaming {
+            self.state = State::Cancelled;
+        }
+        self.out.clear();
+    }
+
+    /// The next message for the consumer.
+    pub fn poll_msg(&mut self) -> Option<StreamMsg> {
+        self.out.pop_front()
+    }
+
+    /// Ended or cancelled, with nothing left to send.
+    pub fn is_done(&self) -> bool {
+        self.state != State::Streaming && self.out.is_empty()
+    }
+}

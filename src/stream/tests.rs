@@ -1,0 +1,238 @@
+//! Deterministic two-peer tests of the stream core: a producer and a consumer exchanging
+//! messages by hand (encoded and decoded, as on a connection), with a slow consumer, a
+//! cancel, corrupt and out-of-credit chunks, a resume after a broken path, and timeouts.
+
+use super::*;
+use bytes::Bytes;
+use std::time::{Duration, Instant};
+
+const IDLE: Duration = Duration::from_secs(5);
+
+/// The data of the tests' service: byte i is (i * 7) mod 251.
+fn data(len: usize) -> Bytes {
+    (0..len)
+        .map(|i| ((i * 7) % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+/// Carries one message through its wire form.
+fn wire(m: StreamMsg, id: u64) -> StreamMsg {
+    let (got, m) = StreamMsg::decode(&m.encode(id)).expect("decodes");
+    assert_eq!(got, id);
+    m
+}
+
+/// The producer's side for the consumer's `Open`.
+fn accept(c: &mut Incoming, at: Rank) -> Outgoing {
+    match c.poll_msg().map(|m| wire(m, c.id())) {
+        Some(StreamMsg::Open { offset, window, .. }) => Outgoing::new(c.id(), at, offset, window),
+        other => panic!("expected an Open, got {other:?}"),
+    }
+}
+
+/// Moves every message between the two; returns the bytes the consumer got.
+fn exchange(now: Instant, p: &mut Outgoing, c: &mut Incoming) -> Vec<u8> {
+    let mut got = Vec::new();
+    while let Some(m) = p.poll_msg() {
+        match wire(m, p.id()) {
+            StreamMsg::Data {
+                offset,
+                digest,
+                bytes,
+            } => {
+                if let Some(b) = c
+                    .handle_data(now, offset, digest, bytes)
+                    .expect("a good chunk")
+                {
+                    got.extend_from_slice(&b);
+                }
+            }
+            StreamMsg::End { total, digests } => {
+                c.handle_end(now, total, digests);
+            }
+            StreamMsg::Fail { code, reason } => c.handle_fail(code, reason),
+            other => panic!("the producer sent {other:?}"),
+        }
+    }
+    while let Some(m) = c.poll_msg() {
+        match wire(m, c.id()) {
+            StreamMsg::Credit { upto } => p.handle_credit(upto).expect("a granted credit"),
+            StreamMsg::Cancel => p.handle_cancel(),
+            other => panic!("the consumer sent {other:?}"),
+        }
+    }
+    got
+}
+
+#[test]
+fn a_slow_consumer_holds_the_producer_to_its_window() {
+    let now = Instant::now();
+    let window = 64 * 1024;
+    let mut c = Incoming::open(
+        now,
+        1,
+        3,
+        "file",
+        Bytes::from_static(b"/ckpt"),
+        window,
+        IDLE,
+    );
+    let mut p = accept(&mut c, 9);
+    let all = data(1 << 20);
+    let mut rest = all.clone();
+    let (mut got, mut sent, mut consumed) = (Vec::new(), 0u64, 0u64);
+    let mut turns = 0;
+    while c.status() == &Status::Streaming {
+        turns += 1;
+        assert!(turns < 10_000, "no progress");
+        sent += p.write(&mut rest).unwrap() as u64;
+        // Sent and not yet consumed: never more than the window, whatever the stream's size.
+        assert!(
+            sent - consumed <= u64::from(window),
+            "{sent} sent, {consumed} consumed"
+        );
+        if rest.is_empty() && p.room() > 0 && !p.is_done() {
+            p.finish().unwrap();
+        }
+        got.extend(exchange(now, &mut p, &mut c));
+        // The application reads at most a quarter of a window per turn.
+        let n = (got.len() as u64 - consumed).min(16 * 1024);
+        consumed += n;
+        c.consumed(n);
+        exchange(now, &mut p, &mut c);
+    }
+    assert_eq!(c.status(), &Status::Finished);
+    assert_eq!(got, all[..]);
+    assert!(p.is_done());
+    // Beyond the first window, the stream moved at the reader's 16 KiB per turn.
+    let paced = ((1 << 20) - u64::from(window)) / (16 * 1024);
+    assert!(
+        turns >= paced,
+        "the slow reader paced the stream ({turns} turns)"
+    );
+}
+
+#[test]
+fn a_cancel_reaches_the_producer() {
+    let now = Instant::now();
+    let mut c = Incoming::open(now, 2, 3, "file", Bytes::new(), 1024, IDLE);
+    let mut p = accept(&mut c, 9);
+    let mut d = data(4096);
+    p.write(&mut d).unwrap();
+    exchange(now, &mut p, &mut c);
+    c.cancel();
+    assert_eq!(c.status(), &Status::Failed(StreamError::Cancelled));
+    exchange(now, &mut p, &mut c);
+    assert_eq!(p.write(&mut d), Err(StreamError::Cancelled));
+    assert!(p.is_done());
+}
+
+#[test]
+fn a_corrupt_chunk_or_one_beyond_the_credit_fails_the_stream() {
+    let now = Instant::now();
+    let mut c = Incoming::open(now, 3, 3, "file", Bytes::new(), 1024, IDLE);
+    let err = c.handle_data(now, 0, 12345, Bytes::from_static(b"abc"));
+    assert_eq!(err, Err(StreamError::Corrupt { offset: 0 }));
+    assert!(matches!(
+        c.status(),
+        Status::Failed(StreamError::Corrupt { .. })
+    ));
+    let mut c = Incoming::open(now, 4, 3, "file", Bytes::new(), 16, IDLE);
+    let big = data(17);
+    let d = digest::chunk(0, &big);
+    assert!(matches!(
+        c.handle_data(now, 0, d, big),
+        Err(StreamError::Protocol(_))
+    ));
+    // The producer is told to stop: Open, then Cancel.
+    assert!(matches!(c.poll_msg(), Some(StreamMsg::Open { .. })));
+    assert_eq!(c.poll_msg(), Some(StreamMsg::Cancel));
+    // A credit no consumer could have granted is the consumer's protocol error.
+    let mut p = Outgoing::new(5, 3, 0, 16);
+    assert!(p.handle_credit(u64::MAX).is_err());
+}
+
+#[test]
+fn a_broken_path_resumes_at_the_byte_the_consumer_stands_at() {
+    let now = Instant::now();
+    let mut c = Incoming::open(now, 20, 3, "file", Bytes::new(), 8192, IDLE);
+    let mut p = accept(&mut c, 9);
+    let all = data(100_000);
+    let mut rest = all.clone();
+    p.write(&mut rest).unwrap();
+    // The first chunk arrives; the relay dies with the rest.
+    let mut got = Vec::new();
+    if let Some(StreamMsg::Data {
+        offset,
+        digest,
+        bytes,
+    }) = p.poll_msg()
+    {
+        got.extend_from_slice(&c.handle_data(now, offset, digest, bytes).unwrap().unwrap());
+    }
+    let stood_at = c.received();
+    assert_eq!(stood_at as usize, got.len());
+    c.consumed(stood_at);
+    c.resume(now, 21);
+    let mut p2 = accept(&mut c, 9);
+    // The old producer's late frames belong to id 20: the driver drops them (no such stream).
+    assert_eq!(c.id(), 21);
+    let mut rest = all.slice(stood_at as usize..);
+    while !rest.is_empty() {
+        p2.write(&mut rest).unwrap();
+        let new = exchange(now, &mut p2, &mut c);
+        c.consumed(new.len() as u64);
+        got.extend(new);
+        exchange(now, &mut p2, &mut c);
+    }
+    p2.finish().unwrap();
+    got.extend(exchange(now, &mut p2, &mut c));
+    assert_eq!(c.status(), &Status::Finished);
+    assert_eq!(got, all[..], "no byte lost or repeated across the resume");
+}
+
+#[test]
+fn the_producer_fails_or_dies_or_goes_quiet() {
+    let now = Instant::now();
+    let mut c = Incoming::open(now, 30, 3, "file", Bytes::new(), 1024, IDLE);
+    let mut p = accept(&mut c, 9);
+    p.fail(2, "no such file").unwrap();
+    exchange(now, &mut p, &mut c);
+    assert_eq!(
+        c.status(),
+        &Status::Failed(StreamError::Producer {
+            code: 2,
+            reason: "no such file".into()
+        })
+    );
+    let mut c = Incoming::open(now, 31, 3, "file", Bytes::new(), 1024, IDLE);
+    c.handle_producer_failed();
+    assert_eq!(c.status(), &Status::Failed(StreamError::ProducerDied(3)));
+    let mut c = Incoming::open(now, 32, 3, "file", Bytes::new(), 1024, IDLE);
+    assert_eq!(c.poll_timeout(), Some(now + IDLE));
+    c.handle_timeout(now + IDLE);
+    assert_eq!(c.status(), &Status::Failed(StreamError::TimedOut));
+    assert_eq!(c.poll_timeout(), None);
+}
+
+#[test]
+fn an_end_that_does_not_add_up_is_not_finished() {
+    let now = Instant::now();
+    let mut c = Incoming::open(now, 40, 3, "file", Bytes::new(), 1024, IDLE);
+    let chunk = data(100);
+    let d = digest::chunk(0, &chunk);
+    c.handle_data(now, 0, d, chunk).unwrap();
+    assert!(matches!(
+        c.handle_end(now, 200, d),
+        Status::Failed(StreamError::Protocol(_))
+    ));
+    let mut c = Incoming::open(now, 41, 3, "file", Bytes::new(), 1024, IDLE);
+    let chunk = data(100);
+    let d = digest::chunk(0, &chunk);
+    c.handle_data(now, 0, d, chunk).unwrap();
+    assert!(matches!(
+        c.handle_end(now, 100, d ^ 1),
+        Status::Failed(StreamError::Corrupt { .. })
+    ));
+}

@@ -1,0 +1,284 @@
+//! The stream messages and their layout (big-endian): one kind byte, the stream's id (u64,
+//! chosen by the consumer, unique among its streams), then the kind's fields.
+//!
+//! | kind | message | direction | fields |
+//! |---|---|---|---|
+//! | 1 | `Open` | consumer → producer | offset (u64), window (u32), service (u8 length, UTF-8), request (the rest) |
+//! | 2 | `Data` | producer → consumer | offset (u64), digest (u64, [`super::digest::chunk`]), bytes (the rest) |
+//! | 3 | `Credit` | consumer → producer | the offset up to which the producer may send (u64) |
+//! | 4 | `End` | producer → consumer | total length (u64), the sum of the digests it sent (u64) |
+//! | 5 | `Fail` | producer → consumer | code (u32), reason (the rest, UTF-8) |
+//! | 6 | `Cancel` | consumer → producer | — |
+
+use crate::limits::{STREAM_CHUNK_MAX, STREAM_REASON_MAX, STREAM_REQUEST_MAX, STREAM_SERVICE_MAX};
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// One stream message (its id apart).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamMsg {
+    /// Asks `service` for a stream of `request`'s data from byte `offset` (0, or where a
+    /// resumed stream's consumer stands), with `window` bytes of credit to begin with.
+    Open {
+        offset: u64,
+        window: u32,
+        service: String,
+        request: Bytes,
+    },
+    /// Bytes `offset..offset + bytes.len()` of the stream.
+    Data {
+        offset: u64,
+        digest: u64,
+        bytes: Bytes,
+    },
+    /// The producer may send bytes up to (not including) offset `upto`.
+    Credit { upto: u64 },
+    /// The stream ended after `total` bytes; `digests` is the wrapping sum of the digests of
+    /// the chunks this producer sent (from the `Open`'s offset).
+    End { total: u64, digests: u64 },
+    /// The producer failed the stream.
+    Fail { code: u32, reason: String },
+    /// The consumer gives up the stream.
+    Cancel,
+}
+
+impl StreamMsg {
+    /// The payload for stream `id`.
+    pub fn encode(&self, id: u64) -> Bytes {
+        let mut b = BytesMut::with_capacity(32);
+        let kind = match self {
+            StreamMsg::Open { .. } => 1,
+            StreamMsg::Data { .. } => 2,
+            StreamMsg::Credit { .. } => 3,
+            StreamMsg::End { .. } => 4,
+            StreamMsg::Fail { .. } => 5,
+            StreamMsg::Cancel => 6,
+        };
+        b.put_u8(kind);
+        b.put_u64(id);
+        match self {
+            StreamMsg::Open {
+                offset,
+                window,
+                service,
+                request,
+            } => {
+                b.put_u64(*offset);
+                b.put_u32(*window);
+                let s = service.as_bytes();
+                let n = s.len().min(STREAM_SERVICE_MAX);
+                b.put_u8(n as u8);
+                b.put_slice(s.get(..n).unwrap_or_default());
+                b.put_slice(request);
+            }
+            StreamMsg::Data {
+                offset,
+                digest,
+                bytes,
+            } => {
+                b.put_u64(*offset);
+                b.put_u64(*digest);
+                b.put_slice(bytes);
+            }
+            StreamMsg::Credit { upto } => b.put_u64(*upto),
+            StreamMsg::End { total, digests } => {
+                b.put_u64(*total);
+                b.put_u64(*digests);
+            }
+            StreamMsg::Fail { code, reason } => {
+                b.put_u32(*code);
+                let r = reason.as_bytes();
+                b.put_slice(r.get(..r.len().min(STREAM_REASON_MAX)).unwrap_or_default());
+            }
+            StreamMsg::Cancel => {}
+        }
+        b.freeze()
+    }
+
+    /// Decodes a payload into (stream id, message); the error says what is wrong with it.
+    /// Bounds are checked here: a request, chunk or reason beyond its limit is an error.
+    pub fn decode(p: &Bytes) -> Result<(u64, StreamMsg), String> {
+        let (&kind, rest) = p.split_first().ok_or("empty stream message")?;
+        let (id, rest) = rest
+            .split_first_chunk::<8>()
+            .ok_or("stream message without an id")?;
+        let id = u64::from_be_bytes(*id);
+        let at = p.len() - rest.len();
+        let u64_at = |r: &[u8], what: &str| -> Result<u64, String> {
+            r.first_chunk::<8>()
+                .map(|b| u64::from_be_bytes(*b))
+                .ok_or_else(|| format!("stream {id}: no {what}"))
+        };
+        let exact = |n: usize| {
+            if rest.len() == n {
+                Ok(())
+            } else {
+                Err(format!(
+                    "stream {id}: kind {kind} with {} bytes, expected {n}",
+                    rest.len()
+                ))
+            }
+        };
+        let msg = match kind {
+            1 => {
+                let offset = u64_at(rest, "offset")?;
+                let window = rest
+                    .get(8..12)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u32::from_be_bytes)
+                    .ok_or_else(|| format!("stream {id}: no window"))?;
+                let n = *rest
+                    .get(12)
+                    .ok_or_else(|| format!("stream {id}: no service"))?
+                    as usize;
+                let service = rest
+                    .get(13..13 + n)
+                    .ok_or_else(|| format!("stream {id}: service cut short"))?;
+                let service = std::str::from_utf8(service)
+                    .map_err(|_| format!("stream {id}: service is not UTF-8"))?
+                    .to_string();
+                let request = p.slice(at + 13 + n..);
+                if request.len() > STREAM_REQUEST_MAX {
+                    return Err(format!(
+                        "stream {id}: a request of {} bytes (at most {STREAM_REQUEST_MAX})",
+                        request.len()
+                    ));
+                }
+                StreamMsg::Open {
+                    offset,
+                    window,
+                    service,
+                    request,
+                }
+            }
+            2 => {
+                let offset = u64_at(rest, "offset")?;
+                let digest = u64_at(rest.get(8..).unwrap_or_default(), "digest")?;
+                let bytes = p.slice(at + 16..);
+                if bytes.len() > STREAM_CHUNK_MAX {
+                    return Err(format!(
+                        "stream {id}: a chunk of {} bytes (at most {STREAM_CHUNK_MAX})",
+                        bytes.len()
+                    ));
+                }
+                StreamMsg::Data {
+                    offset,
+                    digest,
+                    bytes,
+                }
+            }
+            3 => {
+                exact(8)?;
+                StreamMsg::Credit {
+                    upto: u64_at(rest, "credit")?,
+                }
+            }
+            4 => {
+                exact(16)?;
+                StreamMsg::End {
+                    total: u64_at(rest, "total")?,
+                    digests: u64_at(rest.get(8..).unwrap_or_default(), "digests")?,
+                }
+            }
+            5 => {
+                let code = rest
+                    .first_chunk::<4>()
+                    .map(|b| u32::from_be_bytes(*b))
+                    .ok_or_else(|| format!("stream {id}: no code"))?;
+                let reason = rest.get(4..).unwrap_or_default();
+                if reason.len() > STREAM_REASON_MAX {
+                    return Err(format!("stream {id}: a reason of {} bytes", reason.len()));
+                }
+                StreamMsg::Fail {
+                    code,
+                    reason: String::from_utf8_lossy(reason).into_owned(),
+                }
+            }
+            6 => {
+                exact(0)?;
+                StreamMsg::Cancel
+            }
+            k => return Err(format!("stream {id}: unknown kind {k}")),
+        };
+        Ok((id, msg))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_round_trips() {
+        let all = [
+            StreamMsg::Open {
+                offset: 7,
+                window: 1 << 20,
+                service: "file".into(),
+                request: Bytes::from_static(b"/scratch/ckpt.0"),
+            },
+            StreamMsg::Data {
+                offset: 4096,
+                digest: 99,
+                bytes: Bytes::from_static(b"chunk"),
+            },
+            StreamMsg::Credit { upto: 1 << 40 },
+            StreamMsg::End {
+                total: 12,
+                digests: u64::MAX,
+            },
+            StreamMsg::Fail {
+                code: 2,
+                reason: "no such file".into(),
+            },
+            StreamMsg::Cancel,
+        ];
+        for m in all {
+            assert_eq!(StreamMsg::decode(&m.encode(42)), Ok((42, m)));
+        }
+    }
+
+    #[test]
+    fn malformed_and_oversized_messages_are_errors() {
+        let big_chunk = StreamMsg::Data {
+            offset: 0,
+            digest: 0,
+            bytes: Bytes::from(vec![0; STREAM_CHUNK_MAX + 1]),
+        }
+        .encode(1);
+        let big_request = StreamMsg::Open {
+            offset: 0,
+            window: 1,
+            service: "s".into(),
+            request: Bytes::from(vec![0; STREAM_REQUEST_MAX + 1]),
+        }
+        .encode(1);
+        for bad in [
+            Bytes::new(),
+            Bytes::from_static(&[3, 0, 0]),
+            Bytes::from_static(&[9, 0, 0, 0, 0, 0, 0, 0, 1]),
+            Bytes::from_static(&[3, 0, 0, 0, 0, 0, 0, 0, 1, 0]),
+            Bytes::from_static(&[
+                1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 9,
+            ]),
+            Bytes::from_static(&[6, 0, 0, 0, 0, 0, 0, 0, 1, 0]),
+            big_chunk,
+            big_request,
+        ] {
+            assert!(StreamMsg::decode(&bad).is_err(), "{bad:?} decoded");
+        }
+    }
+
+    #[test]
+    fn decode_never_panics_on_truncations() {
+        let m = StreamMsg::Open {
+            offset: 1,
+            window: 2,
+            service: "svc".into(),
+            request: Bytes::from_static(b"req"),
+        }
+        .encode(5);
+        for n in 0..m.len() {
+            let _ = StreamMsg::decode(&m.slice(..n));
+        }
+    }
+}
