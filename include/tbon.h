@@ -5,8 +5,9 @@
  * OVERVIEW
  *   tbon_config_new / tbon_config_set / tbon_config_free   settings by name (as TBON_<NAME>)
  *   tbon_start -> tbon_daemon; tbon_contact_uri (rank 0's is what the others join with)
- *   tbon_wait_wired, tbon_send, tbon_send_nocopy, tbon_send_reliable, tbon_broadcast,
- *   tbon_recv, tbon_cancel, tbon_recv_blocking
+ *   tbon_wait_wired, tbon_send, tbon_send_nocopy, tbon_send_batch, tbon_send_routed (asks for a
+ *   direct link to the destination, see README "Direct links"), tbon_send_reliable,
+ *   tbon_broadcast, tbon_recv, tbon_cancel, tbon_recv_blocking
  *   tbon_allgather, tbon_barrier (collectives, each with a caller-chosen id never reused)
  *   tbon_on_fault, tbon_counters_get, tbon_rank, tbon_size
  *   tbon_shutdown / tbon_shutdown_dvm (rank 0: stop the whole DVM) / tbon_abort, then tbon_free
@@ -22,7 +23,8 @@
  * loop thread; several daemons may live in one process.
  *
  * CALLBACKS (send completions, receive callbacks, fault handlers) run on the daemon's loop
- * thread. Keep them short. Inside a callback you may call tbon_send, tbon_send_reliable,
+ * thread. Keep them short. Inside a callback you may call tbon_send, tbon_send_nocopy,
+ * tbon_send_batch, tbon_send_routed, tbon_send_reliable,
  * tbon_broadcast, tbon_allgather, tbon_recv, tbon_cancel, tbon_purge, tbon_rank, tbon_size, tbon_contact_uri,
  * tbon_strerror and tbon_last_error. The blocking calls (tbon_recv_blocking, tbon_wait_wired, tbon_wait_stopped,
  * tbon_counters_get, tbon_start, tbon_shutdown, tbon_shutdown_dvm, tbon_abort, tbon_free) return
@@ -341,6 +343,25 @@ typedef struct {
   // User messages originated here that took a direct link, and their payload bytes.
   uint64_t direct_messages;
   uint64_t direct_bytes;
+  // User messages originated here for other daemons that took the tree, and their bytes.
+  uint64_t direct_tree_messages;
+  uint64_t direct_tree_bytes;
+  // Denials this daemon sent to other daemons' requests.
+  uint64_t direct_denials_sent;
+  // Denials this daemon's requests met, by reason: the other daemon's `route` is `tree`;
+  // it had no room (`direct_links_max`); no answer in time or the connection could not be
+  // made; the other daemon died. (`direct_denied` is their sum with the rarer reasons.)
+  uint64_t direct_denied_policy;
+  uint64_t direct_denied_full;
+  uint64_t direct_denied_timeout;
+  uint64_t direct_denied_dead;
+  // Links that opened (both ends count one).
+  uint64_t direct_links_opened;
+  // Sends that would have asked for a link but this daemon had no room and none idle.
+  uint64_t direct_no_room;
+  // Frames dropped at a hard queue bound: a relay's full send queue, or a message without
+  // a completion beyond what may wait while a direct link closes.
+  uint64_t dropped_queue_full;
 } tbon_counters;
 
 #ifdef __cplusplus

@@ -271,6 +271,25 @@ pub struct tbon_counters {
     /// User messages originated here that took a direct link, and their payload bytes.
     pub direct_messages: u64,
     pub direct_bytes: u64,
+    /// User messages originated here for other daemons that took the tree, and their bytes.
+    pub direct_tree_messages: u64,
+    pub direct_tree_bytes: u64,
+    /// Denials this daemon sent to other daemons' requests.
+    pub direct_denials_sent: u64,
+    /// Denials this daemon's requests met, by reason: the other daemon's `route` is `tree`;
+    /// it had no room (`direct_links_max`); no answer in time or the connection could not be
+    /// made; the other daemon died. (`direct_denied` is their sum with the rarer reasons.)
+    pub direct_denied_policy: u64,
+    pub direct_denied_full: u64,
+    pub direct_denied_timeout: u64,
+    pub direct_denied_dead: u64,
+    /// Links that opened (both ends count one).
+    pub direct_links_opened: u64,
+    /// Sends that would have asked for a link but this daemon had no room and none idle.
+    pub direct_no_room: u64,
+    /// Frames dropped at a hard queue bound: a relay's full send queue, or a message without
+    /// a completion beyond what may wait while a direct link closes.
+    pub dropped_queue_full: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -318,6 +337,16 @@ impl From<&Counters> for tbon_counters {
             relm_refused: c.relm_refused,
             relm_link_updates: c.relm_link_updates,
             relm_relayed: c.relm_relayed,
+            direct_tree_messages: c.direct.tree_messages,
+            direct_tree_bytes: c.direct.tree_bytes,
+            direct_denials_sent: c.direct.denials_sent,
+            direct_denied_policy: c.direct.denied_policy,
+            direct_denied_full: c.direct.denied_full,
+            direct_denied_timeout: c.direct.denied_timeout,
+            direct_denied_dead: c.direct.denied_dead,
+            direct_links_opened: c.direct.links_opened,
+            direct_no_room: c.direct.no_room,
+            dropped_queue_full: c.dropped_queue_full,
             relm_unacked: c.relm_unacked,
             relm_cached: c.relm_cached,
             relm_pending: c.relm_pending,
