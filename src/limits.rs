@@ -441,3 +441,8 @@ pub const STREAM_REQUEST_MAX: usize = 64 * 1024;
 pub const STREAM_SERVICE_MAX: usize = 255;
 /// A stream failure's reason, in bytes (cut to this when sent).
 pub const STREAM_REASON_MAX: usize = 1024;
+/// Streams a daemon produces at once, and streams it consumes at once (each table): an `Open`
+/// beyond is refused (the consumer hears "no room"), a fetch beyond fails `Busy`.
+pub const STREAMS_MAX: usize = 1_024;
+/// Services a daemon offers.
+pub const STREAM_SERVICES_MAX: usize = 256;

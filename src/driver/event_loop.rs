@@ -323,6 +323,8 @@ impl EventLoop {
                     self.fault_handlers = handlers;
                 }
                 Output::Wired => self.shared.set_wired(),
+                // No application API for streams yet (issue "Streams", next step).
+                Output::Stream(e) => log::debug!("rank {}: stream event {e:?}", self.me),
                 Output::Stop(reason) => self.on_stop(reason),
                 Output::Trace(_) => {}
             }

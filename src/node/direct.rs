@@ -165,6 +165,7 @@ impl Node {
                 self.me
             );
             self.fall_back(now, peer);
+            self.streams_link_lost(now, peer);
         }
         self.send_direct_control(now);
     }
@@ -179,6 +180,7 @@ impl Node {
         );
         if self.direct.handle_unreachable(now, peer) {
             self.fall_back(now, peer);
+            self.streams_link_lost(now, peer);
         }
         self.send_direct_control(now);
     }

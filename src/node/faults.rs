@@ -111,6 +111,7 @@ impl Node {
             self.paused_by.remove(r);
         }
         self.direct_after_repair(now, &dead);
+        self.streams_after_repair(now, &dead);
         self.out.push_back(Output::PeersFailed { dead, adopted });
         self.watch_neighbours(now);
         self.grpcomm_repair(&status);

@@ -30,6 +30,7 @@ pub mod flow;
 mod frames;
 mod output;
 mod reliable;
+mod streams;
 pub mod wireup;
 mod wiring;
 
@@ -52,6 +53,7 @@ use wireup::WireupCollector;
 
 pub use collectives::{broadcast_max, xcast_limits};
 pub use commands::Command;
+pub use streams::{FAIL_NO_ROOM, FAIL_NO_SERVICE, StreamCommand, StreamEvent, TAG_STREAM};
 
 /// What a node needs to know at its start.
 #[derive(Debug, Clone)]
@@ -198,6 +200,8 @@ pub struct Node {
     /// Messages to daemons whose direct link is closing, in order (`direct::Via::Hold`), and
     /// their bytes; each at most `DIRECT_HELD_MAX` / `DIRECT_HELD_BYTES_MAX`.
     direct_held: FxHashMap<Rank, (VecDeque<direct::Held>, usize)>,
+    /// Streams produced and consumed here.
+    streams: streams::Streams,
     /// The newest incarnation seen of each neighbour.
     incarnations: FxHashMap<Rank, u64>,
     out: VecDeque<Output>,
@@ -253,6 +257,7 @@ impl Node {
             flow: flow::Flow::new(cfg.flow),
             direct: crate::direct::DirectLinks::new(me, cfg.direct),
             direct_held: FxHashMap::default(),
+            streams: streams::Streams::default(),
             paused_by: FxHashMap::default(),
             out: VecDeque::new(),
         })
@@ -367,9 +372,10 @@ impl Node {
                 self.heartbeat_at,
                 self.relm.poll_timeout(),
                 self.direct.poll_timeout(),
+                self.streams.poll_timeout(),
             ]
         } else {
-            [None, None, None]
+            [None, None, None, None]
         };
         [wireup].into_iter().chain(running).flatten().min()
     }
@@ -402,6 +408,9 @@ impl Node {
                 self.fall_back(now, peer);
             }
             self.send_direct_control(now);
+        }
+        if self.streams.poll_timeout().is_some_and(|at| at <= now) {
+            self.streams_timeout(now);
         }
     }
 

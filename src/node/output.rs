@@ -77,6 +77,9 @@ pub enum Output {
     Stop(StopReason),
     /// Observations for the simulator's checkers (only with `NodeConfig::trace`).
     Trace(Trace),
+    /// A stream event for the application (`node/streams.rs`; boxed: a chunk's `Bytes` and a
+    /// service name would make every `Output` larger).
+    Stream(Box<super::StreamEvent>),
 }
 
 /// What the simulator's checkers observe beyond the API's outputs.

@@ -23,6 +23,8 @@ struct Net {
     /// Allgather results (whether `Ok`) and stops, per rank.
     gathered: Vec<(Rank, bool)>,
     stops: Vec<(Rank, StopReason)>,
+    /// Stream events, per rank, in order.
+    streams: VecDeque<(Rank, StreamEvent)>,
 }
 
 impl Net {
@@ -52,6 +54,7 @@ impl Net {
             seen: Vec::new(),
             gathered: Vec::new(),
             stops: Vec::new(),
+            streams: VecDeque::new(),
         };
         for r in 0..size {
             net.collect(r);
@@ -84,6 +87,7 @@ impl Net {
                 Output::SendDone { token, result } => self.done.push((r, token, result)),
                 Output::AllgatherDone { result, .. } => self.gathered.push((r, result.is_ok())),
                 Output::Stop(reason) => self.stops.push((r, reason)),
+                Output::Stream(e) => self.streams.push_back((r, *e)),
                 _ => {}
             }
         }
@@ -505,4 +509,190 @@ fn a_shutdown_read_just_before_its_senders_close_stops_without_a_probe() {
             net.stops
         );
     }
+}
+
+// ----- streams (issue "Streams", step 2) --------------------------------------------------
+
+/// Plays both applications of one stream: the producer writes `data` as credit allows, the
+/// consumer takes every chunk at once. Returns the bytes consumed, the end, and every offset
+/// the producer was asked to start at. `between` runs once, after the first chunk arrived.
+fn stream_through(
+    net: &mut Net,
+    (producer, consumer): (Rank, Rank),
+    data: &Bytes,
+    mut between: impl FnMut(&mut Net),
+) -> (Vec<u8>, Result<(), crate::stream::StreamError>, Vec<u64>) {
+    let now = net.now;
+    net.node(consumer)
+        .handle_stream(
+            now,
+            StreamCommand::Fetch {
+                id: 77,
+                producer,
+                service: "file".into(),
+                request: Bytes::from_static(b"/ckpt/0"),
+                window: 64 * 1024,
+                idle: Duration::from_secs(30),
+            },
+        )
+        .unwrap();
+    net.collect(consumer);
+    let (mut got, mut opens, mut between_done) = (Vec::new(), Vec::new(), false);
+    // The producer's position in `data` per live stream id.
+    let mut at: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for _ in 0..100_000 {
+        net.run();
+        let Some((r, e)) = net.streams.pop_front() else {
+            panic!("the stream stalled after {} bytes", got.len());
+        };
+        let now = net.now;
+        match e {
+            StreamEvent::Opened {
+                id,
+                offset,
+                request,
+                ..
+            } => {
+                assert_eq!(&request[..], b"/ckpt/0");
+                opens.push(offset);
+                at.insert(id, offset as usize);
+            }
+            StreamEvent::Room {
+                consumer: c,
+                id,
+                room,
+            } => {
+                let Some(pos) = at.get_mut(&id) else { continue };
+                let n = (room as usize).min(data.len() - *pos);
+                // A room reported before the stream stopped (its consumer moved it to a new
+                // id meanwhile) finds it gone: the write is refused, as the application's is.
+                let w = StreamCommand::Write {
+                    consumer: c,
+                    id,
+                    bytes: data.slice(*pos..*pos + n),
+                };
+                if n > 0 && net.node(r).handle_stream(now, w).is_err() {
+                    at.remove(&id);
+                    continue;
+                }
+                *pos += n;
+                if *pos == data.len() {
+                    net.node(r)
+                        .handle_stream(
+                            now,
+                            StreamCommand::End {
+                                consumer: c,
+                                id,
+                                failure: None,
+                            },
+                        )
+                        .unwrap();
+                    at.remove(&id);
+                }
+                net.collect(r);
+            }
+            StreamEvent::Stopped { id, .. } => {
+                at.remove(&id);
+            }
+            StreamEvent::Data { id, bytes } => {
+                assert_eq!((r, id), (consumer, 77));
+                got.extend_from_slice(&bytes);
+                net.node(r)
+                    .handle_stream(
+                        now,
+                        StreamCommand::Consumed {
+                            id,
+                            n: bytes.len() as u64,
+                        },
+                    )
+                    .unwrap();
+                net.collect(r);
+                if !between_done {
+                    between_done = true;
+                    between(net);
+                }
+            }
+            StreamEvent::Ended { id, result } => {
+                assert_eq!((r, id), (consumer, 77));
+                return (got, result, opens);
+            }
+        }
+    }
+    panic!("the stream did not end");
+}
+
+fn serving(net: &mut Net, producer: Rank) {
+    let now = net.now;
+    net.node(producer)
+        .handle_stream(
+            now,
+            StreamCommand::Serve {
+                service: "file".into(),
+            },
+        )
+        .unwrap();
+}
+
+#[test]
+fn a_stream_crosses_the_tree_under_its_window_and_finishes() {
+    // Leaves 7 and 14 of a radix-2 tree of 15: five relays apart.
+    let mut net = Net::new(15, 2, |_| {});
+    serving(&mut net, 14);
+    let data: Bytes = (0..600_000u32)
+        .map(|i| (i % 253) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let (got, result, opens) = stream_through(&mut net, (14, 7), &data, |_| {});
+    assert_eq!(result, Ok(()));
+    assert_eq!(got, data[..]);
+    assert_eq!(opens, vec![0]);
+}
+
+#[test]
+fn a_stream_from_a_service_nobody_offers_ends_no_service() {
+    let mut net = Net::new(15, 2, |_| {});
+    let data = Bytes::from_static(b"x");
+    let (got, result, _) = stream_through(&mut net, (14, 7), &data, |_| {});
+    assert!(got.is_empty());
+    assert_eq!(
+        result,
+        Err(crate::stream::StreamError::NoService("file".into()))
+    );
+}
+
+#[test]
+fn a_relay_dies_mid_stream_and_the_stream_resumes_where_the_consumer_stands() {
+    let mut net = Net::new(15, 2, |_| {});
+    serving(&mut net, 14);
+    let data: Bytes = (0..400_000u32)
+        .map(|i| (i % 241) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    // Rank 3 relays 7's traffic (7 -> 3 -> 1 -> 0 -> 2 -> 6 -> 14); it dies with chunks on it.
+    let (got, result, opens) = stream_through(&mut net, (14, 7), &data, |net| {
+        net.alive[3] = false;
+        let now = net.now;
+        for n in [1, 7, 11] {
+            net.node(n).handle_unreachable(now, 3, 5);
+            net.collect(n);
+        }
+    });
+    assert_eq!(result, Ok(()));
+    assert_eq!(got, data[..], "no byte lost or repeated");
+    assert_eq!(opens.len(), 2, "opened, then resumed: {opens:?}");
+    assert!(opens[1] > 0);
+}
+
+#[test]
+fn the_death_of_the_producer_ends_the_stream_producer_died() {
+    let mut net = Net::new(15, 2, |_| {});
+    serving(&mut net, 14);
+    let data: Bytes = vec![1u8; 300_000].into();
+    let (_, result, _) = stream_through(&mut net, (14, 7), &data, |net| {
+        net.alive[14] = false;
+        let now = net.now;
+        net.node(6).handle_unreachable(now, 14, 5);
+        net.collect(6);
+    });
+    assert_eq!(result, Err(crate::stream::StreamError::ProducerDied(14)));
 }

@@ -282,6 +282,7 @@ impl SimNode {
                 Output::PeersFailed { dead, .. } => self.declared.extend(dead),
                 Output::Fallback { peer } => self.out.push(Out::Fallback(peer)),
                 Output::Wired => {}
+                Output::Stream(_) => {}
                 Output::Deliver { msg, .. } => {
                     // Broadcasts are checked from their trace, which carries the op.
                     if msg.tag != TAG_BCAST {

@@ -1,4 +1,5 @@
-//! Streams (issue "Streams", step 1: the sans-IO protocol core): bulk data from a producer to
+//! Streams (issue "Streams": the sans-IO protocol core; `node/streams.rs` carries it between
+//! daemons): bulk data from a producer to
 //! a consumer that asked for it by service name, in order, under the consumer's credit, with
 //! an explicit end. DYAD's data transport layer over Flux has the shape (a request, many raw
 //! responses, ENODATA at the end) but no flow control; here a slow consumer holds a fast
@@ -9,9 +10,9 @@
 //! * `outgoing.rs` — [`Outgoing`], the producer's side of one stream.
 //! * `incoming.rs` — [`Incoming`], the consumer's side of one stream.
 //!
-//! Not yet (the next steps of the issue): the node and driver carrying these messages (over a
-//! direct link when the route setting allows, else through the tree), `serve`/`fetch` in Rust
-//! and C, a priority lane for control traffic, the simulator, harness and bench.
+//! Not yet (the next steps of the issue): `serve`/`fetch` in Rust and C (the driver ignores
+//! the node's stream events today), a priority lane for control traffic, the simulator,
+//! harness and bench.
 //!
 //! # The protocol
 //! The consumer picks a stream id (unique among its streams) and sends `Open` with the

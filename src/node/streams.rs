@@ -1,0 +1,524 @@
+//! The node's side of streams (issue "Streams", step 2): the stream cores of `src/stream/`
+//! carried between daemons as runtime messages (tag [`TAG_STREAM`]) by the route a user
+//! message takes (a direct link when one is open or negotiated under the route setting, else
+//! the tree), services registered here, and what faults mean for streams: the death of the
+//! other end fails a stream, and a consumer whose path may have lost chunks (a repair that
+//! failed a rank, its direct link to the producer lost) resumes at the byte it stands at.
+//!
+//! The application side (`serve`/`fetch` in Rust and C) is not built yet: the driver ignores
+//! [`StreamEvent`]s, and nothing issues [`StreamCommand`]s but tests.
+
+use super::{Node, Output};
+use crate::Rank;
+use crate::error::SendError;
+use crate::fxhash::{FxHashMap, FxHashSet};
+use crate::rml::{Message, Tag};
+use crate::stream::{Incoming, Outgoing, Status, StreamError, StreamMsg};
+use bytes::Bytes;
+use std::time::{Duration, Instant};
+
+/// The runtime tag of stream messages.
+pub const TAG_STREAM: Tag = 14;
+
+/// A producer's `Fail` code meaning "no such service" (reported as
+/// [`StreamError::NoService`]).
+pub const FAIL_NO_SERVICE: u32 = u32::MAX;
+/// A producer's `Fail` code meaning "no room for another stream here".
+pub const FAIL_NO_ROOM: u32 = u32::MAX - 1;
+
+/// What the application asks of streams.
+#[derive(Debug)]
+pub enum StreamCommand {
+    /// Offer `service` to consumers.
+    Serve { service: String },
+    /// Fetch `request` from `service` at `producer` as stream `id` (the caller's, unique among
+    /// its streams), granting `window` bytes at a time, failing after `idle` without news.
+    Fetch {
+        id: u64,
+        producer: Rank,
+        service: String,
+        request: Bytes,
+        window: u32,
+        idle: Duration,
+    },
+    /// The producer writes `bytes` on stream (`consumer`, `id`): all of them, within its room
+    /// ([`StreamEvent::Room`]), or none (`Busy`).
+    Write {
+        consumer: Rank,
+        id: u64,
+        bytes: Bytes,
+    },
+    /// The producer ends the stream: finished (`None`) or failed with a code and a reason.
+    End {
+        consumer: Rank,
+        id: u64,
+        failure: Option<(u32, String)>,
+    },
+    /// The consumer's application took `n` more bytes of stream `id`.
+    Consumed { id: u64, n: u64 },
+    /// The consumer gives stream `id` up.
+    Cancel { id: u64 },
+}
+
+/// What streams tell the application.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StreamEvent {
+    /// Producer: `consumer` asks `service` for `request` from byte `offset` as stream `id`.
+    Opened {
+        consumer: Rank,
+        id: u64,
+        service: String,
+        request: Bytes,
+        offset: u64,
+    },
+    /// Producer: stream (`consumer`, `id`) may take `room` more bytes.
+    Room { consumer: Rank, id: u64, room: u64 },
+    /// Producer: stream (`consumer`, `id`) is over (cancelled, or its consumer died or moved
+    /// it to a new id): writes to it fail from now on.
+    Stopped { consumer: Rank, id: u64 },
+    /// Consumer: the next bytes of stream `id`, in order.
+    Data { id: u64, bytes: Bytes },
+    /// Consumer: stream `id` ended.
+    Ended {
+        id: u64,
+        result: Result<(), StreamError>,
+    },
+}
+
+/// Streams at one daemon, each table bounded by `limits::STREAMS_MAX`.
+#[derive(Debug, Default)]
+pub(super) struct Streams {
+    services: FxHashSet<String>,
+    outgoing: FxHashMap<(Rank, u64), Outgoing>,
+    /// Wire id -> (the application's id, the stream).
+    incoming: FxHashMap<u64, (u64, Incoming)>,
+    /// The application's id -> wire id.
+    wire_of: FxHashMap<u64, u64>,
+    next_wire: u64,
+    /// Ranks whose failure streams already answered (a local repair and rank 0's
+    /// confirmation name the same death: one resume). At most the DVM's size.
+    answered: FxHashSet<Rank>,
+}
+
+impl Streams {
+    /// When the next consumer idle timeout is due.
+    pub(super) fn poll_timeout(&self) -> Option<Instant> {
+        self.incoming
+            .values()
+            .filter_map(|(_, s)| s.poll_timeout())
+            .min()
+    }
+}
+
+impl Node {
+    /// A stream command from the application.
+    pub fn handle_stream(&mut self, now: Instant, c: StreamCommand) -> Result<(), SendError> {
+        if self.stopping.is_some() {
+            return Err(SendError::ShutDown);
+        }
+        match c {
+            StreamCommand::Serve { service } => {
+                if self.streams.services.len() >= crate::limits::STREAM_SERVICES_MAX {
+                    return Err(SendError::Busy("the service table"));
+                }
+                self.streams.services.insert(service);
+            }
+            StreamCommand::Fetch {
+                id,
+                producer,
+                service,
+                request,
+                window,
+                idle,
+            } => {
+                self.check_rank(producer)?;
+                if self.streams.wire_of.contains_key(&id) {
+                    return Err(SendError::DuplicateId(id));
+                }
+                if self.streams.incoming.len() >= crate::limits::STREAMS_MAX {
+                    return Err(SendError::Busy("the stream table"));
+                }
+                if request.len() > crate::limits::STREAM_REQUEST_MAX {
+                    return Err(SendError::TooLarge {
+                        len: request.len(),
+                        max: crate::limits::STREAM_REQUEST_MAX,
+                    });
+                }
+                let wire = self.next_wire_id();
+                let s = Incoming::open(now, wire, producer, &service, request, window, idle);
+                self.streams.wire_of.insert(id, wire);
+                self.streams.incoming.insert(wire, (id, s));
+                self.flush_incoming(now, wire);
+            }
+            StreamCommand::Write {
+                consumer,
+                id,
+                bytes,
+            } => {
+                let s = self
+                    .streams
+                    .outgoing
+                    .get_mut(&(consumer, id))
+                    .ok_or(SendError::Busy("no such stream"))?;
+                if (bytes.len() as u64) > s.room() {
+                    return Err(SendError::Busy("no stream credit"));
+                }
+                let mut b = bytes;
+                s.write(&mut b)
+                    .map_err(|_| SendError::Busy("the stream is over"))?;
+                self.flush_outgoing(now, consumer, id);
+            }
+            StreamCommand::End {
+                consumer,
+                id,
+                failure,
+            } => {
+                let s = self
+                    .streams
+                    .outgoing
+                    .get_mut(&(consumer, id))
+                    .ok_or(SendError::Busy("no such stream"))?;
+                let r = match failure {
+                    None => s.finish(),
+                    Some((code, reason)) => s.fail(code, &reason),
+                };
+                r.map_err(|_| SendError::Busy("the stream is over"))?;
+                self.flush_outgoing(now, consumer, id);
+            }
+            StreamCommand::Consumed { id, n } => {
+                if let Some(wire) = self.streams.wire_of.get(&id).copied() {
+                    if let Some((_, s)) = self.streams.incoming.get_mut(&wire) {
+                        s.consumed(n);
+                    }
+                    self.flush_incoming(now, wire);
+                }
+            }
+            StreamCommand::Cancel { id } => {
+                if let Some(wire) = self.streams.wire_of.get(&id).copied() {
+                    if let Some((_, s)) = self.streams.incoming.get_mut(&wire) {
+                        s.cancel();
+                    }
+                    self.flush_incoming(now, wire);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_rank(&self, r: Rank) -> Result<(), SendError> {
+        if r >= self.size {
+            return Err(SendError::RankOutOfRange {
+                rank: r,
+                size: self.size,
+            });
+        }
+        if self.routing.is_failed(r) {
+            return Err(SendError::NodeDown(r));
+        }
+        Ok(())
+    }
+
+    fn next_wire_id(&mut self) -> u64 {
+        self.streams.next_wire = self.streams.next_wire.wrapping_add(1);
+        self.streams.next_wire
+    }
+
+    fn send_stream(&mut self, now: Instant, to: Rank, id: u64, m: &StreamMsg) {
+        if to == self.me || self.routing.is_failed(to) {
+            return;
+        }
+        self.send_routed(now, to, TAG_STREAM, m.encode(id), None, None);
+    }
+
+    /// Sends what a consumer's stream has for its producer; reports its end, if it ended.
+    fn flush_incoming(&mut self, now: Instant, wire: u64) {
+        let Some((_, s)) = self.streams.incoming.get_mut(&wire) else {
+            return;
+        };
+        let producer = s.producer();
+        let mut msgs = Vec::new();
+        while let Some(m) = s.poll_msg() {
+            msgs.push(m);
+        }
+        for m in &msgs {
+            self.send_stream(now, producer, wire, m);
+        }
+        self.end_if_over(wire);
+    }
+
+    fn end_if_over(&mut self, wire: u64) {
+        let over = match self.streams.incoming.get(&wire) {
+            Some((_, s)) => s.status() != &Status::Streaming,
+            None => false,
+        };
+        if !over {
+            return;
+        }
+        if let Some((id, s)) = self.streams.incoming.remove(&wire) {
+            self.streams.wire_of.remove(&id);
+            let result = match s.status() {
+                Status::Finished => Ok(()),
+                Status::Failed(StreamError::Producer { code, reason })
+                    if *code == FAIL_NO_SERVICE =>
+                {
+                    Err(StreamError::NoService(reason.clone()))
+                }
+                Status::Failed(e) => Err(e.clone()),
+                Status::Streaming => return,
+            };
+            self.out
+                .push_back(Output::Stream(Box::new(StreamEvent::Ended { id, result })));
+        }
+    }
+
+    /// Sends what a producer's stream has for its consumer; forgets it once it is done.
+    fn flush_outgoing(&mut self, now: Instant, consumer: Rank, id: u64) {
+        let Some(s) = self.streams.outgoing.get_mut(&(consumer, id)) else {
+            return;
+        };
+        let mut msgs = Vec::new();
+        while let Some(m) = s.poll_msg() {
+            msgs.push(m);
+        }
+        let done = s.is_done();
+        for m in &msgs {
+            self.send_stream(now, consumer, id, m);
+        }
+        if done {
+            self.streams.outgoing.remove(&(consumer, id));
+        }
+    }
+
+    /// A stream message arrived (over the tree or a direct link).
+    pub(super) fn on_stream_message(&mut self, now: Instant, msg: Message) {
+        let from = msg.origin;
+        let (id, m) = match StreamMsg::decode(&msg.payload) {
+            Ok(x) => x,
+            Err(e) => {
+                log::warn!(
+                    "rank {}: malformed stream message from rank {from} dropped: {e}",
+                    self.me
+                );
+                return;
+            }
+        };
+        match m {
+            StreamMsg::Open {
+                offset,
+                window,
+                service,
+                request,
+            } => self.on_open(now, from, id, offset, window, service, request),
+            StreamMsg::Credit { upto } => {
+                let Some(s) = self.streams.outgoing.get_mut(&(from, id)) else {
+                    return;
+                };
+                if let Err(e) = s.handle_credit(upto) {
+                    log::warn!("rank {}: stream from rank {from}: {e}", self.me);
+                    s.handle_cancel();
+                    self.streams.outgoing.remove(&(from, id));
+                    self.out
+                        .push_back(Output::Stream(Box::new(StreamEvent::Stopped {
+                            consumer: from,
+                            id,
+                        })));
+                    return;
+                }
+                let room = s.room();
+                if room > 0 {
+                    self.out
+                        .push_back(Output::Stream(Box::new(StreamEvent::Room {
+                            consumer: from,
+                            id,
+                            room,
+                        })));
+                }
+            }
+            StreamMsg::Cancel => {
+                if self.streams.outgoing.remove(&(from, id)).is_some() {
+                    self.out
+                        .push_back(Output::Stream(Box::new(StreamEvent::Stopped {
+                            consumer: from,
+                            id,
+                        })));
+                }
+            }
+            StreamMsg::Data {
+                offset,
+                digest,
+                bytes,
+            } => {
+                // Frames of a stream that moved to a new id, or ended, are stale.
+                let Some((user, s)) = self.streams.incoming.get_mut(&id) else {
+                    return;
+                };
+                if s.producer() != from {
+                    return;
+                }
+                let user = *user;
+                if let Ok(Some(b)) = s.handle_data(now, offset, digest, bytes) {
+                    self.out
+                        .push_back(Output::Stream(Box::new(StreamEvent::Data {
+                            id: user,
+                            bytes: b,
+                        })));
+                }
+                self.flush_incoming(now, id);
+            }
+            StreamMsg::End { total, digests } => {
+                if let Some((_, s)) = self.streams.incoming.get_mut(&id)
+                    && s.producer() == from
+                {
+                    s.handle_end(now, total, digests);
+                    self.flush_incoming(now, id);
+                }
+            }
+            StreamMsg::Fail { code, reason } => {
+                if let Some((_, s)) = self.streams.incoming.get_mut(&id)
+                    && s.producer() == from
+                {
+                    s.handle_fail(code, reason);
+                    self.flush_incoming(now, id);
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_open(
+        &mut self,
+        now: Instant,
+        consumer: Rank,
+        id: u64,
+        offset: u64,
+        window: u32,
+        service: String,
+        request: Bytes,
+    ) {
+        let refuse = if !self.streams.services.contains(&service) {
+            Some((FAIL_NO_SERVICE, service.clone()))
+        } else if self.streams.outgoing.len() >= crate::limits::STREAMS_MAX
+            || self.streams.outgoing.contains_key(&(consumer, id))
+        {
+            Some((FAIL_NO_ROOM, "no room for another stream".to_string()))
+        } else {
+            None
+        };
+        if let Some((code, reason)) = refuse {
+            self.send_stream(now, consumer, id, &StreamMsg::Fail { code, reason });
+            return;
+        }
+        let s = Outgoing::new(id, consumer, offset, window);
+        let room = s.room();
+        self.streams.outgoing.insert((consumer, id), s);
+        self.out
+            .push_back(Output::Stream(Box::new(StreamEvent::Opened {
+                consumer,
+                id,
+                service,
+                request,
+                offset,
+            })));
+        self.out
+            .push_back(Output::Stream(Box::new(StreamEvent::Room {
+                consumer,
+                id,
+                room,
+            })));
+    }
+
+    /// After a repair: streams with a dead end are over; a consumer whose producer lives and
+    /// is not reached by a direct link resumes (chunks may have died with a relay).
+    pub(super) fn streams_after_repair(&mut self, now: Instant, dead: &[Rank]) {
+        let dead: Vec<Rank> = dead
+            .iter()
+            .copied()
+            .filter(|r| self.streams.answered.insert(*r))
+            .collect();
+        let dead = &dead[..];
+        let gone: Vec<(Rank, u64)> = self
+            .streams
+            .outgoing
+            .keys()
+            .filter(|(c, _)| dead.contains(c))
+            .copied()
+            .collect();
+        for (consumer, id) in gone {
+            self.streams.outgoing.remove(&(consumer, id));
+            self.out
+                .push_back(Output::Stream(Box::new(StreamEvent::Stopped {
+                    consumer,
+                    id,
+                })));
+        }
+        let mut wires: Vec<u64> = self.streams.incoming.keys().copied().collect();
+        wires.sort_unstable();
+        for wire in wires {
+            let producer = match self.streams.incoming.get(&wire) {
+                Some((_, s)) => s.producer(),
+                None => continue,
+            };
+            if dead.contains(&producer) {
+                if let Some((_, s)) = self.streams.incoming.get_mut(&wire) {
+                    s.handle_producer_failed();
+                }
+                self.end_if_over(wire);
+            } else if !dead.is_empty() && !self.direct.is_direct(producer) {
+                self.resume_stream(now, wire);
+            }
+        }
+    }
+
+    /// The direct link to `peer` was lost: its streams' chunks on it may be gone.
+    pub(super) fn streams_link_lost(&mut self, now: Instant, peer: Rank) {
+        let mut wires: Vec<u64> = self
+            .streams
+            .incoming
+            .iter()
+            .filter(|(_, (_, s))| s.producer() == peer)
+            .map(|(w, _)| *w)
+            .collect();
+        wires.sort_unstable();
+        for wire in wires {
+            self.resume_stream(now, wire);
+        }
+    }
+
+    /// Moves stream `wire` to a new id at the byte it stands at: `Cancel` for the old id,
+    /// `Open` for the new one.
+    fn resume_stream(&mut self, now: Instant, wire: u64) {
+        let Some((user, mut s)) = self.streams.incoming.remove(&wire) else {
+            return;
+        };
+        if s.status() != &Status::Streaming {
+            self.streams.incoming.insert(wire, (user, s));
+            self.end_if_over(wire);
+            return;
+        }
+        let producer = s.producer();
+        self.send_stream(now, producer, wire, &StreamMsg::Cancel);
+        let new = self.next_wire_id();
+        s.resume(now, new);
+        self.streams.wire_of.insert(user, new);
+        self.streams.incoming.insert(new, (user, s));
+        self.flush_incoming(now, new);
+    }
+
+    /// Consumer idle timeouts.
+    pub(super) fn streams_timeout(&mut self, now: Instant) {
+        let mut due: Vec<u64> = self
+            .streams
+            .incoming
+            .iter()
+            .filter(|(_, (_, s))| s.poll_timeout().is_some_and(|t| t <= now))
+            .map(|(w, _)| *w)
+            .collect();
+        due.sort_unstable();
+        for wire in due {
+            if let Some((_, s)) = self.streams.incoming.get_mut(&wire) {
+                s.handle_timeout(now);
+            }
+            self.flush_incoming(now, wire);
+        }
+    }
+}
