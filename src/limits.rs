@@ -446,3 +446,6 @@ pub const STREAM_REASON_MAX: usize = 1024;
 pub const STREAMS_MAX: usize = 1_024;
 /// Services a daemon offers.
 pub const STREAM_SERVICES_MAX: usize = 256;
+/// Resumes of one stream (after a repair, a lost link, a gap or a quarter of its idle time
+/// without news) before it fails `TimedOut`.
+pub const STREAM_RESUMES_MAX: u32 = 16;

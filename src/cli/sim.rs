@@ -26,7 +26,8 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 200)]
     pub messages: u64,
     /// The kinds of fault seeds choose from (each seed picks its own mix): a comma-separated
-    /// list of crash, link, stall, partition, delay, stale, dup, stranger, direct, overload; or all.
+    /// list of crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload;
+    /// or all.
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Stop at the first failing seed.
@@ -62,6 +63,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let (mut strangers, mut refused, mut crossed) = (0u64, 0u64, 0u64);
     let (mut busy, mut unread) = (0u64, 0u64);
     let (mut opened, mut fallbacks, mut held, mut evicted) = (0u64, 0u64, 0u64, 0u64);
+    let (mut streams, mut streams_failed) = (0u64, 0u64);
     let regressions = REGRESSION_SEEDS
         .iter()
         .map(|r| (r.seed, r.options(args.messages)));
@@ -90,6 +92,8 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 fallbacks += s.direct_fallbacks;
                 held += s.held_frames;
                 evicted += s.direct_evicted;
+                streams += s.streams_finished;
+                streams_failed += s.streams_failed;
             }
             Err(_) => {
                 failed += 1;
@@ -108,7 +112,8 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
          {strangers} strangers' connections ({refused} refused at a forged proof), {crossed} \
          crossing dials resolved, {busy} sends refused Busy by flow control, {unread} frames \
          left unread by flow control, {opened} direct links opened (ends), {evicted} evicted, \
-         {fallbacks} fallbacks to the tree, {held} frames held for a drain marker",
+         {fallbacks} fallbacks to the tree, {held} frames held for a drain marker, {streams} \
+         streams finished ({streams_failed} ended by a dead producer)",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 { 0 } else { 1 })

@@ -363,7 +363,11 @@ impl Node {
                             bytes: b,
                         })));
                 }
-                self.flush_incoming(now, id);
+                if s.wants_resume() {
+                    self.resume_stream(now, id);
+                } else {
+                    self.flush_incoming(now, id);
+                }
             }
             StreamMsg::End { total, digests } => {
                 if let Some((_, s)) = self.streams.incoming.get_mut(&id)
@@ -515,10 +519,18 @@ impl Node {
             .collect();
         due.sort_unstable();
         for wire in due {
-            if let Some((_, s)) = self.streams.incoming.get_mut(&wire) {
-                s.handle_timeout(now);
+            let resume = match self.streams.incoming.get_mut(&wire) {
+                Some((_, s)) => {
+                    s.handle_timeout(now);
+                    s.wants_resume()
+                }
+                None => false,
+            };
+            if resume {
+                self.resume_stream(now, wire);
+            } else {
+                self.flush_incoming(now, wire);
             }
-            self.flush_incoming(now, wire);
         }
     }
 }

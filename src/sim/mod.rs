@@ -98,6 +98,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             dup: false,
             stranger: false,
             direct: false,
+            stream: false,
             overload: false,
             ..FaultKinds::ALL
         },
@@ -121,6 +122,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             dup: true,
             stranger: true,
             direct: false,
+            stream: false,
             overload: false,
         },
         found: "simulator (strangers' runs): a daemon that died with its dial proved and admitted \
@@ -140,6 +142,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             dup: false,
             stranger: false,
             direct: false,
+            stream: false,
             overload: true,
         },
         found: "flow: a daemon not scheduled for longer than FLOW_STUCK_MS made its neighbours' \
@@ -161,6 +164,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             dup: false,
             stranger: false,
             direct: true,
+            stream: false,
             overload: false,
         },
         found: "direct links: a daemon that could not dial its peer gave the link up alone; the \

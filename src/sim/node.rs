@@ -23,6 +23,9 @@ pub const TAG_PLAIN: Tag = TAG_USER_MIN + 1;
 /// The user tag of the workload's broadcasts.
 pub const TAG_BCAST: Tag = TAG_USER_MIN + 2;
 
+/// The service every simulated daemon offers (the `stream` kind's data).
+pub const SERVICE: &str = "data";
+
 /// A broadcast delivered here: (op, originator, tag, payload).
 pub type BcastDelivery = (u64, Rank, Tag, Bytes);
 
@@ -64,6 +67,8 @@ pub struct SimNode {
     pub declared: Vec<Rank>,
     /// Why it stopped, once it did (the world checks that it had to).
     pub stopped: Option<crate::node::StopReason>,
+    /// Stream events for the world's stream applications, in order.
+    pub stream_events: Vec<crate::node::StreamEvent>,
     /// The DVM epoch it had applied after its last input (epochs never go back).
     epoch: u64,
     /// Tokens of this daemon's broadcasts (their completions are checked as broadcasts).
@@ -98,6 +103,13 @@ impl SimNode {
             node.post(Peer::Any, tag, true).map_err(|e| e.to_string())?;
         }
         node.start(now);
+        node.handle_stream(
+            now,
+            crate::node::StreamCommand::Serve {
+                service: SERVICE.into(),
+            },
+        )
+        .map_err(|e| e.to_string())?;
         // Every daemon's first incarnation is 1, as its handshakes would have proved.
         for peer in (0..size).filter(|p| *p != rank) {
             node.handle_link_up(now, peer, 1, false);
@@ -116,6 +128,7 @@ impl SimNode {
             errors: Vec::new(),
             declared: Vec::new(),
             stopped: None,
+            stream_events: Vec::new(),
             bcast_tokens: HashSet::new(),
             epoch: 0,
         };
@@ -169,6 +182,13 @@ impl SimNode {
             token: Some(token),
         };
         let r = self.node.handle_command(now, c);
+        self.step(now);
+        r
+    }
+
+    /// A stream command from the world's stream applications.
+    pub fn stream(&mut self, now: Instant, c: crate::node::StreamCommand) -> Result<(), SendError> {
+        let r = self.node.handle_stream(now, c);
         self.step(now);
         r
     }
@@ -282,7 +302,7 @@ impl SimNode {
                 Output::PeersFailed { dead, .. } => self.declared.extend(dead),
                 Output::Fallback { peer } => self.out.push(Out::Fallback(peer)),
                 Output::Wired => {}
-                Output::Stream(_) => {}
+                Output::Stream(e) => self.stream_events.push(*e),
                 Output::Deliver { msg, .. } => {
                     // Broadcasts are checked from their trace, which carries the op.
                     if msg.tag != TAG_BCAST {

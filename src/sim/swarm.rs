@@ -40,6 +40,9 @@ pub struct FaultKinds {
     /// sometimes room for only one or two links; connections between daemons that are not
     /// tree neighbours (the direct links) drop, briefly or past the redial attempts.
     pub direct: bool,
+    /// Not a fault: streams (`src/stream/`) from random producers to random consumers, of up
+    /// to 300 KB with windows of 1-64 KiB, through the other faults of the run.
+    pub stream: bool,
     /// Not a fault: traffic well above what the links carry (each link has a capacity and
     /// buffers, `world/capacity.rs`), with heartbeats on, so that flow control must keep
     /// delivery going without dropping anything or declaring anyone dead. Such a run has no
@@ -59,6 +62,7 @@ impl FaultKinds {
         dup: true,
         stranger: true,
         direct: true,
+        stream: true,
         overload: true,
     };
 
@@ -74,6 +78,7 @@ impl FaultKinds {
         dup: false,
         stranger: false,
         direct: false,
+        stream: false,
         overload: false,
     };
 
@@ -90,6 +95,7 @@ impl FaultKinds {
             dup: false,
             stranger: false,
             direct: false,
+            stream: false,
             overload: false,
         };
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -105,10 +111,11 @@ impl FaultKinds {
                 "dup" => k.dup = true,
                 "stranger" => k.stranger = true,
                 "direct" => k.direct = true,
+                "stream" => k.stream = true,
                 "overload" => k.overload = true,
                 other => {
                     return Err(format!(
-                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, overload, all)"
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, all)"
                     ));
                 }
             }
@@ -135,6 +142,7 @@ impl std::fmt::Display for FaultKinds {
             (self.dup, "dup"),
             (self.stranger, "stranger"),
             (self.direct, "direct"),
+            (self.stream, "stream"),
             (self.overload, "overload"),
         ];
         let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
@@ -262,6 +270,8 @@ pub struct Scenario {
     pub flow: crate::node::flow::FlowLimits,
     /// Each daemon's direct-link settings (the `direct` kind; otherwise `route` `tree`).
     pub direct: Vec<crate::direct::DirectConfig>,
+    /// Streams: (consumer, producer, length, window, when), each fetched once.
+    pub streams: Vec<(Rank, Rank, u64, u32, u64)>,
 }
 
 impl Scenario {
@@ -541,7 +551,14 @@ impl Scenario {
         if capacity.is_none() {
             faults.extend(cuts);
         }
+        // Streams: a stream of their own too.
+        let streams = if kinds.stream && capacity.is_none() {
+            stream_fetches(seed, size, traffic_us)
+        } else {
+            Vec::new()
+        };
         Scenario {
+            streams,
             direct,
             latency_us,
             jitter_us,
@@ -691,4 +708,24 @@ fn direct_links(
         }
     }
     (configs, cuts)
+}
+
+/// The `stream` kind's fetches: (consumer, producer, length, window, when).
+fn stream_fetches(seed: u64, size: u32, traffic_us: u64) -> Vec<(Rank, Rank, u64, u32, u64)> {
+    let mut rng = Rng::new(seed ^ 0x57E4_3A11_0000_0000);
+    if size < 2 || !rng.chance(0.6) {
+        return Vec::new();
+    }
+    (0..rng.range(1, 8))
+        .map(|_| {
+            let consumer = rng.range(0, u64::from(size - 1)) as Rank;
+            let mut producer = rng.range(0, u64::from(size - 2)) as Rank;
+            if producer >= consumer {
+                producer += 1;
+            }
+            let len = rng.range(0, 300_000);
+            let window = rng.range(1024, 65_536) as u32;
+            (consumer, producer, len, window, rng.range(0, traffic_us))
+        })
+        .collect()
 }

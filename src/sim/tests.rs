@@ -81,6 +81,8 @@ fn batch(n: u64, opts: Options) -> RunStats {
                 sum.direct_opened += s.direct_opened;
                 sum.direct_fallbacks += s.direct_fallbacks;
                 sum.direct_evicted += s.direct_evicted;
+                sum.streams_finished += s.streams_finished;
+                sum.streams_failed += s.streams_failed;
                 sum.held_frames += s.held_frames;
                 sum.plain_order_runs += s.plain_order_runs;
                 sum.plain_sent += s.plain_sent;
@@ -192,4 +194,18 @@ fn direct_links_open_fall_back_and_keep_order() {
     // With crashes: requests to the dead end denied, RELM's chains through every switch.
     let s = batch(60, kinds("direct,crash,link"));
     assert!(s.direct_opened > 0);
+}
+
+#[test]
+fn streams_finish_through_faults_or_end_with_their_dead_producer() {
+    // Every byte checked as it arrives; resumes after repairs, dropped connections and gaps.
+    let s = batch(150, kinds("stream,crash,link,delay"));
+    assert!(
+        s.streams_finished > 100,
+        "streams finished: {}",
+        s.streams_finished
+    );
+    assert!(s.streams_failed > 0, "no stream met a dead producer");
+    let s = batch(60, kinds("stream,direct,partition,stall"));
+    assert!(s.streams_finished > 0);
 }

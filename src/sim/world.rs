@@ -27,6 +27,7 @@ mod capacity;
 mod handshakes;
 mod held;
 mod links;
+mod streams;
 
 pub use capacity::LinkCapacity;
 
@@ -97,6 +98,10 @@ enum Ev {
     },
     Contribute {
         rank: Rank,
+        id: u64,
+    },
+    /// The scenario's stream number `id` is fetched (`world/streams.rs`).
+    Fetch {
         id: u64,
     },
     /// A handshake frame (or the end of the connection, `None`) reaches one end of a
@@ -178,6 +183,9 @@ pub struct RunStats {
     pub direct_opened: u64,
     pub direct_fallbacks: u64,
     pub direct_evicted: u64,
+    /// Runs with streams: streams finished (every byte checked), and ended by a death.
+    pub streams_finished: u64,
+    pub streams_failed: u64,
 }
 
 /// The world.
@@ -225,6 +233,8 @@ pub struct World {
     held: HashMap<(Rank, Rank), held::Held>,
     /// (daemon, peer) whose direct link was seen closing (its sends were chased).
     closing_seen: HashSet<(Rank, Rank)>,
+    /// The `stream` kind's applications.
+    streams: streams::StreamApps,
 }
 
 impl World {
@@ -292,6 +302,7 @@ impl World {
             wires: None,
             held: HashMap::new(),
             closing_seen: HashSet::new(),
+            streams: streams::StreamApps::default(),
         };
         w.check.plain_order = w.scen.keeps_plain_order();
         if let Some(cap) = w.scen.capacity {
@@ -369,6 +380,9 @@ impl World {
                     },
                 ),
             }
+        }
+        for (id, &(.., at)) in self.scen.streams.clone().iter().enumerate() {
+            self.push(at, Ev::Fetch { id: id as u64 });
         }
         // Broadcasts from random daemons, and allgathers every daemon contributes to.
         for _ in 0..self.scen.broadcasts {
@@ -560,6 +574,8 @@ impl World {
             self.stats.plain_order_runs = u64::from(self.check.plain_order);
             self.stats.direct_fallbacks += n.node.counters().direct.fallbacks;
             self.stats.direct_evicted += n.node.counters().direct.links_evicted;
+            self.stats.streams_finished = self.streams.finished;
+            self.stats.streams_failed = self.streams.failed;
         }
         Ok(self.stats)
     }
@@ -569,6 +585,10 @@ impl World {
     fn quiet(&self) -> bool {
         self.parked.values().all(Vec::is_empty)
             && self.held.is_empty()
+            && self
+                .streams
+                .open_at(|r| self.living(r) && !self.declared.contains(&r))
+                == 0
             && self.wires.as_ref().is_none_or(capacity::Wires::is_empty)
             && self.redialing.is_empty()
             && self.nodes.iter().filter(|n| self.living(n.rank)).all(|n| {
@@ -720,6 +740,7 @@ impl World {
                 }
                 self.after(origin)?;
             }
+            Ev::Fetch { id } => self.on_fetch(id)?,
             Ev::Contribute { rank, id } => {
                 if !self.living(rank) {
                     return Ok(());
@@ -838,6 +859,7 @@ impl World {
         let gathered = std::mem::take(&mut n.gathered);
         let declared = std::mem::take(&mut n.declared);
         let stopped = n.stopped.take();
+        let stream_events = std::mem::take(&mut n.stream_events);
         let timeout = n.node.poll_timeout();
         if let Some(e) = n.errors.first() {
             return Err(Violation {
@@ -885,6 +907,10 @@ impl World {
             }
         }
         self.chase_closing(r);
+        if !stream_events.is_empty() && self.living(r) && self.stream_events(r, stream_events)? {
+            // The applications' commands made outputs.
+            self.after(r)?;
+        }
         for (to, frame) in heartbeats {
             // Only over a connection that is up.
             if !self.conn_lost.contains(&Self::pair(r, to)) {
@@ -1032,6 +1058,7 @@ fn target(ev: &Ev) -> Option<Rank> {
         Ev::LinkLost { node, .. } | Ev::Redial { node, .. } => Some(*node),
         Ev::Send { origin, .. } | Ev::Broadcast { origin } => Some(*origin),
         Ev::Contribute { rank, .. } => Some(*rank),
+        Ev::Fetch { .. } => None,
         Ev::Hs { node, .. } | Ev::HsTimeout { node, .. } => *node,
         Ev::Stranger { .. } => None,
         Ev::WireDone { from, .. } => Some(*from),

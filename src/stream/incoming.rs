@@ -44,6 +44,10 @@ pub struct Incoming {
     out: VecDeque<StreamMsg>,
     idle: Duration,
     heard: Instant,
+    /// A chunk went missing (a gap, or a quarter of the idle time without news): the node
+    /// should [`Incoming::resume`] it.
+    wants_resume: bool,
+    resumes: u32,
 }
 
 impl Incoming {
@@ -74,6 +78,8 @@ impl Incoming {
             out: VecDeque::new(),
             idle,
             heard: now,
+            wants_resume: false,
+            resumes: 0,
         };
         s.push_open();
         s
@@ -124,6 +130,11 @@ impl Incoming {
         }
         self.heard = now;
         let end = offset.saturating_add(bytes.len() as u64);
+        if offset > self.received {
+            // A chunk before it was lost (a connection dropped on the path): resume.
+            self.wants_resume = true;
+            return Ok(None);
+        }
         let err = if offset != self.received {
             Some(StreamError::Protocol(format!(
                 "stream {}: a chunk at {offset}, expected {}",
@@ -195,10 +206,25 @@ impl Incoming {
         self.fail_with(StreamError::ProducerDied(self.producer));
     }
 
-    /// The path to the producer broke (a relay died) while both live: the stream goes on from
-    /// the byte it stands at, as stream `new_id` (frames of the old id are stale from now on).
+    /// Whether chunks went missing and the stream should resume (a gap, or a quarter of its
+    /// idle time without news: a lost chunk, credit or end).
+    pub fn wants_resume(&self) -> bool {
+        self.wants_resume && self.status == Status::Streaming
+    }
+
+    /// The path to the producer broke (a relay died, a connection on it dropped) while both
+    /// live: the stream goes on from the byte it stands at, as stream `new_id` (frames of the
+    /// old id are stale from now on). After `limits::STREAM_RESUMES_MAX` resumes it fails
+    /// `TimedOut` instead.
     pub fn resume(&mut self, now: Instant, new_id: u64) {
         if self.status != Status::Streaming {
+            return;
+        }
+        self.wants_resume = false;
+        self.resumes += 1;
+        if self.resumes > crate::limits::STREAM_RESUMES_MAX {
+            self.out.push_back(StreamMsg::Cancel);
+            self.status = Status::Failed(StreamError::TimedOut);
             return;
         }
         self.id = new_id;
@@ -216,16 +242,31 @@ impl Incoming {
         e
     }
 
-    /// When [`Incoming::handle_timeout`] is due.
+    /// When [`Incoming::handle_timeout`] is due: a quarter of the idle time after the last
+    /// news (a resume), then the idle time (the end).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        (self.status == Status::Streaming).then_some(self.heard + self.idle)
+        if self.status != Status::Streaming {
+            return None;
+        }
+        let quarter = self.heard + self.idle / 4;
+        Some(if self.wants_resume {
+            self.heard + self.idle
+        } else {
+            quarter
+        })
     }
 
-    /// Time passed: a stream that heard nothing for its idle time fails `TimedOut`.
+    /// Time passed: a stream that heard nothing for a quarter of its idle time wants to
+    /// resume; one that heard nothing for its idle time fails `TimedOut`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.status == Status::Streaming && now >= self.heard + self.idle {
+        if self.status != Status::Streaming {
+            return;
+        }
+        if now >= self.heard + self.idle {
             self.out.push_back(StreamMsg::Cancel);
             self.status = Status::Failed(StreamError::TimedOut);
+        } else if now >= self.heard + self.idle / 4 {
+            self.wants_resume = true;
         }
     }
 

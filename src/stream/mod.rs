@@ -31,9 +31,12 @@
 //! # Faults
 //! The death of the producer ends the consumer's stream `ProducerDied` (through the fault
 //! handling, within the failure-detection time); the death of the consumer ends the
-//! producer's. When a relay on the path dies and both ends live, the consumer resumes: it
-//! opens the stream again under a new id at the byte it stands at ([`Incoming::resume`]), so
-//! no byte is lost or delivered twice; late frames of the old id are stale and ignored. The
+//! producer's. When chunks may have been lost while both ends live (a relay on the path died,
+//! a direct link was lost, a connection on the path dropped: a gap in the offsets, or a
+//! quarter of the idle time without news, which also covers a lost credit or end), the
+//! consumer resumes: it opens the stream again under a new id at the byte it stands at
+//! ([`Incoming::resume`], at most [`crate::limits::STREAM_RESUMES_MAX`] times), so no byte is
+//! lost or delivered twice; late frames of the old id are stale and ignored. The
 //! producer's service is asked again with the same request and that offset (it must be able
 //! to start there: a file, a buffer). A stream that hears nothing for its idle time fails
 //! `TimedOut`.

@@ -210,6 +210,10 @@ fn the_producer_fails_or_dies_or_goes_quiet() {
     c.handle_producer_failed();
     assert_eq!(c.status(), &Status::Failed(StreamError::ProducerDied(3)));
     let mut c = Incoming::open(now, 32, 3, "file", Bytes::new(), 1024, IDLE);
+    // A quarter of the idle time without news: something was lost, resume.
+    assert_eq!(c.poll_timeout(), Some(now + IDLE / 4));
+    c.handle_timeout(now + IDLE / 4);
+    assert!(c.wants_resume());
     assert_eq!(c.poll_timeout(), Some(now + IDLE));
     c.handle_timeout(now + IDLE);
     assert_eq!(c.status(), &Status::Failed(StreamError::TimedOut));
@@ -235,4 +239,20 @@ fn an_end_that_does_not_add_up_is_not_finished() {
         c.handle_end(now, 100, d ^ 1),
         Status::Failed(StreamError::Corrupt { .. })
     ));
+}
+
+#[test]
+fn a_gap_asks_for_a_resume_and_resumes_are_bounded() {
+    let now = Instant::now();
+    let mut c = Incoming::open(now, 50, 3, "file", Bytes::new(), 1024, IDLE);
+    let chunk = data(10);
+    let d = digest::chunk(20, &chunk);
+    assert_eq!(c.handle_data(now, 20, d, chunk), Ok(None));
+    assert!(c.wants_resume(), "a chunk before offset 20 was lost");
+    for i in 0..crate::limits::STREAM_RESUMES_MAX {
+        c.resume(now, 100 + u64::from(i));
+        assert_eq!(c.status(), &Status::Streaming);
+    }
+    c.resume(now, 999);
+    assert_eq!(c.status(), &Status::Failed(StreamError::TimedOut));
 }

@@ -1,0 +1,203 @@
+//! The `stream` kind's applications: every daemon offers the service `node::SERVICE`, whose
+//! stream of length `len` for request (id, len) has byte i = `content(id, i)`; consumers fetch
+//! the scenario's streams and check every byte as it arrives. Checker `stream`: every byte in
+//! order and right, a stream ends `Finished` with all its bytes, or `ProducerDied` only when
+//! the producer is gone; by the end every stream of a living consumer has ended.
+
+use super::World;
+use crate::Rank;
+use crate::node::{StreamCommand, StreamEvent};
+use crate::sim::check::Violation;
+use crate::sim::node::SERVICE;
+use crate::stream::StreamError;
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// A consumer gives a stream up after this long without news: longer than any partition or
+/// stall of a run, so only a stream nobody serves any more times out.
+const IDLE: Duration = Duration::from_secs(120);
+
+/// Byte `i` of stream `id`.
+fn content(id: u64, i: u64) -> u8 {
+    (id.wrapping_mul(131).wrapping_add(i.wrapping_mul(7)) % 251) as u8
+}
+
+/// What the stream applications know.
+#[derive(Debug, Default)]
+pub(super) struct StreamApps {
+    /// Producer side: (producer, consumer, wire id) -> (stream id, length, next offset).
+    producing: HashMap<(Rank, Rank, u64), (u64, u64, u64)>,
+    /// Consumer side: stream id -> (consumer, producer, length, bytes checked).
+    consuming: HashMap<u64, (Rank, Rank, u64, u64)>,
+    /// Streams finished, and ended otherwise (allowed).
+    pub finished: u64,
+    pub failed: u64,
+}
+
+impl StreamApps {
+    /// Streams still open at a living consumer (the liveness check waits for none).
+    pub(super) fn open_at(&self, living: impl Fn(Rank) -> bool) -> usize {
+        self.consuming.values().filter(|(c, ..)| living(*c)).count()
+    }
+}
+
+fn v(detail: String) -> Violation {
+    Violation {
+        checker: "stream",
+        detail,
+    }
+}
+
+impl World {
+    /// The scenario's fetch number `id` starts at its consumer.
+    pub(super) fn on_fetch(&mut self, id: u64) -> Result<(), Violation> {
+        let Some(&(consumer, producer, len, window, _)) = self.scen.streams.get(id as usize) else {
+            return Ok(());
+        };
+        if !self.living(consumer) {
+            return Ok(());
+        }
+        let mut request = id.to_be_bytes().to_vec();
+        request.extend_from_slice(&len.to_be_bytes());
+        let now = self.now();
+        let c = StreamCommand::Fetch {
+            id,
+            producer,
+            service: SERVICE.into(),
+            request: Bytes::from(request),
+            window,
+            idle: IDLE,
+        };
+        if let Some(n) = self.nodes.get_mut(consumer as usize)
+            && n.stream(now, c).is_ok()
+        {
+            self.streams
+                .consuming
+                .insert(id, (consumer, producer, len, 0));
+        }
+        self.after(consumer)
+    }
+
+    /// Plays both applications for the stream events daemon `r` produced. Whether it issued
+    /// commands (then `r`'s outputs need collecting again).
+    pub(super) fn stream_events(
+        &mut self,
+        r: Rank,
+        events: Vec<StreamEvent>,
+    ) -> Result<bool, Violation> {
+        let now = self.now();
+        let mut acted = false;
+        for e in events {
+            match e {
+                StreamEvent::Opened {
+                    consumer,
+                    id,
+                    request,
+                    offset,
+                    ..
+                } => {
+                    let (sid, len) = match (request.get(..8), request.get(8..16)) {
+                        (Some(a), Some(b)) => (
+                            u64::from_be_bytes(a.try_into().unwrap_or_default()),
+                            u64::from_be_bytes(b.try_into().unwrap_or_default()),
+                        ),
+                        _ => {
+                            return Err(v(format!(
+                                "rank {r}: a request of {} bytes",
+                                request.len()
+                            )));
+                        }
+                    };
+                    self.streams
+                        .producing
+                        .insert((r, consumer, id), (sid, len, offset));
+                }
+                StreamEvent::Room { consumer, id, room } => {
+                    let Some(&(sid, len, pos)) = self.streams.producing.get(&(r, consumer, id))
+                    else {
+                        continue;
+                    };
+                    let n = room.min(len - pos);
+                    let bytes: Bytes = (pos..pos + n)
+                        .map(|i| content(sid, i))
+                        .collect::<Vec<u8>>()
+                        .into();
+                    let mut cmds = Vec::new();
+                    if n > 0 {
+                        cmds.push(StreamCommand::Write {
+                            consumer,
+                            id,
+                            bytes,
+                        });
+                    }
+                    if pos + n == len {
+                        cmds.push(StreamCommand::End {
+                            consumer,
+                            id,
+                            failure: None,
+                        });
+                        self.streams.producing.remove(&(r, consumer, id));
+                    } else if let Some(p) = self.streams.producing.get_mut(&(r, consumer, id)) {
+                        p.2 = pos + n;
+                    }
+                    for c in cmds {
+                        acted = true;
+                        if let Some(node) = self.nodes.get_mut(r as usize)
+                            && node.stream(now, c).is_err()
+                        {
+                            // Stopped meanwhile (its consumer moved it to a new id).
+                            self.streams.producing.remove(&(r, consumer, id));
+                            break;
+                        }
+                    }
+                }
+                StreamEvent::Stopped { consumer, id } => {
+                    self.streams.producing.remove(&(r, consumer, id));
+                }
+                StreamEvent::Data { id, bytes } => {
+                    let Some(s) = self.streams.consuming.get_mut(&id) else {
+                        return Err(v(format!("rank {r}: data for unknown stream {id}")));
+                    };
+                    for (k, b) in bytes.iter().enumerate() {
+                        let i = s.3 + k as u64;
+                        if *b != content(id, i) || i >= s.2 {
+                            return Err(v(format!("stream {id} at rank {r}: wrong byte at {i}")));
+                        }
+                    }
+                    s.3 += bytes.len() as u64;
+                    acted = true;
+                    let c = StreamCommand::Consumed {
+                        id,
+                        n: bytes.len() as u64,
+                    };
+                    if let Some(node) = self.nodes.get_mut(r as usize) {
+                        let _ = node.stream(now, c);
+                    }
+                }
+                StreamEvent::Ended { id, result } => {
+                    let Some((_, producer, len, got)) = self.streams.consuming.remove(&id) else {
+                        return Err(v(format!("rank {r}: end of unknown stream {id}")));
+                    };
+                    let gone = self.gone();
+                    match result {
+                        Ok(()) if got == len => self.streams.finished += 1,
+                        Ok(()) => {
+                            return Err(v(format!(
+                                "stream {id}: finished after {got} of {len} bytes"
+                            )));
+                        }
+                        Err(StreamError::ProducerDied(p)) if p == producer && gone.contains(&p) => {
+                            self.streams.failed += 1;
+                        }
+                        Err(StreamError::TimedOut) if gone.contains(&producer) => {
+                            self.streams.failed += 1
+                        }
+                        Err(e) => return Err(v(format!("stream {id} ({producer} -> {r}): {e}"))),
+                    }
+                }
+            }
+        }
+        Ok(acted)
+    }
+}
