@@ -69,6 +69,9 @@
 //! to their own. A close that hears nothing for `direct_request_ms`, or whose connection is
 //! lost first, releases what waits over the tree (a fault window, as any lost link).
 //! Reliable messages do not wait: RELM takes the tree at once (its chains keep the order).
+//! Every message after the grant names the link's id (the grantor's): two daemons may open a
+//! new link on the connection an earlier one used, and a `Close` of the earlier one read then
+//! must not close the new one.
 //!
 //! # Bounds
 //! Links asked for, granted or open: `direct_links_max`, and closing ones up to as many again;

@@ -97,6 +97,9 @@ struct Link {
     since: Instant,
     /// The last message this daemon sent on it (eviction picks the least recently used).
     used: Instant,
+    /// Its id (the grantor's, in `Grant`; 0 while asked for): messages about another id are
+    /// about an earlier link between the same two daemons, and are ignored.
+    id: u32,
 }
 
 /// What the table needs to know of the node when a request arrives.
@@ -131,6 +134,8 @@ pub struct DirectLinks {
     stats: DirectCounters,
     /// Bumped whenever a link may have changed state ([`DirectLinks::generation`]).
     generation: u64,
+    /// The id of the last link this daemon granted.
+    last_id: u32,
 }
 
 impl DirectLinks {
@@ -145,6 +150,7 @@ impl DirectLinks {
             events: VecDeque::new(),
             stats: DirectCounters::default(),
             generation: 0,
+            last_id: 0,
         }
     }
 
@@ -250,6 +256,7 @@ impl DirectLinks {
                 phase: Phase::ConnWait,
                 since: now,
                 used: now,
+                id: 0,
             },
         );
         self.traffic.remove(&dst);
@@ -296,11 +303,12 @@ impl DirectLinks {
             l.since = now;
         }
         self.stats.links_evicted += 1;
+        let id = self.links.get(&peer).map_or(0, |l| l.id);
         log::debug!(
-            "rank {}: evicting the idle direct link to rank {peer}",
+            "rank {}: evicting the idle direct link {id} to rank {peer}",
             self.me
         );
-        self.control.push_back((peer, DirectMsg::Close));
+        self.control.push_back((peer, DirectMsg::Close(id)));
         true
     }
 
@@ -324,6 +332,7 @@ impl DirectLinks {
         self.generation += 1;
         let from = who.from;
         let phase = self.links.get(&from).map(|l| l.phase);
+        log::trace!("rank {}: {msg:?} from {from} in {phase:?}", self.me);
         match msg {
             DirectMsg::Request { version, epoch, .. } => {
                 self.stats.requests_received += 1;
@@ -367,20 +376,23 @@ impl DirectLinks {
                         // A new grant, or one again for a requester that lost its state (its
                         // link was lost, or its request crossed ours and won).
                         self.stats.grants += 1;
+                        self.last_id = self.last_id.wrapping_add(1).max(1);
+                        let id = self.last_id;
                         self.links.insert(
                             from,
                             Link {
                                 phase: Phase::GrantWait,
                                 since: now,
                                 used: now,
+                                id,
                             },
                         );
-                        log::debug!("rank {}: granted rank {from} a direct link", self.me);
-                        self.control.push_back((from, DirectMsg::Grant));
+                        log::debug!("rank {}: granted rank {from} direct link {id}", self.me);
+                        self.control.push_back((from, DirectMsg::Grant(id)));
                     }
                 }
             }
-            DirectMsg::Grant => match phase {
+            DirectMsg::Grant(id) => match phase {
                 Some(Phase::ConnWait) => {
                     self.links.insert(
                         from,
@@ -388,13 +400,14 @@ impl DirectLinks {
                             phase: Phase::Open,
                             since: now,
                             used: now,
+                            id,
                         },
                     );
                     self.stats.links_opened += 1;
-                    self.control.push_back((from, DirectMsg::Switch));
+                    self.control.push_back((from, DirectMsg::Switch(id)));
                 }
                 // Nobody waits for it here any more (timed out): the grantor forgets it.
-                _ => self.control.push_back((from, DirectMsg::Withdraw)),
+                _ => self.control.push_back((from, DirectMsg::Withdraw(id))),
             },
             DirectMsg::Deny(r) => {
                 if phase == Some(Phase::ConnWait) && r != DenyReason::Crossed {
@@ -402,9 +415,10 @@ impl DirectLinks {
                     self.denied(now, from, r);
                 }
             }
-            DirectMsg::Switch => {
+            DirectMsg::Switch(id) => {
                 if let Some(l) = self.links.get_mut(&from)
                     && l.phase == Phase::GrantWait
+                    && l.id == id
                 {
                     l.phase = Phase::Open;
                     l.since = now;
@@ -413,42 +427,52 @@ impl DirectLinks {
             }
             // The peer gave the link up (a late grant, a grant it never switched to, a
             // connection it could not make): this end stops using it too.
-            DirectMsg::Withdraw => {
-                if matches!(
-                    phase,
-                    Some(Phase::GrantWait | Phase::Open | Phase::Closing | Phase::Draining)
-                ) {
+            DirectMsg::Withdraw(id) => {
+                let ours = self
+                    .links
+                    .get(&from)
+                    .is_some_and(|l| l.id == id || (id == 0 && l.phase == Phase::GrantWait));
+                if ours && phase != Some(Phase::ConnWait) {
                     self.end(from);
                     self.stats.fallbacks += 1;
                 }
             }
             // The other end evicts: everything it wrote on the link has been read.
-            DirectMsg::Close => match phase {
-                Some(Phase::Open) => {
-                    if let Some(l) = self.links.get_mut(&from) {
-                        l.phase = Phase::Draining;
-                        l.since = now;
+            DirectMsg::Close(id) if self.links.get(&from).is_some_and(|l| l.id == id) => {
+                match phase {
+                    Some(Phase::Open) => {
+                        if let Some(l) = self.links.get_mut(&from) {
+                            l.phase = Phase::Draining;
+                            l.since = now;
+                        }
+                        self.control.push_back((from, DirectMsg::CloseAck(id)));
                     }
-                    self.control.push_back((from, DirectMsg::CloseAck));
+                    // Both evict at once: each answers the other's `Close` and waits for the
+                    // answer to its own.
+                    Some(Phase::Closing) => self.control.push_back((from, DirectMsg::CloseAck(id))),
+                    _ => {}
                 }
-                // Both evict at once: each answers the other's `Close` and waits for the
-                // answer to its own.
-                Some(Phase::Closing) => self.control.push_back((from, DirectMsg::CloseAck)),
-                _ => {}
-            },
+            }
             // The other end read everything this one wrote on the link: this end's messages
             // may take the tree, and it is done with the connection.
-            DirectMsg::CloseAck => {
+            DirectMsg::CloseAck(id) if self.links.get(&from).is_some_and(|l| l.id == id) => {
                 if phase == Some(Phase::Closing) {
                     self.end(from);
                     self.events.push_back(LinkEvent::Shut(from));
-                    self.control.push_back((from, DirectMsg::Shut));
+                    self.control.push_back((from, DirectMsg::Shut(id)));
                 }
             }
-            DirectMsg::Shut => {
+            DirectMsg::Shut(id) if self.links.get(&from).is_some_and(|l| l.id == id) => {
                 if phase == Some(Phase::Draining) {
                     self.end(from);
                 }
+            }
+            // About an earlier link between the two: stale.
+            DirectMsg::Close(_) | DirectMsg::CloseAck(_) | DirectMsg::Shut(_) => {
+                log::debug!(
+                    "rank {}: a stale direct-link message from rank {from}",
+                    self.me
+                );
             }
         }
     }
@@ -480,29 +504,30 @@ impl DirectLinks {
     pub fn handle_timeout(&mut self, now: Instant) -> Vec<Rank> {
         self.generation += 1;
         let limit = self.cfg.request_timeout;
-        let mut expired: Vec<(Rank, Phase)> = self
+        let mut expired: Vec<(Rank, Phase, u32)> = self
             .links
             .iter()
             .filter(|(_, l)| {
                 l.phase != Phase::Open && now.saturating_duration_since(l.since) >= limit
             })
-            .map(|(r, l)| (*r, l.phase))
+            .map(|(r, l)| (*r, l.phase, l.id))
             .collect();
-        expired.sort_unstable_by_key(|(r, _)| *r);
+        expired.sort_unstable_by_key(|(r, ..)| *r);
         let mut fell_back = Vec::new();
-        for (peer, phase) in expired {
+        for (peer, phase, id) in expired {
             self.end(peer);
             if phase.closing() {
                 // The other end went quiet while the link closed: what waits takes the tree.
-                self.control.push_back((peer, DirectMsg::Withdraw));
+                self.control.push_back((peer, DirectMsg::Withdraw(id)));
                 fell_back.push(peer);
             } else if phase == Phase::ConnWait {
+                // Whatever grant answers the request (id 0: not known here).
                 self.denied(now, peer, DenyReason::Timeout);
-                self.control.push_back((peer, DirectMsg::Withdraw));
+                self.control.push_back((peer, DirectMsg::Withdraw(0)));
             } else {
                 // The requester may have switched all the same (its `Switch` is late).
                 self.stats.fallbacks += 1;
-                self.control.push_back((peer, DirectMsg::Withdraw));
+                self.control.push_back((peer, DirectMsg::Withdraw(id)));
                 fell_back.push(peer);
             }
         }
@@ -601,10 +626,11 @@ impl DirectLinks {
     /// goes to `peer` for `direct_denial_ms` (a cached `Unreachable`), so that an unreachable
     /// address is not dialled at every message. Returns whether messages took the link.
     pub fn handle_unreachable(&mut self, now: Instant, peer: Rank) -> bool {
+        let id = self.links.get(&peer).map_or(0, |l| l.id);
         let fell_back = self.handle_link_lost(peer);
         if fell_back {
             // The peer may reach this daemon's end and go on using the link: tell it.
-            self.control.push_back((peer, DirectMsg::Withdraw));
+            self.control.push_back((peer, DirectMsg::Withdraw(id)));
         }
         self.denied(now, peer, DenyReason::Unreachable);
         fell_back
@@ -698,12 +724,12 @@ mod tests {
             "GrantWait: sends direct, reads wait"
         );
         let (_, grant) = b.poll_control().unwrap();
-        assert_eq!(grant, DirectMsg::Grant);
+        assert_eq!(grant, DirectMsg::Grant(1));
         a.handle_message(t, asker(14), grant);
         assert!(a.is_direct(14) && a.may_read(14));
         assert_eq!(a.route(t, 14, 8, None, me), Via::Direct);
         let (_, switch) = a.poll_control().unwrap();
-        assert_eq!(switch, DirectMsg::Switch);
+        assert_eq!(switch, DirectMsg::Switch(1));
         b.handle_message(t, asker(7), switch);
         assert!(b.may_read(7));
         assert_eq!(a.counters().links_open, 1);
@@ -724,8 +750,8 @@ mod tests {
             "the grantor's messages took the link"
         );
         assert!(!b.is_direct(1));
-        assert_eq!(b.poll_control(), Some((1, DirectMsg::Withdraw)));
-        a.handle_message(t, asker(2), DirectMsg::Withdraw);
+        assert_eq!(b.poll_control(), Some((1, DirectMsg::Withdraw(1))));
+        a.handle_message(t, asker(2), DirectMsg::Withdraw(1));
         assert!(!a.is_direct(2), "the other end gives the link up too");
         assert_eq!(b.counters().fallbacks, 1);
         assert_eq!(b.counters().denied_timeout, 1);
@@ -762,7 +788,7 @@ mod tests {
         let t2 = t + Duration::from_millis(500);
         a.route(t2, 4, 8, None, me);
         // 2 is evicted: `Close` is its last frame on the link, then the request to 4.
-        assert_eq!(a.poll_control(), Some((2, DirectMsg::Close)));
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Close(1))));
         let request = a.poll_control();
         assert!(matches!(request, Some((4, DirectMsg::Request { .. }))));
         assert_eq!(a.counters().links_evicted, 1);
@@ -776,15 +802,18 @@ mod tests {
             "the evicting end reads the link up to CloseAck"
         );
         // The other end reads `Close`: its messages to 1 wait now, `CloseAck` goes last.
-        b.handle_message(t2, asker(1), DirectMsg::Close);
+        // A Close about another (earlier) link is stale.
+        b.handle_message(t2, asker(1), DirectMsg::Close(9));
+        assert!(b.is_direct(1) && b.poll_control().is_none());
+        b.handle_message(t2, asker(1), DirectMsg::Close(1));
         assert_eq!(b.route(t2, 1, 8, None, me), Via::Hold);
-        assert_eq!(b.poll_control(), Some((1, DirectMsg::CloseAck)));
+        assert_eq!(b.poll_control(), Some((1, DirectMsg::CloseAck(1))));
         assert!(!b.handle_link_lost(1), "the connection's end is expected");
-        a.handle_message(t2, asker(2), DirectMsg::CloseAck);
+        a.handle_message(t2, asker(2), DirectMsg::CloseAck(1));
         assert_eq!(a.poll_event(), Some(LinkEvent::Release(2)));
         assert_eq!(a.poll_event(), Some(LinkEvent::Shut(2)));
-        assert_eq!(a.poll_control(), Some((2, DirectMsg::Shut)));
-        b.handle_message(t2, asker(1), DirectMsg::Shut);
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Shut(1))));
+        b.handle_message(t2, asker(1), DirectMsg::Shut(1));
         assert_eq!(b.poll_event(), Some(LinkEvent::Release(1)));
         assert_eq!(a.route(t2, 2, 8, Some(Route::Tree), me), Via::Tree);
         assert_eq!(b.route(t2, 1, 8, Some(Route::Tree), me), Via::Tree);
@@ -813,16 +842,16 @@ mod tests {
         let t2 = t + Duration::from_secs(1);
         a.route(t2, 3, 8, None, me);
         b.route(t2, 5, 8, None, me);
-        assert_eq!(a.poll_control(), Some((2, DirectMsg::Close)));
-        assert_eq!(b.poll_control(), Some((1, DirectMsg::Close)));
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Close(1))));
+        assert_eq!(b.poll_control(), Some((1, DirectMsg::Close(1))));
         a.poll_control();
         b.poll_control();
-        a.handle_message(t2, asker(2), DirectMsg::Close);
-        b.handle_message(t2, asker(1), DirectMsg::Close);
-        assert_eq!(a.poll_control(), Some((2, DirectMsg::CloseAck)));
-        assert_eq!(b.poll_control(), Some((1, DirectMsg::CloseAck)));
-        a.handle_message(t2, asker(2), DirectMsg::CloseAck);
-        b.handle_message(t2, asker(1), DirectMsg::CloseAck);
+        a.handle_message(t2, asker(2), DirectMsg::Close(1));
+        b.handle_message(t2, asker(1), DirectMsg::Close(1));
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::CloseAck(1))));
+        assert_eq!(b.poll_control(), Some((1, DirectMsg::CloseAck(1))));
+        a.handle_message(t2, asker(2), DirectMsg::CloseAck(1));
+        b.handle_message(t2, asker(1), DirectMsg::CloseAck(1));
         assert_eq!(a.poll_event(), Some(LinkEvent::Release(2)));
         assert_eq!(b.poll_event(), Some(LinkEvent::Release(1)));
         assert!(!a.peers().contains(&2) && !b.peers().contains(&1));
@@ -836,7 +865,7 @@ mod tests {
         open(t, &mut a, &mut b);
         let t2 = t + Duration::from_secs(1);
         a.route(t2, 3, 8, None, me);
-        assert_eq!(a.poll_control(), Some((2, DirectMsg::Close)));
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Close(1))));
         let later = t2 + Duration::from_secs(5);
         assert_eq!(a.handle_timeout(later), vec![2]);
         assert_eq!(a.poll_event(), Some(LinkEvent::Release(2)));
@@ -958,8 +987,8 @@ mod tests {
         a.poll_control();
         a.poll_control();
         a.poll_control();
-        a.handle_message(due, asker(2), DirectMsg::Grant);
-        assert_eq!(a.poll_control(), Some((2, DirectMsg::Withdraw)));
+        a.handle_message(due, asker(2), DirectMsg::Grant(5));
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Withdraw(5))));
         assert!(!a.is_direct(2));
     }
 

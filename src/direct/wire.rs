@@ -7,13 +7,17 @@
 //! | kind | message | fields |
 //! |---|---|---|
 //! | 1 | `Request` | version (u8), the requester's DVM epoch (u64), its contact URI (u16 length, UTF-8) |
-//! | 2 | `Grant` | — |
+//! | 2 | `Grant` | the link's id (u32, the grantor's, never 0) |
 //! | 3 | `Deny` | reason (u8, [`DenyReason`]) |
-//! | 4 | `Switch` | — |
-//! | 5 | `Withdraw` | — |
-//! | 6 | `Close` (on the link) | — |
-//! | 7 | `CloseAck` (on the link) | — |
-//! | 8 | `Shut` | — |
+//! | 4 | `Switch` | link id |
+//! | 5 | `Withdraw` | link id (0: whatever grant answers my request) |
+//! | 6 | `Close` (on the link) | link id |
+//! | 7 | `CloseAck` (on the link) | link id |
+//! | 8 | `Shut` | link id |
+//!
+//! The link id tells one link between two daemons from the next: a `Close` written on the
+//! connection for a link that ended, read once a new link uses the same connection, names the
+//! old id and is ignored.
 
 use crate::rml::Tag;
 
@@ -21,7 +25,7 @@ use crate::rml::Tag;
 pub const TAG_DIRECT: Tag = 13;
 
 /// The version of the direct-link negotiation; a request with another one is denied.
-pub const DIRECT_VERSION: u8 = 2;
+pub const DIRECT_VERSION: u8 = 3;
 
 /// Longest contact URI a request may carry.
 const URI_MAX_BYTES: usize = 1024;
@@ -89,24 +93,25 @@ pub enum DirectMsg {
         /// The requester's contact URI, as text ("" if it has none to give).
         uri: String,
     },
-    /// The request is granted; the grantor's messages now take the link (a drain marker).
-    Grant,
+    /// The request is granted as link `.0`; the grantor's messages now take the link (a drain
+    /// marker).
+    Grant(u32),
     /// The request is denied.
     Deny(DenyReason),
     /// The requester's answer to a grant: its messages now take the link (a drain marker).
-    Switch,
+    Switch(u32),
     /// This end gave the link up (a request that timed out, a grant never switched to, a
     /// connection it could not make): the other end stops using it too.
-    Withdraw,
+    Withdraw(u32),
     /// On the link, the last frame its sender writes there: it evicts the link, and its
     /// messages to the other end wait until the other has read everything it sent on it.
-    Close,
+    Close(u32),
     /// On the link, the answer to `Close` and the last frame its sender writes there: it has
     /// read everything the evicting end sent on the link; its own messages wait for `Shut`.
-    CloseAck,
+    CloseAck(u32),
     /// Over the tree, from the evicting end once it read `CloseAck`: it has read everything
     /// the other end sent on the link, whose messages may take the tree now.
-    Shut,
+    Shut(u32),
 }
 
 impl DirectMsg {
@@ -127,16 +132,30 @@ impl DirectMsg {
                 b.extend_from_slice(&(n as u16).to_be_bytes());
                 b.extend_from_slice(uri.get(..n).unwrap_or_default());
             }
-            DirectMsg::Grant => b.push(2),
+            DirectMsg::Grant(l) => {
+                b.push(2);
+                b.extend_from_slice(&l.to_be_bytes());
+            }
             DirectMsg::Deny(r) => {
                 b.push(3);
                 b.push(*r as u8);
             }
-            DirectMsg::Switch => b.push(4),
-            DirectMsg::Withdraw => b.push(5),
-            DirectMsg::Close => b.push(6),
-            DirectMsg::CloseAck => b.push(7),
-            DirectMsg::Shut => b.push(8),
+            DirectMsg::Switch(l) | DirectMsg::Withdraw(l) | DirectMsg::Close(l) => {
+                b.push(match self {
+                    DirectMsg::Switch(_) => 4,
+                    DirectMsg::Withdraw(_) => 5,
+                    _ => 6,
+                });
+                b.extend_from_slice(&l.to_be_bytes());
+            }
+            DirectMsg::CloseAck(l) | DirectMsg::Shut(l) => {
+                b.push(if matches!(self, DirectMsg::CloseAck(_)) {
+                    7
+                } else {
+                    8
+                });
+                b.extend_from_slice(&l.to_be_bytes());
+            }
         }
         b.into()
     }
@@ -153,6 +172,12 @@ impl DirectMsg {
                     rest.len()
                 ))
             }
+        };
+        let link = || {
+            exact(4)?;
+            rest.first_chunk::<4>()
+                .map(|b| u32::from_be_bytes(*b))
+                .ok_or_else(|| "no link id".to_string())
         };
         match kind {
             1 => {
@@ -179,7 +204,7 @@ impl DirectMsg {
                     uri,
                 })
             }
-            2 => exact(0).map(|_| DirectMsg::Grant),
+            2 => link().map(DirectMsg::Grant),
             3 => {
                 exact(1)?;
                 let r = rest.first().copied().unwrap_or(0);
@@ -187,11 +212,11 @@ impl DirectMsg {
                     .map(DirectMsg::Deny)
                     .ok_or_else(|| format!("unknown denial reason {r}"))
             }
-            4 => exact(0).map(|_| DirectMsg::Switch),
-            5 => exact(0).map(|_| DirectMsg::Withdraw),
-            6 => exact(0).map(|_| DirectMsg::Close),
-            7 => exact(0).map(|_| DirectMsg::CloseAck),
-            8 => exact(0).map(|_| DirectMsg::Shut),
+            4 => link().map(DirectMsg::Switch),
+            5 => link().map(DirectMsg::Withdraw),
+            6 => link().map(DirectMsg::Close),
+            7 => link().map(DirectMsg::CloseAck),
+            8 => link().map(DirectMsg::Shut),
             k => Err(format!("unknown direct-link message kind {k}")),
         }
     }
@@ -214,14 +239,14 @@ mod tests {
                 epoch: 0,
                 uri: String::new(),
             },
-            DirectMsg::Grant,
+            DirectMsg::Grant(7),
             DirectMsg::Deny(DenyReason::Full),
             DirectMsg::Deny(DenyReason::Crossed),
-            DirectMsg::Switch,
-            DirectMsg::Withdraw,
-            DirectMsg::Close,
-            DirectMsg::CloseAck,
-            DirectMsg::Shut,
+            DirectMsg::Switch(7),
+            DirectMsg::Withdraw(0),
+            DirectMsg::Close(u32::MAX),
+            DirectMsg::CloseAck(1),
+            DirectMsg::Shut(2),
         ];
         for m in all {
             assert_eq!(DirectMsg::decode(&m.encode()), Ok(m));

@@ -82,7 +82,7 @@ impl Node {
             if self.routing.is_failed(to) {
                 continue;
             }
-            let on_link = matches!(m, DirectMsg::Close | DirectMsg::CloseAck);
+            let on_link = matches!(m, DirectMsg::Close(_) | DirectMsg::CloseAck(_));
             let payload = m.encode();
             let header = self.header(Kind::Msg, self.me, to, TAG_DIRECT, payload.len());
             if on_link && !self.is_neighbour(to) {
@@ -133,7 +133,10 @@ impl Node {
             my_epoch: self.epoch,
             stopping: self.stopping.is_some(),
         };
-        let closing = matches!(m, DirectMsg::Close | DirectMsg::CloseAck | DirectMsg::Shut);
+        let closing = matches!(
+            m,
+            DirectMsg::Close(_) | DirectMsg::CloseAck(_) | DirectMsg::Shut(_)
+        );
         self.direct.handle_message(now, who, m);
         if was_direct && !self.direct.is_direct(msg.origin) && !closing {
             // A withdrawn grant: what was queued for the link takes the tree.

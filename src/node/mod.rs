@@ -516,6 +516,11 @@ impl Node {
         )
     }
 
+    /// Messages waiting for direct links to close (`direct::Via::Hold`), in all.
+    pub fn direct_held(&self) -> usize {
+        self.direct_held.values().map(|(q, _)| q.len()).sum()
+    }
+
     /// The direct-link table (see [`crate::direct`]).
     pub fn direct(&self) -> &crate::direct::DirectLinks {
         &self.direct

@@ -173,6 +173,30 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
                 retransmissions ran out (Unreachable). Now the one giving up sends Withdraw, and \
                 a destination replies by its own route when it no longer reaches the sender",
     },
+    RegressionSeed {
+        seed: 605_496,
+        daemons: 34,
+        radix: 8,
+        faults: FaultKinds {
+            crash: true,
+            link: true,
+            stall: true,
+            partition: true,
+            delay: true,
+            stale: true,
+            dup: true,
+            stranger: true,
+            direct: true,
+            stream: true,
+            overload: true,
+        },
+        found: "direct links (an overload run with short request times): a grant expired \
+                unswitched, the two daemons opened a new link on the same connection, and the \
+                evicting end's Close of the old link, read then, started closing the new one; \
+                the messages held meanwhile waited past the end of the run. Links now carry \
+                the grantor's id in every message after the grant (a stale one is ignored), \
+                and the simulator waits for messages held by a closing link",
+    },
 ];
 
 /// What to simulate.

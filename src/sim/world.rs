@@ -592,7 +592,10 @@ impl World {
             && self.wires.as_ref().is_none_or(capacity::Wires::is_empty)
             && self.redialing.is_empty()
             && self.nodes.iter().filter(|n| self.living(n.rank)).all(|n| {
-                n.relm().is_idle() && n.xcast().retained() == 0 && n.xcast().outstanding() == 0
+                n.relm().is_idle()
+                    && n.xcast().retained() == 0
+                    && n.xcast().outstanding() == 0
+                    && n.node.direct_held() == 0
             })
     }
 
