@@ -155,11 +155,7 @@ impl Node {
                 id,
                 bytes,
             } => {
-                let s = self
-                    .streams
-                    .outgoing
-                    .get_mut(&(consumer, id))
-                    .ok_or(SendError::Busy("no such stream"))?;
+                let s = self.produced(consumer, id)?;
                 if (bytes.len() as u64) > s.room() {
                     return Err(SendError::Busy("no stream credit"));
                 }
@@ -173,11 +169,7 @@ impl Node {
                 id,
                 failure,
             } => {
-                let s = self
-                    .streams
-                    .outgoing
-                    .get_mut(&(consumer, id))
-                    .ok_or(SendError::Busy("no such stream"))?;
+                let s = self.produced(consumer, id)?;
                 let r = match failure {
                     None => s.finish(),
                     Some((code, reason)) => s.fail(code, &reason),
@@ -203,6 +195,15 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// The stream (`consumer`, `id`) this daemon produces; `Busy` once it is over (its
+    /// consumer cancelled, died or moved it to a new id).
+    fn produced(&mut self, consumer: Rank, id: u64) -> Result<&mut Outgoing, SendError> {
+        self.streams
+            .outgoing
+            .get_mut(&(consumer, id))
+            .ok_or(SendError::Busy("no such stream"))
     }
 
     fn check_rank(&self, r: Rank) -> Result<(), SendError> {
