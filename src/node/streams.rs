@@ -110,14 +110,29 @@ impl Streams {
     }
 }
 
+/// A service name must fit its wire field (`limits::STREAM_SERVICE_MAX` bytes): a longer one
+/// would be cut there and name another service.
+fn check_service(service: &str) -> Result<(), SendError> {
+    if service.len() > crate::limits::STREAM_SERVICE_MAX {
+        return Err(SendError::TooLarge {
+            len: service.len(),
+            max: crate::limits::STREAM_SERVICE_MAX,
+        });
+    }
+    Ok(())
+}
+
 impl Node {
-    /// A stream command from the application.
+    /// A stream command from the application. `Err` when it is refused: a service name or
+    /// request beyond its bound (`TooLarge`), a full table or no room on the stream (`Busy`),
+    /// a producer out of range or dead, an id already in use.
     pub fn handle_stream(&mut self, now: Instant, c: StreamCommand) -> Result<(), SendError> {
         if self.stopping.is_some() {
             return Err(SendError::ShutDown);
         }
         match c {
             StreamCommand::Serve { service } => {
+                check_service(&service)?;
                 if self.streams.services.len() >= crate::limits::STREAM_SERVICES_MAX {
                     return Err(SendError::Busy("the service table"));
                 }
@@ -138,6 +153,7 @@ impl Node {
                 if self.streams.incoming.len() >= crate::limits::STREAMS_MAX {
                     return Err(SendError::Busy("the stream table"));
                 }
+                check_service(&service)?;
                 if request.len() > crate::limits::STREAM_REQUEST_MAX {
                     return Err(SendError::TooLarge {
                         len: request.len(),

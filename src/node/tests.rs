@@ -696,3 +696,45 @@ fn the_death_of_the_producer_ends_the_stream_producer_died() {
     });
     assert_eq!(result, Err(crate::stream::StreamError::ProducerDied(14)));
 }
+
+#[test]
+fn stream_commands_beyond_their_bounds_are_refused() {
+    let mut net = Net::new(3, 2, |_| {});
+    let now = net.now;
+    let long = "s".repeat(crate::limits::STREAM_SERVICE_MAX + 1);
+    let serve = StreamCommand::Serve {
+        service: long.clone(),
+    };
+    assert!(matches!(
+        net.node(1).handle_stream(now, serve),
+        Err(SendError::TooLarge { .. })
+    ));
+    let fetch_from = |producer: Rank, service: String, request: usize| StreamCommand::Fetch {
+        id: 1,
+        producer,
+        service,
+        request: Bytes::from(vec![0; request]),
+        window: 1024,
+        idle: Duration::from_secs(1),
+    };
+    let fetch = |service: String, request: usize| fetch_from(2, service, request);
+    for c in [
+        fetch(long, 0),
+        fetch("s".into(), crate::limits::STREAM_REQUEST_MAX + 1),
+    ] {
+        assert!(matches!(
+            net.node(1).handle_stream(now, c),
+            Err(SendError::TooLarge { .. })
+        ));
+    }
+    let out_of_range = fetch_from(9, "s".into(), 0);
+    assert!(net.node(1).handle_stream(now, out_of_range).is_err());
+    // A huge "consumed" from the application is taken as "everything".
+    net.node(1)
+        .handle_stream(now, fetch("s".into(), 0))
+        .unwrap();
+    let all = StreamCommand::Consumed { id: 1, n: u64::MAX };
+    net.node(1).handle_stream(now, all).unwrap();
+    let again = StreamCommand::Consumed { id: 1, n: u64::MAX };
+    net.node(1).handle_stream(now, again).unwrap();
+}

@@ -162,7 +162,8 @@ impl Incoming {
 
     /// The application took `n` more bytes: credit follows, in steps of half a window.
     pub fn consumed(&mut self, n: u64) {
-        self.consumed = (self.consumed + n).min(self.received);
+        // `n` comes from the application: never trusted to be small.
+        self.consumed = self.consumed.saturating_add(n).min(self.received);
         let want = self.consumed + self.window;
         if self.status == Status::Streaming && want >= self.granted + self.window / 2 {
             self.granted = want;
