@@ -39,11 +39,17 @@ pub mod stream;
 
 pub use counters::{Counters, DirectCounters};
 pub use direct::{Route, RouteSetting};
-pub use driver::{Batch, Daemon, Handle, Outgoing, StopReason, start};
+pub use driver::{
+    Batch, Daemon, FAIL_ABANDONED, FAIL_RESERVED_MIN, FetchOptions, Handle, Outgoing,
+    ServiceHandler, StopReason, Stream, StreamItem, StreamReader, StreamRequest, StreamWriter,
+    start,
+};
 pub use error::{RecvError, SendError, StartError};
 pub use grpcomm::AllgatherResult;
+pub use node::{FAIL_NO_ROOM, FAIL_NO_SERVICE};
 pub use rml::{Message, Peer, Tag};
 pub use routed::{RecoveryStatus, Scope};
+pub use stream::StreamError;
 
 /// A daemon's rank in the DVM: 0 is the root (the HNP), ranks run `0..size`.
 pub type Rank = u32;

@@ -24,6 +24,17 @@ pub type FaultHandler = Box<dyn FnMut(&RecoveryStatus) + Send + 'static>;
 /// Called on the loop thread for every message a receive matches.
 pub type RecvCallback = Box<dyn FnMut(Message) + Send + 'static>;
 
+/// Where a fetched stream's items go, on the loop thread.
+pub(crate) struct StreamSink {
+    pub deliver: Box<dyn FnMut(super::StreamItem) + Send + 'static>,
+    /// Whether the application reports the bytes it took itself (a [`super::Stream`]
+    /// reader); otherwise a chunk counts as consumed once `deliver` returns.
+    pub reader_reports: bool,
+}
+
+/// A command's synchronous answer, when the caller waits for one.
+pub(crate) type Reply = Option<Sender<Result<(), SendError>>>;
+
 pub(crate) enum Caddy {
     Send {
         dst: Rank,
@@ -81,5 +92,42 @@ pub(crate) enum Caddy {
     /// Stop this daemon; with `dvm` (rank 0 only) first tell every daemon to stop.
     Shutdown {
         dvm: bool,
+    },
+    /// Offer a stream service.
+    Serve {
+        service: String,
+        handler: std::sync::Arc<super::ServiceHandler>,
+        reply: Reply,
+    },
+    /// Fetch a stream as `id` (the handle's, unique per daemon).
+    Fetch {
+        id: u64,
+        producer: Rank,
+        service: String,
+        request: Bytes,
+        window: u32,
+        idle: std::time::Duration,
+        sink: StreamSink,
+        reply: Reply,
+    },
+    /// A producer's bytes, within the credit its writer saw.
+    StreamWrite {
+        consumer: Rank,
+        id: u64,
+        bytes: Bytes,
+    },
+    /// A producer ends its stream: finished (`None`) or failed.
+    StreamEnd {
+        consumer: Rank,
+        id: u64,
+        failure: Option<(u32, String)>,
+    },
+    /// A reader took `n` more bytes of stream `id`.
+    StreamConsumed {
+        id: u64,
+        n: u64,
+    },
+    StreamCancel {
+        id: u64,
     },
 }

@@ -11,6 +11,7 @@
 //! `event_loop/links.rs` holds the connections (dial, accept, handshake, read, write, loss).
 
 mod links;
+mod streams;
 
 use super::caddy::{AllgatherCompletion, Caddy, Completion, FaultHandler, RecvCallback};
 use super::conn::Conn;
@@ -24,7 +25,7 @@ use crate::counters::Counters;
 use crate::error::SendError;
 use crate::fxhash::{FxHashMap, FxHashSet};
 use crate::limits;
-use crate::node::{Command, LinkProgress, Node, Output, Reroute, StopReason};
+use crate::node::{Command, LinkProgress, Node, Output, Reroute, StopReason, StreamCommand};
 use crate::oob::frame::Frame;
 use crate::oob::handshake::HandshakeConfig;
 use crate::oob::header::Kind;
@@ -106,6 +107,8 @@ pub(crate) struct EventLoop {
     last_shrink: Instant,
     /// The node's `origin_gate_version` when the gate was last published.
     gate_version: (u64, usize, u64),
+    /// The applications' services, writers and readers of streams.
+    streams: streams::AppStreams,
 }
 
 /// The driver's answer to the node's question "is a neighbour's queue stuck?".
@@ -175,6 +178,7 @@ impl EventLoop {
             ),
             last_shrink: Instant::now(),
             gate_version: (0, 0, 0),
+            streams: streams::AppStreams::default(),
         }
     }
 
@@ -323,8 +327,7 @@ impl EventLoop {
                     self.fault_handlers = handlers;
                 }
                 Output::Wired => self.shared.set_wired(),
-                // No application API for streams yet (issue "Streams", next step).
-                Output::Stream(e) => log::debug!("rank {}: stream event {e:?}", self.me),
+                Output::Stream(e) => self.on_stream_event(*e),
                 Output::Stop(reason) => self.on_stop(reason),
                 Output::Trace(_) => {}
             }
@@ -618,6 +621,43 @@ impl EventLoop {
                 self.close_after_peers = dvm && self.me == 0 && self.node.is_wired();
                 self.node.handle_shutdown(self.now, dvm);
             }
+            Caddy::Serve {
+                service,
+                handler,
+                reply,
+            } => self.serve(service, handler, reply),
+            Caddy::Fetch {
+                id,
+                producer,
+                service,
+                request,
+                window,
+                idle,
+                sink,
+                reply,
+            } => self.fetch(id, producer, service, request, window, idle, sink, reply),
+            Caddy::StreamWrite {
+                consumer,
+                id,
+                bytes,
+            } => self.stream_command(StreamCommand::Write {
+                consumer,
+                id,
+                bytes,
+            }),
+            Caddy::StreamEnd {
+                consumer,
+                id,
+                failure,
+            } => self.stream_command(StreamCommand::End {
+                consumer,
+                id,
+                failure,
+            }),
+            Caddy::StreamConsumed { id, n } => {
+                self.stream_command(StreamCommand::Consumed { id, n })
+            }
+            Caddy::StreamCancel { id } => self.stream_command(StreamCommand::Cancel { id }),
         }
     }
 
@@ -644,6 +684,25 @@ impl EventLoop {
                 done,
             } => self.cancel_receive(peer, tag, post, done),
             Caddy::Purge { .. } | Caddy::Shutdown { .. } | Caddy::OnFault(_) => {}
+            Caddy::Serve { reply, .. } => {
+                if let Some(tx) = reply {
+                    let _ = tx.send(Err(SendError::ShutDown));
+                }
+            }
+            Caddy::Fetch {
+                mut sink, reply, ..
+            } => match reply {
+                Some(tx) => {
+                    let _ = tx.send(Err(SendError::ShutDown));
+                }
+                None => (sink.deliver)(crate::driver::StreamItem::End(Err(
+                    crate::stream::StreamError::ShutDown,
+                ))),
+            },
+            Caddy::StreamWrite { .. }
+            | Caddy::StreamEnd { .. }
+            | Caddy::StreamConsumed { .. }
+            | Caddy::StreamCancel { .. } => {}
         }
     }
 
@@ -741,6 +800,7 @@ impl EventLoop {
         }
         self.shared.set_stopped(reason.clone());
         self.stopping = Some(reason);
+        self.stop_streams();
         let peers: Vec<Rank> = self.links.keys().copied().collect();
         for p in peers {
             self.give_up(p, SendError::ShutDown);
@@ -807,6 +867,7 @@ impl EventLoop {
             }
         }
         lock(&self.shared.posted).clear();
+        self.stop_streams();
         for s in self.log_limit.flush(Instant::now()) {
             self.log_summary(s);
         }

@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     pub posted: Mutex<HashMap<(Peer, Tag), u64>>,
     /// The next post id (ids are never reused by a daemon).
     pub next_post: AtomicU64,
+    /// The next id of a stream this daemon fetches (never reused).
+    pub next_stream: AtomicU64,
     pub lifecycle: Mutex<Lifecycle>,
     pub lifecycle_cv: Condvar,
     /// Set once, by the loop thread when it starts (read on every submit: no lock).
@@ -56,6 +58,15 @@ pub(crate) struct Shared {
     pub gate: super::gate::OriginGate,
 }
 
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
 /// Locks a mutex, ignoring poisoning: every critical section here leaves the data consistent,
 /// and a panicking user callback must not take the daemon's bookkeeping down with it.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -63,7 +74,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn on_loop_thread(&self) -> bool {
+    pub(crate) fn on_loop_thread(&self) -> bool {
         self.loop_thread.get() == Some(&std::thread::current().id())
     }
 

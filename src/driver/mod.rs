@@ -17,11 +17,17 @@ mod listen;
 mod log_limit;
 mod nonce;
 mod pending;
+mod serve;
+mod stream_reader;
+mod stream_writer;
 mod timers;
 
 pub use batch::{Batch, Outgoing};
 pub use caddy::{AllgatherCompletion, Completion, RecvCallback};
 pub use handle::{Daemon, Handle, StopReason};
+pub use serve::{FetchOptions, ServiceHandler, StreamRequest};
+pub use stream_reader::{Stream, StreamItem, StreamReader};
+pub use stream_writer::{FAIL_ABANDONED, FAIL_RESERVED_MIN, StreamWriter};
 
 use crate::Rank;
 use crate::config::Config;
@@ -91,6 +97,7 @@ pub fn start(
         uri: uri.to_string(),
         posted: Mutex::new(HashMap::new()),
         next_post: AtomicU64::new(0),
+        next_stream: AtomicU64::new(1),
         lifecycle: Mutex::new(Lifecycle::default()),
         lifecycle_cv: Condvar::new(),
         loop_thread: OnceLock::new(),

@@ -71,11 +71,17 @@ pub enum StreamEvent {
         request: Bytes,
         offset: u64,
     },
-    /// Producer: stream (`consumer`, `id`) may take `room` more bytes.
-    Room { consumer: Rank, id: u64, room: u64 },
-    /// Producer: stream (`consumer`, `id`) is over (cancelled, or its consumer died or moved
-    /// it to a new id): writes to it fail from now on.
-    Stopped { consumer: Rank, id: u64 },
+    /// Producer: stream (`consumer`, `id`) may take bytes below offset `upto` (the consumer's
+    /// credit; it only grows).
+    Room { consumer: Rank, id: u64, upto: u64 },
+    /// Producer: stream (`consumer`, `id`) is over (`why`: cancelled, also when its consumer
+    /// moved it to a new id; its consumer died; it broke the protocol): writes to it fail
+    /// from now on.
+    Stopped {
+        consumer: Rank,
+        id: u64,
+        why: StreamError,
+    },
     /// Consumer: the next bytes of stream `id`, in order.
     Data { id: u64, bytes: Bytes },
     /// Consumer: stream `id` ended.
@@ -196,7 +202,7 @@ impl Node {
             StreamCommand::Consumed { id, n } => {
                 if let Some(wire) = self.streams.wire_of.get(&id).copied() {
                     if let Some((_, s)) = self.streams.incoming.get_mut(&wire) {
-                        s.consumed(n);
+                        s.consumed(now, n);
                     }
                     self.flush_incoming(now, wire);
                 }
@@ -338,16 +344,17 @@ impl Node {
                         .push_back(Output::Stream(Box::new(StreamEvent::Stopped {
                             consumer: from,
                             id,
+                            why: e,
                         })));
                     return;
                 }
-                let room = s.room();
-                if room > 0 {
+                if s.room() > 0 {
+                    let upto = s.upto();
                     self.out
                         .push_back(Output::Stream(Box::new(StreamEvent::Room {
                             consumer: from,
                             id,
-                            room,
+                            upto,
                         })));
                 }
             }
@@ -357,6 +364,7 @@ impl Node {
                         .push_back(Output::Stream(Box::new(StreamEvent::Stopped {
                             consumer: from,
                             id,
+                            why: StreamError::Cancelled,
                         })));
                 }
             }
@@ -430,7 +438,7 @@ impl Node {
             return;
         }
         let s = Outgoing::new(id, consumer, offset, window);
-        let room = s.room();
+        let upto = s.upto();
         self.streams.outgoing.insert((consumer, id), s);
         self.out
             .push_back(Output::Stream(Box::new(StreamEvent::Opened {
@@ -444,7 +452,7 @@ impl Node {
             .push_back(Output::Stream(Box::new(StreamEvent::Room {
                 consumer,
                 id,
-                room,
+                upto,
             })));
     }
 
@@ -470,6 +478,7 @@ impl Node {
                 .push_back(Output::Stream(Box::new(StreamEvent::Stopped {
                     consumer,
                     id,
+                    why: StreamError::ConsumerDied(consumer),
                 })));
         }
         let mut wires: Vec<u64> = self.streams.incoming.keys().copied().collect();

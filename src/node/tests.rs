@@ -560,10 +560,10 @@ fn stream_through(
             StreamEvent::Room {
                 consumer: c,
                 id,
-                room,
+                upto,
             } => {
                 let Some(pos) = at.get_mut(&id) else { continue };
-                let n = (room as usize).min(data.len() - *pos);
+                let n = (upto as usize).saturating_sub(*pos).min(data.len() - *pos);
                 // A room reported before the stream stopped (its consumer moved it to a new
                 // id meanwhile) finds it gone: the write is refused, as the application's is.
                 let w = StreamCommand::Write {

@@ -161,11 +161,15 @@ impl Incoming {
     }
 
     /// The application took `n` more bytes: credit follows, in steps of half a window.
-    pub fn consumed(&mut self, n: u64) {
+    pub fn consumed(&mut self, now: Instant, n: u64) {
         // `n` comes from the application: never trusted to be small.
         self.consumed = self.consumed.saturating_add(n).min(self.received);
         let want = self.consumed + self.window;
         if self.status == Status::Streaming && want >= self.granted + self.window / 2 {
+            if self.received >= self.granted {
+                // The producer was waiting for us, not we for it: the idle clock starts now.
+                self.heard = now;
+            }
             self.granted = want;
             self.out.push_back(StreamMsg::Credit { upto: want });
         }
@@ -244,9 +248,12 @@ impl Incoming {
     }
 
     /// When [`Incoming::handle_timeout`] is due: a quarter of the idle time after the last
-    /// news (a resume), then the idle time (the end).
+    /// news (a resume), then the idle time (the end). No clock runs while every byte granted
+    /// has arrived: the producer then waits for the application (a slow consumer), not the
+    /// other way round.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        if self.status != Status::Streaming {
+        if self.status != Status::Streaming || (self.received >= self.granted && !self.wants_resume)
+        {
             return None;
         }
         let quarter = self.heard + self.idle / 4;
@@ -260,7 +267,7 @@ impl Incoming {
     /// Time passed: a stream that heard nothing for a quarter of its idle time wants to
     /// resume; one that heard nothing for its idle time fails `TimedOut`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.status != Status::Streaming {
+        if self.poll_timeout().is_none() {
             return;
         }
         if now >= self.heard + self.idle {

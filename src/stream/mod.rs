@@ -79,6 +79,11 @@ pub enum StreamError {
     Corrupt { offset: u64 },
     /// The other end broke the protocol (a gap, bytes beyond the credit, a second end).
     Protocol(String),
+    /// This daemon stopped.
+    ShutDown,
+    /// This daemon refused the call (a full stream table, a dead producer, a blocking call
+    /// on its loop thread); the reason says which.
+    Refused(String),
 }
 
 impl std::fmt::Display for StreamError {
@@ -94,6 +99,8 @@ impl std::fmt::Display for StreamError {
             StreamError::TimedOut => write!(f, "nothing arrived for the stream's idle time"),
             StreamError::Corrupt { offset } => write!(f, "corrupt data at byte {offset}"),
             StreamError::Protocol(why) => write!(f, "protocol error: {why}"),
+            StreamError::ShutDown => write!(f, "this daemon stopped"),
+            StreamError::Refused(why) => write!(f, "refused: {why}"),
         }
     }
 }

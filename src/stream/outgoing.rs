@@ -57,6 +57,12 @@ impl Outgoing {
         self.consumer
     }
 
+    /// The offset the consumer's credit reaches: bytes below it may be sent. It only grows,
+    /// so a writer on another thread that counts its own bytes can compare without a race.
+    pub fn upto(&self) -> u64 {
+        self.upto
+    }
+
     /// Bytes it may send now; 0 means: wait for credit (back-pressure, never a buffer).
     pub fn room(&self) -> u64 {
         match self.state {

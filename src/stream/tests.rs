@@ -99,7 +99,7 @@ fn a_slow_consumer_holds_the_producer_to_its_window() {
         // The application reads at most a quarter of a window per turn.
         let n = (got.len() as u64 - consumed).min(16 * 1024);
         consumed += n;
-        c.consumed(n);
+        c.consumed(now, n);
         exchange(now, &mut p, &mut c);
     }
     assert_eq!(c.status(), &Status::Finished);
@@ -173,7 +173,7 @@ fn a_broken_path_resumes_at_the_byte_the_consumer_stands_at() {
     }
     let stood_at = c.received();
     assert_eq!(stood_at as usize, got.len());
-    c.consumed(stood_at);
+    c.consumed(now, stood_at);
     c.resume(now, 21);
     let mut p2 = accept(&mut c, 9);
     // The old producer's late frames belong to id 20: the driver drops them (no such stream).
@@ -182,7 +182,7 @@ fn a_broken_path_resumes_at_the_byte_the_consumer_stands_at() {
     while !rest.is_empty() {
         p2.write(&mut rest).unwrap();
         let new = exchange(now, &mut p2, &mut c);
-        c.consumed(new.len() as u64);
+        c.consumed(now, new.len() as u64);
         got.extend(new);
         exchange(now, &mut p2, &mut c);
     }
@@ -255,4 +255,23 @@ fn a_gap_asks_for_a_resume_and_resumes_are_bounded() {
     }
     c.resume(now, 999);
     assert_eq!(c.status(), &Status::Failed(StreamError::TimedOut));
+}
+
+#[test]
+fn a_consumer_that_holds_every_granted_byte_runs_no_idle_clock() {
+    let now = Instant::now();
+    let mut c = Incoming::open(now, 40, 3, "file", Bytes::new(), 1024, IDLE);
+    let mut p = accept(&mut c, 9);
+    let mut all = data(1024);
+    p.write(&mut all).unwrap();
+    let got = exchange(now, &mut p, &mut c);
+    assert_eq!(got.len(), 1024);
+    // The producer waits for the application now: no resume, no timeout, however long.
+    assert_eq!(c.poll_timeout(), None);
+    c.handle_timeout(now + IDLE * 10);
+    assert_eq!(c.status(), &Status::Streaming);
+    // The application reads: credit goes out and the clock starts from then.
+    let later = now + IDLE * 10;
+    c.consumed(later, 1024);
+    assert_eq!(c.poll_timeout(), Some(later + IDLE / 4));
 }

@@ -113,12 +113,12 @@ impl World {
                         .producing
                         .insert((r, consumer, id), (sid, len, offset));
                 }
-                StreamEvent::Room { consumer, id, room } => {
+                StreamEvent::Room { consumer, id, upto } => {
                     let Some(&(sid, len, pos)) = self.streams.producing.get(&(r, consumer, id))
                     else {
                         continue;
                     };
-                    let n = room.min(len - pos);
+                    let n = upto.saturating_sub(pos).min(len - pos);
                     let bytes: Bytes = (pos..pos + n)
                         .map(|i| content(sid, i))
                         .collect::<Vec<u8>>()
@@ -152,7 +152,7 @@ impl World {
                         }
                     }
                 }
-                StreamEvent::Stopped { consumer, id } => {
+                StreamEvent::Stopped { consumer, id, .. } => {
                     self.streams.producing.remove(&(r, consumer, id));
                 }
                 StreamEvent::Data { id, bytes } => {

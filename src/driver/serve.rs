@@ -1,0 +1,198 @@
+//! Streams from the application's side: [`Handle::serve`] offers a service that answers
+//! requests with streams, [`Handle::fetch`] asks a producer for one (issue "Streams").
+
+use super::caddy::{Caddy, Reply, StreamSink};
+use super::handle::Handle;
+use super::stream_reader::{Stream, StreamItem};
+use super::stream_writer::StreamWriter;
+use crate::Rank;
+use crate::error::SendError;
+use crate::limits;
+use bytes::Bytes;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// What a consumer asked a service for, as its handler gets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamRequest {
+    /// The consumer's rank.
+    pub consumer: Rank,
+    /// The service asked.
+    pub service: String,
+    /// The consumer's request bytes (at most `limits::STREAM_REQUEST_MAX`).
+    pub request: Bytes,
+    /// The byte of the answer to start at: 0 for a new stream; for a stream the consumer
+    /// resumed after its path broke, the byte it stands at. The handler must start there.
+    pub offset: u64,
+}
+
+/// A service's handler: called on a thread of its own for every stream a consumer opens.
+pub type ServiceHandler = dyn Fn(StreamRequest, StreamWriter) + Send + Sync + 'static;
+
+/// How a stream is fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FetchOptions {
+    /// The bytes the producer may send ahead of what the application took (the credit
+    /// window; at most `limits::STREAM_WINDOW_MAX`): this bounds the stream's memory here and
+    /// on every relay, and with the round trip its rate. Default 4 MiB.
+    pub window: u32,
+    /// How long the stream waits for news from the producer while it owes us bytes before it
+    /// fails `TimedOut` (a quarter of it first resumes the stream, in case bytes were lost on
+    /// the way). A reader that holds every granted byte runs no clock. Default 60 s.
+    pub idle: Duration,
+}
+
+impl Default for FetchOptions {
+    fn default() -> Self {
+        FetchOptions {
+            window: 4 << 20,
+            idle: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Handle {
+    /// Offers `service` to consumers: `handler` runs on a thread of its own for each stream
+    /// opened (at most `limits::STREAMS_MAX` at a time; beyond that the consumer reads
+    /// `Producer` with code `FAIL_NO_ROOM`), with the request and a [`StreamWriter`]. Serving
+    /// a name again replaces its handler for new streams.
+    ///
+    /// Errors: a name longer than `limits::STREAM_SERVICE_MAX` bytes (`TooLarge`), a full
+    /// service table (`Busy`, `limits::STREAM_SERVICES_MAX`), a stopped daemon. Called from a
+    /// callback (on the loop thread), it does not wait for the loop's answer: a refusal is
+    /// then only logged.
+    pub fn serve(
+        &self,
+        service: &str,
+        handler: impl Fn(StreamRequest, StreamWriter) + Send + Sync + 'static,
+    ) -> Result<(), SendError> {
+        if service.len() > limits::STREAM_SERVICE_MAX {
+            return Err(SendError::TooLarge {
+                len: service.len(),
+                max: limits::STREAM_SERVICE_MAX,
+            });
+        }
+        let handler: Arc<ServiceHandler> = Arc::new(handler);
+        self.ask(|reply| Caddy::Serve {
+            service: service.to_string(),
+            handler,
+            reply,
+        })
+    }
+
+    /// Fetches `request` from `service` at `producer` as a [`Stream`] with the default
+    /// [`FetchOptions`]. See [`Handle::fetch_with`].
+    pub fn fetch(
+        &self,
+        producer: Rank,
+        service: &str,
+        request: impl Into<Bytes>,
+    ) -> Result<Stream, SendError> {
+        self.fetch_with(producer, service, request, FetchOptions::default())
+    }
+
+    /// Fetches `request` from `service` at `producer` as a [`Stream`] (read it as a blocking
+    /// iterator or with `std::io::Read`). The stream goes over a direct link when one is open
+    /// or may be negotiated under the route setting, otherwise through the tree; it resumes
+    /// at the byte it stands at when a relay dies or a link is lost.
+    ///
+    /// Errors: `producer` out of range, a service name or request beyond its bound
+    /// (`TooLarge`), and from the loop: the producer known dead (`NodeDown`), a full stream
+    /// table (`Busy`, `limits::STREAMS_MAX`), a stopped daemon. Called on the loop thread,
+    /// the loop's refusals arrive as the stream's error (`Refused`) instead. What happens at
+    /// the producer (no such service, its failure or death) is the stream's error.
+    pub fn fetch_with(
+        &self,
+        producer: Rank,
+        service: &str,
+        request: impl Into<Bytes>,
+        opts: FetchOptions,
+    ) -> Result<Stream, SendError> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let sink = StreamSink {
+            deliver: Box::new(move |item| {
+                // The reader may be gone (dropped: its cancel follows): nothing to keep.
+                let _ = tx.send(item);
+            }),
+            reader_reports: true,
+        };
+        let id = self.open_stream(producer, service, request.into(), opts, sink)?;
+        Ok(Stream::new(self.shared.clone(), id, rx, opts.window))
+    }
+
+    /// Fetches like [`Handle::fetch_with`] and calls `callback` on the loop thread for each
+    /// chunk in order and then once for the end (it must not block). A chunk counts as
+    /// consumed, and the producer gets credit for it, when the callback returns. Returns the
+    /// stream's id for [`Handle::cancel_stream`].
+    pub fn fetch_callback(
+        &self,
+        producer: Rank,
+        service: &str,
+        request: impl Into<Bytes>,
+        opts: FetchOptions,
+        callback: impl FnMut(StreamItem) + Send + 'static,
+    ) -> Result<u64, SendError> {
+        let sink = StreamSink {
+            deliver: Box::new(callback),
+            reader_reports: false,
+        };
+        self.open_stream(producer, service, request.into(), opts, sink)
+    }
+
+    /// Cancels stream `id` fetched by this daemon; nothing happens if it already ended.
+    pub fn cancel_stream(&self, id: u64) {
+        let _ = self.shared.submit(Caddy::StreamCancel { id });
+    }
+
+    fn open_stream(
+        &self,
+        producer: Rank,
+        service: &str,
+        request: Bytes,
+        opts: FetchOptions,
+        sink: StreamSink,
+    ) -> Result<u64, SendError> {
+        if producer >= self.shared.size {
+            return Err(SendError::RankOutOfRange {
+                rank: producer,
+                size: self.shared.size,
+            });
+        }
+        if service.len() > limits::STREAM_SERVICE_MAX {
+            return Err(SendError::TooLarge {
+                len: service.len(),
+                max: limits::STREAM_SERVICE_MAX,
+            });
+        }
+        if request.len() > limits::STREAM_REQUEST_MAX {
+            return Err(SendError::TooLarge {
+                len: request.len(),
+                max: limits::STREAM_REQUEST_MAX,
+            });
+        }
+        let id = self.shared.next_stream.fetch_add(1, Ordering::Relaxed);
+        self.ask(|reply| Caddy::Fetch {
+            id,
+            producer,
+            service: service.to_string(),
+            request,
+            window: opts.window.clamp(1, limits::STREAM_WINDOW_MAX as u32),
+            idle: opts.idle,
+            sink,
+            reply,
+        })?;
+        Ok(id)
+    }
+
+    /// Submits a command that answers on `reply`, and waits for the answer unless on the
+    /// loop thread (where waiting would deadlock: the loop answers into the void then).
+    fn ask(&self, caddy: impl FnOnce(Reply) -> Caddy) -> Result<(), SendError> {
+        if self.shared.on_loop_thread() {
+            return self.shared.submit(caddy(None));
+        }
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.shared.submit(caddy(Some(tx)))?;
+        rx.recv().unwrap_or(Err(SendError::ShutDown))
+    }
+}

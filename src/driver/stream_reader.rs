@@ -1,0 +1,202 @@
+//! [`Stream`]: the consumer's end of one stream fetched with [`super::Handle::fetch`], read
+//! as a blocking iterator of chunks or through `std::io::Read`. Taking a chunk is what grants
+//! the producer more credit, so a reader that stops reading stops the producer, and memory
+//! stays within the stream's window.
+
+use super::caddy::Caddy;
+use super::handle::Shared;
+use crate::stream::StreamError;
+use bytes::{Buf, Bytes};
+use crossbeam_channel::{Receiver, TryRecvError};
+use std::io;
+use std::sync::Arc;
+
+/// What the loop thread hands a fetching application, in order: chunks, then one end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamItem {
+    /// The next bytes of the stream, in order, checked against their digest.
+    Data(Bytes),
+    /// The stream ended: `Ok` is `Finished` (every byte arrived, the length and the
+    /// stream's digest match), otherwise why not. Nothing follows it.
+    End(Result<(), StreamError>),
+}
+
+/// The consumer's end of one stream (see [`super::Handle::fetch`]).
+///
+/// As an iterator it yields the chunks in order (`Ok`), then ends (`None`) once the stream
+/// finished, or yields one `Err` that says why it did not and ends after it; it never hangs
+/// for longer than the stream's idle time ([`FetchOptions::idle`](super::FetchOptions)).
+/// [`Stream::read`] fills the caller's buffer instead and reads 0 at `Finished`;
+/// [`Stream::reader`] is the same as `std::io::Read`. [`Stream::outcome`] tells the end
+/// apart afterwards.
+///
+/// ```no_run
+/// # fn f(h: &tbon::Handle) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut s = h.fetch(3, "ckpt", &b"/ckpt/rank7"[..])?;
+/// let mut file = std::fs::File::create("/tmp/rank7.ckpt")?;
+/// std::io::copy(&mut s.reader(), &mut file)?; // Ok once the stream finished
+/// # Ok(()) }
+/// ```
+///
+/// Dropping a stream that has not ended cancels it: the producer's writer fails `Cancelled`.
+#[derive(Debug)]
+pub struct Stream {
+    daemon: Arc<Shared>,
+    id: u64,
+    rx: Receiver<StreamItem>,
+    /// What `read` has not copied out of the current chunk yet.
+    rest: Bytes,
+    /// Bytes taken by the application and not yet reported to the loop (reported every
+    /// `report_every` bytes, and always before waiting).
+    unreported: u64,
+    report_every: u64,
+    outcome: Option<Result<(), StreamError>>,
+}
+
+impl Stream {
+    pub(crate) fn new(daemon: Arc<Shared>, id: u64, rx: Receiver<StreamItem>, window: u32) -> Self {
+        Stream {
+            daemon,
+            id,
+            rx,
+            rest: Bytes::new(),
+            unreported: 0,
+            // Credit moves in half windows: a quarter keeps the producer busy without a
+            // command per chunk.
+            report_every: (u64::from(window) / 4).max(1),
+            outcome: None,
+        }
+    }
+
+    /// This stream's id at this daemon (for [`super::Handle::cancel_stream`]).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// How the stream ended, once it has: `Ok(())` finished, or the error.
+    pub fn outcome(&self) -> Option<&Result<(), StreamError>> {
+        self.outcome.as_ref()
+    }
+
+    /// Gives the stream up: the producer's writer fails `Cancelled`. Chunks already here are
+    /// dropped.
+    pub fn cancel(mut self) {
+        self.cancel_now();
+    }
+
+    fn cancel_now(&mut self) {
+        if self.outcome.is_none() {
+            self.outcome = Some(Err(StreamError::Cancelled));
+            let _ = self.daemon.submit(Caddy::StreamCancel { id: self.id });
+        }
+    }
+
+    /// Tells the loop the application took `unreported` bytes: credit follows.
+    fn report(&mut self) {
+        if self.unreported > 0 && self.outcome.is_none() {
+            let n = std::mem::take(&mut self.unreported);
+            // On the loop thread a full channel refuses the command: keep the count for the
+            // next report rather than lose the credit.
+            if self
+                .daemon
+                .submit(Caddy::StreamConsumed { id: self.id, n })
+                .is_err()
+            {
+                self.unreported = n;
+            }
+        }
+    }
+
+    fn next_item(&mut self) -> Option<Result<Bytes, StreamError>> {
+        if !self.rest.is_empty() {
+            return Some(Ok(std::mem::take(&mut self.rest)));
+        }
+        if self.outcome.is_some() {
+            return None;
+        }
+        let item = match self.rx.try_recv() {
+            Ok(i) => Ok(i),
+            Err(TryRecvError::Empty) => {
+                self.report();
+                if self.daemon.on_loop_thread() {
+                    let e = super::stream_writer::refused_on_loop_thread();
+                    return Some(Err(e));
+                }
+                self.rx.recv().map_err(|_| ())
+            }
+            Err(TryRecvError::Disconnected) => Err(()),
+        };
+        match item {
+            Ok(StreamItem::Data(b)) => {
+                self.unreported += b.len() as u64;
+                if self.unreported >= self.report_every {
+                    self.report();
+                }
+                Some(Ok(b))
+            }
+            Ok(StreamItem::End(Ok(()))) => {
+                self.outcome = Some(Ok(()));
+                None
+            }
+            Ok(StreamItem::End(Err(e))) => {
+                self.outcome = Some(Err(e.clone()));
+                Some(Err(e))
+            }
+            Err(()) => {
+                self.outcome = Some(Err(StreamError::ShutDown));
+                Some(Err(StreamError::ShutDown))
+            }
+        }
+    }
+}
+
+impl Iterator for Stream {
+    type Item = Result<Bytes, StreamError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_item()
+    }
+}
+
+impl Stream {
+    /// Reads the next bytes into `buf` (waiting for them): the count, 0 once the stream
+    /// finished (or for an empty `buf`), or the error that ended it.
+    pub fn read(&mut self, buf: &mut [u8]) -> Result<usize, StreamError> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if self.rest.is_empty() {
+            match self.next_item() {
+                None => return Ok(0),
+                Some(Ok(b)) => self.rest = b,
+                Some(Err(e)) => return Err(e),
+            }
+        }
+        let n = self.rest.len().min(buf.len());
+        buf[..n].copy_from_slice(&self.rest[..n]);
+        self.rest.advance(n);
+        Ok(n)
+    }
+
+    /// The stream as a `std::io::Read` (for `io::copy` into a file, `read_to_end`): an
+    /// error is an `io::Error` of kind `Other` wrapping the [`StreamError`].
+    pub fn reader(&mut self) -> StreamReader<'_> {
+        StreamReader(self)
+    }
+}
+
+/// A [`Stream`] as `std::io::Read` ([`Stream::reader`]); reads 0 once it finished.
+#[derive(Debug)]
+pub struct StreamReader<'a>(&'a mut Stream);
+
+impl io::Read for StreamReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf).map_err(io::Error::other)
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.cancel_now();
+    }
+}

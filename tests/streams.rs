@@ -1,0 +1,273 @@
+//! Streams between real daemons on loopback (issue "Streams"), through the Rust API:
+//! `serve` and `fetch` over the tree and over a direct link, every end (finished, no service,
+//! the producer's failure, a dropped writer, a cancel, a death), a slow reader holding the
+//! producer to its window, and a relay's death in the middle of a stream (it resumes). A
+//! radix-2 tree of 15: ranks 7 and 14 are leaves five relays apart. No timing assertions:
+//! timeouts only guard against hangs.
+
+mod common;
+
+use common::{HANG_GUARD, loopback_config, start_dvm_with};
+use std::io::Read;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tbon::{
+    Daemon, FAIL_ABANDONED, FetchOptions, RouteSetting, StreamError, StreamItem, StreamRequest,
+    StreamWriter,
+};
+
+const SIZE: u32 = 15;
+const PRODUCER: u32 = 7;
+const CONSUMER: u32 = 14;
+
+fn dvm(route: RouteSetting) -> Vec<Daemon> {
+    start_dvm_with(SIZE, |_| {
+        let mut c = loopback_config(2);
+        c.route = route;
+        c
+    })
+}
+
+/// The byte at `i` of object `seed`.
+fn content(seed: u64, i: u64) -> u8 {
+    (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 7) as u8
+}
+
+/// A service whose request is `seed: u64, len: u64` (big-endian) and whose answer is `len`
+/// bytes of `content(seed, _)`, written in pieces of `piece` bytes from the request's offset.
+fn serve_objects(d: &Daemon, piece: usize, written: Arc<AtomicU64>) {
+    d.serve("object", move |req: StreamRequest, mut w: StreamWriter| {
+        let seed = u64::from_be_bytes(req.request[..8].try_into().unwrap());
+        let len = u64::from_be_bytes(req.request[8..16].try_into().unwrap());
+        let mut at = req.offset;
+        while at < len {
+            let n = (len - at).min(piece as u64);
+            let b: Vec<u8> = (at..at + n).map(|i| content(seed, i)).collect();
+            if w.write(b).is_err() {
+                return;
+            }
+            at += n;
+            written.store(at, Ordering::SeqCst);
+        }
+        let _ = w.finish();
+    })
+    .unwrap();
+}
+
+fn request(seed: u64, len: u64) -> Vec<u8> {
+    let mut r = seed.to_be_bytes().to_vec();
+    r.extend_from_slice(&len.to_be_bytes());
+    r
+}
+
+fn check(seed: u64, from: u64, got: &[u8]) {
+    for (k, b) in got.iter().enumerate() {
+        let i = from + k as u64;
+        assert_eq!(*b, content(seed, i), "byte {i} of object {seed}");
+    }
+}
+
+#[test]
+fn a_consumer_reads_a_file_sized_object_through_the_tree_and_over_a_direct_link() {
+    for route in [RouteSetting::Tree, RouteSetting::Direct] {
+        let dvm = dvm(route);
+        serve_objects(&dvm[PRODUCER as usize], 100_000, Arc::default());
+        let len = 24 << 20;
+        let mut s = dvm[CONSUMER as usize]
+            .fetch(PRODUCER, "object", request(5, len))
+            .unwrap();
+        let mut got = Vec::new();
+        s.reader().read_to_end(&mut got).unwrap();
+        assert_eq!(got.len() as u64, len, "{route}");
+        check(5, 0, &got);
+        assert_eq!(s.outcome(), Some(&Ok(())));
+        let c = dvm[CONSUMER as usize].counters().unwrap();
+        if route == RouteSetting::Direct {
+            assert!(c.direct.links_opened >= 1, "{c:?}");
+        }
+    }
+}
+
+#[test]
+fn every_end_is_told_apart() {
+    let dvm = dvm(RouteSetting::Tree);
+    let (p, c) = (&dvm[PRODUCER as usize], &dvm[CONSUMER as usize]);
+    p.serve("fails", |_, w: StreamWriter| {
+        w.fail(7, "no such file").unwrap();
+    })
+    .unwrap();
+    p.serve("drops", |_, w: StreamWriter| drop(w)).unwrap();
+    let mut s = c.fetch(PRODUCER, "nothing", &b"x"[..]).unwrap();
+    assert_eq!(
+        s.next(),
+        Some(Err(StreamError::NoService("nothing".into())))
+    );
+    assert_eq!(s.next(), None);
+    let mut s = c.fetch(PRODUCER, "fails", &b"x"[..]).unwrap();
+    assert_eq!(
+        s.next(),
+        Some(Err(StreamError::Producer {
+            code: 7,
+            reason: "no such file".into()
+        }))
+    );
+    let mut s = c.fetch(PRODUCER, "drops", &b"x"[..]).unwrap();
+    assert!(
+        matches!(s.next(), Some(Err(StreamError::Producer { code, .. })) if code == FAIL_ABANDONED)
+    );
+    // Arguments are checked at once.
+    assert!(c.fetch(SIZE, "object", &b""[..]).is_err());
+    assert!(c.fetch(PRODUCER, &"s".repeat(256), &b""[..]).is_err());
+    assert!(c.fetch(PRODUCER, "object", vec![0u8; 65 * 1024]).is_err());
+    assert!(p.serve(&"s".repeat(256), |_, _| {}).is_err());
+    // An empty answer finishes at once.
+    serve_objects(p, 1000, Arc::default());
+    let mut s = c.fetch(PRODUCER, "object", request(1, 0)).unwrap();
+    assert_eq!(s.next(), None);
+    assert_eq!(s.outcome(), Some(&Ok(())));
+}
+
+#[test]
+fn a_slow_reader_holds_the_producer_to_its_window_and_a_cancel_reaches_it() {
+    let dvm = dvm(RouteSetting::Tree);
+    let written = Arc::new(AtomicU64::new(0));
+    let (tx, stopped) = crossbeam_channel::unbounded();
+    dvm[PRODUCER as usize]
+        .serve("endless", {
+            let written = written.clone();
+            move |_, mut w: StreamWriter| {
+                let piece = bytes::Bytes::from(vec![1u8; 10_000]);
+                let e = loop {
+                    if let Err(e) = w.write(piece.clone()) {
+                        break e;
+                    }
+                    written.store(w.offset(), Ordering::SeqCst);
+                };
+                tx.send(e).unwrap();
+            }
+        })
+        .unwrap();
+    let window = 256 * 1024;
+    let opts = FetchOptions {
+        window,
+        ..FetchOptions::default()
+    };
+    let mut s = dvm[CONSUMER as usize]
+        .fetch_with(PRODUCER, "endless", &b""[..], opts)
+        .unwrap();
+    let mut read = 0u64;
+    for _ in 0..10 {
+        read += s.next().unwrap().unwrap().len() as u64;
+    }
+    // The reader pauses: the producer stops within the window past what was read, however
+    // long the pause (well past a quarter of the idle time: no resume, no timeout).
+    std::thread::sleep(Duration::from_millis(500));
+    let w = written.load(Ordering::SeqCst);
+    assert!(
+        w <= read + u64::from(window) + 10_000,
+        "{w} written, {read} read, window {window}"
+    );
+    for _ in 0..30 {
+        s.next().unwrap().unwrap();
+    }
+    s.cancel();
+    assert_eq!(
+        stopped.recv_timeout(HANG_GUARD).unwrap(),
+        StreamError::Cancelled
+    );
+}
+
+#[test]
+fn a_callback_reader_gets_every_chunk_then_the_end() {
+    let dvm = dvm(RouteSetting::Tree);
+    serve_objects(&dvm[PRODUCER as usize], 70_000, Arc::default());
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let len = 3 << 20;
+    dvm[CONSUMER as usize]
+        .fetch_callback(
+            PRODUCER,
+            "object",
+            request(9, len),
+            FetchOptions::default(),
+            move |item| tx.send(item).unwrap(),
+        )
+        .unwrap();
+    let mut got = Vec::new();
+    loop {
+        match rx.recv_timeout(HANG_GUARD).unwrap() {
+            StreamItem::Data(b) => got.extend_from_slice(&b),
+            StreamItem::End(r) => {
+                r.unwrap();
+                break;
+            }
+        }
+    }
+    assert_eq!(got.len() as u64, len);
+    check(9, 0, &got);
+}
+
+#[test]
+fn deaths_end_the_other_side_and_a_relay_death_resumes_the_stream() {
+    let dvm = dvm(RouteSetting::Tree);
+    // A relay dies mid-stream (rank 3 is on the path 7 -> 3 -> 1 -> 0 -> 2 -> 6 -> 14): the
+    // consumer resumes at the byte it stands at, and every byte arrives once, in order.
+    serve_objects(&dvm[PRODUCER as usize], 50_000, Arc::default());
+    let len = 16 << 20;
+    let opts = FetchOptions {
+        window: 512 * 1024,
+        idle: Duration::from_secs(20),
+    };
+    let mut s = dvm[CONSUMER as usize]
+        .fetch_with(PRODUCER, "object", request(3, len), opts)
+        .unwrap();
+    let mut got = Vec::new();
+    let mut killed = false;
+    for chunk in s.by_ref() {
+        got.extend_from_slice(&chunk.unwrap());
+        if !killed && got.len() > 4 << 20 {
+            dvm[3].abort();
+            killed = true;
+        }
+    }
+    assert_eq!(s.outcome(), Some(&Ok(())));
+    assert_eq!(got.len() as u64, len);
+    check(3, 0, &got);
+
+    // The producer dies: the reader's stream ends `ProducerDied`.
+    let (tx, rx) = crossbeam_channel::unbounded();
+    dvm[9]
+        .serve("slow", move |_, mut w: StreamWriter| {
+            let _ = w.write(vec![0u8; 1000]);
+            tx.send(()).unwrap();
+            std::thread::sleep(HANG_GUARD);
+        })
+        .unwrap();
+    let mut s = dvm[CONSUMER as usize].fetch(9, "slow", &b""[..]).unwrap();
+    rx.recv_timeout(HANG_GUARD).unwrap();
+    assert_eq!(s.next().unwrap().unwrap().len(), 1000);
+    let t = Instant::now();
+    dvm[9].abort();
+    assert_eq!(s.next(), Some(Err(StreamError::ProducerDied(9))));
+    assert!(t.elapsed() < HANG_GUARD);
+
+    // The consumer dies: the producer's writer fails `ConsumerDied`.
+    let (tx, rx) = crossbeam_channel::unbounded();
+    dvm[PRODUCER as usize]
+        .serve("endless", move |_, mut w: StreamWriter| {
+            let e = loop {
+                if let Err(e) = w.write(vec![0u8; 10_000]) {
+                    break e;
+                }
+            };
+            tx.send(e).unwrap();
+        })
+        .unwrap();
+    let mut s = dvm[12].fetch(PRODUCER, "endless", &b""[..]).unwrap();
+    s.next().unwrap().unwrap();
+    dvm[12].abort();
+    assert_eq!(
+        rx.recv_timeout(HANG_GUARD).unwrap(),
+        StreamError::ConsumerDied(12)
+    );
+}
