@@ -156,6 +156,33 @@ pub struct Counters {
     pub sends_busy_flow: u64,
     /// Direct links (`route` setting; see [`crate::direct`]).
     pub direct: DirectCounters,
+    /// Streams (see [`crate::stream`]).
+    pub streams: StreamCounters,
+}
+
+/// The stream counters of one daemon ([`Counters::streams`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StreamCounters {
+    /// Producer: streams opened here by consumers (a resumed stream opens again).
+    pub served: u64,
+    /// Producer: opens refused (no such service, no room for another stream).
+    pub refused: u64,
+    /// Producer: data bytes sent (resent bytes of a resumed stream included).
+    pub bytes_sent: u64,
+    /// Consumer: streams fetched here.
+    pub fetched: u64,
+    /// Consumer: streams that finished (every byte arrived and checked).
+    pub finished: u64,
+    /// Consumer: streams that ended with an error (cancels included).
+    pub failed: u64,
+    /// Consumer: times a stream resumed at the byte it stood at (a relay died, a link was
+    /// lost, a gap, a silence).
+    pub resumes: u64,
+    /// Consumer: data bytes received and checked, handed to the application.
+    pub bytes_received: u64,
+    /// Streams open now: produced here, and fetched here.
+    pub producing: u64,
+    pub consuming: u64,
 }
 
 /// The direct-link counters of one daemon ([`Counters::direct`]).

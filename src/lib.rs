@@ -37,7 +37,7 @@ pub mod routed;
 pub mod sim;
 pub mod stream;
 
-pub use counters::{Counters, DirectCounters};
+pub use counters::{Counters, DirectCounters, StreamCounters};
 pub use direct::{Route, RouteSetting};
 pub use driver::{
     Batch, Daemon, FAIL_ABANDONED, FAIL_RESERVED_MIN, FetchOptions, Handle, Outgoing,

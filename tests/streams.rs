@@ -233,6 +233,9 @@ fn deaths_end_the_other_side_and_a_relay_death_resumes_the_stream() {
     assert_eq!(s.outcome(), Some(&Ok(())));
     assert_eq!(got.len() as u64, len);
     check(3, 0, &got);
+    let c = dvm[CONSUMER as usize].counters().unwrap().streams;
+    assert!(c.resumes >= 1, "{c:?}");
+    assert_eq!((c.finished, c.bytes_received), (1, len));
 
     // The producer dies: the reader's stream ends `ProducerDied`.
     let (tx, rx) = crossbeam_channel::unbounded();

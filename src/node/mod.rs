@@ -344,6 +344,7 @@ impl Node {
         c.relm_pending = pending as u64;
         c.flow_congested = self.flow.episodes();
         c.direct = self.direct.counters();
+        c.streams = self.streams.counters();
         self.collective_counters(&mut c);
         c
     }

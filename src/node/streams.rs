@@ -104,9 +104,17 @@ pub(super) struct Streams {
     /// Ranks whose failure streams already answered (a local repair and rank 0's
     /// confirmation name the same death: one resume). At most the DVM's size.
     answered: FxHashSet<Rank>,
+    stats: crate::StreamCounters,
 }
 
 impl Streams {
+    pub(super) fn counters(&self) -> crate::StreamCounters {
+        let mut c = self.stats.clone();
+        c.producing = self.outgoing.len() as u64;
+        c.consuming = self.incoming.len() as u64;
+        c
+    }
+
     /// When the next consumer idle timeout is due.
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
         self.incoming
@@ -167,6 +175,7 @@ impl Node {
                     });
                 }
                 let wire = self.next_wire_id();
+                self.streams.stats.fetched += 1;
                 let s = Incoming::open(now, wire, producer, &service, request, window, idle);
                 self.streams.wire_of.insert(id, wire);
                 self.streams.incoming.insert(wire, (id, s));
@@ -279,6 +288,10 @@ impl Node {
         }
         if let Some((id, s)) = self.streams.incoming.remove(&wire) {
             self.streams.wire_of.remove(&id);
+            match s.status() {
+                Status::Finished => self.streams.stats.finished += 1,
+                _ => self.streams.stats.failed += 1,
+            }
             let result = match s.status() {
                 Status::Finished => Ok(()),
                 Status::Failed(StreamError::Producer { code, reason })
@@ -301,6 +314,9 @@ impl Node {
         };
         let mut msgs = Vec::new();
         while let Some(m) = s.poll_msg() {
+            if let StreamMsg::Data { bytes, .. } = &m {
+                self.streams.stats.bytes_sent += bytes.len() as u64;
+            }
             msgs.push(m);
         }
         let done = s.is_done();
@@ -382,6 +398,7 @@ impl Node {
                 }
                 let user = *user;
                 if let Ok(Some(b)) = s.handle_data(now, offset, digest, bytes) {
+                    self.streams.stats.bytes_received += b.len() as u64;
                     self.out
                         .push_back(Output::Stream(Box::new(StreamEvent::Data {
                             id: user,
@@ -434,9 +451,11 @@ impl Node {
             None
         };
         if let Some((code, reason)) = refuse {
+            self.streams.stats.refused += 1;
             self.send_stream(now, consumer, id, &StreamMsg::Fail { code, reason });
             return;
         }
+        self.streams.stats.served += 1;
         let s = Outgoing::new(id, consumer, offset, window);
         let upto = s.upto();
         self.streams.outgoing.insert((consumer, id), s);
@@ -527,6 +546,7 @@ impl Node {
         }
         let producer = s.producer();
         self.send_stream(now, producer, wire, &StreamMsg::Cancel);
+        self.streams.stats.resumes += 1;
         let new = self.next_wire_id();
         s.resume(now, new);
         self.streams.wire_of.insert(user, new);
