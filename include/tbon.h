@@ -10,6 +10,10 @@
  *   tbon_broadcast, tbon_recv, tbon_cancel, tbon_recv_blocking
  *   tbon_allgather, tbon_barrier (collectives, each with a caller-chosen id never reused)
  *   tbon_on_fault, tbon_counters_get, tbon_rank, tbon_size
+ *   streams (README "Streams"): tbon_serve (a service; its callback writes with
+ *   tbon_writer_write and ends with tbon_writer_finish / tbon_writer_fail), tbon_fetch then
+ *   tbon_stream_read until 0 bytes (finished) or an error, tbon_stream_close; tbon_fetch_cb
+ *   for a callback per chunk, tbon_fetch_cancel
  *   tbon_shutdown / tbon_shutdown_dvm (rank 0: stop the whole DVM) / tbon_abort, then tbon_free
  *
  * RESULTS. Every call returns a tbon_rc (TBON_OK is 0). tbon_strerror(rc) describes a code;
@@ -22,12 +26,15 @@
  * THREADS. Every function may be called from any thread, concurrently. Each daemon runs its own
  * loop thread; several daemons may live in one process.
  *
- * CALLBACKS (send completions, receive callbacks, fault handlers) run on the daemon's loop
- * thread. Keep them short. Inside a callback you may call tbon_send, tbon_send_nocopy,
+ * CALLBACKS (send completions, receive callbacks, fault handlers, stream callbacks) run on the
+ * daemon's loop thread (a stream service's callback is the exception: it runs on a thread of its
+ * own per stream and may block). Keep them short. Inside a callback you may call tbon_send, tbon_send_nocopy,
  * tbon_send_batch, tbon_send_routed, tbon_send_reliable,
  * tbon_broadcast, tbon_allgather, tbon_recv, tbon_cancel, tbon_purge, tbon_rank, tbon_size, tbon_contact_uri,
+ * tbon_fetch, tbon_fetch_cb, tbon_fetch_cancel, tbon_stream_close,
  * tbon_strerror and tbon_last_error. The blocking calls (tbon_recv_blocking, tbon_wait_wired, tbon_wait_stopped,
- * tbon_counters_get, tbon_start, tbon_shutdown, tbon_shutdown_dvm, tbon_abort, tbon_free) return
+ * tbon_counters_get, tbon_start, tbon_shutdown, tbon_shutdown_dvm, tbon_abort, tbon_free,
+ * tbon_stream_read, tbon_writer_write) return
  * TBON_ERR_BUSY there instead of deadlocking. A send from a callback gets TBON_ERR_BUSY if the
  * command queue is full (from other threads it blocks until there is room: back-pressure).
  * The `void *user` pointers are handed back untouched, on the loop thread: what they point to
@@ -82,6 +89,17 @@
 // (unless a recent denial is cached).
 #define TBON_ROUTE_DIRECT 1
 
+// `timeout_ms` of `tbon_writer_write` and `tbon_stream_read`: wait without a limit (a
+// stream still never waits past its idle time, and a writer's consumer cancels or dies).
+#define TBON_WAIT_FOREVER 4294967295
+
+// The producer's `fail` code when a stream fails because its service callback returned
+// without ending it.
+#define TBON_STREAM_FAIL_ABANDONED 4294967293
+
+// Codes at or above this are the runtime's; `tbon_writer_fail` refuses them.
+#define TBON_STREAM_FAIL_RESERVED_MIN 4294967280
+
 // Result code of every tbon call (and the argument of send completions).
 typedef enum {
   // Success.
@@ -115,6 +133,19 @@ typedef enum {
   TBON_ERR_START = 13,
   // A bug inside tbon (a caught Rust panic); the call had no effect or an unknown one.
   TBON_ERR_INTERNAL = 14,
+  // Streams: the producer has no such service.
+  TBON_ERR_NO_SERVICE = 15,
+  // Streams: the producer failed the stream (its code: `tbon_stream_fail_code`; its reason:
+  // `tbon_last_error`).
+  TBON_ERR_STREAM_FAILED = 16,
+  // Streams: the other end of the stream (producer or consumer) died.
+  TBON_ERR_PEER_DIED = 17,
+  // Streams: the consumer cancelled the stream.
+  TBON_ERR_CANCELLED = 18,
+  // Streams: corrupt data, or the other end broke the protocol.
+  TBON_ERR_CORRUPT = 19,
+  // Streams: nothing arrived from the producer for the stream's idle time.
+  TBON_ERR_IDLE = 20,
 } tbon_rc;
 
 // Which repair a fault handler reports.
@@ -362,7 +393,61 @@ typedef struct {
   // Frames dropped at a hard queue bound: a relay's full send queue, or a message without
   // a completion beyond what may wait while a direct link closes.
   uint64_t dropped_queue_full;
+  // Streams, producer side: streams opened here by consumers (a resumed stream opens
+  // again), opens refused (no such service, no room), data bytes sent.
+  uint64_t stream_served;
+  uint64_t stream_refused;
+  uint64_t stream_bytes_sent;
+  // Streams, consumer side: fetched, finished, ended with an error (cancels included),
+  // resumed at the byte they stood at, data bytes received and checked.
+  uint64_t stream_fetched;
+  uint64_t stream_finished;
+  uint64_t stream_failed;
+  uint64_t stream_resumes;
+  uint64_t stream_bytes_received;
 } tbon_counters;
+
+// The writer of one stream a service answers: an id valid from the service callback's
+// start until `tbon_writer_finish`/`tbon_writer_fail` or the callback's return; 0 is never
+// valid.
+typedef uint64_t tbon_writer;
+
+// A service: called for every stream a consumer opens, on a thread of its own (it may block
+// as long as it needs: reading a file, waiting for credit). `service` and `request` are valid
+// during the call. Write the answer from byte `offset` on (0 for a new stream; a stream the
+// consumer resumed after its path broke asks again from the byte it stands at) with
+// `tbon_writer_write`, then end it with `tbon_writer_finish` or `tbon_writer_fail` before
+// returning: a stream not ended at the return fails with `TBON_STREAM_FAIL_ABANDONED`.
+typedef void (*tbon_serve_cb)(tbon_writer w,
+                              uint32_t consumer,
+                              const char *service,
+                              const uint8_t *request,
+                              size_t len,
+                              uint64_t offset,
+                              void *user);
+
+// A stream this daemon fetches (`tbon_fetch`): an id valid until `tbon_stream_close`; 0 is
+// never valid.
+typedef uint64_t tbon_stream;
+
+// How a stream ended, for `tbon_fetch_cb`: `rc` is `TBON_OK` when it finished (every byte
+// arrived and checked), otherwise why not (see `tbon_stream_read`). `fail_code` and
+// `reason` are the producer's when `rc` is `TBON_ERR_STREAM_FAILED`; `reason` is never NULL
+// ("" when there is none) and valid during the call.
+typedef struct {
+  tbon_rc rc;
+  uint32_t fail_code;
+  const char *reason;
+} tbon_stream_end;
+
+// Stream callback (`tbon_fetch_cb`): called on the loop thread for each chunk in order
+// (`end` NULL, `data` valid during the call, `len` > 0), then once with `end` set (`data`
+// NULL, `len` 0). A chunk counts as consumed, and the producer gets credit, when the
+// callback returns. Keep it short; it must not block.
+typedef void (*tbon_stream_cb)(const uint8_t *data,
+                               size_t len,
+                               const tbon_stream_end *end,
+                               void *user);
 
 #ifdef __cplusplus
 extern "C" {
@@ -612,6 +697,182 @@ tbon_rc tbon_on_fault(tbon_daemon d, tbon_fault_cb cb, void *user);
 // Fills `*out` with a snapshot of this daemon's counters (a round trip to the loop thread).
 // Not from a callback (`TBON_ERR_BUSY`).
 tbon_rc tbon_counters_get(tbon_daemon d, tbon_counters *out);
+
+// Offers `service` (a NUL-terminated name of at most 255 bytes) to consumers: `cb` runs on a
+// thread of its own for every stream opened (see `tbon_serve_cb`), with `user`, which must
+// be usable from those threads and stay alive while the daemon runs. Serving a name again
+// replaces its callback for new streams. Errors: `TBON_ERR_TOO_LARGE` (the name),
+// `TBON_ERR_BUSY` (256 services already), `TBON_ERR_SHUT_DOWN`.
+tbon_rc tbon_serve(tbon_daemon d, const char *service, tbon_serve_cb cb, void *user);
+
+// Writes `len` bytes of `data` (copied) on the stream, waiting for the consumer's credit as
+// needed, at most `timeout_ms` in all (`TBON_WAIT_FOREVER`: no limit). `*written` (if not
+// NULL) gets the bytes taken, also on an error. `TBON_ERR_TIMED_OUT`: the time ran out with
+// `*written` < `len`; write the rest later. The stream's end: `TBON_ERR_CANCELLED` (the
+// consumer gave it up, or moved it to a new stream: the service is called again for the
+// rest), `TBON_ERR_PEER_DIED`, `TBON_ERR_CORRUPT`, `TBON_ERR_SHUT_DOWN`: stop producing.
+// One thread at a time per writer.
+tbon_rc tbon_writer_write(tbon_writer w,
+                          const void *data,
+                          size_t len,
+                          uint32_t timeout_ms,
+                          size_t *written);
+
+// Bytes the writer may write now without waiting (`*room`; 0: wait for credit), or the
+// stream's end as in `tbon_writer_write`.
+tbon_rc tbon_writer_room(tbon_writer w, uint64_t *room);
+
+// Ends the stream: the consumer reads its end (`TBON_OK`, 0 bytes) once every byte written
+// has arrived and checked. The writer is invalid afterwards, also on an error (the stream's
+// end, as in `tbon_writer_write`).
+tbon_rc tbon_writer_finish(tbon_writer w);
+
+// Fails the stream with `code` (below `TBON_STREAM_FAIL_RESERVED_MIN`) and `reason` (may be
+// NULL; at most 1024 bytes are sent): the consumer reads `TBON_ERR_STREAM_FAILED` with both.
+// The writer is invalid afterwards, also on an error.
+tbon_rc tbon_writer_fail(tbon_writer w, uint32_t code, const char *reason);
+
+// Fetches `request` (`len` bytes, copied; at most 64 KiB) from `service` at `producer` and
+// stores the stream in `*out`; read it with `tbon_stream_read`, then `tbon_stream_close` it.
+// `window` is the bytes the producer may send ahead of what was read (0: 4 MiB; at most
+// 64 MiB), `idle_ms` how long the stream waits for news from the producer while it owes
+// bytes (0: 60 s). Errors: `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`,
+// `TBON_ERR_NODE_DOWN` (the producer is known dead), `TBON_ERR_BUSY` (1024 streams already),
+// `TBON_ERR_SHUT_DOWN`. What happens at the producer is read as the stream's end.
+tbon_rc tbon_fetch(tbon_daemon d,
+                   uint32_t producer,
+                   const char *service,
+                   const void *request,
+                   size_t len,
+                   uint32_t window,
+                   uint32_t idle_ms,
+                   tbon_stream *out);
+
+// Reads the stream's next bytes into `buf` (`cap` bytes), waiting at most `timeout_ms`
+// (`TBON_WAIT_FOREVER`: until bytes or the end come, never longer than the stream's idle
+// time). `TBON_OK` with `*got` > 0: bytes, in order. `TBON_OK` with `*got` == 0 (and `cap` >
+// 0): the stream FINISHED, every byte arrived and checked. `TBON_ERR_TIMED_OUT`: nothing
+// yet, read again. Otherwise the stream ended with an error (every later read returns it
+// again): `TBON_ERR_NO_SERVICE`, `TBON_ERR_STREAM_FAILED` (the producer's code:
+// `tbon_stream_fail_code`; `tbon_last_error` has its reason), `TBON_ERR_PEER_DIED`,
+// `TBON_ERR_CANCELLED`, `TBON_ERR_CORRUPT`, `TBON_ERR_IDLE` (no news for the idle time),
+// `TBON_ERR_SHUT_DOWN`. Not from a callback (`TBON_ERR_BUSY`).
+tbon_rc tbon_stream_read(tbon_stream s, void *buf, size_t cap, size_t *got, uint32_t timeout_ms);
+
+// The producer's code of a stream that ended `TBON_ERR_STREAM_FAILED`, in `*code`;
+// `TBON_ERR_BAD_PARAM` when the stream did not end that way (yet).
+tbon_rc tbon_stream_fail_code(tbon_stream s, uint32_t *code);
+
+// Closes the stream: cancels it if it has not ended (the producer's writer fails
+// `TBON_ERR_CANCELLED`; a read blocked on another thread returns `TBON_ERR_CANCELLED`) and
+// frees it. The handle is invalid afterwards.
+tbon_rc tbon_stream_close(tbon_stream s);
+
+// Fetches like `tbon_fetch`, delivering the stream to `cb` on the loop thread instead (see
+// `tbon_stream_cb`); `*id` (if not NULL) gets the stream's id for `tbon_fetch_cancel`. `cb`
+// runs if and only if this returns `TBON_OK`, and its last call has `end` set.
+tbon_rc tbon_fetch_cb(tbon_daemon d,
+                      uint32_t producer,
+                      const char *service,
+                      const void *request,
+                      size_t len,
+                      uint32_t window,
+                      uint32_t idle_ms,
+                      tbon_stream_cb cb,
+                      void *user,
+                      uint64_t *id);
+
+// Cancels stream `id` of `tbon_fetch_cb`: its callback ends with `TBON_ERR_CANCELLED`
+// (unless it ended first). Nothing happens for an id that ended.
+tbon_rc tbon_fetch_cancel(tbon_daemon d, uint64_t id);
+
+// Offers `service` (a NUL-terminated name of at most 255 bytes) to consumers: `cb` runs on a
+// thread of its own for every stream opened (see `tbon_serve_cb`), with `user`, which must
+// be usable from those threads and stay alive while the daemon runs. Serving a name again
+// replaces its callback for new streams. Errors: `TBON_ERR_TOO_LARGE` (the name),
+// `TBON_ERR_BUSY` (256 services already), `TBON_ERR_SHUT_DOWN`.
+tbon_rc tbon_serve(tbon_daemon d, const char *service, tbon_serve_cb cb, void *user);
+
+// Writes `len` bytes of `data` (copied) on the stream, waiting for the consumer's credit as
+// needed, at most `timeout_ms` in all (`TBON_WAIT_FOREVER`: no limit). `*written` (if not
+// NULL) gets the bytes taken, also on an error. `TBON_ERR_TIMED_OUT`: the time ran out with
+// `*written` < `len`; write the rest later. The stream's end: `TBON_ERR_CANCELLED` (the
+// consumer gave it up, or moved it to a new stream: the service is called again for the
+// rest), `TBON_ERR_PEER_DIED`, `TBON_ERR_CORRUPT`, `TBON_ERR_SHUT_DOWN`: stop producing.
+// One thread at a time per writer.
+tbon_rc tbon_writer_write(tbon_writer w,
+                          const void *data,
+                          size_t len,
+                          uint32_t timeout_ms,
+                          size_t *written);
+
+// Bytes the writer may write now without waiting (`*room`; 0: wait for credit), or the
+// stream's end as in `tbon_writer_write`.
+tbon_rc tbon_writer_room(tbon_writer w, uint64_t *room);
+
+// Ends the stream: the consumer reads its end (`TBON_OK`, 0 bytes) once every byte written
+// has arrived and checked. The writer is invalid afterwards, also on an error (the stream's
+// end, as in `tbon_writer_write`).
+tbon_rc tbon_writer_finish(tbon_writer w);
+
+// Fails the stream with `code` (below `TBON_STREAM_FAIL_RESERVED_MIN`) and `reason` (may be
+// NULL; at most 1024 bytes are sent): the consumer reads `TBON_ERR_STREAM_FAILED` with both.
+// The writer is invalid afterwards, also on an error.
+tbon_rc tbon_writer_fail(tbon_writer w, uint32_t code, const char *reason);
+
+// Fetches `request` (`len` bytes, copied; at most 64 KiB) from `service` at `producer` and
+// stores the stream in `*out`; read it with `tbon_stream_read`, then `tbon_stream_close` it.
+// `window` is the bytes the producer may send ahead of what was read (0: 4 MiB; at most
+// 64 MiB), `idle_ms` how long the stream waits for news from the producer while it owes
+// bytes (0: 60 s). Errors: `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`,
+// `TBON_ERR_NODE_DOWN` (the producer is known dead), `TBON_ERR_BUSY` (1024 streams already),
+// `TBON_ERR_SHUT_DOWN`. What happens at the producer is read as the stream's end.
+tbon_rc tbon_fetch(tbon_daemon d,
+                   uint32_t producer,
+                   const char *service,
+                   const void *request,
+                   size_t len,
+                   uint32_t window,
+                   uint32_t idle_ms,
+                   tbon_stream *out);
+
+// Reads the stream's next bytes into `buf` (`cap` bytes), waiting at most `timeout_ms`
+// (`TBON_WAIT_FOREVER`: until bytes or the end come, never longer than the stream's idle
+// time). `TBON_OK` with `*got` > 0: bytes, in order. `TBON_OK` with `*got` == 0 (and `cap` >
+// 0): the stream FINISHED, every byte arrived and checked. `TBON_ERR_TIMED_OUT`: nothing
+// yet, read again. Otherwise the stream ended with an error (every later read returns it
+// again): `TBON_ERR_NO_SERVICE`, `TBON_ERR_STREAM_FAILED` (the producer's code:
+// `tbon_stream_fail_code`; `tbon_last_error` has its reason), `TBON_ERR_PEER_DIED`,
+// `TBON_ERR_CANCELLED`, `TBON_ERR_CORRUPT`, `TBON_ERR_IDLE` (no news for the idle time),
+// `TBON_ERR_SHUT_DOWN`. Not from a callback (`TBON_ERR_BUSY`).
+tbon_rc tbon_stream_read(tbon_stream s, void *buf, size_t cap, size_t *got, uint32_t timeout_ms);
+
+// The producer's code of a stream that ended `TBON_ERR_STREAM_FAILED`, in `*code`;
+// `TBON_ERR_BAD_PARAM` when the stream did not end that way (yet).
+tbon_rc tbon_stream_fail_code(tbon_stream s, uint32_t *code);
+
+// Closes the stream: cancels it if it has not ended (the producer's writer fails
+// `TBON_ERR_CANCELLED`; a read blocked on another thread returns `TBON_ERR_CANCELLED`) and
+// frees it. The handle is invalid afterwards.
+tbon_rc tbon_stream_close(tbon_stream s);
+
+// Fetches like `tbon_fetch`, delivering the stream to `cb` on the loop thread instead (see
+// `tbon_stream_cb`); `*id` (if not NULL) gets the stream's id for `tbon_fetch_cancel`. `cb`
+// runs if and only if this returns `TBON_OK`, and its last call has `end` set.
+tbon_rc tbon_fetch_cb(tbon_daemon d,
+                      uint32_t producer,
+                      const char *service,
+                      const void *request,
+                      size_t len,
+                      uint32_t window,
+                      uint32_t idle_ms,
+                      tbon_stream_cb cb,
+                      void *user,
+                      uint64_t *id);
+
+// Cancels stream `id` of `tbon_fetch_cb`: its callback ends with `TBON_ERR_CANCELLED`
+// (unless it ended first). Nothing happens for an id that ended.
+tbon_rc tbon_fetch_cancel(tbon_daemon d, uint64_t id);
 
 #ifdef __cplusplus
 }  // extern "C"

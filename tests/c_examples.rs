@@ -128,3 +128,8 @@ fn c_batch_sends_200000_small_messages_in_order() {
 fn c_direct_link_between_two_leaves_keeps_order_and_skips_the_relays() {
     run_example("direct");
 }
+
+#[test]
+fn c_stream_fetches_a_file_sized_object_and_tells_every_end_apart() {
+    run_example("stream");
+}

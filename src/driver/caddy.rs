@@ -32,6 +32,18 @@ pub(crate) struct StreamSink {
     pub reader_reports: bool,
 }
 
+/// Fetch a stream as `id` (the handle's, unique per daemon).
+pub(crate) struct Fetch {
+    pub id: u64,
+    pub producer: Rank,
+    pub service: String,
+    pub request: Bytes,
+    pub window: u32,
+    pub idle: std::time::Duration,
+    pub sink: StreamSink,
+    pub reply: Reply,
+}
+
 /// A command's synchronous answer, when the caller waits for one.
 pub(crate) type Reply = Option<Sender<Result<(), SendError>>>;
 
@@ -99,17 +111,8 @@ pub(crate) enum Caddy {
         handler: std::sync::Arc<super::ServiceHandler>,
         reply: Reply,
     },
-    /// Fetch a stream as `id` (the handle's, unique per daemon).
-    Fetch {
-        id: u64,
-        producer: Rank,
-        service: String,
-        request: Bytes,
-        window: u32,
-        idle: std::time::Duration,
-        sink: StreamSink,
-        reply: Reply,
-    },
+    /// Fetch a stream (boxed: the largest command, and a rare one).
+    Fetch(Box<Fetch>),
     /// A producer's bytes, within the credit its writer saw.
     StreamWrite {
         consumer: Rank,

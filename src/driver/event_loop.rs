@@ -626,16 +626,7 @@ impl EventLoop {
                 handler,
                 reply,
             } => self.serve(service, handler, reply),
-            Caddy::Fetch {
-                id,
-                producer,
-                service,
-                request,
-                window,
-                idle,
-                sink,
-                reply,
-            } => self.fetch(id, producer, service, request, window, idle, sink, reply),
+            Caddy::Fetch(f) => self.fetch(*f),
             Caddy::StreamWrite {
                 consumer,
                 id,
@@ -689,13 +680,11 @@ impl EventLoop {
                     let _ = tx.send(Err(SendError::ShutDown));
                 }
             }
-            Caddy::Fetch {
-                mut sink, reply, ..
-            } => match reply {
+            Caddy::Fetch(mut f) => match f.reply {
                 Some(tx) => {
                     let _ = tx.send(Err(SendError::ShutDown));
                 }
-                None => (sink.deliver)(crate::driver::StreamItem::End(Err(
+                None => (f.sink.deliver)(crate::driver::StreamItem::End(Err(
                     crate::stream::StreamError::ShutDown,
                 ))),
             },

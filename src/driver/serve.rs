@@ -1,7 +1,7 @@
 //! Streams from the application's side: [`Handle::serve`] offers a service that answers
 //! requests with streams, [`Handle::fetch`] asks a producer for one (issue "Streams").
 
-use super::caddy::{Caddy, Reply, StreamSink};
+use super::caddy::{Caddy, Fetch, Reply, StreamSink};
 use super::handle::Handle;
 use super::stream_reader::{Stream, StreamItem};
 use super::stream_writer::StreamWriter;
@@ -172,15 +172,17 @@ impl Handle {
             });
         }
         let id = self.shared.next_stream.fetch_add(1, Ordering::Relaxed);
-        self.ask(|reply| Caddy::Fetch {
-            id,
-            producer,
-            service: service.to_string(),
-            request,
-            window: opts.window.clamp(1, limits::STREAM_WINDOW_MAX as u32),
-            idle: opts.idle,
-            sink,
-            reply,
+        self.ask(|reply| {
+            Caddy::Fetch(Box::new(Fetch {
+                id,
+                producer,
+                service: service.to_string(),
+                request,
+                window: opts.window.clamp(1, limits::STREAM_WINDOW_MAX as u32),
+                idle: opts.idle,
+                sink,
+                reply,
+            }))
         })?;
         Ok(id)
     }

@@ -7,9 +7,10 @@ use super::caddy::Caddy;
 use super::handle::Shared;
 use crate::stream::StreamError;
 use bytes::{Buf, Bytes};
-use crossbeam_channel::{Receiver, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use std::io;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// What the loop thread hands a fetching application, in order: chunks, then one end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,11 +109,22 @@ impl Stream {
     }
 
     fn next_item(&mut self) -> Option<Result<Bytes, StreamError>> {
+        // Without a deadline the wait cannot time out.
+        self.next_by(None).unwrap_or(None)
+    }
+
+    /// The next chunk or end, waiting until `deadline` (for ever with `None`); `Err(())`
+    /// when the deadline passed first.
+    #[allow(clippy::result_unit_err)]
+    fn next_by(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Result<Bytes, StreamError>>, ()> {
         if !self.rest.is_empty() {
-            return Some(Ok(std::mem::take(&mut self.rest)));
+            return Ok(Some(Ok(std::mem::take(&mut self.rest))));
         }
         if self.outcome.is_some() {
-            return None;
+            return Ok(None);
         }
         let item = match self.rx.try_recv() {
             Ok(i) => Ok(i),
@@ -120,13 +132,20 @@ impl Stream {
                 self.report();
                 if self.daemon.on_loop_thread() {
                     let e = super::stream_writer::refused_on_loop_thread();
-                    return Some(Err(e));
+                    return Ok(Some(Err(e)));
                 }
-                self.rx.recv().map_err(|_| ())
+                match deadline {
+                    None => self.rx.recv().map_err(|_| ()),
+                    Some(d) => match self.rx.recv_deadline(d) {
+                        Ok(i) => Ok(i),
+                        Err(RecvTimeoutError::Timeout) => return Err(()),
+                        Err(RecvTimeoutError::Disconnected) => Err(()),
+                    },
+                }
             }
             Err(TryRecvError::Disconnected) => Err(()),
         };
-        match item {
+        Ok(match item {
             Ok(StreamItem::Data(b)) => {
                 self.unreported += b.len() as u64;
                 if self.unreported >= self.report_every {
@@ -146,7 +165,7 @@ impl Stream {
                 self.outcome = Some(Err(StreamError::ShutDown));
                 Some(Err(StreamError::ShutDown))
             }
-        }
+        })
     }
 }
 
@@ -173,9 +192,32 @@ impl Stream {
             }
         }
         let n = self.rest.len().min(buf.len());
-        buf[..n].copy_from_slice(&self.rest[..n]);
+        if let (Some(to), Some(from)) = (buf.get_mut(..n), self.rest.get(..n)) {
+            to.copy_from_slice(from);
+        }
         self.rest.advance(n);
         Ok(n)
+    }
+
+    /// Like [`Stream::read`], waiting at most `timeout` for bytes: `Ok(None)` when it
+    /// passed first (the stream goes on; read again).
+    pub fn read_timeout(
+        &mut self,
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<Option<usize>, StreamError> {
+        if buf.is_empty() {
+            return Ok(Some(0));
+        }
+        if self.rest.is_empty() {
+            match self.next_by(Some(Instant::now() + timeout)) {
+                Err(()) => return Ok(None),
+                Ok(None) => return Ok(Some(0)),
+                Ok(Some(Ok(b))) => self.rest = b,
+                Ok(Some(Err(e))) => return Err(e),
+            }
+        }
+        self.read(buf).map(Some)
     }
 
     /// The stream as a `std::io::Read` (for `io::copy` into a file, `read_to_end`): an

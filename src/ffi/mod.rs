@@ -15,6 +15,9 @@
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)] // the pointer contract is documented once, in the header
 
+mod streams;
+pub use streams::*;
+
 use crate::config::Config;
 use crate::counters::Counters;
 use crate::driver::{Daemon, Handle};
@@ -64,6 +67,19 @@ pub enum tbon_rc {
     TBON_ERR_START = 13,
     /// A bug inside tbon (a caught Rust panic); the call had no effect or an unknown one.
     TBON_ERR_INTERNAL = 14,
+    /// Streams: the producer has no such service.
+    TBON_ERR_NO_SERVICE = 15,
+    /// Streams: the producer failed the stream (its code: `tbon_stream_fail_code`; its reason:
+    /// `tbon_last_error`).
+    TBON_ERR_STREAM_FAILED = 16,
+    /// Streams: the other end of the stream (producer or consumer) died.
+    TBON_ERR_PEER_DIED = 17,
+    /// Streams: the consumer cancelled the stream.
+    TBON_ERR_CANCELLED = 18,
+    /// Streams: corrupt data, or the other end broke the protocol.
+    TBON_ERR_CORRUPT = 19,
+    /// Streams: nothing arrived from the producer for the stream's idle time.
+    TBON_ERR_IDLE = 20,
 }
 
 /// Which repair a fault handler reports.
@@ -290,6 +306,18 @@ pub struct tbon_counters {
     /// Frames dropped at a hard queue bound: a relay's full send queue, or a message without
     /// a completion beyond what may wait while a direct link closes.
     pub dropped_queue_full: u64,
+    /// Streams, producer side: streams opened here by consumers (a resumed stream opens
+    /// again), opens refused (no such service, no room), data bytes sent.
+    pub stream_served: u64,
+    pub stream_refused: u64,
+    pub stream_bytes_sent: u64,
+    /// Streams, consumer side: fetched, finished, ended with an error (cancels included),
+    /// resumed at the byte they stood at, data bytes received and checked.
+    pub stream_fetched: u64,
+    pub stream_finished: u64,
+    pub stream_failed: u64,
+    pub stream_resumes: u64,
+    pub stream_bytes_received: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -381,6 +409,14 @@ impl From<&Counters> for tbon_counters {
             log_lines_suppressed: c.log_lines_suppressed,
             flow_congested: c.flow_congested,
             sends_busy_flow: c.sends_busy_flow,
+            stream_served: c.streams.served,
+            stream_refused: c.streams.refused,
+            stream_bytes_sent: c.streams.bytes_sent,
+            stream_fetched: c.streams.fetched,
+            stream_finished: c.streams.finished,
+            stream_failed: c.streams.failed,
+            stream_resumes: c.streams.resumes,
+            stream_bytes_received: c.streams.bytes_received,
         }
     }
 }
@@ -495,6 +531,9 @@ struct UserPtr(*mut c_void);
 // SAFETY: the pointer is only handed back to the caller's own callback; thread-safety of what it
 // points to is the caller's contract, stated in the header.
 unsafe impl Send for UserPtr {}
+// SAFETY: as for `Send`: tbon only copies the pointer (a stream service's callback runs on a
+// thread per stream, as the header says).
+unsafe impl Sync for UserPtr {}
 
 impl UserPtr {
     /// A method, not `.0`, so that closures capture the whole `Send` wrapper.
@@ -514,6 +553,8 @@ struct Registry {
     next_id: u64,
     configs: HashMap<u64, Config>,
     daemons: HashMap<u64, Arc<DaemonEntry>>,
+    writers: HashMap<u64, streams::WriterEntry>,
+    streams: HashMap<u64, Arc<streams::StreamEntry>>,
 }
 
 impl Registry {
@@ -530,6 +571,12 @@ impl Registry {
         }
         if self.daemons.is_empty() {
             self.daemons = HashMap::new();
+        }
+        if self.writers.is_empty() {
+            self.writers = HashMap::new();
+        }
+        if self.streams.is_empty() {
+            self.streams = HashMap::new();
         }
     }
 }
@@ -639,6 +686,12 @@ pub extern "C" fn tbon_strerror(rc: c_int) -> *const c_char {
         12 => c"configuration error",
         13 => c"start failed",
         14 => c"internal error",
+        15 => c"no such service",
+        16 => c"the producer failed the stream",
+        17 => c"the other end of the stream died",
+        18 => c"the stream was cancelled",
+        19 => c"corrupt stream",
+        20 => c"the stream was idle too long",
         _ => c"unknown tbon_rc",
     };
     s.as_ptr()

@@ -6,7 +6,7 @@
 
 use super::EventLoop;
 use crate::Rank;
-use crate::driver::caddy::{Reply, StreamSink};
+use crate::driver::caddy::{Fetch, Reply, StreamSink};
 use crate::driver::serve::{ServiceHandler, StreamRequest};
 use crate::driver::stream_writer::{Credit, StreamWriter};
 use crate::driver::{StreamItem, handle::lock};
@@ -51,18 +51,17 @@ impl EventLoop {
         answer(reply, r);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn fetch(
-        &mut self,
-        id: u64,
-        producer: Rank,
-        service: String,
-        request: bytes::Bytes,
-        window: u32,
-        idle: std::time::Duration,
-        mut sink: StreamSink,
-        reply: Reply,
-    ) {
+    pub(super) fn fetch(&mut self, f: Fetch) {
+        let Fetch {
+            id,
+            producer,
+            service,
+            request,
+            window,
+            idle,
+            mut sink,
+            reply,
+        } = f;
         let c = StreamCommand::Fetch {
             id,
             producer,

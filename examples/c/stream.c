@@ -1,0 +1,241 @@
+/* stream.c: a consumer fetches a file-sized object from a producer, from C.
+ *
+ * 7 daemons in one C process, radix 2. Rank 3 serves "object": the request is the text
+ * "seed=S len=L" and the answer is L bytes of a pattern made from S, written from the
+ * request's offset (a stream that resumed after a relay died asks again from there). Rank 6
+ * fetches a 16 MiB object through the tree (6 -> 2 -> 0 -> 1 -> 3), reads it into a small
+ * buffer and checks every byte; then the same with a callback per chunk. It also checks the
+ * ends a consumer must tell apart: no such service, the producer's own failure with its code,
+ * and a cancel that reaches the producer's writer. Exits non-zero on any failure.
+ *
+ * Build and run like ring.c (see README.md, "Using tbon from C").
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tbon.h"
+
+#define N 7
+#define PRODUCER 3
+#define CONSUMER 6
+#define OBJECT_LEN (16u << 20)
+#define TIMEOUT_MS 60000 /* hang guard only */
+
+static tbon_daemon d[N];
+static int failures;
+static atomic_int writer_cancelled;
+
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            fprintf(stderr, "stream: FAILED %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fprintf(stderr, "\n");                                         \
+            failures++;                                                    \
+        }                                                                  \
+    } while (0)
+
+#define CHECK_RC(call)                                                                \
+    do {                                                                              \
+        tbon_rc rc_ = (call);                                                         \
+        CHECK(rc_ == TBON_OK, "%s -> %s (%s)", #call, tbon_strerror(rc_), tbon_last_error()); \
+    } while (0)
+
+static uint8_t pattern(uint64_t seed, uint64_t i) {
+    return (uint8_t)((i * 2654435761u + seed) >> 7);
+}
+
+/* The "object" service: runs on a thread of its own for each stream. */
+static void serve_object(tbon_writer w, uint32_t consumer, const char *service,
+                         const uint8_t *request, size_t len, uint64_t offset, void *user) {
+    (void)consumer, (void)service, (void)user;
+    char text[64] = {0};
+    unsigned long long seed, total;
+    memcpy(text, request, len < sizeof text - 1 ? len : sizeof text - 1);
+    if (sscanf(text, "seed=%llu len=%llu", &seed, &total) != 2) {
+        tbon_writer_fail(w, 22, "bad request");
+        return;
+    }
+    static _Thread_local uint8_t piece[64 * 1024];
+    for (uint64_t at = offset; at < total;) {
+        size_t n = total - at < sizeof piece ? (size_t)(total - at) : sizeof piece;
+        for (size_t k = 0; k < n; k++)
+            piece[k] = pattern(seed, at + k);
+        /* Waits for the consumer's credit: a slow consumer holds this thread back. */
+        tbon_rc rc = tbon_writer_write(w, piece, n, TBON_WAIT_FOREVER, NULL);
+        if (rc != TBON_OK)
+            return; /* cancelled, or the consumer died: the writer is ended for us */
+        at += n;
+    }
+    tbon_writer_finish(w);
+}
+
+static void serve_failing(tbon_writer w, uint32_t consumer, const char *service,
+                          const uint8_t *request, size_t len, uint64_t offset, void *user) {
+    (void)consumer, (void)service, (void)request, (void)len, (void)offset, (void)user;
+    tbon_writer_fail(w, 2, "no such file");
+}
+
+static void serve_endless(tbon_writer w, uint32_t consumer, const char *service,
+                          const uint8_t *request, size_t len, uint64_t offset, void *user) {
+    (void)consumer, (void)service, (void)request, (void)len, (void)offset, (void)user;
+    static const uint8_t zeros[10000];
+    for (;;) {
+        tbon_rc rc = tbon_writer_write(w, zeros, sizeof zeros, TBON_WAIT_FOREVER, NULL);
+        if (rc != TBON_OK) {
+            if (rc == TBON_ERR_CANCELLED)
+                atomic_store(&writer_cancelled, 1);
+            return;
+        }
+    }
+}
+
+/* Fetches "seed=S len=L" and reads it whole with tbon_stream_read; 0 when every byte is right. */
+static int fetch_and_check(uint64_t seed, uint64_t total) {
+    char req[64];
+    snprintf(req, sizeof req, "seed=%llu len=%llu", (unsigned long long)seed,
+             (unsigned long long)total);
+    tbon_stream s;
+    tbon_rc rc = tbon_fetch(d[CONSUMER], PRODUCER, "object", req, strlen(req), 0, 0, &s);
+    CHECK(rc == TBON_OK, "tbon_fetch -> %s (%s)", tbon_strerror(rc), tbon_last_error());
+    if (rc != TBON_OK)
+        return -1;
+    static uint8_t buf[100000];
+    uint64_t at = 0;
+    int wrong = 0;
+    for (;;) {
+        size_t got;
+        rc = tbon_stream_read(s, buf, sizeof buf, &got, TIMEOUT_MS);
+        if (rc != TBON_OK || got == 0)
+            break; /* an error, or the end of the stream */
+        for (size_t k = 0; k < got; k++)
+            wrong += buf[k] != pattern(seed, at + k);
+        at += got;
+    }
+    CHECK(rc == TBON_OK, "tbon_stream_read -> %s (%s)", tbon_strerror(rc), tbon_last_error());
+    CHECK(at == total, "read %llu of %llu bytes", (unsigned long long)at,
+          (unsigned long long)total);
+    CHECK(wrong == 0, "%d wrong bytes", wrong);
+    CHECK_RC(tbon_stream_close(s));
+    return rc == TBON_OK && at == total && wrong == 0 ? 0 : -1;
+}
+
+/* The callback reader: on the loop thread. */
+static uint64_t cb_at;
+static atomic_int cb_wrong, cb_done;
+static tbon_rc cb_end_rc = TBON_ERR_INTERNAL;
+
+static void on_chunk(const uint8_t *data, size_t len, const tbon_stream_end *end, void *user) {
+    uint64_t seed = *(const uint64_t *)user;
+    if (end != NULL) {
+        cb_end_rc = end->rc;
+        atomic_store(&cb_done, 1);
+        return;
+    }
+    for (size_t k = 0; k < len; k++)
+        if (data[k] != pattern(seed, cb_at + k))
+            atomic_fetch_add(&cb_wrong, 1);
+    cb_at += len;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int main(void) {
+    const char *key_file = getenv("TBON_KEY_FILE");
+    CHECK(key_file != NULL, "set TBON_KEY_FILE to a job key file (tbon keygen FILE)");
+    if (failures)
+        return 1;
+    char uri[512];
+    for (uint32_t r = 0; r < N; r++) {
+        tbon_config cfg;
+        CHECK_RC(tbon_config_new(&cfg));
+        CHECK_RC(tbon_config_set(cfg, "if_include", "127.0.0.1/32"));
+        CHECK_RC(tbon_config_set(cfg, "key_file", key_file));
+        CHECK_RC(tbon_config_set(cfg, "radix", "2"));
+        CHECK_RC(tbon_start(cfg, r, N, r == 0 ? NULL : uri, &d[r]));
+        CHECK_RC(tbon_config_free(cfg));
+        if (r == 0) {
+            size_t len = sizeof uri;
+            CHECK_RC(tbon_contact_uri(d[0], uri, &len));
+        }
+        if (failures)
+            return 1;
+    }
+    for (uint32_t r = 0; r < N; r++)
+        CHECK_RC(tbon_wait_wired(d[r], TIMEOUT_MS));
+    CHECK_RC(tbon_serve(d[PRODUCER], "object", serve_object, NULL));
+    CHECK_RC(tbon_serve(d[PRODUCER], "fails", serve_failing, NULL));
+    CHECK_RC(tbon_serve(d[PRODUCER], "endless", serve_endless, NULL));
+
+    /* 1. A file-sized object, read into a small buffer. */
+    fetch_and_check(5, OBJECT_LEN);
+
+    /* 2. The same through a callback per chunk. */
+    static uint64_t seed = 9;
+    char req[64];
+    snprintf(req, sizeof req, "seed=%llu len=%u", (unsigned long long)seed, 3u << 20);
+    uint64_t id;
+    CHECK_RC(tbon_fetch_cb(d[CONSUMER], PRODUCER, "object", req, strlen(req), 0, 0, on_chunk,
+                           &seed, &id));
+    for (int waited = 0; !atomic_load(&cb_done) && waited < TIMEOUT_MS; waited += 10)
+        sleep_ms(10);
+    CHECK(atomic_load(&cb_done) && cb_end_rc == TBON_OK, "callback stream ended %s",
+          tbon_strerror(cb_end_rc));
+    CHECK(cb_at == 3u << 20 && atomic_load(&cb_wrong) == 0, "callback stream: %llu bytes, %d wrong",
+          (unsigned long long)cb_at, atomic_load(&cb_wrong));
+
+    /* 3. The ends a consumer tells apart. */
+    tbon_stream s;
+    uint8_t buf[4096];
+    size_t got;
+    CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "nothing", "x", 1, 0, 0, &s));
+    tbon_rc rc = tbon_stream_read(s, buf, sizeof buf, &got, TIMEOUT_MS);
+    CHECK(rc == TBON_ERR_NO_SERVICE, "no service: %s", tbon_strerror(rc));
+    CHECK_RC(tbon_stream_close(s));
+
+    CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "fails", "x", 1, 0, 0, &s));
+    rc = tbon_stream_read(s, buf, sizeof buf, &got, TIMEOUT_MS);
+    CHECK(rc == TBON_ERR_STREAM_FAILED, "failing service: %s", tbon_strerror(rc));
+    CHECK(strstr(tbon_last_error(), "no such file") != NULL, "reason: %s", tbon_last_error());
+    uint32_t code = 0;
+    CHECK_RC(tbon_stream_fail_code(s, &code));
+    CHECK(code == 2, "fail code %u", code);
+    CHECK_RC(tbon_stream_close(s));
+
+    CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "endless", NULL, 0, 256 * 1024, 0, &s));
+    CHECK_RC(tbon_stream_read(s, buf, sizeof buf, &got, TIMEOUT_MS));
+    CHECK(got > 0, "endless: nothing read");
+    CHECK_RC(tbon_stream_close(s)); /* cancels: the producer's writer sees it */
+    for (int waited = 0; !atomic_load(&writer_cancelled) && waited < TIMEOUT_MS; waited += 10)
+        sleep_ms(10);
+    CHECK(atomic_load(&writer_cancelled), "the producer's writer did not see the cancel");
+
+    /* Bad arguments are refused, nothing else happens. */
+    CHECK(tbon_fetch(d[CONSUMER], N, "object", "x", 1, 0, 0, &s) == TBON_ERR_RANK_OUT_OF_RANGE,
+          "a producer out of range was accepted");
+    CHECK(tbon_stream_read(s + 1000, buf, sizeof buf, &got, 0) == TBON_ERR_BAD_HANDLE,
+          "a made-up stream was accepted");
+    CHECK(tbon_writer_finish(12345) == TBON_ERR_BAD_HANDLE, "a made-up writer was accepted");
+
+    tbon_counters c;
+    CHECK_RC(tbon_counters_get(d[CONSUMER], &c));
+    CHECK(c.stream_finished == 2, "%llu streams finished", (unsigned long long)c.stream_finished);
+    CHECK(c.stream_bytes_received >= OBJECT_LEN + (3u << 20), "%llu bytes received",
+          (unsigned long long)c.stream_bytes_received);
+
+    CHECK_RC(tbon_shutdown_dvm(d[0]));
+    for (uint32_t r = 0; r < N; r++)
+        CHECK_RC(tbon_free(d[r]));
+    if (failures)
+        return 1;
+    printf("stream: ok (%u bytes checked, %llu streams finished)\n", OBJECT_LEN + (3u << 20),
+           (unsigned long long)c.stream_finished);
+    return 0;
+}
