@@ -4,6 +4,7 @@
 
 pub mod raw;
 pub mod roles;
+mod streams;
 pub mod util;
 
 use serde_json::{Value, json};
@@ -25,7 +26,8 @@ pub struct BenchArgs {
     pub json: Option<PathBuf>,
     /// Run only these parts (comma-separated): rate, pingpong, scale, direct (two leaves at
     /// depth 3 of a radix-2 tree, over the tree and over a direct link, beside two tree
-    /// neighbours).
+    /// neighbours), stream (one large stream over a direct link and through one relay, 64
+    /// concurrent streams, the round trip during a stream, peak memory; beside raw TCP).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Rate part: only these payload sizes in bytes (comma-separated; default 64, 4096,
@@ -77,6 +79,7 @@ pub fn run(args: BenchArgs) -> Res<i32> {
             "rate" => roles::rate(a)?,
             "pingpong" => roles::pingpong(a)?,
             "scale" => roles::scale(a)?,
+            "stream" => streams::role(a)?,
             "raw-recv" => raw::recv(a)?,
             "raw-relay" => raw::relay(a)?,
             "raw-send" => raw::send(a)?,
@@ -102,6 +105,9 @@ pub fn run(args: BenchArgs) -> Res<i32> {
     }
     if want("direct") {
         out["direct_link"] = b.direct_links()?;
+    }
+    if want("stream") {
+        out["stream"] = b.streams()?;
     }
     if want("scale") {
         out["scale"] = b.scale()?;
@@ -300,10 +306,15 @@ impl Bench {
     }
 
     fn raw_rate(&mut self, relays: u32, payload: usize) -> Res<Value> {
+        self.raw_rate_count(relays, payload, self.count(payload))
+    }
+
+    /// Raw TCP: `count` frames of `payload` bytes through `relays` relays.
+    fn raw_rate_count(&mut self, relays: u32, payload: usize, count: u64) -> Res<Value> {
         let dir = self.fresh_dir()?;
         let base = RoleArgs {
             payload,
-            count: self.count(payload),
+            count,
             dir,
             ..RoleArgs::default()
         };
@@ -701,6 +712,51 @@ fn print_tables(out: &Value) {
             p("leaves_direct", "first_us")
         );
     }
+    let st = &out["stream"];
+    if st.is_object() {
+        let f = |k: &str| st[k].as_f64().unwrap_or(0.0);
+        println!(
+            "\n| streams ({}) | GiB/s | raw TCP GiB/s | vs raw |\n|---|---|---|---|",
+            size_name(st["big_bytes"].as_u64().unwrap_or(0))
+        );
+        println!(
+            "| one stream over a direct link | {:.2} | {:.2} | {:.0}% |",
+            f("direct_gib_per_s"),
+            f("raw_gib_per_s"),
+            100.0 * f("direct_vs_raw")
+        );
+        println!(
+            "| one stream through one relay | {:.2} | {:.2} (raw relay {:.2}) | {:.0}% |",
+            f("relay_gib_per_s"),
+            f("raw_gib_per_s"),
+            f("raw_relay_gib_per_s"),
+            100.0 * f("relay_vs_raw")
+        );
+        println!(
+            "| 64 concurrent streams ({} each), direct link | {:.2} | {:.2} | {:.0}% |",
+            size_name(st["many"]["bytes"].as_u64().unwrap_or(0) / 64),
+            st["many"]["gib_per_s"].as_f64().unwrap_or(0.0),
+            f("raw_gib_per_s"),
+            100.0 * f("many_vs_raw")
+        );
+        println!(
+            "64 B round trip on the link: idle p50 {:.1} µs; during the stream p50 {:.1} µs, p99 {:.1} µs ({:.2}x)",
+            f("idle_rtt_p50_us"),
+            f("stream_rtt_p50_us"),
+            f("stream_rtt_p99_us"),
+            f("rtt_ratio")
+        );
+        let hwm = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
+        println!(
+            "peak resident memory (VmHWM) producer / consumer: {} stream {} / {} KiB; {} stream {} / {} KiB",
+            size_name(st["small"]["bytes"].as_u64().unwrap_or(0)),
+            hwm(&st["small"], "producer_hwm_kib"),
+            hwm(&st["small"], "consumer_hwm_kib"),
+            size_name(st["big"]["bytes"].as_u64().unwrap_or(0)),
+            hwm(&st["big"], "producer_hwm_kib"),
+            hwm(&st["big"], "consumer_hwm_kib"),
+        );
+    }
     let pp = &out["pingpong"];
     if pp.is_object() {
         println!("\n| round trip, 64 B | p50 µs | p99 µs |");
@@ -830,6 +886,28 @@ fn targets(out: &Value) -> Value {
                 "measured": format!("{per:.0} B"), "target": "reported", "met": true}),
             );
         }
+    }
+    let st = &out["stream"];
+    if st.is_object() {
+        for (what, k, target) in [
+            ("one stream over a direct link vs raw TCP (issue \"Streams\")", "direct_vs_raw", 0.90),
+            ("one stream through one relay vs raw TCP (issue \"Streams\")", "relay_vs_raw", 0.70),
+        ] {
+            if let Some(v) = st[k].as_f64() {
+                rows.push(json!({"what": what, "measured": format!("{:.0}%", 100.0 * v),
+                    "target": format!("at least {:.0}%", 100.0 * target), "met": v >= target}));
+            }
+        }
+        if let Some(v) = st["rtt_ratio"].as_f64() {
+            rows.push(json!({"what": "64 B round trip (p50) during a stream vs idle, same link",
+                "measured": format!("{v:.2}x"), "target": "at most 2x", "met": v <= 2.0}));
+        }
+        let hwm = |k: &str, q: &str| st[k][q].as_f64().unwrap_or(0.0);
+        let growth = (hwm("big", "producer_hwm_kib") - hwm("small", "producer_hwm_kib"))
+            .max(hwm("big", "consumer_hwm_kib") - hwm("small", "consumer_hwm_kib"));
+        rows.push(json!({"what": "peak memory growth from a 64 MiB to a large stream (producer or consumer)",
+            "measured": format!("{growth:.0} KiB"), "target": "at most 16 MiB (a few windows)",
+            "met": growth <= 16.0 * 1024.0}));
     }
     Value::Array(rows)
 }

@@ -42,7 +42,7 @@ fn config(radix: u32, key_file: &std::path::Path, route: RouteSetting) -> Config
 
 /// Starts this process's daemon: rank 0 publishes its URI in `<dir>/hnp`, the others read it.
 /// Every daemon has the route setting `--route` (default `tree`).
-fn start(a: &RoleArgs, radix: u32) -> Res<Daemon> {
+pub(super) fn start(a: &RoleArgs, radix: u32) -> Res<Daemon> {
     let hnp_path = a.dir.join("hnp");
     let key_path = a.dir.join("job.key");
     let route: RouteSetting = a.route.as_deref().unwrap_or("tree").parse()?;
@@ -63,7 +63,7 @@ fn start(a: &RoleArgs, radix: u32) -> Res<Daemon> {
 /// With the route `direct`: sends `TAG_WARM` messages to `dst` until this daemon's direct link
 /// to it is open, so that the measurement that follows runs on the link (the first messages
 /// take the tree while the link is negotiated). Nothing to do with the route `tree`.
-fn open_link(d: &Daemon, a: &RoleArgs, dst: Rank) -> Res<()> {
+pub(super) fn open_link(d: &Daemon, a: &RoleArgs, dst: Rank) -> Res<()> {
     if a.route.as_deref() != Some("direct") {
         return Ok(());
     }
@@ -81,14 +81,14 @@ fn open_link(d: &Daemon, a: &RoleArgs, dst: Rank) -> Res<()> {
     }
 }
 
-fn print_line(line: &str) {
+pub(super) fn print_line(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
 }
 
 /// Rank 0 waits for the end of the measurement, then stops the DVM; others wait to be stopped.
-fn finish(d: &Daemon, done_rx: Option<crossbeam_channel::Receiver<()>>) {
+pub(super) fn finish(d: &Daemon, done_rx: Option<crossbeam_channel::Receiver<()>>) {
     if let Some(rx) = done_rx {
         let _ = rx.recv_timeout(GUARD);
         d.shutdown_dvm();
@@ -98,7 +98,7 @@ fn finish(d: &Daemon, done_rx: Option<crossbeam_channel::Receiver<()>>) {
 }
 
 /// Posts, on rank 0, the receive for the end-of-measurement message.
-fn post_done(d: &Daemon) -> Res<Option<crossbeam_channel::Receiver<()>>> {
+pub(super) fn post_done(d: &Daemon) -> Res<Option<crossbeam_channel::Receiver<()>>> {
     if d.rank() != 0 {
         return Ok(None);
     }

@@ -1,0 +1,246 @@
+//! The stream rows of `tbon bench` (issue "Streams"): one large stream over a direct link and
+//! through one relay, many concurrent streams, and the 64 B round trip on the same path while
+//! a stream runs, beside raw TCP measured in the same run. Peak resident memory of producer
+//! and consumer is reported for two stream sizes, to show it does not grow with the stream.
+//!
+//! Layout: a radix-2 DVM of 3; ranks 1 and 2 are siblings, one relay (rank 0) apart over the
+//! tree, and get a direct link with the route `direct`. Rank 1 produces, rank 2 consumes.
+
+use super::roles::{TAG_DATA, TAG_WARM};
+use super::util::{Res, ctx, quantile_us, wait_file, write_atomically};
+use super::{Bench, RoleArgs, loadavg, median};
+use bytes::Bytes;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tbon::{Daemon, FetchOptions, Peer, StreamWriter};
+
+const GUARD: Duration = Duration::from_secs(300);
+const SERVICE: &str = "bench";
+/// The producer writes slices of one buffer of this size: no allocation per write.
+const PIECE: usize = 1 << 20;
+/// Round trips measured before the stream (the idle baseline).
+const IDLE_PINGS: usize = 2_000;
+
+/// This process's peak resident memory (VmHWM), KiB.
+fn vm_hwm_kib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The stream role: `sender` serves `count` bytes per stream, `receiver` fetches `payload`
+/// streams at once (and pings `sender` before and during them); the receiver prints the
+/// JSON report.
+pub fn role(a: &RoleArgs) -> Res<()> {
+    let d = super::roles::start(a, 2)?;
+    let done_rx = super::roles::post_done(&d)?;
+    let producer_done = a.dir.join("producer.hwm");
+    if a.rank == a.sender {
+        serve(&d, a, producer_done.clone())?;
+    }
+    if !d.wait_wired(GUARD) {
+        return Err("not wired".into());
+    }
+    if a.rank == a.receiver {
+        let mut report = consume(&d, a)?;
+        let hwm = wait_file(&producer_done, GUARD)?;
+        report["producer_hwm_kib"] = json!(hwm.trim().parse::<u64>().ok());
+        super::roles::print_line(&report.to_string());
+        d.send(0, super::roles::TAG_DONE, Bytes::new())
+            .map_err(ctx("done"))?;
+    }
+    super::roles::finish(&d, done_rx);
+    Ok(())
+}
+
+/// The producer: echoes pings, and answers every stream with `count` bytes; once `payload`
+/// streams are written it records its peak memory in `done`.
+fn serve(d: &Daemon, a: &RoleArgs, done: std::path::PathBuf) -> Res<()> {
+    let h = d.handle();
+    let consumer = a.receiver;
+    d.recv(Peer::Rank(consumer), TAG_DATA, true, move |m| {
+        let _ = h.send(consumer, TAG_DATA, m.payload);
+    })
+    .map_err(ctx("post echo"))?;
+    d.recv(Peer::Any, TAG_WARM, true, |_| {})
+        .map_err(ctx("post warm-up receive"))?;
+    let buf = Bytes::from(vec![0x5au8; PIECE]);
+    let (len, streams) = (a.count, a.payload as u64);
+    let written = Arc::new(AtomicU64::new(0));
+    d.serve(SERVICE, move |req, mut w: StreamWriter| {
+        let mut at = req.offset;
+        while at < len {
+            let n = (len - at).min(PIECE as u64) as usize;
+            if w.write(buf.slice(..n)).is_err() {
+                return;
+            }
+            at += n as u64;
+        }
+        let _ = w.finish();
+        if written.fetch_add(1, Ordering::SeqCst) + 1 == streams {
+            let _ = write_atomically(&done, &vm_hwm_kib().unwrap_or(0).to_string());
+        }
+    })
+    .map_err(ctx("serve"))?;
+    Ok(())
+}
+
+/// Pings the producer and waits for each echo; returns the round trips.
+fn ping(
+    d: &Daemon,
+    to: tbon::Rank,
+    pongs: &crossbeam_channel::Receiver<()>,
+    until: impl Fn(usize) -> bool,
+) -> Res<Vec<Duration>> {
+    let body = Bytes::from(vec![0x5au8; 64]);
+    let mut samples = Vec::new();
+    while !until(samples.len()) {
+        let t = Instant::now();
+        d.send(to, TAG_DATA, body.clone()).map_err(ctx("ping"))?;
+        pongs.recv_timeout(GUARD).map_err(ctx("pong"))?;
+        samples.push(t.elapsed());
+    }
+    Ok(samples)
+}
+
+/// The consumer: the idle round trip, then `payload` streams of `count` bytes at once (a
+/// reader thread each) while pinging; reports rates, round trips and memory.
+fn consume(d: &Daemon, a: &RoleArgs) -> Res<Value> {
+    let producer = a.sender;
+    let (tx, pongs) = crossbeam_channel::bounded(16);
+    d.recv(Peer::Rank(producer), TAG_DATA, true, move |_| {
+        let _ = tx.try_send(());
+    })
+    .map_err(ctx("post pong"))?;
+    super::roles::open_link(d, a, producer)?;
+    let mut idle = ping(d, producer, &pongs, |n| n >= IDLE_PINGS)?;
+    let running = Arc::new(AtomicBool::new(true));
+    let t0 = Instant::now();
+    let mut readers = Vec::new();
+    for _ in 0..a.payload {
+        let mut s = d
+            .fetch_with(producer, SERVICE, Bytes::new(), FetchOptions::default())
+            .map_err(ctx("fetch"))?;
+        readers.push(std::thread::spawn(move || -> Result<u64, String> {
+            let mut got = 0u64;
+            for chunk in s.by_ref() {
+                got += chunk.map_err(|e| e.to_string())?.len() as u64;
+            }
+            Ok(got)
+        }));
+    }
+    let watcher = {
+        let running = running.clone();
+        std::thread::spawn(move || {
+            for r in readers {
+                let _ = r.join().map_err(|_| "a reader panicked".to_string())?;
+            }
+            running.store(false, Ordering::SeqCst);
+            Ok::<(), String>(())
+        })
+    };
+    let mut busy = ping(d, producer, &pongs, |_| !running.load(Ordering::SeqCst))?;
+    watcher
+        .join()
+        .map_err(|_| "the watcher panicked".to_string())??;
+    let secs = t0.elapsed().as_secs_f64();
+    let c = d.handle().counters().map_err(ctx("counters"))?;
+    let bytes = c.streams.bytes_received;
+    if c.streams.finished != a.payload as u64 || bytes != a.count * a.payload as u64 {
+        return Err(format!(
+            "{} of {} streams finished, {bytes} bytes",
+            c.streams.finished, a.payload
+        ));
+    }
+    if a.route.as_deref() == Some("direct") && c.direct.links_open == 0 {
+        return Err("the route is direct, and no direct link is open".into());
+    }
+    Ok(json!({
+        "bytes": bytes, "secs": secs,
+        "gib_per_s": bytes as f64 / f64::from(1u32 << 30) / secs,
+        "idle_rtt_p50_us": quantile_us(&mut idle, 0.5),
+        "stream_rtt_p50_us": quantile_us(&mut busy, 0.5),
+        "stream_rtt_p99_us": quantile_us(&mut busy, 0.99),
+        "stream_pings": busy.len(),
+        "consumer_hwm_kib": vm_hwm_kib(),
+        "resumes": c.streams.resumes,
+    }))
+}
+
+impl Bench {
+    fn stream_run(&mut self, route: &str, streams: usize, bytes_each: u64) -> Res<Value> {
+        let dir = self.fresh_dir()?;
+        let mut kids = Vec::new();
+        for rank in 0..3 {
+            let a = RoleArgs {
+                role: Some("stream".into()),
+                rank,
+                size: 3,
+                sender: 1,
+                receiver: 2,
+                payload: streams,
+                count: bytes_each,
+                dir: dir.clone(),
+                route: Some(route.to_string()),
+                ..RoleArgs::default()
+            };
+            kids.push(self.spawn(&a, rank == 2)?);
+        }
+        self.collect(kids, 2)
+    }
+
+    /// Raw TCP's bandwidth with 1 MiB frames through `relays` relays, GiB/s.
+    fn raw_gib(&mut self, relays: u32, bytes: u64) -> Res<f64> {
+        let v = self.raw_rate_count(relays, PIECE, bytes / PIECE as u64)?;
+        let msgs = v["msgs"].as_f64().unwrap_or(0.0);
+        Ok(msgs * PIECE as f64 / f64::from(1u32 << 30) / v["secs"].as_f64().unwrap_or(1.0))
+    }
+
+    /// Issue "Streams": the bench rows, each beside raw TCP in the same run.
+    pub(super) fn streams(&mut self) -> Res<Value> {
+        let big: u64 = if self.quick { 256 << 20 } else { 1 << 30 };
+        let small: u64 = 64 << 20;
+        let gib = |v: &Value| v["gib_per_s"].as_f64().unwrap_or(0.0);
+        let (mut d, mut r, mut raw0, mut raw1) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut direct_runs = Vec::new();
+        for _ in 0..self.repeat {
+            let v = self.stream_run("direct", 1, big)?;
+            d.push(gib(&v));
+            direct_runs.push(v);
+            r.push(gib(&self.stream_run("tree", 1, big)?));
+            raw0.push(self.raw_gib(0, big)?);
+            raw1.push(self.raw_gib(1, big)?);
+        }
+        let small_run = self.stream_run("direct", 1, small)?;
+        let many = self.stream_run("direct", 64, if self.quick { 4 << 20 } else { 16 << 20 })?;
+        // The run with the median rate carries the round trips and memory of the big stream.
+        direct_runs.sort_by(|a, b| gib(a).total_cmp(&gib(b)));
+        let mid = direct_runs
+            .get(direct_runs.len() / 2)
+            .cloned()
+            .unwrap_or(Value::Null);
+        let (dm, rm, r0, r1) = (median(&d), median(&r), median(&raw0), median(&raw1));
+        let rtt = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+        let row = json!({
+            "big_bytes": big,
+            "direct_gib_per_s": dm, "relay_gib_per_s": rm,
+            "raw_gib_per_s": r0, "raw_relay_gib_per_s": r1,
+            "direct_vs_raw": dm / r0.max(1e-9),
+            "relay_vs_raw": rm / r0.max(1e-9),
+            "relay_vs_raw_relay": rm / r1.max(1e-9),
+            "many": many,
+            "many_vs_raw": gib(&many) / r0.max(1e-9),
+            "idle_rtt_p50_us": rtt(&mid, "idle_rtt_p50_us"),
+            "stream_rtt_p50_us": rtt(&mid, "stream_rtt_p50_us"),
+            "stream_rtt_p99_us": rtt(&mid, "stream_rtt_p99_us"),
+            "rtt_ratio": rtt(&mid, "stream_rtt_p50_us") / rtt(&mid, "idle_rtt_p50_us").max(1e-9),
+            "big": mid, "small": small_run,
+            "runs": {"direct": d, "relay": r, "raw": raw0, "raw_relay": raw1},
+            "load": loadavg(),
+        });
+        eprintln!("{row}");
+        Ok(row)
+    }
+}
