@@ -254,7 +254,9 @@ fn deaths_end_the_other_side_and_a_relay_death_resumes_the_stream() {
     assert_eq!(s.next(), Some(Err(StreamError::ProducerDied(9))));
     assert!(t.elapsed() < HANG_GUARD);
 
-    // The consumer dies: the producer's writer fails `ConsumerDied`.
+    // The consumer dies: the producer's writer fails `ConsumerDied`. (The news of earlier
+    // deaths may reach rank 12 meanwhile: its stream then resumes, which the producer's
+    // first writer sees as `Cancelled`, and the service is called again for the rest.)
     let (tx, rx) = crossbeam_channel::unbounded();
     dvm[PRODUCER as usize]
         .serve("endless", move |_, mut w: StreamWriter| {
@@ -263,14 +265,17 @@ fn deaths_end_the_other_side_and_a_relay_death_resumes_the_stream() {
                     break e;
                 }
             };
-            tx.send(e).unwrap();
+            let _ = tx.send(e);
         })
         .unwrap();
     let mut s = dvm[12].fetch(PRODUCER, "endless", &b""[..]).unwrap();
     s.next().unwrap().unwrap();
     dvm[12].abort();
-    assert_eq!(
-        rx.recv_timeout(HANG_GUARD).unwrap(),
-        StreamError::ConsumerDied(12)
-    );
+    loop {
+        match rx.recv_timeout(HANG_GUARD).unwrap() {
+            StreamError::ConsumerDied(12) => break,
+            StreamError::Cancelled => continue,
+            e => panic!("the producer's writer failed {e}"),
+        }
+    }
 }

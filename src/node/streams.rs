@@ -456,7 +456,7 @@ impl Node {
             return;
         }
         self.streams.stats.served += 1;
-        let s = Outgoing::new(id, consumer, offset, window);
+        let s = Outgoing::new(id, consumer, offset, window).with_msg_max(self.msg_max_bytes);
         let upto = s.upto();
         self.streams.outgoing.insert((consumer, id), s);
         self.out

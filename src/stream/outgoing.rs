@@ -30,6 +30,8 @@ pub struct Outgoing {
     digests: u64,
     state: State,
     out: VecDeque<StreamMsg>,
+    /// The most bytes one `Data` message carries.
+    chunk_max: usize,
 }
 
 impl Outgoing {
@@ -44,7 +46,17 @@ impl Outgoing {
             digests: 0,
             state: State::Streaming,
             out: VecDeque::new(),
+            chunk_max: STREAM_CHUNK_MAX,
         }
+    }
+
+    /// Cuts chunks at `msg_max_bytes` minus the `Data` header when that is below
+    /// `STREAM_CHUNK_MAX` (a DVM configured for small messages: a larger frame would be
+    /// refused by the next hop).
+    pub fn with_msg_max(mut self, msg_max_bytes: usize) -> Self {
+        let fits = msg_max_bytes.saturating_sub(super::wire::DATA_HEADER_LEN);
+        self.chunk_max = STREAM_CHUNK_MAX.min(fits).max(1);
+        self
     }
 
     /// The stream's id.
@@ -72,14 +84,14 @@ impl Outgoing {
     }
 
     /// Takes as much of `chunk` as the credit allows (in messages of at most
-    /// `STREAM_CHUNK_MAX` bytes, without copying) and leaves the rest in it. Returns the bytes
+    /// `STREAM_CHUNK_MAX` bytes, see [`Outgoing::with_msg_max`], without copying) and leaves the rest in it. Returns the bytes
     /// taken: 0 means wait for credit. Fails once the stream ended or was cancelled.
     pub fn write(&mut self, chunk: &mut Bytes) -> Result<usize, StreamError> {
         self.check_open()?;
         let take = (chunk.len() as u64).min(self.room()) as usize;
         let mut part = chunk.split_to(take);
         while !part.is_empty() {
-            let bytes = part.split_to(part.len().min(STREAM_CHUNK_MAX));
+            let bytes = part.split_to(part.len().min(self.chunk_max));
             let d = digest::chunk(self.next, &bytes);
             self.digests = self.digests.wrapping_add(d);
             self.out.push_back(StreamMsg::Data {

@@ -13,6 +13,9 @@
 use crate::limits::{STREAM_CHUNK_MAX, STREAM_REASON_MAX, STREAM_REQUEST_MAX, STREAM_SERVICE_MAX};
 use bytes::{BufMut, Bytes, BytesMut};
 
+/// The bytes a `Data` message adds to its chunk: kind, id, offset, digest.
+pub const DATA_HEADER_LEN: usize = 1 + 8 + 8 + 8;
+
 /// One stream message (its id apart).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StreamMsg {
@@ -44,7 +47,16 @@ pub enum StreamMsg {
 impl StreamMsg {
     /// The payload for stream `id`.
     pub fn encode(&self, id: u64) -> Bytes {
-        let mut b = BytesMut::with_capacity(32);
+        // Sized once: a chunk copied into a growing buffer would be copied again per growth.
+        let body = match self {
+            StreamMsg::Open {
+                service, request, ..
+            } => 1 + service.len() + request.len(),
+            StreamMsg::Data { bytes, .. } => bytes.len(),
+            StreamMsg::Fail { reason, .. } => 2 + reason.len(),
+            _ => 0,
+        };
+        let mut b = BytesMut::with_capacity(DATA_HEADER_LEN + 16 + body);
         let kind = match self {
             StreamMsg::Open { .. } => 1,
             StreamMsg::Data { .. } => 2,

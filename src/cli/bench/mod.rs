@@ -890,17 +890,29 @@ fn targets(out: &Value) -> Value {
     let st = &out["stream"];
     if st.is_object() {
         for (what, k, target) in [
-            ("one stream over a direct link vs raw TCP (issue \"Streams\")", "direct_vs_raw", 0.90),
-            ("one stream through one relay vs raw TCP (issue \"Streams\")", "relay_vs_raw", 0.70),
+            (
+                "one stream over a direct link vs raw TCP (issue \"Streams\")",
+                "direct_vs_raw",
+                0.90,
+            ),
+            (
+                "one stream through one relay vs raw TCP (issue \"Streams\")",
+                "relay_vs_raw",
+                0.70,
+            ),
         ] {
             if let Some(v) = st[k].as_f64() {
-                rows.push(json!({"what": what, "measured": format!("{:.0}%", 100.0 * v),
-                    "target": format!("at least {:.0}%", 100.0 * target), "met": v >= target}));
+                rows.push(
+                    json!({"what": what, "measured": format!("{:.0}%", 100.0 * v),
+                    "target": format!("at least {:.0}%", 100.0 * target), "met": v >= target}),
+                );
             }
         }
         if let Some(v) = st["rtt_ratio"].as_f64() {
-            rows.push(json!({"what": "64 B round trip (p50) during a stream vs idle, same link",
-                "measured": format!("{v:.2}x"), "target": "at most 2x", "met": v <= 2.0}));
+            rows.push(
+                json!({"what": "64 B round trip (p50) during a stream vs idle, same link",
+                "measured": format!("{v:.2}x"), "target": "at most 2x", "met": v <= 2.0}),
+            );
         }
         let hwm = |k: &str, q: &str| st[k][q].as_f64().unwrap_or(0.0);
         let growth = (hwm("big", "producer_hwm_kib") - hwm("small", "producer_hwm_kib"))
