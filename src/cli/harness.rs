@@ -7,6 +7,7 @@
 
 mod attack;
 mod check;
+mod check_streams;
 mod net;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -44,9 +45,16 @@ pub struct HarnessArgs {
     /// Payload bytes, or an inclusive range MIN..MAX drawn uniformly (at least 40).
     #[arg(long, default_value = "64..4096")]
     pub payload: PayloadRange,
-    /// Who sends to whom.
+    /// Who sends to whom (`stream`: all-to-all messages, and every daemon fetches --streams
+    /// streams of --stream-bytes from the others).
     #[arg(long, value_enum, default_value = "all-to-all")]
     pub pattern: Pattern,
+    /// Pattern `stream`: streams each daemon fetches, spread over the run, one at a time.
+    #[arg(long, default_value_t = 8)]
+    pub streams: u64,
+    /// Pattern `stream`: bytes of each stream (a number, or with a K, M or G suffix).
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    pub stream_bytes: u64,
     /// plain: unacknowledged point-to-point sends; reliable: RELM sends (every message between
     /// survivors must arrive exactly once and in order, faults or not); mixed: one message in 20
     /// is a broadcast and one point-to-point message in 4 is reliable.
@@ -462,6 +470,10 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             .args(["--workload-payload", &args.payload.to_string()])
             .args(["--workload-seed", &args.seed.to_string()])
             .args(["--workload-radix", &args.radix.to_string()]);
+        if args.pattern == Pattern::Stream {
+            cmd.args(["--workload-streams", &args.streams.to_string()])
+                .args(["--workload-stream-bytes", &args.stream_bytes.to_string()]);
+        }
         if let Some(ms) = hb_interval {
             cmd.args(["--heartbeat-interval-ms", &ms.to_string()]);
         }
@@ -803,6 +815,22 @@ fn attack_targets(seen: &Seen) -> Result<(Vec<attack::Target>, String), String> 
 /// Whether the victims of `f` must exit non-zero once resumed (stopped or cut off ones).
 pub fn resumable(f: &Fault) -> bool {
     f.kind != FaultKind::Kill
+}
+
+/// A size in bytes: a number, or one with a K, M or G suffix (binary: 4M is 4 MiB).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, shift) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 4096, 64K, 4M, 1G)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// The command-line spelling of a clap value.

@@ -4,4 +4,5 @@ pub mod daemon;
 pub mod harness;
 pub mod sim;
 pub mod tree;
+pub mod stream_workload;
 pub mod workload;

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use super::stream_workload::{Fetched, Fetcher};
 use tbon::{Handle, Peer, SendError};
 
 /// The tag of plain point-to-point workload messages.
@@ -61,6 +62,9 @@ pub enum Pattern {
     /// Only the leaves of the initial tree send, each to every other leaf in turn (traffic
     /// that must cross interior daemons).
     Leaves,
+    /// Messages all-to-all, and every daemon also fetches `--streams` streams of
+    /// `--stream-bytes` each from the others, checking every byte (issue "Streams").
+    Stream,
 }
 
 /// Plain sends, reliable sends, or a mix with broadcasts.
@@ -154,6 +158,11 @@ pub struct WorkloadArgs {
     /// The DVM's radix (pattern `leaves` needs the tree's shape).
     #[arg(long, hide = true, default_value_t = 64)]
     pub workload_radix: u32,
+    /// Pattern `stream`: streams this daemon fetches, and the bytes of each.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub workload_streams: u64,
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub workload_stream_bytes: u64,
 }
 
 /// splitmix64: a small deterministic generator (no dependency, same sequence everywhere).
@@ -264,7 +273,7 @@ pub fn destination(
     let other =
         |i: u64| ((u64::from(origin) + 1 + i % u64::from(size - 1)) % u64::from(size)) as u32;
     match pattern {
-        Pattern::AllToAll => other(seq),
+        Pattern::AllToAll | Pattern::Stream => other(seq),
         Pattern::Ring => (origin + 1) % size,
         Pattern::Random => other(rng.below(u64::from(size - 1))),
         Pattern::Hotspot if origin != 0 && rng.below(4) != 0 => 0,
@@ -294,6 +303,11 @@ struct Record {
 pub struct Workload {
     out: PathBuf,
     record: Arc<Mutex<Record>>,
+    /// Pattern `stream`: the fetches and their ends.
+    streams: Arc<Mutex<Vec<Fetched>>>,
+    streams_started: Arc<AtomicU64>,
+    streams_ended: Arc<AtomicU64>,
+    streams_done: Arc<AtomicBool>,
     received: Arc<AtomicU64>,
     sent: Arc<AtomicU64>,
     completed: Arc<AtomicU64>,
@@ -328,9 +342,17 @@ impl Workload {
             })
             .map_err(|e| e.to_string())?;
         }
+        let fetching = args.workload_pattern == Pattern::Stream && args.workload_streams > 0;
+        if args.workload_pattern == Pattern::Stream {
+            super::stream_workload::serve(h)?;
+        }
         Ok(Some(Workload {
             out,
             record,
+            streams: Arc::default(),
+            streams_started: Arc::default(),
+            streams_ended: Arc::default(),
+            streams_done: Arc::new(AtomicBool::new(!fetching)),
             received,
             sent: Arc::new(AtomicU64::new(0)),
             completed: Arc::new(AtomicU64::new(0)),
@@ -354,6 +376,21 @@ impl Workload {
             retry: Arc::new(Mutex::new(std::collections::VecDeque::new())),
             submissions: 0,
         };
+        if !self.streams_done.load(Ordering::SeqCst) {
+            let rate = args.workload_rate.max(0.001);
+            let fetcher = Fetcher {
+                h: sender.h.clone(),
+                streams: args.workload_streams,
+                bytes: args.workload_stream_bytes,
+                span: Duration::from_secs_f64(args.workload_messages as f64 / rate),
+                seed: args.workload_seed,
+                record: self.streams.clone(),
+                started: self.streams_started.clone(),
+                ended: self.streams_ended.clone(),
+                done: self.streams_done.clone(),
+            };
+            std::thread::spawn(move || fetcher.run());
+        }
         let finished = self.finished_sending.clone();
         std::thread::spawn(move || {
             sender.run();
@@ -366,12 +403,15 @@ impl Workload {
     pub fn progress_line(&self, rank: u32, counters: Option<&tbon::Counters>) -> String {
         let sent = self.sent.load(Ordering::Relaxed);
         let done = self.finished_sending.load(Ordering::SeqCst)
-            && self.completed.load(Ordering::Relaxed) >= sent;
+            && self.completed.load(Ordering::Relaxed) >= sent
+            && self.streams_done.load(Ordering::SeqCst);
         serde_json::json!({ "progress": {
             "rank": rank,
             "sent": sent,
             "planned": self.planned,
             "received": self.received.load(Ordering::Relaxed),
+            "streams_started": self.streams_started.load(Ordering::Relaxed),
+            "streams_ended": self.streams_ended.load(Ordering::Relaxed),
             "done": done,
             "counters": counters.map(|c| serde_json::json!({
                 "flow_congested": c.flow_congested,
@@ -409,6 +449,16 @@ impl Workload {
         writeln!(f, "B {}", rec.busy_retries)?;
         for (tag, origin, seq, t0, t1) in &rec.received {
             writeln!(f, "R {tag} {origin} {seq} {t0} {t1}")?;
+        }
+        for s in lock_queue(&self.streams).iter() {
+            let Fetched {
+                index,
+                producer,
+                expected,
+                got,
+                outcome,
+            } = s;
+            writeln!(f, "T {index} {producer} {expected} {got} {outcome}")?;
         }
         f.flush()?;
         drop(f);
@@ -635,6 +685,8 @@ pub struct Results {
     /// Submissions refused `Busy` and retried.
     pub busy_retries: u64,
     pub received: Vec<(u32, u32, u64, u64, u64)>,
+    /// Pattern `stream`: this daemon's fetches.
+    pub streams: Vec<Fetched>,
 }
 
 /// Reads a results file written by [`Workload::write`].
@@ -661,6 +713,13 @@ pub fn read_results(path: &Path) -> Result<Results, String> {
             Some(&"R") => r
                 .received
                 .push((n(1)? as u32, n(2)? as u32, n(3)?, n(4)?, n(5)?)),
+            Some(&"T") => r.streams.push(Fetched {
+                index: n(1)?,
+                producer: n(2)? as u32,
+                expected: n(3)?,
+                got: n(4)?,
+                outcome: f.get(5).ok_or(bad(line))?.to_string(),
+            }),
             _ => return Err(bad(line)),
         }
     }

@@ -395,6 +395,24 @@ pub fn analyse(inp: Input<'_>) -> Report {
         "no daemon crashed or hung; survivors stopped cleanly".into(),
         problems.iter().all(|p| p.starts_with("fault of")),
     ));
+    let victims: BTreeSet<u32> = faults
+        .iter()
+        .filter(|f| f.injected_ns.is_some())
+        .map(|f| f.rank)
+        .collect();
+    let streaming = args.pattern == super::super::workload::Pattern::Stream;
+    let (sc, stream_examples) = super::check_streams::judge(results, &victims);
+    if ran && streaming {
+        checks.push((
+            "every stream between survivors finished with every byte right; one whose \
+             producer died failed as documented"
+                .into(),
+            sc.wrong == 0 && sc.fetched > 0,
+        ));
+        if !stream_examples.is_empty() {
+            problems.push(format!("streams ended wrongly, e.g. {}", stream_examples.join(", ")));
+        }
+    }
     if !lost_examples.is_empty() {
         problems.push(format!(
             "lost (reliable, broadcast, or plain outside the fault window), e.g. {}",
@@ -591,6 +609,22 @@ pub fn analyse(inp: Input<'_>) -> Report {
             ),
         );
     }
+    if streaming {
+        let _ = writeln!(
+            t,
+            "  {:<30} {}",
+            "streams",
+            format!(
+                "{} fetched by survivors, {} finished ({:.1} MiB checked byte by byte), {} \
+                 failed as documented (producer killed), {} wrong",
+                sc.fetched,
+                sc.finished,
+                sc.bytes_checked as f64 / f64::from(1u32 << 20),
+                sc.failed_producer_victim,
+                sc.wrong
+            )
+        );
+    }
     let _ = writeln!(t, "\n  checks");
     for (what, ok) in &checks {
         let _ = writeln!(t, "  {}  {what}", if *ok { "ok  " } else { "FAIL" });
@@ -644,6 +678,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
         "offered_per_s": offered,
         "checks": checks.iter().map(|(w, ok)| serde_json::json!({"check": w, "ok": ok})).collect::<Vec<_>>(),
         "problems": problems,
+        "streams": streaming.then_some(&sc),
     });
     Report {
         text: t,
