@@ -44,9 +44,24 @@ fn harness_streams_finish_or_fail_as_documented_through_a_kill() {
         std::process::id()
     ));
     let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
-        .args(["harness", "--daemons", "7", "--radix", "2", "--duration", "3"])
+        .args([
+            "harness",
+            "--daemons",
+            "7",
+            "--radix",
+            "2",
+            "--duration",
+            "3",
+        ])
         .args(["--rate", "50", "--kill", "1", "--quiet", "--timeout", "90"])
-        .args(["--pattern", "stream", "--streams", "4", "--stream-bytes", "2M"])
+        .args([
+            "--pattern",
+            "stream",
+            "--streams",
+            "4",
+            "--stream-bytes",
+            "2M",
+        ])
         .arg("--json")
         .arg(&json)
         .output()

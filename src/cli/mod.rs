@@ -3,6 +3,6 @@ pub mod bench;
 pub mod daemon;
 pub mod harness;
 pub mod sim;
-pub mod tree;
 pub mod stream_workload;
+pub mod tree;
 pub mod workload;

@@ -7,13 +7,13 @@
 //! and a checksum over all of it, so the harness can count deliveries, duplicates, reorders,
 //! corruption and losses, and measure latency.
 
+use super::stream_workload::{Fetched, Fetcher};
 use bytes::Bytes;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use super::stream_workload::{Fetched, Fetcher};
 use tbon::{Handle, Peer, SendError};
 
 /// The tag of plain point-to-point workload messages.

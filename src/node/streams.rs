@@ -5,8 +5,10 @@
 //! other end fails a stream, and a consumer whose path may have lost chunks (a repair that
 //! failed a rank, its direct link to the producer lost) resumes at the byte it stands at.
 //!
-//! The application side (`serve`/`fetch` in Rust and C) is not built yet: the driver ignores
-//! [`StreamEvent`]s, and nothing issues [`StreamCommand`]s but tests.
+//! The application side is the driver's: `driver/serve.rs` (`Handle::serve`, `fetch`) issues
+//! [`StreamCommand`]s through the loop, and `driver/event_loop/streams.rs` hands the
+//! [`StreamEvent`]s to service handlers, writers and readers; the simulator plays both
+//! applications itself (`sim/world/streams.rs`).
 
 use super::{Node, Output};
 use crate::Rank;

@@ -10,9 +10,9 @@
 //! * `outgoing.rs` — [`Outgoing`], the producer's side of one stream.
 //! * `incoming.rs` — [`Incoming`], the consumer's side of one stream.
 //!
-//! Not yet (the next steps of the issue): `serve`/`fetch` in Rust and C (the driver ignores
-//! the node's stream events today), a priority lane for control traffic, the simulator,
-//! harness and bench.
+//! The application API is `Handle::serve`/`Handle::fetch` (`driver/serve.rs`) and its C
+//! twin (`ffi/streams.rs`). Not yet (the issue's next step): a priority lane for control
+//! traffic on a connection that carries a stream.
 //!
 //! # The protocol
 //! The consumer picks a stream id (unique among its streams) and sends `Open` with the

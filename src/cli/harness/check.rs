@@ -410,7 +410,10 @@ pub fn analyse(inp: Input<'_>) -> Report {
             sc.wrong == 0 && sc.fetched > 0,
         ));
         if !stream_examples.is_empty() {
-            problems.push(format!("streams ended wrongly, e.g. {}", stream_examples.join(", ")));
+            problems.push(format!(
+                "streams ended wrongly, e.g. {}",
+                stream_examples.join(", ")
+            ));
         }
     }
     if !lost_examples.is_empty() {
@@ -612,17 +615,14 @@ pub fn analyse(inp: Input<'_>) -> Report {
     if streaming {
         let _ = writeln!(
             t,
-            "  {:<30} {}",
+            "  {:<30} {} fetched by survivors, {} finished ({:.1} MiB checked byte by byte), {} \
+             failed as documented (producer killed), {} wrong",
             "streams",
-            format!(
-                "{} fetched by survivors, {} finished ({:.1} MiB checked byte by byte), {} \
-                 failed as documented (producer killed), {} wrong",
-                sc.fetched,
-                sc.finished,
-                sc.bytes_checked as f64 / f64::from(1u32 << 20),
-                sc.failed_producer_victim,
-                sc.wrong
-            )
+            sc.fetched,
+            sc.finished,
+            sc.bytes_checked as f64 / f64::from(1u32 << 20),
+            sc.failed_producer_victim,
+            sc.wrong
         );
     }
     let _ = writeln!(t, "\n  checks");
