@@ -100,6 +100,9 @@
 // Codes at or above this are the runtime's; `tbon_writer_fail` refuses them.
 #define TBON_STREAM_FAIL_RESERVED_MIN 4294967280
 
+// `tbon_fetch_opts.route`: the daemons' `route` settings decide, as for a message.
+#define TBON_ROUTE_DEFAULT -1
+
 // Result code of every tbon call (and the argument of send completions).
 typedef enum {
   // Success.
@@ -426,6 +429,20 @@ typedef void (*tbon_serve_cb)(tbon_writer w,
                               uint64_t offset,
                               void *user);
 
+// How a stream is fetched (`tbon_fetch`, `tbon_fetch_cb`; NULL there: every default).
+typedef struct {
+  // Bytes the producer may send ahead of what was read (the credit window; it bounds the
+  // stream's memory here and on every relay). 0: 4 MiB; at most 64 MiB.
+  uint32_t window;
+  // How long the stream waits for news from the producer while it owes bytes, before it
+  // ends `TBON_ERR_IDLE`. 0: 60 s.
+  uint32_t idle_ms;
+  // `TBON_ROUTE_DIRECT` (ask for a direct link to the producer), `TBON_ROUTE_TREE` (do not),
+  // or `TBON_ROUTE_DEFAULT` (the daemons' `route` settings decide), for the stream's
+  // messages both ways.
+  int route;
+} tbon_fetch_opts;
+
 // A stream this daemon fetches (`tbon_fetch`): an id valid until `tbon_stream_close`; 0 is
 // never valid.
 typedef uint64_t tbon_stream;
@@ -734,9 +751,8 @@ tbon_rc tbon_writer_fail(tbon_writer w, uint32_t code, const char *reason);
 
 // Fetches `request` (`len` bytes, copied; at most 64 KiB) from `service` at `producer` and
 // stores the stream in `*out`; read it with `tbon_stream_read`, then `tbon_stream_close` it.
-// `window` is the bytes the producer may send ahead of what was read (0: 4 MiB; at most
-// 64 MiB), `idle_ms` how long the stream waits for news from the producer while it owes
-// bytes (0: 60 s). Errors: `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`,
+// `opts` may be NULL (every default; see `tbon_fetch_opts`). Errors: `TBON_ERR_BAD_PARAM` (a
+// bad route), `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`,
 // `TBON_ERR_NODE_DOWN` (the producer is known dead), `TBON_ERR_BUSY` (1024 streams already),
 // `TBON_ERR_SHUT_DOWN`. What happens at the producer is read as the stream's end.
 tbon_rc tbon_fetch(tbon_daemon d,
@@ -744,8 +760,7 @@ tbon_rc tbon_fetch(tbon_daemon d,
                    const char *service,
                    const void *request,
                    size_t len,
-                   uint32_t window,
-                   uint32_t idle_ms,
+                   const tbon_fetch_opts *opts,
                    tbon_stream *out);
 
 // Reads the stream's next bytes into `buf` (`cap` bytes), waiting at most `timeout_ms`
@@ -776,8 +791,7 @@ tbon_rc tbon_fetch_cb(tbon_daemon d,
                       const char *service,
                       const void *request,
                       size_t len,
-                      uint32_t window,
-                      uint32_t idle_ms,
+                      const tbon_fetch_opts *opts,
                       tbon_stream_cb cb,
                       void *user,
                       uint64_t *id);
@@ -822,9 +836,8 @@ tbon_rc tbon_writer_fail(tbon_writer w, uint32_t code, const char *reason);
 
 // Fetches `request` (`len` bytes, copied; at most 64 KiB) from `service` at `producer` and
 // stores the stream in `*out`; read it with `tbon_stream_read`, then `tbon_stream_close` it.
-// `window` is the bytes the producer may send ahead of what was read (0: 4 MiB; at most
-// 64 MiB), `idle_ms` how long the stream waits for news from the producer while it owes
-// bytes (0: 60 s). Errors: `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`,
+// `opts` may be NULL (every default; see `tbon_fetch_opts`). Errors: `TBON_ERR_BAD_PARAM` (a
+// bad route), `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`,
 // `TBON_ERR_NODE_DOWN` (the producer is known dead), `TBON_ERR_BUSY` (1024 streams already),
 // `TBON_ERR_SHUT_DOWN`. What happens at the producer is read as the stream's end.
 tbon_rc tbon_fetch(tbon_daemon d,
@@ -832,8 +845,7 @@ tbon_rc tbon_fetch(tbon_daemon d,
                    const char *service,
                    const void *request,
                    size_t len,
-                   uint32_t window,
-                   uint32_t idle_ms,
+                   const tbon_fetch_opts *opts,
                    tbon_stream *out);
 
 // Reads the stream's next bytes into `buf` (`cap` bytes), waiting at most `timeout_ms`
@@ -864,8 +876,7 @@ tbon_rc tbon_fetch_cb(tbon_daemon d,
                       const char *service,
                       const void *request,
                       size_t len,
-                      uint32_t window,
-                      uint32_t idle_ms,
+                      const tbon_fetch_opts *opts,
                       tbon_stream_cb cb,
                       void *user,
                       uint64_t *id);

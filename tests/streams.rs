@@ -217,6 +217,7 @@ fn deaths_end_the_other_side_and_a_relay_death_resumes_the_stream() {
     let opts = FetchOptions {
         window: 512 * 1024,
         idle: Duration::from_secs(20),
+        ..FetchOptions::default()
     };
     let mut s = dvm[CONSUMER as usize]
         .fetch_with(PRODUCER, "object", request(3, len), opts)
@@ -278,4 +279,55 @@ fn deaths_end_the_other_side_and_a_relay_death_resumes_the_stream() {
             e => panic!("the producer's writer failed {e}"),
         }
     }
+}
+
+#[test]
+fn a_stream_with_its_own_route_asks_for_a_direct_link() {
+    // Every daemon keeps the default `tree` setting but the producer, which grants (`auto`).
+    let dvm = start_dvm_with(SIZE, |r| {
+        let mut c = loopback_config(2);
+        c.route = if r == PRODUCER {
+            RouteSetting::Auto
+        } else {
+            RouteSetting::Tree
+        };
+        c
+    });
+    serve_objects(&dvm[PRODUCER as usize], 100_000, Arc::default());
+    let len = 8 << 20;
+    let opts = FetchOptions {
+        route: Some(tbon::Route::Direct),
+        ..FetchOptions::default()
+    };
+    let mut s = dvm[CONSUMER as usize]
+        .fetch_with(PRODUCER, "object", request(11, len), opts)
+        .unwrap();
+    let mut got = Vec::new();
+    s.reader().read_to_end(&mut got).unwrap();
+    assert_eq!(got.len() as u64, len);
+    check(11, 0, &got);
+    let c = dvm[CONSUMER as usize].counters().unwrap();
+    assert!(c.direct.links_opened >= 1, "{:?}", c.direct);
+    // A stream that forbids a link asks for none (the link now open still carries it: a
+    // message never overtakes an earlier one).
+    let before = c.direct.requests_sent;
+    let opts = FetchOptions {
+        route: Some(tbon::Route::Tree),
+        ..FetchOptions::default()
+    };
+    let mut s = dvm[12]
+        .fetch_with(PRODUCER, "object", request(12, 1 << 20), opts)
+        .unwrap();
+    let mut got = Vec::new();
+    s.reader().read_to_end(&mut got).unwrap();
+    check(12, 0, &got);
+    assert_eq!(dvm[12].counters().unwrap().direct.requests_sent, 0);
+    assert_eq!(
+        dvm[CONSUMER as usize]
+            .counters()
+            .unwrap()
+            .direct
+            .requests_sent,
+        before
+    );
 }

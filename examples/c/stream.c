@@ -100,7 +100,7 @@ static int fetch_and_check(uint64_t seed, uint64_t total) {
     snprintf(req, sizeof req, "seed=%llu len=%llu", (unsigned long long)seed,
              (unsigned long long)total);
     tbon_stream s;
-    tbon_rc rc = tbon_fetch(d[CONSUMER], PRODUCER, "object", req, strlen(req), 0, 0, &s);
+    tbon_rc rc = tbon_fetch(d[CONSUMER], PRODUCER, "object", req, strlen(req), NULL, &s);
     CHECK(rc == TBON_OK, "tbon_fetch -> %s (%s)", tbon_strerror(rc), tbon_last_error());
     if (rc != TBON_OK)
         return -1;
@@ -182,7 +182,7 @@ int main(void) {
     char req[64];
     snprintf(req, sizeof req, "seed=%llu len=%u", (unsigned long long)seed, 3u << 20);
     uint64_t id;
-    CHECK_RC(tbon_fetch_cb(d[CONSUMER], PRODUCER, "object", req, strlen(req), 0, 0, on_chunk,
+    CHECK_RC(tbon_fetch_cb(d[CONSUMER], PRODUCER, "object", req, strlen(req), NULL, on_chunk,
                            &seed, &id));
     for (int waited = 0; !atomic_load(&cb_done) && waited < TIMEOUT_MS; waited += 10)
         sleep_ms(10);
@@ -195,12 +195,12 @@ int main(void) {
     tbon_stream s;
     uint8_t buf[4096];
     size_t got;
-    CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "nothing", "x", 1, 0, 0, &s));
+    CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "nothing", "x", 1, NULL, &s));
     tbon_rc rc = tbon_stream_read(s, buf, sizeof buf, &got, TIMEOUT_MS);
     CHECK(rc == TBON_ERR_NO_SERVICE, "no service: %s", tbon_strerror(rc));
     CHECK_RC(tbon_stream_close(s));
 
-    CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "fails", "x", 1, 0, 0, &s));
+    CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "fails", "x", 1, NULL, &s));
     rc = tbon_stream_read(s, buf, sizeof buf, &got, TIMEOUT_MS);
     CHECK(rc == TBON_ERR_STREAM_FAILED, "failing service: %s", tbon_strerror(rc));
     CHECK(strstr(tbon_last_error(), "no such file") != NULL, "reason: %s", tbon_last_error());
@@ -209,7 +209,10 @@ int main(void) {
     CHECK(code == 2, "fail code %u", code);
     CHECK_RC(tbon_stream_close(s));
 
-    CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "endless", NULL, 0, 256 * 1024, 0, &s));
+    /* A small window, and a route of its own: it asks for a direct link (which the producer,
+     * with the default route setting "tree", denies: the stream takes the tree). */
+    tbon_fetch_opts small = {.window = 256 * 1024, .idle_ms = 0, .route = TBON_ROUTE_DIRECT};
+    CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "endless", NULL, 0, &small, &s));
     CHECK_RC(tbon_stream_read(s, buf, sizeof buf, &got, TIMEOUT_MS));
     CHECK(got > 0, "endless: nothing read");
     CHECK_RC(tbon_stream_close(s)); /* cancels: the producer's writer sees it */
@@ -218,8 +221,11 @@ int main(void) {
     CHECK(atomic_load(&writer_cancelled), "the producer's writer did not see the cancel");
 
     /* Bad arguments are refused, nothing else happens. */
-    CHECK(tbon_fetch(d[CONSUMER], N, "object", "x", 1, 0, 0, &s) == TBON_ERR_RANK_OUT_OF_RANGE,
+    CHECK(tbon_fetch(d[CONSUMER], N, "object", "x", 1, NULL, &s) == TBON_ERR_RANK_OUT_OF_RANGE,
           "a producer out of range was accepted");
+    tbon_fetch_opts bad_route = {.window = 0, .idle_ms = 0, .route = 7};
+    CHECK(tbon_fetch(d[CONSUMER], PRODUCER, "object", "x", 1, &bad_route, &s) == TBON_ERR_BAD_PARAM,
+          "a bad route was accepted");
     CHECK(tbon_stream_read(s + 1000, buf, sizeof buf, &got, 0) == TBON_ERR_BAD_HANDLE,
           "a made-up stream was accepted");
     CHECK(tbon_writer_finish(12345) == TBON_ERR_BAD_HANDLE, "a made-up writer was accepted");

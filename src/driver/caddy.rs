@@ -40,6 +40,7 @@ pub(crate) struct Fetch {
     pub request: Bytes,
     pub window: u32,
     pub idle: std::time::Duration,
+    pub route: Option<crate::Route>,
     pub sink: StreamSink,
     pub reply: Reply,
 }

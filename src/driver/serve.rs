@@ -6,6 +6,7 @@ use super::handle::Handle;
 use super::stream_reader::{Stream, StreamItem};
 use super::stream_writer::StreamWriter;
 use crate::Rank;
+use crate::direct::Route;
 use crate::error::SendError;
 use crate::limits;
 use bytes::Bytes;
@@ -41,6 +42,11 @@ pub struct FetchOptions {
     /// fails `TimedOut` (a quarter of it first resumes the stream, in case bytes were lost on
     /// the way). A reader that holds every granted byte runs no clock. Default 60 s.
     pub idle: Duration,
+    /// The stream's own route, both ways (the producer follows the consumer's choice):
+    /// `Some(Route::Direct)` asks for a direct link to the producer, `Some(Route::Tree)` does
+    /// not, whatever the daemons' `route` settings (the producer must still grant a link, see
+    /// README "Direct links"). Default `None`: the settings decide, as for a message.
+    pub route: Option<Route>,
 }
 
 impl Default for FetchOptions {
@@ -48,6 +54,7 @@ impl Default for FetchOptions {
         FetchOptions {
             window: 4 << 20,
             idle: Duration::from_secs(60),
+            route: None,
         }
     }
 }
@@ -180,6 +187,7 @@ impl Handle {
                 request,
                 window: opts.window.clamp(1, limits::STREAM_WINDOW_MAX as u32),
                 idle: opts.idle,
+                route: opts.route,
                 sink,
                 reply,
             }))

@@ -11,7 +11,7 @@ use crate::driver::{FetchOptions, Handle, Stream, StreamItem, StreamRequest, Str
 use crate::limits;
 use crate::stream::StreamError;
 use bytes::Bytes;
-use std::ffi::{CString, c_char, c_void};
+use std::ffi::{CString, c_char, c_int, c_void};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -152,16 +152,52 @@ fn stream_entry(s: tbon_stream) -> Result<Arc<StreamEntry>, Fail> {
     }
 }
 
-fn fetch_options(window: u32, idle_ms: u32) -> FetchOptions {
+/// How a stream is fetched (`tbon_fetch`, `tbon_fetch_cb`; NULL there: every default).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tbon_fetch_opts {
+    /// Bytes the producer may send ahead of what was read (the credit window; it bounds the
+    /// stream's memory here and on every relay). 0: 4 MiB; at most 64 MiB.
+    pub window: u32,
+    /// How long the stream waits for news from the producer while it owes bytes, before it
+    /// ends `TBON_ERR_IDLE`. 0: 60 s.
+    pub idle_ms: u32,
+    /// `TBON_ROUTE_DIRECT` (ask for a direct link to the producer), `TBON_ROUTE_TREE` (do not),
+    /// or `TBON_ROUTE_DEFAULT` (the daemons' `route` settings decide), for the stream's
+    /// messages both ways.
+    pub route: c_int,
+}
+
+/// `tbon_fetch_opts.route`: the daemons' `route` settings decide, as for a message.
+pub const TBON_ROUTE_DEFAULT: c_int = -1;
+
+fn fetch_options(opts: *const tbon_fetch_opts) -> Result<FetchOptions, Fail> {
     let d = FetchOptions::default();
-    FetchOptions {
-        window: if window == 0 { d.window } else { window },
-        idle: if idle_ms == 0 {
+    if opts.is_null() {
+        return Ok(d);
+    }
+    // SAFETY: non-null; the caller promised a readable `tbon_fetch_opts` for the call.
+    let o = unsafe { opts.read() };
+    let route = match o.route {
+        TBON_ROUTE_DEFAULT => None,
+        super::TBON_ROUTE_TREE => Some(crate::Route::Tree),
+        super::TBON_ROUTE_DIRECT => Some(crate::Route::Direct),
+        r => {
+            return fail(
+                tbon_rc::TBON_ERR_BAD_PARAM,
+                format!("route {r} is not a route"),
+            );
+        }
+    };
+    Ok(FetchOptions {
+        window: if o.window == 0 { d.window } else { o.window },
+        idle: if o.idle_ms == 0 {
             d.idle
         } else {
-            Duration::from_millis(idle_ms.into())
+            Duration::from_millis(o.idle_ms.into())
         },
-    }
+        route,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -363,21 +399,18 @@ unsafe fn fetch_args<'a>(
 
 /// Fetches `request` (`len` bytes, copied; at most 64 KiB) from `service` at `producer` and
 /// stores the stream in `*out`; read it with `tbon_stream_read`, then `tbon_stream_close` it.
-/// `window` is the bytes the producer may send ahead of what was read (0: 4 MiB; at most
-/// 64 MiB), `idle_ms` how long the stream waits for news from the producer while it owes
-/// bytes (0: 60 s). Errors: `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`,
+/// `opts` may be NULL (every default; see `tbon_fetch_opts`). Errors: `TBON_ERR_BAD_PARAM` (a
+/// bad route), `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`,
 /// `TBON_ERR_NODE_DOWN` (the producer is known dead), `TBON_ERR_BUSY` (1024 streams already),
 /// `TBON_ERR_SHUT_DOWN`. What happens at the producer is read as the stream's end.
 #[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn tbon_fetch(
     d: tbon_daemon,
     producer: u32,
     service: *const c_char,
     request: *const c_void,
     len: usize,
-    window: u32,
-    idle_ms: u32,
+    opts: *const tbon_fetch_opts,
     out: *mut tbon_stream,
 ) -> tbon_rc {
     guard(|| {
@@ -385,7 +418,7 @@ pub unsafe extern "C" fn tbon_fetch(
         // SAFETY: the caller's arguments, valid for the call.
         let (name, req) = unsafe { fetch_args(service, request, len)? };
         let h = handle(d)?;
-        let stream = h.fetch_with(producer, name, req, fetch_options(window, idle_ms))?;
+        let stream = h.fetch_with(producer, name, req, fetch_options(opts)?)?;
         let entry = Arc::new(StreamEntry {
             handle: h,
             id: stream.id(),
@@ -503,8 +536,7 @@ pub unsafe extern "C" fn tbon_fetch_cb(
     service: *const c_char,
     request: *const c_void,
     len: usize,
-    window: u32,
-    idle_ms: u32,
+    opts: *const tbon_fetch_opts,
     cb: tbon_stream_cb,
     user: *mut c_void,
     id: *mut u64,
@@ -543,7 +575,7 @@ pub unsafe extern "C" fn tbon_fetch_cb(
                 }
             }
         };
-        let sid = h.fetch_callback(producer, name, req, fetch_options(window, idle_ms), deliver)?;
+        let sid = h.fetch_callback(producer, name, req, fetch_options(opts)?, deliver)?;
         if !id.is_null() {
             // SAFETY: checked for null.
             unsafe { put(id, sid) };

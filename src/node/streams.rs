@@ -12,6 +12,7 @@
 
 use super::{Node, Output};
 use crate::Rank;
+use crate::direct::Route;
 use crate::error::SendError;
 use crate::fxhash::{FxHashMap, FxHashSet};
 use crate::rml::{Message, Tag};
@@ -34,7 +35,9 @@ pub enum StreamCommand {
     /// Offer `service` to consumers.
     Serve { service: String },
     /// Fetch `request` from `service` at `producer` as stream `id` (the caller's, unique among
-    /// its streams), granting `window` bytes at a time, failing after `idle` without news.
+    /// its streams), granting `window` bytes at a time, failing after `idle` without news;
+    /// with `route`, the stream's messages both ways take that route instead of the daemons'
+    /// `route` settings.
     Fetch {
         id: u64,
         producer: Rank,
@@ -42,6 +45,7 @@ pub enum StreamCommand {
         request: Bytes,
         window: u32,
         idle: Duration,
+        route: Option<Route>,
     },
     /// The producer writes `bytes` on stream (`consumer`, `id`): all of them, within its room
     /// ([`StreamEvent::Room`]), or none (`Busy`).
@@ -161,6 +165,7 @@ impl Node {
                 request,
                 window,
                 idle,
+                route,
             } => {
                 self.check_rank(producer)?;
                 if self.streams.wire_of.contains_key(&id) {
@@ -178,7 +183,8 @@ impl Node {
                 }
                 let wire = self.next_wire_id();
                 self.streams.stats.fetched += 1;
-                let s = Incoming::open(now, wire, producer, &service, request, window, idle);
+                let s = Incoming::open(now, wire, producer, &service, request, window, idle)
+                    .with_route(route);
                 self.streams.wire_of.insert(id, wire);
                 self.streams.incoming.insert(wire, (id, s));
                 self.flush_incoming(now, wire);
@@ -257,11 +263,18 @@ impl Node {
         self.streams.next_wire
     }
 
-    fn send_stream(&mut self, now: Instant, to: Rank, id: u64, m: &StreamMsg) {
+    fn send_stream(
+        &mut self,
+        now: Instant,
+        to: Rank,
+        id: u64,
+        m: &StreamMsg,
+        route: Option<Route>,
+    ) {
         if to == self.me || self.routing.is_failed(to) {
             return;
         }
-        self.send_routed(now, to, TAG_STREAM, m.encode(id), None, None);
+        self.send_routed(now, to, TAG_STREAM, m.encode(id), None, route);
     }
 
     /// Sends what a consumer's stream has for its producer; reports its end, if it ended.
@@ -269,13 +282,13 @@ impl Node {
         let Some((_, s)) = self.streams.incoming.get_mut(&wire) else {
             return;
         };
-        let producer = s.producer();
+        let (producer, route) = (s.producer(), s.route());
         let mut msgs = Vec::new();
         while let Some(m) = s.poll_msg() {
             msgs.push(m);
         }
         for m in &msgs {
-            self.send_stream(now, producer, wire, m);
+            self.send_stream(now, producer, wire, m, route);
         }
         self.end_if_over(wire);
     }
@@ -321,9 +334,9 @@ impl Node {
             }
             msgs.push(m);
         }
-        let done = s.is_done();
+        let (done, route) = (s.is_done(), s.route());
         for m in &msgs {
-            self.send_stream(now, consumer, id, m);
+            self.send_stream(now, consumer, id, m, route);
         }
         if done {
             self.streams.outgoing.remove(&(consumer, id));
@@ -347,9 +360,10 @@ impl Node {
             StreamMsg::Open {
                 offset,
                 window,
+                route,
                 service,
                 request,
-            } => self.on_open(now, from, id, offset, window, service, request),
+            } => self.on_open(now, from, id, (offset, window, route), service, request),
             StreamMsg::Credit { upto } => {
                 let Some(s) = self.streams.outgoing.get_mut(&(from, id)) else {
                     return;
@@ -432,14 +446,12 @@ impl Node {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn on_open(
         &mut self,
         now: Instant,
         consumer: Rank,
         id: u64,
-        offset: u64,
-        window: u32,
+        (offset, window, route): (u64, u32, Option<Route>),
         service: String,
         request: Bytes,
     ) {
@@ -454,11 +466,13 @@ impl Node {
         };
         if let Some((code, reason)) = refuse {
             self.streams.stats.refused += 1;
-            self.send_stream(now, consumer, id, &StreamMsg::Fail { code, reason });
+            self.send_stream(now, consumer, id, &StreamMsg::Fail { code, reason }, route);
             return;
         }
         self.streams.stats.served += 1;
-        let s = Outgoing::new(id, consumer, offset, window).with_msg_max(self.msg_max_bytes);
+        let s = Outgoing::new(id, consumer, offset, window)
+            .with_msg_max(self.msg_max_bytes)
+            .with_route(route);
         let upto = s.upto();
         self.streams.outgoing.insert((consumer, id), s);
         self.out
@@ -546,8 +560,8 @@ impl Node {
             self.end_if_over(wire);
             return;
         }
-        let producer = s.producer();
-        self.send_stream(now, producer, wire, &StreamMsg::Cancel);
+        let (producer, route) = (s.producer(), s.route());
+        self.send_stream(now, producer, wire, &StreamMsg::Cancel, route);
         self.streams.stats.resumes += 1;
         let new = self.next_wire_id();
         s.resume(now, new);

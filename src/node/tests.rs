@@ -533,6 +533,7 @@ fn stream_through(
                 request: Bytes::from_static(b"/ckpt/0"),
                 window: 64 * 1024,
                 idle: Duration::from_secs(30),
+                route: None,
             },
         )
         .unwrap();
@@ -716,6 +717,7 @@ fn stream_commands_beyond_their_bounds_are_refused() {
         request: Bytes::from(vec![0; request]),
         window: 1024,
         idle: Duration::from_secs(1),
+        route: None,
     };
     let fetch = |service: String, request: usize| fetch_from(2, service, request);
     for c in [

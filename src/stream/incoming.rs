@@ -7,6 +7,7 @@ use super::StreamError;
 use super::digest;
 use super::wire::StreamMsg;
 use crate::Rank;
+use crate::direct::Route;
 use crate::limits::STREAM_WINDOW_MAX;
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -43,6 +44,8 @@ pub struct Incoming {
     status: Status,
     out: VecDeque<StreamMsg>,
     idle: Duration,
+    /// The route of the stream's messages both ways (`None`: the daemons' settings).
+    route: Option<Route>,
     heard: Instant,
     /// A chunk went missing (a gap, or a quarter of the idle time without news): the node
     /// should [`Incoming::resume`] it.
@@ -77,6 +80,7 @@ impl Incoming {
             status: Status::Streaming,
             out: VecDeque::new(),
             idle,
+            route: None,
             heard: now,
             wants_resume: false,
             resumes: 0,
@@ -89,9 +93,26 @@ impl Incoming {
         self.out.push_back(StreamMsg::Open {
             offset: self.received,
             window: (self.granted - self.received) as u32,
+            route: self.route,
             service: self.service.clone(),
             request: self.request.clone(),
         });
+    }
+
+    /// Gives the stream a route of its own (`Route::Direct`: ask for a direct link to the
+    /// producer; `Route::Tree`: do not), asked of the producer too; before its first message
+    /// is taken.
+    pub fn with_route(mut self, route: Option<Route>) -> Self {
+        self.route = route;
+        if let Some(StreamMsg::Open { route: r, .. }) = self.out.front_mut() {
+            *r = route;
+        }
+        self
+    }
+
+    /// The route of its messages (`None`: the daemon's `route` setting).
+    pub fn route(&self) -> Option<Route> {
+        self.route
     }
 
     /// Its current id (a resumed stream has a new one).

@@ -5,6 +5,7 @@ use super::StreamError;
 use super::digest;
 use super::wire::StreamMsg;
 use crate::Rank;
+use crate::direct::Route;
 use crate::limits::{STREAM_CHUNK_MAX, STREAM_WINDOW_MAX};
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -32,6 +33,8 @@ pub struct Outgoing {
     out: VecDeque<StreamMsg>,
     /// The most bytes one `Data` message carries.
     chunk_max: usize,
+    /// The route the consumer asked for (`None`: the daemon's setting).
+    route: Option<Route>,
 }
 
 impl Outgoing {
@@ -47,7 +50,19 @@ impl Outgoing {
             state: State::Streaming,
             out: VecDeque::new(),
             chunk_max: STREAM_CHUNK_MAX,
+            route: None,
         }
+    }
+
+    /// The route the consumer's `Open` asked for, for this stream's messages.
+    pub fn with_route(mut self, route: Option<Route>) -> Self {
+        self.route = route;
+        self
+    }
+
+    /// The route of its messages (`None`: the daemon's `route` setting).
+    pub fn route(&self) -> Option<Route> {
+        self.route
     }
 
     /// Cuts chunks at `msg_max_bytes` minus the `Data` header when that is below

@@ -10,6 +10,7 @@
 //! | 5 | `Fail` | producer → consumer | code (u32), reason (the rest, UTF-8) |
 //! | 6 | `Cancel` | consumer → producer | — |
 
+use crate::direct::Route;
 use crate::limits::{STREAM_CHUNK_MAX, STREAM_REASON_MAX, STREAM_REQUEST_MAX, STREAM_SERVICE_MAX};
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -20,10 +21,13 @@ pub const DATA_HEADER_LEN: usize = 1 + 8 + 8 + 8;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StreamMsg {
     /// Asks `service` for a stream of `request`'s data from byte `offset` (0, or where a
-    /// resumed stream's consumer stands), with `window` bytes of credit to begin with.
+    /// resumed stream's consumer stands), with `window` bytes of credit to begin with;
+    /// `route`, when given, is the route both ends' messages of this stream take (a direct
+    /// link asked for or not), instead of their daemons' `route` settings.
     Open {
         offset: u64,
         window: u32,
+        route: Option<Route>,
         service: String,
         request: Bytes,
     },
@@ -71,11 +75,17 @@ impl StreamMsg {
             StreamMsg::Open {
                 offset,
                 window,
+                route,
                 service,
                 request,
             } => {
                 b.put_u64(*offset);
                 b.put_u32(*window);
+                b.put_u8(match route {
+                    None => 0,
+                    Some(Route::Tree) => 1,
+                    Some(Route::Direct) => 2,
+                });
                 let s = service.as_bytes();
                 let n = s.len().min(STREAM_SERVICE_MAX);
                 b.put_u8(n as u8);
@@ -138,17 +148,24 @@ impl StreamMsg {
                     .and_then(|b| b.try_into().ok())
                     .map(u32::from_be_bytes)
                     .ok_or_else(|| format!("stream {id}: no window"))?;
+                let route = match rest.get(12) {
+                    Some(0) => None,
+                    Some(1) => Some(Route::Tree),
+                    Some(2) => Some(Route::Direct),
+                    Some(r) => return Err(format!("stream {id}: route {r}")),
+                    None => return Err(format!("stream {id}: no route")),
+                };
                 let n = *rest
-                    .get(12)
+                    .get(13)
                     .ok_or_else(|| format!("stream {id}: no service"))?
                     as usize;
                 let service = rest
-                    .get(13..13 + n)
+                    .get(14..14 + n)
                     .ok_or_else(|| format!("stream {id}: service cut short"))?;
                 let service = std::str::from_utf8(service)
                     .map_err(|_| format!("stream {id}: service is not UTF-8"))?
                     .to_string();
-                let request = p.slice(at + 13 + n..);
+                let request = p.slice(at + 14 + n..);
                 if request.len() > STREAM_REQUEST_MAX {
                     return Err(format!(
                         "stream {id}: a request of {} bytes (at most {STREAM_REQUEST_MAX})",
@@ -158,6 +175,7 @@ impl StreamMsg {
                 StreamMsg::Open {
                     offset,
                     window,
+                    route,
                     service,
                     request,
                 }
@@ -225,6 +243,7 @@ mod tests {
             StreamMsg::Open {
                 offset: 7,
                 window: 1 << 20,
+                route: Some(Route::Direct),
                 service: "file".into(),
                 request: Bytes::from_static(b"/scratch/ckpt.0"),
             },
@@ -285,6 +304,7 @@ mod tests {
         let m = StreamMsg::Open {
             offset: 1,
             window: 2,
+            route: Some(Route::Tree),
             service: "svc".into(),
             request: Bytes::from_static(b"req"),
         }

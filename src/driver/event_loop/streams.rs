@@ -59,6 +59,7 @@ impl EventLoop {
             request,
             window,
             idle,
+            route,
             mut sink,
             reply,
         } = f;
@@ -69,6 +70,7 @@ impl EventLoop {
             request,
             window,
             idle,
+            route,
         };
         // The sink must be in place before the node's first events for the stream.
         let r = self.node.handle_stream(self.now, c);

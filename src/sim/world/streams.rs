@@ -68,6 +68,13 @@ impl World {
             request: Bytes::from(request),
             window,
             idle: IDLE,
+            // Every third stream asks for a direct link of its own, every third forbids one
+            // (a function of the id: the seed's draws stay as they were).
+            route: match id % 3 {
+                1 => Some(crate::Route::Direct),
+                2 => Some(crate::Route::Tree),
+                _ => None,
+            },
         };
         if let Some(n) = self.nodes.get_mut(consumer as usize)
             && n.stream(now, c).is_ok()
