@@ -279,6 +279,7 @@ mod tests {
         let big_request = StreamMsg::Open {
             offset: 0,
             window: 1,
+            route: None,
             service: "s".into(),
             request: Bytes::from(vec![0; STREAM_REQUEST_MAX + 1]),
         }
