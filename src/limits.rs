@@ -430,6 +430,9 @@ pub const DIRECT_REQUEST_MS_DEFAULT: u64 = 5_000;
 /// Stream chunks: the most payload bytes one `Data` message carries (a larger write is cut
 /// into chunks of this size without copying).
 pub const STREAM_CHUNK_MAX: usize = 256 * 1024;
+/// Idle chunk buffers a daemon keeps for the next chunks it encodes (`stream::BufferPool`):
+/// at most this many times `STREAM_CHUNK_MAX` of memory stays allocated after a stream.
+pub const STREAM_POOL_BUFFERS_MAX: usize = 16;
 /// Stream credit: the most bytes a consumer lets a producer have in flight (sent and not yet
 /// consumed) on one stream; a larger window asked for is cut to this. What a stream holds at
 /// the producer, at the consumer and on the path together stays under it, whatever the

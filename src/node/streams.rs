@@ -111,6 +111,8 @@ pub(super) struct Streams {
     /// confirmation name the same death: one resume). At most the DVM's size.
     answered: FxHashSet<Rank>,
     stats: crate::StreamCounters,
+    /// The buffers chunks are encoded into (bounded; shared with the frames in flight).
+    pool: std::sync::Arc<crate::stream::BufferPool>,
 }
 
 impl Streams {
@@ -274,7 +276,8 @@ impl Node {
         if to == self.me || self.routing.is_failed(to) {
             return;
         }
-        self.send_routed(now, to, TAG_STREAM, m.encode(id), None, route);
+        let payload = m.encode_pooled(id, &self.streams.pool);
+        self.send_routed(now, to, TAG_STREAM, payload, None, route);
     }
 
     /// Sends what a consumer's stream has for its producer; reports its end, if it ended.

@@ -9,6 +9,7 @@
 //! * `digest.rs` — the end-to-end check of every chunk and of the whole stream.
 //! * `outgoing.rs` — [`Outgoing`], the producer's side of one stream.
 //! * `incoming.rs` — [`Incoming`], the consumer's side of one stream.
+//! * `pool.rs` — [`BufferPool`], the bounded pool chunks are encoded into.
 //!
 //! The application API is `Handle::serve`/`Handle::fetch` (`driver/serve.rs`) and its C
 //! twin (`ffi/streams.rs`). Not yet (the next step): a priority lane for control
@@ -49,6 +50,7 @@
 mod digest;
 mod incoming;
 mod outgoing;
+mod pool;
 pub mod wire;
 
 #[cfg(test)]
@@ -56,6 +58,7 @@ mod tests;
 
 pub use incoming::{Incoming, Status};
 pub use outgoing::Outgoing;
+pub use pool::BufferPool;
 pub use wire::StreamMsg;
 
 use crate::Rank;

@@ -49,6 +49,25 @@ pub enum StreamMsg {
 }
 
 impl StreamMsg {
+    /// [`StreamMsg::encode`], into a buffer of `pool` (given back once the frame is written).
+    pub fn encode_pooled(&self, id: u64, pool: &std::sync::Arc<super::BufferPool>) -> Bytes {
+        let StreamMsg::Data {
+            offset,
+            digest,
+            bytes,
+        } = self
+        else {
+            return self.encode(id);
+        };
+        let mut b = pool.take(DATA_HEADER_LEN + bytes.len());
+        b.push(2);
+        b.extend_from_slice(&id.to_be_bytes());
+        b.extend_from_slice(&offset.to_be_bytes());
+        b.extend_from_slice(&digest.to_be_bytes());
+        b.extend_from_slice(bytes);
+        pool.freeze(b)
+    }
+
     /// The payload for stream `id`.
     pub fn encode(&self, id: u64) -> Bytes {
         // Sized once: a chunk copied into a growing buffer would be copied again per growth.
@@ -263,7 +282,9 @@ mod tests {
             },
             StreamMsg::Cancel,
         ];
+        let pool = std::sync::Arc::new(super::super::BufferPool::default());
         for m in all {
+            assert_eq!(m.encode_pooled(42, &pool), m.encode(42));
             assert_eq!(StreamMsg::decode(&m.encode(42)), Ok((42, m)));
         }
     }
