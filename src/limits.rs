@@ -430,6 +430,10 @@ pub const DIRECT_REQUEST_MS_DEFAULT: u64 = 5_000;
 /// Stream chunks: the most payload bytes one `Data` message carries (a larger write is cut
 /// into chunks of this size without copying).
 pub const STREAM_CHUNK_MAX: usize = 256 * 1024;
+/// Stream data a daemon releases towards its next hops per call of its release (after each
+/// stream command, queue report, driver turn and timeout): bulk data adds at most this much to
+/// a queue between two reports of its level, and waits while the next hop is congested.
+pub const STREAM_RELEASE_BYTES: usize = 1 << 20;
 /// Idle chunk buffers a daemon keeps for the next chunks it encodes (`stream::BufferPool`):
 /// at most this many times `STREAM_CHUNK_MAX` of memory stays allocated after a stream.
 pub const STREAM_POOL_BUFFERS_MAX: usize = 16;

@@ -224,6 +224,7 @@ impl EventLoop {
                 || !self.readable_again.is_empty()
                 || !self.accept_again.is_empty()
                 || !self.dirty.is_empty()
+                || self.node.has_output()
             {
                 timeout = Some(Duration::ZERO);
             }

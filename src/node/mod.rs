@@ -413,6 +413,7 @@ impl Node {
         if self.streams.poll_timeout().is_some_and(|at| at <= now) {
             self.streams_timeout(now);
         }
+        self.streams_release(now);
     }
 
     /// Once per driver turn, after its inputs: self-sends are delivered, then the collectives'
@@ -421,6 +422,7 @@ impl Node {
         self.deliver_local(now);
         self.pump_grpcomm(now);
         self.pump_relm(now);
+        self.streams_release(now);
     }
 
     /// A header for a frame this daemon sends now.
@@ -474,6 +476,13 @@ impl Node {
     /// this daemon's callers' sends towards `peer` are turned away (`Busy`).
     pub fn handle_send_queue(&mut self, now: Instant, peer: Rank, queued: usize) {
         self.flow.handle_queued(now, peer, queued);
+        self.streams_release(now);
+    }
+
+    /// Whether outputs wait to be taken with [`Node::poll_output`] (an input such as
+    /// [`Node::handle_send_queue`] may produce some: take them before sleeping).
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty()
     }
 
     /// Whether the driver may read frames from neighbour `peer` now. A driver that stops

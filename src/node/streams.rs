@@ -113,6 +113,11 @@ pub(super) struct Streams {
     stats: crate::StreamCounters,
     /// The buffers chunks are encoded into (bounded; shared with the frames in flight).
     pool: std::sync::Arc<crate::stream::BufferPool>,
+    /// Produced streams with data waiting to be released (at most `STREAMS_MAX`: keys of
+    /// `outgoing`), in order for a fair round robin.
+    held: std::collections::BTreeSet<(Rank, u64)>,
+    /// The stream [`Node::streams_release`] served last (the next call starts after it).
+    release_cursor: (Rank, u64),
 }
 
 impl Streams {
@@ -325,24 +330,89 @@ impl Node {
         }
     }
 
-    /// Sends what a producer's stream has for its consumer; forgets it once it is done.
+    /// Sends what a producer's stream has for its consumer up to its first data message (a
+    /// credit answer, an end or a failure goes at once), and hands its data to
+    /// [`Node::streams_release`]; forgets the stream once it is done.
     fn flush_outgoing(&mut self, now: Instant, consumer: Rank, id: u64) {
         let Some(s) = self.streams.outgoing.get_mut(&(consumer, id)) else {
+            self.streams.held.remove(&(consumer, id));
             return;
         };
         let mut msgs = Vec::new();
-        while let Some(m) = s.poll_msg() {
-            if let StreamMsg::Data { bytes, .. } = &m {
-                self.streams.stats.bytes_sent += bytes.len() as u64;
-            }
+        while let Some(m) = s.poll_control() {
             msgs.push(m);
         }
         let (done, route) = (s.is_done(), s.route());
+        if s.has_pending() {
+            self.streams.held.insert((consumer, id));
+        } else {
+            self.streams.held.remove(&(consumer, id));
+        }
         for m in &msgs {
             self.send_stream(now, consumer, id, m, route);
         }
         if done {
             self.streams.outgoing.remove(&(consumer, id));
+        }
+        self.streams_release(now);
+    }
+
+    /// Sends the streams' waiting data, a chunk per stream in turn (fair among streams),
+    /// at most `limits::STREAM_RELEASE_BYTES` per call, and none towards a congested next hop:
+    /// between two queue reports bulk data adds at most that much to any queue, so it never
+    /// overruns flow control's bounds (no drop, no resume), and ordinary sends wait behind at
+    /// most that much of it. Called after every stream command, queue report, turn and timeout.
+    pub(super) fn streams_release(&mut self, now: Instant) {
+        let mut budget = crate::limits::STREAM_RELEASE_BYTES;
+        while budget > 0 && !self.streams.held.is_empty() {
+            let cursor = self.streams.release_cursor;
+            let ready: Vec<(Rank, u64)> = self
+                .streams
+                .held
+                .range((
+                    std::ops::Bound::Excluded(cursor),
+                    std::ops::Bound::Unbounded,
+                ))
+                .chain(self.streams.held.range(..=cursor))
+                .filter(|(c, _)| self.may_originate_to(*c))
+                .copied()
+                .collect();
+            if ready.is_empty() {
+                return;
+            }
+            for (consumer, id) in ready {
+                if budget == 0 {
+                    return;
+                }
+                self.streams.release_cursor = (consumer, id);
+                let Some(s) = self.streams.outgoing.get_mut(&(consumer, id)) else {
+                    self.streams.held.remove(&(consumer, id));
+                    continue;
+                };
+                let route = s.route();
+                let mut msgs = Vec::new();
+                if let Some(m) = s.poll_msg() {
+                    if let StreamMsg::Data { bytes, .. } = &m {
+                        self.streams.stats.bytes_sent += bytes.len() as u64;
+                        budget = budget.saturating_sub(bytes.len().max(1));
+                    }
+                    msgs.push(m);
+                }
+                // What follows the chunk up to the next one (an end) goes with it.
+                while let Some(m) = s.poll_control() {
+                    msgs.push(m);
+                }
+                let done = s.is_done();
+                if !s.has_pending() {
+                    self.streams.held.remove(&(consumer, id));
+                }
+                for m in &msgs {
+                    self.send_stream(now, consumer, id, m, route);
+                }
+                if done {
+                    self.streams.outgoing.remove(&(consumer, id));
+                }
+            }
         }
     }
 
@@ -375,6 +445,7 @@ impl Node {
                     log::warn!("rank {}: stream from rank {from}: {e}", self.me);
                     s.handle_cancel();
                     self.streams.outgoing.remove(&(from, id));
+                    self.streams.held.remove(&(from, id));
                     self.out
                         .push_back(Output::Stream(Box::new(StreamEvent::Stopped {
                             consumer: from,
@@ -394,6 +465,7 @@ impl Node {
                 }
             }
             StreamMsg::Cancel => {
+                self.streams.held.remove(&(from, id));
                 if self.streams.outgoing.remove(&(from, id)).is_some() {
                     self.out
                         .push_back(Output::Stream(Box::new(StreamEvent::Stopped {
@@ -512,6 +584,7 @@ impl Node {
             .collect();
         for (consumer, id) in gone {
             self.streams.outgoing.remove(&(consumer, id));
+            self.streams.held.remove(&(consumer, id));
             self.out
                 .push_back(Output::Stream(Box::new(StreamEvent::Stopped {
                     consumer,

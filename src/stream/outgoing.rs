@@ -175,6 +175,20 @@ impl Outgoing {
         self.out.pop_front()
     }
 
+    /// The next message unless it is data: what may go while the path is congested (data
+    /// waits, in order; an end behind it waits with it).
+    pub fn poll_control(&mut self) -> Option<StreamMsg> {
+        match self.out.front() {
+            Some(StreamMsg::Data { .. }) | None => None,
+            Some(_) => self.out.pop_front(),
+        }
+    }
+
+    /// Whether messages wait to be sent.
+    pub fn has_pending(&self) -> bool {
+        !self.out.is_empty()
+    }
+
     /// Ended or cancelled, with nothing left to send.
     pub fn is_done(&self) -> bool {
         self.state != State::Streaming && self.out.is_empty()

@@ -60,8 +60,21 @@ pub fn role(a: &RoleArgs) -> Res<()> {
 fn serve(d: &Daemon, a: &RoleArgs, done: std::path::PathBuf) -> Res<()> {
     let h = d.handle();
     let consumer = a.receiver;
+    // An echo refused `Busy` (flow control: the stream fills the queue) is sent again from a
+    // thread of its own: a callback must not wait, and a dropped pong would stall the pinger.
+    let (retry_tx, retry_rx) = crossbeam_channel::unbounded::<Bytes>();
+    let retry_h = d.handle();
+    std::thread::spawn(move || {
+        for p in retry_rx {
+            while let Err(tbon::SendError::Busy(_)) = retry_h.send(consumer, TAG_DATA, p.clone()) {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    });
     d.recv(Peer::Rank(consumer), TAG_DATA, true, move |m| {
-        let _ = h.send(consumer, TAG_DATA, m.payload);
+        if let Err(tbon::SendError::Busy(_)) = h.send(consumer, TAG_DATA, m.payload.clone()) {
+            let _ = retry_tx.send(m.payload);
+        }
     })
     .map_err(ctx("post echo"))?;
     d.recv(Peer::Any, TAG_WARM, true, |_| {})
@@ -98,7 +111,12 @@ fn ping(
     let mut samples = Vec::new();
     while !until(samples.len()) {
         let t = Instant::now();
-        d.send(to, TAG_DATA, body.clone()).map_err(ctx("ping"))?;
+        loop {
+            match d.send(to, TAG_DATA, body.clone()) {
+                Err(tbon::SendError::Busy(_)) => std::thread::sleep(Duration::from_micros(50)),
+                r => break r.map_err(ctx("ping"))?,
+            }
+        }
         pongs.recv_timeout(GUARD).map_err(ctx("pong"))?;
         samples.push(t.elapsed());
     }
