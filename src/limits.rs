@@ -430,6 +430,10 @@ pub const DIRECT_REQUEST_MS_DEFAULT: u64 = 5_000;
 /// Stream chunks: the most payload bytes one `Data` message carries (a larger write is cut
 /// into chunks of this size without copying).
 pub const STREAM_CHUNK_MAX: usize = 256 * 1024;
+/// The credit windows of the streams a daemon fetches, summed, and likewise of the streams it
+/// produces: what its streams can hold in memory at once, whatever their number. A fetch
+/// beyond it is refused `Busy`; an `Open` beyond it is answered `FAIL_NO_ROOM`.
+pub const STREAM_WINDOWS_TOTAL_MAX: u64 = 512 << 20;
 /// Stream data a daemon releases towards its next hops per call of its release (after each
 /// stream command, queue report, driver turn and timeout): bulk data adds at most this much to
 /// a queue between two reports of its level, and waits while the next hop is congested.

@@ -16,6 +16,7 @@ use crate::direct::Route;
 use crate::error::SendError;
 use crate::fxhash::{FxHashMap, FxHashSet};
 use crate::rml::{Message, Tag};
+use crate::limits::STREAM_WINDOW_MAX;
 use crate::stream::{Incoming, Outgoing, Status, StreamError, StreamMsg};
 use bytes::Bytes;
 use std::time::{Duration, Instant};
@@ -180,6 +181,13 @@ impl Node {
                 }
                 if self.streams.incoming.len() >= crate::limits::STREAMS_MAX {
                     return Err(SendError::Busy("the stream table"));
+                }
+                let windows: u64 = self.streams.incoming.values().map(|(_, s)| s.window()).sum();
+                let window_clamped = u64::from(window).clamp(1, STREAM_WINDOW_MAX as u64);
+                if windows + window_clamped > crate::limits::STREAM_WINDOWS_TOTAL_MAX {
+                    return Err(SendError::Busy(
+                        "the stream credit budget (STREAM_WINDOWS_TOTAL_MAX)",
+                    ));
                 }
                 check_service(&service)?;
                 if request.len() > crate::limits::STREAM_REQUEST_MAX {
@@ -534,6 +542,14 @@ impl Node {
             Some((FAIL_NO_SERVICE, service.clone()))
         } else if self.streams.outgoing.len() >= crate::limits::STREAMS_MAX
             || self.streams.outgoing.contains_key(&(consumer, id))
+            || self
+                .streams
+                .outgoing
+                .values()
+                .map(Outgoing::window)
+                .sum::<u64>()
+                + u64::from(window).min(STREAM_WINDOW_MAX as u64)
+                > crate::limits::STREAM_WINDOWS_TOTAL_MAX
         {
             Some((FAIL_NO_ROOM, "no room for another stream".to_string()))
         } else {

@@ -739,4 +739,23 @@ fn stream_commands_beyond_their_bounds_are_refused() {
     net.node(1).handle_stream(now, all).unwrap();
     let again = StreamCommand::Consumed { id: 1, n: u64::MAX };
     net.node(1).handle_stream(now, again).unwrap();
+    // The windows of the streams a daemon fetches are bounded in sum: eight of the largest
+    // fit in STREAM_WINDOWS_TOTAL_MAX (with the one above), the next is refused `Busy`.
+    let big = |id: u64| StreamCommand::Fetch {
+        id,
+        producer: 2,
+        service: "s".into(),
+        request: Bytes::new(),
+        window: crate::limits::STREAM_WINDOW_MAX as u32,
+        idle: Duration::from_secs(1),
+        route: None,
+    };
+    let fits = crate::limits::STREAM_WINDOWS_TOTAL_MAX / crate::limits::STREAM_WINDOW_MAX as u64;
+    for id in 10..10 + fits - 1 {
+        net.node(1).handle_stream(now, big(id)).unwrap();
+    }
+    assert!(matches!(
+        net.node(1).handle_stream(now, big(99)),
+        Err(SendError::Busy(_))
+    ));
 }

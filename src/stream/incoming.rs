@@ -115,6 +115,11 @@ impl Incoming {
         self.route
     }
 
+    /// Its credit window: at most this many of its bytes are in flight or unread at a time.
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
     /// Its current id (a resumed stream has a new one).
     pub fn id(&self) -> u64 {
         self.id

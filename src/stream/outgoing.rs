@@ -35,6 +35,8 @@ pub struct Outgoing {
     chunk_max: usize,
     /// The route the consumer asked for (`None`: the daemon's setting).
     route: Option<Route>,
+    /// The credit window the consumer opened it with.
+    window: u64,
 }
 
 impl Outgoing {
@@ -51,7 +53,14 @@ impl Outgoing {
             out: VecDeque::new(),
             chunk_max: STREAM_CHUNK_MAX,
             route: None,
+            window,
         }
+    }
+
+    /// The credit window the consumer opened it with: at most this many of its bytes are in
+    /// flight at a time.
+    pub fn window(&self) -> u64 {
+        self.window
     }
 
     /// The route the consumer's `Open` asked for, for this stream's messages.
