@@ -11,7 +11,8 @@
  *   tbon_allgather, tbon_barrier (collectives, each with a caller-chosen id never reused)
  *   tbon_on_fault, tbon_counters_get, tbon_rank, tbon_size
  *   streams (README "Streams"): tbon_serve (a service; its callback writes with
- *   tbon_writer_write and ends with tbon_writer_finish / tbon_writer_fail), tbon_fetch then
+ *   tbon_writer_write or tbon_writer_write_nocopy and ends with tbon_writer_finish /
+ *   tbon_writer_fail), tbon_fetch then
  *   tbon_stream_read until 0 bytes (finished) or an error, tbon_stream_close; tbon_fetch_cb
  *   for a callback per chunk, tbon_fetch_cancel
  *   tbon_shutdown / tbon_shutdown_dvm (rank 0: stop the whole DVM) / tbon_abort, then tbon_free
@@ -735,6 +736,20 @@ tbon_rc tbon_writer_write(tbon_writer w,
                           uint32_t timeout_ms,
                           size_t *written);
 
+// `tbon_writer_write` without the copy: tbon reads `len` bytes at `data` in place (its
+// chunks are sliced from them), and calls `free_cb(data, free_user)` exactly once when it no
+// longer needs them, WHATEVER this call returns (on an argument error, before it returns), on
+// any thread. Until then the buffer must stay valid and unmodified: that may be after this
+// call returns (the last chunks are still on their way). `free_cb` must not be NULL
+// (`TBON_ERR_BAD_PARAM`, and then it is not called). Otherwise as `tbon_writer_write`.
+tbon_rc tbon_writer_write_nocopy(tbon_writer w,
+                                 void *data,
+                                 size_t len,
+                                 tbon_free_cb free_cb,
+                                 void *free_user,
+                                 uint32_t timeout_ms,
+                                 size_t *written);
+
 // Bytes the writer may write now without waiting (`*room`; 0: wait for credit), or the
 // stream's end as in `tbon_writer_write`.
 tbon_rc tbon_writer_room(tbon_writer w, uint64_t *room);
@@ -819,6 +834,20 @@ tbon_rc tbon_writer_write(tbon_writer w,
                           size_t len,
                           uint32_t timeout_ms,
                           size_t *written);
+
+// `tbon_writer_write` without the copy: tbon reads `len` bytes at `data` in place (its
+// chunks are sliced from them), and calls `free_cb(data, free_user)` exactly once when it no
+// longer needs them, WHATEVER this call returns (on an argument error, before it returns), on
+// any thread. Until then the buffer must stay valid and unmodified: that may be after this
+// call returns (the last chunks are still on their way). `free_cb` must not be NULL
+// (`TBON_ERR_BAD_PARAM`, and then it is not called). Otherwise as `tbon_writer_write`.
+tbon_rc tbon_writer_write_nocopy(tbon_writer w,
+                                 void *data,
+                                 size_t len,
+                                 tbon_free_cb free_cb,
+                                 void *free_user,
+                                 uint32_t timeout_ms,
+                                 size_t *written);
 
 // Bytes the writer may write now without waiting (`*room`; 0: wait for credit), or the
 // stream's end as in `tbon_writer_write`.

@@ -4,7 +4,8 @@
  * "seed=S len=L" and the answer is L bytes of a pattern made from S, written from the
  * request's offset (a stream that resumed after a relay died asks again from there). Rank 6
  * fetches a 16 MiB object through the tree (6 -> 2 -> 0 -> 1 -> 3), reads it into a small
- * buffer and checks every byte; then the same with a callback per chunk. It also checks the
+ * buffer and checks every byte; then the same with a callback per chunk, and a 4 MiB buffer the
+ * producer lends without a copy (tbon_writer_write_nocopy, freed once). It also checks the
  * ends a consumer must tell apart: no such service, the producer's own failure with its code,
  * and a cancel that reaches the producer's writer. Exits non-zero on any failure.
  *
@@ -94,6 +95,31 @@ static void serve_endless(tbon_writer w, uint32_t consumer, const char *service,
     }
 }
 
+/* The "lent" service: one 4 MiB buffer lent to tbon without a copy (tbon_writer_write_nocopy);
+ * tbon calls on_freed once it no longer reads it. */
+#define LENT_LEN (4u << 20)
+static uint8_t *lent_buf;
+static atomic_int lent_frees;
+
+static void on_freed(void *data, void *user) {
+    (void)user;
+    if (data == lent_buf)
+        atomic_fetch_add(&lent_frees, 1);
+}
+
+static void serve_lent(tbon_writer w, uint32_t consumer, const char *service,
+                       const uint8_t *request, size_t len, uint64_t offset, void *user) {
+    (void)consumer, (void)service, (void)request, (void)len, (void)user;
+    if (offset > LENT_LEN)
+        offset = LENT_LEN;
+    /* Only the rest from `offset` is lent (a resumed stream); the free callback gets its start. */
+    size_t written = 0;
+    tbon_rc rc = tbon_writer_write_nocopy(w, lent_buf + offset, LENT_LEN - offset, on_freed, NULL,
+                                          TBON_WAIT_FOREVER, &written);
+    if (rc == TBON_OK)
+        tbon_writer_finish(w);
+}
+
 /* Fetches "seed=S len=L" and reads it whole with tbon_stream_read; 0 when every byte is right. */
 static int fetch_and_check(uint64_t seed, uint64_t total) {
     char req[64];
@@ -173,6 +199,11 @@ int main(void) {
     CHECK_RC(tbon_serve(d[PRODUCER], "object", serve_object, NULL));
     CHECK_RC(tbon_serve(d[PRODUCER], "fails", serve_failing, NULL));
     CHECK_RC(tbon_serve(d[PRODUCER], "endless", serve_endless, NULL));
+    lent_buf = malloc(LENT_LEN);
+    CHECK(lent_buf != NULL, "malloc");
+    for (uint32_t k = 0; k < LENT_LEN; k++)
+        lent_buf[k] = pattern(77, k);
+    CHECK_RC(tbon_serve(d[PRODUCER], "lent", serve_lent, NULL));
 
     /* 1. A file-sized object, read into a small buffer. */
     fetch_and_check(5, OBJECT_LEN);
@@ -191,7 +222,33 @@ int main(void) {
     CHECK(cb_at == 3u << 20 && atomic_load(&cb_wrong) == 0, "callback stream: %llu bytes, %d wrong",
           (unsigned long long)cb_at, atomic_load(&cb_wrong));
 
-    /* 3. The ends a consumer tells apart. */
+    /* 3. A buffer lent without a copy: every byte right, and freed once. */
+    {
+        tbon_stream ls;
+        CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "lent", NULL, 0, NULL, &ls));
+        static uint8_t lbuf[65536];
+        uint64_t at = 0;
+        int wrong = 0;
+        for (;;) {
+            size_t got = 0;
+            tbon_rc rc = tbon_stream_read(ls, lbuf, sizeof lbuf, &got, TIMEOUT_MS);
+            CHECK(rc == TBON_OK, "lent stream: %s (%s)", tbon_strerror(rc), tbon_last_error());
+            if (rc != TBON_OK || got == 0)
+                break;
+            for (size_t k = 0; k < got; k++)
+                wrong += lbuf[k] != pattern(77, at + k);
+            at += got;
+        }
+        CHECK(at == LENT_LEN && wrong == 0, "lent stream: %llu bytes, %d wrong",
+              (unsigned long long)at, wrong);
+        CHECK_RC(tbon_stream_close(ls));
+        for (int waited = 0; atomic_load(&lent_frees) == 0 && waited < TIMEOUT_MS; waited += 10)
+            sleep_ms(10);
+        CHECK(atomic_load(&lent_frees) == 1, "the lent buffer was freed %d times",
+              atomic_load(&lent_frees));
+    }
+
+    /* 4. The ends a consumer tells apart. */
     tbon_stream s;
     uint8_t buf[4096];
     size_t got;
@@ -232,13 +289,14 @@ int main(void) {
 
     tbon_counters c;
     CHECK_RC(tbon_counters_get(d[CONSUMER], &c));
-    CHECK(c.stream_finished == 2, "%llu streams finished", (unsigned long long)c.stream_finished);
+    CHECK(c.stream_finished == 3, "%llu streams finished", (unsigned long long)c.stream_finished);
     CHECK(c.stream_bytes_received >= OBJECT_LEN + (3u << 20), "%llu bytes received",
           (unsigned long long)c.stream_bytes_received);
 
     CHECK_RC(tbon_shutdown_dvm(d[0]));
     for (uint32_t r = 0; r < N; r++)
         CHECK_RC(tbon_free(d[r]));
+    free(lent_buf);
     if (failures)
         return 1;
     printf("stream: ok (%u bytes checked, %llu streams finished)\n", OBJECT_LEN + (3u << 20),

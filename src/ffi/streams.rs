@@ -287,40 +287,84 @@ pub unsafe extern "C" fn tbon_writer_write(
         not_in_callback("tbon_writer_write")?;
         let entry = writer(w)?;
         // SAFETY: the caller's buffer, valid for this call.
-        let mut bytes = unsafe { bytes_arg(data, len, usize::MAX)? };
-        let mut guard_w = lock(&entry);
-        let Some(wr) = guard_w.as_mut() else {
-            return fail(tbon_rc::TBON_ERR_BAD_HANDLE, "the writer was ended");
+        let bytes = unsafe { bytes_arg(data, len, usize::MAX)? };
+        write_all(&entry, bytes, timeout_ms, written)
+    })
+}
+
+/// `tbon_writer_write` without the copy: tbon reads `len` bytes at `data` in place (its
+/// chunks are sliced from them), and calls `free_cb(data, free_user)` exactly once when it no
+/// longer needs them, WHATEVER this call returns (on an argument error, before it returns), on
+/// any thread. Until then the buffer must stay valid and unmodified: that may be after this
+/// call returns (the last chunks are still on their way). `free_cb` must not be NULL
+/// (`TBON_ERR_BAD_PARAM`, and then it is not called). Otherwise as `tbon_writer_write`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_writer_write_nocopy(
+    w: tbon_writer,
+    data: *mut c_void,
+    len: usize,
+    free_cb: super::tbon_free_cb,
+    free_user: *mut c_void,
+    timeout_ms: u32,
+    written: *mut usize,
+) -> tbon_rc {
+    guard(|| {
+        let Some(free) = free_cb else {
+            return fail(tbon_rc::TBON_ERR_BAD_PARAM, "free_cb is NULL");
         };
-        let until = deadline(timeout_ms);
-        let mut r: Res = Ok(());
-        while !bytes.is_empty() {
-            let left = until.map(|d| d.saturating_duration_since(Instant::now()));
-            match wr.wait_room(left) {
-                Ok(0) => {
-                    r = fail(
-                        tbon_rc::TBON_ERR_TIMED_OUT,
-                        "no credit from the consumer in time",
-                    );
-                    break;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    r = Err(e.into());
-                    break;
-                }
+        // From here on, every way out drops `lent` exactly once (through `Bytes`).
+        let lent = super::Lent {
+            data,
+            len,
+            free,
+            user: free_user,
+        };
+        if len > 0 {
+            non_null(data, "data")?;
+        }
+        let bytes = Bytes::from_owner(lent);
+        not_in_callback("tbon_writer_write_nocopy")?;
+        let entry = writer(w)?;
+        write_all(&entry, bytes, timeout_ms, written)
+    })
+}
+
+/// Writes `bytes` on the writer, waiting for credit up to `timeout_ms` in all; `*written`
+/// (if not NULL) gets what was taken.
+fn write_all(entry: &WriterEntry, mut bytes: Bytes, timeout_ms: u32, written: *mut usize) -> Res {
+    let len = bytes.len();
+    let mut guard_w = lock(entry);
+    let Some(wr) = guard_w.as_mut() else {
+        return fail(tbon_rc::TBON_ERR_BAD_HANDLE, "the writer was ended");
+    };
+    let until = deadline(timeout_ms);
+    let mut r: Res = Ok(());
+    while !bytes.is_empty() {
+        let left = until.map(|d| d.saturating_duration_since(Instant::now()));
+        match wr.wait_room(left) {
+            Ok(0) => {
+                r = fail(
+                    tbon_rc::TBON_ERR_TIMED_OUT,
+                    "no credit from the consumer in time",
+                );
+                break;
             }
-            if let Err(e) = wr.try_write(&mut bytes) {
+            Ok(_) => {}
+            Err(e) => {
                 r = Err(e.into());
                 break;
             }
         }
-        if !written.is_null() {
-            // SAFETY: checked for null; the caller's out-pointer.
-            unsafe { put(written, len - bytes.len()) };
+        if let Err(e) = wr.try_write(&mut bytes) {
+            r = Err(e.into());
+            break;
         }
-        r
-    })
+    }
+    if !written.is_null() {
+        // SAFETY: checked for null; the caller's out-pointer.
+        unsafe { put(written, len - bytes.len()) };
+    }
+    r
 }
 
 /// Bytes the writer may write now without waiting (`*room`; 0: wait for credit), or the

@@ -15,8 +15,8 @@ use crate::Rank;
 use crate::direct::Route;
 use crate::error::SendError;
 use crate::fxhash::{FxHashMap, FxHashSet};
-use crate::rml::{Message, Tag};
 use crate::limits::STREAM_WINDOW_MAX;
+use crate::rml::{Message, Tag};
 use crate::stream::{Incoming, Outgoing, Status, StreamError, StreamMsg};
 use bytes::Bytes;
 use std::time::{Duration, Instant};
@@ -182,7 +182,12 @@ impl Node {
                 if self.streams.incoming.len() >= crate::limits::STREAMS_MAX {
                     return Err(SendError::Busy("the stream table"));
                 }
-                let windows: u64 = self.streams.incoming.values().map(|(_, s)| s.window()).sum();
+                let windows: u64 = self
+                    .streams
+                    .incoming
+                    .values()
+                    .map(|(_, s)| s.window())
+                    .sum();
                 let window_clamped = u64::from(window).clamp(1, STREAM_WINDOW_MAX as u64);
                 if windows + window_clamped > crate::limits::STREAM_WINDOWS_TOTAL_MAX {
                     return Err(SendError::Busy(
