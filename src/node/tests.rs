@@ -759,3 +759,101 @@ fn stream_commands_beyond_their_bounds_are_refused() {
         Err(SendError::Busy(_))
     ));
 }
+
+/// Issue "Streams", found with 64 concurrent streams between real daemons: every writer's
+/// chunks went into the queue towards the next hop at once, far past flow control's bounds
+/// (frames dropped at the hard bound, resumes, a 15 s stall). Data now leaves only through
+/// the budgeted round robin: none towards a congested hop, at most `STREAM_RELEASE_BYTES` per
+/// release, a chunk per stream in turn.
+#[test]
+fn stream_data_waits_for_a_congested_hop_and_leaves_in_a_fair_budgeted_round_robin() {
+    use crate::limits::{FLOW_HIGH_BYTES, STREAM_CHUNK_MAX, STREAM_RELEASE_BYTES};
+    // 0 -> {1, 2}: rank 1 produces for rank 2 through rank 0.
+    let mut net = Net::new(3, 2, |_| {});
+    let now = net.now;
+    net.node(1)
+        .handle_stream(
+            now,
+            StreamCommand::Serve {
+                service: "s".into(),
+            },
+        )
+        .unwrap();
+    const STREAMS: u64 = 8;
+    for id in 1..=STREAMS {
+        let fetch = StreamCommand::Fetch {
+            id,
+            producer: 1,
+            service: "s".into(),
+            request: Bytes::new(),
+            window: 1 << 20,
+            idle: Duration::from_secs(30),
+            route: None,
+        };
+        net.node(2).handle_stream(now, fetch).unwrap();
+    }
+    net.collect(2);
+    net.run();
+    let opened: Vec<(Rank, u64)> = net
+        .streams
+        .drain(..)
+        .filter_map(|(r, e)| match e {
+            StreamEvent::Opened { consumer, id, .. } if r == 1 => Some((consumer, id)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(opened.len(), STREAMS as usize);
+    // The queue towards rank 0 is congested: writes are taken, no data leaves.
+    net.node(1).handle_send_queue(now, 0, FLOW_HIGH_BYTES + 1);
+    for (consumer, id) in &opened {
+        let w = StreamCommand::Write {
+            consumer: *consumer,
+            id: *id,
+            bytes: Bytes::from(vec![1u8; 1 << 20]),
+        };
+        net.node(1).handle_stream(now, w).unwrap();
+    }
+    net.node(1).pump(now);
+    let data_sent = |n: &mut Node| {
+        let mut per_stream: std::collections::BTreeMap<u64, usize> = Default::default();
+        while let Some(o) = n.poll_output() {
+            if let Output::Transmit {
+                header, payload, ..
+            } = o
+                && header.tag == crate::node::TAG_STREAM
+            {
+                let p = payload.to_bytes();
+                if p.first() == Some(&2) {
+                    let id = u64::from_be_bytes(p[1..9].try_into().unwrap());
+                    *per_stream.entry(id).or_default() += p.len() - 25;
+                }
+            }
+        }
+        per_stream
+    };
+    assert!(
+        data_sent(net.node(1)).is_empty(),
+        "data left for a congested hop"
+    );
+    // The queue drained: one release, at most its budget, a chunk per stream in turn.
+    net.node(1).handle_send_queue(now, 0, 0);
+    let first = data_sent(net.node(1));
+    let total: usize = first.values().sum();
+    assert!(
+        total <= STREAM_RELEASE_BYTES,
+        "{total} bytes released at once"
+    );
+    assert_eq!(
+        first.len(),
+        STREAM_RELEASE_BYTES / STREAM_CHUNK_MAX,
+        "{first:?}"
+    );
+    assert!(first.values().all(|n| *n == STREAM_CHUNK_MAX), "{first:?}");
+    // The next release serves the streams that waited.
+    net.node(1).handle_send_queue(now, 0, 0);
+    let second = data_sent(net.node(1));
+    assert!(
+        second.keys().all(|id| !first.contains_key(id)),
+        "{first:?} then {second:?}"
+    );
+}
