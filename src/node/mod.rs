@@ -545,6 +545,9 @@ impl Node {
     /// input); the first one broken.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.direct.check_invariants()?;
+        self.streams
+            .check_invariants()
+            .map_err(|e| format!("rank {}: {e}", self.me))?;
         let (unacked, cached, pending) = self.relm.records();
         let cfg = self.relm.config();
         let window = cfg

@@ -122,6 +122,27 @@ pub(super) struct Streams {
 }
 
 impl Streams {
+    /// The bounds of every stream here and of the tables.
+    pub(super) fn check_invariants(&self) -> Result<(), String> {
+        if self.outgoing.len() > crate::limits::STREAMS_MAX
+            || self.incoming.len() > crate::limits::STREAMS_MAX
+            || self.wire_of.len() != self.incoming.len()
+        {
+            return Err("stream tables beyond their bounds or out of step".into());
+        }
+        for s in self.outgoing.values() {
+            s.check_invariants()?;
+        }
+        for (_, s) in self.incoming.values() {
+            s.check_invariants()?;
+        }
+        let windows: u64 = self.incoming.values().map(|(_, s)| s.window()).sum();
+        if windows > crate::limits::STREAM_WINDOWS_TOTAL_MAX {
+            return Err(format!("stream windows of {windows} bytes fetched at once"));
+        }
+        Ok(())
+    }
+
     pub(super) fn counters(&self) -> crate::StreamCounters {
         let mut c = self.stats.clone();
         c.producing = self.outgoing.len() as u64;

@@ -115,6 +115,20 @@ impl Incoming {
         self.route
     }
 
+    /// Its invariants: nothing accepted beyond the credit granted, and no credit granted
+    /// beyond a window past what the application took (a stream's memory at its consumer).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self.received > self.granted
+            || self.granted > self.consumed.max(self.received) + self.window
+        {
+            return Err(format!(
+                "stream {}: received {}, granted {}, consumed {}, window {}",
+                self.id, self.received, self.granted, self.consumed, self.window
+            ));
+        }
+        Ok(())
+    }
+
     /// Its credit window: at most this many of its bytes are in flight or unread at a time.
     pub fn window(&self) -> u64 {
         self.window

@@ -198,6 +198,26 @@ impl Outgoing {
         !self.out.is_empty()
     }
 
+    /// Its invariants: nothing written beyond the consumer's credit, and what waits here to be
+    /// released within the window (a stream's memory at its producer).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let waiting: usize = self
+            .out
+            .iter()
+            .map(|m| match m {
+                StreamMsg::Data { bytes, .. } => bytes.len(),
+                _ => 0,
+            })
+            .sum();
+        if self.next > self.upto || waiting as u64 > self.window {
+            return Err(format!(
+                "stream {}: {waiting} bytes waiting, window {}, next {} credit {}",
+                self.id, self.window, self.next, self.upto
+            ));
+        }
+        Ok(())
+    }
+
     /// Ended or cancelled, with nothing left to send.
     pub fn is_done(&self) -> bool {
         self.state != State::Streaming && self.out.is_empty()
