@@ -98,11 +98,22 @@
 // without ending it.
 #define TBON_STREAM_FAIL_ABANDONED 4294967293
 
+// The producer's `fail` code when it had no room for another stream (1,024 streams, or their
+// windows summed beyond 512 MiB): try again later.
+#define TBON_STREAM_FAIL_NO_ROOM 4294967294
+
 // Codes at or above this are the runtime's; `tbon_writer_fail` refuses them.
 #define TBON_STREAM_FAIL_RESERVED_MIN 4294967280
 
-// `tbon_fetch_opts.route`: the daemons' `route` settings decide, as for a message.
-#define TBON_ROUTE_DEFAULT -1
+// `tbon_fetch_opts.route`: the daemons' `route` settings decide (0, so that a zeroed
+// `tbon_fetch_opts` means every default).
+#define TBON_FETCH_ROUTE_SETTING 0
+
+// `tbon_fetch_opts.route`: ask for no direct link because of this stream.
+#define TBON_FETCH_ROUTE_TREE 1
+
+// `tbon_fetch_opts.route`: ask the producer for a direct link (it must grant it).
+#define TBON_FETCH_ROUTE_DIRECT 2
 
 // Result code of every tbon call (and the argument of send completions).
 typedef enum {
@@ -139,8 +150,8 @@ typedef enum {
   TBON_ERR_INTERNAL = 14,
   // Streams: the producer has no such service.
   TBON_ERR_NO_SERVICE = 15,
-  // Streams: the producer failed the stream (its code: `tbon_stream_fail_code`; its reason:
-  // `tbon_last_error`).
+  // Streams: the producer failed the stream (its code: `tbon_stream_fail_code`; a message
+  // with its reason: `tbon_last_error`).
   TBON_ERR_STREAM_FAILED = 16,
   // Streams: the other end of the stream (producer or consumer) died.
   TBON_ERR_PEER_DIED = 17,
@@ -409,6 +420,9 @@ typedef struct {
   uint64_t stream_failed;
   uint64_t stream_resumes;
   uint64_t stream_bytes_received;
+  // Streams open now: produced here, and fetched here.
+  uint64_t stream_producing;
+  uint64_t stream_consuming;
 } tbon_counters;
 
 // The writer of one stream a service answers: an id valid from the service callback's
@@ -438,9 +452,9 @@ typedef struct {
   // How long the stream waits for news from the producer while it owes bytes, before it
   // ends `TBON_ERR_IDLE`. 0: 60 s.
   uint32_t idle_ms;
-  // `TBON_ROUTE_DIRECT` (ask for a direct link to the producer), `TBON_ROUTE_TREE` (do not),
-  // or `TBON_ROUTE_DEFAULT` (the daemons' `route` settings decide), for the stream's
-  // messages both ways.
+  // `TBON_FETCH_ROUTE_SETTING` (0: the daemons' `route` settings decide, as for a
+  // message), `TBON_FETCH_ROUTE_TREE` (ask for no direct link) or `TBON_FETCH_ROUTE_DIRECT`
+  // (ask the producer for one), for the stream's messages both ways.
   int route;
 } tbon_fetch_opts;
 
@@ -784,7 +798,8 @@ tbon_rc tbon_fetch(tbon_daemon d,
 // 0): the stream FINISHED, every byte arrived and checked. `TBON_ERR_TIMED_OUT`: nothing
 // yet, read again. Otherwise the stream ended with an error (every later read returns it
 // again): `TBON_ERR_NO_SERVICE`, `TBON_ERR_STREAM_FAILED` (the producer's code:
-// `tbon_stream_fail_code`; `tbon_last_error` has its reason), `TBON_ERR_PEER_DIED`,
+// `tbon_stream_fail_code`; `tbon_last_error` has a message with the code and the producer's
+// reason), `TBON_ERR_PEER_DIED`,
 // `TBON_ERR_CANCELLED`, `TBON_ERR_CORRUPT`, `TBON_ERR_IDLE` (no news for the idle time),
 // `TBON_ERR_SHUT_DOWN`. Not from a callback (`TBON_ERR_BUSY`).
 tbon_rc tbon_stream_read(tbon_stream s, void *buf, size_t cap, size_t *got, uint32_t timeout_ms);

@@ -438,6 +438,9 @@ pub const STREAM_WINDOWS_TOTAL_MAX: u64 = 512 << 20;
 /// stream command, queue report, driver turn and timeout): bulk data adds at most this much to
 /// a queue between two reports of its level, and waits while the next hop is congested.
 pub const STREAM_RELEASE_BYTES: usize = 1 << 20;
+/// Rounds of messages between a daemon's own producer and consumer (a stream fetched from
+/// itself) handled per pump; the rest waits for the next turn.
+pub const STREAM_LOCAL_ROUNDS_MAX: usize = 8;
 /// Idle chunk buffers a daemon keeps for the next chunks it encodes (`stream::BufferPool`):
 /// at most this many times `STREAM_CHUNK_MAX` of memory stays allocated after a stream.
 pub const STREAM_POOL_BUFFERS_MAX: usize = 16;

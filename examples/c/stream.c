@@ -268,7 +268,7 @@ int main(void) {
 
     /* A small window, and a route of its own: it asks for a direct link (which the producer,
      * with the default route setting "tree", denies: the stream takes the tree). */
-    tbon_fetch_opts small = {.window = 256 * 1024, .idle_ms = 0, .route = TBON_ROUTE_DIRECT};
+    tbon_fetch_opts small = {.window = 256 * 1024, .idle_ms = 0, .route = TBON_FETCH_ROUTE_DIRECT};
     CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "endless", NULL, 0, &small, &s));
     CHECK_RC(tbon_stream_read(s, buf, sizeof buf, &got, TIMEOUT_MS));
     CHECK(got > 0, "endless: nothing read");

@@ -39,8 +39,10 @@ pub struct FetchOptions {
     /// on every relay, and with the round trip its rate. Default 4 MiB.
     pub window: u32,
     /// How long the stream waits for news from the producer while it owes us bytes before it
-    /// fails `TimedOut` (a quarter of it first resumes the stream, in case bytes were lost on
-    /// the way). A reader that holds every granted byte runs no clock. Default 60 s.
+    /// fails `TimedOut`, never longer. Each quarter of it without news resumes the stream
+    /// (bytes may have been lost on the way), which calls the producer's service again from
+    /// the byte the stream stands at: a service should send its first bytes within a quarter
+    /// of it. A reader that holds every granted byte runs no clock. Default 60 s.
     pub idle: Duration,
     /// The stream's own route, both ways (the producer follows the consumer's choice):
     /// `Some(Route::Direct)` asks for a direct link to the producer, `Some(Route::Tree)` does
@@ -89,7 +91,9 @@ impl Handle {
     }
 
     /// Fetches `request` from `service` at `producer` as a [`Stream`] with the default
-    /// [`FetchOptions`]. See [`Handle::fetch_with`].
+    /// [`FetchOptions`]. See [`Handle::fetch_with`]. The request is anything that becomes
+    /// [`Bytes`] without a borrow (a `Vec<u8>`, a `String`, a `&'static [u8]`); copy a borrowed
+    /// slice with `Bytes::copy_from_slice`. `producer` may be this daemon itself.
     pub fn fetch(
         &self,
         producer: Rank,

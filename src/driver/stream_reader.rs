@@ -108,6 +108,14 @@ impl Stream {
         }
     }
 
+    /// The application took `n` more bytes: credit follows (reported in batches).
+    fn took(&mut self, n: usize) {
+        self.unreported += n as u64;
+        if self.unreported >= self.report_every {
+            self.report();
+        }
+    }
+
     fn next_item(&mut self) -> Option<Result<Bytes, StreamError>> {
         // Without a deadline the wait cannot time out.
         self.next_by(None).unwrap_or(None)
@@ -146,13 +154,7 @@ impl Stream {
             Err(TryRecvError::Disconnected) => Err(()),
         };
         Ok(match item {
-            Ok(StreamItem::Data(b)) => {
-                self.unreported += b.len() as u64;
-                if self.unreported >= self.report_every {
-                    self.report();
-                }
-                Some(Ok(b))
-            }
+            Ok(StreamItem::Data(b)) => Some(Ok(b)),
             Ok(StreamItem::End(Ok(()))) => {
                 self.outcome = Some(Ok(()));
                 None
@@ -173,7 +175,11 @@ impl Iterator for Stream {
     type Item = Result<Bytes, StreamError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.next_item()
+        let item = self.next_item();
+        if let Some(Ok(b)) = &item {
+            self.took(b.len());
+        }
+        item
     }
 }
 
@@ -196,6 +202,9 @@ impl Stream {
             to.copy_from_slice(from);
         }
         self.rest.advance(n);
+        // Only what was copied out counts as taken: a reader with a small buffer holds the
+        // producer to the window exactly.
+        self.took(n);
         Ok(n)
     }
 

@@ -74,6 +74,8 @@ pub struct StreamWriter {
     /// The offset of the next byte this writer hands over.
     written: u64,
     ended: bool,
+    /// Why the stream fails `FAIL_ABANDONED` if this writer is dropped unended.
+    abandoned: Option<String>,
 }
 
 impl StreamWriter {
@@ -91,6 +93,7 @@ impl StreamWriter {
             credit,
             written: offset,
             ended: false,
+            abandoned: None,
         }
     }
 
@@ -198,6 +201,10 @@ impl StreamWriter {
     /// stream then fails with [`FAIL_ABANDONED`].
     pub fn fail(mut self, code: u32, reason: &str) -> Result<(), StreamError> {
         if code >= FAIL_RESERVED_MIN {
+            self.abandoned = Some(format!(
+                "the producer failed the stream with code {code}, reserved for the runtime \
+                 ({reason})"
+            ));
             return Err(StreamError::Refused(format!(
                 "fail code {code} is reserved for the runtime (use one below {FAIL_RESERVED_MIN})"
             )));
@@ -223,8 +230,10 @@ impl StreamWriter {
 impl Drop for StreamWriter {
     fn drop(&mut self) {
         if !self.ended {
-            let why = "the producer dropped its writer without finishing the stream";
-            let _ = self.end(Some((FAIL_ABANDONED, why.to_string())));
+            let why = self.abandoned.take().unwrap_or_else(|| {
+                "the producer dropped its writer without finishing the stream".to_string()
+            });
+            let _ = self.end(Some((FAIL_ABANDONED, why)));
         }
     }
 }

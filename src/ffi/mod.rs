@@ -69,8 +69,8 @@ pub enum tbon_rc {
     TBON_ERR_INTERNAL = 14,
     /// Streams: the producer has no such service.
     TBON_ERR_NO_SERVICE = 15,
-    /// Streams: the producer failed the stream (its code: `tbon_stream_fail_code`; its reason:
-    /// `tbon_last_error`).
+    /// Streams: the producer failed the stream (its code: `tbon_stream_fail_code`; a message
+    /// with its reason: `tbon_last_error`).
     TBON_ERR_STREAM_FAILED = 16,
     /// Streams: the other end of the stream (producer or consumer) died.
     TBON_ERR_PEER_DIED = 17,
@@ -318,6 +318,9 @@ pub struct tbon_counters {
     pub stream_failed: u64,
     pub stream_resumes: u64,
     pub stream_bytes_received: u64,
+    /// Streams open now: produced here, and fetched here.
+    pub stream_producing: u64,
+    pub stream_consuming: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -417,6 +420,8 @@ impl From<&Counters> for tbon_counters {
             stream_failed: c.streams.failed,
             stream_resumes: c.streams.resumes,
             stream_bytes_received: c.streams.bytes_received,
+            stream_producing: c.streams.producing,
+            stream_consuming: c.streams.consuming,
         }
     }
 }

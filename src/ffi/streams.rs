@@ -74,6 +74,10 @@ pub type tbon_stream_cb = Option<
 /// The producer's `fail` code when a stream fails because its service callback returned
 /// without ending it.
 pub const TBON_STREAM_FAIL_ABANDONED: u32 = 0xFFFF_FFFD;
+/// The producer's `fail` code when it had no room for another stream (1,024 streams, or their
+/// windows summed beyond 512 MiB): try again later.
+pub const TBON_STREAM_FAIL_NO_ROOM: u32 = 0xFFFF_FFFE;
+const _: () = assert!(TBON_STREAM_FAIL_NO_ROOM == crate::node::FAIL_NO_ROOM);
 /// Codes at or above this are the runtime's; `tbon_writer_fail` refuses them.
 pub const TBON_STREAM_FAIL_RESERVED_MIN: u32 = 0xFFFF_FFF0;
 const _: () = assert!(TBON_STREAM_FAIL_ABANDONED == crate::driver::FAIL_ABANDONED);
@@ -162,14 +166,19 @@ pub struct tbon_fetch_opts {
     /// How long the stream waits for news from the producer while it owes bytes, before it
     /// ends `TBON_ERR_IDLE`. 0: 60 s.
     pub idle_ms: u32,
-    /// `TBON_ROUTE_DIRECT` (ask for a direct link to the producer), `TBON_ROUTE_TREE` (do not),
-    /// or `TBON_ROUTE_DEFAULT` (the daemons' `route` settings decide), for the stream's
-    /// messages both ways.
+    /// `TBON_FETCH_ROUTE_SETTING` (0: the daemons' `route` settings decide, as for a
+    /// message), `TBON_FETCH_ROUTE_TREE` (ask for no direct link) or `TBON_FETCH_ROUTE_DIRECT`
+    /// (ask the producer for one), for the stream's messages both ways.
     pub route: c_int,
 }
 
-/// `tbon_fetch_opts.route`: the daemons' `route` settings decide, as for a message.
-pub const TBON_ROUTE_DEFAULT: c_int = -1;
+/// `tbon_fetch_opts.route`: the daemons' `route` settings decide (0, so that a zeroed
+/// `tbon_fetch_opts` means every default).
+pub const TBON_FETCH_ROUTE_SETTING: c_int = 0;
+/// `tbon_fetch_opts.route`: ask for no direct link because of this stream.
+pub const TBON_FETCH_ROUTE_TREE: c_int = 1;
+/// `tbon_fetch_opts.route`: ask the producer for a direct link (it must grant it).
+pub const TBON_FETCH_ROUTE_DIRECT: c_int = 2;
 
 fn fetch_options(opts: *const tbon_fetch_opts) -> Result<FetchOptions, Fail> {
     let d = FetchOptions::default();
@@ -179,9 +188,9 @@ fn fetch_options(opts: *const tbon_fetch_opts) -> Result<FetchOptions, Fail> {
     // SAFETY: non-null; the caller promised a readable `tbon_fetch_opts` for the call.
     let o = unsafe { opts.read() };
     let route = match o.route {
-        TBON_ROUTE_DEFAULT => None,
-        super::TBON_ROUTE_TREE => Some(crate::Route::Tree),
-        super::TBON_ROUTE_DIRECT => Some(crate::Route::Direct),
+        TBON_FETCH_ROUTE_SETTING => None,
+        TBON_FETCH_ROUTE_TREE => Some(crate::Route::Tree),
+        TBON_FETCH_ROUTE_DIRECT => Some(crate::Route::Direct),
         r => {
             return fail(
                 tbon_rc::TBON_ERR_BAD_PARAM,
@@ -486,7 +495,8 @@ pub unsafe extern "C" fn tbon_fetch(
 /// 0): the stream FINISHED, every byte arrived and checked. `TBON_ERR_TIMED_OUT`: nothing
 /// yet, read again. Otherwise the stream ended with an error (every later read returns it
 /// again): `TBON_ERR_NO_SERVICE`, `TBON_ERR_STREAM_FAILED` (the producer's code:
-/// `tbon_stream_fail_code`; `tbon_last_error` has its reason), `TBON_ERR_PEER_DIED`,
+/// `tbon_stream_fail_code`; `tbon_last_error` has a message with the code and the producer's
+/// reason), `TBON_ERR_PEER_DIED`,
 /// `TBON_ERR_CANCELLED`, `TBON_ERR_CORRUPT`, `TBON_ERR_IDLE` (no news for the idle time),
 /// `TBON_ERR_SHUT_DOWN`. Not from a callback (`TBON_ERR_BUSY`).
 #[unsafe(no_mangle)]

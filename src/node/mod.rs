@@ -422,7 +422,7 @@ impl Node {
         self.deliver_local(now);
         self.pump_grpcomm(now);
         self.pump_relm(now);
-        self.streams_release(now);
+        self.pump_streams(now);
     }
 
     /// A header for a frame this daemon sends now.
@@ -480,9 +480,10 @@ impl Node {
     }
 
     /// Whether outputs wait to be taken with [`Node::poll_output`] (an input such as
-    /// [`Node::handle_send_queue`] may produce some: take them before sleeping).
+    /// [`Node::handle_send_queue`] may produce some: take them before sleeping), or work waits
+    /// for the next [`Node::pump`] (a stream to this daemon itself): pump again at once.
     pub fn has_output(&self) -> bool {
-        !self.out.is_empty()
+        !self.out.is_empty() || self.has_local_streams()
     }
 
     /// Whether the driver may read frames from neighbour `peer` now. A driver that stops

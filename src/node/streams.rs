@@ -119,6 +119,9 @@ pub(super) struct Streams {
     held: std::collections::BTreeSet<(Rank, u64)>,
     /// The stream [`Node::streams_release`] served last (the next call starts after it).
     release_cursor: (Rank, u64),
+    /// Messages of streams this daemon both produces and consumes, for the next pump. Bounded
+    /// as on a link: data by the streams' credit, the rest a few messages per stream.
+    local: std::collections::VecDeque<Bytes>,
 }
 
 impl Streams {
@@ -312,10 +315,16 @@ impl Node {
         m: &StreamMsg,
         route: Option<Route>,
     ) {
-        if to == self.me || self.routing.is_failed(to) {
+        if self.routing.is_failed(to) {
             return;
         }
         let payload = m.encode_pooled(id, &self.streams.pool);
+        if to == self.me {
+            // A stream between two applications of this daemon: handled at the next pump
+            // (never from inside the handling of another of its messages).
+            self.streams.local.push_back(payload);
+            return;
+        }
         self.send_routed(now, to, TAG_STREAM, payload, None, route);
     }
 
@@ -391,6 +400,28 @@ impl Node {
         self.streams_release(now);
     }
 
+    /// Once per pump: releases waiting data, and handles the messages of streams between two
+    /// applications of this daemon (at most `limits::STREAM_LOCAL_ROUNDS_MAX` rounds; what
+    /// is left waits for the next pump, which the driver takes at once: `has_output`).
+    pub(super) fn pump_streams(&mut self, now: Instant) {
+        self.streams_release(now);
+        for _ in 0..crate::limits::STREAM_LOCAL_ROUNDS_MAX {
+            if self.streams.local.is_empty() {
+                break;
+            }
+            let batch: Vec<Bytes> = self.streams.local.drain(..).collect();
+            for p in &batch {
+                self.on_stream_payload(now, self.me, p);
+            }
+            self.streams_release(now);
+        }
+    }
+
+    /// Whether stream messages to this daemon itself wait for the next pump.
+    pub(super) fn has_local_streams(&self) -> bool {
+        !self.streams.local.is_empty()
+    }
+
     /// Sends the streams' waiting data, a chunk per stream in turn (fair among streams),
     /// at most `limits::STREAM_RELEASE_BYTES` per call, and none towards a congested next hop:
     /// between two queue reports bulk data adds at most that much to any queue, so it never
@@ -452,8 +483,13 @@ impl Node {
 
     /// A stream message arrived (over the tree or a direct link).
     pub(super) fn on_stream_message(&mut self, now: Instant, msg: Message) {
-        let from = msg.origin;
-        let (id, m) = match StreamMsg::decode(&msg.payload) {
+        self.on_stream_payload(now, msg.origin, &msg.payload);
+    }
+
+    /// A stream message from `from` (this daemon itself for a stream it both produces and
+    /// consumes).
+    fn on_stream_payload(&mut self, now: Instant, from: Rank, payload: &Bytes) {
+        let (id, m) = match StreamMsg::decode(payload) {
             Ok(x) => x,
             Err(e) => {
                 log::warn!(

@@ -50,6 +50,10 @@ pub struct Incoming {
     /// A chunk went missing (a gap, or a quarter of the idle time without news): the node
     /// should [`Incoming::resume`] it.
     wants_resume: bool,
+    /// The resume wanted is for silence (not news: the idle clock keeps running through it).
+    silent: bool,
+    /// When the stream last resumed (silence resumes are a quarter of the idle time apart).
+    resumed_at: Instant,
     resumes: u32,
 }
 
@@ -83,6 +87,8 @@ impl Incoming {
             route: None,
             heard: now,
             wants_resume: false,
+            silent: false,
+            resumed_at: now,
             resumes: 0,
         };
         s.push_open();
@@ -173,6 +179,7 @@ impl Incoming {
         if offset > self.received {
             // A chunk before it was lost (a connection dropped on the path): resume.
             self.wants_resume = true;
+            self.silent = false;
             return Ok(None);
         }
         let err = if offset != self.received {
@@ -267,6 +274,7 @@ impl Incoming {
         }
         self.wants_resume = false;
         self.resumes += 1;
+        let silent = std::mem::take(&mut self.silent);
         if self.resumes > crate::limits::STREAM_RESUMES_MAX {
             self.out.push_back(StreamMsg::Cancel);
             self.status = Status::Failed(StreamError::TimedOut);
@@ -274,7 +282,12 @@ impl Incoming {
         }
         self.id = new_id;
         self.digests = 0;
-        self.heard = now;
+        // A resume for silence is no news: the stream still ends `TimedOut` once its idle
+        // time passed without any (a slow producer is asked again meanwhile, not for ever).
+        if !silent {
+            self.heard = now;
+        }
+        self.resumed_at = now;
         self.out.clear();
         self.granted = self.consumed.max(self.received) + self.window;
         self.push_open();
@@ -296,11 +309,12 @@ impl Incoming {
         {
             return None;
         }
-        let quarter = self.heard + self.idle / 4;
+        let end = self.heard + self.idle;
+        let quarter = self.heard.max(self.resumed_at) + self.idle / 4;
         Some(if self.wants_resume {
-            self.heard + self.idle
+            end
         } else {
-            quarter
+            quarter.min(end)
         })
     }
 
@@ -313,8 +327,9 @@ impl Incoming {
         if now >= self.heard + self.idle {
             self.out.push_back(StreamMsg::Cancel);
             self.status = Status::Failed(StreamError::TimedOut);
-        } else if now >= self.heard + self.idle / 4 {
+        } else if now >= self.heard.max(self.resumed_at) + self.idle / 4 {
             self.wants_resume = true;
+            self.silent = true;
         }
     }
 

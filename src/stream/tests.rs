@@ -275,3 +275,26 @@ fn a_consumer_that_holds_every_granted_byte_runs_no_idle_clock() {
     c.consumed(later, 1024);
     assert_eq!(c.poll_timeout(), Some(later + IDLE / 4));
 }
+
+#[test]
+fn silence_resumes_a_quarter_apart_and_still_ends_at_the_idle_time() {
+    let now = Instant::now();
+    let mut c = Incoming::open(now, 50, 3, "slow", Bytes::new(), 1024, IDLE);
+    let mut id = 50;
+    let mut resumes = 0;
+    let mut t = now;
+    // A producer that never answers: resumes at each quarter, then the end at `IDLE`.
+    while c.status() == &Status::Streaming {
+        t = c.poll_timeout().expect("a streaming stream has a deadline");
+        c.handle_timeout(t);
+        if c.wants_resume() {
+            id += 1;
+            c.resume(t, id);
+            resumes += 1;
+        }
+        assert!(resumes <= 4, "a resume storm");
+    }
+    assert_eq!(c.status(), &Status::Failed(StreamError::TimedOut));
+    assert_eq!(t, now + IDLE, "it ends at the idle time, not later");
+    assert_eq!(resumes, 3);
+}
