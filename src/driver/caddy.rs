@@ -32,15 +32,11 @@ pub(crate) struct StreamSink {
     pub reader_reports: bool,
 }
 
-/// Fetch a stream as `id` (the handle's, unique per daemon).
+/// Fetch a stream: `command` is the node's `StreamCommand::Fetch` (its id the handle's,
+/// unique per daemon), `sink` where its items go.
 pub(crate) struct Fetch {
+    pub command: crate::node::StreamCommand,
     pub id: u64,
-    pub producer: Rank,
-    pub service: String,
-    pub request: Bytes,
-    pub window: u32,
-    pub idle: std::time::Duration,
-    pub route: Option<crate::Route>,
     pub sink: StreamSink,
     pub reply: Reply,
 }

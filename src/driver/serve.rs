@@ -9,6 +9,7 @@ use crate::Rank;
 use crate::direct::Route;
 use crate::error::SendError;
 use crate::limits;
+use crate::node::StreamCommand;
 use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -183,15 +184,19 @@ impl Handle {
             });
         }
         let id = self.shared.next_stream.fetch_add(1, Ordering::Relaxed);
+        let command = StreamCommand::Fetch {
+            id,
+            producer,
+            service: service.to_string(),
+            request,
+            window: opts.window.clamp(1, limits::STREAM_WINDOW_MAX as u32),
+            idle: opts.idle,
+            route: opts.route,
+        };
         self.ask(|reply| {
             Caddy::Fetch(Box::new(Fetch {
+                command,
                 id,
-                producer,
-                service: service.to_string(),
-                request,
-                window: opts.window.clamp(1, limits::STREAM_WINDOW_MAX as u32),
-                idle: opts.idle,
-                route: opts.route,
                 sink,
                 reply,
             }))

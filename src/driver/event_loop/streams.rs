@@ -53,25 +53,11 @@ impl EventLoop {
 
     pub(super) fn fetch(&mut self, f: Fetch) {
         let Fetch {
+            command: c,
             id,
-            producer,
-            service,
-            request,
-            window,
-            idle,
-            route,
             mut sink,
             reply,
         } = f;
-        let c = StreamCommand::Fetch {
-            id,
-            producer,
-            service,
-            request,
-            window,
-            idle,
-            route,
-        };
         // The sink must be in place before the node's first events for the stream.
         let r = self.node.handle_stream(self.now, c);
         match (&r, reply) {
