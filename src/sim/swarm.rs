@@ -727,7 +727,7 @@ fn stream_fetches(seed: u64, size: u32, traffic_us: u64) -> Vec<(Rank, Rank, u64
             let window = rng.range(1024, 65_536) as u32;
             // One stream in eight is fetched from the consumer's own daemon (a function of
             // the draws: the seed's other draws stay as they were).
-            if len % 8 == 0 {
+            if len.is_multiple_of(8) {
                 producer = consumer;
             }
             (consumer, producer, len, window, rng.range(0, traffic_us))
