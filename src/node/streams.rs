@@ -577,7 +577,11 @@ impl Node {
                     && s.producer() == from
                 {
                     s.handle_end(now, total, digests);
-                    self.flush_incoming(now, id);
+                    if s.wants_resume() {
+                        self.resume_stream(now, id);
+                    } else {
+                        self.flush_incoming(now, id);
+                    }
                 }
             }
             StreamMsg::Fail { code, reason } => {

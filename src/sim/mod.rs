@@ -197,6 +197,27 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
                 the grantor's id in every message after the grant (a stale one is ignored), \
                 and the simulator waits for messages held by a closing link",
     },
+    RegressionSeed {
+        seed: 4_712,
+        daemons: 5,
+        radix: 4,
+        faults: FaultKinds {
+            crash: true,
+            link: true,
+            stall: true,
+            partition: true,
+            delay: true,
+            stale: false,
+            dup: false,
+            stranger: false,
+            direct: false,
+            stream: true,
+            overload: false,
+        },
+        found: "streams: a dropped connection lost a stream's chunks and its End came after on \
+                a new one; the consumer failed the stream (a protocol error: ended at 1530, \
+                0 bytes arrived) instead of resuming at the byte it stood at, as for a gap",
+    },
 ];
 
 /// What to simulate.

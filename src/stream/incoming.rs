@@ -223,7 +223,16 @@ impl Incoming {
     }
 
     /// The producer ended the stream: `Finished` if every byte arrived and the digests add up.
+    /// An end beyond the bytes that arrived means chunks were lost on the way (a connection
+    /// dropped on the path, the end came after on a new one): the stream wants to resume,
+    /// like a gap.
     pub fn handle_end(&mut self, now: Instant, total: u64, digests: u64) -> &Status {
+        if self.status == Status::Streaming && total > self.received {
+            self.heard = now;
+            self.wants_resume = true;
+            self.silent = false;
+            return &self.status;
+        }
         if self.status == Status::Streaming {
             self.heard = now;
             self.status = if total != self.received {

@@ -226,11 +226,17 @@ fn an_end_that_does_not_add_up_is_not_finished() {
     let mut c = Incoming::open(now, 40, 3, "file", Bytes::new(), 1024, IDLE);
     let chunk = data(100);
     let d = digest::chunk(0, &chunk);
-    c.handle_data(now, 0, d, chunk).unwrap();
+    c.handle_data(now, 0, d, chunk.clone()).unwrap();
+    // An end short of the bytes that arrived is a lie; one beyond them, lost chunks (a
+    // resume: see `an_end_beyond_the_bytes_that_arrived_resumes_like_a_gap`).
     assert!(matches!(
-        c.handle_end(now, 200, d),
+        c.handle_end(now, 50, d),
         Status::Failed(StreamError::Protocol(_))
     ));
+    let mut c = Incoming::open(now, 42, 3, "file", Bytes::new(), 1024, IDLE);
+    c.handle_data(now, 0, d, chunk).unwrap();
+    assert_eq!(c.handle_end(now, 200, d), &Status::Streaming);
+    assert!(c.wants_resume());
     let mut c = Incoming::open(now, 41, 3, "file", Bytes::new(), 1024, IDLE);
     let chunk = data(100);
     let d = digest::chunk(0, &chunk);
@@ -297,4 +303,20 @@ fn silence_resumes_a_quarter_apart_and_still_ends_at_the_idle_time() {
     assert_eq!(c.status(), &Status::Failed(StreamError::TimedOut));
     assert_eq!(t, now + IDLE, "it ends at the idle time, not later");
     assert_eq!(resumes, 3);
+}
+
+/// Found by the simulator (regression seed 4712): chunks lost with a dropped connection, and
+/// the `End` read after on a new one, failed the stream instead of resuming it.
+#[test]
+fn an_end_beyond_the_bytes_that_arrived_resumes_like_a_gap() {
+    let now = Instant::now();
+    let mut c = Incoming::open(now, 60, 3, "file", Bytes::new(), 4096, IDLE);
+    c.handle_end(now, 1530, 0);
+    assert_eq!(c.status(), &Status::Streaming);
+    assert!(c.wants_resume());
+    c.resume(now, 61);
+    assert!(matches!(
+        c.poll_msg(),
+        Some(StreamMsg::Open { offset: 0, .. })
+    ));
 }
