@@ -520,8 +520,13 @@ pub unsafe extern "C" fn tbon_stream_read(
         if let Some(Err(e)) = st.outcome() {
             return Err(e.clone().into());
         }
-        // SAFETY: `buf` has `cap` writable bytes (checked non-null when `cap > 0`).
-        let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), cap) };
+        let out: &mut [u8] = if cap == 0 {
+            // A NULL `buf` is allowed with `cap` 0, and a slice must never be made from NULL.
+            &mut []
+        } else {
+            // SAFETY: non-null (checked above) with `cap` writable bytes for the call.
+            unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), cap) }
+        };
         let n = match timeout_ms {
             TBON_WAIT_FOREVER => st.read(out)?,
             t => match st.read_timeout(out, Duration::from_millis(t.into()))? {
