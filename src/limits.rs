@@ -426,6 +426,16 @@ pub const DIRECT_DENIAL_MS_DEFAULT: u64 = 30_000;
 /// Default `direct_request_ms`: how long a request (or a grant) waits for its answer before
 /// it ends (`Timeout`); the messages meanwhile take the tree, so nothing waits with it.
 pub const DIRECT_REQUEST_MS_DEFAULT: u64 = 5_000;
+/// How many times a link asks again for a drain marker it waits for, one `direct_request_ms`
+/// apart: a grantor sends its `Grant` again (the requester answers `Switch` again, or
+/// `Withdraw`), a requester its `Switch` (the grantor answers `Ready` again), the end that
+/// answered a `Close` sends `AskShut` (answered `Shut` again). A closing link waits as long
+/// for `CloseAck`, which rides the link itself and is not asked for again. Copies are
+/// ignored, so a marker lost with a tree connection is recovered, and a slow tree only costs
+/// a few small messages. At the bound (two minutes at the default `direct_request_ms`) the
+/// link is given up and its connection closed: what the other end wrote there and this end
+/// has not read is lost, as on a lost link, and nothing is ever read out of order.
+pub const DIRECT_MARKER_POKES_MAX: u32 = 24;
 
 /// Stream chunks: the most payload bytes one `Data` message carries (a larger write is cut
 /// into chunks of this size without copying).

@@ -7,19 +7,21 @@
 //! * `wire.rs` — the control messages (runtime tag [`TAG_DIRECT`]) and their layout.
 //! * `table.rs` — [`DirectLinks`]: the link table, the denial cache, the auto policy, counters.
 //!
-//! # The protocol
-//! A requester `A` in state `ConnWait` sends `Request` (protocol version, its DVM epoch) to `B`
-//! over the tree. Meanwhile its messages to `B` keep going over the tree: nothing waits, so
-//! the first message after the request is not delayed at all. `B` grants when its `route`
-//! setting is not `tree`, the version and epoch match, `A` is not its tree neighbour and it
-//! has room under `direct_links_max`; otherwise it denies with a reason. A granting `B` is in
-//! `GrantWait`: it sends `Grant` over the tree, and its own messages to `A` go on the direct
-//! connection from then on. `A`, on the `Grant`, is `Open`: it sends `Switch` over the tree,
-//! and its messages to `B` go on the direct connection from then on. `B`, on the `Switch`, is
-//! `Open` too.
+//! # The protocol (version 4)
+//! A requester `A` in state `ConnWait` sends `Request` (protocol version, its DVM epoch, the
+//! request's number) to `B` over the tree. Meanwhile its messages to `B` keep going over the
+//! tree: nothing waits, so the first message after the request is not delayed at all. `B`
+//! grants when its `route` setting is not `tree`, the version and epoch match, `A` is not its
+//! tree neighbour and it has room under `direct_links_max`; otherwise it denies with a reason.
+//! A granting `B` is in `GrantWait`: it sends `Grant` (the link's id and the request's number)
+//! over the tree; its own messages to `A` still take the tree. `A`, on the `Grant` for its
+//! current request, is `Switched`: it sends `Switch` over the tree, and its messages to `B` go
+//! on the direct connection from then on. `B`, on the `Switch`, is `Open`: it sends `Ready`
+//! over the tree, and its messages to `A` go on the direct connection from then on. `A`, on
+//! the `Ready`, is `Open` too.
 //!
 //! # Order through the switch
-//! `Grant` and `Switch` are drain markers. Each is the last message its sender sends to the
+//! `Switch` and `Ready` are drain markers. Each is the last message its sender sends to the
 //! other over the tree before it moves to the direct connection, and the tree carries one
 //! origin's messages to one destination in order. A daemon does not read the direct
 //! connection while it waits for the other's marker ([`DirectLinks::may_read`]: the bytes
@@ -27,6 +29,33 @@
 //! switch is delivered before any direct message sent after it. Nothing is buffered and
 //! nothing waits on the sending side.
 //!
+//! Nobody writes on the link before the other end has shown it waits for a marker: the
+//! grantor writes only after the requester's `Switch` (which the requester sends only while
+//! it waits for that grant), and the requester only after the grant. (Version 3 let the
+//! grantor write right after `Grant`; a requester that had given its request up by then read
+//! those frames with nothing to wait for, ahead of older tree messages: regression seeds 358
+//! and 17532.)
+//!
+//! # Late and lost markers
+//! Time alone cannot tell a slow tree from one that lost a message, so a wait that may still
+//! end with data on the link never ends by reading early, and a marker lost with a tree
+//! connection is asked for again. A request unanswered within `direct_request_ms` ends denied
+//! (`Timeout`) and sends `Withdraw`: no link data exists yet, and a later `Grant` is answered
+//! `Withdraw` (the request's number tells an old grant from the answer to a new request). A
+//! grant unanswered within `direct_request_ms` stops counting against `direct_links_max`
+//! (`Expired`) and is sent again; the requester answers every copy (`Switch` again for the
+//! link it switched to, `Withdraw` otherwise). A late `Switch` opens the link, or, with no room
+//! left, opens it and at once closes it as an eviction does, so nothing is lost. A requester
+//! whose `Ready` is late sends `Switch` again (answered `Ready` again); an end that answered a
+//! `Close` and waits for `Shut` sends `AskShut` (answered `Shut` again once the evicting end
+//! read `CloseAck`). Copies of markers are harmless: a copy is sent after the first, so it
+//! still follows every tree message before the switch, and a second one changes nothing. A
+//! `Switch` or `Ready` for a link an end does not wait on is answered `Withdraw`. Only after
+//! `limits::DIRECT_MARKER_POKES_MAX` copies (two minutes at the default) does an end give the
+//! link up: it sends `Withdraw`, its connection is closed (what it had not read there is lost,
+//! as on a lost link), and it reads nothing from that peer's link until the connection is gone
+//! or another `direct_request_ms` passed (`Fenced`), so a redial cannot slip old frames in.
+
 //! # Simultaneous requests
 //! When each daemon asks the other (both in `ConnWait`), the request of the lower rank wins:
 //! the higher rank grants it and drops its own request; the lower rank answers the higher
@@ -42,10 +71,11 @@
 //! messages already handed to the kernel on a lost link may be lost, as on a lost tree link.
 //! A request to a daemon that dies (or is already known dead) ends `Denied` through the fault
 //! handling, never by waiting; a request nobody answers ends `Denied` (`Timeout`) after
-//! `direct_request_ms`. A link whose connection cannot be made within the driver's reconnect
-//! attempts ends the same way as a lost one (never a failure of the peer: the tree decides
-//! that); that end caches the local denial `Unreachable` and sends `Withdraw`, which ends the
-//! other end's link too (a grant that expired unswitched sends it as well).
+//! `direct_request_ms` (see "Late markers"). A link whose connection cannot be made within
+//! the driver's reconnect attempts ends the same way as a lost one (never a failure of the
+//! peer: the tree decides that); that end caches the local denial `Unreachable` and sends
+//! `Withdraw`, which ends the other end's link too. An end that ends a link it wrote or read on
+//! closes the connection (`Output::Fallback`): the other end sees it lost and falls back too.
 //!
 //! # Reliable messages
 //! RELM needs no marker: its per-(origin, destination) chains post in order and drop copies
@@ -66,8 +96,9 @@
 //! `E` reads `CloseAck` (so it read all of `P`'s): its messages take the tree, it closes the
 //! connection and sends `Shut` over the tree, on which `P`'s messages take the tree too. Two
 //! ends evicting each other at once each answer the other's `Close` and finish on the answer
-//! to their own. A close that hears nothing for `direct_request_ms`, or whose connection is
-//! lost first, releases what waits over the tree (a fault window, as any lost link).
+//! to their own. A close that hears nothing for `DIRECT_MARKER_POKES_MAX` request times, or
+//! whose connection is lost first, releases what waits over the tree (a fault window, as any
+//! lost link).
 //! Reliable messages do not wait: RELM takes the tree at once (its chains keep the order).
 //! Every message after the grant names the link's id (the grantor's): two daemons may open a
 //! new link on the connection an earlier one used, and a `Close` of the earlier one read then

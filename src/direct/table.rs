@@ -65,11 +65,24 @@ pub enum LinkEvent {
 /// A link's state (PVM's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Asked, waiting for the answer; messages take the tree.
+    /// Asked, waiting for the answer; messages take the tree. The link's `id` is the
+    /// request's number until the grant names the link.
     ConnWait,
-    /// Granted, waiting for the requester's `Switch`; this daemon's messages take the link,
-    /// the link is not read yet.
+    /// Granted, waiting for the requester's `Switch`; this daemon's messages still take the
+    /// tree, and the link is not read yet.
     GrantWait,
+    /// A grant whose `Switch` did not come within `direct_request_ms`: no longer counted
+    /// against `direct_links_max`, sent again at each `direct_request_ms` (up to
+    /// [`DIRECT_MARKER_POKES_MAX`] times), still waiting for the requester's answer, `Switch`
+    /// or `Withdraw`, which it sends to every copy. A late `Switch` opens the link (or,
+    /// without room, opens and at once closes it gracefully), so nothing the requester wrote
+    /// there is lost or read early.
+    ///
+    /// [`DIRECT_MARKER_POKES_MAX`]: crate::limits::DIRECT_MARKER_POKES_MAX
+    Expired,
+    /// The requester switched: its messages take the link; it does not read the link until
+    /// the grantor's `Ready`.
+    Switched,
     /// Both ways on the link.
     Open,
     /// Evicting: `Close` was the last frame written on the link; messages wait until the
@@ -78,15 +91,44 @@ enum Phase {
     /// The other end evicts: `CloseAck` was the last frame written on the link; messages wait
     /// for its `Shut` over the tree (it has read everything this end wrote there).
     Draining,
+    /// Given up by this end after a marker never came (an expired grant's `Switch`, a
+    /// switch's `Ready`) while the other end may still write on the link: the node closes the
+    /// connection (what it held is lost, as on a lost link), messages take the tree, and the
+    /// link is never read until the connection is gone or `direct_request_ms` passes. Without
+    /// this, a frame the other end wrote on the link could be read ahead of its older tree
+    /// messages.
+    Fenced,
 }
 
 impl Phase {
     /// Counted against `direct_links_max` (a closing link is on its way out).
     fn active(self) -> bool {
-        matches!(self, Phase::ConnWait | Phase::GrantWait | Phase::Open)
+        matches!(
+            self,
+            Phase::ConnWait | Phase::GrantWait | Phase::Switched | Phase::Open
+        )
+    }
+    /// This daemon's messages take the link.
+    fn writes(self) -> bool {
+        matches!(self, Phase::Switched | Phase::Open)
     }
     fn closing(self) -> bool {
         matches!(self, Phase::Closing | Phase::Draining)
+    }
+    /// The link must not be read yet (or any more).
+    fn unread(self) -> bool {
+        matches!(
+            self,
+            Phase::ConnWait | Phase::GrantWait | Phase::Expired | Phase::Switched | Phase::Fenced
+        )
+    }
+    /// Whether a new request from the other end must wait (denied `Epoch`): this end still
+    /// settles an earlier link with it.
+    fn settling(self) -> bool {
+        matches!(
+            self,
+            Phase::Expired | Phase::Closing | Phase::Draining | Phase::Fenced
+        )
     }
 }
 
@@ -97,9 +139,26 @@ struct Link {
     since: Instant,
     /// The last message this daemon sent on it (eviction picks the least recently used).
     used: Instant,
-    /// Its id (the grantor's, in `Grant`; 0 while asked for): messages about another id are
-    /// about an earlier link between the same two daemons, and are ignored.
+    /// Its id (the grantor's, in `Grant`; the request's number while asked for): messages
+    /// about another id are about an earlier link between the same two daemons.
     id: u32,
+    /// The number of the request it answers (at the grantor: its `Grant` may be sent again).
+    ask: u32,
+    /// How many times this end asked again for the marker it waits for.
+    pokes: u32,
+}
+
+impl Link {
+    fn new(phase: Phase, now: Instant, id: u32, ask: u32) -> Link {
+        Link {
+            phase,
+            since: now,
+            used: now,
+            id,
+            ask,
+            pokes: 0,
+        }
+    }
 }
 
 /// What the table needs to know of the node when a request arrives.
@@ -136,6 +195,8 @@ pub struct DirectLinks {
     generation: u64,
     /// The id of the last link this daemon granted.
     last_id: u32,
+    /// The number of the last request this daemon sent.
+    last_ask: u32,
 }
 
 impl DirectLinks {
@@ -151,6 +212,7 @@ impl DirectLinks {
             stats: DirectCounters::default(),
             generation: 0,
             last_id: 0,
+            last_ask: 0,
         }
     }
 
@@ -163,11 +225,7 @@ impl DirectLinks {
     /// The counters, with the links open now.
     pub fn counters(&self) -> DirectCounters {
         let mut c = self.stats.clone();
-        c.links_open = self
-            .links
-            .values()
-            .filter(|l| matches!(l.phase, Phase::GrantWait | Phase::Open))
-            .count() as u64;
+        c.links_open = self.links.values().filter(|l| l.phase.writes()).count() as u64;
         c
     }
 
@@ -183,7 +241,7 @@ impl DirectLinks {
         requester: impl FnOnce() -> (u64, String),
     ) -> Via {
         let phase = self.links.get(&dst).map(|l| l.phase);
-        if let Some(Phase::GrantWait | Phase::Open) = phase {
+        if phase.is_some_and(Phase::writes) {
             self.stats.direct_messages += 1;
             self.stats.direct_bytes += len as u64;
             if let Some(l) = self.links.get_mut(&dst) {
@@ -250,15 +308,10 @@ impl DirectLinks {
             return;
         }
         let (epoch, uri) = requester();
-        self.links.insert(
-            dst,
-            Link {
-                phase: Phase::ConnWait,
-                since: now,
-                used: now,
-                id: 0,
-            },
-        );
+        self.last_ask = self.last_ask.wrapping_add(1).max(1);
+        let ask = self.last_ask;
+        self.links
+            .insert(dst, Link::new(Phase::ConnWait, now, ask, ask));
         self.traffic.remove(&dst);
         self.stats.requests_sent += 1;
         log::debug!("rank {}: asking rank {dst} for a direct link", self.me);
@@ -268,6 +321,7 @@ impl DirectLinks {
                 version: DIRECT_VERSION,
                 epoch,
                 uri,
+                ask,
             },
         ));
     }
@@ -334,7 +388,12 @@ impl DirectLinks {
         let phase = self.links.get(&from).map(|l| l.phase);
         log::trace!("rank {}: {msg:?} from {from} in {phase:?}", self.me);
         match msg {
-            DirectMsg::Request { version, epoch, .. } => {
+            DirectMsg::Request {
+                version,
+                epoch,
+                ask,
+                ..
+            } => {
                 self.stats.requests_received += 1;
                 let deny = if who.stopping {
                     Some(DenyReason::Stopping)
@@ -354,8 +413,9 @@ impl DirectLinks {
                         || self.links.len() >= 2 * self.cfg.links_max)
                 {
                     Some(DenyReason::Full)
-                } else if phase.is_some_and(Phase::closing) {
-                    // Asked again before the close finished: ask once it has.
+                } else if phase.is_some_and(Phase::settling) {
+                    // Asked again before the close finished: ask once it has (this end may
+                    // hold messages that must take the tree before a new link's).
                     Some(DenyReason::Epoch)
                 } else {
                     None
@@ -374,39 +434,33 @@ impl DirectLinks {
                     }
                     None => {
                         // A new grant, or one again for a requester that lost its state (its
-                        // link was lost, or its request crossed ours and won).
+                        // link was lost, or its request crossed ours and won). A link this end
+                        // wrote on is given up first (the node closes its connection, see
+                        // `on_direct_message`): its messages take the tree until `Switch`.
                         self.stats.grants += 1;
                         self.last_id = self.last_id.wrapping_add(1).max(1);
                         let id = self.last_id;
-                        self.links.insert(
-                            from,
-                            Link {
-                                phase: Phase::GrantWait,
-                                since: now,
-                                used: now,
-                                id,
-                            },
-                        );
+                        self.links
+                            .insert(from, Link::new(Phase::GrantWait, now, id, ask));
                         log::debug!("rank {}: granted rank {from} direct link {id}", self.me);
-                        self.control.push_back((from, DirectMsg::Grant(id)));
+                        self.control.push_back((from, DirectMsg::Grant { id, ask }));
                     }
                 }
             }
-            DirectMsg::Grant(id) => match phase {
-                Some(Phase::ConnWait) => {
-                    self.links.insert(
-                        from,
-                        Link {
-                            phase: Phase::Open,
-                            since: now,
-                            used: now,
-                            id,
-                        },
-                    );
-                    self.stats.links_opened += 1;
+            DirectMsg::Grant { id, ask } => match self.links.get(&from) {
+                Some(l) if l.phase == Phase::ConnWait && l.id == ask => {
+                    self.links
+                        .insert(from, Link::new(Phase::Switched, now, id, ask));
                     self.control.push_back((from, DirectMsg::Switch(id)));
                 }
-                // Nobody waits for it here any more (timed out): the grantor forgets it.
+                // The grantor asks again for its `Switch` (it may have been lost).
+                Some(l) if matches!(l.phase, Phase::Switched | Phase::Open) && l.id == id => {
+                    self.control.push_back((from, DirectMsg::Switch(id)));
+                }
+                // Given up here already (and `Withdraw` sent).
+                Some(l) if l.phase == Phase::Fenced => {}
+                // Nobody waits for it here any more (the request timed out, and maybe another
+                // was sent since): the grantor forgets it. It wrote nothing on the link.
                 _ => self.control.push_back((from, DirectMsg::Withdraw(id))),
             },
             DirectMsg::Deny(r) => {
@@ -416,23 +470,56 @@ impl DirectLinks {
                 }
             }
             DirectMsg::Switch(id) => {
+                let late = phase == Some(Phase::Expired);
+                let room = self.active() < self.cfg.links_max;
                 if let Some(l) = self.links.get_mut(&from)
-                    && l.phase == Phase::GrantWait
+                    && matches!(l.phase, Phase::GrantWait | Phase::Expired)
+                    && l.id == id
+                {
+                    // Every tree message of the requester's before the link was read: read
+                    // the link, and write there after `Ready`, this end's drain marker.
+                    l.phase = Phase::Open;
+                    l.since = now;
+                    l.used = now;
+                    self.stats.links_opened += 1;
+                    self.control.push_back((from, DirectMsg::Ready(id)));
+                    if late && !room {
+                        // No room for it any more: closed as an eviction is, losing nothing.
+                        l.phase = Phase::Closing;
+                        self.stats.links_evicted += 1;
+                        self.control.push_back((from, DirectMsg::Close(id)));
+                    }
+                } else {
+                    self.unknown_marker(from, id, true);
+                }
+            }
+            DirectMsg::Ready(id) => {
+                if let Some(l) = self.links.get_mut(&from)
+                    && l.phase == Phase::Switched
                     && l.id == id
                 {
                     l.phase = Phase::Open;
                     l.since = now;
                     self.stats.links_opened += 1;
+                } else {
+                    self.unknown_marker(from, id, false);
                 }
             }
             // The peer gave the link up (a late grant, a grant it never switched to, a
-            // connection it could not make): this end stops using it too.
+            // connection it could not make): this end stops using it too. If this end wrote
+            // or read there, the node closes the connection (what is unread there is lost, as
+            // on a lost link): nothing written on it before may be read after tree messages
+            // sent after.
             DirectMsg::Withdraw(id) => {
-                let ours = self
-                    .links
-                    .get(&from)
-                    .is_some_and(|l| l.id == id || (id == 0 && l.phase == Phase::GrantWait));
-                if ours && phase != Some(Phase::ConnWait) {
+                let ours = self.links.get(&from).is_some_and(|l| {
+                    l.id == id || (id == 0 && matches!(l.phase, Phase::GrantWait | Phase::Expired))
+                });
+                // A fenced link stays fenced until its connection is gone.
+                if ours && !matches!(phase, Some(Phase::ConnWait | Phase::Fenced)) {
+                    log::debug!(
+                        "rank {}: rank {from} gave up direct link {id} ({phase:?} here)",
+                        self.me
+                    );
                     self.end(from);
                     self.stats.fallbacks += 1;
                 }
@@ -467,6 +554,14 @@ impl DirectLinks {
                     self.end(from);
                 }
             }
+            // Still closing: `CloseAck` was not read yet, and `Shut` follows when it is.
+            DirectMsg::AskShut(id)
+                if self
+                    .links
+                    .get(&from)
+                    .is_some_and(|l| l.id == id && l.phase == Phase::Closing) => {}
+            // Done with that link: `Shut` again (the first may have been lost).
+            DirectMsg::AskShut(id) => self.control.push_back((from, DirectMsg::Shut(id))),
             // About an earlier link between the two: stale.
             DirectMsg::Close(_) | DirectMsg::CloseAck(_) | DirectMsg::Shut(_) => {
                 log::debug!(
@@ -474,6 +569,34 @@ impl DirectLinks {
                     self.me
                 );
             }
+        }
+    }
+
+    /// A `Switch` or `Ready` for a link this end does not wait on: a copy sent again for a
+    /// link that opened (a `Switch` copy is answered with `Ready` again, which may have been
+    /// lost), or one this end lost the state of (e.g. with its connection): then the other
+    /// end, which writes on it now, is told to give it up, unless this end already did.
+    fn unknown_marker(&mut self, from: Rank, id: u32, switch: bool) {
+        let phase = self
+            .links
+            .get(&from)
+            .filter(|l| l.id == id)
+            .map(|l| l.phase);
+        if switch && matches!(phase, Some(Phase::Open | Phase::Closing | Phase::Draining)) {
+            self.control.push_back((from, DirectMsg::Ready(id)));
+            return;
+        }
+        let known = phase.is_some()
+            || self
+                .links
+                .get(&from)
+                .is_some_and(|l| l.phase == Phase::Fenced);
+        if !known {
+            log::debug!(
+                "rank {}: a marker for direct link {id} from rank {from}, not waited for",
+                self.me
+            );
+            self.control.push_back((from, DirectMsg::Withdraw(id)));
         }
     }
 
@@ -498,48 +621,120 @@ impl DirectLinks {
         self.denials.insert(peer, (r, now + self.cfg.denial_ttl));
     }
 
-    /// Waits past `direct_request_ms` end: a request unanswered is denied (`Timeout`); a grant
-    /// whose requester never switched is forgotten.
-    /// Returns the peers whose messages took a link and now take the tree.
+    /// How long a link waits in `phase` before [`DirectLinks::handle_timeout`] moves it on.
+    fn wait(&self, phase: Phase) -> Option<Duration> {
+        let t = self.cfg.request_timeout;
+        match phase {
+            Phase::Open => None,
+            // `CloseAck` rides the link itself: only the connection's loss (handled as such)
+            // or a peer that stops reading delays it.
+            Phase::Closing => Some(t.saturating_mul(crate::limits::DIRECT_MARKER_POKES_MAX)),
+            // The others ask again for their marker at each wait's end.
+            Phase::ConnWait
+            | Phase::GrantWait
+            | Phase::Expired
+            | Phase::Switched
+            | Phase::Draining
+            | Phase::Fenced => Some(t),
+        }
+    }
+
+    /// Waits that ended: a request unanswered is denied (`Timeout`); a grant unanswered is no
+    /// longer counted (`Expired`) and, much later, given up and fenced; a switch whose `Ready`
+    /// never came likewise; a fenced link is done; a close that heard nothing releases what
+    /// waits. Returns the peers whose connection the node must close (through
+    /// `Output::Fallback`, which gives the tree whatever was queued for it).
     pub fn handle_timeout(&mut self, now: Instant) -> Vec<Rank> {
         self.generation += 1;
-        let limit = self.cfg.request_timeout;
-        let mut expired: Vec<(Rank, Phase, u32)> = self
+        let mut expired: Vec<(Rank, Link)> = self
             .links
             .iter()
             .filter(|(_, l)| {
-                l.phase != Phase::Open && now.saturating_duration_since(l.since) >= limit
+                self.wait(l.phase)
+                    .is_some_and(|w| now.saturating_duration_since(l.since) >= w)
             })
-            .map(|(r, l)| (*r, l.phase, l.id))
+            .map(|(r, l)| (*r, *l))
             .collect();
-        expired.sort_unstable_by_key(|(r, ..)| *r);
-        let mut fell_back = Vec::new();
-        for (peer, phase, id) in expired {
-            self.end(peer);
-            if phase.closing() {
-                // The other end went quiet while the link closed: what waits takes the tree.
-                self.control.push_back((peer, DirectMsg::Withdraw(id)));
-                fell_back.push(peer);
-            } else if phase == Phase::ConnWait {
-                // Whatever grant answers the request (id 0: not known here).
-                self.denied(now, peer, DenyReason::Timeout);
-                self.control.push_back((peer, DirectMsg::Withdraw(0)));
-            } else {
-                // The requester may have switched all the same (its `Switch` is late).
-                self.stats.fallbacks += 1;
-                self.control.push_back((peer, DirectMsg::Withdraw(id)));
-                fell_back.push(peer);
+        expired.sort_unstable_by_key(|(r, _)| *r);
+        let mut close = Vec::new();
+        for (peer, link) in expired {
+            let Link {
+                phase, id, pokes, ..
+            } = link;
+            let poke = pokes < crate::limits::DIRECT_MARKER_POKES_MAX;
+            if poke
+                && matches!(
+                    phase,
+                    Phase::GrantWait | Phase::Expired | Phase::Switched | Phase::Draining
+                )
+            {
+                // The marker is late, or was lost with a tree connection: asked for again
+                // (the answer to a copy is a copy; each end ignores a second one).
+                if let Some(l) = self.links.get_mut(&peer) {
+                    if l.phase == Phase::GrantWait {
+                        // No longer counted against `direct_links_max`.
+                        l.phase = Phase::Expired;
+                    }
+                    l.since = now;
+                    l.pokes += 1;
+                }
+                let again = match phase {
+                    Phase::Switched => DirectMsg::Switch(id),
+                    Phase::Draining => DirectMsg::AskShut(id),
+                    _ => DirectMsg::Grant { id, ask: link.ask },
+                };
+                self.control.push_back((peer, again));
+                continue;
+            }
+            log::debug!(
+                "rank {}: direct link {id} with rank {peer}: no answer in {phase:?}",
+                self.me
+            );
+            match phase {
+                Phase::ConnWait => {
+                    // Whatever grant answers the request (id 0: not known here). The grantor
+                    // writes nothing on the link before `Switch`, so nothing is fenced.
+                    self.end(peer);
+                    self.denied(now, peer, DenyReason::Timeout);
+                    self.control.push_back((peer, DirectMsg::Withdraw(0)));
+                }
+                Phase::GrantWait | Phase::Expired | Phase::Switched => {
+                    // Asked for too often (the tree keeps losing it, or is overloaded beyond
+                    // reason): the other end is told, and whatever it wrote on the link is
+                    // never read here.
+                    self.stats.fallbacks += 1;
+                    if phase == Phase::Switched {
+                        self.denied(now, peer, DenyReason::Timeout);
+                    }
+                    if let Some(l) = self.links.get_mut(&peer) {
+                        l.phase = Phase::Fenced;
+                        l.since = now;
+                    }
+                    self.control.push_back((peer, DirectMsg::Withdraw(id)));
+                    close.push(peer);
+                }
+                Phase::Fenced => {
+                    self.end(peer);
+                    close.push(peer);
+                }
+                Phase::Closing | Phase::Draining => {
+                    // The other end went quiet while the link closed: what waits takes the
+                    // tree.
+                    self.end(peer);
+                    self.control.push_back((peer, DirectMsg::Withdraw(id)));
+                    close.push(peer);
+                }
+                Phase::Open => {}
             }
         }
-        fell_back
+        close
     }
 
     /// When [`DirectLinks::handle_timeout`] is next due.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.links
             .values()
-            .filter(|l| l.phase != Phase::Open)
-            .map(|l| l.since + self.cfg.request_timeout)
+            .filter_map(|l| Some(l.since + self.wait(l.phase)?))
             .min()
     }
 
@@ -550,20 +745,15 @@ impl DirectLinks {
 
     /// Whether this daemon's messages to `dst` take a direct link.
     pub fn is_direct(&self, dst: Rank) -> bool {
-        self.links
-            .get(&dst)
-            .is_some_and(|l| matches!(l.phase, Phase::GrantWait | Phase::Open))
+        self.links.get(&dst).is_some_and(|l| l.phase.writes())
     }
 
     /// Whether the connection with `peer` may be read: not while a drain marker from it is
-    /// awaited (its direct messages must wait for its tree messages before the switch).
+    /// awaited (its direct messages must wait for its tree messages before the switch), nor
+    /// once the link is fenced.
     pub fn may_read(&self, peer: Rank) -> bool {
         // Every read of every connection asks: the common answer needs no lookup.
-        self.links.is_empty()
-            || !self
-                .links
-                .get(&peer)
-                .is_some_and(|l| matches!(l.phase, Phase::ConnWait | Phase::GrantWait))
+        self.links.is_empty() || !self.links.get(&peer).is_some_and(|l| l.phase.unread())
     }
 
     /// Daemons whose link is closing (`Close` sent or read, `Shut` not yet), ascending.
@@ -609,13 +799,19 @@ impl DirectLinks {
     pub fn handle_link_lost(&mut self, peer: Rank) -> bool {
         self.generation += 1;
         match self.links.get(&peer).map(|l| l.phase) {
-            Some(Phase::GrantWait | Phase::Open | Phase::Closing) => {
+            Some(Phase::Switched | Phase::Open | Phase::Closing) => {
                 self.end(peer);
                 self.stats.fallbacks += 1;
                 true
             }
-            // The evicting end closes the connection once it has read `CloseAck`; this end
-            // waits for its `Shut` over the tree.
+            // What it held is gone with it: the fence is done.
+            Some(Phase::Fenced) => {
+                self.end(peer);
+                false
+            }
+            // A grant waiting for its `Switch` does not use the connection yet (one lost now
+            // is an earlier link's; the requester learns of its own loss); the evicting end closes the connection once it has read
+            // `CloseAck`, and this end waits for its `Shut` over the tree.
             _ => false,
         }
     }
@@ -712,26 +908,32 @@ mod tests {
         let mut a = DirectLinks::new(7, cfg(RouteSetting::Direct, 4));
         let mut b = DirectLinks::new(14, cfg(RouteSetting::Auto, 4));
         assert_eq!(a.route(t, 14, 8, None, me), Via::Tree);
-        assert!(
-            !a.may_read(14),
-            "ConnWait: the grantor's direct frames wait for its Grant"
-        );
+        assert!(!a.may_read(14), "ConnWait: nothing is read on the link");
         let (to, req) = a.poll_control().unwrap();
         assert_eq!(to, 14);
         b.handle_message(t, asker(7), req);
         assert!(
-            b.is_direct(7) && !b.may_read(7),
-            "GrantWait: sends direct, reads wait"
+            !b.is_direct(7) && !b.may_read(7),
+            "GrantWait: sends over the tree, reads wait for Switch"
         );
+        assert_eq!(b.route(t, 7, 8, None, me), Via::Tree);
         let (_, grant) = b.poll_control().unwrap();
-        assert_eq!(grant, DirectMsg::Grant(1));
+        assert_eq!(grant, DirectMsg::Grant { id: 1, ask: 1 });
         a.handle_message(t, asker(14), grant);
-        assert!(a.is_direct(14) && a.may_read(14));
+        assert!(
+            a.is_direct(14) && !a.may_read(14),
+            "Switched: sends direct, reads wait for Ready"
+        );
         assert_eq!(a.route(t, 14, 8, None, me), Via::Direct);
         let (_, switch) = a.poll_control().unwrap();
         assert_eq!(switch, DirectMsg::Switch(1));
         b.handle_message(t, asker(7), switch);
-        assert!(b.may_read(7));
+        assert!(b.may_read(7) && b.is_direct(7));
+        assert_eq!(b.route(t, 7, 8, None, me), Via::Direct);
+        let (_, ready) = b.poll_control().unwrap();
+        assert_eq!(ready, DirectMsg::Ready(1));
+        a.handle_message(t, asker(14), ready);
+        assert!(a.may_read(14));
         assert_eq!(a.counters().links_open, 1);
         assert_eq!(b.counters().links_open, 1);
         assert_eq!(a.counters().requests_sent, 1);
@@ -858,7 +1060,7 @@ mod tests {
     }
 
     #[test]
-    fn a_close_that_hears_nothing_releases_after_the_request_timeout() {
+    fn a_close_that_hears_nothing_releases_after_the_marker_waits() {
         let t = Instant::now();
         let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 1));
         let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 1));
@@ -866,9 +1068,48 @@ mod tests {
         let t2 = t + Duration::from_secs(1);
         a.route(t2, 3, 8, None, me);
         assert_eq!(a.poll_control(), Some((2, DirectMsg::Close(1))));
-        let later = t2 + Duration::from_secs(5);
+        assert!(a.handle_timeout(t2 + Duration::from_secs(5)).is_empty());
+        let later = t2 + Duration::from_secs(5 * u64::from(crate::limits::DIRECT_MARKER_POKES_MAX));
         assert_eq!(a.handle_timeout(later), vec![2]);
         assert_eq!(a.poll_event(), Some(LinkEvent::Release(2)));
+    }
+
+    /// `Shut` lost on the tree: the end that answered `Close` asks for it again, and the
+    /// evicting end answers once it is done with the link (not while it still closes).
+    #[test]
+    fn a_lost_shut_is_asked_for_again() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 1));
+        let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 1));
+        open(t, &mut a, &mut b);
+        let t2 = t + Duration::from_secs(1);
+        a.route(t2, 3, 8, None, me);
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Close(1))));
+        a.poll_control();
+        b.handle_message(t2, asker(1), DirectMsg::Close(1));
+        assert_eq!(b.poll_control(), Some((1, DirectMsg::CloseAck(1))));
+        let t3 = t2 + Duration::from_secs(5);
+        assert!(b.handle_timeout(t3).is_empty());
+        assert_eq!(b.poll_control(), Some((1, DirectMsg::AskShut(1))));
+        a.handle_message(t3, asker(2), DirectMsg::AskShut(1));
+        assert!(
+            a.poll_control().is_none(),
+            "CloseAck not read yet: Shut follows it"
+        );
+        a.handle_message(t3, asker(2), DirectMsg::CloseAck(1));
+        assert_eq!(
+            a.poll_control(),
+            Some((2, DirectMsg::Shut(1))),
+            "lost on the way"
+        );
+        let t4 = t3 + Duration::from_secs(5);
+        assert!(b.handle_timeout(t4).is_empty());
+        assert_eq!(b.poll_control(), Some((1, DirectMsg::AskShut(1))));
+        a.handle_message(t4, asker(2), DirectMsg::AskShut(1));
+        let (_, shut) = a.poll_control().unwrap();
+        b.handle_message(t4, asker(1), shut);
+        assert_eq!(b.poll_event(), Some(LinkEvent::Release(1)));
+        assert!(b.peers().is_empty());
     }
 
     #[test]
@@ -931,6 +1172,7 @@ mod tests {
             version: DIRECT_VERSION,
             epoch: 0,
             uri: String::new(),
+            ask: 1,
         }
     }
 
@@ -946,6 +1188,7 @@ mod tests {
                 version: 9,
                 epoch: 0,
                 uri: String::new(),
+                ask: 1,
             },
         );
         assert_eq!(deny(&mut b), Some(DirectMsg::Deny(DenyReason::Version)));
@@ -987,9 +1230,204 @@ mod tests {
         a.poll_control();
         a.poll_control();
         a.poll_control();
-        a.handle_message(due, asker(2), DirectMsg::Grant(5));
+        a.handle_message(due, asker(2), DirectMsg::Grant { id: 5, ask: 1 });
         assert_eq!(a.poll_control(), Some((2, DirectMsg::Withdraw(5))));
         assert!(!a.is_direct(2));
+    }
+
+    /// Regression seeds 358 and 17532: a grant arriving after its request timed out. The
+    /// grantor wrote nothing on the link before `Switch`, so the requester, which no longer
+    /// waits for any marker, has nothing there to read early; the withdrawn grant is simply
+    /// forgotten.
+    #[test]
+    fn a_late_grant_is_withdrawn_and_the_grantor_never_wrote() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(6, cfg(RouteSetting::Direct, 4));
+        let mut b = DirectLinks::new(0, cfg(RouteSetting::Direct, 4));
+        a.route(t, 0, 8, None, me);
+        let (_, request) = a.poll_control().unwrap();
+        let late = t + Duration::from_secs(5);
+        assert!(a.handle_timeout(late).is_empty());
+        assert_eq!(a.poll_control(), Some((0, DirectMsg::Withdraw(0))));
+        // The request arrives only now, then the requester's Withdraw(0).
+        b.handle_message(late, asker(6), request);
+        assert_eq!(
+            b.route(late, 6, 8, None, me),
+            Via::Tree,
+            "no writes before Switch"
+        );
+        let (_, grant) = b.poll_control().unwrap();
+        b.handle_message(late, asker(6), DirectMsg::Withdraw(0));
+        assert!(b.peers().is_empty());
+        a.handle_message(late, asker(0), grant);
+        assert_eq!(a.poll_control(), Some((0, DirectMsg::Withdraw(1))));
+        b.handle_message(late, asker(6), DirectMsg::Withdraw(1));
+        assert!(a.peers().is_empty() && b.peers().is_empty());
+    }
+
+    /// A `Switch` lost on the tree: the grant's copy brings another, the `Switch` copy
+    /// another `Ready`, and copies of markers for an open link change nothing.
+    #[test]
+    fn a_lost_marker_is_asked_for_again_and_copies_are_harmless() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
+        let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 4));
+        a.route(t, 2, 8, None, me);
+        let (_, request) = a.poll_control().unwrap();
+        b.handle_message(t, asker(1), request);
+        let (_, grant) = b.poll_control().unwrap();
+        a.handle_message(t, asker(2), grant);
+        let lost = a.poll_control();
+        assert_eq!(lost, Some((2, DirectMsg::Switch(1))));
+        let later = t + Duration::from_secs(5);
+        assert!(b.handle_timeout(later).is_empty());
+        exchange(later, &mut a, &mut b);
+        assert!(a.may_read(2) && b.may_read(1) && a.is_direct(2) && b.is_direct(1));
+        // A late copy of everything: nothing changes, nothing is withdrawn.
+        b.handle_message(later, asker(1), DirectMsg::Switch(1));
+        exchange(later, &mut a, &mut b);
+        a.handle_message(later, asker(2), DirectMsg::Grant { id: 1, ask: 1 });
+        exchange(later, &mut a, &mut b);
+        assert!(a.may_read(2) && b.may_read(1) && a.is_direct(2) && b.is_direct(1));
+        assert_eq!(a.counters().fallbacks + b.counters().fallbacks, 0);
+    }
+
+    #[test]
+    fn a_grant_for_an_earlier_request_is_not_taken_for_the_current_one() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
+        a.route(t, 2, 8, None, me);
+        let expired = t + Duration::from_secs(5);
+        a.handle_timeout(expired);
+        let asked_again = expired + Duration::from_secs(2);
+        a.route(asked_again, 2, 8, None, me);
+        while a.poll_control().is_some() {}
+        a.handle_message(asked_again, asker(2), DirectMsg::Grant { id: 4, ask: 1 });
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Withdraw(4))));
+        assert!(!a.is_direct(2), "still waiting for the answer to request 2");
+        a.handle_message(asked_again, asker(2), DirectMsg::Grant { id: 5, ask: 2 });
+        assert!(a.is_direct(2));
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Switch(5))));
+    }
+
+    /// A `Switch` later than the grant's wait (an overloaded tree): the grant stops counting
+    /// against `direct_links_max` but still waits for the answer, so the link opens and
+    /// nothing the requester wrote on it is lost; without room left, it opens and at once
+    /// closes gracefully.
+    #[test]
+    fn a_late_switch_opens_an_expired_grant_or_closes_it_gracefully() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 1));
+        let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 1));
+        for (room, expect) in [(true, Via::Direct), (false, Via::Hold)] {
+            a.route(t, 2, 8, None, me);
+            let (_, request) = a.poll_control().unwrap();
+            b.handle_message(t, asker(1), request);
+            let (_, grant) = b.poll_control().unwrap();
+            a.handle_message(t, asker(2), grant);
+            let (_, switch) = a.poll_control().unwrap();
+            let expired = t + Duration::from_secs(5);
+            assert!(b.handle_timeout(expired).is_empty(), "nothing to close yet");
+            assert!(
+                matches!(b.poll_control(), Some((1, DirectMsg::Grant { .. }))),
+                "the grant is sent again: its Switch may have been lost"
+            );
+            assert!(!b.may_read(1) && !b.is_direct(1));
+            assert_eq!(b.route(expired, 1, 8, None, me), Via::Tree);
+            if !room {
+                // Another link takes the room the expired grant no longer holds.
+                b.handle_message(expired, asker(3), a_request());
+                assert!(matches!(
+                    b.poll_control(),
+                    Some((3, DirectMsg::Grant { .. }))
+                ));
+            }
+            b.handle_message(expired, asker(1), switch);
+            assert!(b.may_read(1), "the marker came: the link is read");
+            assert_eq!(b.route(expired, 1, 8, None, me), expect);
+            let (_, ready) = b.poll_control().unwrap();
+            assert!(matches!(ready, DirectMsg::Ready(_)));
+            a.handle_message(expired, asker(2), ready);
+            assert!(a.may_read(2));
+            if !room {
+                assert!(matches!(b.poll_control(), Some((1, DirectMsg::Close(_)))));
+            }
+            b.check_invariants().unwrap();
+            // Ends both (a lost connection) before the next round.
+            a.handle_link_lost(2);
+            b.handle_link_lost(1);
+            b.handle_peer_failed(3);
+            while b.poll_event().is_some() {}
+            while b.poll_control().is_some() {}
+        }
+    }
+
+    /// A grant whose requester never answers at all: the grantor sends it again at each
+    /// request time, and after `DIRECT_MARKER_POKES_MAX` copies gives it up, tells the
+    /// requester, has the connection closed, and reads nothing there until the fence ends.
+    #[test]
+    fn a_grant_never_answered_is_fenced_at_last() {
+        let t = Instant::now();
+        let mut c = DirectLinks::new(3, cfg(RouteSetting::Direct, 4));
+        c.handle_message(t, asker(1), a_request());
+        c.poll_control();
+        let mut at = t;
+        for _ in 0..crate::limits::DIRECT_MARKER_POKES_MAX {
+            at += Duration::from_secs(5);
+            assert_eq!(c.poll_timeout(), Some(at));
+            assert!(c.handle_timeout(at).is_empty());
+            assert_eq!(
+                c.poll_control(),
+                Some((1, DirectMsg::Grant { id: 1, ask: 1 }))
+            );
+        }
+        let late = at + Duration::from_secs(5);
+        assert_eq!(c.handle_timeout(late), vec![1], "the node closes it");
+        assert_eq!(c.poll_control(), Some((1, DirectMsg::Withdraw(1))));
+        assert!(!c.may_read(1));
+        c.handle_message(late, asker(1), DirectMsg::Switch(1));
+        assert!(!c.may_read(1), "a Switch after the fence opens nothing");
+        c.handle_message(late, asker(1), a_request());
+        assert_eq!(
+            c.poll_control(),
+            Some((1, DirectMsg::Deny(DenyReason::Epoch))),
+            "no new grant while fenced"
+        );
+        assert!(!c.handle_link_lost(1));
+        assert!(
+            c.may_read(1) && c.peers().is_empty(),
+            "gone with its connection"
+        );
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn an_unanswered_switch_is_fenced_and_denied_for_a_while() {
+        let t = Instant::now();
+        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
+        a.route(t, 2, 8, None, me);
+        a.poll_control();
+        a.handle_message(t, asker(2), DirectMsg::Grant { id: 3, ask: 1 });
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Switch(3))));
+        let mut at = t;
+        for _ in 0..crate::limits::DIRECT_MARKER_POKES_MAX {
+            at += Duration::from_secs(5);
+            assert!(a.handle_timeout(at).is_empty(), "Ready is late");
+            assert_eq!(
+                a.poll_control(),
+                Some((2, DirectMsg::Switch(3))),
+                "asked again"
+            );
+        }
+        let expired = at + Duration::from_secs(5);
+        assert_eq!(a.handle_timeout(expired), vec![2]);
+        assert_eq!(a.poll_control(), Some((2, DirectMsg::Withdraw(3))));
+        assert!(!a.may_read(2) && !a.is_direct(2));
+        assert_eq!(a.counters().denied_timeout, 1);
+        a.handle_message(expired, asker(2), DirectMsg::Ready(3));
+        assert!(!a.may_read(2), "a late Ready does not open a fenced link");
+        assert_eq!(a.route(expired, 2, 8, None, me), Via::Tree);
+        assert!(a.poll_control().is_none(), "the denial is cached");
     }
 
     #[test]

@@ -74,8 +74,8 @@ impl Node {
         queue.push_back(m);
     }
 
-    /// The table's control messages (over the tree, plain runtime messages: `Grant` and
-    /// `Switch` are the tree route's drain markers, so they must take it; `Close` and
+    /// The table's control messages (over the tree, plain runtime messages: `Switch` and
+    /// `Ready` are the tree route's drain markers, so they must take it; `Close` and
     /// `CloseAck` on the link, the last frame written there) and its link events.
     pub(super) fn send_direct_control(&mut self, now: Instant) {
         while let Some((to, m)) = self.direct.poll_control() {
@@ -139,7 +139,9 @@ impl Node {
         );
         self.direct.handle_message(now, who, m);
         if was_direct && !self.direct.is_direct(msg.origin) && !closing {
-            // A withdrawn grant: what was queued for the link takes the tree.
+            // A link given up by the other end, or granted again (the other end lost its
+            // state): what was queued for the link takes the tree, and the connection closes
+            // (nothing written on it may be read after tree messages sent later).
             self.fall_back(now, msg.origin);
         }
         self.send_direct_control(now);

@@ -218,6 +218,50 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
                 a new one; the consumer failed the stream (a protocol error: ended at 1530, \
                 0 bytes arrived) instead of resuming at the byte it stood at, as for a gap",
     },
+    RegressionSeed {
+        seed: 358,
+        daemons: 7,
+        radix: 4,
+        faults: FaultKinds {
+            crash: true,
+            link: true,
+            stall: true,
+            partition: true,
+            delay: true,
+            stale: false,
+            dup: false,
+            stranger: false,
+            direct: true,
+            stream: true,
+            overload: false,
+        },
+        found: "direct links: a request delayed past direct_request_ms was given up; the \
+                grant came later and the grantor wrote on the link at once, so the requester \
+                (waiting for no marker any more) read those frames ahead of older tree \
+                messages: plain messages out of order (fixed by direct-link version 4: the \
+                grantor writes only after Switch, behind its own marker Ready)",
+    },
+    RegressionSeed {
+        seed: 17_532,
+        daemons: 5,
+        radix: 8,
+        faults: FaultKinds {
+            crash: true,
+            link: true,
+            stall: true,
+            partition: true,
+            delay: true,
+            stale: false,
+            dup: false,
+            stranger: false,
+            direct: true,
+            stream: true,
+            overload: false,
+        },
+        found: "direct links: the same race as seed 358 with a radix of 8, and a grant given \
+                up unswitched: the grantor must never read what the requester wrote on the \
+                link after its late Switch (a fenced link)",
+    },
 ];
 
 /// What to simulate.

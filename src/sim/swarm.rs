@@ -547,7 +547,7 @@ impl Scenario {
             dup_rate = 0.0;
         }
         // Direct links: a stream of their own, so the other kinds' scenarios stay as they were.
-        let (direct, cuts) = direct_links(seed, size, radix, safety_us, kinds);
+        let (direct, cuts) = direct_links(seed, size, radix, safety_us, kinds, capacity.is_some());
         if capacity.is_none() {
             faults.extend(cuts);
         }
@@ -613,12 +613,20 @@ impl Scenario {
 
 /// The `direct` kind's part of a scenario: each daemon's direct-link settings, and cuts of
 /// connections between daemons that are not tree neighbours (the direct links).
+///
+/// `overloaded` (a run of the capacity model, whose tree queues hold messages for seconds):
+/// `direct_request_ms` is at least 1 s, so that the bound on asking again for a late marker
+/// (`limits::DIRECT_MARKER_POKES_MAX` times it, 24 s here, two minutes at the default) stays
+/// far above the tree's queueing delay, as the default is in production. Below it, a link is
+/// given up under overload by design, losing what was unread on it, which the run's checker
+/// (no accepted message lost) would rightly report.
 fn direct_links(
     seed: u64,
     size: u32,
     radix: u32,
     safety_us: u64,
     kinds: FaultKinds,
+    overloaded: bool,
 ) -> (Vec<crate::direct::DirectConfig>, Vec<Fault>) {
     use crate::direct::{DirectConfig, RouteSetting};
     use std::time::Duration;
@@ -635,7 +643,12 @@ fn direct_links(
     } else {
         tree.links_max
     };
-    let request_timeout = Duration::from_millis(rng.range(20, 3_000));
+    let request_ms = rng.range(20, 3_000);
+    let request_timeout = Duration::from_millis(if overloaded {
+        request_ms.max(1_000)
+    } else {
+        request_ms
+    });
     let denial_ttl = Duration::from_millis(rng.range(10, 2_000));
     let auto_messages = rng.range(0, 8);
     let configs: Vec<DirectConfig> = (0..size)

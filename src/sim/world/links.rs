@@ -145,7 +145,26 @@ impl World {
 
     /// `node`'s messages to `peer` took a direct link and now take the tree: what waited for
     /// that connection goes over the tree, before anything the node sends next.
+    /// As the driver does, the connection (if `peer` is no tree neighbour of `node`'s) closes:
+    /// what either end had not read on it is lost, and `peer` sees it lost.
     pub(super) fn fall_back(&mut self, node: Rank, peer: Rank) {
+        let neighbour = self
+            .nodes
+            .get(node as usize)
+            .is_none_or(|n| n.node.is_neighbour(peer));
+        if !neighbour && !self.conn_lost.contains(&Self::pair(node, peer)) {
+            self.bump_generation(node, peer);
+            if self.living(peer) {
+                let now = self.now_us;
+                self.push(
+                    now,
+                    Ev::LinkLost {
+                        node: peer,
+                        peer: node,
+                    },
+                );
+            }
+        }
         let frames = self.parked.remove(&(node, peer)).unwrap_or_default();
         if frames.is_empty() {
             return;
