@@ -1,11 +1,14 @@
 //! `tbon harness` as a user runs it: a short run with one interior daemon killed passes and
-//! reports it in JSON. The reliable-mode run with 15 daemons is `tests/relm_processes.rs`.
+//! reports it in JSON and in an HTML report, whose charts are parsed and checked; a run that
+//! fails still writes its report. The reliable-mode run with 15 daemons is
+//! `tests/relm_processes.rs`.
 
 use std::process::Command;
 
 #[test]
 fn short_harness_run_with_a_kill_passes() {
     let json = std::env::temp_dir().join(format!("tbon-harness-test-{}.json", std::process::id()));
+    let html = json.with_extension("html");
     let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
         .args([
             "harness",
@@ -19,6 +22,8 @@ fn short_harness_run_with_a_kill_passes() {
         .args(["--rate", "100", "--kill", "1", "--quiet", "--timeout", "60"])
         .arg("--json")
         .arg(&json)
+        .arg("--report")
+        .arg(&html)
         .output()
         .expect("run tbon harness");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -34,7 +39,145 @@ fn short_harness_run_with_a_kill_passes() {
     assert_eq!(report["passed"], true);
     assert_eq!(report["counts"]["duplicated"], 0);
     assert_eq!(report["faults"].as_array().unwrap().len(), 1);
+    let page = std::fs::read_to_string(&html).expect("the report was written");
+    check_report(&page, &report);
     let _ = std::fs::remove_file(&json);
+    let _ = std::fs::remove_file(&html);
+}
+
+/// A run that fails (here: it cannot finish within its `--timeout`) still writes its report,
+/// and the report says it failed and why.
+#[test]
+fn a_failed_harness_run_still_writes_its_report() {
+    let html = std::env::temp_dir().join(format!("tbon-harness-fail-{}.html", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
+        .args([
+            "harness",
+            "--daemons",
+            "4",
+            "--duration",
+            "20",
+            "--rate",
+            "50",
+            "--kill",
+            "0",
+        ])
+        .args(["--quiet", "--timeout", "3"])
+        .arg("--report")
+        .arg(&html)
+        .output()
+        .expect("run tbon harness");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let page = std::fs::read_to_string(&html).expect("the report was written");
+    let doc = parse(&page).expect("the report is well-formed");
+    let fails: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("fail"))
+        .filter_map(|n| n.text())
+        .collect();
+    assert!(fails.contains(&"FAIL"), "{fails:?}");
+    assert!(page.contains("did not finish within --timeout 3 s"));
+    assert!(
+        figure(&doc, "timeline").is_some(),
+        "the timeline is drawn too"
+    );
+    let _ = std::fs::remove_file(&html);
+}
+
+/// The page as XML (its `<!DOCTYPE html>` allowed).
+fn parse(page: &str) -> Result<roxmltree::Document<'_>, roxmltree::Error> {
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    roxmltree::Document::parse_with_options(page, options)
+}
+
+/// The `<svg>` of the figure with this id.
+fn figure<'a>(doc: &'a roxmltree::Document<'a>, id: &str) -> Option<roxmltree::Node<'a, 'a>> {
+    doc.descendants()
+        .find(|n| n.has_tag_name("figure") && n.attribute("id") == Some(id))?
+        .descendants()
+        .find(|n| n.tag_name().name() == "svg")
+}
+
+/// The elements named `tag` inside `svg`.
+fn named<'a, 'i>(svg: roxmltree::Node<'a, 'i>, tag: &str) -> Vec<roxmltree::Node<'a, 'i>> {
+    svg.descendants()
+        .filter(|n| n.tag_name().name() == tag)
+        .collect()
+}
+
+/// Parses the report as XML and checks every chart has data and every fault is marked.
+fn check_report(page: &str, run: &serde_json::Value) {
+    let doc = parse(page).expect("the report is well-formed XHTML");
+    // Timeline: a line of deliveries with a point per bin, latency dots, each fault labelled.
+    let timeline = figure(&doc, "timeline").expect("a timeline");
+    let bins = run["timeline"]["bins"].as_array().unwrap();
+    assert!(bins.len() >= 20, "3 s of 100 ms bins: {}", bins.len());
+    let longest = named(timeline, "polyline")
+        .iter()
+        .filter(|p| p.attribute("fill") == Some("none") && p.attribute("stroke-width") == Some("2"))
+        .map(|p| {
+            p.attribute("points")
+                .unwrap_or("")
+                .split_whitespace()
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(
+        longest >= bins.len(),
+        "a deliveries line through every bin: {longest}"
+    );
+    assert!(!named(timeline, "circle").is_empty(), "latency dots");
+    let labels: Vec<&str> = named(timeline, "text")
+        .iter()
+        .filter_map(|t| Some(t.text()?.trim()))
+        .collect();
+    for f in run["faults"].as_array().unwrap() {
+        let label = format!("{} {}", f["kind"].as_str().unwrap(), f["rank"]);
+        assert!(
+            labels.contains(&label.as_str()),
+            "{label} not in {labels:?}"
+        );
+    }
+    // The JSON's time series is the one drawn: its deliveries add up.
+    let binned: u64 = bins.iter().map(|b| b["delivered"].as_u64().unwrap()).sum();
+    assert_eq!(binned, run["counts"]["delivered"].as_u64().unwrap());
+    // A histogram per mode that delivered anything, with bars.
+    let histogram = &run["latency_histogram"];
+    for mode in ["plain", "reliable", "broadcast"] {
+        let count: u64 = histogram[mode]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .sum();
+        if count == 0 {
+            continue;
+        }
+        let svg = figure(&doc, &format!("latency-{mode}")).expect("a histogram");
+        let bars = named(svg, "rect")
+            .into_iter()
+            .filter(|r| r.attribute("opacity") == Some("0.35"))
+            .count();
+        assert!(bars >= 1, "{mode}: no bars");
+    }
+    // The trees: every daemon before, every survivor after.
+    let daemons = run["daemons"].as_u64().unwrap() as usize;
+    let survivors = run["survivors"].as_u64().unwrap() as usize;
+    let before = figure(&doc, "tree-before").expect("the tree before");
+    assert!(named(before, "circle").len() >= 2 * daemons);
+    let after = figure(&doc, "tree-after").expect("the tree after");
+    assert_eq!(named(after, "circle").len(), 2 * survivors);
+    // The checks table: one row per check and problem, after its header.
+    let checks = doc
+        .descendants()
+        .find(|n| n.has_tag_name("table") && n.attribute("id") == Some("checks"))
+        .expect("the checks");
+    let rows = checks.children().filter(|n| n.has_tag_name("tr")).count();
+    assert_eq!(rows, 1 + run["checks"].as_array().unwrap().len());
 }
 
 #[test]

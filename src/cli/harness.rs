@@ -9,6 +9,7 @@ mod attack;
 mod check;
 mod check_streams;
 mod net;
+mod timeline;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -109,6 +110,11 @@ pub struct HarnessArgs {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also write the report as one self-contained HTML file (inline SVG charts: the
+    /// timeline with every fault, latency histograms, the tree before and after, the checks).
+    /// Written whether the run passes or fails.
+    #[arg(long, value_name = "FILE.html")]
+    pub report: Option<PathBuf>,
     /// No progress display and no table; only the final verdict line (and errors).
     #[arg(long)]
     pub quiet: bool,
@@ -777,9 +783,15 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             obj.insert("attack".into(), json);
         }
     }
+    if let Some(obj) = report.json.as_object_mut() {
+        obj.insert("verdict".into(), report.verdict.clone().into());
+    }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report.json).map_err(|e| e.to_string())?;
         std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.report {
+        super::report::write(path, &super::report::harness(&report.json))?;
     }
     if args.quiet {
         println!("{}", report.verdict);

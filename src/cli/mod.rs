@@ -2,6 +2,7 @@
 pub mod bench;
 pub mod daemon;
 pub mod harness;
+pub mod report;
 pub mod sim;
 pub mod stream_workload;
 pub mod tree;

@@ -98,7 +98,7 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
+pub(super) fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }
@@ -250,6 +250,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
     c.expected = expected.len() as u64;
     let mut got: HashMap<(u32, u32, u32, u64), u32> = HashMap::new();
     let mut latencies = Vec::new();
+    let mut timeline = super::timeline::Timeline::new(t0.unwrap_or(first_send));
     let mut last_recv = 0u64;
     // Each survivor's broadcasts of survivors, in delivery order.
     let mut bcast_orders: Vec<Vec<(u32, u64)>> = Vec::new();
@@ -288,6 +289,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
             }
             c.delivered += 1;
             latencies.push(t_recv.saturating_sub(t_sent));
+            timeline.add(tag, t_recv, t_recv.saturating_sub(t_sent));
             last_recv = last_recv.max(t_recv);
             let place = results
                 .get(&origin)
@@ -669,6 +671,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
         "faults": fault_rows,
         "counts": c,
         "survivors": survivors.len(),
+        "dead": (0..n).filter(|r| !survivors.contains(r)).collect::<Vec<u32>>(),
         "latency_ms": {
             "p50": ms(percentile(&latencies, 0.5)),
             "p99": ms(percentile(&latencies, 0.99)),
@@ -679,6 +682,8 @@ pub fn analyse(inp: Input<'_>) -> Report {
         "checks": checks.iter().map(|(w, ok)| serde_json::json!({"check": w, "ok": ok})).collect::<Vec<_>>(),
         "problems": problems,
         "streams": streaming.then_some(&sc),
+        "timeline": timeline.json(),
+        "latency_histogram": timeline.histogram_json(),
     });
     Report {
         text: t,

@@ -1,0 +1,254 @@
+//! The harness report: what was run, when each fault struck and how long detection and
+//! repair took, what the traffic did meanwhile, the latency per mode, the tree before and
+//! after, and every check. Drawn only from the run's JSON (`tbon harness --json`).
+
+use super::charts::{self, FaultMark, TimelinePoint};
+use super::page::{Page, cell};
+use serde_json::Value;
+
+/// Trees larger than this are not drawn (the picture would be unreadable); a note says so.
+const TREE_DRAWN_MAX: u64 = 256;
+
+const MODES: [&str; 3] = ["plain", "reliable", "broadcast"];
+
+/// The report of a harness run whose JSON is `run`. Never fails: a chart that cannot be
+/// drawn is replaced by the reason.
+pub fn harness(run: &Value) -> String {
+    let passed = run["passed"].as_bool().unwrap_or(false);
+    let mut p = Page::new("tbon harness report");
+    p.heading(1, "tbon harness report");
+    p.paragraph(
+        if passed { "pass" } else { "fail" },
+        if passed { "PASS" } else { "FAIL" },
+    );
+    if let Some(v) = run["verdict"].as_str() {
+        p.paragraph("note", v);
+    }
+
+    p.heading(2, "What was run");
+    let params = [
+        "daemons",
+        "radix",
+        "pattern",
+        "mode",
+        "payload",
+        "messages_per_daemon",
+        "rate_per_daemon",
+        "seed",
+        "wireup_s",
+        "run_s",
+        "survivors",
+    ];
+    let rows: Vec<Vec<String>> = params
+        .iter()
+        .map(|k| vec![k.replace('_', " "), cell(&run[*k])])
+        .collect();
+    p.table("parameters", &["parameter", "value"], &rows, |_, _| "");
+
+    p.heading(2, "Faults");
+    let faults = faults(run);
+    let rows: Vec<Vec<String>> = run["faults"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|f| {
+            vec![
+                cell(&f["rank"]),
+                cell(&f["kind"]),
+                cell(&f["at_s"]),
+                cell(&f["detected_after_ms"]),
+                cell(&f["repaired_everywhere_after_ms"]),
+                cell(&f["epoch"]),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        p.paragraph("note", "No faults were injected.");
+    } else {
+        p.table(
+            "faults",
+            &[
+                "rank",
+                "fault",
+                "at (s)",
+                "detected after (ms)",
+                "repaired everywhere after (ms)",
+                "epoch",
+            ],
+            &rows,
+            |_, _| "",
+        );
+    }
+
+    p.heading(2, "Timeline");
+    let bins = run["timeline"]["bins"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let bin_s = run["timeline"]["bin_ms"].as_f64().unwrap_or(100.0) / 1e3;
+    let points: Vec<TimelinePoint> = bins
+        .iter()
+        .map(|b| TimelinePoint {
+            t_s: b["t_s"].as_f64().unwrap_or(0.0),
+            rates: MODES
+                .iter()
+                .map(|m| b[*m].as_f64().unwrap_or(0.0) / bin_s)
+                .collect(),
+            p50_ms: b["p50_ms"].as_f64(),
+            p99_ms: b["p99_ms"].as_f64(),
+        })
+        .collect();
+    p.figure(
+        "timeline",
+        charts::timeline(&points, &MODES, &faults),
+        "Deliveries per second by mode, and latency p50 / p99 per 100 ms. Each fault: red \
+         where it struck, orange at its first detection, green once every survivor had \
+         repaired it.",
+    );
+
+    p.heading(2, "Latency");
+    let h = &run["latency_histogram"];
+    let edges: Vec<f64> = h["bucket_from_ms"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    for mode in MODES {
+        let counts: Vec<u64> = h[mode]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect();
+        if counts.iter().sum::<u64>() == 0 {
+            continue;
+        }
+        p.figure(
+            &format!("latency-{mode}"),
+            charts::histogram(
+                &format!("{mode} messages: latency"),
+                &edges,
+                &[(mode, counts)],
+            ),
+            &format!("How many {mode} messages arrived within each latency (log-spaced buckets)."),
+        );
+    }
+
+    p.heading(2, "The tree");
+    trees(&mut p, run);
+
+    p.heading(2, "Checks");
+    let mut rows: Vec<Vec<String>> = run["checks"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            let ok = c["ok"].as_bool().unwrap_or(false);
+            vec![(if ok { "ok" } else { "FAIL" }).into(), cell(&c["check"])]
+        })
+        .collect();
+    for problem in run["problems"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        rows.push(vec!["FAIL".into(), cell(problem)]);
+    }
+    p.table("checks", &["", "check"], &rows, |r, c| {
+        match (c, rows.get(r).and_then(|x| x.first())) {
+            (0, Some(v)) if v == "ok" => "pass",
+            (0, _) => "fail",
+            _ => "",
+        }
+    });
+
+    p.heading(2, "Counts");
+    let counts: Vec<Vec<String>> = run["counts"]
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .map(|(k, v)| vec![k.replace('_', " "), cell(v)])
+                .collect()
+        })
+        .unwrap_or_default();
+    p.table("counts", &["count", "value"], &counts, |_, _| "");
+    p.finish()
+}
+
+/// The faults as the timeline marks them.
+fn faults(run: &Value) -> Vec<FaultMark> {
+    run["faults"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|f| {
+            let at_s = f["at_s"].as_f64()?;
+            let after = |k: &str| f[k].as_f64().map(|ms| at_s + ms / 1e3);
+            Some(FaultMark {
+                label: format!(
+                    "{} {}",
+                    f["kind"].as_str().unwrap_or("fault"),
+                    cell(&f["rank"])
+                ),
+                at_s,
+                detected_s: after("detected_after_ms"),
+                repaired_s: after("repaired_everywhere_after_ms"),
+            })
+        })
+        .collect()
+}
+
+/// The tree before the faults and after them, as `tbon tree` computes it.
+fn trees(p: &mut Page, run: &Value) {
+    let (Some(n), Some(radix)) = (run["daemons"].as_u64(), run["radix"].as_u64()) else {
+        return;
+    };
+    if n > TREE_DRAWN_MAX {
+        p.paragraph(
+            "note",
+            &format!(
+                "{n} daemons: more than {TREE_DRAWN_MAX}, too many to draw; `tbon tree --size {n} \
+                 --radix {radix} --format dot` gives the graph."
+            ),
+        );
+        return;
+    }
+    let dead: Vec<u32> = run["dead"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|r| r.as_u64().and_then(|r| u32::try_from(r).ok()))
+        .collect();
+    let (n, radix) = (n as u32, radix as u32);
+    let before = tbon::routed::tree_view(radix, n, &[]);
+    let after = tbon::routed::tree_view(radix, n, &dead);
+    match (before, after) {
+        (Ok(before), Ok(after)) => {
+            p.figure(
+                "tree-before",
+                charts::tree("before the faults", &before, &dead, None),
+                "The routing tree as wired; the daemons that died are circled red.",
+            );
+            p.figure(
+                "tree-after",
+                charts::tree("after the repairs", &after, &dead, Some(&before)),
+                &format!(
+                    "The repaired tree without the dead ({}); gold: a daemon with a new parent \
+                     (promoted or adopted).",
+                    dead.iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        }
+        (Err(e), _) | (_, Err(e)) => p.paragraph("fail", &format!("no tree: {e}")),
+    }
+}
