@@ -24,6 +24,10 @@ pub struct BenchArgs {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also write the results as one self-contained HTML page: bar charts of tbon beside each
+    /// baseline per payload size and route (the ratio on tbon's bars), the targets, the load.
+    #[arg(long, value_name = "FILE.html")]
+    pub report: Option<PathBuf>,
     /// Run only these parts (comma-separated): rate, pingpong, scale, direct (two leaves at
     /// depth 3 of a radix-2 tree, over the tree and over a direct link, beside two tree
     /// neighbours), stream (one large stream over a direct link and through one relay, 64
@@ -118,6 +122,9 @@ pub fn run(args: BenchArgs) -> Res<i32> {
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&out).map_err(ctx("json"))?;
         std::fs::write(path, text).map_err(ctx("write json"))?;
+    }
+    if let Some(path) = &args.report {
+        super::report::write(path, &super::report::bench(&out))?;
     }
     let _ = std::fs::remove_dir_all(&b.root);
     Ok(0)

@@ -369,3 +369,130 @@ pub fn tree(
         Ok(())
     })
 }
+
+/// One bar of a grouped bar chart: its value and the text printed above it.
+pub struct Bar {
+    pub value: f64,
+    pub note: String,
+}
+
+/// Grouped bars: one group per label in `groups`, one bar per series in each (`None`: not
+/// measured), each bar's note printed above it.
+pub fn bars(
+    title: &str,
+    unit: &str,
+    groups: &[String],
+    series: &[&str],
+    values: &[Vec<Option<Bar>>],
+) -> Result<String> {
+    let max = values
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|b| b.value)
+        .fold(0f64, f64::max)
+        .max(1e-9)
+        * 1.6;
+    let n = groups.len().max(1);
+    let per = series.len().max(1) as f64;
+    let width = (n as u32 * 60 * series.len().max(1) as u32).clamp(640, 1400);
+    svg((width, 380), |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(20)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0f64..n as f64, 0f64..max)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .y_desc(unit)
+            .y_label_formatter(&|v| si(*v))
+            .draw()
+            .map_err(err)?;
+        let bar_x = |g: usize, s: usize| g as f64 + 0.08 + 0.84 * s as f64 / per;
+        let bar_w = 0.84 / per * 0.9;
+        for (s, label) in series.iter().enumerate() {
+            let colour = SERIES[s % SERIES.len()];
+            let rects = (0..groups.len()).filter_map(|g| {
+                let b = values.get(g)?.get(s)?.as_ref()?;
+                let x = bar_x(g, s);
+                Some(Rectangle::new(
+                    [(x, 0.0), (x + bar_w, b.value)],
+                    colour.filled(),
+                ))
+            });
+            chart
+                .draw_series(rects)
+                .map_err(err)?
+                .label(*label)
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled())
+                });
+            let notes = (0..groups.len()).filter_map(|g| {
+                let b = values.get(g)?.get(s)?.as_ref()?;
+                Some(Text::new(
+                    b.note.clone(),
+                    (bar_x(g, s), b.value + max * 0.07),
+                    ("sans-serif", 11).into_font(),
+                ))
+            });
+            chart.draw_series(notes).map_err(err)?;
+        }
+        let names = groups.iter().enumerate().map(|(g, name)| {
+            Text::new(
+                name.clone(),
+                (g as f64 + 0.08, max * 0.8),
+                ("sans-serif", 12).into_font(),
+            )
+        });
+        chart.draw_series(names).map_err(err)?;
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.8))
+            .draw()
+            .map_err(err)?;
+        Ok(())
+    })
+}
+
+/// An axis value with an SI suffix: 2.5M, 40k, 0.25.
+fn si(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e9 {
+        format!("{}G", trim(v / 1e9))
+    } else if a >= 1e6 {
+        format!("{}M", trim(v / 1e6))
+    } else if a >= 1e3 {
+        format!("{}k", trim(v / 1e3))
+    } else {
+        trim(v)
+    }
+}
+
+/// A number with at most two decimals and no trailing zeros.
+fn trim(v: f64) -> String {
+    let s = format!("{v:.2}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s.is_empty() || s == "-" {
+        "0".into()
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn axis_values_read_short() {
+        assert_eq!(super::si(60_000_000.0), "60M");
+        assert_eq!(super::si(2_500.0), "2.5k");
+        assert_eq!(super::si(0.25), "0.25");
+        assert_eq!(super::si(0.0), "0");
+        assert_eq!(super::si(140.0), "140");
+    }
+}

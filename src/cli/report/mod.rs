@@ -4,11 +4,14 @@
 //! * `charts.rs` — the charts (plotters, SVG).
 //! * `page.rs` — the HTML around them: escaping, tables, sections.
 //! * `harness.rs` — the harness report.
+//! * `bench.rs` — the bench report.
 
+mod bench;
 pub mod charts;
 mod harness;
 mod page;
 
+pub use bench::bench;
 pub use harness::harness;
 
 /// Writes `html` to `path`; the error names the file.
