@@ -1059,8 +1059,9 @@ mod tests {
         assert!(!a.peers().contains(&2) && !b.peers().contains(&1));
     }
 
-    #[test]
-    fn a_close_that_hears_nothing_releases_after_the_marker_waits() {
+    /// Rank 1 evicts its open link with rank 2 (room for one link each) to ask rank 3: the
+    /// two tables, and when (after `Close`, and the request to 3, left rank 1).
+    fn evicting() -> (DirectLinks, DirectLinks, Instant) {
         let t = Instant::now();
         let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 1));
         let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 1));
@@ -1068,6 +1069,12 @@ mod tests {
         let t2 = t + Duration::from_secs(1);
         a.route(t2, 3, 8, None, me);
         assert_eq!(a.poll_control(), Some((2, DirectMsg::Close(1))));
+        (a, b, t2)
+    }
+
+    #[test]
+    fn a_close_that_hears_nothing_releases_after_the_marker_waits() {
+        let (mut a, _, t2) = evicting();
         assert!(a.handle_timeout(t2 + Duration::from_secs(5)).is_empty());
         let later = t2 + Duration::from_secs(5 * u64::from(crate::limits::DIRECT_MARKER_POKES_MAX));
         assert_eq!(a.handle_timeout(later), vec![2]);
@@ -1078,13 +1085,7 @@ mod tests {
     /// evicting end answers once it is done with the link (not while it still closes).
     #[test]
     fn a_lost_shut_is_asked_for_again() {
-        let t = Instant::now();
-        let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 1));
-        let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 1));
-        open(t, &mut a, &mut b);
-        let t2 = t + Duration::from_secs(1);
-        a.route(t2, 3, 8, None, me);
-        assert_eq!(a.poll_control(), Some((2, DirectMsg::Close(1))));
+        let (mut a, mut b, t2) = evicting();
         a.poll_control();
         b.handle_message(t2, asker(1), DirectMsg::Close(1));
         assert_eq!(b.poll_control(), Some((1, DirectMsg::CloseAck(1))));

@@ -4,7 +4,7 @@
 //! skipped (`--only`) is left out.
 
 use super::charts::{self, Bar};
-use super::page::{Page, cell};
+use super::page::{Page, cell, list};
 use serde_json::Value;
 
 /// The report of a bench run whose JSON is `run`. Never fails: a chart that cannot be drawn
@@ -60,10 +60,6 @@ pub fn bench(run: &Value) -> String {
     p.finish()
 }
 
-fn rows(v: &Value) -> &[Value] {
-    v.as_array().map(Vec::as_slice).unwrap_or_default()
-}
-
 /// A rate with its unit: "3.76 M/s".
 fn per_s(v: f64) -> String {
     if v >= 1e6 {
@@ -106,7 +102,7 @@ fn payload(b: u64) -> String {
 
 /// Point-to-point rate against raw TCP, one chart per payload size, a group per route.
 fn rates(p: &mut Page, run: &Value) {
-    let rows = rows(&run["rate"]);
+    let rows = list(&run["rate"]);
     if rows.is_empty() {
         return;
     }
@@ -155,7 +151,7 @@ fn rates(p: &mut Page, run: &Value) {
 
 /// Reliable sends against plain ones.
 fn reliable(p: &mut Page, run: &Value) {
-    let rows = rows(&run["reliable_rate"]);
+    let rows = list(&run["reliable_rate"]);
     if rows.is_empty() {
         return;
     }
@@ -240,7 +236,7 @@ fn pingpong(p: &mut Page, run: &Value) {
 
 /// Direct links against the tree and against neighbours.
 fn direct(p: &mut Page, run: &Value) {
-    let rows = rows(&run["direct_link"]["rate"]);
+    let rows = list(&run["direct_link"]["rate"]);
     if rows.is_empty() {
         return;
     }
@@ -338,7 +334,7 @@ fn stream(p: &mut Page, run: &Value) {
 
 /// DVM sizes: wire-up, broadcast round trip and memory, as a table.
 fn scale(p: &mut Page, run: &Value) {
-    let rows = rows(&run["scale"]);
+    let rows = list(&run["scale"]);
     if rows.is_empty() {
         return;
     }

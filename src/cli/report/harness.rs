@@ -3,7 +3,7 @@
 //! after, and every check. Drawn only from the run's JSON (`tbon harness --json`).
 
 use super::charts::{self, FaultMark, TimelinePoint};
-use super::page::{Page, cell};
+use super::page::{Page, cell, list};
 use serde_json::Value;
 
 /// Trees larger than this are not drawn (the picture would be unreadable); a note says so.
@@ -47,10 +47,7 @@ pub fn harness(run: &Value) -> String {
 
     p.heading(2, "Faults");
     let faults = faults(run);
-    let rows: Vec<Vec<String>> = run["faults"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
+    let rows: Vec<Vec<String>> = list(&run["faults"])
         .iter()
         .map(|f| {
             vec![
@@ -82,10 +79,7 @@ pub fn harness(run: &Value) -> String {
     }
 
     p.heading(2, "Timeline");
-    let bins = run["timeline"]["bins"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    let bins = list(&run["timeline"]["bins"]);
     let bin_s = run["timeline"]["bin_ms"].as_f64().unwrap_or(100.0) / 1e3;
     let points: Vec<TimelinePoint> = bins
         .iter()
@@ -109,21 +103,12 @@ pub fn harness(run: &Value) -> String {
 
     p.heading(2, "Latency");
     let h = &run["latency_histogram"];
-    let edges: Vec<f64> = h["bucket_from_ms"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
+    let edges: Vec<f64> = list(&h["bucket_from_ms"])
         .iter()
         .filter_map(Value::as_f64)
         .collect();
     for mode in MODES {
-        let counts: Vec<u64> = h[mode]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-            .iter()
-            .filter_map(Value::as_u64)
-            .collect();
+        let counts: Vec<u64> = list(&h[mode]).iter().filter_map(Value::as_u64).collect();
         if counts.iter().sum::<u64>() == 0 {
             continue;
         }
@@ -142,21 +127,14 @@ pub fn harness(run: &Value) -> String {
     trees(&mut p, run);
 
     p.heading(2, "Checks");
-    let mut rows: Vec<Vec<String>> = run["checks"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
+    let mut rows: Vec<Vec<String>> = list(&run["checks"])
         .iter()
         .map(|c| {
             let ok = c["ok"].as_bool().unwrap_or(false);
             vec![(if ok { "ok" } else { "FAIL" }).into(), cell(&c["check"])]
         })
         .collect();
-    for problem in run["problems"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-    {
+    for problem in list(&run["problems"]) {
         rows.push(vec!["FAIL".into(), cell(problem)]);
     }
     p.table("checks", &["", "check"], &rows, |r, c| {
@@ -182,10 +160,7 @@ pub fn harness(run: &Value) -> String {
 
 /// The faults as the timeline marks them.
 fn faults(run: &Value) -> Vec<FaultMark> {
-    run["faults"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
+    list(&run["faults"])
         .iter()
         .filter_map(|f| {
             let at_s = f["at_s"].as_f64()?;
@@ -219,10 +194,7 @@ fn trees(p: &mut Page, run: &Value) {
         );
         return;
     }
-    let dead: Vec<u32> = run["dead"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
+    let dead: Vec<u32> = list(&run["dead"])
         .iter()
         .filter_map(|r| r.as_u64().and_then(|r| u32::try_from(r).ok()))
         .collect();

@@ -119,3 +119,8 @@ pub fn cell(v: &serde_json::Value) -> String {
         other => other.to_string(),
     }
 }
+
+/// A JSON array's items (none if it is not one).
+pub fn list(v: &serde_json::Value) -> &[serde_json::Value] {
+    v.as_array().map(Vec::as_slice).unwrap_or_default()
+}
