@@ -484,7 +484,8 @@ pub fn analyse(inp: Input<'_>) -> Report {
             );
         }
         if let Some((a, b)) = window {
-            let rel = |x: u64| t0.map_or(0.0, |t0| (x as f64 - t0 as f64) / 1e9);
+            // The window may open before traffic did (time 0): it is shown from there.
+            let rel = |x: u64| t0.map_or(0.0, |t0| ((x as f64 - t0 as f64) / 1e9).max(0.0));
             let _ = writeln!(
                 t,
                 "  fault window (losses allowed)                {:.1} s .. {}",
@@ -672,6 +673,11 @@ pub fn analyse(inp: Input<'_>) -> Report {
         "counts": c,
         "survivors": survivors.len(),
         "dead": (0..n).filter(|r| !survivors.contains(r)).collect::<Vec<u32>>(),
+        "fault_window_s": window.map(|(a, b)| {
+            let rel = |x: u64| t0.map_or(0.0, |t0| ((x as f64 - t0 as f64) / 1e9).max(0.0));
+            serde_json::json!({"from": rel(a), "to": (b != u64::MAX).then(|| rel(b))})
+        }),
+        "results_collected": !results.is_empty(),
         "latency_ms": {
             "p50": ms(percentile(&latencies, 0.5)),
             "p99": ms(percentile(&latencies, 0.99)),

@@ -283,17 +283,20 @@ fn stream(p: &mut Page, run: &Value) {
     let gib = |k: &str| s[k].as_f64();
     let raw = gib("raw_gib_per_s").unwrap_or(1.0).max(1e-9);
     let raw_relay = gib("raw_relay_gib_per_s").unwrap_or(1.0).max(1e-9);
+    let share = |basis: f64, of: &'static str| {
+        move |v: f64| format!("{v:.2} GiB/s, {} of {of}", percent(v / basis))
+    };
     let values = vec![
         vec![
-            bar(gib("direct_gib_per_s"), |v| percent(v / raw)),
+            bar(gib("direct_gib_per_s"), share(raw, "raw")),
             bar(gib("raw_gib_per_s"), |v| format!("{v:.2} GiB/s")),
         ],
         vec![
-            bar(gib("relay_gib_per_s"), |v| percent(v / raw_relay)),
+            bar(gib("relay_gib_per_s"), share(raw_relay, "raw relay")),
             bar(gib("raw_relay_gib_per_s"), |v| format!("{v:.2} GiB/s")),
         ],
         vec![
-            bar(s["many"]["gib_per_s"].as_f64(), |v| percent(v / raw)),
+            bar(s["many"]["gib_per_s"].as_f64(), share(raw, "raw")),
             bar(gib("raw_gib_per_s"), |v| format!("{v:.2} GiB/s")),
         ],
     ];
@@ -310,7 +313,9 @@ fn stream(p: &mut Page, run: &Value) {
             &["tbon", "raw TCP"],
             &values,
         ),
-        "tbon's bars carry their share of raw TCP on the same path.",
+        "tbon's bars carry their share of raw TCP on the same path: one connection for a \
+         direct stream and 64 streams, a raw relay process for the relayed stream (the \
+         targets table may state a share of another basis; it names it).",
     );
     let idle = gib("idle_rtt_p50_us").unwrap_or(1.0).max(1e-9);
     let values = vec![vec![
@@ -319,6 +324,36 @@ fn stream(p: &mut Page, run: &Value) {
             format!("{v:.0} µs ({:.1}×)", v / idle)
         }),
     ]];
+    let memory: Vec<Vec<String>> = [
+        ("small", "small stream"),
+        ("big", "big stream"),
+        ("many", "64 streams"),
+    ]
+    .iter()
+    .filter(|(k, _)| !s[*k].is_null())
+    .map(|(k, label)| {
+        let part = &s[*k];
+        vec![
+            label.to_string(),
+            cell(&part["bytes"]),
+            cell(&part["producer_hwm_kib"]),
+            cell(&part["consumer_hwm_kib"]),
+        ]
+    })
+    .collect();
+    if !memory.is_empty() {
+        p.table(
+            "stream-memory",
+            &[
+                "",
+                "bytes",
+                "producer peak (VmHWM, KiB)",
+                "consumer peak (VmHWM, KiB)",
+            ],
+            &memory,
+            |_, _| "",
+        );
+    }
     p.figure(
         "stream-rtt",
         charts::bars(

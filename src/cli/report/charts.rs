@@ -13,9 +13,12 @@ pub const SERIES: [RGBColor; 4] = [
     RGBColor(148, 103, 189),
     RGBColor(255, 127, 14),
 ];
+/// The latency percentiles' dots: colours no series line uses.
+const PERCENTILES: [RGBColor; 2] = [RGBColor(23, 190, 207), RGBColor(188, 189, 34)];
+/// The fault marks: colours no series uses.
 const INJECTED: RGBColor = RGBColor(214, 39, 40);
-const DETECTED: RGBColor = RGBColor(255, 127, 14);
-const REPAIRED: RGBColor = RGBColor(44, 160, 44);
+const DETECTED: RGBColor = RGBColor(0, 0, 0);
+const REPAIRED: RGBColor = RGBColor(140, 140, 140);
 const ADOPTED: RGBColor = RGBColor(255, 200, 60);
 
 type Result<T> = std::result::Result<T, String>;
@@ -61,8 +64,8 @@ pub struct TimelinePoint {
 }
 
 /// Deliveries per second by series above, latency percentiles (log scale) below, every fault
-/// marked in both: a solid red line where it struck, dashed orange at its detection, green
-/// at its repair everywhere, with its label above.
+/// marked in both: red where it struck (labelled), black at its first detection, grey once
+/// repaired everywhere. The legend sits right of the plots, never over the data.
 pub fn timeline(points: &[TimelinePoint], series: &[&str], faults: &[FaultMark]) -> Result<String> {
     let end_s = points
         .iter()
@@ -94,76 +97,88 @@ pub fn timeline(points: &[TimelinePoint], series: &[&str], faults: &[FaultMark])
         .fold(lat_max, f64::min)
         .max(0.001)
         / 2.0;
+    const LEGEND_PX: u32 = 170;
     svg((960, 560), |root| {
-        let (top, bottom) = root.split_vertically(300);
+        let (plots, legend) = root.split_horizontally(960 - LEGEND_PX);
+        let (top, bottom) = plots.split_vertically(300);
         let mut rate = ChartBuilder::on(&top)
             .caption("deliveries per second", ("sans-serif", 16))
             .margin(10)
             .x_label_area_size(40)
-            .y_label_area_size(70)
+            .y_label_area_size(60)
             .build_cartesian_2d(0f64..end_s, 0f64..rate_max)
             .map_err(err)?;
         rate.configure_mesh()
             .x_desc("s since every daemon was wired")
+            .y_label_formatter(&|v| si(*v))
             .draw()
             .map_err(err)?;
-        for (i, name) in series.iter().enumerate() {
+        for (i, _) in series.iter().enumerate() {
             let colour = SERIES[i % SERIES.len()];
             let line = points
                 .iter()
                 .map(|p| (p.t_s, p.rates.get(i).copied().unwrap_or(0.0)));
             rate.draw_series(LineSeries::new(line, colour.stroke_width(2)))
-                .map_err(err)?
-                .label(*name)
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], colour));
+                .map_err(err)?;
         }
         marks(&mut rate, faults, rate_max, true)?;
-        rate.configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.8))
-            .draw()
-            .map_err(err)?;
 
         let mut latency = ChartBuilder::on(&bottom)
             .caption("latency per 100 ms (ms, log scale)", ("sans-serif", 16))
             .margin(10)
             .x_label_area_size(40)
-            .y_label_area_size(70)
+            .y_label_area_size(60)
             .build_cartesian_2d(0f64..end_s, (lat_min..lat_max).log_scale())
             .map_err(err)?;
         latency
             .configure_mesh()
             .x_desc("s since every daemon was wired")
+            .y_label_formatter(&|v| si(*v))
             .draw()
             .map_err(err)?;
-        for (i, (name, pick)) in [
+        for (colour, pick) in [
             (
-                "p50",
+                PERCENTILES[0],
                 (|p: &TimelinePoint| p.p50_ms) as fn(&TimelinePoint) -> Option<f64>,
             ),
-            ("p99", |p: &TimelinePoint| p.p99_ms),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let colour = SERIES[(i + 2) % SERIES.len()];
+            (PERCENTILES[1], |p: &TimelinePoint| p.p99_ms),
+        ] {
             let dots = points
                 .iter()
                 .filter_map(|p| Some((p.t_s, pick(p)?)))
                 .map(move |(x, y)| Circle::new((x, y), 2, colour.filled()));
-            latency
-                .draw_series(dots)
-                .map_err(err)?
-                .label(name)
-                .legend(move |(x, y)| Circle::new((x + 8, y), 3, colour.filled()));
+            latency.draw_series(dots).map_err(err)?;
         }
         marks(&mut latency, faults, lat_max, false)?;
-        latency
-            .configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.8))
-            .draw()
-            .map_err(err)?;
+
+        // The legend, beside the plots.
+        let mut entries: Vec<(String, RGBColor, bool)> = series
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.to_string(), SERIES[i % SERIES.len()], true))
+            .collect();
+        entries.push(("latency p50".into(), PERCENTILES[0], false));
+        entries.push(("latency p99".into(), PERCENTILES[1], false));
+        if !faults.is_empty() {
+            entries.push(("fault struck".into(), INJECTED, true));
+            entries.push(("first detected".into(), DETECTED, true));
+            entries.push(("repaired everywhere".into(), REPAIRED, true));
+        }
+        for (k, (name, colour, line)) in entries.into_iter().enumerate() {
+            let y = 40 + 22 * k as i32;
+            if line {
+                legend
+                    .draw(&PathElement::new([(8, y), (30, y)], colour.stroke_width(3)))
+                    .map_err(err)?;
+            } else {
+                legend
+                    .draw(&Circle::new((19, y), 4, colour.filled()))
+                    .map_err(err)?;
+            }
+            legend
+                .draw(&Text::new(name, (38, y - 7), ("sans-serif", 13)))
+                .map_err(err)?;
+        }
         Ok(())
     })
 }
@@ -257,6 +272,8 @@ pub fn histogram(title: &str, from_ms: &[f64], series: &[(&str, Vec<u64>)]) -> R
             .configure_mesh()
             .x_desc("latency (ms, log scale)")
             .y_desc("deliveries (log scale)")
+            .x_label_formatter(&|v| si(*v))
+            .y_label_formatter(&|v| si(*v))
             .draw()
             .map_err(err)?;
         for (s, (_, counts)) in series.iter().enumerate() {

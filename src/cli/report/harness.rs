@@ -25,25 +25,56 @@ pub fn harness(run: &Value) -> String {
         p.paragraph("note", v);
     }
 
-    p.heading(2, "What was run");
+    p.heading(2, "What was run, and what it did");
     let params = [
-        "daemons",
-        "radix",
-        "pattern",
-        "mode",
-        "payload",
-        "messages_per_daemon",
-        "rate_per_daemon",
-        "seed",
-        "wireup_s",
-        "run_s",
-        "survivors",
+        ("daemons", "daemons"),
+        ("radix", "radix"),
+        ("pattern", "pattern"),
+        ("mode", "mode"),
+        ("payload", "payload (bytes)"),
+        ("messages_per_daemon", "messages per daemon"),
+        ("rate_per_daemon", "messages per second per daemon"),
+        ("seed", "seed"),
+        ("wireup_s", "wire-up (s)"),
+        ("run_s", "whole run (s)"),
+        ("survivors", "survivors"),
+        ("throughput_per_s", "deliveries per second"),
+        ("offered_per_s", "deliveries per second offered"),
     ];
-    let rows: Vec<Vec<String>> = params
+    let mut rows: Vec<Vec<String>> = params
         .iter()
-        .map(|k| vec![k.replace('_', " "), cell(&run[*k])])
+        .map(|(k, label)| vec![label.to_string(), cell(&run[*k])])
         .collect();
-    p.table("parameters", &["parameter", "value"], &rows, |_, _| "");
+    let latency = &run["latency_ms"];
+    rows.push(vec![
+        "latency p50 / p99 / max (ms)".into(),
+        format!(
+            "{} / {} / {}",
+            cell(&latency["p50"]),
+            cell(&latency["p99"]),
+            cell(&latency["max"])
+        ),
+    ]);
+    let window = &run["fault_window_s"];
+    if !window.is_null() {
+        rows.push(vec![
+            "fault window: plain losses allowed (s)".into(),
+            match window["to"].as_f64() {
+                Some(to) => format!("{} .. {to:.1}", cell(&window["from"])),
+                None => format!("{} .. never closed", cell(&window["from"])),
+            },
+        ]);
+    }
+    p.table("parameters", &["", "value"], &rows, |_, _| "");
+    let collected = run["results_collected"].as_bool().unwrap_or(true);
+    if !collected {
+        p.paragraph(
+            "fail",
+            "No delivery results were collected: daemons write them when the DVM stops, and \
+             this run was ended by killing its daemons (see the checks below). The faults and \
+             checks are shown; the timeline, latency and counts are not.",
+        );
+    }
 
     p.heading(2, "Faults");
     let faults = faults(run);
@@ -57,6 +88,7 @@ pub fn harness(run: &Value) -> String {
                 cell(&f["detected_after_ms"]),
                 cell(&f["repaired_everywhere_after_ms"]),
                 cell(&f["epoch"]),
+                cell(&f["resumed_exit_code"]),
             ]
         })
         .collect();
@@ -72,55 +104,15 @@ pub fn harness(run: &Value) -> String {
                 "detected after (ms)",
                 "repaired everywhere after (ms)",
                 "epoch",
+                "exit code once resumed",
             ],
             &rows,
             |_, _| "",
         );
     }
 
-    p.heading(2, "Timeline");
-    let bins = list(&run["timeline"]["bins"]);
-    let bin_s = run["timeline"]["bin_ms"].as_f64().unwrap_or(100.0) / 1e3;
-    let points: Vec<TimelinePoint> = bins
-        .iter()
-        .map(|b| TimelinePoint {
-            t_s: b["t_s"].as_f64().unwrap_or(0.0),
-            rates: MODES
-                .iter()
-                .map(|m| b[*m].as_f64().unwrap_or(0.0) / bin_s)
-                .collect(),
-            p50_ms: b["p50_ms"].as_f64(),
-            p99_ms: b["p99_ms"].as_f64(),
-        })
-        .collect();
-    p.figure(
-        "timeline",
-        charts::timeline(&points, &MODES, &faults),
-        "Deliveries per second by mode, and latency p50 / p99 per 100 ms. Each fault: red \
-         where it struck, orange at its first detection, green once every survivor had \
-         repaired it.",
-    );
-
-    p.heading(2, "Latency");
-    let h = &run["latency_histogram"];
-    let edges: Vec<f64> = list(&h["bucket_from_ms"])
-        .iter()
-        .filter_map(Value::as_f64)
-        .collect();
-    for mode in MODES {
-        let counts: Vec<u64> = list(&h[mode]).iter().filter_map(Value::as_u64).collect();
-        if counts.iter().sum::<u64>() == 0 {
-            continue;
-        }
-        p.figure(
-            &format!("latency-{mode}"),
-            charts::histogram(
-                &format!("{mode} messages: latency"),
-                &edges,
-                &[(mode, counts)],
-            ),
-            &format!("How many {mode} messages arrived within each latency (log-spaced buckets)."),
-        );
+    if collected {
+        delivery_charts(&mut p, run, &faults);
     }
 
     p.heading(2, "The tree");
@@ -145,6 +137,9 @@ pub fn harness(run: &Value) -> String {
         }
     });
 
+    if !collected {
+        return p.finish();
+    }
     p.heading(2, "Counts");
     let counts: Vec<Vec<String>> = run["counts"]
         .as_object()
@@ -156,6 +151,58 @@ pub fn harness(run: &Value) -> String {
         .unwrap_or_default();
     p.table("counts", &["count", "value"], &counts, |_, _| "");
     p.finish()
+}
+
+/// The timeline and the latency histograms (only modes that delivered anything).
+fn delivery_charts(p: &mut Page, run: &Value, faults: &[FaultMark]) {
+    p.heading(2, "Timeline");
+    let bins = list(&run["timeline"]["bins"]);
+    let modes: Vec<&str> = MODES
+        .into_iter()
+        .filter(|m| bins.iter().any(|b| b[*m].as_u64().unwrap_or(0) > 0))
+        .collect();
+    let bin_s = run["timeline"]["bin_ms"].as_f64().unwrap_or(100.0) / 1e3;
+    let points: Vec<TimelinePoint> = bins
+        .iter()
+        .map(|b| TimelinePoint {
+            t_s: b["t_s"].as_f64().unwrap_or(0.0),
+            rates: modes
+                .iter()
+                .map(|m| b[*m].as_f64().unwrap_or(0.0) / bin_s)
+                .collect(),
+            p50_ms: b["p50_ms"].as_f64(),
+            p99_ms: b["p99_ms"].as_f64(),
+        })
+        .collect();
+    p.figure(
+        "timeline",
+        charts::timeline(&points, &modes, faults),
+        "Deliveries per second by mode, and latency p50 / p99 per 100 ms. Each fault: red \
+         where it struck, black at its first detection, grey once every survivor had \
+         repaired it.",
+    );
+
+    p.heading(2, "Latency");
+    let h = &run["latency_histogram"];
+    let edges: Vec<f64> = list(&h["bucket_from_ms"])
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    for mode in MODES {
+        let counts: Vec<u64> = list(&h[mode]).iter().filter_map(Value::as_u64).collect();
+        if counts.iter().sum::<u64>() == 0 {
+            continue;
+        }
+        p.figure(
+            &format!("latency-{mode}"),
+            charts::histogram(
+                &format!("{mode} messages: latency"),
+                &edges,
+                &[(mode, counts)],
+            ),
+            &format!("How many {mode} messages arrived within each latency (log-spaced buckets)."),
+        );
+    }
 }
 
 /// The faults as the timeline marks them.
@@ -202,6 +249,11 @@ fn trees(p: &mut Page, run: &Value) {
     let before = tbon::routed::tree_view(radix, n, &[]);
     let after = tbon::routed::tree_view(radix, n, &dead);
     match (before, after) {
+        (Ok(before), _) if dead.is_empty() => p.figure(
+            "tree-before",
+            charts::tree("the tree (no daemon died)", &before, &dead, None),
+            "The routing tree as wired; nothing needed repair.",
+        ),
         (Ok(before), Ok(after)) => {
             p.figure(
                 "tree-before",

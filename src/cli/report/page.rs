@@ -8,7 +8,7 @@ h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .6em;\
 text-align:left;font-size:.9em}th{background:#f3f3f3}.pass{color:#2a7d2a;font-weight:bold}\
 .fail{color:#c62828;font-weight:bold}figure{margin:1em 0}figcaption{font-size:.85em;color:#555}\
-.note{color:#555;font-size:.9em}";
+.note{color:#555;font-size:.9em}figure{overflow-x:auto}";
 
 /// Escapes text for HTML/XML content and attributes.
 pub fn escape(s: &str) -> String {
@@ -113,9 +113,17 @@ pub fn cell(v: &serde_json::Value) -> String {
         serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
             (Some(u), _, _) => u.to_string(),
             (_, Some(i), _) => i.to_string(),
+            (_, _, Some(f)) if f.fract() == 0.0 && f.abs() < 1e15 => format!("{f:.0}"),
             (_, _, Some(f)) => format!("{f:.3}"),
             _ => n.to_string(),
         },
+        serde_json::Value::Object(o) if o.is_empty() => "–".into(),
+        serde_json::Value::Object(o) => o
+            .iter()
+            .map(|(k, v)| format!("{k}: {}", cell(v)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        serde_json::Value::Array(a) => a.iter().map(cell).collect::<Vec<_>>().join(", "),
         other => other.to_string(),
     }
 }
