@@ -198,7 +198,7 @@ where
     Y: Ranged<ValueType = f64>,
 {
     let bottom = chart.y_range().start;
-    for f in faults {
+    for (k, f) in faults.iter().enumerate() {
         let line = |x: f64, colour: RGBColor| {
             PathElement::new([(x, bottom), (x, top)], colour.stroke_width(2))
         };
@@ -213,10 +213,12 @@ where
             }
         }
         if labels {
+            // Staggered, so that labels of faults close in time do not overlap.
+            let y = top * (1.0 - 0.07 * (k % 4) as f64);
             chart
                 .draw_series(std::iter::once(Text::new(
                     f.label.clone(),
-                    (f.at_s, top),
+                    (f.at_s, y),
                     ("sans-serif", 13).into_font().color(&INJECTED),
                 )))
                 .map_err(err)?;

@@ -205,23 +205,50 @@ fn delivery_charts(p: &mut Page, run: &Value, faults: &[FaultMark]) {
     }
 }
 
-/// The faults as the timeline marks them.
+/// The faults as the timeline marks them: faults of one kind struck at once (a host cut off
+/// takes all its daemons) share one mark, labelled with every rank.
 fn faults(run: &Value) -> Vec<FaultMark> {
-    list(&run["faults"])
-        .iter()
-        .filter_map(|f| {
-            let at_s = f["at_s"].as_f64()?;
-            let after = |k: &str| f[k].as_f64().map(|ms| at_s + ms / 1e3);
-            Some(FaultMark {
-                label: format!(
-                    "{} {}",
-                    f["kind"].as_str().unwrap_or("fault"),
-                    cell(&f["rank"])
-                ),
-                at_s,
-                detected_s: after("detected_after_ms"),
-                repaired_s: after("repaired_everywhere_after_ms"),
-            })
+    let mut marks: Vec<(String, Vec<String>, FaultMark)> = Vec::new();
+    for f in list(&run["faults"]) {
+        let Some(at_s) = f["at_s"].as_f64() else {
+            continue;
+        };
+        let kind = f["kind"].as_str().unwrap_or("fault").to_string();
+        let rank = cell(&f["rank"]);
+        let after = |k: &str| f[k].as_f64().map(|ms| at_s + ms / 1e3);
+        let (detected_s, repaired_s) = (
+            after("detected_after_ms"),
+            after("repaired_everywhere_after_ms"),
+        );
+        if let Some((_, ranks, m)) = marks
+            .iter_mut()
+            .find(|(k, _, m)| *k == kind && (m.at_s - at_s).abs() < 0.01)
+        {
+            ranks.push(rank);
+            // The mark's detection is the first one, its repair the last one.
+            m.detected_s = match (m.detected_s, detected_s) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            m.repaired_s = match (m.repaired_s, repaired_s) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            };
+            continue;
+        }
+        let mark = FaultMark {
+            label: String::new(),
+            at_s,
+            detected_s,
+            repaired_s,
+        };
+        marks.push((kind, vec![rank], mark));
+    }
+    marks
+        .into_iter()
+        .map(|(kind, ranks, mut m)| {
+            m.label = format!("{kind} {}", ranks.join(", "));
+            m
         })
         .collect()
 }
