@@ -163,6 +163,28 @@ typedef enum {
   TBON_ERR_IDLE = 20,
 } tbon_rc;
 
+// Why a daemon stopped (`tbon_stop_reason`). Only `TBON_STOP_REQUESTED` and
+// `TBON_STOP_DVM_SHUTDOWN` are orderly ends; a supervisor should treat the others as this
+// daemon's failure.
+typedef enum {
+  // Still running.
+  TBON_STOP_RUNNING = 0,
+  // A local `tbon_shutdown` (or `tbon_shutdown_dvm` on rank 0, or on another rank).
+  TBON_STOP_REQUESTED = 1,
+  // Rank 0 shut the DVM down (an orderly end of the whole DVM).
+  TBON_STOP_DVM_SHUTDOWN = 2,
+  // A local `tbon_abort`.
+  TBON_STOP_ABORTED = 3,
+  // This daemon lost rank 0, or could not reach it (or its parent) during wire-up; the
+  // text names the cause ("cannot reach rank 0" when it was never reached).
+  TBON_STOP_ROOT_LOST = 4,
+  // The DVM declared this daemon dead and fenced it: it must not rejoin.
+  TBON_STOP_DECLARED_DEAD = 5,
+  // Anything else (a contact table for another size, left out of wire-up, no table in time,
+  // the event loop failed, ...); the text says why.
+  TBON_STOP_FATAL = 6,
+} tbon_stop;
+
 // Which repair a fault handler reports.
 typedef enum {
   // This daemon learned of the death itself (lost connection, missed heartbeats).
@@ -538,10 +560,19 @@ tbon_rc tbon_size(tbon_daemon d, uint32_t *out);
 // a callback.
 tbon_rc tbon_wait_wired(tbon_daemon d, uint32_t timeout_ms);
 
-// Blocks until the daemon has stopped (`TBON_OK`; e.g. rank 0 shut the DVM down, or rank 0 was
-// lost) or `timeout_ms` passed (`TBON_ERR_TIMED_OUT`). With 0, just tells whether it has
-// stopped. The handle stays valid until `tbon_free`. Not from a callback.
+// Blocks until the daemon has stopped (`TBON_OK`, whatever the reason: `tbon_stop_reason`
+// tells an orderly end from a failure) or `timeout_ms` passed (`TBON_ERR_TIMED_OUT`). With 0,
+// just tells whether it has stopped. The handle stays valid until `tbon_free`. Not from a
+// callback.
 tbon_rc tbon_wait_stopped(tbon_daemon d, uint32_t timeout_ms);
+
+// Why the daemon stopped: stores the reason in `*reason` (`TBON_STOP_RUNNING` while it runs)
+// and, if `len` is not NULL, its text: `*len` is the buffer's size in bytes on entry and the
+// size the text needs (with its NUL) on return; with `buf` NULL that is all (a size query),
+// else the text is copied, or `TBON_ERR_TOO_LARGE` if it does not fit (the reason is stored
+// all the same). Never blocks: after `tbon_wait_stopped` answered `TBON_OK`, the reason is
+// final. Callable from any thread, callbacks included, until `tbon_free`.
+tbon_rc tbon_stop_reason(tbon_daemon d, tbon_stop *reason, char *buf, size_t *len);
 
 // Stops this daemon: pending sends complete with `TBON_ERR_SHUT_DOWN`, queued frames get a
 // short bounded linger, sockets close, and the loop thread is joined before this returns, so

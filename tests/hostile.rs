@@ -97,7 +97,9 @@ fn a_daemon_with_the_wrong_key_cannot_join() {
     let intruder = tbon::start(cfg, 1, 2, Some(root.contact_uri())).unwrap();
     assert_eq!(
         intruder.wait_stopped(HANG_GUARD),
-        Some(StopReason::Fatal("cannot reach rank 0".into()))
+        Some(StopReason::RootLost(
+            tbon::node::FATAL_RANK_0_UNREACHABLE.into()
+        ))
     );
     assert!(!root.wait_wired(Duration::from_millis(10)));
     // Rank 0 saw each attempt hang up before the proof, and counted it.

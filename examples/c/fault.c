@@ -258,6 +258,20 @@ int main(void) {
     CHECK_RC(tbon_shutdown_dvm(ranks[0].d));
     for (uint32_t r = 0; r < N; r++) {
         CHECK_RC(tbon_wait_stopped(ranks[r].d, TIMEOUT_MS));
+        /* Why each stopped: rank 0 asked, the others heard rank 0 shut the DVM down, and the
+         * dead one was aborted. A supervisor treats any other reason as a failure. */
+        tbon_stop why = TBON_STOP_RUNNING;
+        char text[128];
+        size_t len = sizeof text;
+        CHECK_RC(tbon_stop_reason(ranks[r].d, &why, text, &len));
+        tbon_stop want = r == 0      ? TBON_STOP_REQUESTED
+                         : r == DEAD ? TBON_STOP_ABORTED
+                                     : TBON_STOP_DVM_SHUTDOWN;
+        CHECK(why == want, "rank %u stopped with reason %d (%s), expected %d", r, (int)why, text,
+              (int)want);
+        size_t need = 0; /* a size query: no buffer */
+        CHECK_RC(tbon_stop_reason(ranks[r].d, &why, NULL, &need));
+        CHECK(need == strlen(text) + 1, "rank %u: the reason's text needs %zu bytes", r, need);
         CHECK_RC(tbon_free(ranks[r].d));
     }
     if (failures) {

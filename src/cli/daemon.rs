@@ -453,17 +453,22 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
             .map_err(|e| format!("cannot write the workload results: {e}"))?;
     }
     match reason {
-        StopReason::Requested | StopReason::DvmShutdown => {
+        r if r.is_orderly() => {
             log::info!("rank {rank}: stopped");
             Ok(0)
         }
-        StopReason::Fatal(why) => {
-            if let (Some(p), Some(used)) = (&args.hnp_file, &hnp_text)
-                && why == tbon::node::FATAL_RANK_0_UNREACHABLE
-            {
-                return follow_uri_file(rank, p, used, wireup_timeout, &term);
+        StopReason::RootLost(why)
+            if why == tbon::node::FATAL_RANK_0_UNREACHABLE
+                && args.hnp_file.is_some()
+                && hnp_text.is_some() =>
+        {
+            match (&args.hnp_file, &hnp_text) {
+                (Some(p), Some(used)) => follow_uri_file(rank, p, used, wireup_timeout, &term),
+                _ => Ok(1),
             }
-            log::error!("rank {rank}: stopped: {why}");
+        }
+        other => {
+            log::error!("rank {rank}: stopped: {other}");
             Ok(1)
         }
     }

@@ -771,7 +771,14 @@ impl Handle {
             .wired
     }
 
-    /// Blocks until the daemon has stopped or `timeout` passed; returns why it stopped.
+    /// Why the daemon stopped, or `None` while it runs. Never blocks (callable from a
+    /// callback); once `Some`, it does not change.
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        lock(&self.shared.lifecycle).stopped.clone()
+    }
+
+    /// Blocks until the daemon has stopped or `timeout` passed; returns why it stopped
+    /// ([`StopReason::is_orderly`] tells an orderly end from this daemon's failure).
     pub fn wait_stopped(&self, timeout: Duration) -> Option<StopReason> {
         self.wait_lifecycle(timeout, |l| l.stopped.is_some())
             .stopped

@@ -20,7 +20,7 @@ pub use streams::*;
 
 use crate::config::Config;
 use crate::counters::Counters;
-use crate::driver::{Daemon, Handle};
+use crate::driver::{Daemon, Handle, StopReason};
 use crate::error::{RecvError, SendError, StartError};
 use crate::rml::{Message, Peer};
 use crate::routed::{RecoveryStatus, Scope};
@@ -90,6 +90,30 @@ pub enum tbon_scope {
     TBON_SCOPE_LOCAL = 0,
     /// Rank 0 confirmed the death to every daemon, with a new epoch.
     TBON_SCOPE_GLOBAL = 1,
+}
+
+/// Why a daemon stopped (`tbon_stop_reason`). Only `TBON_STOP_REQUESTED` and
+/// `TBON_STOP_DVM_SHUTDOWN` are orderly ends; a supervisor should treat the others as this
+/// daemon's failure.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum tbon_stop {
+    /// Still running.
+    TBON_STOP_RUNNING = 0,
+    /// A local `tbon_shutdown` (or `tbon_shutdown_dvm` on rank 0, or on another rank).
+    TBON_STOP_REQUESTED = 1,
+    /// Rank 0 shut the DVM down (an orderly end of the whole DVM).
+    TBON_STOP_DVM_SHUTDOWN = 2,
+    /// A local `tbon_abort`.
+    TBON_STOP_ABORTED = 3,
+    /// This daemon lost rank 0, or could not reach it (or its parent) during wire-up; the
+    /// text names the cause ("cannot reach rank 0" when it was never reached).
+    TBON_STOP_ROOT_LOST = 4,
+    /// The DVM declared this daemon dead and fenced it: it must not rejoin.
+    TBON_STOP_DECLARED_DEAD = 5,
+    /// Anything else (a contact table for another size, left out of wire-up, no table in time,
+    /// the event loop failed, ...); the text says why.
+    TBON_STOP_FATAL = 6,
 }
 
 /// A configuration: an id from `tbon_config_new`/`tbon_config_from_env`; 0 is never valid.
@@ -923,9 +947,10 @@ pub extern "C" fn tbon_wait_wired(d: tbon_daemon, timeout_ms: u32) -> tbon_rc {
     })
 }
 
-/// Blocks until the daemon has stopped (`TBON_OK`; e.g. rank 0 shut the DVM down, or rank 0 was
-/// lost) or `timeout_ms` passed (`TBON_ERR_TIMED_OUT`). With 0, just tells whether it has
-/// stopped. The handle stays valid until `tbon_free`. Not from a callback.
+/// Blocks until the daemon has stopped (`TBON_OK`, whatever the reason: `tbon_stop_reason`
+/// tells an orderly end from a failure) or `timeout_ms` passed (`TBON_ERR_TIMED_OUT`). With 0,
+/// just tells whether it has stopped. The handle stays valid until `tbon_free`. Not from a
+/// callback.
 #[unsafe(no_mangle)]
 pub extern "C" fn tbon_wait_stopped(d: tbon_daemon, timeout_ms: u32) -> tbon_rc {
     guard(|| {
@@ -935,6 +960,60 @@ pub extern "C" fn tbon_wait_stopped(d: tbon_daemon, timeout_ms: u32) -> tbon_rc 
             Some(_) => Ok(()),
             None => fail(tbon_rc::TBON_ERR_TIMED_OUT, "the daemon is still running"),
         }
+    })
+}
+
+/// Why the daemon stopped: stores the reason in `*reason` (`TBON_STOP_RUNNING` while it runs)
+/// and, if `len` is not NULL, its text: `*len` is the buffer's size in bytes on entry and the
+/// size the text needs (with its NUL) on return; with `buf` NULL that is all (a size query),
+/// else the text is copied, or `TBON_ERR_TOO_LARGE` if it does not fit (the reason is stored
+/// all the same). Never blocks: after `tbon_wait_stopped` answered `TBON_OK`, the reason is
+/// final. Callable from any thread, callbacks included, until `tbon_free`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_stop_reason(
+    d: tbon_daemon,
+    reason: *mut tbon_stop,
+    buf: *mut c_char,
+    len: *mut usize,
+) -> tbon_rc {
+    guard(|| {
+        non_null(reason, "reason")?;
+        let h = handle(d)?;
+        let stopped = h.stop_reason();
+        let code = match &stopped {
+            None => tbon_stop::TBON_STOP_RUNNING,
+            Some(StopReason::Requested) => tbon_stop::TBON_STOP_REQUESTED,
+            Some(StopReason::DvmShutdown) => tbon_stop::TBON_STOP_DVM_SHUTDOWN,
+            Some(StopReason::Aborted) => tbon_stop::TBON_STOP_ABORTED,
+            Some(StopReason::RootLost(_)) => tbon_stop::TBON_STOP_ROOT_LOST,
+            Some(StopReason::DeclaredDead(_)) => tbon_stop::TBON_STOP_DECLARED_DEAD,
+            Some(_) => tbon_stop::TBON_STOP_FATAL,
+        };
+        // SAFETY: checked above.
+        unsafe { put(reason, code) };
+        if len.is_null() {
+            return Ok(());
+        }
+        let text = stopped.map_or_else(|| "running".to_string(), |r| r.to_string());
+        let need = text.len() + 1;
+        // SAFETY: non-null; the caller's in/out length.
+        let cap = unsafe { len.read() };
+        unsafe { put(len, need) };
+        if buf.is_null() {
+            return Ok(());
+        }
+        if cap < need {
+            return fail(
+                tbon_rc::TBON_ERR_TOO_LARGE,
+                format!("the stop reason needs {need} bytes, the buffer has {cap}"),
+            );
+        }
+        // SAFETY: `buf` is non-null with `cap >= need` writable bytes (the caller's promise).
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
+            buf.add(text.len()).write(0);
+        }
+        Ok(())
     })
 }
 

@@ -181,7 +181,7 @@ impl Node {
 
     /// Stop at once, as a crash would (the driver closes every connection without a linger).
     pub fn handle_abort(&mut self, now: Instant) {
-        self.begin_stop(now, StopReason::Requested);
+        self.begin_stop(now, StopReason::Aborted);
     }
 
     /// Stops: what RELM still had to acknowledge goes out with the linger; everything waiting

@@ -306,7 +306,7 @@ impl Node {
         );
         // A flood: without rank 0 there is no sequencer for a broadcast.
         self.flood(self.me, TAG_ROOT_LOST, &Bytes::new());
-        self.begin_stop(now, StopReason::Fatal("lost rank 0".into()));
+        self.begin_stop(now, StopReason::RootLost(cause.to_string()));
     }
 
     /// The DVM declared this daemon dead: it must not rejoin.
@@ -318,7 +318,7 @@ impl Node {
             "rank {}: declared dead by the DVM ({why}); exiting without rejoining",
             self.me
         );
-        self.begin_stop(now, StopReason::Fatal("declared dead by the DVM".into()));
+        self.begin_stop(now, StopReason::DeclaredDead(why.to_string()));
     }
 
     /// The heartbeat tick: heartbeats to the neighbours; the silent, and those whose queue

@@ -202,7 +202,7 @@ impl Node {
             );
             self.begin_stop(
                 now,
-                super::StopReason::Fatal(super::FATAL_RANK_0_UNREACHABLE.into()),
+                super::StopReason::RootLost(super::FATAL_RANK_0_UNREACHABLE.into()),
             );
         }
     }

@@ -9,21 +9,53 @@ use crate::rml::{Message, ReceiveId, Tag};
 use crate::routed::RecoveryStatus;
 use bytes::Bytes;
 
-/// The text of the [`StopReason::Fatal`] a daemon stops with when it cannot reach rank 0 (at
-/// start-up, or after losing it). Compare with `==`: a launcher front end (`tbon daemon`) acts
-/// on it (a URI file that may be stale).
+/// The cause in the [`StopReason::RootLost`] a daemon stops with when it cannot reach rank 0
+/// (or its parent) before wire-up completed. Compare with `==`: a launcher front end
+/// (`tbon daemon`) acts on it (a URI file that may be stale).
 pub const FATAL_RANK_0_UNREACHABLE: &str = "cannot reach rank 0";
 
-/// Why a daemon stopped, readable after it has.
+/// Why a daemon stopped, readable after it has ([`crate::Handle::wait_stopped`]; C:
+/// `tbon_stop_reason`). Only `Requested` and `DvmShutdown` are orderly ends; a supervisor
+/// should treat the others as this daemon's failure. More reasons may come (non-exhaustive).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StopReason {
-    /// A local shutdown request.
+    /// A local shutdown request (`Handle::shutdown`, or `shutdown_dvm` on a rank other than 0).
     Requested,
-    /// Rank 0 told the DVM to stop.
+    /// Rank 0 told the DVM to stop (an orderly end of the whole DVM).
     DvmShutdown,
-    /// The daemon cannot continue (rank 0 lost, declared dead, left out of wire-up, the poller
-    /// failed, ...); the text says why.
+    /// A local abort (`Handle::abort`): stopped at once, without the linger.
+    Aborted,
+    /// This daemon lost rank 0, or could not reach it (or its parent) during wire-up: without
+    /// rank 0 the DVM cannot continue. The text is the cause ([`FATAL_RANK_0_UNREACHABLE`]
+    /// when it was never reached).
+    RootLost(String),
+    /// The DVM declared this daemon dead (it was silent, unreachable or not reading for too
+    /// long) and fenced it: it must not rejoin. The text says who told it.
+    DeclaredDead(String),
+    /// Anything else that stops a daemon (a contact table for another size, left out of
+    /// wire-up, no table in time, the event loop failed, ...); the text says why.
     Fatal(String),
+}
+
+impl StopReason {
+    /// Whether this is an orderly end (`Requested` or `DvmShutdown`).
+    pub fn is_orderly(&self) -> bool {
+        matches!(self, StopReason::Requested | StopReason::DvmShutdown)
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopReason::Requested => f.write_str("stopped on request"),
+            StopReason::DvmShutdown => f.write_str("rank 0 shut the DVM down"),
+            StopReason::Aborted => f.write_str("aborted"),
+            StopReason::RootLost(why) => write!(f, "lost rank 0: {why}"),
+            StopReason::DeclaredDead(why) => write!(f, "declared dead by the DVM: {why}"),
+            StopReason::Fatal(why) => write!(f, "fatal: {why}"),
+        }
+    }
 }
 
 /// One thing the driver must do. Outputs come out of [`Node::poll_output`](super::Node) in the

@@ -971,12 +971,11 @@ impl World {
     /// Daemon `r` stopped. It must have been declared dead (it fences itself), or have lost
     /// rank 0 in a run where a living rank 0 can look lost (heartbeats: a stall, a partition).
     fn stopped(&mut self, r: Rank, reason: StopReason) -> Result<(), Violation> {
-        let fatal = match &reason {
-            StopReason::Fatal(why) => why.as_str(),
-            _ => "",
+        let ok = match &reason {
+            StopReason::DeclaredDead(_) => self.declared.contains(&r),
+            StopReason::RootLost(_) => self.scen.heartbeats,
+            _ => false,
         };
-        let ok = (fatal == "declared dead by the DVM" && self.declared.contains(&r))
-            || (fatal == "lost rank 0" && self.scen.heartbeats);
         if !ok {
             return Err(Violation {
                 checker: "fencing",
