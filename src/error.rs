@@ -87,6 +87,9 @@ pub enum RecvError {
     TimedOut,
     /// The daemon is shutting down or has stopped.
     ShutDown,
+    /// API misuse: a blocking receive called from a callback, on the daemon's loop thread,
+    /// would wait for the thread it runs on. Post a receive with a callback instead.
+    InCallback,
 }
 
 impl fmt::Display for RecvError {
@@ -104,6 +107,10 @@ impl fmt::Display for RecvError {
             }
             RecvError::TimedOut => write!(f, "no matching message arrived in time"),
             RecvError::ShutDown => write!(f, "the daemon is shut down"),
+            RecvError::InCallback => write!(
+                f,
+                "a blocking receive cannot run in a callback (it would wait for its own thread)"
+            ),
         }
     }
 }

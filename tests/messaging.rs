@@ -188,6 +188,48 @@ fn api_misuse_is_an_error_not_a_crash() {
     d.recv(Peer::Any, TAG, true, |_| {}).unwrap();
 }
 
+/// Every blocking call made from a callback (on the loop thread it would wait for) answers
+/// at once with an error, or, for the state waits, with the state now; the daemon goes on.
+#[test]
+fn blocking_calls_from_a_callback_answer_at_once_instead_of_wedging_the_daemon() {
+    let dvm = start_dvm(3, &loopback_config(2));
+    let (tx, rx) = unbounded();
+    let h = dvm[1].handle();
+    dvm[1]
+        .recv(Peer::Rank(0), TAG, false, move |_| {
+            let long = Duration::from_secs(3600);
+            let started = Instant::now();
+            let outcomes = (
+                h.send_wait(2, TAG, Bytes::from_static(b"x")),
+                h.send_reliable_wait(2, TAG, Bytes::from_static(b"x"), long),
+                h.barrier_wait(7, long).map(|_| ()),
+                h.recv_blocking(Peer::Rank(2), TAG + 1, long).map(|_| ()),
+                h.wait_wired(long),
+                h.wait_stopped(long),
+                h.counters().map(|_| ()),
+            );
+            tx.send((outcomes, started.elapsed())).unwrap();
+        })
+        .unwrap();
+    dvm[0].send(1, TAG, Bytes::from_static(b"go")).unwrap();
+    let ((send, reliable, barrier, recv, wired, stopped, counters), took) = rx
+        .recv_timeout(HANG_GUARD)
+        .expect("the callback ran and returned");
+    let busy = Err(SendError::Busy("the loop thread (called from a callback)"));
+    assert_eq!(send, busy);
+    assert_eq!(reliable, busy);
+    assert_eq!(barrier, busy);
+    assert_eq!(counters, busy);
+    assert_eq!(recv, Err(RecvError::InCallback));
+    assert!(wired, "wired already: answered without waiting");
+    assert_eq!(stopped, None, "running: answered without waiting");
+    assert!(took < HANG_GUARD, "{took:?}");
+    // The daemon still works: a blocking send from this thread completes.
+    dvm[1]
+        .send_wait(2, TAG + 2, Bytes::from_static(b"after"))
+        .unwrap();
+}
+
 #[test]
 fn self_send_goes_through_matching_asynchronously() {
     let dvm = start_dvm(1, &loopback_config(64));

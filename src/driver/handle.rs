@@ -15,6 +15,9 @@ use crate::routed::RecoveryStatus;
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::collections::HashMap;
+
+/// What `Busy` names when a blocking call is made from a callback, on the loop thread.
+const ON_LOOP_THREAD: &str = "the loop thread (called from a callback)";
 use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -290,14 +293,16 @@ impl Handle {
         )
     }
 
-    /// Sends and blocks until the send completed (see [`Handle::send_with`]). Must not be called
-    /// from a callback: it would wait for the loop thread it is running on.
+    /// Sends and blocks until the send completed (see [`Handle::send_with`]). From a callback
+    /// it returns `Busy` at once and sends nothing: it would wait for the loop thread it runs
+    /// on (use [`Handle::send_with`] there).
     pub fn send_wait(
         &self,
         dst: Rank,
         tag: Tag,
         payload: impl Into<Bytes>,
     ) -> Result<(), SendError> {
+        self.not_on_loop_thread()?;
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.send_with(dst, tag, payload, move |r| {
             let _ = tx.send(r);
@@ -442,8 +447,8 @@ impl Handle {
 
     /// Sends reliably and blocks until the send completed (see
     /// [`Handle::send_reliable_with`]) or `timeout` passed (`TimedOut`: the message is not
-    /// withdrawn and may still arrive). Must not be called from a callback: it would wait for
-    /// the loop thread it is running on.
+    /// withdrawn and may still arrive). From a callback it returns `Busy` at once and sends
+    /// nothing: it would wait for the loop thread it runs on.
     pub fn send_reliable_wait(
         &self,
         dst: Rank,
@@ -451,6 +456,7 @@ impl Handle {
         payload: impl Into<Bytes>,
         timeout: Duration,
     ) -> Result<(), SendError> {
+        self.not_on_loop_thread()?;
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.send_reliable_with(dst, tag, payload, move |r| {
             let _ = tx.send(r);
@@ -532,14 +538,15 @@ impl Handle {
     }
 
     /// [`Handle::allgather`], blocking until the result arrived or `timeout` passed
-    /// (`TimedOut`: the contribution stands and the collective goes on). Must not be called
-    /// from a callback.
+    /// (`TimedOut`: the contribution stands and the collective goes on). From a callback it
+    /// returns `Busy` at once and contributes nothing.
     pub fn allgather_wait(
         &self,
         id: u64,
         contribution: impl Into<Bytes>,
         timeout: Duration,
     ) -> Result<AllgatherResult, SendError> {
+        self.not_on_loop_thread()?;
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.allgather(id, contribution, move |r| {
             let _ = tx.send(r);
@@ -559,7 +566,7 @@ impl Handle {
     }
 
     /// [`Handle::barrier`], blocking until every living daemon entered it or `timeout` passed
-    /// (`TimedOut`). Must not be called from a callback.
+    /// (`TimedOut`). From a callback it returns `Busy` at once and enters nothing.
     pub fn barrier_wait(&self, id: u64, timeout: Duration) -> Result<AllgatherResult, SendError> {
         self.allgather_wait(id, Bytes::new(), timeout)
     }
@@ -628,7 +635,8 @@ impl Handle {
     }
 
     /// Waits up to `timeout` for one message from `peer` with `tag` (a one-shot receive), for
-    /// callers that would rather block than use callbacks. Must not be called from a callback.
+    /// callers that would rather block than use callbacks. From a callback it returns
+    /// [`RecvError::InCallback`] at once and posts nothing.
     ///
     /// No message is lost at the timeout: the receive is cancelled synchronously, and a message
     /// it matched before the cancel is returned (so the call may return shortly after
@@ -640,6 +648,9 @@ impl Handle {
         tag: Tag,
         timeout: Duration,
     ) -> Result<Message, RecvError> {
+        if self.shared.on_loop_thread() {
+            return Err(RecvError::InCallback);
+        }
         let (tx, rx) = crossbeam_channel::bounded(1);
         let callback: RecvCallback = Box::new(move |m| {
             let _ = tx.send(m);
@@ -734,7 +745,7 @@ impl Handle {
     /// callback it returns `Busy` rather than deadlocking.
     pub fn counters(&self) -> Result<Counters, SendError> {
         if self.shared.on_loop_thread() {
-            return Err(SendError::Busy("the loop thread (called from a callback)"));
+            return Err(SendError::Busy(ON_LOOP_THREAD));
         }
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.shared.submit(Caddy::Counters(tx))?;
@@ -765,10 +776,31 @@ impl Handle {
     }
 
     /// Blocks until wire-up has completed (the contact table arrived) or `timeout` passed.
-    /// Returns whether the daemon is wired. Sends made before then are queued, not lost.
+    /// Returns whether the daemon is wired. Sends made before then are queued, not lost. From
+    /// a callback it does not wait (nothing can change while the loop thread is held): it
+    /// answers at once.
     pub fn wait_wired(&self, timeout: Duration) -> bool {
+        let timeout = self.no_wait_on_loop_thread(timeout);
         self.wait_lifecycle(timeout, |l| l.wired || l.stopped.is_some())
             .wired
+    }
+
+    /// Zero on the loop thread (a wait there would hold the thread it waits for), else
+    /// `timeout`.
+    fn no_wait_on_loop_thread(&self, timeout: Duration) -> Duration {
+        if self.shared.on_loop_thread() {
+            Duration::ZERO
+        } else {
+            timeout
+        }
+    }
+
+    /// `Busy` on the loop thread: a blocking call there would wait for its own thread.
+    fn not_on_loop_thread(&self) -> Result<(), SendError> {
+        if self.shared.on_loop_thread() {
+            return Err(SendError::Busy(ON_LOOP_THREAD));
+        }
+        Ok(())
     }
 
     /// Why the daemon stopped, or `None` while it runs. Never blocks (callable from a
@@ -778,8 +810,10 @@ impl Handle {
     }
 
     /// Blocks until the daemon has stopped or `timeout` passed; returns why it stopped
-    /// ([`StopReason::is_orderly`] tells an orderly end from this daemon's failure).
+    /// ([`StopReason::is_orderly`] tells an orderly end from this daemon's failure). From a
+    /// callback it does not wait: it answers at once.
     pub fn wait_stopped(&self, timeout: Duration) -> Option<StopReason> {
+        let timeout = self.no_wait_on_loop_thread(timeout);
         self.wait_lifecycle(timeout, |l| l.stopped.is_some())
             .stopped
             .clone()

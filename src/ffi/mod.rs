@@ -490,6 +490,7 @@ impl From<RecvError> for Fail {
             RecvError::RankOutOfRange { .. } => tbon_rc::TBON_ERR_RANK_OUT_OF_RANGE,
             RecvError::TimedOut => tbon_rc::TBON_ERR_TIMED_OUT,
             RecvError::ShutDown => tbon_rc::TBON_ERR_SHUT_DOWN,
+            RecvError::InCallback => tbon_rc::TBON_ERR_BUSY,
         };
         Fail(rc, e.to_string())
     }
