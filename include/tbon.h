@@ -731,9 +731,13 @@ tbon_rc tbon_recv(tbon_daemon d,
 
 // Cancels the receive posted for exactly (`peer`, `tag`); `TBON_OK` also if there was none. A
 // callback already running may finish; no new match starts after the loop handles the cancel.
+// `TBON_ERR_RANK_OUT_OF_RANGE` for a `peer` that is neither a rank of the DVM nor
+// `TBON_RANK_ANY` (as `tbon_recv` answers).
 tbon_rc tbon_cancel(tbon_daemon d, uint32_t peer, uint32_t tag);
 
 // Drops every receive posted for rank `peer` and every message held from it.
+// `TBON_ERR_RANK_OUT_OF_RANGE` for a `peer` that is not a rank of the DVM (`TBON_RANK_ANY`
+// included: purge names one rank).
 tbon_rc tbon_purge(tbon_daemon d, uint32_t peer);
 
 // Waits up to `timeout_ms` for one message from `peer` (or `TBON_RANK_ANY`) with `tag`, for

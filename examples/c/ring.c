@@ -209,6 +209,11 @@ int main(void) {
               (unsigned long long)c.delivered);
         CHECK((r == 0) == (c.parent == TBON_RANK_NONE), "rank %u parent %u", r, c.parent);
         CHECK_RC(tbon_cancel(ranks[r].d, (r + N - 1) % N, TAG_TOKEN));
+        /* Ranks beyond the DVM are argument errors, not silent no-ops. */
+        CHECK(tbon_cancel(ranks[r].d, N, TAG_TOKEN) == TBON_ERR_RANK_OUT_OF_RANGE,
+              "cancel of rank %u", N);
+        CHECK(tbon_purge(ranks[r].d, TBON_RANK_ANY) == TBON_ERR_RANK_OUT_OF_RANGE,
+              "purge of any rank");
     }
     CHECK(atomic_load(&lent_freed) == 1 + (N - 1) / 2, "%u lent buffers freed",
           atomic_load(&lent_freed));

@@ -1561,21 +1561,45 @@ pub extern "C" fn tbon_recv(
 
 /// Cancels the receive posted for exactly (`peer`, `tag`); `TBON_OK` also if there was none. A
 /// callback already running may finish; no new match starts after the loop handles the cancel.
+/// `TBON_ERR_RANK_OUT_OF_RANGE` for a `peer` that is neither a rank of the DVM nor
+/// `TBON_RANK_ANY` (as `tbon_recv` answers).
 #[unsafe(no_mangle)]
 pub extern "C" fn tbon_cancel(d: tbon_daemon, peer: u32, tag: u32) -> tbon_rc {
     guard(|| {
-        handle(d)?.cancel(peer_arg(peer), tag);
+        let h = handle(d)?;
+        if peer != TBON_RANK_ANY {
+            rank_in_range(&h, peer)?;
+        }
+        h.cancel(peer_arg(peer), tag);
         Ok(())
     })
 }
 
 /// Drops every receive posted for rank `peer` and every message held from it.
+/// `TBON_ERR_RANK_OUT_OF_RANGE` for a `peer` that is not a rank of the DVM (`TBON_RANK_ANY`
+/// included: purge names one rank).
 #[unsafe(no_mangle)]
 pub extern "C" fn tbon_purge(d: tbon_daemon, peer: u32) -> tbon_rc {
     guard(|| {
-        handle(d)?.purge(peer);
+        let h = handle(d)?;
+        rank_in_range(&h, peer)?;
+        h.purge(peer);
         Ok(())
     })
+}
+
+/// `TBON_ERR_RANK_OUT_OF_RANGE` unless `rank` is a rank of `h`'s DVM.
+fn rank_in_range(h: &Handle, rank: u32) -> Res {
+    if rank >= h.size() {
+        return fail(
+            tbon_rc::TBON_ERR_RANK_OUT_OF_RANGE,
+            format!(
+                "rank {rank} is out of range for a DVM of {} daemons",
+                h.size()
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// Waits up to `timeout_ms` for one message from `peer` (or `TBON_RANK_ANY`) with `tag`, for
