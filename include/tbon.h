@@ -566,6 +566,13 @@ tbon_rc tbon_wait_wired(tbon_daemon d, uint32_t timeout_ms);
 // callback.
 tbon_rc tbon_wait_stopped(tbon_daemon d, uint32_t timeout_ms);
 
+// Writes a fresh random job key (64 hex characters and a newline) to a new file at `path`,
+// readable by its owner only (mode 0600): what `key_file` (`TBON_KEY_FILE`) then names for
+// every daemon of the DVM, as `tbon keygen FILE` does. The file must not exist, so a running
+// DVM's key is never overwritten: `TBON_ERR_CONFIG` then, or if it cannot be created (the
+// cause in `tbon_last_error`); `TBON_ERR_BAD_PARAM` for a NULL or non-UTF-8 path.
+tbon_rc tbon_key_generate(const char *path);
+
 // Why the daemon stopped: stores the reason in `*reason` (`TBON_STOP_RUNNING` while it runs)
 // and, if `len` is not NULL, its text: `*len` is the buffer's size in bytes on entry and the
 // size the text needs (with its NUL) on return; with `buf` NULL that is all (a size query),

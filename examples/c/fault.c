@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "tbon.h"
 
@@ -141,9 +142,12 @@ int main(void) {
     tbon_config cfg;
     CHECK_RC(tbon_config_new(&cfg));
     CHECK_RC(tbon_config_set(cfg, "if_include", "127.0.0.1/32"));
-    /* The DVM's job key (`tbon keygen FILE` makes one); never pass it on a command line. */
-    const char *key_file = getenv("TBON_KEY_FILE");
-    CHECK(key_file != NULL, "set TBON_KEY_FILE to a job key file (tbon keygen FILE)");
+    /* The DVM's job key: this program launches the DVM, so it makes a fresh key for it (as
+     * `tbon keygen FILE` would) in a new owner-only file; never pass a key on a command line. */
+    char key_file[128];
+    snprintf(key_file, sizeof key_file, "/tmp/tbon-fault-example-%ld.key", (long)getpid());
+    CHECK_RC(tbon_key_generate(key_file));
+    CHECK(tbon_key_generate(key_file) == TBON_ERR_CONFIG, "an existing key file is never replaced");
     CHECK_RC(tbon_config_set(cfg, "key_file", key_file));
     CHECK_RC(tbon_config_set(cfg, "radix", "2"));
 
@@ -274,6 +278,7 @@ int main(void) {
         CHECK(need == strlen(text) + 1, "rank %u: the reason's text needs %zu bytes", r, need);
         CHECK_RC(tbon_free(ranks[r].d));
     }
+    unlink(key_file);
     if (failures) {
         fprintf(stderr, "fault: %d check(s) failed\n", failures);
         return 1;

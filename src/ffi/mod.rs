@@ -964,6 +964,25 @@ pub extern "C" fn tbon_wait_stopped(d: tbon_daemon, timeout_ms: u32) -> tbon_rc 
     })
 }
 
+/// Writes a fresh random job key (64 hex characters and a newline) to a new file at `path`,
+/// readable by its owner only (mode 0600): what `key_file` (`TBON_KEY_FILE`) then names for
+/// every daemon of the DVM, as `tbon keygen FILE` does. The file must not exist, so a running
+/// DVM's key is never overwritten: `TBON_ERR_CONFIG` then, or if it cannot be created (the
+/// cause in `tbon_last_error`); `TBON_ERR_BAD_PARAM` for a NULL or non-UTF-8 path.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_key_generate(path: *const c_char) -> tbon_rc {
+    guard(|| {
+        // SAFETY: the caller's NUL-terminated string, valid for the call.
+        let path = unsafe { str_arg(path, "path") }?;
+        crate::driver::key::generate(std::path::Path::new(path)).or_else(|e| {
+            fail(
+                tbon_rc::TBON_ERR_CONFIG,
+                format!("cannot write a new key file {path}: {e}"),
+            )
+        })
+    })
+}
+
 /// Why the daemon stopped: stores the reason in `*reason` (`TBON_STOP_RUNNING` while it runs)
 /// and, if `len` is not NULL, its text: `*len` is the buffer's size in bytes on entry and the
 /// size the text needs (with its NUL) on return; with `buf` NULL that is all (a size query),
