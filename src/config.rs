@@ -144,12 +144,18 @@ macro_rules! settings {
                 #[arg(long, env = $env $(, default_value_t = $default)? $(, $($extra)*)?)]
                 pub $name: $ty,
             )*
+            /// The job key itself, for a program that holds it (e.g. from
+            /// [`Key::generate`](crate::Key::generate), or its own secret store). Not a setting:
+            /// never read from a flag, the environment or [`Config::set`], and never shown by
+            /// `Debug`. When set, it is used instead of `key_file` and `TBON_KEY`.
+            #[arg(skip)]
+            pub key: Option<crate::Key>,
         }
 
         impl Default for Config {
             /// The defaults, without reading the environment.
             fn default() -> Self {
-                Config { $($name: settings!(@default $($default)?),)* }
+                Config { $($name: settings!(@default $($default)?),)* key: None }
             }
         }
 

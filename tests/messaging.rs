@@ -230,6 +230,22 @@ fn blocking_calls_from_a_callback_answer_at_once_instead_of_wedging_the_daemon()
         .unwrap();
 }
 
+/// A program that holds its key (here a generated one) gives it in `Config::key`: no key
+/// file, no environment.
+#[test]
+fn a_dvm_forms_with_a_key_given_in_the_config() {
+    let mut cfg = loopback_config(2);
+    cfg.key_file = None;
+    cfg.key = Some(tbon::Key::generate().unwrap());
+    let dvm = start_dvm(3, &cfg);
+    let (tx, rx) = unbounded();
+    dvm[2]
+        .recv(Peer::Rank(0), TAG, false, move |m| tx.send(m).unwrap())
+        .unwrap();
+    dvm[0].send(2, TAG, Bytes::from_static(b"keyed")).unwrap();
+    assert_eq!(rx.recv_timeout(HANG_GUARD).unwrap().payload, "keyed");
+}
+
 #[test]
 fn self_send_goes_through_matching_asynchronously() {
     let dvm = start_dvm(1, &loopback_config(64));
