@@ -163,6 +163,17 @@ typedef enum {
   TBON_ERR_IDLE = 20,
 } tbon_rc;
 
+// A log record's level (`tbon_log_callback`), most severe first; `TBON_LOG_OFF` records
+// nothing.
+typedef enum {
+  TBON_LOG_OFF = 0,
+  TBON_LOG_ERROR = 1,
+  TBON_LOG_WARN = 2,
+  TBON_LOG_INFO = 3,
+  TBON_LOG_DEBUG = 4,
+  TBON_LOG_TRACE = 5,
+} tbon_log_level;
+
 // Why a daemon stopped (`tbon_stop_reason`). Only `TBON_STOP_REQUESTED` and
 // `TBON_STOP_DVM_SHUTDOWN` are orderly ends; a supervisor should treat the others as this
 // daemon's failure.
@@ -192,6 +203,14 @@ typedef enum {
   // Rank 0 confirmed the death to every daemon, with a new epoch.
   TBON_SCOPE_GLOBAL = 1,
 } tbon_scope;
+
+// Receives one log record: its level, its target (the module, e.g. "tbon::node::faults"),
+// the message (both NUL-terminated, valid during the call only) and the `user` pointer given
+// to `tbon_log_callback`.
+typedef void (*tbon_log_cb)(tbon_log_level level,
+                            const char *target,
+                            const char *message,
+                            void *user);
 
 // A configuration: an id from `tbon_config_new`/`tbon_config_from_env`; 0 is never valid.
 typedef uint64_t tbon_config;
@@ -506,6 +525,15 @@ typedef void (*tbon_stream_cb)(const uint8_t *data,
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+// Sends tbon's log records at or below `max_level` to `cb`, for the whole process, from now
+// on. Call it once, before `tbon_start`: a process has one logger, so a second call (or one
+// in a process whose Rust side already installed a logger) answers `TBON_ERR_BUSY` and
+// changes nothing. `cb` runs on whichever thread logs (a daemon's loop thread, mostly),
+// possibly on several at once; it must be quick, thread-safe, and must not call tbon.
+// `max_level` is a `tbon_log_level` value. `TBON_ERR_BAD_PARAM` for a NULL `cb` or a level
+// outside `TBON_LOG_OFF..TBON_LOG_TRACE`.
+tbon_rc tbon_log_callback(tbon_log_cb cb, void *user, int max_level);
 
 // A static, NUL-terminated description of a result code (never NULL; unknown codes get
 // "unknown tbon_rc"). Takes an `int` so that any value is safe to pass.

@@ -138,7 +138,21 @@ static void exchange_reliable(uint32_t from, uint32_t to) {
           atomic_load(&rsend_rc));
 }
 
+/* tbon's log records, at INFO and above: counted, and warnings printed. Runs on the logging
+ * thread (a daemon's loop thread); must not call tbon. */
+static atomic_uint log_records;
+static void on_log(tbon_log_level level, const char *target, const char *message, void *user) {
+    (void)user;
+    atomic_fetch_add(&log_records, 1);
+    if (level <= TBON_LOG_WARN)
+        fprintf(stderr, "[%s] %s\n", target, message);
+}
+
 int main(void) {
+    CHECK(tbon_log_callback(NULL, NULL, TBON_LOG_INFO) == TBON_ERR_BAD_PARAM, "NULL log cb");
+    CHECK(tbon_log_callback(on_log, NULL, 9) == TBON_ERR_BAD_PARAM, "log level 9");
+    CHECK_RC(tbon_log_callback(on_log, NULL, TBON_LOG_INFO));
+    CHECK(tbon_log_callback(on_log, NULL, TBON_LOG_INFO) == TBON_ERR_BUSY, "one logger only");
     tbon_config cfg;
     CHECK_RC(tbon_config_new(&cfg));
     CHECK_RC(tbon_config_set(cfg, "if_include", "127.0.0.1/32"));
@@ -279,6 +293,8 @@ int main(void) {
         CHECK_RC(tbon_free(ranks[r].d));
     }
     unlink(key_file);
+    /* Wire-up and the repair log at INFO: the records reached the callback. */
+    CHECK(atomic_load(&log_records) > 0, "no log record reached the callback");
     if (failures) {
         fprintf(stderr, "fault: %d check(s) failed\n", failures);
         return 1;

@@ -92,6 +92,116 @@ pub enum tbon_scope {
     TBON_SCOPE_GLOBAL = 1,
 }
 
+/// A log record's level (`tbon_log_callback`), most severe first; `TBON_LOG_OFF` records
+/// nothing.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum tbon_log_level {
+    TBON_LOG_OFF = 0,
+    TBON_LOG_ERROR = 1,
+    TBON_LOG_WARN = 2,
+    TBON_LOG_INFO = 3,
+    TBON_LOG_DEBUG = 4,
+    TBON_LOG_TRACE = 5,
+}
+
+/// Receives one log record: its level, its target (the module, e.g. "tbon::node::faults"),
+/// the message (both NUL-terminated, valid during the call only) and the `user` pointer given
+/// to `tbon_log_callback`.
+pub type tbon_log_cb = Option<
+    unsafe extern "C" fn(
+        level: tbon_log_level,
+        target: *const c_char,
+        message: *const c_char,
+        user: *mut c_void,
+    ),
+>;
+
+/// The process's logger when a C program installed one: every record at or below its level
+/// goes to the callback.
+struct CLogger {
+    cb: unsafe extern "C" fn(tbon_log_level, *const c_char, *const c_char, *mut c_void),
+    user: UserPtr,
+}
+
+impl log::Log for CLogger {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let level = match record.level() {
+            log::Level::Error => tbon_log_level::TBON_LOG_ERROR,
+            log::Level::Warn => tbon_log_level::TBON_LOG_WARN,
+            log::Level::Info => tbon_log_level::TBON_LOG_INFO,
+            log::Level::Debug => tbon_log_level::TBON_LOG_DEBUG,
+            log::Level::Trace => tbon_log_level::TBON_LOG_TRACE,
+        };
+        // An interior NUL would cut the text short; it never comes from tbon's own messages.
+        let text = |s: String| CString::new(s.replace('\0', " ")).unwrap_or_default();
+        let target = text(record.target().to_string());
+        let message = text(record.args().to_string());
+        let user = self.user;
+        // A panic in the caller's callback must not unwind into the logging thread.
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: the caller's callback, given valid NUL-terminated strings for the call.
+            unsafe { (self.cb)(level, target.as_ptr(), message.as_ptr(), user.get()) }
+        }));
+    }
+
+    fn flush(&self) {}
+}
+
+/// Sends tbon's log records at or below `max_level` to `cb`, for the whole process, from now
+/// on. Call it once, before `tbon_start`: a process has one logger, so a second call (or one
+/// in a process whose Rust side already installed a logger) answers `TBON_ERR_BUSY` and
+/// changes nothing. `cb` runs on whichever thread logs (a daemon's loop thread, mostly),
+/// possibly on several at once; it must be quick, thread-safe, and must not call tbon.
+/// `max_level` is a `tbon_log_level` value. `TBON_ERR_BAD_PARAM` for a NULL `cb` or a level
+/// outside `TBON_LOG_OFF..TBON_LOG_TRACE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_log_callback(
+    cb: tbon_log_cb,
+    user: *mut c_void,
+    max_level: c_int,
+) -> tbon_rc {
+    guard(|| {
+        let Some(cb) = cb else {
+            return fail(tbon_rc::TBON_ERR_BAD_PARAM, "cb is NULL");
+        };
+        let filter = match max_level {
+            0 => log::LevelFilter::Off,
+            1 => log::LevelFilter::Error,
+            2 => log::LevelFilter::Warn,
+            3 => log::LevelFilter::Info,
+            4 => log::LevelFilter::Debug,
+            5 => log::LevelFilter::Trace,
+            other => {
+                return fail(
+                    tbon_rc::TBON_ERR_BAD_PARAM,
+                    format!("max_level {other} is not a tbon_log_level"),
+                );
+            }
+        };
+        let logger = CLogger {
+            cb,
+            user: UserPtr(user),
+        };
+        if log::set_boxed_logger(Box::new(logger)).is_err() {
+            return fail(
+                tbon_rc::TBON_ERR_BUSY,
+                "this process already has a logger (a second tbon_log_callback, or one the \
+                 program's Rust side installed)",
+            );
+        }
+        log::set_max_level(filter);
+        Ok(())
+    })
+}
+
 /// Why a daemon stopped (`tbon_stop_reason`). Only `TBON_STOP_REQUESTED` and
 /// `TBON_STOP_DVM_SHUTDOWN` are orderly ends; a supervisor should treat the others as this
 /// daemon's failure.
