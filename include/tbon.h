@@ -43,7 +43,13 @@
  * completion and a one-shot receive run at most once. After tbon_cancel returns, a receive
  * callback may still run for a message the loop matched before it handled the cancel. After
  * tbon_shutdown, tbon_shutdown_dvm, tbon_abort or tbon_free has returned, no callback of that
- * daemon runs any more: the safe point to free `user` data.
+ * daemon runs any more: the safe point to free `user` data. tbon_stop_reason, tbon_rank and
+ * tbon_size never block. A log callback (tbon_log_callback) runs on whichever thread logs.
+ *
+ * FORK. A daemon's loop thread does not exist in a child made by fork(): a child must not use
+ * a daemon its parent started (not even tbon_free; the child's copy of the handle is dead). Fork
+ * before tbon_start, or exec in the child (the sockets are close-on-exec). A child may start
+ * daemons of its own.
  *
  * MEMORY. tbon never keeps a caller pointer past a call except `user` (and the lent buffer of
  * tbon_send_nocopy). Payloads are COPIED by tbon_send / tbon_send_reliable / tbon_broadcast
@@ -564,8 +570,10 @@ tbon_rc tbon_config_free(tbon_config cfg);
 // the listener is bound; wire-up goes on in the background (`tbon_wait_wired`). `cfg` is copied
 // (0 means the defaults). `hnp_uri` is rank 0's contact URI (`tbon_contact_uri` on rank 0):
 // required for every other rank, ignored (may be NULL) on rank 0.
-// Errors: `TBON_ERR_CONFIG` (invalid configuration), `TBON_ERR_START` (bad rank/size, missing or
-// bad URI, no address, I/O), `TBON_ERR_BAD_HANDLE`, `TBON_ERR_BAD_PARAM`. Not from a callback.
+// Errors: `TBON_ERR_CONFIG` (invalid configuration, no job key, or interface settings that
+// leave no address: `if_include` naming none of this host's), `TBON_ERR_START` (bad
+// rank/size, missing or bad URI, I/O such as no free port in `port_range`),
+// `TBON_ERR_BAD_HANDLE`, `TBON_ERR_BAD_PARAM`. Not from a callback.
 tbon_rc tbon_start(tbon_config cfg,
                    uint32_t rank,
                    uint32_t size,

@@ -163,6 +163,16 @@ int main(void) {
     CHECK_RC(tbon_key_generate(key_file));
     CHECK(tbon_key_generate(key_file) == TBON_ERR_CONFIG, "an existing key file is never replaced");
     CHECK_RC(tbon_config_set(cfg, "key_file", key_file));
+    {
+        /* Interface settings that leave no address of this host: a configuration error. */
+        tbon_config none;
+        tbon_daemon d;
+        CHECK_RC(tbon_config_new(&none));
+        CHECK_RC(tbon_config_set(none, "key_file", key_file));
+        CHECK_RC(tbon_config_set(none, "if_include", "192.0.2.1/32"));
+        CHECK(tbon_start(none, 0, N, NULL, &d) == TBON_ERR_CONFIG, "if_include matching nothing");
+        CHECK_RC(tbon_config_free(none));
+    }
     CHECK_RC(tbon_config_set(cfg, "radix", "2"));
 
     char uri[512];

@@ -927,8 +927,10 @@ pub extern "C" fn tbon_config_free(cfg: tbon_config) -> tbon_rc {
 /// the listener is bound; wire-up goes on in the background (`tbon_wait_wired`). `cfg` is copied
 /// (0 means the defaults). `hnp_uri` is rank 0's contact URI (`tbon_contact_uri` on rank 0):
 /// required for every other rank, ignored (may be NULL) on rank 0.
-/// Errors: `TBON_ERR_CONFIG` (invalid configuration), `TBON_ERR_START` (bad rank/size, missing or
-/// bad URI, no address, I/O), `TBON_ERR_BAD_HANDLE`, `TBON_ERR_BAD_PARAM`. Not from a callback.
+/// Errors: `TBON_ERR_CONFIG` (invalid configuration, no job key, or interface settings that
+/// leave no address: `if_include` naming none of this host's), `TBON_ERR_START` (bad
+/// rank/size, missing or bad URI, I/O such as no free port in `port_range`),
+/// `TBON_ERR_BAD_HANDLE`, `TBON_ERR_BAD_PARAM`. Not from a callback.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tbon_start(
     cfg: tbon_config,
