@@ -279,9 +279,12 @@ typedef void (*tbon_recv_cb)(uint32_t origin,
                              size_t len,
                              void *user);
 
-// Fault handler: called on the loop thread after every repair of this daemon's tree, once with
-// `TBON_SCOPE_LOCAL` (this daemon learned of the death) and once with `TBON_SCOPE_GLOBAL` (rank
-// 0's confirmation). `failed` lists the newly failed ranks, ascending (valid during the call
+// Fault handler: called on the loop thread after every repair of this daemon's tree. Every
+// survivor gets `TBON_SCOPE_GLOBAL` once rank 0 confirmed the death. `TBON_SCOPE_LOCAL` comes
+// first, and only on a daemon that learned of the death itself before that: the dead
+// daemon's tree neighbours (its connection broke, or its heartbeats stopped), and its children
+// adopted by a new parent (told by the adoption notice); a daemon far from it sees only
+// `TBON_SCOPE_GLOBAL`. `failed` lists the newly failed ranks, ascending (valid during the call
 // only). `epoch` is the DVM epoch the repair carries, 0 when it carries none (local repairs).
 typedef void (*tbon_fault_cb)(const uint32_t *failed,
                               size_t nfailed,

@@ -820,10 +820,12 @@ impl Handle {
     }
 
     /// Registers a fault handler. It runs on the loop thread after every repair of this
-    /// daemon's routing tree, once for the local repair (scope `Local`, when this daemon learns
-    /// of a death itself) and once for rank 0's confirmation (scope `Global`, with the new
-    /// epoch), after the built-in messaging layer has re-routed or failed what was queued.
-    /// Handlers run in registration order.
+    /// daemon's routing tree, after the built-in messaging layer has re-routed or failed what
+    /// was queued; handlers run in registration order. Every survivor runs it with scope
+    /// `Global` on rank 0's confirmation (with the new epoch). Scope `Local` comes first, and
+    /// only on a daemon that learned of the death itself: the dead daemon's tree neighbours
+    /// (its connection broke, or its heartbeats stopped) and its children adopted by a new
+    /// parent (told by the adoption notice). A daemon far from the dead one sees only `Global`.
     pub fn on_fault(
         &self,
         handler: impl FnMut(&RecoveryStatus) + Send + 'static,

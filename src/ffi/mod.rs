@@ -258,9 +258,12 @@ pub type tbon_recv_cb = Option<
     unsafe extern "C" fn(origin: u32, tag: u32, data: *const u8, len: usize, user: *mut c_void),
 >;
 
-/// Fault handler: called on the loop thread after every repair of this daemon's tree, once with
-/// `TBON_SCOPE_LOCAL` (this daemon learned of the death) and once with `TBON_SCOPE_GLOBAL` (rank
-/// 0's confirmation). `failed` lists the newly failed ranks, ascending (valid during the call
+/// Fault handler: called on the loop thread after every repair of this daemon's tree. Every
+/// survivor gets `TBON_SCOPE_GLOBAL` once rank 0 confirmed the death. `TBON_SCOPE_LOCAL` comes
+/// first, and only on a daemon that learned of the death itself before that: the dead
+/// daemon's tree neighbours (its connection broke, or its heartbeats stopped), and its children
+/// adopted by a new parent (told by the adoption notice); a daemon far from it sees only
+/// `TBON_SCOPE_GLOBAL`. `failed` lists the newly failed ranks, ascending (valid during the call
 /// only). `epoch` is the DVM epoch the repair carries, 0 when it carries none (local repairs).
 pub type tbon_fault_cb = Option<
     unsafe extern "C" fn(
