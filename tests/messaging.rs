@@ -246,6 +246,32 @@ fn a_dvm_forms_with_a_key_given_in_the_config() {
     assert_eq!(rx.recv_timeout(HANG_GUARD).unwrap().payload, "keyed");
 }
 
+/// Before wire-up, sends to other daemons wait in a bounded queue: one beyond the bound is
+/// refused to the caller (`Busy`), never accepted and dropped later.
+#[test]
+fn sends_beyond_the_pre_wire_up_queue_are_refused_to_the_caller() {
+    let mut cfg = loopback_config(2);
+    cfg.prewire_queue_max = 3;
+    // Rank 1 never starts: rank 0 stays unwired.
+    let d = tbon::start(cfg, 0, 2, None).unwrap();
+    for i in 0..3u8 {
+        d.send(1, TAG, Bytes::from(vec![i])).unwrap();
+    }
+    let busy = Err(SendError::Busy("the pre-wire-up queue"));
+    assert_eq!(d.send(1, TAG, Bytes::from_static(b"4th")), busy);
+    assert_eq!(d.broadcast(TAG, Bytes::from_static(b"b"), None), busy);
+    let mut batch = tbon::Batch::new();
+    batch.push(1, TAG, Bytes::from_static(b"x")).unwrap();
+    assert_eq!(d.send_batch(&mut batch), busy);
+    assert_eq!(batch.len(), 1, "the refused message stays the caller's");
+    // A send to itself needs no wire-up.
+    let (tx, rx) = unbounded();
+    d.recv(Peer::Rank(0), TAG, false, move |m| tx.send(m).unwrap())
+        .unwrap();
+    d.send(0, TAG, Bytes::from_static(b"me")).unwrap();
+    assert_eq!(rx.recv_timeout(HANG_GUARD).unwrap().payload, "me");
+}
+
 #[test]
 fn self_send_goes_through_matching_asynchronously() {
     let dvm = start_dvm(1, &loopback_config(64));

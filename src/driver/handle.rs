@@ -19,7 +19,7 @@ use std::collections::HashMap;
 /// What `Busy` names when a blocking call is made from a callback, on the loop thread.
 const ON_LOOP_THREAD: &str = "the loop thread (called from a callback)";
 use std::collections::hash_map::Entry;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
@@ -59,6 +59,13 @@ pub(crate) struct Shared {
     pub join: Mutex<Option<JoinHandle<()>>>,
     /// Destinations whose next hop is congested: sends to them are refused `Busy` here.
     pub gate: super::gate::OriginGate,
+    /// Set once wire-up completed (read on every send before it: no lock).
+    pub wired: AtomicBool,
+    /// Commands that must wait for wire-up (sends to other daemons, broadcasts, allgathers)
+    /// accepted before it, and their bound (`prewire_queue_max`): beyond it a call is refused
+    /// `Busy` here, so that the loop never drops one the caller was told was sent.
+    pub prewire_taken: AtomicUsize,
+    pub prewire_max: usize,
 }
 
 impl std::fmt::Debug for Shared {
@@ -126,7 +133,29 @@ impl Shared {
         lock(&self.lifecycle).stopped.is_some()
     }
 
+    /// Counts `n` commands that wait for wire-up, if the daemon is not wired yet; `Busy` (and
+    /// nothing counted) if they would take the pre-wire-up queue past its bound.
+    pub(crate) fn take_prewire(&self, n: usize) -> Result<(), SendError> {
+        if n == 0 || self.wired.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let before = self.prewire_taken.fetch_add(n, Ordering::AcqRel);
+        if before.saturating_add(n) > self.prewire_max {
+            self.prewire_taken.fetch_sub(n, Ordering::AcqRel);
+            return Err(SendError::Busy("the pre-wire-up queue"));
+        }
+        Ok(())
+    }
+
+    /// Gives back what [`Shared::take_prewire`] counted for commands that were not submitted.
+    pub(crate) fn untake_prewire(&self, n: usize) {
+        if n > 0 && !self.wired.load(Ordering::Acquire) {
+            self.prewire_taken.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
     pub(crate) fn set_wired(&self) {
+        self.wired.store(true, Ordering::Release);
         lock(&self.lifecycle).wired = true;
         self.lifecycle_cv.notify_all();
     }
@@ -322,6 +351,11 @@ impl Handle {
         self.check_send(dst, tag, &payload)?;
         self.check_gate(dst, payload.len())?;
         let len = payload.len();
+        let waits = usize::from(dst != self.shared.rank);
+        if let Err(e) = self.shared.take_prewire(waits) {
+            self.shared.gate.taken(len);
+            return Err(e);
+        }
         let caddy = match kind {
             Kind::Reliable => Caddy::SendReliable {
                 dst,
@@ -337,9 +371,10 @@ impl Handle {
                 route,
             },
         };
-        self.shared
-            .submit(caddy)
-            .inspect_err(|_| self.shared.gate.taken(len))
+        self.shared.submit(caddy).inspect_err(|_| {
+            self.shared.gate.taken(len);
+            self.shared.untake_prewire(waits);
+        })
     }
 
     /// Sends the messages of `batch` as plain sends, without waiting, handed to the loop as one
@@ -378,7 +413,11 @@ impl Handle {
             len = len.saturating_add(m.payload.len());
         }
         if open > 0 {
+            let me = self.shared.rank;
+            let waits = batch.msgs.iter().take(open).filter(|m| m.dst != me).count();
+            self.shared.take_prewire(waits)?;
             if !self.shared.gate.admit_bytes(len) {
+                self.shared.untake_prewire(waits);
                 return Err(SendError::Busy(
                     "the command channel (bytes of sends not yet taken)",
                 ));
@@ -390,6 +429,7 @@ impl Handle {
             };
             if let Err((e, caddy)) = self.shared.submit_or_return(Caddy::SendBatch { msgs }) {
                 self.shared.gate.taken(len);
+                self.shared.untake_prewire(waits);
                 // Not taken: the messages stay the caller's, in order, ahead of the rest.
                 if let Caddy::SendBatch { mut msgs } = caddy {
                     msgs.append(&mut batch.msgs);
@@ -497,7 +537,10 @@ impl Handle {
                 max,
             });
         }
-        self.shared.submit(Caddy::Broadcast { tag, payload, done })
+        self.shared.take_prewire(1)?;
+        self.shared
+            .submit(Caddy::Broadcast { tag, payload, done })
+            .inspect_err(|_| self.shared.untake_prewire(1))
     }
 
     /// The largest broadcast payload: `msg_max_bytes` less the 29 bytes a broadcast operation
@@ -534,7 +577,10 @@ impl Handle {
             });
         }
         let done: AllgatherCompletion = Box::new(done);
-        self.shared.submit(Caddy::Allgather { id, data, done })
+        self.shared.take_prewire(1)?;
+        self.shared
+            .submit(Caddy::Allgather { id, data, done })
+            .inspect_err(|_| self.shared.untake_prewire(1))
     }
 
     /// [`Handle::allgather`], blocking until the result arrived or `timeout` passed

@@ -38,7 +38,7 @@ use crate::oob::handshake::HandshakeConfig;
 use crate::oob::uri::ContactUri;
 use handle::{Lifecycle, Shared};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -106,6 +106,9 @@ pub fn start(
             size,
             limits::COMMAND_QUEUE_MAX_BYTES.min(config.send_queue_max_bytes / 4),
         ),
+        wired: AtomicBool::new(false),
+        prewire_taken: AtomicUsize::new(0),
+        prewire_max: config.prewire_queue_max as usize,
     });
     let incarnation = incarnation();
     let node = Node::new(NodeConfig {
