@@ -108,7 +108,7 @@ pub fn start(
         ),
         wired: AtomicBool::new(false),
         prewire_taken: AtomicUsize::new(0),
-        prewire_max: config.prewire_queue_max as usize,
+        prewire_max: config.prewire_queue_max,
     });
     let incarnation = incarnation();
     let node = Node::new(NodeConfig {
