@@ -751,6 +751,28 @@ fn non_null<T>(p: *const T, what: &str) -> Res {
     Ok(())
 }
 
+/// Copies `text` and a NUL into the caller's `buf`, whose size `*len` gives, and stores the
+/// size needed in `*len`: `TBON_ERR_TOO_LARGE` (nothing copied) if it does not fit or `buf` is
+/// NULL. The caller must pass a non-null `len`, and `buf` with at least `*len` writable bytes.
+unsafe fn put_text(buf: *mut c_char, len: *mut usize, text: &str, what: &str) -> Res {
+    let need = text.len() + 1;
+    // SAFETY: the caller's in/out length (non-null, the caller checked).
+    let cap = unsafe { len.read() };
+    unsafe { put(len, need) };
+    if cap < need || buf.is_null() {
+        return fail(
+            tbon_rc::TBON_ERR_TOO_LARGE,
+            format!("{what} needs {need} bytes, the buffer has {cap}"),
+        );
+    }
+    // SAFETY: `buf` is non-null with `cap >= need` writable bytes (the caller's promise).
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
+        buf.add(text.len()).write(0);
+    }
+    Ok(())
+}
+
 /// Borrows a C string for the duration of a call.
 unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str, Fail> {
     non_null(p, what)?;
@@ -995,23 +1017,8 @@ pub unsafe extern "C" fn tbon_contact_uri(
     guard(|| {
         non_null(len, "len")?;
         let h = handle(d)?;
-        let uri = h.contact_uri().as_bytes();
-        let need = uri.len() + 1;
-        // SAFETY: checked above; the caller's in/out length.
-        let cap = unsafe { len.read() };
-        unsafe { put(len, need) };
-        if cap < need || buf.is_null() {
-            return fail(
-                tbon_rc::TBON_ERR_TOO_LARGE,
-                format!("the contact URI needs {need} bytes, the buffer has {cap}"),
-            );
-        }
-        // SAFETY: `buf` is non-null with `cap >= need` writable bytes (the caller's promise).
-        unsafe {
-            std::ptr::copy_nonoverlapping(uri.as_ptr(), buf.cast::<u8>(), uri.len());
-            buf.add(uri.len()).write(0);
-        }
-        Ok(())
+        // SAFETY: `len` checked above; `buf` and `*len` are the caller's promise.
+        unsafe { put_text(buf, len, h.contact_uri(), "the contact URI") }
     })
 }
 
@@ -1130,25 +1137,14 @@ pub unsafe extern "C" fn tbon_stop_reason(
             return Ok(());
         }
         let text = stopped.map_or_else(|| "running".to_string(), |r| r.to_string());
-        let need = text.len() + 1;
-        // SAFETY: non-null; the caller's in/out length.
-        let cap = unsafe { len.read() };
-        unsafe { put(len, need) };
         if buf.is_null() {
+            // The size query.
+            // SAFETY: non-null, checked above.
+            unsafe { put(len, text.len() + 1) };
             return Ok(());
         }
-        if cap < need {
-            return fail(
-                tbon_rc::TBON_ERR_TOO_LARGE,
-                format!("the stop reason needs {need} bytes, the buffer has {cap}"),
-            );
-        }
-        // SAFETY: `buf` is non-null with `cap >= need` writable bytes (the caller's promise).
-        unsafe {
-            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
-            buf.add(text.len()).write(0);
-        }
-        Ok(())
+        // SAFETY: `len` non-null; `buf` and `*len` are the caller's promise.
+        unsafe { put_text(buf, len, &text, "the stop reason") }
     })
 }
 
