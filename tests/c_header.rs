@@ -1,6 +1,7 @@
 //! `include/tbon.h` must be exactly what cbindgen generates from `src/ffi/mod.rs` with
 //! `cbindgen.toml`. After changing the C API, regenerate it with
-//! `TBON_BLESS=1 cargo test --release --test c_header` and commit the header.
+//! `TBON_BLESS=1 cargo test --release --test c_header` and commit the header. The header also
+//! compiles as strict C99 and C11 with every warning an error.
 
 use std::path::Path;
 
@@ -38,4 +39,38 @@ fn pkg_config_file_has_the_crate_version() {
         pc.lines().any(|l| l.trim() == want),
         "tbon.pc must say `{want}`"
     );
+}
+
+/// The header alone compiles as strict C99 with every warning an error (and as C11), so any C
+/// project can include it whatever its flags. Needs a C compiler (`cc`, or `$CC`), as the C
+/// examples do.
+#[test]
+fn header_compiles_as_strict_c99_and_c11() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("tbon-header-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("include_only.c");
+    std::fs::write(
+        &src,
+        "#include \"tbon.h\"\nint main(void) { return TBON_OK; }\n",
+    )
+    .unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    for std in ["-std=c99", "-std=c11"] {
+        let out = std::process::Command::new(&cc)
+            .args([std, "-Wall", "-Wextra", "-pedantic", "-Werror", "-c"])
+            .arg("-I")
+            .arg(root.join("include"))
+            .arg(&src)
+            .arg("-o")
+            .arg(dir.join("include_only.o"))
+            .output()
+            .expect("run the C compiler");
+        assert!(
+            out.status.success(),
+            "tbon.h with {std} -Wall -Wextra -pedantic -Werror:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
