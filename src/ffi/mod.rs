@@ -1429,6 +1429,31 @@ pub unsafe extern "C" fn tbon_send_reliable(
 pub type tbon_free_cb = Option<unsafe extern "C" fn(data: *mut c_void, free_user: *mut c_void)>;
 
 /// A caller's buffer lent to tbon: handed back to `free` when the last reference is dropped.
+/// The caller's lent buffer as `Bytes`: `free_cb(data, free_user)` runs exactly once, when
+/// the last `Bytes` sharing it is dropped, also when this returns an error (a NULL `data` with
+/// a length). `TBON_ERR_BAD_PARAM` for a NULL `free_cb`, which is then not called.
+fn lend(
+    data: *mut c_void,
+    len: usize,
+    free_cb: tbon_free_cb,
+    free_user: *mut c_void,
+) -> Result<Bytes, Fail> {
+    let Some(free) = free_cb else {
+        return fail(tbon_rc::TBON_ERR_BAD_PARAM, "free_cb is NULL");
+    };
+    // From here on, every way out (errors, panics) drops `lent` exactly once via `Bytes`.
+    let lent = Bytes::from_owner(Lent {
+        data,
+        len,
+        free,
+        user: free_user,
+    });
+    if len > 0 {
+        non_null(data, "data")?;
+    }
+    Ok(lent)
+}
+
 struct Lent {
     data: *mut c_void,
     len: usize,
@@ -1477,25 +1502,12 @@ pub unsafe extern "C" fn tbon_send_nocopy(
     user: *mut c_void,
 ) -> tbon_rc {
     guard(|| {
-        let Some(free) = free_cb else {
-            return fail(tbon_rc::TBON_ERR_BAD_PARAM, "free_cb is NULL");
-        };
-        // From here on, every way out (errors, panics) drops `lent` at most once via `Bytes`.
-        let lent = Lent {
-            data,
-            len,
-            free,
-            user: free_user,
-        };
-        if len > 0 {
-            non_null(data, "data")?;
-        }
+        let payload = lend(data, len, free_cb, free_user)?;
         let h = handle(d)?;
         let max = h.shared.msg_max_bytes;
         if len > max {
             return Err(SendError::TooLarge { len, max }.into());
         }
-        let payload = Bytes::from_owner(lent);
         match completion(cb, user) {
             Some(done) => h.send_with(dst, tag, payload, done)?,
             None => h.send(dst, tag, payload)?,

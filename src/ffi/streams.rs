@@ -318,20 +318,7 @@ pub unsafe extern "C" fn tbon_writer_write_nocopy(
     written: *mut usize,
 ) -> tbon_rc {
     guard(|| {
-        let Some(free) = free_cb else {
-            return fail(tbon_rc::TBON_ERR_BAD_PARAM, "free_cb is NULL");
-        };
-        // From here on, every way out drops `lent` exactly once (through `Bytes`).
-        let lent = super::Lent {
-            data,
-            len,
-            free,
-            user: free_user,
-        };
-        if len > 0 {
-            non_null(data, "data")?;
-        }
-        let bytes = Bytes::from_owner(lent);
+        let bytes = super::lend(data, len, free_cb, free_user)?;
         not_in_callback("tbon_writer_write_nocopy")?;
         let entry = writer(w)?;
         write_all(&entry, bytes, timeout_ms, written)
