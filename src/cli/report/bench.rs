@@ -108,7 +108,6 @@ fn rates(p: &mut Page, run: &Value) {
     }
     p.heading(2, "Message rate against raw TCP");
     let mut sizes: Vec<u64> = rows.iter().filter_map(|r| r["payload"].as_u64()).collect();
-    sizes.dedup();
     sizes.sort_unstable();
     sizes.dedup();
     for size in sizes {

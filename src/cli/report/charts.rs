@@ -242,15 +242,21 @@ pub fn histogram(title: &str, from_ms: &[f64], series: &[(&str, Vec<u64>)]) -> R
         (Some(a), Some(b)) => (*a, *b),
         _ => (0, from_ms.len().saturating_sub(1)),
     };
+    // Past the last edge, buckets keep the last ratio (a decade without two edges to tell).
+    let ratio = match from_ms {
+        [.., a, b] if *a > 0.0 && *b > *a => b / a,
+        _ => 10.0,
+    };
+    let last_edge = from_ms
+        .last()
+        .copied()
+        .unwrap_or(1.0)
+        .max(f64::MIN_POSITIVE);
     let edge = |i: usize| -> f64 {
-        match from_ms.get(i) {
-            Some(e) => *e,
-            None => {
-                let n = from_ms.len();
-                let (a, b) = (from_ms[n - 2], from_ms[n - 1]);
-                b * (b / a)
-            }
-        }
+        from_ms.get(i).copied().unwrap_or_else(|| {
+            let beyond = i.saturating_sub(from_ms.len()) as i32 + 1;
+            last_edge * ratio.powi(beyond)
+        })
     };
     let (lo, hi) = (edge(first), edge(last + 1));
     let count_max = series
@@ -506,6 +512,15 @@ fn trim(v: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// Drawn from a run's JSON: odd bucket lists (none, one) draw, they do not panic.
+    #[test]
+    fn a_histogram_of_few_edges_still_draws() {
+        for edges in [&[][..], &[1.0][..], &[1.0, 2.0][..]] {
+            let counts = vec![3u64; edges.len()];
+            assert!(super::histogram("t", edges, &[("plain", counts)]).is_ok());
+        }
+    }
+
     #[test]
     fn axis_values_read_short() {
         assert_eq!(super::si(60_000_000.0), "60M");
