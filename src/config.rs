@@ -227,8 +227,9 @@ settings! {
     /// Messages held for receives not posted yet; at the bound the oldest is dropped with a
     /// warning (PRRTE: unbounded).
     unmatched_max: usize = limits::UNMATCHED_MAX_DEFAULT, env "TBON_UNMATCHED_MAX";
-    /// Messages that may be sent before wire-up completes; further sends are refused with
-    /// back-pressure until the tree is up.
+    /// Commands that may wait for wire-up (sends to other daemons, broadcasts, allgathers;
+    /// sends to this daemon need no wire-up and are not counted); further ones are refused
+    /// `Busy` until the tree is up.
     prewire_queue_max: usize = limits::PREWIRE_QUEUE_MAX_DEFAULT, env "TBON_PREWIRE_QUEUE_MAX";
     /// Milliseconds a connection may spend in the handshake before it is closed.
     handshake_timeout_ms: u64 = limits::HANDSHAKE_TIMEOUT_MS_DEFAULT, env "TBON_HANDSHAKE_TIMEOUT_MS";

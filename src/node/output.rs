@@ -20,9 +20,10 @@ pub const FATAL_RANK_0_UNREACHABLE: &str = "cannot reach rank 0";
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StopReason {
-    /// A local shutdown request (`Handle::shutdown`, or `shutdown_dvm` on a rank other than 0).
+    /// A local shutdown request: `Handle::shutdown` on any rank, or `shutdown_dvm` (rank 0,
+    /// which stops the DVM, reports this for itself; on another rank it only stops that one).
     Requested,
-    /// Rank 0 told the DVM to stop (an orderly end of the whole DVM).
+    /// Rank 0 told the DVM to stop (an orderly end of the whole DVM): every rank but 0.
     DvmShutdown,
     /// A local abort (`Handle::abort`): stopped at once, without the linger.
     Aborted,
