@@ -35,6 +35,7 @@ pub mod rml;
 pub mod routed;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
+pub mod status;
 pub mod stream;
 
 pub use counters::{Counters, DirectCounters, StreamCounters};

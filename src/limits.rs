@@ -473,3 +473,31 @@ pub const STREAM_SERVICES_MAX: usize = 256;
 /// Resumes of one stream (after a repair, a lost link, a gap or a quarter of its idle time
 /// without news) before it fails `TimedOut`.
 pub const STREAM_RESUMES_MAX: u32 = 16;
+
+/// Status queries (`status`): the gathers one daemon keeps at once. A query from a parent
+/// beyond it has the oldest gather answered at once with what it has (less detail, no more
+/// memory); a local one (a tool's or a caller's) beyond `STATUS_LOCAL_MAX` is refused.
+pub const STATUS_GATHERS_MAX: usize = 64;
+/// Status queries of this daemon's own tools and callers in progress at once; more are
+/// refused (the tool hears "busy", a caller gets `Busy`).
+pub const STATUS_LOCAL_MAX: usize = 8;
+/// Parts in one status answer (a healthy subtree is one part; with `all`, each daemon is one):
+/// beyond it a child's parts are replaced by one elided part and the report says truncated.
+pub const STATUS_PARTS_MAX: usize = 16_384;
+/// Bytes of one status answer (and less than the message maximum): the same rule as
+/// `STATUS_PARTS_MAX`.
+pub const STATUS_ANSWER_BYTES_MAX: usize = 4 << 20;
+/// Children and links a daemon's status entry may list (a decoder refuses more).
+pub const STATUS_LINKS_MAX: usize = 65_536;
+/// A status refusal's reason, in bytes.
+pub const STATUS_REASON_MAX: usize = 1_024;
+/// The time budget a status query may ask for (a longer one is cut to it), and the default.
+pub const STATUS_BUDGET_MS_MAX: u32 = 60_000;
+pub const STATUS_BUDGET_MS_DEFAULT: u32 = 2_000;
+/// Operator tool connections a daemon holds at once (authenticated with the operator
+/// credential); a tool's `Hello` beyond it is refused at once.
+pub const TOOL_CONNECTIONS_MAX: usize = 8;
+/// A tool connection with no query in progress for this long is closed.
+pub const TOOL_IDLE_MS: u64 = 60_000;
+/// The largest frame a tool may send (a query is 26 bytes).
+pub const TOOL_FRAME_MAX: u32 = 256;

@@ -95,6 +95,12 @@ pub(crate) enum Caddy {
         peer: Rank,
     },
     Counters(Sender<Counters>),
+    /// Gather the status of this daemon's subtree ([`crate::status`]).
+    Status {
+        budget_ms: u32,
+        all: bool,
+        tx: Sender<Result<crate::status::Report, crate::status::StatusError>>,
+    },
     OnFault(FaultHandler),
     /// Stop at once, as a crash would: no linger, no notices (tests and fault injection).
     Abort,

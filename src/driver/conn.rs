@@ -20,6 +20,12 @@ pub(crate) enum ConnState {
     Handshaking(Box<Handshake>),
     /// Data frames flow.
     Established,
+    /// An operator's tool (`event_loop/tools.rs`): never a link. `since` is when it last
+    /// connected or was answered; `asking` while a query of it is in progress.
+    Tool {
+        since: std::time::Instant,
+        asking: bool,
+    },
 }
 
 pub(crate) struct Conn {

@@ -12,6 +12,7 @@
 
 mod links;
 mod streams;
+mod tools;
 
 use super::caddy::{AllgatherCompletion, Caddy, Completion, FaultHandler, RecvCallback};
 use super::conn::Conn;
@@ -109,6 +110,10 @@ pub(crate) struct EventLoop {
     gate_version: (u64, usize, u64),
     /// The applications' services, writers and readers of streams.
     streams: streams::AppStreams,
+    /// Status queries the node gathers, by token, with who waits for each (at most
+    /// `limits::STATUS_LOCAL_MAX`: the node refuses more).
+    status_waiters: FxHashMap<u64, tools::StatusWaiter>,
+    status_next_token: u64,
 }
 
 /// The driver's answer to the node's question "is a neighbour's queue stuck?".
@@ -179,6 +184,8 @@ impl EventLoop {
             last_shrink: Instant::now(),
             gate_version: (0, 0, 0),
             streams: streams::AppStreams::default(),
+            status_waiters: FxHashMap::default(),
+            status_next_token: 0,
         }
     }
 
@@ -331,6 +338,7 @@ impl EventLoop {
                 Output::Stream(e) => self.on_stream_event(*e),
                 Output::Stop(reason) => self.on_stop(reason),
                 Output::Trace(_) => {}
+                Output::Status { token, report } => self.on_status(token, *report),
             }
         }
     }
@@ -610,6 +618,7 @@ impl EventLoop {
                 let _ = tx.send(self.snapshot());
             }
             Caddy::OnFault(h) => self.fault_handlers.push(h),
+            Caddy::Status { budget_ms, all, tx } => self.status_for_caller(budget_ms, all, tx),
             Caddy::Abort => {
                 log::info!("rank {}: aborting", self.me);
                 self.node.handle_abort(self.now);
@@ -668,6 +677,9 @@ impl EventLoop {
                 let _ = tx.send(self.snapshot());
             }
             Caddy::Abort => self.close_all(),
+            Caddy::Status { tx, .. } => {
+                let _ = tx.send(Err(crate::status::StatusError::ShutDown));
+            }
             // Messages are still delivered while stopping: cancel, and answer the waiter.
             Caddy::Cancel {
                 peer,
@@ -834,6 +846,7 @@ impl EventLoop {
             self.complete(o);
         }
         self.close_all();
+        self.fail_status_waiters();
         let peers: Vec<Rank> = self.links.keys().copied().collect();
         for p in peers {
             self.give_up(p, SendError::ShutDown);

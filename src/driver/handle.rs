@@ -798,6 +798,30 @@ impl Handle {
         rx.recv().map_err(|_| SendError::ShutDown)
     }
 
+    /// Gathers the status of this daemon's subtree (rank 0: the whole DVM) within `budget_ms`
+    /// (see [`crate::status`]); `all` lists every daemon in detail. Blocks for about the
+    /// budget at most. Errors: `Refused` (not wired up, stopping, or
+    /// `limits::STATUS_LOCAL_MAX` queries in progress), `ShutDown`, `InCallback` (called
+    /// from a callback).
+    pub fn status(
+        &self,
+        budget_ms: u32,
+        all: bool,
+    ) -> Result<crate::status::Report, crate::status::StatusError> {
+        use crate::status::StatusError;
+        if self.shared.on_loop_thread() {
+            return Err(StatusError::InCallback);
+        }
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.shared
+            .submit(Caddy::Status { budget_ms, all, tx })
+            .map_err(|e| match e {
+                SendError::ShutDown => StatusError::ShutDown,
+                other => StatusError::Refused(other.to_string()),
+            })?;
+        rx.recv().unwrap_or(Err(StatusError::ShutDown))
+    }
+
     /// Waits until `done` holds for the lifecycle, or `timeout` passed; returns the state.
     fn wait_lifecycle(
         &self,

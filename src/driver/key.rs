@@ -123,6 +123,15 @@ impl Key {
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
+
+    /// The read-only operator credential derived from this job key (64 hex characters of an
+    /// HMAC-SHA256 of it): give it to operators instead of the job key. With it a tool can ask
+    /// daemons for their status ([`crate::status::query`], `tbon status`); it cannot join the
+    /// DVM, send to a daemon or be turned back into the job key. Write it with
+    /// [`Key::write_new`] (`tbon keygen --operator`).
+    pub fn operator(&self) -> Key {
+        Key(JobKey::new(self.0.clone()).operator().bytes().to_vec())
+    }
 }
 
 /// Loads the key: [`Config::key`](crate::config::Config::key), else the file named by

@@ -21,6 +21,7 @@ mod serve;
 mod stream_reader;
 mod stream_writer;
 mod timers;
+pub mod tool;
 
 pub use batch::{Batch, Outgoing};
 pub use caddy::{AllgatherCompletion, Completion, RecvCallback};

@@ -212,6 +212,7 @@ impl Node {
                 result: Err(SendError::ShutDown),
             });
         }
+        self.status_stop(now);
         self.out.push_back(Output::Stop(reason));
     }
 

@@ -112,6 +112,7 @@ impl Node {
         }
         self.direct_after_repair(now, &dead);
         self.streams_after_repair(now, &dead);
+        self.status_after_repair(now, &dead);
         self.out.push_back(Output::PeersFailed { dead, adopted });
         self.watch_neighbours(now);
         self.grpcomm_repair(&status);

@@ -114,6 +114,8 @@ pub struct Flow {
     episodes: u64,
     /// Bumped whenever the congested set changes (see [`Flow::generation`]).
     generation: u64,
+    /// The last level reported of each queue that was not empty (a status shows them).
+    levels: FxHashMap<Rank, usize>,
 }
 
 impl Flow {
@@ -127,12 +129,18 @@ impl Flow {
             congested: FxHashMap::default(),
             episodes: 0,
             generation: 0,
+            levels: FxHashMap::default(),
         }
     }
 
     /// The queue towards `peer` now holds `queued` bytes. Call it whenever it may have
     /// changed (after queueing frames, after writing); cheap when nothing crosses a threshold.
     pub fn handle_queued(&mut self, now: Instant, peer: Rank, queued: usize) {
+        if queued == 0 {
+            self.levels.remove(&peer);
+        } else {
+            self.levels.insert(peer, queued);
+        }
         match self.congested.get_mut(&peer) {
             Some(c) => {
                 if queued <= self.limits.low_bytes {
@@ -174,6 +182,7 @@ impl Flow {
 
     /// The connection with `peer` is gone (or `peer` failed): its queue no longer counts.
     pub fn forget(&mut self, peer: Rank) {
+        self.levels.remove(&peer);
         if self.congested.remove(&peer).is_some() {
             self.generation += 1;
         }
@@ -211,6 +220,11 @@ impl Flow {
             .values()
             .map(|c| c.moved_at + Duration::from_millis(self.limits.stuck_ms))
             .min()
+    }
+
+    /// The bytes last reported waiting in the queue towards `peer`.
+    pub fn level(&self, peer: Rank) -> usize {
+        self.levels.get(&peer).copied().unwrap_or(0)
     }
 
     /// Times a queue became congested.

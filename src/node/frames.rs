@@ -122,6 +122,7 @@ impl Node {
             TAG_XCAST_REQUEST | TAG_XCAST_DONE => self.on_grpcomm_reliable(msg),
             crate::direct::TAG_DIRECT => self.on_direct_message(now, msg),
             super::streams::TAG_STREAM => self.on_stream_message(now, msg),
+            crate::status::TAG_STATUS => self.on_status_message(now, msg),
             t => log::warn!(
                 "rank {}: message with unexpected runtime tag {t} from {} dropped",
                 self.me,

@@ -30,6 +30,7 @@ pub mod flow;
 mod frames;
 mod output;
 mod reliable;
+mod status;
 mod streams;
 pub mod wireup;
 mod wiring;
@@ -53,6 +54,7 @@ use wireup::WireupCollector;
 
 pub use collectives::{broadcast_max, xcast_limits};
 pub use commands::Command;
+pub use status::StatusRefused;
 pub use streams::{FAIL_NO_ROOM, FAIL_NO_SERVICE, StreamCommand, StreamEvent, TAG_STREAM};
 
 /// What a node needs to know at its start.
@@ -204,6 +206,10 @@ pub struct Node {
     streams: streams::Streams,
     /// The newest incarnation seen of each neighbour.
     incarnations: FxHashMap<Rank, u64>,
+    /// Status queries in progress here (`crate::status`).
+    status: crate::status::gather::Gathers,
+    /// When [`Node::start`] ran (the uptime a status reports).
+    started: Option<Instant>,
     out: VecDeque<Output>,
 }
 
@@ -259,6 +265,8 @@ impl Node {
             direct_held: FxHashMap::default(),
             streams: streams::Streams::default(),
             paused_by: FxHashMap::default(),
+            status: Default::default(),
+            started: None,
             out: VecDeque::new(),
         })
     }
@@ -374,9 +382,10 @@ impl Node {
                 self.relm.poll_timeout(),
                 self.direct.poll_timeout(),
                 self.streams.poll_timeout(),
+                self.status.poll_timeout(),
             ]
         } else {
-            [None, None, None, None]
+            [None, None, None, None, None]
         };
         [wireup].into_iter().chain(running).flatten().min()
     }
@@ -412,6 +421,9 @@ impl Node {
         }
         if self.streams.poll_timeout().is_some_and(|at| at <= now) {
             self.streams_timeout(now);
+        }
+        if self.status.poll_timeout().is_some_and(|at| at <= now) {
+            self.answer_due(now);
         }
         self.streams_release(now);
     }

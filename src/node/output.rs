@@ -113,6 +113,12 @@ pub enum Output {
     /// A stream event for the application (`node/streams.rs`; boxed: a chunk's `Bytes` and a
     /// service name would make every `Output` larger).
     Stream(Box<super::StreamEvent>),
+    /// The status query the driver started with this token ([`Node::handle_status`](super::Node::handle_status))
+    /// is answered.
+    Status {
+        token: u64,
+        report: Box<crate::status::Report>,
+    },
 }
 
 /// What the simulator's checkers observe beyond the API's outputs.

@@ -15,6 +15,7 @@ impl Node {
     /// every other rank reports to rank 0 directly, not along the tree: nobody knows the
     /// tree's addresses yet).
     pub fn start(&mut self, now: Instant) {
+        self.started = Some(now);
         let Some(uri) = self.uri.clone().filter(|_| !self.wired_at_start) else {
             // No addresses (the simulator): wired from the start.
             self.wire = Wire::Wired;

@@ -57,6 +57,15 @@ pub const NONCE_LEN: usize = 16;
 /// Length of a handshake MAC (HMAC-SHA256).
 pub const MAC_LEN: usize = 32;
 
+/// The rank an operator's tool claims in its `Hello` (`tbon status`): no daemon has it. The
+/// acceptor proves and checks the handshake's MACs under the operator credential
+/// ([`JobKey::operator`]) instead of the job key, and admits the connection as a tool's, never
+/// as a link: a tool cannot join the tree, relay or send to any daemon.
+pub const TOOL_RANK: Rank = u32::MAX;
+
+/// The label of the operator credential's derivation.
+const LABEL_OPERATOR: &[u8] = b"tbon-operator-v1";
+
 /// The DVM's shared secret. Its `Debug` never shows the bytes. An empty key means the DVM runs
 /// unauthenticated (anyone who can reach a port and knows the identity can join).
 #[derive(Clone, PartialEq, Eq, Default)]
@@ -74,6 +83,30 @@ impl JobKey {
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// The read-only operator credential derived from this key: the 64 lowercase hex
+    /// characters of HMAC-SHA256(key, "tbon-operator-v1"), a valid key file's text. A tool
+    /// that holds it can ask daemons for their status; it cannot be turned back into the job
+    /// key, and no daemon accepts it from a daemon.
+    pub fn operator(&self) -> JobKey {
+        let mut mac = match Hmac::<Sha256>::new_from_slice(&self.0) {
+            Ok(m) => m,
+            Err(_) => unreachable_hmac(),
+        };
+        mac.update(LABEL_OPERATOR);
+        let hex: String = mac
+            .finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        JobKey(hex.into_bytes())
+    }
+
+    /// The key's bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
     }
 }
 
@@ -373,6 +406,17 @@ impl Handshake {
         }
     }
 
+    /// The key an acceptor's MACs with `dialler` are under: the operator credential for a
+    /// tool, the job key for a daemon. (A dialler uses its own `cfg.key`: a tool's is the
+    /// operator credential.)
+    fn key_for(&self, dialler: Rank) -> JobKey {
+        if dialler == TOOL_RANK {
+            self.cfg.key.operator()
+        } else {
+            self.cfg.key.clone()
+        }
+    }
+
     fn queue(&mut self, kind: Kind, dst: Rank, payload: Bytes) {
         let header = Header {
             kind,
@@ -477,7 +521,7 @@ impl Handshake {
             return Err(HandshakeError::UnexpectedKind(h.kind));
         }
         let nonce_d = self.check_identity(&frame.payload)?;
-        if h.origin >= self.cfg.size || h.origin == self.cfg.me {
+        if h.origin != TOOL_RANK && (h.origin >= self.cfg.size || h.origin == self.cfg.me) {
             return Err(HandshakeError::BadRank {
                 rank: h.origin,
                 size: self.cfg.size,
@@ -591,7 +635,7 @@ impl Handshake {
         }
         let me = self.cfg.me;
         transcript_mac(
-            &self.cfg.key,
+            &self.key_for(peer.rank),
             LABEL_DIAL,
             &self.cfg.dvm_id,
             peer.rank,
@@ -614,7 +658,7 @@ impl Handshake {
         };
         let me = self.cfg.me;
         let mac_a = transcript_mac(
-            &self.cfg.key,
+            &self.key_for(p.rank),
             LABEL_ACK,
             &self.cfg.dvm_id,
             p.rank,
@@ -762,6 +806,70 @@ mod tests {
 
     fn hello_from(me: Rank, to: Rank) -> Frame {
         one(&mut Handshake::dial(&cfg(me), to, fresh()))
+    }
+
+    /// Runs a tool's handshake with `key` against daemon 5 (which holds `cfg`'s job key):
+    /// the acceptor's and the dialler's outcomes.
+    fn tool_handshake(key: JobKey) -> (Result<(), HandshakeError>, Option<HandshakeEvent>) {
+        let tool = HandshakeConfig {
+            me: TOOL_RANK,
+            key,
+            ..cfg(0)
+        };
+        let mut d = Handshake::dial(&tool, 5, fresh());
+        let mut a = Handshake::accept(&cfg(5), fresh());
+        let peer = PeerIdent {
+            rank: TOOL_RANK,
+            epoch: 100,
+        };
+        assert_eq!(
+            a.handle_frame(one(&mut d)),
+            Ok(Some(HandshakeEvent::HelloReceived(peer)))
+        );
+        assert!(a.try_accept_peer());
+        if let Err(e) = d.handle_frame(one(&mut a)) {
+            return (Err(e), None);
+        }
+        match a.handle_frame(one(&mut d)) {
+            Ok(Some(HandshakeEvent::Authenticated(p))) => {
+                assert_eq!(p, peer);
+                assert!(a.admit());
+                (Ok(()), d.handle_frame(one(&mut a)).unwrap())
+            }
+            other => (other.map(|_| ()), None),
+        }
+    }
+
+    #[test]
+    fn a_tool_proves_the_operator_credential_and_nothing_else() {
+        let job = cfg(0).key;
+        let (acceptor, dialler) = tool_handshake(job.operator());
+        assert_eq!(acceptor, Ok(()));
+        assert!(
+            matches!(dialler, Some(HandshakeEvent::Established(p)) if p.rank == 5),
+            "{dialler:?}"
+        );
+        // The job key itself is not the operator credential: a tool must derive it.
+        assert_eq!(tool_handshake(job.clone()).0, Err(HandshakeError::BadKey));
+        assert_eq!(
+            tool_handshake(JobKey::new(*b"someone else's key, 32 bytes....")).0,
+            Err(HandshakeError::BadKey)
+        );
+        // A daemon that holds only the operator credential cannot join as a daemon.
+        let mut d = Handshake::dial(
+            &HandshakeConfig {
+                key: job.operator(),
+                ..cfg(2)
+            },
+            5,
+            fresh(),
+        );
+        let mut a = Handshake::accept(&cfg(5), fresh());
+        a.handle_frame(one(&mut d)).unwrap();
+        a.try_accept_peer();
+        assert_eq!(d.handle_frame(one(&mut a)), Err(HandshakeError::BadKey));
+        assert_ne!(job.operator(), job);
+        assert_eq!(job.operator(), cfg(3).key.operator(), "a pure function of the key");
     }
 
     #[test]

@@ -69,6 +69,8 @@ pub struct SimNode {
     pub stopped: Option<crate::node::StopReason>,
     /// Stream events for the world's stream applications, in order.
     pub stream_events: Vec<crate::node::StreamEvent>,
+    /// Status reports gathered here, by token (the world takes them after each input).
+    pub statuses: Vec<(u64, crate::status::Report)>,
     /// The DVM epoch it had applied after its last input (epochs never go back).
     epoch: u64,
     /// Tokens of this daemon's broadcasts (their completions are checked as broadcasts).
@@ -129,6 +131,7 @@ impl SimNode {
             declared: Vec::new(),
             stopped: None,
             stream_events: Vec::new(),
+            statuses: Vec::new(),
             bcast_tokens: HashSet::new(),
             epoch: 0,
         };
@@ -251,6 +254,19 @@ impl SimNode {
         probe
     }
 
+    /// The world asks this daemon for the status of its subtree.
+    pub fn status(
+        &mut self,
+        now: Instant,
+        token: u64,
+        budget_ms: u32,
+        all: bool,
+    ) -> Result<(), crate::node::StatusRefused> {
+        let r = self.node.handle_status(now, token, budget_ms, all);
+        self.step(now);
+        r
+    }
+
     /// A connection with `peer` was (re-)established.
     pub fn link_up(&mut self, now: Instant, peer: Rank) {
         self.node.handle_link_up(now, peer, 1, true);
@@ -331,6 +347,9 @@ impl SimNode {
                     }
                 }
                 Output::Stop(reason) => self.stopped = Some(reason),
+                Output::Status { token, report } => {
+                    self.statuses.push((token, *report))
+                }
                 Output::Trace(Trace::Broadcast {
                     op,
                     originator,

@@ -12,7 +12,7 @@ use crate::error::SendError;
 use crate::limits;
 use crate::oob::arbiter::{Admission, DialPhase, LinkDialler, admit};
 use crate::oob::frame::Frame;
-use crate::oob::handshake::{Handshake, HandshakeError, HandshakeEvent};
+use crate::oob::handshake::{Handshake, HandshakeError, HandshakeEvent, TOOL_RANK};
 use crate::oob::header::{Header, Kind};
 use crate::oob::send_queue::Payload;
 use bytes::Bytes;
@@ -509,7 +509,14 @@ impl EventLoop {
         if let ConnState::Handshaking(hs) = &mut conn.state {
             match hs.handle_frame(frame) {
                 Ok(None) => self.pump_handshake(tok),
-                Ok(Some(HandshakeEvent::HelloReceived(ident))) => self.on_hello(tok, ident.rank),
+                Ok(Some(HandshakeEvent::HelloReceived(ident))) => {
+                    if ident.rank != TOOL_RANK || self.on_tool_hello(tok) {
+                        self.on_hello(tok, ident.rank);
+                    }
+                }
+                Ok(Some(HandshakeEvent::Authenticated(ident))) if ident.rank == TOOL_RANK => {
+                    self.tool_admitted(tok);
+                }
                 Ok(Some(HandshakeEvent::Authenticated(ident))) => {
                     self.on_authenticated(tok, ident.rank, ident.epoch);
                 }
@@ -526,6 +533,10 @@ impl EventLoop {
                     self.refuse_handshake(tok, reason, &format!("handshake: {e}"));
                 }
             }
+            return;
+        }
+        if matches!(conn.state, ConnState::Tool { .. }) {
+            self.on_tool_frame(tok, frame);
             return;
         }
         let Some(from) = conn.peer else {
@@ -616,7 +627,7 @@ impl EventLoop {
     }
 
     /// Acceptor: queues the `Ready` that lets the dialler send.
-    fn admit_conn(&mut self, tok: usize) {
+    pub(super) fn admit_conn(&mut self, tok: usize) {
         if let Some(conn) = self.conns.get_mut(tok)
             && let ConnState::Handshaking(hs) = &mut conn.state
         {
@@ -710,6 +721,10 @@ impl EventLoop {
             return;
         };
         log::debug!("rank {}: connection {} lost: {why}", self.me, conn.addr);
+        if matches!(conn.state, ConnState::Tool { .. }) {
+            self.close(tok, None);
+            return;
+        }
         let dialled = conn.dialled;
         let established = conn.is_established();
         let peer = conn.peer;
@@ -1082,6 +1097,7 @@ impl EventLoop {
             self.conns.shrink_to_fit();
         }
         self.timers.shrink();
+        self.close_idle_tools(self.now);
         // An idle daemon keeps no read region or spare packing buffer per connection (64 KiB
         // each): buffers holding nothing are given back once a second (a busy connection
         // allocates one again per second, nothing measurable).

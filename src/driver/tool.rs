@@ -1,0 +1,211 @@
+//! An operator's tool: connects to one daemon with the operator credential, asks for the
+//! status of its subtree (rank 0: the whole DVM), and reads the answer. Blocking, with
+//! timeouts; it never becomes part of the DVM (`oob::handshake::TOOL_RANK`).
+
+use crate::driver::key::Key;
+use crate::limits;
+use crate::oob::frame::{Frame, FrameDecoder};
+use crate::oob::handshake::{
+    Handshake, HandshakeConfig, HandshakeError, HandshakeEvent, JobKey, TOOL_RANK,
+};
+use crate::oob::header::{Header, Kind};
+use crate::oob::uri::ContactUri;
+use crate::status::wire::{Msg, Query};
+use crate::status::{Report, StatusError, TAG_STATUS};
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// How a status is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusOptions {
+    /// How long the daemons may take to gather it (cut to `limits::STATUS_BUDGET_MS_MAX`). A
+    /// subtree that does not answer within it is reported as `NoAnswer`.
+    pub budget_ms: u32,
+    /// Every daemon in detail, not only those on the way to a problem.
+    pub all: bool,
+    /// How long to wait for the connection and each handshake frame.
+    pub connect_timeout: Duration,
+}
+
+impl Default for StatusOptions {
+    fn default() -> Self {
+        StatusOptions {
+            budget_ms: limits::STATUS_BUDGET_MS_DEFAULT,
+            all: false,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Asks the daemon at `contact` for the status of its subtree (give rank 0's contact for the
+/// whole DVM), proving `credential`: the operator credential ([`Key::operator`]) of the DVM's
+/// job key. Blocks for at most the connection time plus the budget and a margin.
+///
+/// Errors: `Unreachable` (no address answered), `Credential` (the daemon does not take the
+/// credential: a wrong one, another DVM, or too many tools connected), `Refused` (the
+/// daemon is not wired up, stopping, or busy), `TimedOut`, `Protocol`.
+pub fn query(
+    contact: &ContactUri,
+    credential: &Key,
+    options: &StatusOptions,
+) -> Result<Report, StatusError> {
+    if options.connect_timeout.is_zero() {
+        return Err(StatusError::Invalid("a zero connect timeout".into()));
+    }
+    let mut last = None;
+    let mut stream = None;
+    for addr in &contact.addrs {
+        match TcpStream::connect_timeout(addr, options.connect_timeout) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = Some(format!("{addr}: {e}")),
+        }
+    }
+    let Some(mut stream) = stream else {
+        return Err(StatusError::Unreachable(
+            last.unwrap_or_else(|| "the contact has no address".into()),
+        ));
+    };
+    let _ = stream.set_nodelay(true);
+    let io = |e: std::io::Error| StatusError::Unreachable(e.to_string());
+    stream
+        .set_write_timeout(Some(options.connect_timeout))
+        .map_err(io)?;
+    let cfg = HandshakeConfig {
+        me: TOOL_RANK,
+        size: contact.rank.saturating_add(1),
+        epoch: 0,
+        dvm_id: contact.dvm_id.clone(),
+        key: JobKey::new(credential.as_bytes().to_vec()),
+    };
+    let mut hs = Handshake::dial(&cfg, contact.rank, super::nonce::fresh());
+    let mut decoder = FrameDecoder::new(limits::HANDSHAKE_MAX_PAYLOAD);
+    let handshake_deadline = Instant::now() + 2 * options.connect_timeout;
+    loop {
+        while let Some((h, p)) = hs.poll_transmit() {
+            write_frame(&mut stream, &h, &p).map_err(io)?;
+        }
+        let frame = read_frame(&mut stream, &mut decoder, handshake_deadline).map_err(|e| {
+            match e {
+                ReadError::Closed => StatusError::Credential(
+                    "the daemon closed the connection during the handshake (another DVM, a \
+                     credential it refused, or too many tools connected)"
+                        .into(),
+                ),
+                other => other.into(),
+            }
+        })?;
+        match hs.handle_frame(frame) {
+            Ok(Some(HandshakeEvent::Established(_))) => break,
+            Ok(_) => {}
+            Err(HandshakeError::BadKey) => {
+                return Err(StatusError::Credential(
+                    "the daemon does not hold the key this credential derives from (a wrong \
+                     credential, or the job key given where the operator credential is due)"
+                        .into(),
+                ));
+            }
+            Err(e) => return Err(StatusError::Protocol(format!("handshake: {e}"))),
+        }
+    }
+    decoder.set_max_payload(u32::try_from(limits::MSG_MAX_BYTES_DEFAULT).unwrap_or(u32::MAX));
+    let budget_ms = options.budget_ms.min(limits::STATUS_BUDGET_MS_MAX);
+    let query = Msg::Query(Query {
+        id: 1,
+        budget_ms,
+        all: options.all,
+        epoch: 0,
+        failed: 0,
+    })
+    .encode();
+    let header = Header {
+        kind: Kind::Msg,
+        origin: TOOL_RANK,
+        dst: contact.rank,
+        tag: TAG_STATUS,
+        epoch: 0,
+        seq: 0,
+        len: query.len() as u32,
+    };
+    write_frame(&mut stream, &header, &query).map_err(io)?;
+    let deadline = Instant::now()
+        + Duration::from_millis(u64::from(budget_ms))
+        + options.connect_timeout;
+    let frame = read_frame(&mut stream, &mut decoder, deadline).map_err(|e| match e {
+        ReadError::Closed => StatusError::ShutDown,
+        other => other.into(),
+    })?;
+    if frame.header.kind != Kind::Msg || frame.header.tag != TAG_STATUS {
+        return Err(StatusError::Protocol(format!(
+            "a {:?} frame with tag {} instead of a status",
+            frame.header.kind, frame.header.tag
+        )));
+    }
+    match Msg::decode(&frame.payload, u32::MAX) {
+        Ok(Msg::Report(r)) => Ok(r),
+        Ok(Msg::Refused(why)) => Err(StatusError::Refused(why)),
+        Ok(_) => Err(StatusError::Protocol("an answer that is not a report".into())),
+        Err(e) => Err(StatusError::Protocol(e.to_string())),
+    }
+}
+
+fn write_frame(stream: &mut TcpStream, h: &Header, payload: &[u8]) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(crate::oob::header::HEADER_LEN + payload.len());
+    buf.extend_from_slice(&h.encode());
+    buf.extend_from_slice(payload);
+    stream.write_all(&buf)
+}
+
+enum ReadError {
+    Closed,
+    TimedOut,
+    Io(std::io::Error),
+    Wire(String),
+}
+
+impl From<ReadError> for StatusError {
+    fn from(e: ReadError) -> StatusError {
+        match e {
+            ReadError::Closed => StatusError::ShutDown,
+            ReadError::TimedOut => StatusError::TimedOut,
+            ReadError::Io(e) => StatusError::Unreachable(e.to_string()),
+            ReadError::Wire(e) => StatusError::Protocol(e),
+        }
+    }
+}
+
+/// Reads until one whole frame is decoded, or `deadline`.
+fn read_frame(
+    stream: &mut TcpStream,
+    decoder: &mut FrameDecoder,
+    deadline: Instant,
+) -> Result<Frame, ReadError> {
+    loop {
+        match decoder.next_frame() {
+            Ok(Some(f)) => return Ok(f),
+            Ok(None) => {}
+            Err(e) => return Err(ReadError::Wire(e.to_string())),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ReadError::TimedOut);
+        }
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(ReadError::Io)?;
+        let space = decoder.read_space();
+        match stream.read(space) {
+            Ok(0) => return Err(ReadError::Closed),
+            Ok(n) => decoder.commit(n),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(ReadError::TimedOut);
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return Err(ReadError::Closed),
+            Err(e) => return Err(ReadError::Io(e)),
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The node's side of status queries (`crate::status`): a query from the parent or from this
+//! daemon's driver starts a gather, which asks the children with a smaller budget and answers
+//! once they all answered or its deadline passed.
+
+use super::{Node, Output};
+use crate::Rank;
+use crate::limits::{
+    STATUS_ANSWER_BYTES_MAX, STATUS_BUDGET_MS_MAX, STATUS_LOCAL_MAX,
+};
+use crate::rml::Message;
+use crate::status::gather::{Asker, AskerView, Gather, child_budget_ms};
+use crate::status::wire::{Answer, Msg, Query};
+use crate::status::{DaemonStatus, LinkStatus, Report, StatusCounters, TAG_STATUS, problem};
+use std::time::{Duration, Instant};
+
+/// Why this daemon did not start a status query for its driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatusRefused {
+    /// Wire-up is not complete: the tree is not known yet.
+    NotWired,
+    /// The daemon is stopping.
+    Stopping,
+    /// `limits::STATUS_LOCAL_MAX` queries of this daemon's tools and callers are in progress.
+    Busy,
+}
+
+impl std::fmt::Display for StatusRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StatusRefused::NotWired => "the daemon is not wired up yet",
+            StatusRefused::Stopping => "the daemon is stopping",
+            StatusRefused::Busy => "too many status queries in progress; try again",
+        })
+    }
+}
+
+impl Node {
+    /// The driver asks for the status of this daemon's subtree (rank 0: the whole DVM), to be
+    /// answered within `budget_ms` (cut to `STATUS_BUDGET_MS_MAX`) by
+    /// [`Output::Status`] with `token`. `all`: every daemon in detail.
+    pub fn handle_status(
+        &mut self,
+        now: Instant,
+        token: u64,
+        budget_ms: u32,
+        all: bool,
+    ) -> Result<(), StatusRefused> {
+        if self.stopping.is_some() {
+            return Err(StatusRefused::Stopping);
+        }
+        if !self.is_wired() {
+            return Err(StatusRefused::NotWired);
+        }
+        if self.status.local() >= STATUS_LOCAL_MAX {
+            return Err(StatusRefused::Busy);
+        }
+        self.begin_gather(now, Asker::Local { token }, budget_ms, all, None);
+        Ok(())
+    }
+
+    pub(super) fn on_status_message(&mut self, now: Instant, msg: Message) {
+        match Msg::decode(&msg.payload, self.size) {
+            Ok(Msg::Query(q)) => {
+                let asker = Asker::Daemon {
+                    rank: msg.origin,
+                    id: q.id,
+                };
+                let view = AskerView {
+                    epoch: q.epoch,
+                    failed: q.failed,
+                };
+                self.begin_gather(now, asker, q.budget_ms, q.all, Some(view));
+            }
+            Ok(Msg::Answer(a)) => {
+                if !self.status.handle_answer(now, msg.origin, a) {
+                    log::debug!(
+                        "rank {}: a late or unasked status answer from {} ignored",
+                        self.me,
+                        msg.origin
+                    );
+                }
+                self.answer_due(now);
+            }
+            Ok(Msg::Report(_) | Msg::Refused(_)) => log::warn!(
+                "rank {}: a tool's status message from daemon {} ignored",
+                self.me,
+                msg.origin
+            ),
+            Err(e) => log::warn!("rank {}: from {}: {e}; dropped", self.me, msg.origin),
+        }
+    }
+
+    fn begin_gather(
+        &mut self,
+        now: Instant,
+        asker: Asker,
+        budget_ms: u32,
+        all: bool,
+        view: Option<AskerView>,
+    ) {
+        let budget_ms = budget_ms.min(STATUS_BUDGET_MS_MAX);
+        let children = self.routing.children().to_vec();
+        let (id, evicted) = self.status.begin(
+            now,
+            asker,
+            Duration::from_millis(u64::from(budget_ms)),
+            all,
+            view,
+            &children,
+        );
+        if let Some(g) = evicted {
+            log::debug!("rank {}: status table full; answering the oldest", self.me);
+            self.answer_gather(now, g);
+        }
+        let query = Msg::Query(Query {
+            id,
+            budget_ms: child_budget_ms(budget_ms),
+            all,
+            epoch: self.epoch,
+            failed: self.failed_count(),
+        })
+        .encode();
+        for c in children {
+            self.send(c, TAG_STATUS, query.clone(), None);
+        }
+        self.answer_due(now);
+    }
+
+    fn failed_count(&self) -> u32 {
+        u32::try_from(self.routing.failed_count()).unwrap_or(u32::MAX)
+    }
+
+    /// Answers the gathers that are complete or past their deadline.
+    pub(super) fn answer_due(&mut self, now: Instant) {
+        for g in self.status.take_due(now) {
+            self.answer_gather(now, g);
+        }
+    }
+
+    /// Children that failed are no longer waited for.
+    pub(super) fn status_after_repair(&mut self, now: Instant, dead: &[Rank]) {
+        if !self.status.is_empty() {
+            self.status.forget(dead);
+            self.answer_due(now);
+        }
+    }
+
+    /// The daemon stops: its local gathers end with what they have.
+    pub(super) fn status_stop(&mut self, now: Instant) {
+        for g in self.status.take_all() {
+            if matches!(g.asker, Asker::Local { .. }) {
+                self.answer_gather(now, g);
+            }
+        }
+    }
+
+    fn answer_gather(&mut self, now: Instant, g: Gather) {
+        let held = now.saturating_duration_since(g.arrived);
+        let asker = g.asker;
+        let max_bytes = STATUS_ANSWER_BYTES_MAX.min(self.msg_max_bytes.saturating_sub(1024));
+        let own = self.own_status(now);
+        let (parts, truncated) = g.finish(own, max_bytes);
+        match asker {
+            Asker::Daemon { rank, id } => {
+                let answer = Msg::Answer(Answer {
+                    id,
+                    held_us: u32::try_from(held.as_micros()).unwrap_or(u32::MAX - 1),
+                    truncated,
+                    parts,
+                })
+                .encode();
+                self.send(rank, TAG_STATUS, answer, None);
+            }
+            Asker::Local { token } => {
+                let report = Report {
+                    from: self.me,
+                    size: self.size,
+                    radix: self.routing.radix(),
+                    epoch: self.epoch,
+                    failed: self.routing.failed().collect(),
+                    elapsed_us: u64::try_from(held.as_micros()).unwrap_or(u64::MAX),
+                    truncated,
+                    parts,
+                };
+                self.out.push_back(Output::Status {
+                    token,
+                    report: Box::new(report),
+                });
+            }
+        }
+    }
+
+    /// This daemon's own entry.
+    fn own_status(&self, now: Instant) -> DaemonStatus {
+        let c = self.counters();
+        let mut problems = 0;
+        if self.flow.any_congested() {
+            problems |= problem::CONGESTED;
+        }
+        if self.stopping.is_some() {
+            problems |= problem::STOPPING;
+        }
+        if c.relm_pending > 0 {
+            problems |= problem::RELM_BACKLOG;
+        }
+        let children = self.routing.children().to_vec();
+        let links = children
+            .iter()
+            .copied()
+            .chain(self.routing.parent())
+            .map(|peer| LinkStatus {
+                peer,
+                rtt_us: None,
+                queued_bytes: self.flow.level(peer) as u64,
+            })
+            .collect();
+        DaemonStatus {
+            rank: self.me,
+            incarnation: self.incarnation,
+            epoch: self.epoch,
+            parent: self.routing.parent(),
+            children,
+            depth: self.routing.depth(),
+            uptime_ms: self
+                .started
+                .map_or(0, |s| now.saturating_duration_since(s).as_millis() as u64),
+            failed_known: self.failed_count(),
+            problems,
+            links,
+            counters: StatusCounters {
+                sent: c.sent,
+                delivered: c.delivered,
+                relayed: c.relayed,
+                stream_bytes_sent: c.streams.bytes_sent,
+                stream_bytes_received: c.streams.bytes_received,
+                relm_unacked: c.relm_unacked,
+                relm_cached: c.relm_cached,
+                relm_pending: c.relm_pending,
+                streams_producing: c.streams.producing,
+                streams_consuming: c.streams.consuming,
+                direct_links: c.direct.links_open,
+                protocol_errors: c.protocol_errors,
+                repairs: c.repairs,
+            },
+        }
+    }
+}

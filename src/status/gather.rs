@@ -1,0 +1,412 @@
+//! One daemon's status queries in progress: whom it waits for, until when, and the rule that
+//! merges its children's answers into its own (summaries for healthy subtrees, detail for
+//! problems, a bound on the whole).
+
+use super::wire::{Answer, part_len};
+use super::{DaemonStatus, Healthy, Part, problem};
+use crate::Rank;
+use crate::limits::{STATUS_GATHERS_MAX, STATUS_PARTS_MAX};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Who waits for a gather's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asker {
+    /// A daemon (the parent, usually) that sent a `Query` with this id.
+    Daemon { rank: Rank, id: u64 },
+    /// This daemon's driver (a tool's connection or an API caller), with its token.
+    Local { token: u64 },
+}
+
+/// What the asker knew, for the [`problem::VIEW_DIFFERS`] check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AskerView {
+    pub epoch: u64,
+    pub failed: u32,
+}
+
+/// One query in progress here.
+#[derive(Debug)]
+pub struct Gather {
+    pub asker: Asker,
+    /// The id this daemon's children answer to (this daemon's own numbering).
+    pub id: u64,
+    pub arrived: Instant,
+    pub deadline: Instant,
+    pub all: bool,
+    pub view: Option<AskerView>,
+    /// Children asked and not yet answered, with when they were asked.
+    waiting: Vec<(Rank, Instant)>,
+    /// Round trips measured to the children that answered (µs).
+    rtts: Vec<(Rank, u32)>,
+    /// The children's answers, in arrival order.
+    answers: Vec<(Rank, Answer)>,
+}
+
+/// The budget a daemon gives its children out of its own: seven eighths, less a small margin
+/// for its own work and the hop back, so that answers reach each level before its deadline.
+pub fn child_budget_ms(budget_ms: u32) -> u32 {
+    (budget_ms / 8 * 7).saturating_sub(2)
+}
+
+impl Gather {
+    /// Whether every child asked has answered.
+    pub fn is_complete(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// Merges what arrived into this daemon's answer: `own` is this daemon's entry (its
+    /// links and problems are completed here). Returns the parts and whether detail was
+    /// dropped to stay within `max_bytes` and `STATUS_PARTS_MAX`.
+    pub fn finish(self, own: DaemonStatus, max_bytes: usize) -> (Vec<Part>, bool) {
+        let mut own = own;
+        let silent: Vec<Rank> = self.waiting.iter().map(|(r, _)| *r).collect();
+        if !silent.is_empty() {
+            own.problems |= problem::CHILD_SILENT;
+        }
+        if let Some(v) = self.view
+            && (v.epoch != own.epoch || v.failed != own.failed_known)
+        {
+            own.problems |= problem::VIEW_DIFFERS;
+        }
+        for link in &mut own.links {
+            if let Some((_, rtt)) = self.rtts.iter().find(|(r, _)| *r == link.peer) {
+                link.rtt_us = Some(*rtt);
+            }
+        }
+        let children_healthy = self.answers.iter().all(|(_, a)| {
+            !a.truncated && a.parts.len() == 1 && matches!(a.parts.first(), Some(Part::Healthy(_)))
+        });
+        if !self.all && own.problems == 0 && children_healthy {
+            return (vec![Part::Healthy(summarise(&own, &self.answers))], false);
+        }
+        let mut truncated = false;
+        let mut parts = vec![Part::Daemon(Box::new(own.clone()))];
+        let mut bytes = part_len(&parts[0]);
+        for rank in silent {
+            let p = Part::NoAnswer {
+                rank,
+                parent: own.rank,
+            };
+            bytes += part_len(&p);
+            parts.push(p);
+        }
+        for (child, answer) in self.answers {
+            truncated |= answer.truncated;
+            let len: usize = answer.parts.iter().map(part_len).sum();
+            if parts.len() + answer.parts.len() > STATUS_PARTS_MAX || bytes + len > max_bytes {
+                let daemons = answer.parts.iter().map(Part::daemons).sum();
+                let p = Part::Elided {
+                    root: child,
+                    daemons,
+                };
+                bytes += part_len(&p);
+                parts.push(p);
+                truncated = true;
+                continue;
+            }
+            bytes += len;
+            parts.extend(answer.parts);
+        }
+        (parts, truncated)
+    }
+}
+
+/// One healthy part for `own` and its children's healthy parts.
+fn summarise(own: &DaemonStatus, answers: &[(Rank, Answer)]) -> Healthy {
+    let mut h = Healthy {
+        root: own.rank,
+        daemons: 1,
+        height: 0,
+        uptime_ms_min: own.uptime_ms,
+        rtt_us_max: own.links.iter().filter_map(|l| l.rtt_us).max(),
+        counters: own.counters.clone(),
+    };
+    for (_, a) in answers {
+        for p in &a.parts {
+            if let Part::Healthy(c) = p {
+                h.daemons = h.daemons.saturating_add(c.daemons);
+                h.height = h.height.max(c.height.saturating_add(1));
+                h.uptime_ms_min = h.uptime_ms_min.min(c.uptime_ms_min);
+                h.rtt_us_max = h.rtt_us_max.max(c.rtt_us_max);
+                h.counters.add(&c.counters);
+            }
+        }
+    }
+    h
+}
+
+/// The queries in progress at one daemon, at most `STATUS_GATHERS_MAX`.
+#[derive(Debug, Default)]
+pub struct Gathers {
+    table: VecDeque<Gather>,
+    next_id: u64,
+}
+
+impl Gathers {
+    /// Starts a gather that asks `children` (the caller sends them the `Query` with the id
+    /// returned). At the bound, the oldest gather is returned to be answered at once with
+    /// what it has (a flood of queries costs answers detail, never memory).
+    #[allow(clippy::too_many_arguments)]
+    pub fn begin(
+        &mut self,
+        now: Instant,
+        asker: Asker,
+        budget: Duration,
+        all: bool,
+        view: Option<AskerView>,
+        children: &[Rank],
+    ) -> (u64, Option<Gather>) {
+        let evicted = if self.table.len() >= STATUS_GATHERS_MAX {
+            self.table.pop_front()
+        } else {
+            None
+        };
+        self.next_id += 1;
+        let id = self.next_id;
+        self.table.push_back(Gather {
+            asker,
+            id,
+            arrived: now,
+            deadline: now + budget,
+            all,
+            view,
+            waiting: children.iter().map(|c| (*c, now)).collect(),
+            rtts: Vec::new(),
+            answers: Vec::new(),
+        });
+        (id, evicted)
+    }
+
+    /// Gathers in progress.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// Local gathers (a tool's or a caller's) in progress.
+    pub fn local(&self) -> usize {
+        self.table
+            .iter()
+            .filter(|g| matches!(g.asker, Asker::Local { .. }))
+            .count()
+    }
+
+    /// Child `from` answered query `answer.id`; returns false (nothing changes) when no gather
+    /// waits for that answer from it: a late answer, or one from a daemon never asked.
+    pub fn handle_answer(&mut self, now: Instant, from: Rank, answer: Answer) -> bool {
+        let Some(g) = self.table.iter_mut().find(|g| g.id == answer.id) else {
+            return false;
+        };
+        let Some(i) = g.waiting.iter().position(|(r, _)| *r == from) else {
+            return false;
+        };
+        let (_, asked) = g.waiting.swap_remove(i);
+        let rtt = now
+            .saturating_duration_since(asked)
+            .saturating_sub(Duration::from_micros(u64::from(answer.held_us)));
+        g.rtts
+            .push((from, u32::try_from(rtt.as_micros()).unwrap_or(u32::MAX - 1)));
+        g.answers.push((from, answer));
+        true
+    }
+
+    /// `dead` failed: nobody waits for their answers (the report lists them as failed).
+    pub fn forget(&mut self, dead: &[Rank]) {
+        for g in &mut self.table {
+            g.waiting.retain(|(r, _)| !dead.contains(r));
+        }
+    }
+
+    /// The gathers to answer now: complete, or past their deadline.
+    pub fn take_due(&mut self, now: Instant) -> Vec<Gather> {
+        let mut due = Vec::new();
+        let mut i = 0;
+        while i < self.table.len() {
+            if self
+                .table
+                .get(i)
+                .is_some_and(|g| g.is_complete() || g.deadline <= now)
+            {
+                if let Some(g) = self.table.remove(i) {
+                    due.push(g);
+                }
+            } else {
+                i += 1;
+            }
+        }
+        due
+    }
+
+    /// Every gather, to be answered at once (the daemon stops).
+    pub fn take_all(&mut self) -> Vec<Gather> {
+        self.table.drain(..).collect()
+    }
+
+    /// The earliest deadline.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.table.iter().map(|g| g.deadline).min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::{LinkStatus, StatusCounters};
+
+    fn own(rank: Rank, children: &[Rank]) -> DaemonStatus {
+        DaemonStatus {
+            rank,
+            incarnation: 1,
+            epoch: 0,
+            parent: None,
+            children: children.to_vec(),
+            depth: 0,
+            uptime_ms: 100,
+            failed_known: 0,
+            problems: 0,
+            links: children
+                .iter()
+                .map(|c| LinkStatus {
+                    peer: *c,
+                    rtt_us: None,
+                    queued_bytes: 0,
+                })
+                .collect(),
+            counters: StatusCounters {
+                sent: 1,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn healthy(root: Rank, daemons: u32) -> Answer {
+        Answer {
+            id: 1,
+            held_us: 10,
+            truncated: false,
+            parts: vec![Part::Healthy(Healthy {
+                root,
+                daemons,
+                height: 1,
+                uptime_ms_min: 50,
+                rtt_us_max: Some(30),
+                counters: StatusCounters {
+                    sent: u64::from(daemons),
+                    ..Default::default()
+                },
+            })],
+        }
+    }
+
+    #[test]
+    fn healthy_children_fold_into_one_summary() {
+        let t0 = Instant::now();
+        let mut g = Gathers::default();
+        let (id, none) = g.begin(
+            t0,
+            Asker::Local { token: 1 },
+            Duration::from_secs(1),
+            false,
+            None,
+            &[1, 2],
+        );
+        assert!(none.is_none());
+        let at = t0 + Duration::from_millis(1);
+        assert!(g.handle_answer(at, 1, Answer { id, ..healthy(1, 3) }));
+        assert!(!g.handle_answer(at, 1, Answer { id, ..healthy(1, 3) }), "twice");
+        assert!(!g.handle_answer(at, 5, Answer { id, ..healthy(5, 3) }), "never asked");
+        assert!(g.take_due(at).is_empty());
+        assert!(g.handle_answer(at, 2, Answer { id, ..healthy(2, 4) }));
+        let mut due = g.take_due(at);
+        let (parts, truncated) = due.pop().unwrap().finish(own(0, &[1, 2]), 1 << 20);
+        assert!(!truncated);
+        let [Part::Healthy(h)] = &parts[..] else {
+            panic!("{parts:?}")
+        };
+        assert_eq!((h.root, h.daemons, h.height), (0, 8, 2));
+        assert_eq!(h.uptime_ms_min, 50);
+        assert_eq!(h.counters.sent, 1 + 3 + 4);
+        // The round trip less the 10 µs the child held the query.
+        assert_eq!(h.rtt_us_max, Some(990));
+    }
+
+    #[test]
+    fn a_silent_child_is_reported_and_keeps_its_parent_in_detail() {
+        let t0 = Instant::now();
+        let mut g = Gathers::default();
+        let (id, _) = g.begin(
+            t0,
+            Asker::Daemon { rank: 0, id: 4 },
+            Duration::from_millis(100),
+            false,
+            Some(AskerView {
+                epoch: 0,
+                failed: 0,
+            }),
+            &[3, 4],
+        );
+        g.handle_answer(t0, 3, Answer { id, ..healthy(3, 1) });
+        assert!(g.take_due(t0 + Duration::from_millis(99)).is_empty());
+        assert_eq!(g.poll_timeout(), Some(t0 + Duration::from_millis(100)));
+        let mut due = g.take_due(t0 + Duration::from_millis(100));
+        let (parts, _) = due.pop().unwrap().finish(own(1, &[3, 4]), 1 << 20);
+        let [Part::Daemon(d), Part::NoAnswer { rank: 4, parent: 1 }, Part::Healthy(h)] =
+            &parts[..]
+        else {
+            panic!("{parts:?}")
+        };
+        assert_eq!(d.problems, problem::CHILD_SILENT);
+        assert_eq!(d.links[0].rtt_us, Some(0));
+        assert_eq!(d.links[1].rtt_us, None);
+        assert_eq!(h.root, 3);
+    }
+
+    #[test]
+    fn detail_beyond_the_bound_is_elided_and_the_table_is_bounded() {
+        let t0 = Instant::now();
+        let mut g = Gathers::default();
+        let (id, _) = g.begin(
+            t0,
+            Asker::Local { token: 1 },
+            Duration::from_secs(1),
+            true,
+            None,
+            &[1],
+        );
+        let big = Answer {
+            id,
+            held_us: 0,
+            truncated: false,
+            parts: (0..10).map(|r| Part::NoAnswer { rank: r, parent: 1 }).collect(),
+        };
+        g.handle_answer(t0, 1, big);
+        let (parts, truncated) = g.take_due(t0).pop().unwrap().finish(own(0, &[1]), 60);
+        assert!(truncated);
+        assert!(matches!(parts[..], [Part::Daemon(_), Part::Elided { root: 1, .. }]));
+        for i in 0..STATUS_GATHERS_MAX {
+            let (_, evicted) = g.begin(
+                t0,
+                Asker::Local { token: i as u64 },
+                Duration::from_secs(1),
+                false,
+                None,
+                &[1],
+            );
+            assert!(evicted.is_none());
+        }
+        let (_, evicted) = g.begin(
+            t0,
+            Asker::Local { token: 99 },
+            Duration::from_secs(1),
+            false,
+            None,
+            &[1],
+        );
+        assert_eq!(evicted.unwrap().asker, Asker::Local { token: 0 });
+        assert_eq!(g.len(), STATUS_GATHERS_MAX);
+    }
+}
