@@ -21,11 +21,18 @@ enum Command {
     /// Run one daemon of a DVM until SIGTERM or a DVM shutdown.
     Daemon(Box<cli::daemon::DaemonArgs>),
     /// Write a fresh random job key to FILE (mode 0600; refuses to overwrite). Give every
-    /// daemon of the DVM the same file with --key-file.
+    /// daemon of the DVM the same file with --key-file. With --operator KEYFILE, write instead
+    /// the read-only operator credential derived from that job key (for `tbon status`).
     Keygen {
         /// Where to write the key.
         file: std::path::PathBuf,
+        /// Derive the operator credential from this job key file.
+        #[arg(long, value_name = "KEYFILE")]
+        operator: Option<std::path::PathBuf>,
     },
+    /// Show a live DVM: which daemons are alive, dead or silent, and where (gathered in the
+    /// tree; connects as an operator's tool, never as a daemon).
+    Status(Box<cli::status::StatusArgs>),
     /// Start a DVM of daemons on this machine, drive traffic through it, kill daemons in the
     /// middle, and check what was delivered.
     Harness(Box<cli::harness::HarnessArgs>),
@@ -40,12 +47,26 @@ fn main() {
     let (name, result) = match Cli::parse().command {
         Command::Tree(tree) => ("tree", cli::tree::run(&tree).map(|()| 0)),
         Command::Daemon(args) => ("daemon", cli::daemon::run(*args)),
-        Command::Keygen { file } => (
+        Command::Keygen {
+            file,
+            operator: None,
+        } => (
             "keygen",
             tbon::driver::key::generate(&file)
                 .map(|()| 0)
                 .map_err(|e| format!("{}: {e}", file.display())),
         ),
+        Command::Keygen {
+            file,
+            operator: Some(job),
+        } => (
+            "keygen",
+            tbon::Key::from_file(&job)
+                .and_then(|k| k.operator().write_new(&file))
+                .map(|()| 0)
+                .map_err(|e| e.to_string()),
+        ),
+        Command::Status(args) => ("status", cli::status::run(*args)),
         Command::Harness(args) => ("harness", cli::harness::run(*args)),
         Command::Bench(args) => ("bench", cli::bench::run(*args)),
         Command::Sim(args) => ("sim", cli::sim::run(args)),

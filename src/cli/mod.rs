@@ -4,6 +4,7 @@ pub mod daemon;
 pub mod harness;
 pub mod report;
 pub mod sim;
+pub mod status;
 pub mod stream_workload;
 pub mod tree;
 pub mod workload;

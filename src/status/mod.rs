@@ -28,6 +28,7 @@
 //! credential (`oob::handshake`, [`crate::Key::operator`]).
 
 pub mod gather;
+pub mod view;
 pub mod wire;
 
 pub use crate::driver::tool::{StatusOptions, query};

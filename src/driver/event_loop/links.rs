@@ -782,10 +782,17 @@ impl EventLoop {
             counters.protocol_errors += 1;
             counters.handshakes_abandoned += 1;
             self.log_refusal(Refusal::Abandoned, || {
-                format!(
-                    "{addr} (claiming rank {p}) closed the connection before proving it holds \
-                     the job key ({why})"
-                )
+                if p == TOOL_RANK {
+                    format!(
+                        "{addr} (an operator tool) closed the connection before proving it \
+                         holds the operator credential ({why})"
+                    )
+                } else {
+                    format!(
+                        "{addr} (claiming rank {p}) closed the connection before proving it \
+                         holds the job key ({why})"
+                    )
+                }
             });
         } else if dialled.is_none() {
             // An accepted connection that hung up before its Hello: counted, logged at

@@ -60,7 +60,7 @@ impl EventLoop {
             asking: false,
         };
         conn.decoder.set_max_payload(limits::TOOL_FRAME_MAX);
-        log::info!("rank {}: operator tool connected from {}", self.me, conn.addr);
+        log::debug!("rank {}: operator tool connected from {}", self.me, conn.addr);
     }
 
     /// A frame from a tool: a status query, else the connection is closed.
