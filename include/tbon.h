@@ -96,6 +96,10 @@
 // (unless a recent denial is cached).
 #define TBON_ROUTE_DIRECT 1
 
+// `tbon_status_get`/`tbon_status_query` flag: every daemon in detail (by default a healthy
+// subtree is summarised; the JSON is then shorter, the per-rank states the same).
+#define TBON_STATUS_ALL 1
+
 // `timeout_ms` of `tbon_writer_write` and `tbon_stream_read`: wait without a limit (a
 // stream still never waits past its idle time, and a writer's consumer cancels or dies).
 #define TBON_WAIT_FOREVER 4294967295
@@ -167,6 +171,9 @@ typedef enum {
   TBON_ERR_CORRUPT = 19,
   // Streams: nothing arrived from the producer for the stream's idle time.
   TBON_ERR_IDLE = 20,
+  // Status: the daemon refused the operator credential (a wrong one, another DVM, or too
+  // many tools connected).
+  TBON_ERR_CREDENTIAL = 21,
 } tbon_rc;
 
 // A log record's level (`tbon_log_callback`), most severe first; `TBON_LOG_OFF` records
@@ -209,6 +216,26 @@ typedef enum {
   // Rank 0 confirmed the death to every daemon, with a new epoch.
   TBON_SCOPE_GLOBAL = 1,
 } tbon_scope;
+
+// What a status says of one rank (`tbon_status_rank`).
+typedef enum {
+  // It answered, in detail.
+  TBON_RANK_ALIVE = 0,
+  // It answered, within a healthy subtree summarised in one part.
+  TBON_RANK_HEALTHY = 1,
+  // The DVM declared it failed.
+  TBON_RANK_DEAD = 2,
+  // Its parent asked it and it did not answer within the budget (stuck, stopped,
+  // overloaded, or dying): suspected.
+  TBON_RANK_NO_ANSWER = 3,
+  // Below a daemon that did not answer: not known.
+  TBON_RANK_UNKNOWN = 4,
+  // Alive in the tree but covered by no answer (the tree changed during the query).
+  TBON_RANK_UNREACHED = 5,
+  // Outside the subtree of the daemon asked (a daemon other than rank 0 answers for its
+  // subtree only).
+  TBON_RANK_NOT_COVERED = 6,
+} tbon_rank_state;
 
 // Receives one log record: its level, its target (the module, e.g. "tbon::node::faults"),
 // the message (both NUL-terminated, valid during the call only) and the `user` pointer given
@@ -474,6 +501,30 @@ typedef struct {
   uint64_t stream_producing;
   uint64_t stream_consuming;
 } tbon_counters;
+
+// A status gathered from a DVM (0 is never a valid handle). Free it with `tbon_status_free`.
+typedef uint64_t tbon_status;
+
+// The counts of a status (`tbon_status_summary`).
+typedef struct {
+  // The DVM's size, radix and epoch, and the rank that gathered the status.
+  uint32_t size;
+  uint32_t radix;
+  uint64_t epoch;
+  uint32_t from;
+  // Ranks that answered, declared dead, silent, unknown below a silent one, unreached.
+  uint32_t answered;
+  uint32_t dead;
+  uint32_t no_answer;
+  uint32_t unknown;
+  uint32_t unreached;
+  // Microseconds the gathering daemon took.
+  uint64_t elapsed_us;
+  // 1 when detail was dropped to keep the answer bounded.
+  uint8_t truncated;
+  // 1 when the daemons' views of the tree differed (a repair under way): ask again.
+  uint8_t views_differ;
+} tbon_status_counts;
 
 // The writer of one stream a service answers: an id valid from the service callback's
 // start until `tbon_writer_finish`/`tbon_writer_fail` or the callback's return; 0 is never
@@ -810,6 +861,49 @@ tbon_rc tbon_on_fault(tbon_daemon d, tbon_fault_cb cb, void *user);
 // Fills `*out` with a snapshot of this daemon's counters (a round trip to the loop thread).
 // Not from a callback (`TBON_ERR_BUSY`).
 tbon_rc tbon_counters_get(tbon_daemon d, tbon_counters *out);
+
+// Gathers the status of the subtree of daemon `d` of this process (rank 0: the whole DVM)
+// within `budget_ms` (at most 60,000; a subtree silent for longer shows as
+// `TBON_RANK_NO_ANSWER`), and stores a new handle in `*out`. Blocks for about the budget at
+// most; `TBON_ERR_BUSY` from a callback, before wire-up, or with 8 queries of this daemon in
+// progress; `TBON_ERR_SHUT_DOWN` once it stops; `TBON_ERR_BAD_PARAM` for unknown `flags`.
+tbon_rc tbon_status_get(tbon_daemon d, uint32_t budget_ms, uint32_t flags, tbon_status *out);
+
+// As an operator's tool: connects to the daemon whose contact URI is `uri` (rank 0's, from
+// its `--uri-file`, for the whole DVM), proves the operator credential in the file
+// `credential_path` (`tbon_operator_credential`, `tbon keygen --operator`), and gathers its
+// subtree's status within `budget_ms`; a new handle in `*out`. Never joins the DVM. Blocks
+// for at most 5 s of connection plus the budget. `TBON_ERR_CREDENTIAL` when the daemon
+// refuses the credential (wrong, another DVM, or too many tools), `TBON_ERR_UNREACHABLE`,
+// `TBON_ERR_BUSY` (not wired up, stopping, busy), `TBON_ERR_TIMED_OUT`, `TBON_ERR_CONFIG`
+// for a credential file that cannot be read, `TBON_ERR_BAD_PARAM` for a bad URI or flags.
+tbon_rc tbon_status_query(const char *uri,
+                          const char *credential_path,
+                          uint32_t budget_ms,
+                          uint32_t flags,
+                          tbon_status *out);
+
+// Writes the operator credential derived from the job key in `key_path` to a new file at
+// `out_path` (mode 0600; never replaces a file), as `tbon keygen --operator` does: give it to
+// operators' tools instead of the job key. `TBON_ERR_CONFIG` if the key cannot be read or the
+// file cannot be created; `TBON_ERR_BAD_PARAM` for a NULL or non-UTF-8 path.
+tbon_rc tbon_operator_credential(const char *key_path, const char *out_path);
+
+// Stores the counts of status `s` in `*out`.
+tbon_rc tbon_status_summary(tbon_status s, tbon_status_counts *out);
+
+// Stores what status `s` says of `rank` in `*out`; `TBON_ERR_RANK_OUT_OF_RANGE` for a rank
+// beyond the DVM's size.
+tbon_rc tbon_status_rank(tbon_status s, uint32_t rank, tbon_rank_state *out);
+
+// Copies status `s` as JSON (the shape of `tbon status --format json`, without `took_us`),
+// NUL-terminated, into `buf`: `*len` is the size of `buf` on entry and the size needed on
+// return; if it does not fit (or `buf` is NULL, to ask the size) nothing is copied and
+// `TBON_ERR_TOO_LARGE` is returned. The status does not change between calls.
+tbon_rc tbon_status_json(tbon_status s, char *buf, size_t *len);
+
+// Frees status `s`; `TBON_ERR_BAD_HANDLE` if it is not one (or was freed already).
+tbon_rc tbon_status_free(tbon_status s);
 
 // Offers `service` (a NUL-terminated name of at most 255 bytes) to consumers: `cb` runs on a
 // thread of its own for every stream opened (see `tbon_serve_cb`), with `user`, which must

@@ -133,3 +133,8 @@ fn c_direct_link_between_two_leaves_keeps_order_and_skips_the_relays() {
 fn c_stream_fetches_a_file_sized_object_and_tells_every_end_apart() {
     run_example("stream");
 }
+
+#[test]
+fn c_status_shows_the_dvm_to_the_daemon_and_to_an_operator() {
+    run_example("status");
+}

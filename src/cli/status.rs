@@ -350,44 +350,14 @@ fn count_below(v: &View, r: u32) -> usize {
 #[derive(Serialize)]
 struct JsonView<'a> {
     took_us: u64,
-    answered: usize,
-    dead: Vec<u32>,
-    no_answer: Vec<u32>,
-    unknown: Vec<u32>,
-    unreached: Vec<u32>,
-    views_differ: bool,
-    report: &'a Report,
-    ranks: Vec<JsonRank>,
-}
-
-#[derive(Serialize)]
-struct JsonRank {
-    rank: u32,
-    state: &'static str,
-    parent: Option<u32>,
-    depth: u32,
+    #[serde(flatten)]
+    view: tbon::status::view::Json<'a>,
 }
 
 fn json(report: &Report, v: &View, took: Duration) -> Result<String, String> {
     let j = JsonView {
         took_us: took.as_micros() as u64,
-        answered: v.count(RankState::Alive) + v.count(RankState::Healthy),
-        dead: v.ranks_in(RankState::Dead),
-        no_answer: v.ranks_in(RankState::NoAnswer),
-        unknown: v.ranks_in(RankState::Unknown),
-        unreached: v.ranks_in(RankState::Unreached),
-        views_differ: v.views_differ,
-        report,
-        ranks: v
-            .ranks
-            .iter()
-            .map(|r| JsonRank {
-                rank: r.rank,
-                state: r.state.name(),
-                parent: r.parent,
-                depth: r.depth,
-            })
-            .collect(),
+        view: tbon::status::view::Json::new(report, v),
     };
     let mut s = serde_json::to_string(&j).map_err(|e| e.to_string())?;
     s.push('\n');

@@ -15,7 +15,9 @@
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)] // the pointer contract is documented once, in the header
 
+mod status;
 mod streams;
+pub use status::*;
 pub use streams::*;
 
 use crate::config::Config;
@@ -80,6 +82,9 @@ pub enum tbon_rc {
     TBON_ERR_CORRUPT = 19,
     /// Streams: nothing arrived from the producer for the stream's idle time.
     TBON_ERR_IDLE = 20,
+    /// Status: the daemon refused the operator credential (a wrong one, another DVM, or too
+    /// many tools connected).
+    TBON_ERR_CREDENTIAL = 21,
 }
 
 /// Which repair a fault handler reports.
@@ -698,6 +703,7 @@ struct Registry {
     daemons: HashMap<u64, Arc<DaemonEntry>>,
     writers: HashMap<u64, streams::WriterEntry>,
     streams: HashMap<u64, Arc<streams::StreamEntry>>,
+    statuses: HashMap<u64, status::StatusEntry>,
 }
 
 impl Registry {
@@ -720,6 +726,9 @@ impl Registry {
         }
         if self.streams.is_empty() {
             self.streams = HashMap::new();
+        }
+        if self.statuses.is_empty() {
+            self.statuses = HashMap::new();
         }
     }
 }
@@ -857,6 +866,7 @@ pub extern "C" fn tbon_strerror(rc: c_int) -> *const c_char {
         18 => c"the stream was cancelled",
         19 => c"corrupt stream",
         20 => c"the stream was idle too long",
+        21 => c"the credential was refused",
         _ => c"unknown tbon_rc",
     };
     s.as_ptr()

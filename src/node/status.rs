@@ -100,6 +100,10 @@ impl Node {
     ) {
         let budget_ms = budget_ms.min(STATUS_BUDGET_MS_MAX);
         let children = self.routing.children().to_vec();
+        log::debug!(
+            "rank {}: status query from {asker:?}, budget {budget_ms} ms, asking {children:?}",
+            self.me
+        );
         let (id, evicted) = self.status.begin(
             now,
             asker,
@@ -157,6 +161,12 @@ impl Node {
     fn answer_gather(&mut self, now: Instant, g: Gather) {
         let held = now.saturating_duration_since(g.arrived);
         let asker = g.asker;
+        log::debug!(
+            "rank {}: answering status query of {asker:?} after {} us (complete: {})",
+            self.me,
+            held.as_micros(),
+            g.is_complete()
+        );
         let max_bytes = STATUS_ANSWER_BYTES_MAX.min(self.msg_max_bytes.saturating_sub(1024));
         let own = self.own_status(now);
         let (parts, truncated) = g.finish(own, max_bytes);

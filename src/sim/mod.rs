@@ -100,6 +100,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             direct: false,
             stream: false,
             overload: false,
+            status: false,
             ..FaultKinds::ALL
         },
         found: "xcast: after a reconnection a parent rewound a child's stream to the child's \
@@ -124,6 +125,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             direct: false,
             stream: false,
             overload: false,
+            status: false,
         },
         found: "simulator (strangers' runs): a daemon that died with its dial proved and admitted \
                 by the peer stayed recorded as redialling for ever, so the run never went quiet",
@@ -144,6 +146,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             direct: false,
             stream: false,
             overload: true,
+            status: false,
         },
         found: "flow: a daemon not scheduled for longer than FLOW_STUCK_MS made its neighbours' \
                 queues towards it count as stuck, so they read on and filled those queues to \
@@ -166,6 +169,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             direct: true,
             stream: false,
             overload: false,
+            status: false,
         },
         found: "direct links: a daemon that could not dial its peer gave the link up alone; the \
                 peer went on sending reliable messages on it, and the acknowledgements went back \
@@ -189,6 +193,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             direct: true,
             stream: true,
             overload: true,
+            status: false,
         },
         found: "direct links (an overload run with short request times): a grant expired \
                 unswitched, the two daemons opened a new link on the same connection, and the \
@@ -213,6 +218,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             direct: false,
             stream: true,
             overload: false,
+            status: false,
         },
         found: "streams: a dropped connection lost a stream's chunks and its End came after on \
                 a new one; the consumer failed the stream (a protocol error: ended at 1530, \
@@ -234,6 +240,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             direct: true,
             stream: true,
             overload: false,
+            status: false,
         },
         found: "direct links: a request delayed past direct_request_ms was given up; the \
                 grant came later and the grantor wrote on the link at once, so the requester \
@@ -257,6 +264,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             direct: true,
             stream: true,
             overload: false,
+            status: false,
         },
         found: "direct links: the same race as seed 358 with a radix of 8, and a grant given \
                 up unswitched: the grantor must never read what the requester wrote on the \

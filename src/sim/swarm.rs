@@ -48,6 +48,11 @@ pub struct FaultKinds {
     /// delivery going without dropping anything or declaring anyone dead. Such a run has no
     /// other fault (links keep their own latency spread with `delay`).
     pub overload: bool,
+    /// Not a fault: operators ask random daemons for the status of their subtree during the
+    /// run, with random budgets (`crate::status`), and rank 0 once more after the run settled.
+    /// Every query must be answered within its budget, by no daemon that was dead before it
+    /// was asked; the last one must show every living daemon and nothing else.
+    pub status: bool,
 }
 
 impl FaultKinds {
@@ -64,6 +69,7 @@ impl FaultKinds {
         direct: true,
         stream: true,
         overload: true,
+        status: true,
     };
 
     /// The kinds the simulator had when the first regression seeds were found (crashes, short
@@ -80,6 +86,7 @@ impl FaultKinds {
         direct: false,
         stream: false,
         overload: false,
+        status: false,
     };
 
     /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup,stranger,direct,overload`,
@@ -97,6 +104,7 @@ impl FaultKinds {
             direct: false,
             stream: false,
             overload: false,
+            status: false,
         };
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
@@ -113,9 +121,10 @@ impl FaultKinds {
                 "direct" => k.direct = true,
                 "stream" => k.stream = true,
                 "overload" => k.overload = true,
+                "status" => k.status = true,
                 other => {
                     return Err(format!(
-                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, all)"
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, all)"
                     ));
                 }
             }
@@ -144,6 +153,7 @@ impl std::fmt::Display for FaultKinds {
             (self.direct, "direct"),
             (self.stream, "stream"),
             (self.overload, "overload"),
+            (self.status, "status"),
         ];
         let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {
@@ -272,6 +282,10 @@ pub struct Scenario {
     pub direct: Vec<crate::direct::DirectConfig>,
     /// Streams: (consumer, producer, length, window, when), each fetched once.
     pub streams: Vec<(Rank, Rank, u64, u32, u64)>,
+    /// Status queries: (asked daemon, budget in ms, all, when).
+    pub statuses: Vec<(Rank, u32, bool, u64)>,
+    /// Rank 0 is asked for the status once more after the run settled (the `status` kind).
+    pub final_status: bool,
 }
 
 impl Scenario {
@@ -557,8 +571,16 @@ impl Scenario {
         } else {
             Vec::new()
         };
+        // Status queries: a stream of their own.
+        let statuses = if kinds.status {
+            status_queries(seed, size, traffic_us)
+        } else {
+            Vec::new()
+        };
         Scenario {
             streams,
+            statuses,
+            final_status: kinds.status,
             direct,
             latency_us,
             jitter_us,
@@ -724,6 +746,23 @@ fn direct_links(
 }
 
 /// The `stream` kind's fetches: (consumer, producer, length, window, when).
+/// A few status queries to random daemons (rank 0 most often) at random times, with budgets
+/// from 20 ms to 3 s, some with every daemon in detail.
+fn status_queries(seed: u64, size: u32, traffic_us: u64) -> Vec<(Rank, u32, bool, u64)> {
+    let mut rng = Rng::new(seed ^ 0x57A7_0500_0000_0000);
+    (0..rng.range(0, 4))
+        .map(|_| {
+            let asker = if rng.chance(0.5) {
+                0
+            } else {
+                rng.range(0, u64::from(size.saturating_sub(1))) as Rank
+            };
+            let budget_ms = rng.range(20, 3_000) as u32;
+            (asker, budget_ms, rng.chance(0.3), rng.range(0, traffic_us))
+        })
+        .collect()
+}
+
 fn stream_fetches(seed: u64, size: u32, traffic_us: u64) -> Vec<(Rank, Rank, u64, u32, u64)> {
     let mut rng = Rng::new(seed ^ 0x57E4_3A11_0000_0000);
     if size < 2 || !rng.chance(0.6) {

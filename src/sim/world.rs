@@ -27,6 +27,7 @@ mod capacity;
 mod handshakes;
 mod held;
 mod links;
+mod status;
 mod streams;
 
 pub use capacity::LinkCapacity;
@@ -132,6 +133,12 @@ enum Ev {
         claims: Rank,
         forge: bool,
     },
+    /// An operator asks `asker` for its subtree's status.
+    Status {
+        asker: Rank,
+        budget_ms: u32,
+        all: bool,
+    },
 }
 
 /// Counts from one run.
@@ -186,9 +193,20 @@ pub struct RunStats {
     /// Runs with streams: streams finished (every byte checked), and ended by a death.
     pub streams_finished: u64,
     pub streams_failed: u64,
+    pub statuses: u64,
 }
 
 /// The world.
+/// What [`World::step_one`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// No event left.
+    Empty,
+    /// An empty slot, or an event put back for a stalled daemon.
+    Deferred,
+    Handled,
+}
+
 pub struct World {
     radix: u32,
     base: Instant,
@@ -235,6 +253,7 @@ pub struct World {
     closing_seen: HashSet<(Rank, Rank)>,
     /// The `stream` kind's applications.
     streams: streams::StreamApps,
+    status: status::StatusQueries,
 }
 
 impl World {
@@ -303,6 +322,7 @@ impl World {
             held: HashMap::new(),
             closing_seen: HashSet::new(),
             streams: streams::StreamApps::default(),
+            status: Default::default(),
         };
         w.check.plain_order = w.scen.keeps_plain_order();
         if let Some(cap) = w.scen.capacity {
@@ -384,6 +404,7 @@ impl World {
         for (id, &(.., at)) in self.scen.streams.clone().iter().enumerate() {
             self.push(at, Ev::Fetch { id: id as u64 });
         }
+        self.plan_status();
         // Broadcasts from random daemons, and allgathers every daemon contributes to.
         for _ in 0..self.scen.broadcasts {
             let origin = self.rng.range(0, size - 1) as Rank;
@@ -462,15 +483,11 @@ impl World {
     /// Runs the safety phase then the liveness phase; the first broken rule, if any.
     pub fn run(&mut self) -> Result<RunStats, Violation> {
         let deadline = self.scen.safety_us + LIVENESS_US;
-        while let Some(Reverse((at, seq, idx))) = self.queue.pop() {
-            self.stats.events += 1;
-            if self.stats.events > EVENTS_MAX {
-                return Err(Violation {
-                    checker: "liveness",
-                    detail: format!("more than {EVENTS_MAX} events: livelock"),
-                });
-            }
-            if at > deadline {
+        loop {
+            let Some(Reverse((at, ..))) = self.queue.peek() else {
+                break;
+            };
+            if *at > deadline {
                 log::debug!(
                     "still busy: {} work events, held {:?}, redials {:?}, parked {:?}",
                     self.busy,
@@ -493,44 +510,9 @@ impl World {
                     ),
                 });
             }
-            let Some(ev) = self.slab.get_mut(idx).and_then(Option::take) else {
+            let at = *at;
+            if self.step_one()? != Step::Handled {
                 continue;
-            };
-            self.free.push(idx);
-            if is_work(&ev) {
-                self.busy = self.busy.saturating_sub(1);
-            }
-            self.now_us = self.now_us.max(at);
-            // A stalled daemon handles nothing until it wakes; what waits for it keeps its
-            // order (same sequence numbers, later time).
-            if let Some(r) = target(&ev)
-                && self.stalled_until.get(r as usize).is_some_and(|u| *u > at)
-            {
-                let until = self.stalled_until.get(r as usize).copied().unwrap_or(at);
-                if is_work(&ev) {
-                    self.busy += 1;
-                }
-                let idx2 = match self.free.pop() {
-                    Some(i) => i,
-                    None => {
-                        self.slab.push(None);
-                        self.slab.len() - 1
-                    }
-                };
-                if let Some(slot) = self.slab.get_mut(idx2) {
-                    *slot = Some(ev);
-                }
-                self.queue.push(Reverse((until, seq, idx2)));
-                continue;
-            }
-            let at_node = target(&ev);
-            self.handle(ev)?;
-            // The driver resumes a connection it left unread as soon as the node allows it,
-            // on the next turn: here, after the node's next event.
-            if let Some(r) = at_node
-                && self.wires.is_some()
-            {
-                self.read_unread(r)?;
             }
             // With heartbeats the queue never empties: the run ends once no work is left and
             // every daemon is quiet.
@@ -552,6 +534,11 @@ impl World {
             .final_state(&self.nodes, &self.alive, &gone, self.radix)?;
         self.check
             .final_collectives(&self.nodes, &self.alive, self.scen.gathers)?;
+        if self.scen.final_status {
+            self.final_status()?;
+        }
+        self.status_unanswered()?;
+        self.stats.statuses = self.status.answered;
         self.stats.bcast_ops = self.check.ops.len() as u64;
         self.stats.bcast_delivered = self.check.bcast_delivered;
         self.stats.gathers = self.check.gathers;
@@ -578,6 +565,60 @@ impl World {
             self.stats.streams_failed = self.streams.failed;
         }
         Ok(self.stats)
+    }
+
+    /// Handles the next event, or puts a stalled daemon's back for when it wakes.
+    fn step_one(&mut self) -> Result<Step, Violation> {
+        let Some(Reverse((at, seq, idx))) = self.queue.pop() else {
+            return Ok(Step::Empty);
+        };
+        self.stats.events += 1;
+        if self.stats.events > EVENTS_MAX {
+            return Err(Violation {
+                checker: "liveness",
+                detail: format!("more than {EVENTS_MAX} events: livelock"),
+            });
+        }
+        let Some(ev) = self.slab.get_mut(idx).and_then(Option::take) else {
+            return Ok(Step::Deferred);
+        };
+        self.free.push(idx);
+        if is_work(&ev) {
+            self.busy = self.busy.saturating_sub(1);
+        }
+        self.now_us = self.now_us.max(at);
+        // A stalled daemon handles nothing until it wakes; what waits for it keeps its
+        // order (same sequence numbers, later time).
+        if let Some(r) = target(&ev)
+            && self.stalled_until.get(r as usize).is_some_and(|u| *u > at)
+        {
+            let until = self.stalled_until.get(r as usize).copied().unwrap_or(at);
+            if is_work(&ev) {
+                self.busy += 1;
+            }
+            let idx2 = match self.free.pop() {
+                Some(i) => i,
+                None => {
+                    self.slab.push(None);
+                    self.slab.len() - 1
+                }
+            };
+            if let Some(slot) = self.slab.get_mut(idx2) {
+                *slot = Some(ev);
+            }
+            self.queue.push(Reverse((until, seq, idx2)));
+            return Ok(Step::Deferred);
+        }
+        let at_node = target(&ev);
+        self.handle(ev)?;
+        // The driver resumes a connection it left unread as soon as the node allows it,
+        // on the next turn: here, after the node's next event.
+        if let Some(r) = at_node
+            && self.wires.is_some()
+        {
+            self.read_unread(r)?;
+        }
+        Ok(Step::Handled)
     }
 
     /// Nothing left to settle: no frames parked, no redials, and every living daemon's RELM
@@ -722,6 +763,14 @@ impl World {
                 if let Some(s) = self.stalled_until.get_mut(rank as usize) {
                     *s = (*s).max(until_us);
                 }
+                self.status_stalled(rank);
+            }
+            Ev::Status {
+                asker,
+                budget_ms,
+                all,
+            } => {
+                self.on_status(asker, budget_ms, all)?;
             }
             Ev::Broadcast { origin } => {
                 if !self.living(origin) {
@@ -863,6 +912,7 @@ impl World {
         let declared = std::mem::take(&mut n.declared);
         let stopped = n.stopped.take();
         let stream_events = std::mem::take(&mut n.stream_events);
+        let statuses = std::mem::take(&mut n.statuses);
         let timeout = n.node.poll_timeout();
         if let Some(e) = n.errors.first() {
             return Err(Violation {
@@ -902,6 +952,9 @@ impl World {
         }
         for g in &gathered {
             self.check.gathered(r, g, self.nodes.len() as u32)?;
+        }
+        if !statuses.is_empty() {
+            self.status_reports(r, statuses)?;
         }
         for o in out {
             match o {
@@ -1065,6 +1118,7 @@ fn target(ev: &Ev) -> Option<Rank> {
         Ev::Stranger { .. } => None,
         Ev::WireDone { from, .. } => Some(*from),
         Ev::Recheck { node } => Some(*node),
+        Ev::Status { asker, .. } => Some(*asker),
         Ev::Crash { .. } | Ev::Stall { .. } | Ev::LinkDown { .. } | Ev::Partition { .. } => None,
     }
 }

@@ -81,8 +81,9 @@ impl Gather {
             return (vec![Part::Healthy(summarise(&own, &self.answers))], false);
         }
         let mut truncated = false;
-        let mut parts = vec![Part::Daemon(Box::new(own.clone()))];
-        let mut bytes = part_len(&parts[0]);
+        let me = Part::Daemon(Box::new(own.clone()));
+        let mut bytes = part_len(&me);
+        let mut parts = vec![me];
         for rank in silent {
             let p = Part::NoAnswer {
                 rank,

@@ -83,6 +83,53 @@ impl View {
     }
 }
 
+/// The JSON form of a report and its view (`tbon status --format json`, `tbon_status_json`):
+/// the lists of ranks by state, the report itself, and every covered rank's state and place.
+#[derive(Debug, Serialize)]
+pub struct Json<'a> {
+    pub answered: usize,
+    pub dead: Vec<Rank>,
+    pub no_answer: Vec<Rank>,
+    pub unknown: Vec<Rank>,
+    pub unreached: Vec<Rank>,
+    pub views_differ: bool,
+    pub report: &'a Report,
+    pub ranks: Vec<JsonRank>,
+}
+
+/// One rank in [`Json`].
+#[derive(Debug, Serialize)]
+pub struct JsonRank {
+    pub rank: Rank,
+    pub state: &'static str,
+    pub parent: Option<Rank>,
+    pub depth: u32,
+}
+
+impl<'a> Json<'a> {
+    pub fn new(report: &'a Report, v: &View) -> Json<'a> {
+        Json {
+            answered: v.count(RankState::Alive) + v.count(RankState::Healthy),
+            dead: v.ranks_in(RankState::Dead),
+            no_answer: v.ranks_in(RankState::NoAnswer),
+            unknown: v.ranks_in(RankState::Unknown),
+            unreached: v.ranks_in(RankState::Unreached),
+            views_differ: v.views_differ,
+            report,
+            ranks: v
+                .ranks
+                .iter()
+                .map(|r| JsonRank {
+                    rank: r.rank,
+                    state: r.state.name(),
+                    parent: r.parent,
+                    depth: r.depth,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Reads `report` against the tree of its radix, size and failed set. Errors only for a
 /// report whose shape is impossible (a radix below 2, a failed rank 0, ranks beyond the size).
 pub fn view(report: &Report) -> Result<View, TreeError> {
