@@ -63,7 +63,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let (mut strangers, mut refused, mut crossed) = (0u64, 0u64, 0u64);
     let (mut busy, mut unread) = (0u64, 0u64);
     let (mut opened, mut fallbacks, mut held, mut evicted) = (0u64, 0u64, 0u64, 0u64);
-    let (mut streams, mut streams_failed) = (0u64, 0u64);
+    let (mut streams, mut streams_failed, mut statuses) = (0u64, 0u64, 0u64);
     let regressions = REGRESSION_SEEDS
         .iter()
         .map(|r| (r.seed, r.options(args.messages)));
@@ -94,6 +94,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 evicted += s.direct_evicted;
                 streams += s.streams_finished;
                 streams_failed += s.streams_failed;
+                statuses += s.statuses;
             }
             Err(_) => {
                 failed += 1;
@@ -113,7 +114,8 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
          crossing dials resolved, {busy} sends refused Busy by flow control, {unread} frames \
          left unread by flow control, {opened} direct links opened (ends), {evicted} evicted, \
          {fallbacks} fallbacks to the tree, {held} frames held for a drain marker, {streams} \
-         streams finished ({streams_failed} ended by a dead producer)",
+         streams finished ({streams_failed} ended by a dead producer), {statuses} status \
+         queries answered",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 { 0 } else { 1 })
@@ -127,6 +129,13 @@ fn report_one(o: &SeedOutcome, messages: u64, verbose: bool) -> i32 {
                     "seed {}: PASS ({} daemons, radix {}): {s:?}",
                     o.seed, o.daemons, o.radix
                 );
+                if let Some((took_us, depth, hop_us)) = s.last_status {
+                    println!(
+                        "rank 0's status after the run: {took_us} us of virtual time over a tree \
+                         of depth {depth}, {hop_us} us per hop ({:.2}x depth x 2 hops)",
+                        took_us as f64 / (2.0 * f64::from(depth.max(1)) * hop_us.max(1) as f64)
+                    );
+                }
             }
             0
         }

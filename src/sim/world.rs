@@ -194,6 +194,9 @@ pub struct RunStats {
     pub streams_finished: u64,
     pub streams_failed: u64,
     pub statuses: u64,
+    /// Rank 0's status after the run: the virtual time it took, the depth of the tree, the
+    /// latency of one hop (µs).
+    pub last_status: Option<(u64, u32, u64)>,
 }
 
 /// The world.

@@ -170,6 +170,8 @@ impl World {
         let Some(report) = self.status.last_report.take() else {
             return Ok(());
         };
+        let depth = v_depth(&report);
+        self.stats.last_status = Some((self.now_us - asked_us, depth, self.scen.latency_us));
         let v = view(&report).map_err(|e| violation(format!("the last report: {e}")))?;
         let answered: Vec<Rank> = v
             .ranks
@@ -231,4 +233,11 @@ impl World {
         }
         Ok(())
     }
+}
+
+/// The depth of the deepest daemon a report shows in detail, or of the tree it implies.
+fn v_depth(report: &Report) -> u32 {
+    view(report)
+        .map(|v| v.ranks.iter().map(|r| r.depth).max().unwrap_or(0))
+        .unwrap_or(0)
 }
