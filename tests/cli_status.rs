@@ -94,13 +94,24 @@ fn status_shows_stopped_and_killed_daemons_then_their_repair() {
     let mut dvm = Dvm(Vec::new());
     for rank in 0..SIZE {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tbon"));
-        cmd.args(["daemon", "--rank", &rank.to_string(), "--size", &SIZE.to_string()])
-            .arg("--key-file")
-            .arg(key_file())
-            .args(["--radix", "2", "--if-include", "127.0.0.1/32"])
-            .args(["--heartbeat-interval-ms", "300", "--heartbeat-timeout-ms", "3000"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        cmd.args([
+            "daemon",
+            "--rank",
+            &rank.to_string(),
+            "--size",
+            &SIZE.to_string(),
+        ])
+        .arg("--key-file")
+        .arg(key_file())
+        .args(["--radix", "2", "--if-include", "127.0.0.1/32"])
+        .args([
+            "--heartbeat-interval-ms",
+            "300",
+            "--heartbeat-timeout-ms",
+            "3000",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
         if rank == 0 {
             cmd.arg("--uri-file").arg(&uri);
         } else {
@@ -111,10 +122,12 @@ fn status_shows_stopped_and_killed_daemons_then_their_repair() {
     let key = key_file();
     until("every daemon answers", || {
         uri.exists() && {
-            let out = status(&uri, &["--key-file", key.to_str().unwrap(), "--format", "json"]);
+            let out = status(
+                &uri,
+                &["--key-file", key.to_str().unwrap(), "--format", "json"],
+            );
             out.status.code() == Some(0)
-                && serde_json::from_slice::<Value>(&out.stdout)
-                    .is_ok_and(|v| v["answered"] == SIZE)
+                && serde_json::from_slice::<Value>(&out.stdout).is_ok_and(|v| v["answered"] == SIZE)
         }
     });
 
@@ -132,7 +145,10 @@ fn status_shows_stopped_and_killed_daemons_then_their_repair() {
     assert_eq!(detail.len(), SIZE as usize, "{all}");
     for p in detail {
         assert_eq!(p["part"], "daemon");
-        let n = tree.iter().find(|n| u64::from(n.rank) == p["rank"]).unwrap();
+        let n = tree
+            .iter()
+            .find(|n| u64::from(n.rank) == p["rank"])
+            .unwrap();
         assert_eq!(p["parent"].as_u64().map(|x| x as Rank), n.parent, "{p}");
         assert_eq!(p["depth"], n.depth, "{p}");
     }
@@ -197,7 +213,11 @@ fn status_shows_stopped_and_killed_daemons_then_their_repair() {
     assert!(s == "no-answer" || s == "dead", "stopped: {s} in {v}");
     if s == "no-answer" {
         for b in &below {
-            assert_eq!(state_of(&v, *b), "unknown", "rank {b} below the stopped one");
+            assert_eq!(
+                state_of(&v, *b),
+                "unknown",
+                "rank {b} below the stopped one"
+            );
         }
     }
     let k = state_of(&v, killed);
@@ -209,7 +229,11 @@ fn status_shows_stopped_and_killed_daemons_then_their_repair() {
         }
     }
     let text = String::from_utf8_lossy(
-        &status(&uri, &["--key-file", key.to_str().unwrap(), "--budget-ms", "400"]).stdout,
+        &status(
+            &uri,
+            &["--key-file", key.to_str().unwrap(), "--budget-ms", "400"],
+        )
+        .stdout,
     )
     .into_owned();
     assert!(text.contains(&format!("{}  ", stopped.rank)), "{text}");
@@ -237,7 +261,14 @@ fn status_shows_stopped_and_killed_daemons_then_their_repair() {
     );
     let out = status(
         &uri,
-        &["--key-file", key.to_str().unwrap(), "--watch", "0.2", "--count", "2"],
+        &[
+            "--key-file",
+            key.to_str().unwrap(),
+            "--watch",
+            "0.2",
+            "--count",
+            "2",
+        ],
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.matches("DVM of 15 daemons").count(), 2, "{text}");

@@ -29,7 +29,10 @@ fn caller_and_tool_see_the_tree_and_its_repair() {
     let r = dvm[0].status(2_000, false).unwrap();
     assert_eq!((r.from, r.size, r.radix), (0, SIZE, 3));
     assert!(r.failed.is_empty());
-    assert!(matches!(&r.parts[..], [Part::Healthy(h)] if h.daemons == SIZE), "{r:?}");
+    assert!(
+        matches!(&r.parts[..], [Part::Healthy(h)] if h.daemons == SIZE),
+        "{r:?}"
+    );
     assert_eq!(r.answered(), SIZE);
 
     let all = tbon::status::query(
@@ -44,13 +47,18 @@ fn caller_and_tool_see_the_tree_and_its_repair() {
     assert_eq!(all.parts.len(), SIZE as usize);
     let tree = tbon::routed::tree_view(3, SIZE, &[]).unwrap();
     for p in &all.parts {
-        let Part::Daemon(d) = p else {
-            panic!("{p:?}")
-        };
+        let Part::Daemon(d) = p else { panic!("{p:?}") };
         let n = tree.iter().find(|n| n.rank == d.rank).unwrap();
-        assert_eq!((d.parent, &d.children, d.depth), (n.parent, &n.children, n.depth));
+        assert_eq!(
+            (d.parent, &d.children, d.depth),
+            (n.parent, &n.children, n.depth)
+        );
         for l in d.links.iter().filter(|l| d.children.contains(&l.peer)) {
-            assert!(l.rtt_us.is_some(), "rank {}: a child's round trip: {d:?}", d.rank);
+            assert!(
+                l.rtt_us.is_some(),
+                "rank {}: a child's round trip: {d:?}",
+                d.rank
+            );
         }
     }
 
@@ -138,7 +146,11 @@ fn wrong_credentials_and_misbehaving_tools_are_refused() {
     let mut hs = Handshake::dial(&tool_cfg, 0, nonce());
     w.join(&mut hs);
     w.send(
-        &Header { tag: TAG_STATUS, dst: 0, ..h },
+        &Header {
+            tag: TAG_STATUS,
+            dst: 0,
+            ..h
+        },
         &bytes::Bytes::from_static(&[1, 2, 3]),
     );
     assert!(w.recv().is_none());
@@ -155,7 +167,14 @@ fn wrong_credentials_and_misbehaving_tools_are_refused() {
     })
     .encode();
     for _ in 0..2 {
-        w.send(&Header { tag: TAG_STATUS, dst: 0, ..h }, &query);
+        w.send(
+            &Header {
+                tag: TAG_STATUS,
+                dst: 0,
+                ..h
+            },
+            &query,
+        );
         let f = w.recv().expect("a report");
         match tbon::status::wire::Msg::decode(&f.payload, 3).unwrap() {
             tbon::status::wire::Msg::Report(r) => assert_eq!(r.answered(), 3),

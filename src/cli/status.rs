@@ -70,7 +70,9 @@ pub fn run(args: StatusArgs) -> Result<i32, String> {
     };
     let interval = match args.watch {
         Some(s) if !(s > 0.0 && s.is_finite()) => {
-            return Err(format!("--watch must be a positive number of seconds, not {s}"));
+            return Err(format!(
+                "--watch must be a positive number of seconds, not {s}"
+            ));
         }
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => None,
@@ -84,8 +86,15 @@ pub fn run(args: StatusArgs) -> Result<i32, String> {
     let mut shown = 0u64;
     loop {
         let started = std::time::Instant::now();
-        let report = tbon::status::query(&contact, &credential, &options)
-            .map_err(|e| format!("{}: {e}", contact.addrs.first().map_or_else(String::new, |a| a.to_string())))?;
+        let report = tbon::status::query(&contact, &credential, &options).map_err(|e| {
+            format!(
+                "{}: {e}",
+                contact
+                    .addrs
+                    .first()
+                    .map_or_else(String::new, |a| a.to_string())
+            )
+        })?;
         let took = started.elapsed();
         let v = view(&report).map_err(|e| format!("the report does not fit a tree: {e}"))?;
         let out = match args.format {
@@ -94,7 +103,10 @@ pub fn run(args: StatusArgs) -> Result<i32, String> {
             Format::Dot => dot(&report, &v),
         };
         let mut stdout = std::io::stdout().lock();
-        match stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()) {
+        match stdout
+            .write_all(out.as_bytes())
+            .and_then(|()| stdout.flush())
+        {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
             Err(e) => return Err(format!("writing: {e}")),
             Ok(()) => {}
@@ -112,7 +124,10 @@ pub fn run(args: StatusArgs) -> Result<i32, String> {
             if interrupted.load(std::sync::atomic::Ordering::Relaxed) {
                 return Ok(if healthy { 0 } else { 1 });
             }
-            std::thread::sleep(Duration::from_millis(50).min(until.saturating_duration_since(std::time::Instant::now())));
+            std::thread::sleep(
+                Duration::from_millis(50)
+                    .min(until.saturating_duration_since(std::time::Instant::now())),
+            );
         }
     }
 }
@@ -158,7 +173,7 @@ fn credential(args: &StatusArgs) -> Result<Key, String> {
     }
 }
 
-fn detail<'a>(report: &'a Report, rank: u32) -> Option<&'a DaemonStatus> {
+fn detail(report: &Report, rank: u32) -> Option<&DaemonStatus> {
     report.parts.iter().find_map(|p| match p {
         Part::Daemon(d) if d.rank == rank => Some(&**d),
         _ => None,
@@ -238,7 +253,12 @@ fn text(report: &Report, v: &View, took: Duration) -> String {
         let _ = writeln!(out, "(a repair was under way: the daemons' views differed)");
     }
     // The tree, depth first from the gathering daemon.
-    let by_rank = |r: u32| v.ranks.binary_search_by_key(&r, |x| x.rank).ok().and_then(|i| v.ranks.get(i));
+    let by_rank = |r: u32| {
+        v.ranks
+            .binary_search_by_key(&r, |x| x.rank)
+            .ok()
+            .and_then(|i| v.ranks.get(i))
+    };
     let base = by_rank(report.from).map_or(0, |r| r.depth);
     let mut stack = vec![report.from];
     while let Some(r) = stack.pop() {
@@ -252,7 +272,8 @@ fn text(report: &Report, v: &View, took: Duration) -> String {
                 if h.daemons == 1 { "" } else { "s" },
                 h.height,
                 uptime(h.uptime_ms_min),
-                h.rtt_us_max.map_or_else(|| "-".into(), |u| format!("{u} us")),
+                h.rtt_us_max
+                    .map_or_else(|| "-".into(), |u| format!("{u} us")),
                 h.counters.sent,
                 h.counters.delivered,
                 h.counters.relayed,
@@ -265,7 +286,11 @@ fn text(report: &Report, v: &View, took: Duration) -> String {
                 let _ = writeln!(
                     out,
                     "{indent}{r}  NO ANSWER within the budget{}",
-                    if below > 0 { format!(" ({below} below it unknown)") } else { String::new() }
+                    if below > 0 {
+                        format!(" ({below} below it unknown)")
+                    } else {
+                        String::new()
+                    }
                 );
                 continue;
             }
@@ -295,23 +320,45 @@ fn text(report: &Report, v: &View, took: Duration) -> String {
                 d.incarnation,
                 d.epoch,
                 d.failed_known,
-                if rtts.is_empty() { String::new() } else { format!(", rtt {}", rtts.join(" ")) },
-                if queued.is_empty() { String::new() } else { format!(", queued {}", queued.join(" ")) },
-                if problems.is_empty() { String::new() } else { format!("  [{}]", problems.join(", ")) },
+                if rtts.is_empty() {
+                    String::new()
+                } else {
+                    format!(", rtt {}", rtts.join(" "))
+                },
+                if queued.is_empty() {
+                    String::new()
+                } else {
+                    format!(", queued {}", queued.join(" "))
+                },
+                if problems.is_empty() {
+                    String::new()
+                } else {
+                    format!("  [{}]", problems.join(", "))
+                },
                 c.sent,
                 c.delivered,
                 c.relayed,
                 if c.relm_unacked + c.relm_cached + c.relm_pending > 0 {
-                    format!(", relm unacked {} cached {} pending {}", c.relm_unacked, c.relm_cached, c.relm_pending)
+                    format!(
+                        ", relm unacked {} cached {} pending {}",
+                        c.relm_unacked, c.relm_cached, c.relm_pending
+                    )
                 } else {
                     String::new()
                 },
                 if c.streams_producing + c.streams_consuming > 0 {
-                    format!(", streams {} out {} in", c.streams_producing, c.streams_consuming)
+                    format!(
+                        ", streams {} out {} in",
+                        c.streams_producing, c.streams_consuming
+                    )
                 } else {
                     String::new()
                 },
-                if c.direct_links > 0 { format!(", direct links {}", c.direct_links) } else { String::new() },
+                if c.direct_links > 0 {
+                    format!(", direct links {}", c.direct_links)
+                } else {
+                    String::new()
+                },
             );
         }
         stack.extend(rv.children.iter().rev());

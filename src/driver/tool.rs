@@ -88,16 +88,15 @@ pub fn query(
         while let Some((h, p)) = hs.poll_transmit() {
             write_frame(&mut stream, &h, &p).map_err(io)?;
         }
-        let frame = read_frame(&mut stream, &mut decoder, handshake_deadline).map_err(|e| {
-            match e {
+        let frame =
+            read_frame(&mut stream, &mut decoder, handshake_deadline).map_err(|e| match e {
                 ReadError::Closed => StatusError::Credential(
                     "the daemon closed the connection during the handshake (another DVM, a \
                      credential it refused, or too many tools connected)"
                         .into(),
                 ),
                 other => other.into(),
-            }
-        })?;
+            })?;
         match hs.handle_frame(frame) {
             Ok(Some(HandshakeEvent::Established(_))) => break,
             Ok(_) => {}
@@ -131,9 +130,8 @@ pub fn query(
         len: query.len() as u32,
     };
     write_frame(&mut stream, &header, &query).map_err(io)?;
-    let deadline = Instant::now()
-        + Duration::from_millis(u64::from(budget_ms))
-        + options.connect_timeout;
+    let deadline =
+        Instant::now() + Duration::from_millis(u64::from(budget_ms)) + options.connect_timeout;
     let frame = read_frame(&mut stream, &mut decoder, deadline).map_err(|e| match e {
         ReadError::Closed => StatusError::ShutDown,
         other => other.into(),
@@ -147,7 +145,9 @@ pub fn query(
     match Msg::decode(&frame.payload, u32::MAX) {
         Ok(Msg::Report(r)) => Ok(r),
         Ok(Msg::Refused(why)) => Err(StatusError::Refused(why)),
-        Ok(_) => Err(StatusError::Protocol("an answer that is not a report".into())),
+        Ok(_) => Err(StatusError::Protocol(
+            "an answer that is not a report".into(),
+        )),
         Err(e) => Err(StatusError::Protocol(e.to_string())),
     }
 }
@@ -193,9 +193,7 @@ fn read_frame(
         if left.is_zero() {
             return Err(ReadError::TimedOut);
         }
-        stream
-            .set_read_timeout(Some(left))
-            .map_err(ReadError::Io)?;
+        stream.set_read_timeout(Some(left)).map_err(ReadError::Io)?;
         let space = decoder.read_space();
         match stream.read(space) {
             Ok(0) => return Err(ReadError::Closed),

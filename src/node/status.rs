@@ -4,9 +4,7 @@
 
 use super::{Node, Output};
 use crate::Rank;
-use crate::limits::{
-    STATUS_ANSWER_BYTES_MAX, STATUS_BUDGET_MS_MAX, STATUS_LOCAL_MAX,
-};
+use crate::limits::{STATUS_ANSWER_BYTES_MAX, STATUS_BUDGET_MS_MAX, STATUS_LOCAL_MAX};
 use crate::rml::Message;
 use crate::status::gather::{Asker, AskerView, Gather, child_budget_ms};
 use crate::status::wire::{Answer, Msg, Query};

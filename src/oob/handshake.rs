@@ -869,7 +869,11 @@ mod tests {
         a.try_accept_peer();
         assert_eq!(d.handle_frame(one(&mut a)), Err(HandshakeError::BadKey));
         assert_ne!(job.operator(), job);
-        assert_eq!(job.operator(), cfg(3).key.operator(), "a pure function of the key");
+        assert_eq!(
+            job.operator(),
+            cfg(3).key.operator(),
+            "a pure function of the key"
+        );
     }
 
     #[test]

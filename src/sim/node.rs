@@ -347,9 +347,7 @@ impl SimNode {
                     }
                 }
                 Output::Stop(reason) => self.stopped = Some(reason),
-                Output::Status { token, report } => {
-                    self.statuses.push((token, *report))
-                }
+                Output::Status { token, report } => self.statuses.push((token, *report)),
                 Output::Trace(Trace::Broadcast {
                     op,
                     originator,

@@ -486,10 +486,7 @@ impl World {
     /// Runs the safety phase then the liveness phase; the first broken rule, if any.
     pub fn run(&mut self) -> Result<RunStats, Violation> {
         let deadline = self.scen.safety_us + LIVENESS_US;
-        loop {
-            let Some(Reverse((at, ..))) = self.queue.peek() else {
-                break;
-            };
+        while let Some(Reverse((at, ..))) = self.queue.peek() {
             if *at > deadline {
                 log::debug!(
                     "still busy: {} work events, held {:?}, redials {:?}, parked {:?}",

@@ -317,11 +317,45 @@ mod tests {
         );
         assert!(none.is_none());
         let at = t0 + Duration::from_millis(1);
-        assert!(g.handle_answer(at, 1, Answer { id, ..healthy(1, 3) }));
-        assert!(!g.handle_answer(at, 1, Answer { id, ..healthy(1, 3) }), "twice");
-        assert!(!g.handle_answer(at, 5, Answer { id, ..healthy(5, 3) }), "never asked");
+        assert!(g.handle_answer(
+            at,
+            1,
+            Answer {
+                id,
+                ..healthy(1, 3)
+            }
+        ));
+        assert!(
+            !g.handle_answer(
+                at,
+                1,
+                Answer {
+                    id,
+                    ..healthy(1, 3)
+                }
+            ),
+            "twice"
+        );
+        assert!(
+            !g.handle_answer(
+                at,
+                5,
+                Answer {
+                    id,
+                    ..healthy(5, 3)
+                }
+            ),
+            "never asked"
+        );
         assert!(g.take_due(at).is_empty());
-        assert!(g.handle_answer(at, 2, Answer { id, ..healthy(2, 4) }));
+        assert!(g.handle_answer(
+            at,
+            2,
+            Answer {
+                id,
+                ..healthy(2, 4)
+            }
+        ));
         let mut due = g.take_due(at);
         let (parts, truncated) = due.pop().unwrap().finish(own(0, &[1, 2]), 1 << 20);
         assert!(!truncated);
@@ -350,13 +384,23 @@ mod tests {
             }),
             &[3, 4],
         );
-        g.handle_answer(t0, 3, Answer { id, ..healthy(3, 1) });
+        g.handle_answer(
+            t0,
+            3,
+            Answer {
+                id,
+                ..healthy(3, 1)
+            },
+        );
         assert!(g.take_due(t0 + Duration::from_millis(99)).is_empty());
         assert_eq!(g.poll_timeout(), Some(t0 + Duration::from_millis(100)));
         let mut due = g.take_due(t0 + Duration::from_millis(100));
         let (parts, _) = due.pop().unwrap().finish(own(1, &[3, 4]), 1 << 20);
-        let [Part::Daemon(d), Part::NoAnswer { rank: 4, parent: 1 }, Part::Healthy(h)] =
-            &parts[..]
+        let [
+            Part::Daemon(d),
+            Part::NoAnswer { rank: 4, parent: 1 },
+            Part::Healthy(h),
+        ] = &parts[..]
         else {
             panic!("{parts:?}")
         };
@@ -382,12 +426,17 @@ mod tests {
             id,
             held_us: 0,
             truncated: false,
-            parts: (0..10).map(|r| Part::NoAnswer { rank: r, parent: 1 }).collect(),
+            parts: (0..10)
+                .map(|r| Part::NoAnswer { rank: r, parent: 1 })
+                .collect(),
         };
         g.handle_answer(t0, 1, big);
         let (parts, truncated) = g.take_due(t0).pop().unwrap().finish(own(0, &[1]), 60);
         assert!(truncated);
-        assert!(matches!(parts[..], [Part::Daemon(_), Part::Elided { root: 1, .. }]));
+        assert!(matches!(
+            parts[..],
+            [Part::Daemon(_), Part::Elided { root: 1, .. }]
+        ));
         for i in 0..STATUS_GATHERS_MAX {
             let (_, evicted) = g.begin(
                 t0,

@@ -77,9 +77,12 @@ impl View {
 
     /// Whether every covered rank that is not dead answered.
     pub fn all_answered(&self) -> bool {
-        self.ranks
-            .iter()
-            .all(|r| matches!(r.state, RankState::Alive | RankState::Healthy | RankState::Dead))
+        self.ranks.iter().all(|r| {
+            matches!(
+                r.state,
+                RankState::Alive | RankState::Healthy | RankState::Dead
+            )
+        })
     }
 }
 
@@ -141,7 +144,13 @@ pub fn view(report: &Report) -> Result<View, TreeError> {
             *slot = Some(i);
         }
     }
-    let node = |r: Rank| index.get(r as usize).copied().flatten().and_then(|i| tree.get(i));
+    let node = |r: Rank| {
+        index
+            .get(r as usize)
+            .copied()
+            .flatten()
+            .and_then(|i| tree.get(i))
+    };
     // The gathering daemon's subtree, pre-order.
     let covered = subtree(&tree, &index, report.from);
     let mut state: Vec<Option<RankState>> = vec![None; size];
@@ -212,7 +221,12 @@ fn subtree(tree: &[NodeView], index: &[Option<usize>], root: Rank) -> Vec<Rank> 
     let mut out = Vec::new();
     let mut stack = vec![root];
     while let Some(r) = stack.pop() {
-        let Some(n) = index.get(r as usize).copied().flatten().and_then(|i| tree.get(i)) else {
+        let Some(n) = index
+            .get(r as usize)
+            .copied()
+            .flatten()
+            .and_then(|i| tree.get(i))
+        else {
             continue;
         };
         out.push(r);

@@ -75,9 +75,21 @@ impl std::error::Error for StatusWireError {}
 pub fn part_len(p: &Part) -> usize {
     const COUNTERS: usize = 13 * 8;
     match p {
-        Part::Daemon(d) => 1 + 4 + 8 + 8 + 4 + 4 + 8 + 4 + 4 + 4 + 4 * d.children.len() + 4
-            + 16 * d.links.len()
-            + COUNTERS,
+        Part::Daemon(d) => {
+            1 + 4
+                + 8
+                + 8
+                + 4
+                + 4
+                + 8
+                + 4
+                + 4
+                + 4
+                + 4 * d.children.len()
+                + 4
+                + 16 * d.links.len()
+                + COUNTERS
+        }
         Part::Healthy(_) => 1 + 4 + 4 + 4 + 8 + 4 + COUNTERS,
         Part::NoAnswer { .. } | Part::Elided { .. } => 1 + 8,
     }
@@ -188,8 +200,8 @@ impl Msg {
                     return Err(StatusWireError("reason too long"));
                 }
                 let bytes = r.take(len)?;
-                let why = std::str::from_utf8(bytes)
-                    .map_err(|_| StatusWireError("reason not UTF-8"))?;
+                let why =
+                    std::str::from_utf8(bytes).map_err(|_| StatusWireError("reason not UTF-8"))?;
                 Msg::Refused(why.to_owned())
             }
             _ => return Err(StatusWireError("unknown kind")),

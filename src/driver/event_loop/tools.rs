@@ -30,7 +30,9 @@ impl EventLoop {
     fn tools_open(&self) -> usize {
         self.conns
             .iter()
-            .filter(|(_, c)| matches!(c.state, ConnState::Tool { .. }) || c.claimed == Some(TOOL_RANK))
+            .filter(|(_, c)| {
+                matches!(c.state, ConnState::Tool { .. }) || c.claimed == Some(TOOL_RANK)
+            })
             .count()
     }
 
@@ -60,7 +62,11 @@ impl EventLoop {
             asking: false,
         };
         conn.decoder.set_max_payload(limits::TOOL_FRAME_MAX);
-        log::debug!("rank {}: operator tool connected from {}", self.me, conn.addr);
+        log::debug!(
+            "rank {}: operator tool connected from {}",
+            self.me,
+            conn.addr
+        );
     }
 
     /// A frame from a tool: a status query, else the connection is closed.
@@ -160,7 +166,11 @@ impl EventLoop {
 
     fn tool_closes(&mut self, tok: usize, why: &str) {
         if let Some(c) = self.conns.get(tok) {
-            log::warn!("rank {}: closing tool connection {}: {why}", self.me, c.addr);
+            log::warn!(
+                "rank {}: closing tool connection {}: {why}",
+                self.me,
+                c.addr
+            );
         }
         self.node.counters_mut().protocol_errors += 1;
         self.close(tok, None);

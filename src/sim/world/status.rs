@@ -108,7 +108,9 @@ impl World {
     ) -> Result<(), Violation> {
         for (token, report) in reports {
             let Some(a) = self.status.asked.remove(&token) else {
-                return Err(violation(format!("rank {r}: a report for unknown query {token}")));
+                return Err(violation(format!(
+                    "rank {r}: a report for unknown query {token}"
+                )));
             };
             self.status.answered += 1;
             if a.asker != r || report.from != r {
@@ -185,7 +187,11 @@ impl World {
         // A daemon still stalled (the run settles while a long stall goes on, before the
         // heartbeats declare it) rightly does not answer, nor does anything below it.
         let stalled: Vec<Rank> = (0..size)
-            .filter(|r| self.stalled_until.get(*r as usize).is_some_and(|u| *u > asked_us))
+            .filter(|r| {
+                self.stalled_until
+                    .get(*r as usize)
+                    .is_some_and(|u| *u > asked_us)
+            })
             .collect();
         let excused = |r: Rank| {
             let mut at = v.ranks.iter().find(|x| x.rank == r);
