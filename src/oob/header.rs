@@ -306,9 +306,9 @@ mod tests {
     fn bad_version() {
         let mut b = GOLDEN;
         // Version 1 (before authentication), 2 (before the fault-tolerant collectives), 3
-        // (before the handshake's `Ready`), 4 (before direct links) and any future version are
-        // refused.
-        for v in [1, 2, 3, 4, 6] {
+        // (before the handshake's `Ready`), 4 (before direct links), 5 (before status queries
+        // and tools) and any future version are refused.
+        for v in [1, 2, 3, 4, 5, 7] {
             b[2] = v;
             assert_eq!(Header::decode(&b), Err(WireError::BadVersion(v)));
         }
