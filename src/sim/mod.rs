@@ -270,6 +270,15 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
                 up unswitched: the grantor must never read what the requester wrote on the \
                 link after its late Switch (a fenced link)",
     },
+    RegressionSeed {
+        seed: 201_472,
+        daemons: 2,
+        radix: 8,
+        faults: FaultKinds::ALL,
+        found: "simulator: link drops between the only two daemons outlasted the redials; both \
+                gave up at once, rank 0 declared rank 1 dead and rank 1 rightly stopped with \
+                rank 0 lost, which the fencing checker refused in a run without heartbeats",
+    },
 ];
 
 /// What to simulate.

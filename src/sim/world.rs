@@ -624,7 +624,8 @@ impl World {
     /// Nothing left to settle: no frames parked, no redials, and every living daemon's RELM
     /// and broadcast state empty.
     fn quiet(&self) -> bool {
-        self.parked.values().all(Vec::is_empty)
+        !self.status_pending()
+            && self.parked.values().all(Vec::is_empty)
             && self.held.is_empty()
             && self
                 .streams
@@ -1026,7 +1027,9 @@ impl World {
     fn stopped(&mut self, r: Rank, reason: StopReason) -> Result<(), Violation> {
         let ok = match &reason {
             StopReason::DeclaredDead(_) => self.declared.contains(&r),
-            StopReason::RootLost(_) => self.scen.heartbeats,
+            // Without heartbeats a daemon loses rank 0 only when its redials run out (link
+            // drops that outlast them): rank 0 then declared it dead in the same way.
+            StopReason::RootLost(_) => self.scen.heartbeats || self.declared.contains(&r),
             _ => false,
         };
         if !ok {

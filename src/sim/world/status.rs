@@ -153,7 +153,9 @@ impl World {
     /// After quiescence: rank 0's status must show every living daemon and nothing else.
     pub(super) fn final_status(&mut self) -> Result<(), Violation> {
         let size = self.nodes.len() as u32;
-        let budget_ms = 2_000;
+        // The longest budget: a link's own latency may be near a second each way (`delay`),
+        // and an answer that comes late is rightly "no answer".
+        let budget_ms = crate::limits::STATUS_BUDGET_MS_MAX;
         // The report may come at once (a daemon with no children answers in the call).
         self.status.last = Some(self.status.next_token + 1);
         if self.on_status(0, budget_ms, size <= 512)?.is_none() {
@@ -225,6 +227,11 @@ impl World {
             )));
         }
         Ok(())
+    }
+
+    /// Whether a query is in progress (the run is not over while one is).
+    pub(super) fn status_pending(&self) -> bool {
+        !self.status.asked.is_empty()
     }
 
     /// At the end: a query still unanswered while its daemon runs is lost.
