@@ -392,8 +392,10 @@ pub fn pingpong(a: &RoleArgs) -> Res<()> {
 /// Scale: every daemon appends `rank start_ns wired_ns` to `<dir>/report`. Then rank 0 waits
 /// for `<dir>/go` and times `count` broadcasts from origination to completion (every living
 /// daemon has it: the fault-tolerant xcast), while every daemon takes part in `count` allgathers
-/// of 8 bytes each (rank 0 times each from its contribution to the result). Rank 0 prints the
-/// JSON report and shuts the DVM down.
+/// of 8 bytes each (rank 0 times each from its contribution to the result), then times `count`
+/// status queries as an operator's tool does them (`tbon status`: a connection with the
+/// operator credential, the query gathered in the tree, the report). Rank 0 prints the JSON
+/// report and shuts the DVM down.
 pub fn scale(a: &RoleArgs) -> Res<()> {
     let started = now_ns();
     let d = start(a, Config::default().radix)?;
@@ -454,12 +456,33 @@ pub fn scale(a: &RoleArgs) -> Res<()> {
             ));
         }
     }
+    let contact: tbon::oob::uri::ContactUri =
+        d.contact_uri().parse().map_err(ctx("own contact URI"))?;
+    let credential = tbon::Key::from_file(a.dir.join("job.key"))
+        .map_err(ctx("job key"))?
+        .operator();
+    let mut status = Vec::new();
+    for _ in 0..a.count {
+        let t = Instant::now();
+        let r = tbon::status::query(
+            &contact,
+            &credential,
+            &tbon::status::StatusOptions::default(),
+        )
+        .map_err(ctx("status"))?;
+        status.push(t.elapsed());
+        if r.answered() != a.size {
+            return Err(format!("status: {} answered of {}", r.answered(), a.size));
+        }
+    }
     print_line(
         &serde_json::json!({
             "p50_us": quantile_us(&mut bcast, 0.5),
             "p99_us": quantile_us(&mut bcast, 0.99),
             "allgather_p50_us": quantile_us(&mut gather, 0.5),
             "allgather_p99_us": quantile_us(&mut gather, 0.99),
+            "status_p50_us": quantile_us(&mut status, 0.5),
+            "status_p99_us": quantile_us(&mut status, 0.99),
         })
         .to_string(),
     );
