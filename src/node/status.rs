@@ -139,12 +139,29 @@ impl Node {
         }
     }
 
-    /// Children that failed are no longer waited for.
+    /// Children that failed are no longer waited for; children the repair gave this daemon
+    /// are asked, with what is left of the budget.
     pub(super) fn status_after_repair(&mut self, now: Instant, dead: &[Rank]) {
-        if !self.status.is_empty() {
-            self.status.forget(dead);
-            self.answer_due(now);
+        if self.status.is_empty() {
+            return;
         }
+        self.status.forget(dead);
+        let children = self.routing.children().to_vec();
+        for (id, all, left, new) in self.status.adopt(now, &children) {
+            let left_ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
+            let query = Msg::Query(Query {
+                id,
+                budget_ms: child_budget_ms(left_ms),
+                all,
+                epoch: self.epoch,
+                failed: self.failed_count(),
+            })
+            .encode();
+            for c in new {
+                self.send(c, TAG_STATUS, query.clone(), None);
+            }
+        }
+        self.answer_due(now);
     }
 
     /// The daemon stops: its local gathers end with what they have.

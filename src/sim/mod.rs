@@ -279,6 +279,15 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
                 gave up at once, rank 0 declared rank 1 dead and rank 1 rightly stopped with \
                 rank 0 lost, which the fencing checker refused in a run without heartbeats",
     },
+    RegressionSeed {
+        seed: 300_386,
+        daemons: 22,
+        radix: 8,
+        faults: FaultKinds::ALL,
+        found: "status: a daemon that adopted children during a gather (their parent was \
+                declared dead while rank 0's query waited for it) did not ask them, and rank \
+                0's view after the run showed them unreached",
+    },
 ];
 
 /// What to simulate.

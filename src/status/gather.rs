@@ -37,6 +37,8 @@ pub struct Gather {
     pub view: Option<AskerView>,
     /// Children asked and not yet answered, with when they were asked.
     waiting: Vec<(Rank, Instant)>,
+    /// Every child asked (a child adopted during the gather is asked too, once).
+    asked: Vec<Rank>,
     /// Round trips measured to the children that answered (µs).
     rtts: Vec<(Rank, u32)>,
     /// The children's answers, in arrival order.
@@ -173,6 +175,7 @@ impl Gathers {
             all,
             view,
             waiting: children.iter().map(|c| (*c, now)).collect(),
+            asked: children.to_vec(),
             rtts: Vec::new(),
             answers: Vec::new(),
         });
@@ -220,6 +223,33 @@ impl Gathers {
         for g in &mut self.table {
             g.waiting.retain(|(r, _)| !dead.contains(r));
         }
+    }
+
+    /// This daemon's children are now `children` (a repair gave it new ones): each gather
+    /// asks the ones it has not asked yet. Returns, per gather with new children, its id, its
+    /// `all` flag, the time left to its deadline, and the children to ask.
+    pub fn adopt(
+        &mut self,
+        now: Instant,
+        children: &[Rank],
+    ) -> Vec<(u64, bool, Duration, Vec<Rank>)> {
+        let mut out = Vec::new();
+        for g in &mut self.table {
+            let new: Vec<Rank> = children
+                .iter()
+                .copied()
+                .filter(|c| !g.asked.contains(c))
+                .collect();
+            if new.is_empty() || g.deadline <= now {
+                continue;
+            }
+            for c in &new {
+                g.asked.push(*c);
+                g.waiting.push((*c, now));
+            }
+            out.push((g.id, g.all, g.deadline.saturating_duration_since(now), new));
+        }
+        out
     }
 
     /// The gathers to answer now: complete, or past their deadline.
@@ -408,6 +438,48 @@ mod tests {
         assert_eq!(d.links[0].rtt_us, Some(0));
         assert_eq!(d.links[1].rtt_us, None);
         assert_eq!(h.root, 3);
+    }
+
+    #[test]
+    fn children_adopted_during_a_gather_are_asked_once_with_the_time_left() {
+        let t0 = Instant::now();
+        let mut g = Gathers::default();
+        let (id, _) = g.begin(
+            t0,
+            Asker::Local { token: 1 },
+            Duration::from_millis(100),
+            false,
+            None,
+            &[1, 2],
+        );
+        // Child 2 died and its children 5 and 6 came to this daemon.
+        g.forget(&[2]);
+        let at = t0 + Duration::from_millis(40);
+        let asks = g.adopt(at, &[1, 5, 6]);
+        assert_eq!(
+            asks,
+            vec![(id, false, Duration::from_millis(60), vec![5, 6])]
+        );
+        assert!(g.adopt(at, &[1, 5, 6]).is_empty(), "asked once");
+        for c in [1, 5, 6] {
+            assert!(g.handle_answer(
+                at,
+                c,
+                Answer {
+                    id,
+                    ..healthy(c, 1)
+                }
+            ));
+        }
+        let (parts, _) = g
+            .take_due(at)
+            .pop()
+            .unwrap()
+            .finish(own(0, &[1, 5, 6]), 1 << 20);
+        assert!(
+            matches!(&parts[..], [Part::Healthy(h)] if h.daemons == 4),
+            "{parts:?}"
+        );
     }
 
     #[test]
