@@ -164,6 +164,7 @@ fn wrong_credentials_and_misbehaving_tools_are_refused() {
         all: false,
         epoch: 0,
         failed: 0,
+        sent_ns: None,
     })
     .encode();
     for _ in 0..2 {

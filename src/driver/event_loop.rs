@@ -43,6 +43,13 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 pub(crate) const WAKER_TOKEN: Token = Token(usize::MAX);
+
+/// The wall clock (CLOCK_REALTIME), in ns since the Unix epoch (0 before it).
+pub(crate) fn wall_clock_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
 /// Listener i uses token `LISTENER_TOKEN_BASE - i`.
 pub(crate) const LISTENER_TOKEN_BASE: usize = usize::MAX - 1;
 
@@ -246,6 +253,7 @@ impl EventLoop {
             let res = self.poll.poll(&mut events, timeout);
             self.shared.asleep.store(false, Ordering::SeqCst);
             self.now = Instant::now();
+            self.node.handle_wall_clock(self.now, wall_clock_ns());
             match res {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

@@ -118,6 +118,7 @@ pub fn query(
         all: options.all,
         epoch: 0,
         failed: 0,
+        sent_ns: None,
     })
     .encode();
     let header = Header {

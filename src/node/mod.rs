@@ -210,6 +210,8 @@ pub struct Node {
     status: crate::status::gather::Gathers,
     /// When [`Node::start`] ran (the uptime a status reports).
     started: Option<Instant>,
+    /// The driver's last wall-clock reading: (when, ns since the Unix epoch).
+    wall: Option<(Instant, i64)>,
     out: VecDeque<Output>,
 }
 
@@ -267,6 +269,7 @@ impl Node {
             paused_by: FxHashMap::default(),
             status: Default::default(),
             started: None,
+            wall: None,
             out: VecDeque::new(),
         })
     }

@@ -70,7 +70,8 @@ impl Node {
                 self.begin_gather(now, asker, q.budget_ms, q.all, Some(view));
             }
             Ok(Msg::Answer(a)) => {
-                if !self.status.handle_answer(now, msg.origin, a) {
+                let wall = self.wall_at(now);
+                if !self.status.handle_answer(now, msg.origin, a, wall) {
                     log::debug!(
                         "rank {}: a late or unasked status answer from {} ignored",
                         self.me,
@@ -102,6 +103,7 @@ impl Node {
             "rank {}: status query from {asker:?}, budget {budget_ms} ms, asking {children:?}",
             self.me
         );
+        let wall = self.wall_at(now);
         let (id, evicted) = self.status.begin(
             now,
             asker,
@@ -109,6 +111,7 @@ impl Node {
             all,
             view,
             &children,
+            wall,
         );
         if let Some(g) = evicted {
             log::debug!("rank {}: status table full; answering the oldest", self.me);
@@ -120,6 +123,7 @@ impl Node {
             all,
             epoch: self.epoch,
             failed: self.failed_count(),
+            sent_ns: wall,
         })
         .encode();
         for c in children {
@@ -147,7 +151,8 @@ impl Node {
         }
         self.status.forget(dead);
         let children = self.routing.children().to_vec();
-        for (id, all, left, new) in self.status.adopt(now, &children) {
+        let wall = self.wall_at(now);
+        for (id, all, left, new) in self.status.adopt(now, &children, wall) {
             let left_ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
             let query = Msg::Query(Query {
                 id,
@@ -155,6 +160,7 @@ impl Node {
                 all,
                 epoch: self.epoch,
                 failed: self.failed_count(),
+                sent_ns: wall,
             })
             .encode();
             for c in new {
@@ -184,12 +190,15 @@ impl Node {
         );
         let max_bytes = STATUS_ANSWER_BYTES_MAX.min(self.msg_max_bytes.saturating_sub(1024));
         let own = self.own_status(now);
+        let received_ns = g.received_ns;
         let (parts, truncated) = g.finish(own, max_bytes);
         match asker {
             Asker::Daemon { rank, id } => {
                 let answer = Msg::Answer(Answer {
                     id,
                     held_us: u32::try_from(held.as_micros()).unwrap_or(u32::MAX - 1),
+                    received_ns,
+                    answered_ns: self.wall_at(now),
                     truncated,
                     parts,
                 })
@@ -267,6 +276,24 @@ impl Node {
                 protocol_errors: c.protocol_errors,
                 repairs: c.repairs,
             },
+            clock_offset_ns: None,
+            clock_bound_ns: None,
         }
+    }
+
+    /// The driver tells the node its wall clock: `wall_ns` (ns since the Unix epoch) at
+    /// `now`. Call it once per turn, and again right before handing over a status frame, with
+    /// both read then: a clock sample's receipt must be timestamped no earlier than the frame
+    /// arrived. Without it the node reports no clock offsets.
+    pub fn handle_wall_clock(&mut self, now: Instant, wall_ns: i64) {
+        self.wall = Some((now, wall_ns));
+    }
+
+    /// The wall clock at `now`, from the last reading: a `now` before the reading gives the
+    /// reading itself (never earlier than it), a later one adds the monotonic time since.
+    fn wall_at(&self, now: Instant) -> Option<i64> {
+        let (at, wall) = self.wall?;
+        let since = i64::try_from(now.saturating_duration_since(at).as_nanos()).unwrap_or(i64::MAX);
+        Some(wall.saturating_add(since))
     }
 }

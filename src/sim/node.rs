@@ -69,6 +69,9 @@ pub struct SimNode {
     pub stopped: Option<crate::node::StopReason>,
     /// Stream events for the world's stream applications, in order.
     pub stream_events: Vec<crate::node::StreamEvent>,
+    /// Its wall clock: (the run's start, the wall clock then (ns), drift in ppb); read
+    /// before every input, as the driver reads the real one.
+    pub clock: Option<(Instant, i64, i64)>,
     /// Status reports gathered here, by token (the world takes them after each input).
     pub statuses: Vec<(u64, crate::status::Report)>,
     /// The DVM epoch it had applied after its last input (epochs never go back).
@@ -131,6 +134,7 @@ impl SimNode {
             declared: Vec::new(),
             stopped: None,
             stream_events: Vec::new(),
+            clock: None,
             statuses: Vec::new(),
             bcast_tokens: HashSet::new(),
             epoch: 0,
@@ -163,6 +167,7 @@ impl SimNode {
             token: None,
             route: None,
         };
+        self.tick(now);
         if let Err(e) = self.node.handle_command(now, c) {
             self.errors.push(format!("plain send refused: {e}"));
         }
@@ -184,6 +189,7 @@ impl SimNode {
             payload,
             token: Some(token),
         };
+        self.tick(now);
         let r = self.node.handle_command(now, c);
         self.step(now);
         r
@@ -191,6 +197,7 @@ impl SimNode {
 
     /// A stream command from the world's stream applications.
     pub fn stream(&mut self, now: Instant, c: crate::node::StreamCommand) -> Result<(), SendError> {
+        self.tick(now);
         let r = self.node.handle_stream(now, c);
         self.step(now);
         r
@@ -203,6 +210,7 @@ impl SimNode {
             payload,
             token: Some(token),
         };
+        self.tick(now);
         let r = self.node.handle_command(now, c);
         if r.is_ok() {
             self.bcast_tokens.insert(token);
@@ -213,6 +221,7 @@ impl SimNode {
 
     /// This daemon's contribution to allgather `id`.
     pub fn contribute(&mut self, now: Instant, id: u64, data: Bytes) -> Result<(), SendError> {
+        self.tick(now);
         let r = self
             .node
             .handle_command(now, Command::Allgather { id, data });
@@ -222,6 +231,7 @@ impl SimNode {
 
     /// An encoded frame arrived from neighbour `from`.
     pub fn handle_frame(&mut self, now: Instant, from: Rank, frame: Bytes) {
+        self.tick(now);
         self.node.handle_heard(now, from);
         match decode(&frame) {
             Ok(header) => {
@@ -237,21 +247,38 @@ impl SimNode {
 
     /// Time passed.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.tick(now);
         self.node.handle_timeout(now, &NoQueues);
         self.step(now);
     }
 
     /// The world's connection to `dead` broke and could not be re-established.
     pub fn detect(&mut self, now: Instant, dead: Rank) {
+        self.tick(now);
         self.node.handle_unreachable(now, dead, 1);
         self.step(now);
     }
 
     /// The connection with `peer` was lost; whether this daemon redials it.
     pub fn link_lost(&mut self, now: Instant, peer: Rank) -> bool {
+        self.tick(now);
         let probe = self.node.handle_link_lost(now, peer);
         self.step(now);
         probe
+    }
+
+    /// Its wall clock at `now` (ns since the Unix epoch), if it has one.
+    pub fn wall(&self, now: Instant) -> Option<i64> {
+        let (base, wall0, drift) = self.clock?;
+        let t = i128::try_from(now.saturating_duration_since(base).as_nanos()).unwrap_or(0);
+        i64::try_from(i128::from(wall0) + t + t * i128::from(drift) / 1_000_000_000).ok()
+    }
+
+    /// Tells the node its wall clock before an input.
+    fn tick(&mut self, now: Instant) {
+        if let Some(w) = self.wall(now) {
+            self.node.handle_wall_clock(now, w);
+        }
     }
 
     /// The world asks this daemon for the status of its subtree.
@@ -262,6 +289,7 @@ impl SimNode {
         budget_ms: u32,
         all: bool,
     ) -> Result<(), crate::node::StatusRefused> {
+        self.tick(now);
         let r = self.node.handle_status(now, token, budget_ms, all);
         self.step(now);
         r
@@ -269,6 +297,7 @@ impl SimNode {
 
     /// A connection with `peer` was (re-)established.
     pub fn link_up(&mut self, now: Instant, peer: Rank) {
+        self.tick(now);
         self.node.handle_link_up(now, peer, 1, true);
         self.step(now);
     }

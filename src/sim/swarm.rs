@@ -286,6 +286,9 @@ pub struct Scenario {
     pub statuses: Vec<(Rank, u32, bool, u64)>,
     /// Rank 0 is asked for the status once more after the run settled (the `status` kind).
     pub final_status: bool,
+    /// Each daemon's wall clock (the `status` kind): its offset from true time (ns) and its
+    /// drift (parts per billion); empty: every clock true.
+    pub clocks: Vec<(i64, i64)>,
 }
 
 impl Scenario {
@@ -572,15 +575,16 @@ impl Scenario {
             Vec::new()
         };
         // Status queries: a stream of their own.
-        let statuses = if kinds.status {
-            status_queries(seed, size, traffic_us)
+        let (statuses, clocks) = if kinds.status {
+            (status_queries(seed, size, traffic_us), clocks(seed, size))
         } else {
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
         Scenario {
             streams,
             statuses,
             final_status: kinds.status,
+            clocks,
             direct,
             latency_us,
             jitter_us,
@@ -759,6 +763,19 @@ fn status_queries(seed: u64, size: u32, traffic_us: u64) -> Vec<(Rank, u32, bool
             };
             let budget_ms = rng.range(20, 3_000) as u32;
             (asker, budget_ms, rng.chance(0.3), rng.range(0, traffic_us))
+        })
+        .collect()
+}
+
+/// Skewed, drifting wall clocks: offsets within ±2 s, drifts within ±100 ppm (what an
+/// unsynchronised quartz clock does), for the status queries' clock offsets to be checked.
+fn clocks(seed: u64, size: u32) -> Vec<(i64, i64)> {
+    let mut rng = Rng::new(seed ^ 0xC10C_0000_0000_0000);
+    (0..size)
+        .map(|_| {
+            let offset = rng.range(0, 4_000_000_000) as i64 - 2_000_000_000;
+            let drift = rng.range(0, 200_000) as i64 - 100_000;
+            (offset, drift)
         })
         .collect()
 }

@@ -338,6 +338,7 @@ impl World {
         {
             w.hs = Some(handshakes::Handshakes::default());
         }
+        w.set_clocks();
         w.plan();
         Ok(w)
     }

@@ -35,8 +35,14 @@ pub struct Gather {
     pub deadline: Instant,
     pub all: bool,
     pub view: Option<AskerView>,
-    /// Children asked and not yet answered, with when they were asked.
-    waiting: Vec<(Rank, Instant)>,
+    /// When the query arrived here, on this daemon's wall clock (ns; for its answer).
+    pub received_ns: Option<i64>,
+    /// Children asked and not yet answered, with when they were asked (and on the wall
+    /// clock: the first timestamp of their clock sample).
+    waiting: Vec<(Rank, Instant, Option<i64>)>,
+    /// Clock samples of the children that answered: their offset from this daemon and its
+    /// bound (ns).
+    samples: Vec<(Rank, i64, u64)>,
     /// Every child asked (a child adopted during the gather is asked too, once).
     asked: Vec<Rank>,
     /// Round trips measured to the children that answered (µs).
@@ -62,7 +68,9 @@ impl Gather {
     /// dropped to stay within `max_bytes` and `STATUS_PARTS_MAX`.
     pub fn finish(self, own: DaemonStatus, max_bytes: usize) -> (Vec<Part>, bool) {
         let mut own = own;
-        let silent: Vec<Rank> = self.waiting.iter().map(|(r, _)| *r).collect();
+        let silent: Vec<Rank> = self.waiting.iter().map(|(r, ..)| *r).collect();
+        own.clock_offset_ns = Some(0);
+        own.clock_bound_ns = Some(0);
         if !silent.is_empty() {
             own.problems |= problem::CHILD_SILENT;
         }
@@ -94,8 +102,24 @@ impl Gather {
             bytes += part_len(&p);
             parts.push(p);
         }
-        for (child, answer) in self.answers {
+        for (child, mut answer) in self.answers {
             truncated |= answer.truncated;
+            // The child's subtree's offsets are from the child: add the child's own.
+            let sample = self.samples.iter().find(|(r, ..)| *r == child);
+            for p in &mut answer.parts {
+                if let Part::Daemon(d) = p {
+                    match (sample, d.clock_offset_ns, d.clock_bound_ns) {
+                        (Some(&(_, off, bound)), Some(o), Some(b)) => {
+                            d.clock_offset_ns = Some(o.saturating_add(off));
+                            d.clock_bound_ns = Some(b.saturating_add(bound));
+                        }
+                        _ => {
+                            d.clock_offset_ns = None;
+                            d.clock_bound_ns = None;
+                        }
+                    }
+                }
+            }
             let len: usize = answer.parts.iter().map(part_len).sum();
             if parts.len() + answer.parts.len() > STATUS_PARTS_MAX || bytes + len > max_bytes {
                 let daemons = answer.parts.iter().map(Part::daemons).sum();
@@ -113,6 +137,27 @@ impl Gather {
         }
         (parts, truncated)
     }
+}
+
+/// NTP's rule for one exchange: `t1` the asker sent, `t2` the answerer received, `t3` it
+/// answered (its clock), `t4` the asker received (its clock). The answerer's clock minus the
+/// asker's is `((t2 - t1) + (t3 - t4)) / 2`, within half the network round trip `(t4 - t1) -
+/// (t3 - t2)` (whatever the split of the delay between the two ways, as long as each
+/// timestamp was read no earlier, at a receipt, or no later, at a send, than the event).
+pub fn clock_sample(t1: i64, t2: i64, t3: i64, t4: i64) -> (i64, u64) {
+    let (t1, t2, t3, t4) = (
+        i128::from(t1),
+        i128::from(t2),
+        i128::from(t3),
+        i128::from(t4),
+    );
+    let offset = ((t2 - t1) + (t3 - t4)) / 2;
+    let delay = ((t4 - t1) - (t3 - t2)).max(0);
+    let bound = (delay + 1) / 2 + 1;
+    (
+        i64::try_from(offset).unwrap_or(if offset < 0 { i64::MIN + 1 } else { i64::MAX }),
+        u64::try_from(bound).unwrap_or(u64::MAX),
+    )
 }
 
 /// One healthy part for `own` and its children's healthy parts.
@@ -150,6 +195,7 @@ impl Gathers {
     /// Starts a gather that asks `children` (the caller sends them the `Query` with the id
     /// returned). At the bound, the oldest gather is returned to be answered at once with
     /// what it has (a flood of queries costs answers detail, never memory).
+    /// `wall_ns` is this daemon's wall clock now, if it has one (it sends the queries now).
     #[allow(clippy::too_many_arguments)]
     pub fn begin(
         &mut self,
@@ -159,6 +205,7 @@ impl Gathers {
         all: bool,
         view: Option<AskerView>,
         children: &[Rank],
+        wall_ns: Option<i64>,
     ) -> (u64, Option<Gather>) {
         let evicted = if self.table.len() >= STATUS_GATHERS_MAX {
             self.table.pop_front()
@@ -174,7 +221,9 @@ impl Gathers {
             deadline: now + budget,
             all,
             view,
-            waiting: children.iter().map(|c| (*c, now)).collect(),
+            received_ns: wall_ns,
+            waiting: children.iter().map(|c| (*c, now, wall_ns)).collect(),
+            samples: Vec::new(),
             asked: children.to_vec(),
             rtts: Vec::new(),
             answers: Vec::new(),
@@ -199,16 +248,32 @@ impl Gathers {
             .count()
     }
 
-    /// Child `from` answered query `answer.id`; returns false (nothing changes) when no gather
+    /// Child `from` answered query `answer.id` (`wall_ns`: this daemon's wall clock now, the
+    /// last timestamp of the clock sample); returns false (nothing changes) when no gather
     /// waits for that answer from it: a late answer, or one from a daemon never asked.
-    pub fn handle_answer(&mut self, now: Instant, from: Rank, answer: Answer) -> bool {
+    pub fn handle_answer(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        answer: Answer,
+        wall_ns: Option<i64>,
+    ) -> bool {
         let Some(g) = self.table.iter_mut().find(|g| g.id == answer.id) else {
             return false;
         };
-        let Some(i) = g.waiting.iter().position(|(r, _)| *r == from) else {
+        let Some(i) = g.waiting.iter().position(|(r, ..)| *r == from) else {
             return false;
         };
-        let (_, asked) = g.waiting.swap_remove(i);
+        let (_, asked, sent_ns) = g.waiting.swap_remove(i);
+        if let (Some(t1), Some(t2), Some(t3), Some(t4)) =
+            (sent_ns, answer.received_ns, answer.answered_ns, wall_ns)
+        {
+            let (offset, bound) = clock_sample(t1, t2, t3, t4);
+            log::trace!(
+                "clock sample of {from}: t1 {t1} t2 {t2} t3 {t3} t4 {t4}: {offset} ± {bound}"
+            );
+            g.samples.push((from, offset, bound));
+        }
         let rtt = now
             .saturating_duration_since(asked)
             .saturating_sub(Duration::from_micros(u64::from(answer.held_us)));
@@ -221,7 +286,7 @@ impl Gathers {
     /// `dead` failed: nobody waits for their answers (the report lists them as failed).
     pub fn forget(&mut self, dead: &[Rank]) {
         for g in &mut self.table {
-            g.waiting.retain(|(r, _)| !dead.contains(r));
+            g.waiting.retain(|(r, ..)| !dead.contains(r));
         }
     }
 
@@ -232,6 +297,7 @@ impl Gathers {
         &mut self,
         now: Instant,
         children: &[Rank],
+        wall_ns: Option<i64>,
     ) -> Vec<(u64, bool, Duration, Vec<Rank>)> {
         let mut out = Vec::new();
         for g in &mut self.table {
@@ -245,7 +311,7 @@ impl Gathers {
             }
             for c in &new {
                 g.asked.push(*c);
-                g.waiting.push((*c, now));
+                g.waiting.push((*c, now, wall_ns));
             }
             out.push((g.id, g.all, g.deadline.saturating_duration_since(now), new));
         }
@@ -311,6 +377,8 @@ mod tests {
                 sent: 1,
                 ..Default::default()
             },
+            clock_offset_ns: None,
+            clock_bound_ns: None,
         }
     }
 
@@ -318,6 +386,8 @@ mod tests {
         Answer {
             id: 1,
             held_us: 10,
+            received_ns: None,
+            answered_ns: None,
             truncated: false,
             parts: vec![Part::Healthy(Healthy {
                 root,
@@ -344,6 +414,7 @@ mod tests {
             false,
             None,
             &[1, 2],
+            None,
         );
         assert!(none.is_none());
         let at = t0 + Duration::from_millis(1);
@@ -353,7 +424,8 @@ mod tests {
             Answer {
                 id,
                 ..healthy(1, 3)
-            }
+            },
+            None
         ));
         assert!(
             !g.handle_answer(
@@ -362,7 +434,8 @@ mod tests {
                 Answer {
                     id,
                     ..healthy(1, 3)
-                }
+                },
+                None
             ),
             "twice"
         );
@@ -373,7 +446,8 @@ mod tests {
                 Answer {
                     id,
                     ..healthy(5, 3)
-                }
+                },
+                None
             ),
             "never asked"
         );
@@ -384,7 +458,8 @@ mod tests {
             Answer {
                 id,
                 ..healthy(2, 4)
-            }
+            },
+            None
         ));
         let mut due = g.take_due(at);
         let (parts, truncated) = due.pop().unwrap().finish(own(0, &[1, 2]), 1 << 20);
@@ -413,6 +488,7 @@ mod tests {
                 failed: 0,
             }),
             &[3, 4],
+            None,
         );
         g.handle_answer(
             t0,
@@ -421,6 +497,7 @@ mod tests {
                 id,
                 ..healthy(3, 1)
             },
+            None,
         );
         assert!(g.take_due(t0 + Duration::from_millis(99)).is_empty());
         assert_eq!(g.poll_timeout(), Some(t0 + Duration::from_millis(100)));
@@ -451,16 +528,17 @@ mod tests {
             false,
             None,
             &[1, 2],
+            None,
         );
         // Child 2 died and its children 5 and 6 came to this daemon.
         g.forget(&[2]);
         let at = t0 + Duration::from_millis(40);
-        let asks = g.adopt(at, &[1, 5, 6]);
+        let asks = g.adopt(at, &[1, 5, 6], None);
         assert_eq!(
             asks,
             vec![(id, false, Duration::from_millis(60), vec![5, 6])]
         );
-        assert!(g.adopt(at, &[1, 5, 6]).is_empty(), "asked once");
+        assert!(g.adopt(at, &[1, 5, 6], None).is_empty(), "asked once");
         for c in [1, 5, 6] {
             assert!(g.handle_answer(
                 at,
@@ -468,7 +546,8 @@ mod tests {
                 Answer {
                     id,
                     ..healthy(c, 1)
-                }
+                },
+                None
             ));
         }
         let (parts, _) = g
@@ -483,6 +562,48 @@ mod tests {
     }
 
     #[test]
+    fn a_clock_sample_bounds_the_offset_whatever_the_split_of_the_delay() {
+        // The answerer's clock is 1,000 ns ahead; 300 ns out, 100 ns back, held 50 ns.
+        let (t1, t2, t3, t4) = (10_000, 11_300, 11_350, 10_450);
+        let (offset, bound) = clock_sample(t1, t2, t3, t4);
+        assert_eq!((offset, bound), (1_100, 201));
+        assert!((offset - 1_000).unsigned_abs() <= bound);
+        // Offsets add up the path: a grandchild's offset from the gatherer.
+        let t0 = Instant::now();
+        let mut g = Gathers::default();
+        let (id, _) = g.begin(
+            t0,
+            Asker::Local { token: 1 },
+            Duration::from_secs(1),
+            true,
+            None,
+            &[1],
+            Some(t1),
+        );
+        let mut child = own(1, &[]);
+        child.clock_offset_ns = Some(-7);
+        child.clock_bound_ns = Some(3);
+        let answer = Answer {
+            id,
+            held_us: 0,
+            received_ns: Some(t2),
+            answered_ns: Some(t3),
+            truncated: false,
+            parts: vec![Part::Daemon(Box::new(child))],
+        };
+        assert!(g.handle_answer(t0, 1, answer, Some(t4)));
+        let (parts, _) = g.take_due(t0).pop().unwrap().finish(own(0, &[1]), 1 << 20);
+        let [Part::Daemon(me), Part::Daemon(c)] = &parts[..] else {
+            panic!("{parts:?}")
+        };
+        assert_eq!((me.clock_offset_ns, me.clock_bound_ns), (Some(0), Some(0)));
+        assert_eq!(
+            (c.clock_offset_ns, c.clock_bound_ns),
+            (Some(1_093), Some(204))
+        );
+    }
+
+    #[test]
     fn detail_beyond_the_bound_is_elided_and_the_table_is_bounded() {
         let t0 = Instant::now();
         let mut g = Gathers::default();
@@ -493,16 +614,19 @@ mod tests {
             true,
             None,
             &[1],
+            None,
         );
         let big = Answer {
             id,
             held_us: 0,
+            received_ns: None,
+            answered_ns: None,
             truncated: false,
             parts: (0..10)
                 .map(|r| Part::NoAnswer { rank: r, parent: 1 })
                 .collect(),
         };
-        g.handle_answer(t0, 1, big);
+        g.handle_answer(t0, 1, big, None);
         let (parts, truncated) = g.take_due(t0).pop().unwrap().finish(own(0, &[1]), 60);
         assert!(truncated);
         assert!(matches!(
@@ -517,6 +641,7 @@ mod tests {
                 false,
                 None,
                 &[1],
+                None,
             );
             assert!(evicted.is_none());
         }
@@ -527,6 +652,7 @@ mod tests {
             false,
             None,
             &[1],
+            None,
         );
         assert_eq!(evicted.unwrap().asker, Asker::Local { token: 0 });
         assert_eq!(g.len(), STATUS_GATHERS_MAX);

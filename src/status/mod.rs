@@ -151,6 +151,13 @@ pub struct DaemonStatus {
     /// Its tree neighbours (children first, then the parent).
     pub links: Vec<LinkStatus>,
     pub counters: StatusCounters,
+    /// Its wall clock minus the gathering daemon's, in ns, measured hop by hop along the tree
+    /// with the query's own timestamps (NTP's four-timestamp rule per hop, the offsets added
+    /// up the path); `None` when a hop on the way had no clock sample.
+    pub clock_offset_ns: Option<i64>,
+    /// The true offset lies within `clock_offset_ns` ± this (half of each hop's network round
+    /// trip, added up the path).
+    pub clock_bound_ns: Option<u64>,
 }
 
 /// A healthy subtree in one part.
@@ -262,7 +269,8 @@ impl std::fmt::Display for StatusError {
 impl std::error::Error for StatusError {}
 
 impl Report {
-    /// Daemons that answered.
+    /// Daemons the parts account for. While a repair moves a living daemon to another parent,
+    /// both may have asked it, and it is counted twice; [`view::view`] counts each rank once.
     pub fn answered(&self) -> u32 {
         self.parts.iter().map(Part::daemons).sum()
     }

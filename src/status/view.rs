@@ -279,6 +279,8 @@ mod tests {
                     problems: crate::status::problem::CHILD_SILENT,
                     links: vec![],
                     counters: StatusCounters::default(),
+                    clock_offset_ns: None,
+                    clock_bound_ns: None,
                 })),
                 Part::Daemon(Box::new(crate::status::DaemonStatus {
                     rank: 1,
@@ -292,6 +294,8 @@ mod tests {
                     problems: crate::status::problem::CHILD_SILENT,
                     links: vec![],
                     counters: StatusCounters::default(),
+                    clock_offset_ns: None,
+                    clock_bound_ns: None,
                 })),
                 Part::NoAnswer {
                     rank: silent,

@@ -5,14 +5,15 @@
 //!
 //! | kind | message | fields |
 //! |---|---|---|
-//! | 1 | `Query` | id (u64), budget in ms (u32), all (u8 0/1), the asker's DVM epoch (u64), its failed count (u32) |
-//! | 2 | `Answer` | id (u64), held in µs (u32), truncated (u8), parts (u32 count, then each part) |
+//! | 1 | `Query` | id (u64), budget in ms (u32), all (u8 0/1), the asker's DVM epoch (u64), its failed count (u32), the asker's wall clock when it sent the query (i64 ns since the Unix epoch; `i64::MIN`: none) |
+//! | 2 | `Answer` | id (u64), held in µs (u32), the answerer's wall clock when the query arrived and when it answered (i64 ns each; `i64::MIN`: none), truncated (u8), parts (u32 count, then each part) |
 //! | 3 | `Report` (to a tool) | from (u32), size (u32), radix (u32), epoch (u64), elapsed µs (u64), truncated (u8), failed ranks (u32 count, u32 each), parts |
 //! | 4 | `Refused` (to a tool) | reason (u16 length, UTF-8) |
 //!
 //! A part starts with its own kind byte: 1 daemon (rank, incarnation u64, epoch u64, parent,
 //! depth, uptime ms u64, failed known, problems, children (u32 count, u32 each), links (u32
-//! count; peer, rtt µs, queued bytes u64 each), counters), 2 healthy (root, daemons, height,
+//! count; peer, rtt µs, queued bytes u64 each), counters, clock offset from the gathering
+//! daemon (i64 ns, `i64::MIN`: none) and its bound (u64 ns, `u64::MAX`: none)), 2 healthy (root, daemons, height,
 //! uptime ms min u64, rtt µs max, counters), 3 no answer (rank, parent), 4 elided (root,
 //! daemons). Counters are thirteen u64 in the order of [`super::StatusCounters`]'s fields.
 
@@ -46,6 +47,9 @@ pub struct Query {
     /// differs says so.
     pub epoch: u64,
     pub failed: u32,
+    /// The asker's wall clock (ns since the Unix epoch) when it sent the query, if it has
+    /// one (a tool sends none): the first of the four timestamps of a clock sample.
+    pub sent_ns: Option<i64>,
 }
 
 /// A subtree's status, for the daemon that asked.
@@ -55,6 +59,10 @@ pub struct Answer {
     /// How long the answering daemon held the query (its asker subtracts it from the round
     /// trip it measured).
     pub held_us: u32,
+    /// The answerer's wall clock when the query arrived and when it answered (the second
+    /// and third timestamps of the clock sample; the asker reads the fourth).
+    pub received_ns: Option<i64>,
+    pub answered_ns: Option<i64>,
     pub truncated: bool,
     pub parts: Vec<Part>,
 }
@@ -89,6 +97,7 @@ pub fn part_len(p: &Part) -> usize {
                 + 4
                 + 16 * d.links.len()
                 + COUNTERS
+                + 16
         }
         Part::Healthy(_) => 1 + 4 + 4 + 4 + 8 + 4 + COUNTERS,
         Part::NoAnswer { .. } | Part::Elided { .. } => 1 + 8,
@@ -106,11 +115,14 @@ impl Msg {
                 b.put_u8(u8::from(q.all));
                 b.put_u64(q.epoch);
                 b.put_u32(q.failed);
+                put_ns(&mut b, q.sent_ns);
             }
             Msg::Answer(a) => {
                 b.put_u8(2);
                 b.put_u64(a.id);
                 b.put_u32(a.held_us);
+                put_ns(&mut b, a.received_ns);
+                put_ns(&mut b, a.answered_ns);
                 b.put_u8(u8::from(a.truncated));
                 put_parts(&mut b, &a.parts);
             }
@@ -154,15 +166,20 @@ impl Msg {
                 all: r.bool()?,
                 epoch: r.u64()?,
                 failed: r.u32()?,
+                sent_ns: r.ns()?,
             }),
             2 => {
                 let id = r.u64()?;
                 let held_us = r.u32()?;
+                let received_ns = r.ns()?;
+                let answered_ns = r.ns()?;
                 let truncated = r.bool()?;
                 let parts = r.parts(size)?;
                 Msg::Answer(Answer {
                     id,
                     held_us,
+                    received_ns,
+                    answered_ns,
                     truncated,
                     parts,
                 })
@@ -222,6 +239,10 @@ fn put_opt(b: &mut BytesMut, v: Option<u32>) {
     b.put_u32(v.unwrap_or(NONE));
 }
 
+fn put_ns(b: &mut BytesMut, v: Option<i64>) {
+    b.put_i64(v.unwrap_or(i64::MIN));
+}
+
 fn put_counters(b: &mut BytesMut, c: &StatusCounters) {
     for v in [
         c.sent,
@@ -267,6 +288,8 @@ fn put_parts(b: &mut BytesMut, parts: &[Part]) {
                     b.put_u64(l.queued_bytes);
                 }
                 put_counters(b, &d.counters);
+                put_ns(b, d.clock_offset_ns);
+                b.put_u64(d.clock_bound_ns.unwrap_or(u64::MAX));
             }
             Part::Healthy(h) => {
                 b.put_u8(2);
@@ -351,6 +374,10 @@ impl<'a> Reader<'a> {
         }
     }
 
+    fn ns(&mut self) -> Result<Option<i64>, StatusWireError> {
+        Ok(Some(i64::from_be_bytes(self.array()?)).filter(|v| *v != i64::MIN))
+    }
+
     fn opt(&mut self) -> Result<Option<u32>, StatusWireError> {
         Ok(Some(self.u32()?).filter(|v| *v != NONE))
     }
@@ -424,6 +451,8 @@ impl<'a> Reader<'a> {
                         problems,
                         links,
                         counters: self.counters()?,
+                        clock_offset_ns: self.ns()?,
+                        clock_bound_ns: Some(self.u64()?).filter(|v| *v != u64::MAX),
                     }))
                 }
                 2 => Part::Healthy(Healthy {
@@ -482,6 +511,8 @@ mod tests {
                 repairs: 13,
                 ..Default::default()
             },
+            clock_offset_ns: None,
+            clock_bound_ns: None,
         }))
     }
 
@@ -510,10 +541,13 @@ mod tests {
                 all: true,
                 epoch: 3,
                 failed: 1,
+                sent_ns: Some(-5),
             }),
             Msg::Answer(Answer {
                 id: 9,
                 held_us: 77,
+                received_ns: Some(i64::MAX),
+                answered_ns: None,
                 truncated: true,
                 parts: parts.clone(),
             }),
@@ -541,10 +575,12 @@ mod tests {
         let answer = Msg::Answer(Answer {
             id: 1,
             held_us: 0,
+            received_ns: None,
+            answered_ns: None,
             truncated: false,
             parts,
         });
-        assert_eq!(answer.encode().len(), 1 + 8 + 4 + 1 + 4 + encoded);
+        assert_eq!(answer.encode().len(), 1 + 8 + 4 + 16 + 1 + 4 + encoded);
     }
 
     #[test]
@@ -552,6 +588,8 @@ mod tests {
         let b = Msg::Answer(Answer {
             id: 1,
             held_us: 0,
+            received_ns: None,
+            answered_ns: None,
             truncated: false,
             parts: vec![daemon(1)],
         })
@@ -561,6 +599,8 @@ mod tests {
         forged.put_u8(2);
         forged.put_u64(1);
         forged.put_u32(0);
+        forged.put_i64(i64::MIN);
+        forged.put_i64(i64::MIN);
         forged.put_u8(0);
         forged.put_u32(u32::MAX);
         assert_eq!(

@@ -545,6 +545,11 @@ impl EventLoop {
             self.protocol_error(tok, "a frame on a connection with no known rank");
             return;
         };
+        if frame.header.tag == crate::status::TAG_STATUS && frame.header.kind == Kind::Msg {
+            // A clock sample's receipt: read the wall clock now, after the frame arrived.
+            self.node
+                .handle_wall_clock(Instant::now(), super::wall_clock_ns());
+        }
         if let Err(why) = self
             .node
             .handle_frame(self.now, from, frame.header, frame.payload)
