@@ -33,6 +33,9 @@ enum Command {
     /// Show a live DVM: which daemons are alive, dead or silent, and where (gathered in the
     /// tree; connects as an operator's tool, never as a daemon).
     Status(Box<cli::status::StatusArgs>),
+    /// Measure every daemon's wall-clock offset from rank 0 (or the daemon asked), with an
+    /// error bound, along the tree (as an operator's tool, like `tbon status`).
+    Clock(Box<cli::clock::ClockArgs>),
     /// Start a DVM of daemons on this machine, drive traffic through it, kill daemons in the
     /// middle, and check what was delivered.
     Harness(Box<cli::harness::HarnessArgs>),
@@ -67,6 +70,7 @@ fn main() {
                 .map_err(|e| e.to_string()),
         ),
         Command::Status(args) => ("status", cli::status::run(*args)),
+        Command::Clock(args) => ("clock", cli::clock::run(*args)),
         Command::Harness(args) => ("harness", cli::harness::run(*args)),
         Command::Bench(args) => ("bench", cli::bench::run(*args)),
         Command::Sim(args) => ("sim", cli::sim::run(args)),

@@ -2,7 +2,8 @@
 //! summary; a SIGSTOPped interior daemon shows as "no answer" with its subtree unknown while a
 //! SIGKILLed leaf shows as silent or dead, and once the heartbeats have found both, as dead
 //! with the rest answering; the operator credential from `tbon keygen --operator` works, a
-//! wrong one is refused with a clear message; JSON, dot, --all and --watch.
+//! wrong one is refused with a clear message; JSON, dot, --all and --watch; `tbon clock` puts
+//! every daemon within its bound of rank 0's clock (one host: the true offset is 0).
 
 mod procs;
 
@@ -32,8 +33,13 @@ impl Drop for Dvm {
 }
 
 fn status(uri: &Path, args: &[&str]) -> Output {
+    status_like("status", uri, args)
+}
+
+/// `tbon <command> --hnp-file <uri> <args>` with no key or contact from the environment.
+fn status_like(command: &str, uri: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tbon"))
-        .arg("status")
+        .arg(command)
         .arg("--hnp-file")
         .arg(uri)
         .args(args)
@@ -151,6 +157,33 @@ fn status_shows_stopped_and_killed_daemons_then_their_repair() {
             .unwrap();
         assert_eq!(p["parent"].as_u64().map(|x| x as Rank), n.parent, "{p}");
         assert_eq!(p["depth"], n.depth, "{p}");
+    }
+
+    // `tbon clock`: every daemon's offset from rank 0, within its bound of the truth, which is
+    // 0 on one host.
+    let out = status_like(
+        "clock",
+        &uri,
+        &["--key-file", key.to_str().unwrap(), "--format", "json"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let clock: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let offsets = clock["offsets"].as_array().unwrap();
+    assert_eq!(offsets.len(), SIZE as usize, "{clock}");
+    for o in offsets {
+        let (offset, bound) = (
+            o["offset_ns"].as_i64().unwrap(),
+            o["bound_ns"].as_u64().unwrap(),
+        );
+        assert!(offset.unsigned_abs() <= bound, "one host, one clock: {o}");
+        if o["rank"] != 0 {
+            assert!(bound > 0, "{o}");
+        }
     }
 
     // The operator credential works; a key of another DVM is refused, clearly.

@@ -60,6 +60,13 @@ fn caller_and_tool_see_the_tree_and_its_repair() {
                 d.rank
             );
         }
+        // One process, one clock: every offset from rank 0 lies within its bound of 0.
+        let (offset, bound) = (d.clock_offset_ns.unwrap(), d.clock_bound_ns.unwrap());
+        assert!(
+            offset.unsigned_abs() <= bound,
+            "rank {}: {offset} ± {bound}",
+            d.rank
+        );
     }
 
     // Rank 1 answers for its own subtree.

@@ -1,5 +1,6 @@
 //! Subcommands of the `tbon` binary; each module parses its arguments and renders its output.
 pub mod bench;
+pub mod clock;
 pub mod daemon;
 pub mod harness;
 pub mod report;

@@ -16,19 +16,8 @@ use tbon::status::{DaemonStatus, Part, Report, StatusOptions, problem};
 /// Arguments of `tbon status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The contact URI of the daemon to ask (rank 0's for the whole DVM).
-    #[arg(long, env = "TBON_HNP")]
-    pub hnp: Option<String>,
-    /// Read the contact URI from this file (rank 0's `--uri-file`).
-    #[arg(long)]
-    pub hnp_file: Option<PathBuf>,
-    /// The operator credential (`tbon keygen --operator`); without it, the job key from
-    /// --key-file, TBON_KEY_FILE or TBON_KEY is used to derive it.
-    #[arg(long)]
-    pub credential_file: Option<PathBuf>,
-    /// The DVM's job key file (the credential is derived from it).
-    #[arg(long, env = "TBON_KEY_FILE")]
-    pub key_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub contact: ContactArgs,
     /// How long the daemons may take to answer; a subtree silent for longer is shown as
     /// "no answer".
     #[arg(long, default_value_t = tbon::limits::STATUS_BUDGET_MS_DEFAULT)]
@@ -47,6 +36,24 @@ pub struct StatusArgs {
     pub count: Option<u64>,
 }
 
+/// Which daemon a tool asks, and the credential it proves (`tbon status`, `tbon clock`).
+#[derive(Debug, Args)]
+pub struct ContactArgs {
+    /// The contact URI of the daemon to ask (rank 0's for the whole DVM).
+    #[arg(long, env = "TBON_HNP")]
+    pub hnp: Option<String>,
+    /// Read the contact URI from this file (rank 0's `--uri-file`).
+    #[arg(long)]
+    pub hnp_file: Option<PathBuf>,
+    /// The operator credential (`tbon keygen --operator`); without it, the job key from
+    /// --key-file, TBON_KEY_FILE or TBON_KEY is used to derive it.
+    #[arg(long)]
+    pub credential_file: Option<PathBuf>,
+    /// The DVM's job key file (the credential is derived from it).
+    #[arg(long, env = "TBON_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+}
+
 /// How `tbon status` renders a view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -61,8 +68,8 @@ pub enum Format {
 /// Runs `tbon status`: exit 0 when every daemon answered and none is dead, 1 when some are
 /// dead or silent, an error (exit 2) when no view could be had.
 pub fn run(args: StatusArgs) -> Result<i32, String> {
-    let contact = contact(&args)?;
-    let credential = credential(&args)?;
+    let contact = contact(&args.contact)?;
+    let credential = credential(&args.contact)?;
     let options = StatusOptions {
         budget_ms: args.budget_ms,
         all: args.all,
@@ -132,7 +139,8 @@ pub fn run(args: StatusArgs) -> Result<i32, String> {
     }
 }
 
-fn contact(args: &StatusArgs) -> Result<ContactUri, String> {
+/// The daemon to ask, from `--hnp`, `--hnp-file` or `TBON_HNP`.
+pub fn contact(args: &ContactArgs) -> Result<ContactUri, String> {
     let text = match (&args.hnp, &args.hnp_file) {
         (Some(uri), None) => uri.clone(),
         (None, Some(path)) => {
@@ -152,7 +160,8 @@ fn contact(args: &StatusArgs) -> Result<ContactUri, String> {
     text.parse::<ContactUri>().map_err(|e| e.to_string())
 }
 
-fn credential(args: &StatusArgs) -> Result<Key, String> {
+/// The operator credential: `--credential-file`, or derived from the job key.
+pub fn credential(args: &ContactArgs) -> Result<Key, String> {
     if let Some(path) = &args.credential_file {
         return Key::from_file(path).map_err(|e| e.to_string());
     }
