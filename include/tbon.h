@@ -896,6 +896,15 @@ tbon_rc tbon_status_summary(tbon_status s, tbon_status_counts *out);
 // beyond the DVM's size.
 tbon_rc tbon_status_rank(tbon_status s, uint32_t rank, tbon_rank_state *out);
 
+// Stores `rank`'s wall-clock offset from the daemon that gathered status `s` (its clock minus
+// that daemon's, ns) in `*offset_ns`, and the bound within which the true offset lies in
+// `*bound_ns`: measured hop by hop along the tree by the query itself (NTP's four timestamps
+// per hop). Offsets are known for the daemons the status shows in detail: ask with
+// `TBON_STATUS_ALL` to have every daemon's. `TBON_ERR_NODE_DOWN` when the status has no offset
+// for `rank` (not in detail, silent, dead, or a hop without a sample);
+// `TBON_ERR_RANK_OUT_OF_RANGE` beyond the DVM's size.
+tbon_rc tbon_status_clock(tbon_status s, uint32_t rank, int64_t *offset_ns, uint64_t *bound_ns);
+
 // Copies status `s` as JSON (the shape of `tbon status --format json`, without `took_us`),
 // NUL-terminated, into `buf`: `*len` is the size of `buf` on entry and the size needed on
 // return; if it does not fit (or `buf` is NULL, to ask the size) nothing is copied and

@@ -1,4 +1,5 @@
 /* status.c: an operator's view of a DVM from C. 7 tbon daemons in one process (radix 2).
+ * Clock offsets from rank 0 (tbon_status_clock) lie within their bounds of 0 (one clock).
  * Rank 0's status (tbon_status_get) shows every daemon in one healthy subtree; the same view
  * comes through the operator's path (tbon_status_query with the credential that
  * tbon_operator_credential derives from the job key), while the job key itself is refused as
@@ -88,6 +89,13 @@ int main(void) {
     CHECK(c.size == N && c.radix == 2 && c.from == 0 && c.answered == N && c.dead == 0 &&
               c.no_answer == 0,
           "healthy: size %u answered %u dead %u", c.size, c.answered, c.dead);
+    {
+        /* Summarised (no TBON_STATUS_ALL): only the daemons in detail have offsets. */
+        int64_t offset;
+        uint64_t bound;
+        CHECK(tbon_status_clock(s, 1, &offset, &bound) == TBON_ERR_NODE_DOWN, "rank 1 folded");
+        CHECK(tbon_status_clock(s, 1, NULL, &bound) == TBON_ERR_BAD_PARAM, "NULL offset");
+    }
     for (uint32_t r = 0; r < N; r++) {
         tbon_rank_state st;
         CHECK_RC(tbon_status_rank(s, r, &st));
@@ -103,6 +111,15 @@ int main(void) {
     CHECK_RC(tbon_status_query(uri, cred_file, BUDGET_MS, TBON_STATUS_ALL, &s));
     CHECK_RC(tbon_status_summary(s, &c));
     CHECK(c.answered == N, "the tool's view: answered %u", c.answered);
+    /* One process, one clock: every daemon's offset from rank 0 lies within its bound of 0. */
+    for (uint32_t r = 0; r < N; r++) {
+        int64_t offset = 1;
+        uint64_t bound = 0;
+        CHECK_RC(tbon_status_clock(s, r, &offset, &bound));
+        CHECK((offset < 0 ? (uint64_t)-offset : (uint64_t)offset) <= bound,
+              "rank %u: clock offset %lld ns beyond its bound %llu ns", r, (long long)offset,
+              (unsigned long long)bound);
+    }
     char *json = json_of(s);
     CHECK(json && strstr(json, "\"part\":\"daemon\"") != NULL, "detail in the JSON: %s", json);
     free(json);

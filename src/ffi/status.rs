@@ -267,6 +267,52 @@ pub unsafe extern "C" fn tbon_status_rank(
     })
 }
 
+/// Stores `rank`'s wall-clock offset from the daemon that gathered status `s` (its clock minus
+/// that daemon's, ns) in `*offset_ns`, and the bound within which the true offset lies in
+/// `*bound_ns`: measured hop by hop along the tree by the query itself (NTP's four timestamps
+/// per hop). Offsets are known for the daemons the status shows in detail: ask with
+/// `TBON_STATUS_ALL` to have every daemon's. `TBON_ERR_NODE_DOWN` when the status has no offset
+/// for `rank` (not in detail, silent, dead, or a hop without a sample);
+/// `TBON_ERR_RANK_OUT_OF_RANGE` beyond the DVM's size.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_status_clock(
+    s: tbon_status,
+    rank: u32,
+    offset_ns: *mut i64,
+    bound_ns: *mut u64,
+) -> tbon_rc {
+    guard(|| {
+        non_null(offset_ns, "offset_ns")?;
+        non_null(bound_ns, "bound_ns")?;
+        let found = with_status(s, |e| {
+            if rank >= e.report.size {
+                return Err(tbon_rc::TBON_ERR_RANK_OUT_OF_RANGE);
+            }
+            e.report
+                .parts
+                .iter()
+                .find_map(|p| match p {
+                    crate::status::Part::Daemon(d) if d.rank == rank => {
+                        d.clock_offset_ns.zip(d.clock_bound_ns)
+                    }
+                    _ => None,
+                })
+                .ok_or(tbon_rc::TBON_ERR_NODE_DOWN)
+        })?;
+        match found {
+            Ok((o, b)) => {
+                // SAFETY: both checked above.
+                unsafe {
+                    put(offset_ns, o);
+                    put(bound_ns, b);
+                }
+                Ok(())
+            }
+            Err(rc) => fail(rc, format!("no clock offset for rank {rank} in this status")),
+        }
+    })
+}
+
 /// Copies status `s` as JSON (the shape of `tbon status --format json`, without `took_us`),
 /// NUL-terminated, into `buf`: `*len` is the size of `buf` on entry and the size needed on
 /// return; if it does not fit (or `buf` is NULL, to ask the size) nothing is copied and
