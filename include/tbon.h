@@ -35,7 +35,7 @@
  * tbon_fetch, tbon_fetch_cb, tbon_fetch_cancel, tbon_stream_close,
  * tbon_strerror and tbon_last_error. The blocking calls (tbon_recv_blocking, tbon_wait_wired, tbon_wait_stopped,
  * tbon_counters_get, tbon_start, tbon_shutdown, tbon_shutdown_dvm, tbon_abort, tbon_free,
- * tbon_stream_read, tbon_writer_write) return
+ * tbon_stream_read, tbon_writer_write, tbon_status_get, tbon_status_query) return
  * TBON_ERR_BUSY there instead of deadlocking. A send from a callback gets TBON_ERR_BUSY if the
  * command queue is full (from other threads it blocks until there is room: back-pressure).
  * The `void *user` pointers are handed back untouched, on the loop thread: what they point to
@@ -872,11 +872,15 @@ tbon_rc tbon_status_get(tbon_daemon d, uint32_t budget_ms, uint32_t flags, tbon_
 // As an operator's tool: connects to the daemon whose contact URI is `uri` (rank 0's, from
 // its `--uri-file`, for the whole DVM), proves the operator credential in the file
 // `credential_path` (`tbon_operator_credential`, `tbon keygen --operator`), and gathers its
-// subtree's status within `budget_ms`; a new handle in `*out`. Never joins the DVM. Blocks
-// for at most 5 s of connection plus the budget. `TBON_ERR_CREDENTIAL` when the daemon
-// refuses the credential (wrong, another DVM, or too many tools), `TBON_ERR_UNREACHABLE`,
-// `TBON_ERR_BUSY` (not wired up, stopping, busy), `TBON_ERR_TIMED_OUT`, `TBON_ERR_CONFIG`
-// for a credential file that cannot be read, `TBON_ERR_BAD_PARAM` for a bad URI or flags.
+// subtree's status within `budget_ms` (1 to 60,000); a new handle in `*out`. Never joins the
+// DVM. Blocks for at most 5 s to connect and complete the handshake, then the budget plus
+// 5 s for the answer. `TBON_ERR_CREDENTIAL` when the daemon does not hold the key the
+// credential derives from; `TBON_ERR_UNREACHABLE` (no answer to the connection, or a
+// handshake not completed in time: a stopped daemon); `TBON_ERR_BUSY` (not wired up,
+// stopping, busy, or it closed the connection during the handshake: too many tools, or a
+// URI naming another DVM or rank); `TBON_ERR_TIMED_OUT`, `TBON_ERR_SHUT_DOWN`;
+// `TBON_ERR_CONFIG` for a credential file that cannot be read; `TBON_ERR_BAD_PARAM` for a
+// bad URI, flags or a zero budget.
 tbon_rc tbon_status_query(const char *uri,
                           const char *credential_path,
                           uint32_t budget_ms,

@@ -122,7 +122,7 @@ fn wrong_credentials_and_misbehaving_tools_are_refused() {
     };
     assert!(matches!(
         tbon::status::query(&bad_contact, &operator(), &opts),
-        Err(StatusError::Credential(_))
+        Err(StatusError::Refused(_))
     ));
 
     // A tool that sends a user message instead of a query is cut off.

@@ -6,7 +6,7 @@ use std::io::Write as _;
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
-use tbon::status::{Part, StatusOptions};
+use tbon::status::Part;
 
 use super::status::{ContactArgs, contact, credential};
 
@@ -56,11 +56,7 @@ struct JsonClock {
 pub fn run(args: ClockArgs) -> Result<i32, String> {
     let contact = contact(&args.contact)?;
     let credential = credential(&args.contact)?;
-    let options = StatusOptions {
-        budget_ms: args.budget_ms,
-        all: true,
-        ..StatusOptions::default()
-    };
+    let options = args.contact.options(args.budget_ms, true)?;
     let report = tbon::status::query(&contact, &credential, &options).map_err(|e| {
         format!(
             "{}: {e}",

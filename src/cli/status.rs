@@ -28,7 +28,8 @@ pub struct StatusArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
-    /// Ask again every SECONDS until interrupted.
+    /// Ask again every SECONDS until interrupted (a view that fails is reported on stderr and
+    /// the watch goes on; the exit code is the last view's).
     #[arg(long, value_name = "SECONDS")]
     pub watch: Option<f64>,
     /// With --watch: stop after this many views.
@@ -52,6 +53,30 @@ pub struct ContactArgs {
     /// The DVM's job key file (the credential is derived from it).
     #[arg(long, env = "TBON_KEY_FILE")]
     pub key_file: Option<PathBuf>,
+    /// How long to wait for the connection and its handshake (a stopped daemon fails after
+    /// this); the answer then has the budget plus this.
+    #[arg(long, default_value_t = 5_000)]
+    pub connect_timeout_ms: u64,
+}
+
+impl ContactArgs {
+    /// The options of a query with this budget.
+    pub fn options(&self, budget_ms: u32, all: bool) -> Result<StatusOptions, String> {
+        if budget_ms == 0 || budget_ms > tbon::limits::STATUS_BUDGET_MS_MAX {
+            return Err(format!(
+                "--budget-ms must be 1 to {}, not {budget_ms}",
+                tbon::limits::STATUS_BUDGET_MS_MAX
+            ));
+        }
+        if self.connect_timeout_ms == 0 {
+            return Err("--connect-timeout-ms must be at least 1".into());
+        }
+        Ok(StatusOptions {
+            budget_ms,
+            all,
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+        })
+    }
 }
 
 /// How `tbon status` renders a view.
@@ -70,11 +95,7 @@ pub enum Format {
 pub fn run(args: StatusArgs) -> Result<i32, String> {
     let contact = contact(&args.contact)?;
     let credential = credential(&args.contact)?;
-    let options = StatusOptions {
-        budget_ms: args.budget_ms,
-        all: args.all,
-        ..StatusOptions::default()
-    };
+    let options = args.contact.options(args.budget_ms, args.all)?;
     let interval = match args.watch {
         Some(s) if !(s > 0.0 && s.is_finite()) => {
             return Err(format!(
@@ -93,15 +114,36 @@ pub fn run(args: StatusArgs) -> Result<i32, String> {
     let mut shown = 0u64;
     loop {
         let started = std::time::Instant::now();
-        let report = tbon::status::query(&contact, &credential, &options).map_err(|e| {
-            format!(
-                "{}: {e}",
-                contact
-                    .addrs
-                    .first()
-                    .map_or_else(String::new, |a| a.to_string())
-            )
-        })?;
+        let report = match tbon::status::query(&contact, &credential, &options) {
+            Ok(r) => r,
+            Err(e) => {
+                let why = format!(
+                    "{}: {e}",
+                    contact
+                        .addrs
+                        .first()
+                        .map_or_else(String::new, |a| a.to_string())
+                );
+                // Watching goes on through a failed view (the DVM may be restarting); a
+                // single view's failure is the command's.
+                let Some(every) = interval else {
+                    return Err(why);
+                };
+                eprintln!("tbon status: {why}");
+                shown += 1;
+                if args.count.is_some_and(|c| shown >= c) {
+                    return Ok(2);
+                }
+                let until = started + every;
+                while std::time::Instant::now() < until {
+                    if interrupted.load(std::sync::atomic::Ordering::Relaxed) {
+                        return Ok(2);
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                continue;
+            }
+        };
         let took = started.elapsed();
         let v = view(&report).map_err(|e| format!("the report does not fit a tree: {e}"))?;
         let out = match args.format {
@@ -163,7 +205,7 @@ pub fn contact(args: &ContactArgs) -> Result<ContactUri, String> {
 /// The operator credential: `--credential-file`, or derived from the job key.
 pub fn credential(args: &ContactArgs) -> Result<Key, String> {
     if let Some(path) = &args.credential_file {
-        return Key::from_file(path).map_err(|e| e.to_string());
+        return Key::from_file(path).map_err(|e| format!("--credential-file: {e}"));
     }
     if let Some(path) = &args.key_file {
         return Key::from_file(path)
@@ -224,8 +266,9 @@ fn text(report: &Report, v: &View, took: Duration) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "DVM of {} daemons, radix {}, epoch {}; gathered by rank {} in {} ({} at the tool)",
+        "DVM of {} daemon{}, radix {}, epoch {}; gathered by rank {} in {} ({} at the tool)",
         report.size,
+        if report.size == 1 { "" } else { "s" },
         report.radix,
         report.epoch,
         report.from,
@@ -276,13 +319,13 @@ fn text(report: &Report, v: &View, took: Duration) -> String {
         if let Some(h) = healthy_root(report, r) {
             let _ = writeln!(
                 out,
-                "{indent}{r}  healthy subtree: {} daemon{}, height {}, uptime >= {}, rtt max {}, sent {}, delivered {}, relayed {}",
+                "{indent}{r}  healthy subtree: {} daemon{}, height {}, uptime >= {}{}, sent {}, delivered {}, relayed {}",
                 h.daemons,
                 if h.daemons == 1 { "" } else { "s" },
                 h.height,
                 uptime(h.uptime_ms_min),
                 h.rtt_us_max
-                    .map_or_else(|| "-".into(), |u| format!("{u} us")),
+                    .map_or_else(String::new, |u| format!(", rtt max {u} us")),
                 h.counters.sent,
                 h.counters.delivered,
                 h.counters.relayed,

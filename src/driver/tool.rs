@@ -40,11 +40,17 @@ impl Default for StatusOptions {
 
 /// Asks the daemon at `contact` for the status of its subtree (give rank 0's contact for the
 /// whole DVM), proving `credential`: the operator credential ([`Key::operator`]) of the DVM's
-/// job key. Blocks for at most the connection time plus the budget and a margin.
+/// job key. `contact` is a daemon's contact URI parsed (`uri.parse::<ContactUri>()`, e.g. of
+/// `Handle::contact_uri` or the text of rank 0's `--uri-file`). Blocks for at most
+/// `connect_timeout` to connect and complete the handshake, then the budget (at most
+/// `limits::STATUS_BUDGET_MS_MAX`) plus `connect_timeout` for the answer.
 ///
-/// Errors: `Unreachable` (no address answered), `Credential` (the daemon does not take the
-/// credential: a wrong one, another DVM, or too many tools connected), `Refused` (the
-/// daemon is not wired up, stopping, or busy), `TimedOut`, `Protocol`.
+/// Errors: `Invalid` (a zero budget or connect timeout), `Unreachable` (no address answered,
+/// or the handshake did not complete in time: a stopped daemon), `Credential` (the daemon
+/// does not hold the key the credential derives from), `Refused` (the daemon is not wired up,
+/// stopping, busy, or closed the connection during the handshake: too many tools, or a
+/// contact naming another DVM or rank), `TimedOut` (no answer in time), `ShutDown` (the
+/// connection closed before the answer), `Protocol`.
 pub fn query(
     contact: &ContactUri,
     credential: &Key,
@@ -53,10 +59,20 @@ pub fn query(
     if options.connect_timeout.is_zero() {
         return Err(StatusError::Invalid("a zero connect timeout".into()));
     }
+    if options.budget_ms == 0 {
+        return Err(StatusError::Invalid("a zero budget".into()));
+    }
+    // One deadline for the connection and the handshake together.
+    let handshake_deadline = Instant::now() + options.connect_timeout;
     let mut last = None;
     let mut stream = None;
     for addr in &contact.addrs {
-        match TcpStream::connect_timeout(addr, options.connect_timeout) {
+        let left = handshake_deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            last = Some(format!("{addr}: no time left to connect"));
+            break;
+        }
+        match TcpStream::connect_timeout(addr, left) {
             Ok(s) => {
                 stream = Some(s);
                 break;
@@ -83,16 +99,19 @@ pub fn query(
     };
     let mut hs = Handshake::dial(&cfg, contact.rank, super::nonce::fresh());
     let mut decoder = FrameDecoder::new(limits::HANDSHAKE_MAX_PAYLOAD);
-    let handshake_deadline = Instant::now() + 2 * options.connect_timeout;
     loop {
         while let Some((h, p)) = hs.poll_transmit() {
             write_frame(&mut stream, &h, &p).map_err(io)?;
         }
         let frame =
             read_frame(&mut stream, &mut decoder, handshake_deadline).map_err(|e| match e {
-                ReadError::Closed => StatusError::Credential(
-                    "the daemon closed the connection during the handshake (another DVM, a \
-                     credential it refused, or too many tools connected)"
+                ReadError::Closed => StatusError::Refused(
+                    "the daemon closed the connection during the handshake: too many operator \
+                     tools connected (try again), or the contact names another DVM or rank"
+                        .into(),
+                ),
+                ReadError::TimedOut => StatusError::Unreachable(
+                    "the daemon did not complete the handshake in time (stopped or overloaded?)"
                         .into(),
                 ),
                 other => other.into(),

@@ -130,11 +130,15 @@ pub unsafe extern "C" fn tbon_status_get(
 /// As an operator's tool: connects to the daemon whose contact URI is `uri` (rank 0's, from
 /// its `--uri-file`, for the whole DVM), proves the operator credential in the file
 /// `credential_path` (`tbon_operator_credential`, `tbon keygen --operator`), and gathers its
-/// subtree's status within `budget_ms`; a new handle in `*out`. Never joins the DVM. Blocks
-/// for at most 5 s of connection plus the budget. `TBON_ERR_CREDENTIAL` when the daemon
-/// refuses the credential (wrong, another DVM, or too many tools), `TBON_ERR_UNREACHABLE`,
-/// `TBON_ERR_BUSY` (not wired up, stopping, busy), `TBON_ERR_TIMED_OUT`, `TBON_ERR_CONFIG`
-/// for a credential file that cannot be read, `TBON_ERR_BAD_PARAM` for a bad URI or flags.
+/// subtree's status within `budget_ms` (1 to 60,000); a new handle in `*out`. Never joins the
+/// DVM. Blocks for at most 5 s to connect and complete the handshake, then the budget plus
+/// 5 s for the answer. `TBON_ERR_CREDENTIAL` when the daemon does not hold the key the
+/// credential derives from; `TBON_ERR_UNREACHABLE` (no answer to the connection, or a
+/// handshake not completed in time: a stopped daemon); `TBON_ERR_BUSY` (not wired up,
+/// stopping, busy, or it closed the connection during the handshake: too many tools, or a
+/// URI naming another DVM or rank); `TBON_ERR_TIMED_OUT`, `TBON_ERR_SHUT_DOWN`;
+/// `TBON_ERR_CONFIG` for a credential file that cannot be read; `TBON_ERR_BAD_PARAM` for a
+/// bad URI, flags or a zero budget.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tbon_status_query(
     uri: *const c_char,
@@ -153,8 +157,12 @@ pub unsafe extern "C" fn tbon_status_query(
         let contact = uri
             .parse()
             .or_else(|e| fail(tbon_rc::TBON_ERR_BAD_PARAM, format!("uri: {e}")))?;
-        let credential =
-            Key::from_file(path).or_else(|e| fail(tbon_rc::TBON_ERR_CONFIG, e.to_string()))?;
+        let credential = Key::from_file(path).or_else(|e| {
+            fail(
+                tbon_rc::TBON_ERR_CONFIG,
+                format!("the operator credential file: {e}"),
+            )
+        })?;
         let options = StatusOptions {
             budget_ms,
             all,
@@ -308,7 +316,10 @@ pub unsafe extern "C" fn tbon_status_clock(
                 }
                 Ok(())
             }
-            Err(rc) => fail(rc, format!("no clock offset for rank {rank} in this status")),
+            Err(rc) => fail(
+                rc,
+                format!("no clock offset for rank {rank} in this status"),
+            ),
         }
     })
 }

@@ -23,6 +23,17 @@
 //! A daemon measures the round trip to each child by the query itself: the time from sending
 //! the query to the answer, less the time the child held it (which the answer carries).
 //!
+//! # Clock offsets
+//! The query and its answer are also a clock sample (NTP's four timestamps): the asker's wall
+//! clock when it sent the query (`t1`), the child's when it arrived (`t2`) and when it answered
+//! (`t3`), the asker's when the answer arrived (`t4`). The child's offset from its parent is
+//! `((t2 - t1) + (t3 - t4)) / 2`, true within half the network round trip (the child's holding
+//! time is left out), whatever the split of the delay between the two ways, provided each
+//! receipt is timestamped no earlier and each send no later than it happens (the driver reads
+//! the clock after a status frame arrived: `Node::handle_wall_clock`). A parent adds its
+//! child's offset and bound to every offset the child's subtree reported, so each daemon in
+//! detail carries its offset from the gathering daemon ([`DaemonStatus::clock_offset_ns`]).
+//!
 //! The messages are in [`wire`]; the per-daemon gathering state is [`gather`]; the node's side
 //! is `node/status.rs`; the operator's tool (`tbon status`) connects with the operator
 //! credential (`oob::handshake`, [`crate::Key::operator`]).
@@ -32,6 +43,7 @@ pub mod view;
 pub mod wire;
 
 pub use crate::driver::tool::{StatusOptions, query};
+pub use crate::oob::uri::ContactUri;
 
 use crate::Rank;
 use crate::rml::Tag;
