@@ -403,19 +403,31 @@ mod tests {
         }
     }
 
+    /// A caller's gather with no clock and no asker's view.
+    fn local(
+        g: &mut Gathers,
+        t0: Instant,
+        token: u64,
+        budget: Duration,
+        all: bool,
+        children: &[Rank],
+    ) -> (u64, Option<Gather>) {
+        g.begin(
+            t0,
+            Asker::Local { token },
+            budget,
+            all,
+            None,
+            children,
+            None,
+        )
+    }
+
     #[test]
     fn healthy_children_fold_into_one_summary() {
         let t0 = Instant::now();
         let mut g = Gathers::default();
-        let (id, none) = g.begin(
-            t0,
-            Asker::Local { token: 1 },
-            Duration::from_secs(1),
-            false,
-            None,
-            &[1, 2],
-            None,
-        );
+        let (id, none) = local(&mut g, t0, 1, Duration::from_secs(1), false, &[1, 2]);
         assert!(none.is_none());
         let at = t0 + Duration::from_millis(1);
         assert!(g.handle_answer(
@@ -521,15 +533,7 @@ mod tests {
     fn children_adopted_during_a_gather_are_asked_once_with_the_time_left() {
         let t0 = Instant::now();
         let mut g = Gathers::default();
-        let (id, _) = g.begin(
-            t0,
-            Asker::Local { token: 1 },
-            Duration::from_millis(100),
-            false,
-            None,
-            &[1, 2],
-            None,
-        );
+        let (id, _) = local(&mut g, t0, 1, Duration::from_millis(100), false, &[1, 2]);
         // Child 2 died and its children 5 and 6 came to this daemon.
         g.forget(&[2]);
         let at = t0 + Duration::from_millis(40);
@@ -607,15 +611,7 @@ mod tests {
     fn detail_beyond_the_bound_is_elided_and_the_table_is_bounded() {
         let t0 = Instant::now();
         let mut g = Gathers::default();
-        let (id, _) = g.begin(
-            t0,
-            Asker::Local { token: 1 },
-            Duration::from_secs(1),
-            true,
-            None,
-            &[1],
-            None,
-        );
+        let (id, _) = local(&mut g, t0, 1, Duration::from_secs(1), true, &[1]);
         let big = Answer {
             id,
             held_us: 0,
@@ -634,26 +630,10 @@ mod tests {
             [Part::Daemon(_), Part::Elided { root: 1, .. }]
         ));
         for i in 0..STATUS_GATHERS_MAX {
-            let (_, evicted) = g.begin(
-                t0,
-                Asker::Local { token: i as u64 },
-                Duration::from_secs(1),
-                false,
-                None,
-                &[1],
-                None,
-            );
+            let (_, evicted) = local(&mut g, t0, i as u64, Duration::from_secs(1), false, &[1]);
             assert!(evicted.is_none());
         }
-        let (_, evicted) = g.begin(
-            t0,
-            Asker::Local { token: 99 },
-            Duration::from_secs(1),
-            false,
-            None,
-            &[1],
-            None,
-        );
+        let (_, evicted) = local(&mut g, t0, 99, Duration::from_secs(1), false, &[1]);
         assert_eq!(evicted.unwrap().asker, Asker::Local { token: 0 });
         assert_eq!(g.len(), STATUS_GATHERS_MAX);
     }
