@@ -288,6 +288,15 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
                 declared dead while rank 0's query waited for it) did not ask them, and rank \
                 0's view after the run showed them unreached",
     },
+    RegressionSeed {
+        seed: 204_929,
+        daemons: 39,
+        radix: 2,
+        faults: FaultKinds::ALL,
+        found: "simulator: a consumer partitioned from its producer for longer than the \
+                stream's idle time rightly failed the stream TimedOut before anyone declared \
+                it dead; the stream checker allowed that only with the producer gone",
+    },
 ];
 
 /// What to simulate.

@@ -197,7 +197,11 @@ impl World {
                         Err(StreamError::ProducerDied(p)) if p == producer && gone.contains(&p) => {
                             self.streams.failed += 1;
                         }
-                        Err(StreamError::TimedOut) if gone.contains(&producer) => {
+                        // Silent for its idle time: the producer is gone, or a partition cuts
+                        // the consumer off from it (the consumer may not be declared yet).
+                        Err(StreamError::TimedOut)
+                            if gone.contains(&producer) || self.partitioned(r, producer) =>
+                        {
                             self.streams.failed += 1
                         }
                         Err(e) => return Err(v(format!("stream {id} ({producer} -> {r}): {e}"))),
@@ -206,5 +210,20 @@ impl World {
             }
         }
         Ok(acted)
+    }
+
+    /// Whether a partition under way now cuts `a` off from `b`.
+    fn partitioned(&self, a: Rank, b: Rank) -> bool {
+        self.scen.faults.iter().any(|f| match f {
+            super::Fault::Partition {
+                group,
+                at_us,
+                for_us,
+            } => {
+                (*at_us..at_us + for_us).contains(&self.now_us)
+                    && group.contains(&a) != group.contains(&b)
+            }
+            _ => false,
+        })
     }
 }
