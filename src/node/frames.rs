@@ -27,18 +27,21 @@ impl Node {
         }
         // A frame from an older incarnation of its sender than one already seen is left over
         // from before a restart: dropped and counted. A newer one is learnt.
-        let known = self.incarnations.entry(from).or_insert(h.epoch);
-        if h.epoch < *known {
+        let known = self
+            .incarnations
+            .get(&from)
+            .copied()
+            .unwrap_or(self.incarnation_floor);
+        if h.epoch < known {
             self.counters.dropped_old_incarnation += 1;
             log::debug!(
-                "rank {}: dropped a frame from incarnation {} of rank {from} (known: {})",
+                "rank {}: dropped a frame from incarnation {} of rank {from} (known: {known})",
                 self.me,
                 h.epoch,
-                *known
             );
             return Ok(());
         }
-        *known = h.epoch;
+        self.learn_incarnation(from, h.epoch);
         if self.routing.is_failed(from) || self.routing.is_failed(h.origin) {
             self.counters.dropped_stale += 1;
             log::debug!(
@@ -110,6 +113,18 @@ impl Node {
         }
     }
 
+    /// `peer` runs incarnation `incarnation` (or a newer one, if known). Nothing is stored for
+    /// an incarnation at the floor: every peer is known to be at least there.
+    fn learn_incarnation(&mut self, peer: Rank, incarnation: u64) {
+        match self.incarnations.get_mut(&peer) {
+            Some(k) => *k = (*k).max(incarnation),
+            None if incarnation > self.incarnation_floor || self.incarnation_floor == 0 => {
+                self.incarnations.insert(peer, incarnation);
+            }
+            None => {}
+        }
+    }
+
     /// A message with a runtime tag (below `TAG_USER_MIN`) arrived here.
     pub(super) fn runtime_message(&mut self, now: Instant, msg: Message) {
         match msg.tag {
@@ -142,8 +157,7 @@ impl Node {
     /// it proved. `relink`: it replaces one that was lost, so frames in flight on the old one
     /// may be gone (RELM and the collectives re-state what the peer may have missed).
     pub fn handle_link_up(&mut self, now: Instant, peer: Rank, incarnation: u64, relink: bool) {
-        let known = self.incarnations.entry(peer).or_insert(incarnation);
-        *known = (*known).max(incarnation);
+        self.learn_incarnation(peer, incarnation);
         // Before wire-up nothing is in flight that a lost link could have carried.
         if !relink || !self.is_wired() || self.routing.is_failed(peer) {
             return;

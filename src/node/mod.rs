@@ -83,6 +83,11 @@ pub struct NodeConfig {
     pub wireup_timeout: Duration,
     /// Emit [`Output::Trace`] observations (the simulator's checkers).
     pub trace: bool,
+    /// Every peer's incarnation is known to be at least this (0: learnt from each peer's
+    /// handshake, as the driver does). A frame stamped below it is dropped as left over from
+    /// before a restart. The simulator, whose daemons all start at incarnation 1, sets 1
+    /// instead of telling each daemon of every other (which cost N entries per daemon).
+    pub incarnation_floor: u64,
     /// The thresholds of hop-by-hop flow control ([`flow`]).
     pub flow: flow::FlowLimits,
     /// Direct links beside the tree ([`crate::direct`]).
@@ -118,6 +123,7 @@ impl NodeConfig {
             )),
             wireup_timeout: Duration::from_millis(c.wireup_timeout_ms),
             trace: false,
+            incarnation_floor: 0,
             flow: flow::FlowLimits::for_queue(c.send_queue_max_bytes, c.msg_max_bytes as usize),
             direct: crate::direct::DirectConfig::from_config(c),
         }
@@ -169,6 +175,7 @@ pub struct Node {
     wire: Wire,
     wired_at_start: bool,
     wireup_timeout: Duration,
+    /// Contact URIs by rank: rank 0's alone before wire-up, every rank's after.
     contacts: Vec<Option<ContactUri>>,
     /// Commands held until wire-up completes (at most `prewire_queue_max`).
     prewire: VecDeque<Command>,
@@ -206,6 +213,8 @@ pub struct Node {
     streams: streams::Streams,
     /// The newest incarnation seen of each neighbour.
     incarnations: FxHashMap<Rank, u64>,
+    /// The incarnation every peer is known to have reached (`NodeConfig::incarnation_floor`).
+    incarnation_floor: u64,
     /// Status queries in progress here (`crate::status`).
     status: crate::status::gather::Gathers,
     /// When [`Node::start`] ran (the uptime a status reports).
@@ -220,12 +229,13 @@ impl Node {
     pub fn new(cfg: NodeConfig) -> Result<Node, TreeError> {
         let routing = RoutingState::new(cfg.radix, cfg.size, cfg.rank)?;
         let me = cfg.rank;
-        let mut contacts = vec![None; cfg.size as usize];
-        if me != 0
-            && let (Some(slot), Some(h)) = (contacts.get_mut(0), cfg.hnp.clone())
-        {
-            *slot = Some(h);
-        }
+        // The table comes at wire-up; until then only rank 0's contact is known. (Not one
+        // entry per rank from the start: a simulator that never wires runs N daemons in N
+        // entries, not N squared.)
+        let contacts = match (me, cfg.hnp.clone()) {
+            (0, _) | (_, None) => Vec::new(),
+            (_, Some(h)) => vec![Some(h)],
+        };
         let xcast = Xcast::with_limits(&routing, xcast_limits(cfg.msg_max_bytes));
         let allgather = Allgather::new(&routing);
         Ok(Node {
@@ -262,6 +272,7 @@ impl Node {
             xcast_deferred: VecDeque::new(),
             unreported: BTreeSet::new(),
             incarnations: FxHashMap::default(),
+            incarnation_floor: cfg.incarnation_floor,
             flow: flow::Flow::new(cfg.flow),
             direct: crate::direct::DirectLinks::new(me, cfg.direct),
             direct_held: FxHashMap::default(),

@@ -100,6 +100,8 @@ impl SimNode {
             heartbeat,
             wired_at_start: true,
             trace: true,
+            // Every daemon's first incarnation is 1, as its handshakes would have proved.
+            incarnation_floor: 1,
             flow,
             ..NodeConfig::new(rank, size, radix)
         };
@@ -115,10 +117,6 @@ impl SimNode {
             },
         )
         .map_err(|e| e.to_string())?;
-        // Every daemon's first incarnation is 1, as its handshakes would have proved.
-        for peer in (0..size).filter(|p| *p != rank) {
-            node.handle_link_up(now, peer, 1, false);
-        }
         let mut n = SimNode {
             rank,
             node,
