@@ -3,7 +3,8 @@
 //! SIGKILLed leaf shows as silent or dead, and once the heartbeats have found both, as dead
 //! with the rest answering; the operator credential from `tbon keygen --operator` works, a
 //! wrong one is refused with a clear message; JSON, dot, --all and --watch; `tbon clock` puts
-//! every daemon within its bound of rank 0's clock (one host: the true offset is 0).
+//! every daemon within its bound of rank 0's clock (one host: the true offset is 0); a stopped
+//! rank 0 costs the connect timeout and says why, and a watch goes on through failed views.
 
 mod procs;
 
@@ -306,5 +307,48 @@ fn status_shows_stopped_and_killed_daemons_then_their_repair() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.matches("DVM of 15 daemons").count(), 2, "{text}");
     assert_eq!(out.status.code(), Some(1));
+
+    // A stopped rank 0: the tool gives up after its connect timeout, says why, and a watch
+    // goes on through the failed views.
+    kill(pid(0), Signal::SIGSTOP).unwrap();
+    let key_arg = key.to_str().unwrap();
+    let out = status(
+        &uri,
+        &[
+            "--key-file",
+            key_arg,
+            "--connect-timeout-ms",
+            "300",
+            "--budget-ms",
+            "100",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("did not complete the handshake in time"),
+        "{err}"
+    );
+    let out = status(
+        &uri,
+        &[
+            "--key-file",
+            key_arg,
+            "--connect-timeout-ms",
+            "300",
+            "--watch",
+            "0.1",
+            "--count",
+            "2",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err.matches("did not complete the handshake").count(),
+        2,
+        "{err}"
+    );
+    kill(pid(0), Signal::SIGCONT).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
