@@ -863,11 +863,14 @@ tbon_rc tbon_on_fault(tbon_daemon d, tbon_fault_cb cb, void *user);
 tbon_rc tbon_counters_get(tbon_daemon d, tbon_counters *out);
 
 // Gathers the status of the subtree of daemon `d` of this process (rank 0: the whole DVM)
-// within `budget_ms` (at most 60,000; a subtree silent for longer shows as
+// within `budget_ms` (1 to 60,000, a longer one cut to 60,000; 0 is `TBON_ERR_BAD_PARAM`; a subtree silent for longer shows as
 // `TBON_RANK_NO_ANSWER`), and stores a new handle in `*out`. Blocks for about the budget at
 // most; `TBON_ERR_BUSY` from a callback, before wire-up, or with 8 queries of this daemon in
 // progress; `TBON_ERR_SHUT_DOWN` once it stops; `TBON_ERR_BAD_PARAM` for unknown `flags`.
-tbon_rc tbon_status_get(tbon_daemon d, uint32_t budget_ms, uint32_t flags, tbon_status *out);
+tbon_rc tbon_status_get(tbon_daemon d,
+                        uint32_t budget_ms,
+                        uint32_t flags,
+                        tbon_status *out);
 
 // As an operator's tool: connects to the daemon whose contact URI is `uri` (rank 0's, from
 // its `--uri-file`, for the whole DVM), proves the operator credential in the file

@@ -800,7 +800,8 @@ impl Handle {
 
     /// Gathers the status of this daemon's subtree (rank 0: the whole DVM) within `budget_ms`
     /// (see [`crate::status`]); `all` lists every daemon in detail. Blocks for about the
-    /// budget at most. Errors: `Refused` (not wired up, stopping, or
+    /// budget at most (a longer budget than `limits::STATUS_BUDGET_MS_MAX` is cut to it).
+    /// Errors: `Invalid` (a zero budget), `Refused` (not wired up, stopping, or
     /// `limits::STATUS_LOCAL_MAX` queries in progress), `ShutDown`, `InCallback` (called
     /// from a callback).
     pub fn status(
@@ -811,6 +812,9 @@ impl Handle {
         use crate::status::StatusError;
         if self.shared.on_loop_thread() {
             return Err(StatusError::InCallback);
+        }
+        if budget_ms == 0 {
+            return Err(StatusError::Invalid("a zero budget".into()));
         }
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.shared

@@ -107,7 +107,7 @@ fn keep(result: Result<Report, StatusError>, out: *mut tbon_status) -> Res {
 }
 
 /// Gathers the status of the subtree of daemon `d` of this process (rank 0: the whole DVM)
-/// within `budget_ms` (at most 60,000; a subtree silent for longer shows as
+/// within `budget_ms` (1 to 60,000, a longer one cut to 60,000; 0 is `TBON_ERR_BAD_PARAM`; a subtree silent for longer shows as
 /// `TBON_RANK_NO_ANSWER`), and stores a new handle in `*out`. Blocks for about the budget at
 /// most; `TBON_ERR_BUSY` from a callback, before wire-up, or with 8 queries of this daemon in
 /// progress; `TBON_ERR_SHUT_DOWN` once it stops; `TBON_ERR_BAD_PARAM` for unknown `flags`.
