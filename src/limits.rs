@@ -499,5 +499,9 @@ pub const STATUS_BUDGET_MS_DEFAULT: u32 = 2_000;
 pub const TOOL_CONNECTIONS_MAX: usize = 8;
 /// A tool connection with no query in progress for this long is closed.
 pub const TOOL_IDLE_MS: u64 = 60_000;
-/// The largest frame a tool may send (a query is 26 bytes).
+/// The largest DVM a tool takes a report of: the view of a report allocates an entry per
+/// rank, so a report claiming more (a broken or hostile daemon) is refused as malformed
+/// rather than exhausting the tool's memory.
+pub const STATUS_REPORT_SIZE_MAX: u32 = 1 << 22;
+/// The largest frame a tool may send (a query is 34 bytes).
 pub const TOOL_FRAME_MAX: u32 = 256;

@@ -106,7 +106,13 @@ fn caller_and_tool_see_the_tree_and_its_repair() {
 
 #[test]
 fn wrong_credentials_and_misbehaving_tools_are_refused() {
-    let dvm = start_dvm(3, &loopback_config(2));
+    let dvm = start_dvm(
+        3,
+        &tbon::config::Config {
+            handshake_timeout_ms: 300,
+            ..loopback_config(2)
+        },
+    );
     let contact: ContactUri = dvm[0].contact_uri().to_string().parse().unwrap();
     let opts = StatusOptions::default();
     let job = Key::from_file(key_file()).unwrap();
@@ -189,6 +195,23 @@ fn wrong_credentials_and_misbehaving_tools_are_refused() {
             other => panic!("{other:?}"),
         }
     }
+    // An admitted tool is no longer in its handshake: its connection outlives the handshake
+    // timeout (here 300 ms) and is still answered.
+    std::thread::sleep(Duration::from_millis(900));
+    w.send(
+        &Header {
+            tag: TAG_STATUS,
+            dst: 0,
+            ..h
+        },
+        &query,
+    );
+    let f = w.recv().expect("a report after the handshake timeout");
+    assert!(matches!(
+        tbon::status::wire::Msg::decode(&f.payload, 3),
+        Ok(tbon::status::wire::Msg::Report(_))
+    ));
+    assert_eq!(dvm[0].counters().unwrap().handshakes_timed_out, 0);
     // The DVM is unharmed: rank 1 never heard of the tool, and the daemons still answer.
     assert_eq!(dvm[1].counters().unwrap().delivered, 0);
     assert_eq!(dvm[0].status(2_000, false).unwrap().answered(), 3);

@@ -87,6 +87,15 @@ impl Conn {
         matches!(self.state, ConnState::Established)
     }
 
+    /// Whether the connection is still connecting or in its handshake (a tool's connection,
+    /// admitted, is neither: the handshake timeout no longer applies to it).
+    pub(crate) fn in_handshake(&self) -> bool {
+        matches!(
+            self.state,
+            ConnState::Connecting | ConnState::Handshaking(_)
+        )
+    }
+
     /// Queues one frame, stamping the link's next sequence number (except on a `RelmData`
     /// frame, whose `seq` carries the message's uids). On `QueueFull` the completion is handed
     /// back so the caller can fail it.

@@ -757,7 +757,7 @@ impl EventLoop {
                     let stuck = self
                         .conns
                         .get(token)
-                        .is_some_and(|c| c.generation == generation && !c.is_established());
+                        .is_some_and(|c| c.generation == generation && c.in_handshake());
                     if stuck {
                         self.refuse_handshake(token, Refusal::Timeout, "handshake timed out");
                     }

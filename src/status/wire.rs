@@ -19,7 +19,9 @@
 
 use super::{DaemonStatus, Healthy, LinkStatus, Part, Report, StatusCounters};
 use crate::Rank;
-use crate::limits::{STATUS_LINKS_MAX, STATUS_PARTS_MAX, STATUS_REASON_MAX};
+use crate::limits::{
+    STATUS_LINKS_MAX, STATUS_PARTS_MAX, STATUS_REASON_MAX, STATUS_REPORT_SIZE_MAX,
+};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::fmt;
 
@@ -189,6 +191,9 @@ impl Msg {
                 let size = r.u32()?;
                 if size == 0 || from >= size {
                     return Err(StatusWireError("report from a rank beyond its size"));
+                }
+                if size > STATUS_REPORT_SIZE_MAX {
+                    return Err(StatusWireError("report of a DVM larger than a tool takes"));
                 }
                 let radix = r.u32()?;
                 let epoch = r.u64()?;
@@ -606,6 +611,15 @@ mod tests {
         assert_eq!(
             Msg::decode(&forged, 8),
             Err(StatusWireError("a list longer than its bound"))
+        );
+        // A report claiming an enormous DVM (its view would allocate an entry per rank).
+        let mut huge = BytesMut::new();
+        huge.put_u8(3);
+        huge.put_u32(0);
+        huge.put_u32(u32::MAX);
+        assert_eq!(
+            Msg::decode(&huge, 8),
+            Err(StatusWireError("report of a DVM larger than a tool takes"))
         );
     }
 }
