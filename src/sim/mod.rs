@@ -19,11 +19,13 @@
 //! * `node.rs` — one daemon: a `Node` and what the checkers collect from its outputs.
 //! * `world.rs` — clock, event queue, links, fault injection.
 //! * `check.rs` — the checkers.
+//! * `frame.rs` — frames on simulated links, header apart, relayed payloads shared.
 //!
 //! Run it with `tbon sim` (README, "Simulator"); a failure prints the seed, the checker and the
 //! command that replays it. Seeds that once failed are kept in `REGRESSION_SEEDS`.
 
 mod check;
+mod frame;
 mod node;
 mod rng;
 mod swarm;

@@ -1,18 +1,18 @@
 //! One simulated daemon: the real [`node::Node`](crate::node::Node), the very code a daemon's
 //! event loop runs, fed by the world with encoded frames (a 40-byte header and the payload, as
-//! on a socket) and with the clock of the simulation; what it outputs is collected here for
+//! on a socket, kept apart: `frame.rs`) and with the clock of the simulation; what it outputs is collected here for
 //! the world (frames to put on links) and the checkers (deliveries, completions, broadcasts,
 //! allgather results).
 
+use super::frame::{Frame, Sharing};
 use crate::Rank;
 use crate::error::SendError;
 use crate::grpcomm::{AllgatherResult, Xcast};
 use crate::node::{Command, NoQueues, Node, NodeConfig, Output, Trace};
-use crate::oob::header::{HEADER_LEN, Header};
 use crate::relm::{Relm, RelmConfig};
 use crate::rml::{Message, Peer, TAG_USER_MIN, Tag};
 use crate::routed::RoutingState;
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use std::collections::HashSet;
 use std::time::Instant;
 
@@ -33,7 +33,7 @@ pub type BcastDelivery = (u64, Rank, Tag, Bytes);
 #[derive(Debug)]
 pub enum Out {
     /// A frame (header and payload) for a neighbour or a direct link's peer.
-    Frame(Rank, Bytes),
+    Frame(Rank, Frame),
     /// Its messages to this peer took a direct link and now take the tree: frames still
     /// waiting for that connection go over the tree ([`crate::node::Output::Fallback`]).
     Fallback(Rank),
@@ -48,7 +48,7 @@ pub struct SimNode {
     /// Encoded frames to put on links, and fallbacks, in the order the node made them.
     pub out: Vec<Out>,
     /// Encoded heartbeats, sent only over a connection that is up.
-    pub heartbeats: Vec<(Rank, Bytes)>,
+    pub heartbeats: Vec<(Rank, Frame)>,
     /// User messages posted to the application, in order.
     pub delivered: Vec<Message>,
     /// Completions of the workload's reliable sends.
@@ -78,6 +78,8 @@ pub struct SimNode {
     epoch: u64,
     /// Tokens of this daemon's broadcasts (their completions are checked as broadcasts).
     bcast_tokens: HashSet<u64>,
+    /// Recent large payloads, which what it relays may share.
+    sharing: Sharing,
 }
 
 impl SimNode {
@@ -135,6 +137,7 @@ impl SimNode {
             clock: None,
             statuses: Vec::new(),
             bcast_tokens: HashSet::new(),
+            sharing: Sharing::default(),
             epoch: 0,
         };
         n.collect();
@@ -228,12 +231,13 @@ impl SimNode {
     }
 
     /// An encoded frame arrived from neighbour `from`.
-    pub fn handle_frame(&mut self, now: Instant, from: Rank, frame: Bytes) {
+    pub fn handle_frame(&mut self, now: Instant, from: Rank, frame: Frame) {
         self.tick(now);
         self.node.handle_heard(now, from);
-        match decode(&frame) {
+        match frame.decode() {
             Ok(header) => {
-                let payload = frame.slice(HEADER_LEN..);
+                self.sharing.received(frame.payload());
+                let payload = frame.payload().clone();
                 if let Err(e) = self.node.handle_frame(now, from, header, payload) {
                     self.errors.push(format!("frame from {from}: {e}"));
                 }
@@ -326,11 +330,8 @@ impl SimNode {
                     payload,
                     token,
                 } => {
-                    let mut b = BytesMut::with_capacity(HEADER_LEN + payload.len());
-                    b.put_slice(&header.encode());
-                    b.put_slice(payload.head());
-                    b.put_slice(payload.body());
-                    self.out.push(Out::Frame(to, b.freeze()));
+                    let payload = self.sharing.payload(&payload);
+                    self.out.push(Out::Frame(to, Frame::new(&header, payload)));
                     if token.is_some() {
                         self.errors
                             .push("a workload frame with a completion".into());
@@ -338,7 +339,7 @@ impl SimNode {
                 }
                 Output::Heartbeat { to, header } => {
                     self.heartbeats
-                        .push((to, Bytes::copy_from_slice(&header.encode())));
+                        .push((to, Frame::new(&header, Bytes::new())));
                 }
                 // The world keeps no send queues (frames in flight are on the links); it
                 // closes the connections to the dead.
@@ -389,37 +390,18 @@ impl SimNode {
     }
 }
 
-/// The header of an encoded frame, checked against the frame's length.
-fn decode(frame: &[u8]) -> Result<Header, String> {
-    let head: &[u8; HEADER_LEN] = frame
-        .first_chunk()
-        .ok_or_else(|| format!("{} bytes: shorter than a header", frame.len()))?;
-    let h = Header::decode(head).map_err(|e| e.to_string())?;
-    if h.len as usize != frame.len() - HEADER_LEN {
-        return Err(format!(
-            "header says {} payload bytes, the frame has {}",
-            h.len,
-            frame.len() - HEADER_LEN
-        ));
-    }
-    Ok(h)
-}
-
 impl SimNode {
     /// Frames that waited for the connection with `peer` after this daemon's messages to it
     /// fell back to the tree: where each goes now (as the driver's `fall_back` does), or
     /// nowhere (RELM's frames, which RELM resent itself).
-    pub fn reroute(&mut self, frames: Vec<Bytes>) -> Vec<(Rank, Bytes)> {
+    pub fn reroute(&mut self, frames: Vec<Frame>) -> Vec<(Rank, Frame)> {
         let mut out = Vec::new();
         for f in frames {
-            let Ok(h) = decode(&f) else {
+            let Ok(h) = f.decode() else {
                 continue;
             };
             if let crate::node::Reroute::Hop(hop, h) = self.node.reroute(h, &[]) {
-                let mut b = BytesMut::with_capacity(f.len());
-                b.put_slice(&h.encode());
-                b.put_slice(f.get(HEADER_LEN..).unwrap_or_default());
-                out.push((hop, b.freeze()));
+                out.push((hop, f.with_header(&h)));
             }
         }
         out

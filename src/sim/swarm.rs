@@ -609,6 +609,39 @@ impl Scenario {
         }
     }
 
+    /// A run with no faults, no traffic and no randomness of its own, for a caller that plans
+    /// its own events (`tbon sim --sweep-radix`): links of `latency_us` without jitter, and a
+    /// crash noticed by each neighbour `detect_us` after it.
+    pub fn quiet(latency_us: u64, detect_us: u64) -> Scenario {
+        Scenario {
+            latency_us,
+            jitter_us: 0,
+            detect_us_max: detect_us,
+            pattern: CrashPattern::Scattered,
+            faults: Vec::new(),
+            messages: 0,
+            plain: 0,
+            broadcasts: 0,
+            gathers: 0,
+            safety_us: 0,
+            cache_max: crate::limits::RELM_CACHE_MAX_DEFAULT,
+            cache_ms: crate::limits::RELM_CACHE_MS_DEFAULT,
+            heartbeats: false,
+            link_spread_us: 0,
+            stale_rate: 0.0,
+            dup_rate: 0.0,
+            traffic_us: 0,
+            pad_max: 0,
+            capacity: None,
+            flow: crate::node::flow::FlowLimits::default(),
+            direct: Vec::new(),
+            streams: Vec::new(),
+            statuses: Vec::new(),
+            final_status: false,
+            clocks: Vec::new(),
+        }
+    }
+
     /// Whether nothing in this run may reorder plain messages between one origin and one
     /// destination: no crash, stall, dropped link or partition (which reroute or lose frames),
     /// and no capacity model (whose refused sends are offered again later). Slow links and

@@ -12,7 +12,7 @@
 use super::{Ev, World};
 use crate::Rank;
 use crate::sim::check::Violation;
-use bytes::Bytes;
+use crate::sim::frame::Frame;
 use std::collections::{HashMap, HashSet, VecDeque};
 
 /// Re-checks of a receiver that leaves frames unread, in microseconds (the driver's
@@ -34,13 +34,13 @@ pub struct LinkCapacity {
 #[derive(Debug, Default)]
 struct Wire {
     /// Frames waiting to go on the wire (the head is on it while `sending`).
-    queue: VecDeque<(Bytes, bool)>,
+    queue: VecDeque<(Frame, bool)>,
     queued_bytes: usize,
     sending: bool,
     /// Bytes on the wire or arrived and not read.
     window_used: usize,
     /// Arrived frames the receiver has not read, with the generation they came on.
-    unread: VecDeque<(Bytes, u64, bool)>,
+    unread: VecDeque<(Frame, u64, bool)>,
 }
 
 /// Every wire of a run, and what the checks need.
@@ -99,7 +99,7 @@ impl World {
         &mut self,
         from: Rank,
         to: Rank,
-        frame: Bytes,
+        frame: Frame,
         heartbeat: bool,
     ) -> bool {
         let Some(wires) = self.wires.as_mut() else {
@@ -107,7 +107,7 @@ impl World {
         };
         let max = wires.cap.queue_max_bytes;
         let w = wires.wires.entry((from, to)).or_default();
-        if !w.queue.is_empty() && w.queued_bytes + frame.len() > max {
+        if !w.queue.is_empty() && w.queued_bytes + frame.wire_len() > max {
             wires.dropped += 1;
             log::debug!(
                 "{} us: {from} -> {to}: queue full, frame dropped",
@@ -115,7 +115,7 @@ impl World {
             );
             return true;
         }
-        w.queued_bytes += frame.len();
+        w.queued_bytes += frame.wire_len();
         w.queue.push_back((frame, heartbeat));
         self.report_queue(from, to);
         self.pump_wire(from, to);
@@ -134,7 +134,7 @@ impl World {
         let Some((head, _)) = w.queue.front() else {
             return;
         };
-        let len = head.len();
+        let len = head.wire_len();
         // A frame larger than the whole window still goes once the window is empty.
         if w.sending || (w.window_used > 0 && w.window_used + len > cap.window_bytes) {
             return;
@@ -158,8 +158,8 @@ impl World {
         let Some((frame, heartbeat)) = w.queue.pop_front() else {
             return Ok(());
         };
-        w.queued_bytes = w.queued_bytes.saturating_sub(frame.len());
-        w.window_used += frame.len();
+        w.queued_bytes = w.queued_bytes.saturating_sub(frame.wire_len());
+        w.window_used += frame.wire_len();
         self.travel(from, to, frame, heartbeat);
         self.report_queue(from, to);
         self.pump_wire(from, to);
@@ -181,7 +181,7 @@ impl World {
         &mut self,
         from: Rank,
         to: Rank,
-        frame: &Bytes,
+        frame: &Frame,
         generation: u64,
         heartbeat: bool,
     ) -> bool {
@@ -195,7 +195,7 @@ impl World {
         };
         let w = wires.wires.entry((from, to)).or_default();
         if may_read && w.unread.is_empty() {
-            w.window_used = w.window_used.saturating_sub(frame.len());
+            w.window_used = w.window_used.saturating_sub(frame.wire_len());
             self.pump_wire(from, to);
             return true;
         }
@@ -237,14 +237,14 @@ impl World {
             if !allowed {
                 continue;
             }
-            let frames: Vec<(Bytes, u64, bool)> = match self
+            let frames: Vec<(Frame, u64, bool)> = match self
                 .wires
                 .as_mut()
                 .and_then(|ws| ws.wires.get_mut(&(f, node)))
             {
                 Some(w) => {
                     let v: Vec<_> = w.unread.drain(..).collect();
-                    let bytes: usize = v.iter().map(|(b, ..)| b.len()).sum();
+                    let bytes: usize = v.iter().map(|(b, ..)| b.wire_len()).sum();
                     w.window_used = w.window_used.saturating_sub(bytes);
                     v
                 }

@@ -6,11 +6,11 @@
 use super::World;
 use crate::Rank;
 use crate::sim::check::Violation;
-use bytes::Bytes;
+use crate::sim::frame::Frame;
 use std::collections::VecDeque;
 
 /// Frames held for one direction: (frame, connection generation).
-pub(super) type Held = VecDeque<(Bytes, u64)>;
+pub(super) type Held = VecDeque<(Frame, u64)>;
 
 impl World {
     /// A frame arrived at `to` from `from`: true if `to` reads it now, false if it waits
@@ -19,7 +19,7 @@ impl World {
         &mut self,
         from: Rank,
         to: Rank,
-        frame: &Bytes,
+        frame: &Frame,
         generation: u64,
     ) -> bool {
         let now = self.now();

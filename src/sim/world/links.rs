@@ -4,8 +4,8 @@
 
 use super::{Ev, REDIAL_ATTEMPTS_MAX, REDIAL_BASE_US, World};
 use crate::Rank;
-use crate::oob::header::{HEADER_LEN, Header};
 use crate::sim::check::Violation;
+use crate::sim::frame::Frame;
 use crate::sim::rng::Rng;
 use bytes::Bytes;
 
@@ -109,7 +109,7 @@ impl World {
         if let Some(h) = told {
             self.parked.remove(&(node, peer));
             if let Some(n) = self.nodes.get_mut(node as usize) {
-                n.handle_frame(now, peer, Bytes::copy_from_slice(&h.encode()));
+                n.handle_frame(now, peer, Frame::new(&h, Bytes::new()));
             }
             return self.after(node);
         }
@@ -178,7 +178,7 @@ impl World {
         }
     }
 
-    pub(super) fn transmit(&mut self, from: Rank, to: Rank, frame: Bytes, heartbeat: bool) {
+    pub(super) fn transmit(&mut self, from: Rank, to: Rank, frame: Frame, heartbeat: bool) {
         if self.conn_lost.contains(&Self::pair(from, to)) {
             // No connection: the frame waits for one, and one is dialled.
             self.parked.entry((from, to)).or_default().push(frame);
@@ -194,7 +194,7 @@ impl World {
 
     /// The frame crosses the link: its latency (and the seed's slow windows, stale copies and
     /// duplicates), in order with the link's earlier frames.
-    pub(super) fn travel(&mut self, from: Rank, to: Rank, frame: Bytes, heartbeat: bool) {
+    pub(super) fn travel(&mut self, from: Rank, to: Rank, frame: Frame, heartbeat: bool) {
         let lat =
             self.scen.latency_us + self.rng.range(0, self.scen.jitter_us) + self.spread(from, to);
         // Overlapping slow windows do not compound: the slowest one applies.
@@ -271,20 +271,17 @@ impl World {
 }
 
 /// RELM's and the collectives' frames: the cores must take a second copy in their stride.
-fn tolerates_duplicates(frame: &[u8]) -> bool {
+fn tolerates_duplicates(frame: &Frame) -> bool {
     use crate::oob::header::Kind;
     frame
-        .first_chunk::<HEADER_LEN>()
-        .and_then(|b| Header::decode(b).ok())
+        .decode()
+        .ok()
         .is_some_and(|h| matches!(h.kind, Kind::RelmData | Kind::Relm | Kind::Grpcomm))
 }
 
 /// The frame as its sender's previous incarnation would have sent it.
-fn stale_copy(frame: &Bytes) -> Option<Bytes> {
-    let head: &[u8; HEADER_LEN] = frame.first_chunk()?;
-    let mut h = Header::decode(head).ok()?;
+fn stale_copy(frame: &Frame) -> Option<Frame> {
+    let mut h = frame.decode().ok()?;
     h.epoch = h.epoch.checked_sub(1)?;
-    let mut b = h.encode().to_vec();
-    b.extend_from_slice(frame.get(HEADER_LEN..)?);
-    Some(Bytes::from(b))
+    Some(frame.with_header(&h))
 }
