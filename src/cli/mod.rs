@@ -7,5 +7,6 @@ pub mod report;
 pub mod sim;
 pub mod status;
 pub mod stream_workload;
+pub mod sweep;
 pub mod tree;
 pub mod workload;

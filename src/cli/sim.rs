@@ -33,6 +33,8 @@ pub struct SimArgs {
     /// Stop at the first failing seed.
     #[arg(long)]
     pub fail_fast: bool,
+    #[command(flatten)]
+    pub sweep: super::sweep::SweepArgs,
 }
 
 /// Runs `tbon sim`; exit code 1 if any seed failed.
@@ -42,6 +44,9 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     // to replay one seed); a broken invariant is the seed's violation either way.
     if std::env::var_os("RUST_LOG").is_none() {
         log::set_max_level(log::LevelFilter::Off);
+    }
+    if args.sweep.sweep_radix {
+        return super::sweep::run(&args.sweep, args.daemons);
     }
     let faults = FaultKinds::parse(&args.faults)?;
     let opts = Options {

@@ -18,6 +18,7 @@
 //! * `rng.rs` — the seeded generator. `swarm.rs` — what a seed chooses.
 //! * `node.rs` — one daemon: a `Node` and what the checkers collect from its outputs.
 //! * `world.rs` — clock, event queue, links, fault injection.
+//! * `sweep.rs` — `tbon sim --sweep-radix`: each radix's times under a cost model.
 //! * `check.rs` — the checkers.
 //! * `frame.rs` — frames on simulated links, header apart, relayed payloads shared.
 //!
@@ -29,6 +30,7 @@ mod frame;
 mod node;
 mod rng;
 mod swarm;
+pub mod sweep;
 pub(crate) mod world;
 
 pub use check::Violation;

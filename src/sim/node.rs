@@ -76,6 +76,8 @@ pub struct SimNode {
     pub statuses: Vec<(u64, crate::status::Report)>,
     /// The DVM epoch it had applied after its last input (epochs never go back).
     epoch: u64,
+    /// Its epoch moved on since the world last looked (a repair reached it).
+    pub epoch_moved: bool,
     /// Tokens of this daemon's broadcasts (their completions are checked as broadcasts).
     bcast_tokens: HashSet<u64>,
     /// Recent large payloads, which what it relays may share.
@@ -139,6 +141,7 @@ impl SimNode {
             bcast_tokens: HashSet::new(),
             sharing: Sharing::default(),
             epoch: 0,
+            epoch_moved: false,
         };
         n.collect();
         Ok(n)
@@ -318,6 +321,7 @@ impl SimNode {
                 self.epoch
             ));
         }
+        self.epoch_moved |= epoch > self.epoch;
         self.epoch = epoch;
     }
 

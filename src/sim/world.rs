@@ -24,13 +24,16 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 mod capacity;
+mod cost;
 mod handshakes;
 mod held;
 mod links;
 mod status;
 mod streams;
+mod sweep;
 
 pub use capacity::LinkCapacity;
+pub use cost::CostModel;
 
 /// Events processed per seed at most: a run that needs more has livelocked.
 pub const EVENTS_MAX: u64 = 20_000_000;
@@ -257,6 +260,8 @@ pub struct World {
     /// The `stream` kind's applications.
     streams: streams::StreamApps,
     status: status::StatusQueries,
+    /// `tbon sim --sweep-radix`: the cost model and the times it reads (`sweep.rs`).
+    sweep: Option<sweep::SweepState>,
 }
 
 impl World {
@@ -337,6 +342,7 @@ impl World {
             closing_seen: HashSet::new(),
             streams: streams::StreamApps::default(),
             status: Default::default(),
+            sweep: None,
         };
         w.check.plain_order = w.scen.keeps_plain_order();
         if let Some(cap) = w.scen.capacity {
@@ -601,10 +607,12 @@ impl World {
         self.now_us = self.now_us.max(at);
         // A stalled daemon handles nothing until it wakes; what waits for it keeps its
         // order (same sequence numbers, later time).
-        if let Some(r) = target(&ev)
-            && self.stalled_until.get(r as usize).is_some_and(|u| *u > at)
-        {
-            let until = self.stalled_until.get(r as usize).copied().unwrap_or(at);
+        // So does an input that waits for its daemon's processor (the sweep's cost model).
+        let until = target(&ev).map_or(0, |r| {
+            let stalled = self.stalled_until.get(r as usize).copied().unwrap_or(0);
+            stalled.max(self.sweep.as_ref().map_or(0, |s| s.cpus.free_at_us(r)))
+        });
+        if until > at {
             if is_work(&ev) {
                 self.busy += 1;
             }
@@ -622,7 +630,13 @@ impl World {
             return Ok(Step::Deferred);
         }
         let at_node = target(&ev);
+        if let (Some(s), Some(r)) = (self.sweep.as_mut(), at_node) {
+            s.cpus.begin(r, self.now_us);
+        }
         self.handle(ev)?;
+        if let Some(s) = self.sweep.as_mut() {
+            s.cpus.end();
+        }
         // The driver resumes a connection it left unread as soon as the node allows it,
         // on the next turn: here, after the node's next event.
         if let Some(r) = at_node
@@ -719,6 +733,9 @@ impl World {
                     && let Some(n) = self.nodes.get_mut(node as usize)
                 {
                     log::debug!("{} us: rank {node} detects {dead}", self.now_us);
+                    if let Some(s) = self.sweep.as_mut() {
+                        s.marks.detected(self.now_us);
+                    }
                     n.detect(now, dead);
                     self.after(node)?;
                 }
@@ -794,7 +811,10 @@ impl World {
                     *s += 1;
                     *s
                 };
-                let pad = self.rng.range(0, 64) as usize;
+                let pad = match &self.sweep {
+                    Some(s) => s.bcast_pad,
+                    None => self.rng.range(0, 64) as usize,
+                };
                 let payload = check::payload(origin, u32::MAX, seq, pad);
                 let token = self.next_token;
                 self.next_token += 1;
@@ -926,6 +946,7 @@ impl World {
         let stopped = n.stopped.take();
         let stream_events = std::mem::take(&mut n.stream_events);
         let statuses = std::mem::take(&mut n.statuses);
+        let moved = std::mem::take(&mut n.epoch_moved);
         let timeout = n.node.poll_timeout();
         if let Some(e) = n.errors.first() {
             return Err(Violation {
@@ -955,6 +976,10 @@ impl World {
         }
         for b in &bcasts {
             self.check.bcast_delivered(r, b)?;
+        }
+        if let Some(s) = self.sweep.as_mut() {
+            s.marks
+                .saw(self.now_us, !bcasts.is_empty(), !gathered.is_empty(), moved);
         }
         // A daemon declared dead but still running is not waited for.
         // Built only when needed: an O(N) pass on every event dominated runs at 10k daemons.

@@ -42,6 +42,13 @@ pub struct BenchArgs {
     /// reported (this machine is shared and noisy: one run of a row varied by a third).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// Scale part: these DVM sizes (comma-separated; default 16, 64, 256).
+    #[arg(long, value_delimiter = ',')]
+    pub scale_sizes: Vec<u32>,
+    /// Scale part: each size at each of these radixes (comma-separated; default the daemon's
+    /// default radix), for comparing with `tbon sim --sweep-radix` (docs/radix.md).
+    #[arg(long, value_delimiter = ',')]
+    pub scale_radixes: Vec<u32>,
     #[command(flatten)]
     pub role: RoleArgs,
 }
@@ -74,6 +81,9 @@ pub struct RoleArgs {
     /// Every daemon's route setting (`tree` when absent).
     #[arg(long, hide = true)]
     pub route: Option<String>,
+    /// Scale test: the radix (0: the default).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub radix: u32,
 }
 
 pub fn run(args: BenchArgs) -> Res<i32> {
@@ -98,6 +108,18 @@ pub fn run(args: BenchArgs) -> Res<i32> {
         b.payloads = args.payloads.clone();
     }
     b.repeat = args.repeat.max(1);
+    if !args.scale_sizes.is_empty() {
+        if let Some(s) = args.scale_sizes.iter().find(|&&s| !(2..=1024).contains(&s)) {
+            return Err(format!("--scale-sizes: {s} is not 2 to 1024 daemons"));
+        }
+        b.scale_sizes = args.scale_sizes.clone();
+    }
+    if !args.scale_radixes.is_empty() {
+        if let Some(k) = args.scale_radixes.iter().find(|&&k| k < 2) {
+            return Err(format!("--scale-radixes: a radix is at least 2, not {k}"));
+        }
+        b.scale_radixes = args.scale_radixes.clone();
+    }
     let want = |p: &str| args.only.is_empty() || args.only.iter().any(|o| o == p);
     let mut out = json!({ "quick": args.quick, "load": loadavg() });
     if want("rate") {
@@ -188,6 +210,9 @@ struct Bench {
     reliable_rows: Vec<Value>,
     /// Payload sizes of the rate part.
     payloads: Vec<usize>,
+    /// The scale part's sizes and radixes (0: the default radix).
+    scale_sizes: Vec<u32>,
+    scale_radixes: Vec<u32>,
     /// Runs per rate row (`--repeat`).
     repeat: usize,
 }
@@ -205,6 +230,8 @@ impl Bench {
             reliable_rows: Vec::new(),
             payloads: vec![64, 4096, 65_536, 1 << 20],
             repeat: 3,
+            scale_sizes: vec![16, 64, 256],
+            scale_radixes: vec![0],
         })
     }
 
@@ -229,6 +256,7 @@ impl Bench {
             .args(a.reliable.then_some("--reliable"))
             .args(a.batch.then_some("--batch"))
             .args(a.route.iter().flat_map(|r| ["--route", r.as_str()]))
+            .args(["--radix", &a.radix.to_string()])
             .arg("--dir")
             .arg(&a.dir)
             .env("RUST_LOG", "error")
@@ -306,6 +334,7 @@ impl Bench {
                 reliable: mode == Mode::Reliable,
                 batch: mode == Mode::Batch,
                 route: route.map(str::to_string),
+                radix: 0,
             };
             kids.push(self.spawn(&a, rank == receiver)?);
         }
@@ -560,7 +589,7 @@ impl Bench {
         Ok(json!({ "rate": rows, "round_trip": round_trip }))
     }
 
-    fn scale_one(&mut self, size: u32) -> Res<Value> {
+    fn scale_one(&mut self, size: u32, radix: u32) -> Res<Value> {
         let dir = self.fresh_dir()?;
         let rounds = if self.quick { 20 } else { 100 };
         let t0 = now_ns();
@@ -572,6 +601,7 @@ impl Bench {
                 size,
                 count: rounds,
                 dir: dir.clone(),
+                radix,
                 ..RoleArgs::default()
             };
             kids.push(self.spawn(&a, rank == 0)?);
@@ -597,8 +627,14 @@ impl Bench {
         let rss = kids.last().and_then(|k| vm_rss_kib(k.id()));
         util::write_atomically(&dir.join("go"), "go")?;
         let b = self.collect(kids, 0)?;
+        let radix = if radix == 0 {
+            tbon::config::Config::default().radix
+        } else {
+            radix
+        };
         let row = json!({
             "daemons": size,
+            "radix": radix,
             "wired": lines.len(),
             "launch_to_all_wired_ms": (last_wired.saturating_sub(t0)) as f64 / 1e6,
             "last_start_to_all_wired_ms": (last_wired.saturating_sub(last_start)) as f64 / 1e6,
@@ -613,8 +649,10 @@ impl Bench {
 
     fn scale(&mut self) -> Res<Value> {
         let mut rows = Vec::new();
-        for size in [16, 64, 256] {
-            rows.push(self.scale_one(size)?);
+        for size in self.scale_sizes.clone() {
+            for radix in self.scale_radixes.clone() {
+                rows.push(self.scale_one(size, radix)?);
+            }
         }
         Ok(Value::Array(rows))
     }

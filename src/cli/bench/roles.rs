@@ -398,7 +398,12 @@ pub fn pingpong(a: &RoleArgs) -> Res<()> {
 /// report and shuts the DVM down.
 pub fn scale(a: &RoleArgs) -> Res<()> {
     let started = now_ns();
-    let d = start(a, Config::default().radix)?;
+    let radix = if a.radix == 0 {
+        Config::default().radix
+    } else {
+        a.radix
+    };
+    let d = start(a, radix)?;
     d.recv(Peer::Any, TAG_BCAST, true, |_| {})
         .map_err(ctx("post broadcast receive"))?;
     if !d.wait_wired(GUARD) {

@@ -230,9 +230,16 @@ impl World {
         let twice = self.scen.dup_rate > 0.0
             && tolerates_duplicates(&frame)
             && self.rng.chance(self.scen.dup_rate);
+        // Under the sweep's cost model a frame leaves when the sender's interface is done
+        // with the frames before it.
+        let depart = self
+            .sweep
+            .as_mut()
+            .and_then(|s| s.cpus.send(from, frame.wire_len()))
+            .unwrap_or(self.now_us);
         // TCP: a link delivers in order.
         let last = self.link_last.entry((from, to)).or_insert(0);
-        let at = (self.now_us + lat).max(*last);
+        let at = (depart + lat).max(*last);
         *last = at;
         if twice {
             self.stats.duplicated += 1;

@@ -1,0 +1,116 @@
+//! `tbon sim --sweep-radix`: each radix's wire-up, broadcast, allgather and repair times for
+//! one DVM size under a latency, bandwidth and processor-cost model (`tbon::sim::sweep`), as
+//! a table or JSON, and the radix it recommends.
+use clap::Args;
+use tbon::sim::sweep::{Sweep, SweepParams, sweep};
+
+/// The sweep's flags (part of `tbon sim`).
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    /// Compare radixes for one DVM size (--daemons, default 1024) instead of running seeds:
+    /// wire-up, broadcast, allgather and repair times per radix under the model below, and the
+    /// radix recommended (docs/radix.md).
+    #[arg(long, conflicts_with_all = ["seed", "seeds", "first", "fail_fast"])]
+    pub sweep_radix: bool,
+    /// Sweep: the radixes to compare (comma-separated; default powers of two below the size).
+    #[arg(long, value_delimiter = ',', requires = "sweep_radix")]
+    pub radixes: Vec<u32>,
+    /// Sweep: one-way link latency in microseconds.
+    #[arg(long, default_value_t = 20, requires = "sweep_radix")]
+    pub latency_us: u64,
+    /// Sweep: processor time per frame received or sent, in nanoseconds.
+    #[arg(long, default_value_t = 5_000, requires = "sweep_radix")]
+    pub frame_ns: u64,
+    /// Sweep: each daemon's sending bandwidth in MB/s.
+    #[arg(long, default_value_t = 10_000, requires = "sweep_radix")]
+    pub bandwidth_mbps: u64,
+    /// Sweep: processors all daemons share (0: one per daemon, as on a cluster; this
+    /// machine's count to model a test on one host).
+    #[arg(long, default_value_t = 0, requires = "sweep_radix")]
+    pub cores: u32,
+    /// Sweep: the timed broadcast's payload in bytes.
+    #[arg(long, default_value_t = 64, requires = "sweep_radix")]
+    pub bcast_bytes: usize,
+    /// Sweep: bytes per contact-table entry (wire-up's table is daemons x this).
+    #[arg(long, default_value_t = 40, requires = "sweep_radix")]
+    pub uri_bytes: usize,
+    /// Sweep: text (a table) or json.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"], requires = "sweep_radix")]
+    pub format: String,
+}
+
+/// The default DVM size of a sweep.
+const SWEEP_DAEMONS_DEFAULT: u32 = 1024;
+
+/// Runs the sweep; exit code 0, or an error (bad flags, or a protocol rule broken in one of
+/// the simulated runs).
+pub fn run(args: &SweepArgs, daemons: Option<u32>) -> Result<i32, String> {
+    let size = daemons.unwrap_or(SWEEP_DAEMONS_DEFAULT);
+    let radixes = if args.radixes.is_empty() {
+        SweepParams::default_radixes(size)
+    } else {
+        args.radixes.clone()
+    };
+    let p = SweepParams {
+        size,
+        radixes,
+        latency_us: args.latency_us,
+        frame_ns: args.frame_ns,
+        bandwidth_mbps: args.bandwidth_mbps,
+        cores: args.cores,
+        bcast_bytes: args.bcast_bytes,
+        uri_bytes: args.uri_bytes,
+    };
+    let s = sweep(&p)?;
+    if args.format == "json" {
+        let text = serde_json::to_string_pretty(&s).map_err(|e| e.to_string())?;
+        println!("{text}");
+    } else {
+        print_table(&s);
+    }
+    Ok(0)
+}
+
+fn ms(us: u64) -> String {
+    format!("{:.3}", us as f64 / 1000.0)
+}
+
+fn print_table(s: &Sweep) {
+    let p = &s.params;
+    let cores = if p.cores == 0 {
+        "one processor per daemon".to_string()
+    } else {
+        format!("{} processors shared", p.cores)
+    };
+    println!(
+        "radix sweep: {} daemons; latency {} us, {} ns a frame, {} MB/s, {cores}; \
+         broadcast of {} B, table entries of {} B (times in ms of virtual time)",
+        p.size, p.latency_us, p.frame_ns, p.bandwidth_mbps, p.bcast_bytes, p.uri_bytes
+    );
+    println!(
+        "{:>6} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "radix", "depth", "wire-up", "(table)", "broadcast", "allgather", "repair", "worst"
+    );
+    for r in &s.rows {
+        let mark = if r.radix == s.recommended {
+            "  <- recommended"
+        } else {
+            ""
+        };
+        println!(
+            "{:>6} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9.2}x{mark}",
+            r.radix,
+            r.depth,
+            ms(r.wireup_us),
+            ms(r.table_us),
+            ms(r.bcast_us),
+            ms(r.allgather_us),
+            ms(r.repair_us),
+            r.worst_ratio
+        );
+    }
+    println!(
+        "recommended radix: {} (the smallest worst ratio to the best radix over the four times)",
+        s.recommended
+    );
+}

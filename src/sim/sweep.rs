@@ -1,0 +1,313 @@
+//! `tbon sim --sweep-radix`: for one DVM size, each radix's wire-up time, broadcast and
+//! allgather latency and repair time under a model of latency, bandwidth and processor cost,
+//! and the radix to choose (PRRTE's users ask which radix to use and cannot measure it).
+//!
+//! The broadcast, the allgather and the repair are not formulas: each is a simulated run of
+//! the real protocol core (`world/sweep.rs`) whose daemons pay the model's costs
+//! (`world/cost.rs`), so what the protocol sends (acknowledgements, syncs, the failure
+//! report, rank 0's notice) is what is timed. The simulator does not model wire-up (issue
+//! "Thousands of daemons"), so wire-up is today's protocol in three parts, two of them
+//! formulas over the same model:
+//!
+//! * fan-in: every daemon dials rank 0 and reports its address; rank 0 handles four frames
+//!   per daemon (Hello, its answer, the proof, the report) one after another:
+//!   `3 L + N (4 c + report / B)`;
+//! * the contact table (`N x uri_bytes`) flooded down the tree: a simulated broadcast of
+//!   that size from rank 0;
+//! * the tree links: below rank 0's children (already connected to it) each level is a new
+//!   connection whose handshake costs a round trip before the table can go on, and the
+//!   parent handles three frames per child: `(depth - 1) (2 L + 3 k c)`.
+//!
+//! Here `L` is the one-way latency, `c` the per-frame cost, `B` the bandwidth, `k` the radix.
+//! The recommendation: the radix whose worst ratio to the best radix, over the four times,
+//! is smallest (the radix that is never far from the best at anything); ties go to the
+//! smaller worst-then-mean ratio, then the smaller radix.
+
+use super::Violation;
+use super::world::{CostModel, World};
+use crate::Rank;
+use crate::routed::radix;
+use serde::Serialize;
+
+/// The sizes the sweep accepts (each radix runs four simulated worlds of this size).
+pub const SWEEP_DAEMONS_MAX: u32 = 200_000;
+/// Radixes per sweep at most.
+pub const SWEEP_RADIXES_MAX: usize = 32;
+
+/// What to sweep, and the model.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SweepParams {
+    /// Daemons in the DVM.
+    pub size: u32,
+    /// The radixes to compare (each at least 2).
+    pub radixes: Vec<u32>,
+    /// One-way link latency, µs (at least 1).
+    pub latency_us: u64,
+    /// Processor cost per frame received or sent, ns.
+    pub frame_ns: u64,
+    /// Each daemon's sending bandwidth, MB/s (at least 1).
+    pub bandwidth_mbps: u64,
+    /// Processors shared by all daemons (0: one per daemon).
+    pub cores: u32,
+    /// The timed broadcast's payload, bytes.
+    pub bcast_bytes: usize,
+    /// One contact table entry (an address and its length), bytes.
+    pub uri_bytes: usize,
+}
+
+impl SweepParams {
+    /// The radixes a sweep tries by default: powers of two from 2, below `size`.
+    pub fn default_radixes(size: u32) -> Vec<u32> {
+        let mut v: Vec<u32> = (1..=10)
+            .map(|p| 1u32 << p)
+            .filter(|&k| k < size.max(3))
+            .collect();
+        if v.is_empty() {
+            v.push(2);
+        }
+        v
+    }
+
+    /// Checks the parameters: a clear reason for the first one out of range.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(2..=SWEEP_DAEMONS_MAX).contains(&self.size) {
+            return Err(format!(
+                "--daemons must be 2 to {SWEEP_DAEMONS_MAX} for a sweep, not {}",
+                self.size
+            ));
+        }
+        if self.radixes.is_empty() || self.radixes.len() > SWEEP_RADIXES_MAX {
+            return Err(format!(
+                "1 to {SWEEP_RADIXES_MAX} radixes, not {}",
+                self.radixes.len()
+            ));
+        }
+        if let Some(k) = self.radixes.iter().find(|&&k| k < 2) {
+            return Err(format!("a radix is at least 2, not {k}"));
+        }
+        if self.latency_us == 0 {
+            return Err("--latency-us must be at least 1".into());
+        }
+        if self.bandwidth_mbps == 0 {
+            return Err("--bandwidth-mbps must be at least 1".into());
+        }
+        if self.bcast_bytes > crate::limits::MSG_MAX_BYTES_DEFAULT as usize {
+            return Err(format!(
+                "--bcast-bytes must be at most {} (msg_max_bytes)",
+                crate::limits::MSG_MAX_BYTES_DEFAULT
+            ));
+        }
+        Ok(())
+    }
+
+    fn model(&self) -> CostModel {
+        CostModel {
+            frame_ns: self.frame_ns,
+            bandwidth_mbps: self.bandwidth_mbps,
+            cores: self.cores,
+        }
+    }
+}
+
+/// One radix's times, µs of virtual time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RadixRow {
+    pub radix: u32,
+    /// The tree's depth (rank 0 at 0).
+    pub depth: u32,
+    /// Wire-up: fan-in, table and links together, and the three parts.
+    pub wireup_us: u64,
+    pub fanin_us: u64,
+    pub table_us: u64,
+    pub links_us: u64,
+    /// Rank 0's broadcast until the last daemon delivered it.
+    pub bcast_us: u64,
+    /// Everyone's contribution at 0 until the last daemon has the result.
+    pub allgather_us: u64,
+    /// The crashed daemon (rank 1, the first child of rank 0), and the time from the first
+    /// neighbour's detection until the last survivor's epoch moved.
+    pub victim: Rank,
+    pub repair_us: u64,
+    /// The largest of this radix's four times over the best radix's.
+    pub worst_ratio: f64,
+}
+
+/// A sweep's result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sweep {
+    pub params: SweepParams,
+    pub rows: Vec<RadixRow>,
+    /// The radix to choose.
+    pub recommended: u32,
+}
+
+/// Runs the sweep: four simulated worlds per radix. A protocol rule broken in one of them is
+/// an error naming the radix and the checker.
+pub fn sweep(p: &SweepParams) -> Result<Sweep, String> {
+    p.validate()?;
+    let mut rows = Vec::with_capacity(p.radixes.len());
+    for &k in &p.radixes {
+        rows.push(
+            one_radix(p, k)
+                .map_err(|v| format!("radix {k}: the {} checker: {}", v.checker, v.detail))?,
+        );
+    }
+    let recommended = rank_rows(&mut rows);
+    Ok(Sweep {
+        params: p.clone(),
+        rows,
+        recommended,
+    })
+}
+
+fn one_radix(p: &SweepParams, k: u32) -> Result<RadixRow, Violation> {
+    let world = || {
+        World::for_sweep(p.size, k, p.latency_us, p.model()).map_err(|e| Violation {
+            checker: "sweep",
+            detail: e,
+        })
+    };
+    let missing = |what: &str| Violation {
+        checker: "sweep",
+        detail: format!("the simulated {what} never finished"),
+    };
+    let mut w = world()?;
+    w.sweep_broadcast(p.bcast_bytes);
+    let bcast_us = w
+        .sweep_run()?
+        .bcast_last_us
+        .ok_or_else(|| missing("broadcast"))?;
+
+    let mut w = world()?;
+    w.sweep_allgather();
+    let allgather_us = w
+        .sweep_run()?
+        .gather_last_us
+        .ok_or_else(|| missing("allgather"))?;
+
+    let victim = 1;
+    let mut w = world()?;
+    w.sweep_crash(victim);
+    let m = w.sweep_run()?;
+    let repair_us = match (m.detect_first_us, m.epoch_last_us) {
+        (Some(d), Some(e)) => e.saturating_sub(d),
+        _ => return Err(missing("repair")),
+    };
+
+    let mut w = world()?;
+    let table_bytes = (p.size as usize).saturating_mul(p.uri_bytes);
+    w.sweep_broadcast(table_bytes.min(crate::limits::MSG_MAX_BYTES_DEFAULT as usize));
+    let table_us = w
+        .sweep_run()?
+        .bcast_last_us
+        .ok_or_else(|| missing("table"))?;
+
+    let depth = radix::depth(k, p.size - 1);
+    let c_ns = p.frame_ns;
+    let wire_ns = |bytes: u64| bytes.saturating_mul(1000) / p.bandwidth_mbps.max(1);
+    let n = u64::from(p.size);
+    let fanin_us = 3 * p.latency_us
+        + n.saturating_mul(4 * c_ns + wire_ns(p.uri_bytes as u64))
+            .div_ceil(1000);
+    let links_us = u64::from(depth.saturating_sub(1))
+        .saturating_mul(2 * p.latency_us + (3 * u64::from(k) * c_ns).div_ceil(1000));
+    Ok(RadixRow {
+        radix: k,
+        depth,
+        wireup_us: fanin_us + table_us + links_us,
+        fanin_us,
+        table_us,
+        links_us,
+        bcast_us,
+        allgather_us,
+        victim,
+        repair_us,
+        worst_ratio: 0.0,
+    })
+}
+
+/// Fills each row's worst ratio and returns the recommended radix.
+fn rank_rows(rows: &mut [RadixRow]) -> u32 {
+    let times = |r: &RadixRow| [r.wireup_us, r.bcast_us, r.allgather_us, r.repair_us];
+    let mut best = [u64::MAX; 4];
+    for r in rows.iter() {
+        for (b, t) in best.iter_mut().zip(times(r)) {
+            *b = (*b).min(t);
+        }
+    }
+    let ratios = |r: &RadixRow| -> Vec<f64> {
+        times(r)
+            .iter()
+            .zip(best)
+            .map(|(&t, b)| t as f64 / b.max(1) as f64)
+            .collect()
+    };
+    for r in rows.iter_mut() {
+        r.worst_ratio = ratios(r).into_iter().fold(0.0, f64::max);
+    }
+    let key = |r: &RadixRow| {
+        let mean = ratios(r).iter().sum::<f64>() / 4.0;
+        (r.worst_ratio, mean, r.radix)
+    };
+    rows.iter()
+        .min_by(|a, b| {
+            key(a)
+                .partial_cmp(&key(b))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
+        .map_or(2, |r| r.radix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(size: u32, frame_ns: u64) -> SweepParams {
+        SweepParams {
+            size,
+            radixes: vec![2, 4, 16, 63],
+            latency_us: 50,
+            frame_ns,
+            bandwidth_mbps: 1000,
+            cores: 0,
+            bcast_bytes: 64,
+            uri_bytes: 40,
+        }
+    }
+
+    #[test]
+    fn without_processor_cost_the_widest_tree_broadcasts_fastest() {
+        let s = sweep(&params(64, 0)).unwrap();
+        let flat = s.rows.iter().find(|r| r.radix == 63).unwrap();
+        assert_eq!(flat.depth, 1);
+        assert!(s.rows.iter().all(|r| r.bcast_us >= flat.bcast_us), "{s:#?}");
+    }
+
+    #[test]
+    fn a_costly_frame_makes_a_flat_tree_lose() {
+        // 200 µs a frame: rank 0 sending 63 copies one after another costs 12.6 ms, far more
+        // than the extra hops of a radix-4 tree.
+        let s = sweep(&params(64, 200_000)).unwrap();
+        let flat = s.rows.iter().find(|r| r.radix == 63).unwrap();
+        let four = s.rows.iter().find(|r| r.radix == 4).unwrap();
+        assert!(four.bcast_us < flat.bcast_us, "{s:#?}");
+        assert_ne!(s.recommended, 63);
+        // Every time is measured, and the recommended radix is within its own worst ratio.
+        for r in &s.rows {
+            assert!(r.bcast_us > 0 && r.allgather_us > 0 && r.repair_us > 0 && r.wireup_us > 0);
+            assert!(r.worst_ratio >= 1.0);
+        }
+    }
+
+    #[test]
+    fn bad_parameters_are_refused() {
+        let mut p = params(64, 0);
+        p.radixes = vec![1];
+        assert!(sweep(&p).unwrap_err().contains("radix"));
+        p = params(1, 0);
+        assert!(sweep(&p).unwrap_err().contains("--daemons"));
+        p = params(64, 0);
+        p.bandwidth_mbps = 0;
+        assert!(sweep(&p).unwrap_err().contains("bandwidth"));
+    }
+}

@@ -1,0 +1,103 @@
+//! The world's side of `tbon sim --sweep-radix` (`sim/sweep.rs` runs it): worlds without
+//! faults or traffic of their own, under the cost model (`cost.rs`), each given one thing to
+//! time (a broadcast, an allgather, a crash), and the virtual times the sweep reads.
+
+use super::cost::{CostModel, Cpus};
+use super::{Ev, World};
+use crate::Rank;
+use crate::sim::check::Violation;
+use crate::sim::swarm::Scenario;
+
+/// The sweep's state in a world.
+#[derive(Debug)]
+pub(super) struct SweepState {
+    pub(super) cpus: Cpus,
+    pub(super) marks: Marks,
+    /// The broadcast's padding (its payload is a 24-byte checked prefix plus this).
+    pub(super) bcast_pad: usize,
+}
+
+/// Virtual times (µs) of what a sweep world saw: the last broadcast delivery, the last
+/// allgather result, the last daemon whose epoch moved (a repair reached it), and the first
+/// detection of a crash.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Marks {
+    pub bcast_last_us: Option<u64>,
+    pub gather_last_us: Option<u64>,
+    pub epoch_last_us: Option<u64>,
+    pub detect_first_us: Option<u64>,
+}
+
+impl Marks {
+    pub(super) fn saw(&mut self, now_us: u64, bcast: bool, gathered: bool, epoch: bool) {
+        let late = |m: &mut Option<u64>| *m = Some(m.map_or(now_us, |t| t.max(now_us)));
+        if bcast {
+            late(&mut self.bcast_last_us);
+        }
+        if gathered {
+            late(&mut self.gather_last_us);
+        }
+        if epoch {
+            late(&mut self.epoch_last_us);
+        }
+    }
+
+    pub(super) fn detected(&mut self, now_us: u64) {
+        self.detect_first_us = Some(self.detect_first_us.map_or(now_us, |t| t.min(now_us)));
+    }
+}
+
+/// The payload of the sweep's broadcast before padding (`check::payload`'s fixed part).
+const BCAST_FIXED_BYTES: usize = 24;
+
+impl World {
+    /// A world of `size` daemons of radix `radix` for one sweep measurement: links of
+    /// `latency_us` one way, a crash noticed by each neighbour one latency after it, and
+    /// `model`'s costs.
+    pub fn for_sweep(
+        size: u32,
+        radix: u32,
+        latency_us: u64,
+        model: CostModel,
+    ) -> Result<World, String> {
+        let scen = Scenario::quiet(latency_us, latency_us);
+        let mut w = World::with_scenario(0, size, radix, scen)?;
+        w.sweep = Some(SweepState {
+            cpus: Cpus::new(model, size),
+            marks: Marks::default(),
+            bcast_pad: 0,
+        });
+        Ok(w)
+    }
+
+    /// Rank 0 broadcasts a payload of `bytes` (at least the checked prefix) at time 0.
+    pub fn sweep_broadcast(&mut self, bytes: usize) {
+        if let Some(s) = self.sweep.as_mut() {
+            s.bcast_pad = bytes.saturating_sub(BCAST_FIXED_BYTES);
+        }
+        self.push(0, Ev::Broadcast { origin: 0 });
+    }
+
+    /// Every daemon contributes to allgather 1 at time 0.
+    pub fn sweep_allgather(&mut self) {
+        for rank in 0..self.nodes.len() as Rank {
+            self.push(0, Ev::Contribute { rank, id: 1 });
+        }
+        self.scen.gathers = 1;
+    }
+
+    /// `victim` crashes at time 0.
+    pub fn sweep_crash(&mut self, victim: Rank) {
+        self.push(0, Ev::Crash { rank: victim });
+        self.scen.faults.push(crate::sim::swarm::Fault::Crash {
+            rank: victim,
+            at_us: 0,
+        });
+    }
+
+    /// Runs the world to the end, with every checker, and returns what it saw.
+    pub fn sweep_run(&mut self) -> Result<Marks, Violation> {
+        self.run()?;
+        Ok(self.sweep.as_ref().map(|s| s.marks).unwrap_or_default())
+    }
+}
