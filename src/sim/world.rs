@@ -35,8 +35,12 @@ mod sweep;
 pub use capacity::LinkCapacity;
 pub use cost::CostModel;
 
-/// Events processed per seed at most: a run that needs more has livelocked.
+/// Events processed per seed at most, or `EVENTS_PER_DAEMON_MAX` per daemon if that is more:
+/// a run that needs more has livelocked. (A 100,000-daemon run's broadcasts alone are
+/// millions of deliveries, each a frame and its acknowledgement.)
 pub const EVENTS_MAX: u64 = 20_000_000;
+/// See `EVENTS_MAX`.
+pub const EVENTS_PER_DAEMON_MAX: u64 = 1_000;
 /// Virtual time allowed after the faults stop for everything to settle (the liveness bound).
 pub const LIVENESS_US: u64 = 600_000_000;
 
@@ -591,10 +595,11 @@ impl World {
             return Ok(Step::Empty);
         };
         self.stats.events += 1;
-        if self.stats.events > EVENTS_MAX {
+        let max = EVENTS_MAX.max(EVENTS_PER_DAEMON_MAX.saturating_mul(self.nodes.len() as u64));
+        if self.stats.events > max {
             return Err(Violation {
                 checker: "liveness",
-                detail: format!("more than {EVENTS_MAX} events: livelock"),
+                detail: format!("more than {max} events: livelock"),
             });
         }
         let Some(ev) = self.slab.get_mut(idx).and_then(Option::take) else {

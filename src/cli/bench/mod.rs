@@ -820,13 +820,14 @@ fn print_tables(out: &Value) {
     }
     if let Some(rows) = out["scale"].as_array() {
         println!(
-            "\n| daemons | launch → all wired ms | last start → all wired ms | broadcast originate → complete p50 / p99 µs | allgather p50 / p99 µs | `tbon status` (tool) p50 / p99 µs | idle daemon VmRSS / RssAnon KiB |"
+            "\n| daemons | radix | launch → all wired ms | last start → all wired ms | broadcast originate → complete p50 / p99 µs | allgather p50 / p99 µs | `tbon status` (tool) p50 / p99 µs | idle daemon VmRSS / RssAnon KiB |"
         );
-        println!("|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|");
         for r in rows {
             println!(
-                "| {} | {:.0} | {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {} / {} |",
+                "| {} | {} | {:.0} | {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {} / {} |",
                 r["daemons"],
+                r["radix"],
                 r["launch_to_all_wired_ms"].as_f64().unwrap_or(0.0),
                 r["last_start_to_all_wired_ms"].as_f64().unwrap_or(0.0),
                 r["bcast_rtt"]["p50_us"].as_f64().unwrap_or(0.0),
