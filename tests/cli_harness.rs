@@ -39,6 +39,18 @@ fn short_harness_run_with_a_kill_passes() {
     assert_eq!(report["passed"], true);
     assert_eq!(report["counts"]["duplicated"], 0);
     assert_eq!(report["faults"].as_array().unwrap().len(), 1);
+    // `tbon clock` against the live DVM after the traffic: the six survivors, each offset
+    // within its bound of the one clock they share.
+    let clocks = &report["clocks"];
+    assert_eq!(clocks["measured"], 6, "{clocks}");
+    assert_eq!(clocks["outside_bound"], 0, "{clocks}");
+    for o in clocks["offsets"].as_array().unwrap() {
+        let (offset, bound) = (
+            o["offset_ns"].as_i64().unwrap(),
+            o["bound_ns"].as_u64().unwrap(),
+        );
+        assert!(offset.unsigned_abs() <= bound, "{o}");
+    }
     let page = std::fs::read_to_string(&html).expect("the report was written");
     check_report(&page, &report);
     let _ = std::fs::remove_file(&json);

@@ -8,6 +8,7 @@
 mod attack;
 mod check;
 mod check_streams;
+mod clocks;
 mod net;
 mod timeline;
 
@@ -527,6 +528,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let mut t0: Option<u64> = None;
     let mut phase = "wire-up";
     let mut drain_since: Option<(Instant, u64)> = None;
+    let mut clock_check: Option<clocks::ClockCheck> = None;
     let mut shutdown_sent = false;
     let mut exits: BTreeMap<u32, Option<i32>> = BTreeMap::new();
     let mut signals: BTreeMap<u32, i32> = BTreeMap::new();
@@ -702,6 +704,11 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                         Some((at, before)) if before == got => {
                             if at.elapsed() >= Duration::from_secs(1) {
                                 phase = "shutdown";
+                                clock_check = Some(clocks::measure(
+                                    seen.uris.get(&0),
+                                    &key_file,
+                                    procs.alive(),
+                                ));
                                 procs.signal(0, Signal::SIGTERM);
                                 shutdown_sent = true;
                             }
@@ -752,6 +759,9 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             results.insert(*r, super::workload::read_results(&result_file(*r))?);
         }
     }
+    if let Some(p) = clock_check.as_ref().and_then(clocks::ClockCheck::problem) {
+        problems.push(p);
+    }
     let input = check::Input {
         args: &args,
         messages,
@@ -781,6 +791,17 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         report.text.insert_str(at, &text);
         if let Some(obj) = report.json.as_object_mut() {
             obj.insert("attack".into(), json);
+        }
+    }
+    if let Some(c) = &clock_check {
+        let (text, json) = c.render();
+        let at = report
+            .text
+            .rfind(&format!("\n{}", report.verdict))
+            .unwrap_or(report.text.len());
+        report.text.insert_str(at, &text);
+        if let Some(obj) = report.json.as_object_mut() {
+            obj.insert("clocks".into(), json);
         }
     }
     if let Some(obj) = report.json.as_object_mut() {
