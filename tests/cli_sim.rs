@@ -87,7 +87,18 @@ fn the_text_table_and_bad_flags() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("a radix is at least 2"), "{err}");
 
-    // Sweep flags without --sweep-radix are refused by the parser.
-    let out = tbon(&["sim", "--latency-us", "5"]);
+    // Sweep flags without --sweep-radix are refused, not ignored.
+    for flags in [
+        &["--latency-us", "5"][..],
+        &["--format", "json"],
+        &["--radixes", "4"],
+    ] {
+        let mut args = vec!["sim", "--seeds", "1"];
+        args.extend_from_slice(flags);
+        let out = tbon(&args);
+        assert!(!out.status.success(), "{flags:?} was accepted");
+    }
+    // And seed flags with it.
+    let out = tbon(&["sim", "--sweep-radix", "--radix", "4"]);
     assert!(!out.status.success());
 }

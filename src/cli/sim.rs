@@ -48,6 +48,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     if args.sweep.sweep_radix {
         return super::sweep::run(&args.sweep, args.daemons);
     }
+    super::sweep::check_unused(&args.sweep)?;
     let faults = FaultKinds::parse(&args.faults)?;
     let opts = Options {
         daemons: args.daemons,

@@ -10,33 +10,33 @@ pub struct SweepArgs {
     /// Compare radixes for one DVM size (--daemons, default 1024) instead of running seeds:
     /// wire-up, broadcast, allgather and repair times per radix under the model below, and the
     /// radix recommended (docs/radix.md).
-    #[arg(long, conflicts_with_all = ["seed", "seeds", "first", "fail_fast"])]
+    #[arg(long, conflicts_with_all = ["seed", "seeds", "first", "fail_fast", "radix", "faults", "messages"])]
     pub sweep_radix: bool,
     /// Sweep: the radixes to compare (comma-separated; default powers of two below the size).
-    #[arg(long, value_delimiter = ',', requires = "sweep_radix")]
+    #[arg(long, value_delimiter = ',')]
     pub radixes: Vec<u32>,
-    /// Sweep: one-way link latency in microseconds.
-    #[arg(long, default_value_t = 20, requires = "sweep_radix")]
-    pub latency_us: u64,
-    /// Sweep: processor time per frame received or sent, in nanoseconds.
-    #[arg(long, default_value_t = 5_000, requires = "sweep_radix")]
-    pub frame_ns: u64,
-    /// Sweep: each daemon's sending bandwidth in MB/s.
-    #[arg(long, default_value_t = 10_000, requires = "sweep_radix")]
-    pub bandwidth_mbps: u64,
+    /// Sweep: one-way link latency in microseconds [default: 20].
+    #[arg(long)]
+    pub latency_us: Option<u64>,
+    /// Sweep: processor time per frame received or sent, in nanoseconds [default: 5000].
+    #[arg(long)]
+    pub frame_ns: Option<u64>,
+    /// Sweep: each daemon's sending bandwidth in MB/s [default: 10000].
+    #[arg(long)]
+    pub bandwidth_mbps: Option<u64>,
     /// Sweep: processors all daemons share (0: one per daemon, as on a cluster; this
-    /// machine's count to model a test on one host).
-    #[arg(long, default_value_t = 0, requires = "sweep_radix")]
-    pub cores: u32,
-    /// Sweep: the timed broadcast's payload in bytes.
-    #[arg(long, default_value_t = 64, requires = "sweep_radix")]
-    pub bcast_bytes: usize,
-    /// Sweep: bytes per contact-table entry (wire-up's table is daemons x this).
-    #[arg(long, default_value_t = 40, requires = "sweep_radix")]
-    pub uri_bytes: usize,
-    /// Sweep: text (a table) or json.
-    #[arg(long, default_value = "text", value_parser = ["text", "json"], requires = "sweep_radix")]
-    pub format: String,
+    /// machine's count to model a test on one host) [default: 0].
+    #[arg(long)]
+    pub cores: Option<u32>,
+    /// Sweep: the timed broadcast's payload in bytes [default: 64].
+    #[arg(long)]
+    pub bcast_bytes: Option<usize>,
+    /// Sweep: bytes per contact-table entry (wire-up's table is daemons x this) [default: 40].
+    #[arg(long)]
+    pub uri_bytes: Option<usize>,
+    /// Sweep: text (a table) or json [default: text].
+    #[arg(long, value_parser = ["text", "json"])]
+    pub format: Option<String>,
 }
 
 /// The default DVM size of a sweep.
@@ -54,15 +54,15 @@ pub fn run(args: &SweepArgs, daemons: Option<u32>) -> Result<i32, String> {
     let p = SweepParams {
         size,
         radixes,
-        latency_us: args.latency_us,
-        frame_ns: args.frame_ns,
-        bandwidth_mbps: args.bandwidth_mbps,
-        cores: args.cores,
-        bcast_bytes: args.bcast_bytes,
-        uri_bytes: args.uri_bytes,
+        latency_us: args.latency_us.unwrap_or(20),
+        frame_ns: args.frame_ns.unwrap_or(5_000),
+        bandwidth_mbps: args.bandwidth_mbps.unwrap_or(10_000),
+        cores: args.cores.unwrap_or(0),
+        bcast_bytes: args.bcast_bytes.unwrap_or(64),
+        uri_bytes: args.uri_bytes.unwrap_or(40),
     };
     let s = sweep(&p)?;
-    if args.format == "json" {
+    if args.format.as_deref() == Some("json") {
         let text = serde_json::to_string_pretty(&s).map_err(|e| e.to_string())?;
         println!("{text}");
     } else {
@@ -77,10 +77,10 @@ fn ms(us: u64) -> String {
 
 fn print_table(s: &Sweep) {
     let p = &s.params;
-    let cores = if p.cores == 0 {
-        "one processor per daemon".to_string()
-    } else {
-        format!("{} processors shared", p.cores)
+    let cores = match p.cores {
+        0 => "one processor per daemon".to_string(),
+        1 => "1 processor shared".to_string(),
+        c => format!("{c} processors shared"),
     };
     println!(
         "radix sweep: {} daemons; latency {} us, {} ns a frame, {} MB/s, {cores}; \
@@ -113,4 +113,25 @@ fn print_table(s: &Sweep) {
         "recommended radix: {} (the smallest worst ratio to the best radix over the four times)",
         s.recommended
     );
+}
+
+/// The sweep's flags given without `--sweep-radix`: an error, not flags silently ignored.
+/// (Checked here: clap counts the `--sweep-radix` flag's default as present for `requires`.)
+pub fn check_unused(args: &SweepArgs) -> Result<(), String> {
+    let given = !args.radixes.is_empty()
+        || args.latency_us.is_some()
+        || args.frame_ns.is_some()
+        || args.bandwidth_mbps.is_some()
+        || args.cores.is_some()
+        || args.bcast_bytes.is_some()
+        || args.uri_bytes.is_some()
+        || args.format.is_some();
+    if !args.sweep_radix && given {
+        return Err(
+            "--radixes, --latency-us, --frame-ns, --bandwidth-mbps, --cores, \
+             --bcast-bytes, --uri-bytes and --format belong to --sweep-radix"
+                .into(),
+        );
+    }
+    Ok(())
 }

@@ -33,6 +33,8 @@ use serde::Serialize;
 pub const SWEEP_DAEMONS_MAX: u32 = 200_000;
 /// Radixes per sweep at most.
 pub const SWEEP_RADIXES_MAX: usize = 32;
+/// Room left in a frame for the headers in front of a broadcast's payload.
+const PAYLOAD_ROOM_BYTES: usize = 4096;
 
 /// What to sweep, and the model.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -58,7 +60,7 @@ pub struct SweepParams {
 impl SweepParams {
     /// The radixes a sweep tries by default: powers of two from 2, below `size`.
     pub fn default_radixes(size: u32) -> Vec<u32> {
-        let mut v: Vec<u32> = (1..=10)
+        let mut v: Vec<u32> = (1..31)
             .map(|p| 1u32 << p)
             .filter(|&k| k < size.max(3))
             .collect();
@@ -85,16 +87,32 @@ impl SweepParams {
         if let Some(k) = self.radixes.iter().find(|&&k| k < 2) {
             return Err(format!("a radix is at least 2, not {k}"));
         }
+        let flat = (self.size - 1).max(2);
+        if let Some(k) = self.radixes.iter().find(|&&k| k > flat) {
+            return Err(format!(
+                "radix {k} exceeds {flat}: with {} daemons, radix {flat} is already one level",
+                self.size
+            ));
+        }
         if self.latency_us == 0 {
             return Err("--latency-us must be at least 1".into());
         }
         if self.bandwidth_mbps == 0 {
             return Err("--bandwidth-mbps must be at least 1".into());
         }
-        if self.bcast_bytes > crate::limits::MSG_MAX_BYTES_DEFAULT as usize {
+        // A broadcast's frame carries the payload and the collective's own header.
+        let max = crate::limits::MSG_MAX_BYTES_DEFAULT as usize - PAYLOAD_ROOM_BYTES;
+        if self.bcast_bytes > max {
             return Err(format!(
-                "--bcast-bytes must be at most {} (msg_max_bytes)",
-                crate::limits::MSG_MAX_BYTES_DEFAULT
+                "--bcast-bytes must be at most {max} (msg_max_bytes less headers)"
+            ));
+        }
+        let table = (self.size as usize).saturating_mul(self.uri_bytes);
+        if table > max {
+            return Err(format!(
+                "a contact table of {} x {} bytes exceeds a frame ({max} bytes): today's wire-up \
+                 cannot carry it",
+                self.size, self.uri_bytes
             ));
         }
         Ok(())
@@ -145,8 +163,11 @@ pub struct Sweep {
 /// an error naming the radix and the checker.
 pub fn sweep(p: &SweepParams) -> Result<Sweep, String> {
     p.validate()?;
-    let mut rows = Vec::with_capacity(p.radixes.len());
-    for &k in &p.radixes {
+    let mut radixes = p.radixes.clone();
+    radixes.sort_unstable();
+    radixes.dedup();
+    let mut rows = Vec::with_capacity(radixes.len());
+    for &k in &radixes {
         rows.push(
             one_radix(p, k)
                 .map_err(|v| format!("radix {k}: the {} checker: {}", v.checker, v.detail))?,
@@ -309,5 +330,27 @@ mod tests {
         p = params(64, 0);
         p.bandwidth_mbps = 0;
         assert!(sweep(&p).unwrap_err().contains("bandwidth"));
+        p = params(64, 0);
+        p.radixes = vec![64];
+        assert!(sweep(&p).unwrap_err().contains("one level"));
+        p = params(64, 0);
+        p.uri_bytes = 1 << 20;
+        assert!(sweep(&p).unwrap_err().contains("contact table"));
+        p = params(64, 0);
+        p.bcast_bytes = crate::limits::MSG_MAX_BYTES_DEFAULT as usize;
+        assert!(sweep(&p).unwrap_err().contains("--bcast-bytes"));
+    }
+
+    #[test]
+    fn radixes_are_sorted_once_each() {
+        let mut p = params(64, 5_000);
+        p.radixes = vec![8, 2, 8];
+        let s = sweep(&p).unwrap();
+        assert_eq!(
+            s.rows.iter().map(|r| r.radix).collect::<Vec<_>>(),
+            vec![2, 8]
+        );
+        assert_eq!(SweepParams::default_radixes(5000).last(), Some(&4096));
+        assert_eq!(SweepParams::default_radixes(2), vec![2]);
     }
 }

@@ -37,6 +37,9 @@ pub(super) struct Cpus {
     model: CostModel,
     /// When each processor is free next, nanoseconds of virtual time.
     free_ns: Vec<u64>,
+    /// When each daemon is done with its last input (a daemon is one thread: with shared
+    /// processors it still handles one input at a time).
+    daemon_free_ns: Vec<u64>,
     /// The input being handled: its daemon, its processor, and when its processor's work so
     /// far ends (the next frame it sends leaves then).
     busy: Option<(Rank, usize, u64)>,
@@ -48,6 +51,7 @@ impl Cpus {
         Cpus {
             model,
             free_ns: vec![0; n.max(1) as usize],
+            daemon_free_ns: vec![0; size as usize],
             busy: None,
         }
     }
@@ -60,17 +64,20 @@ impl Cpus {
     }
 
     fn pick(&self, r: Rank) -> (usize, u64) {
+        let own = self.daemon_free_ns.get(r as usize).copied().unwrap_or(0);
         if self.model.cores == 0 {
             let i = r as usize;
-            return (i, self.free_ns.get(i).copied().unwrap_or(0));
+            return (i, self.free_ns.get(i).copied().unwrap_or(0).max(own));
         }
         // The processor free first; ties to the lowest index, so runs are deterministic.
-        self.free_ns
+        let (i, ns) = self
+            .free_ns
             .iter()
             .copied()
             .enumerate()
             .min_by_key(|&(i, ns)| (ns, i))
-            .unwrap_or((0, 0))
+            .unwrap_or((0, 0));
+        (i, ns.max(own))
     }
 
     /// `r` starts handling an input at `now_us`: its processor pays for the input.
@@ -95,10 +102,13 @@ impl Cpus {
 
     /// The input is handled: its processor is busy until its last frame left.
     pub(super) fn end(&mut self) {
-        if let Some((_, i, ns)) = self.busy.take()
-            && let Some(f) = self.free_ns.get_mut(i)
-        {
-            *f = ns;
+        if let Some((r, i, ns)) = self.busy.take() {
+            if let Some(f) = self.free_ns.get_mut(i) {
+                *f = ns;
+            }
+            if let Some(f) = self.daemon_free_ns.get_mut(r as usize) {
+                *f = ns;
+            }
         }
     }
 }
@@ -141,5 +151,17 @@ mod tests {
         assert_eq!(c.send(3, 0), Some(6));
         c.end();
         assert_eq!(c.free_at_us(1), 6);
+    }
+
+    #[test]
+    fn a_daemon_uses_one_processor_at_a_time() {
+        // As many shared processors as daemons behave as one each.
+        let mut c = Cpus::new(CostModel { cores: 4, ..MODEL }, 4);
+        c.begin(1, 0);
+        assert_eq!(c.send(1, 0), Some(4));
+        c.end();
+        // Three processors are free, but daemon 1 is not until 4 µs.
+        assert_eq!(c.free_at_us(1), 4);
+        assert_eq!(c.free_at_us(2), 0);
     }
 }
