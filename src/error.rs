@@ -119,6 +119,7 @@ impl std::error::Error for RecvError {}
 
 /// Why a daemon could not start.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum StartError {
     /// The configuration is invalid.
     Config(String),
@@ -128,6 +129,9 @@ pub enum StartError {
     Hnp(String),
     /// A socket or the poller could not be set up.
     Io(std::io::Error),
+    /// No rank or size where [`crate::launch::Placement`] looked (the launcher's
+    /// environment), or a local DVM that did not wire up in time.
+    Placement(String),
 }
 
 impl fmt::Display for StartError {
@@ -137,6 +141,7 @@ impl fmt::Display for StartError {
             StartError::Tree(e) => write!(f, "invalid tree: {e}"),
             StartError::Hnp(e) => write!(f, "rank 0 contact: {e}"),
             StartError::Io(e) => write!(f, "I/O error: {e}"),
+            StartError::Placement(e) => write!(f, "placement: {e}"),
         }
     }
 }

@@ -41,6 +41,7 @@ pub mod stream;
 pub use counters::{Counters, DirectCounters, StreamCounters};
 pub use direct::{Route, RouteSetting};
 pub use driver::key::{Key, KeyError};
+pub use driver::launch;
 pub use driver::{
     Batch, Daemon, FAIL_ABANDONED, FAIL_RESERVED_MIN, FetchOptions, Handle, Outgoing,
     ServiceHandler, StopReason, Stream, StreamItem, StreamReader, StreamRequest, StreamWriter,

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use tbon::config::Config;
+use tbon::driver::uri_file;
+use tbon::launch::{Placement, Rendezvous, launch};
 use tbon::{Peer, StopReason};
 
 /// The tag `--ping-all` uses.
@@ -48,55 +50,6 @@ pub struct DaemonArgs {
     pub config: Config,
 }
 
-fn env_u32(names: &[&str]) -> Option<(String, u32)> {
-    names.iter().find_map(|n| {
-        std::env::var(n)
-            .ok()
-            .and_then(|v| v.trim().parse().ok().map(|x| (n.to_string(), x)))
-    })
-}
-
-/// A URI file as rank 0 writes it: the contact URI on the first line, then a stamp with a
-/// nonce drawn at this start (the URI alone can repeat across runs: a fixed port, the same
-/// `--dvm-id`), so a reader can tell that the file was replaced by another rank 0.
-fn uri_file_text(uri: &str) -> String {
-    let nonce = getrandom::u64().unwrap_or_else(|_| {
-        // No OS generator: the clock and the pid still differ from one start to the next.
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            ^ u64::from(std::process::id())
-    });
-    format!(
-        "{uri}\n# tbon rank 0 start {nonce:016x}, pid {}\n",
-        std::process::id()
-    )
-}
-
-/// The contact URI in a URI file's text: its first non-empty line (a file with the URI alone,
-/// written by hand or by an older tbon, is read too).
-fn uri_of(text: &str) -> Option<&str> {
-    text.lines().map(str::trim).find(|l| !l.is_empty())
-}
-
-/// Rank 0 removes its URI file when it exits, unless another rank 0 has replaced it since: the
-/// next launch then waits for a fresh file instead of reading this run's address.
-struct UriFile {
-    path: PathBuf,
-    text: String,
-}
-
-impl Drop for UriFile {
-    fn drop(&mut self) {
-        if std::fs::read_to_string(&self.path).is_ok_and(|t| t == self.text) {
-            match std::fs::remove_file(&self.path) {
-                Ok(()) => log::debug!("removed {}", self.path.display()),
-                Err(e) => log::warn!("cannot remove {}: {e}", self.path.display()),
-            }
-        }
-    }
-}
-
 /// Waits up to `timeout` (or until a signal) for the URI file to hold something else than
 /// `used`: a new rank 0 wrote it. Returns its text and URI.
 fn wait_replaced(
@@ -109,7 +62,7 @@ fn wait_replaced(
     while Instant::now() < deadline && !term.load(Ordering::SeqCst) {
         if let Ok(text) = std::fs::read_to_string(path)
             && text != used
-            && let Some(uri) = uri_of(&text).map(str::to_string)
+            && let Some(uri) = uri_file::uri_of(&text).map(str::to_string)
         {
             return Some((text, uri));
         }
@@ -179,72 +132,9 @@ fn stale_uri_file(rank: u32, path: &Path, used: &str, what: &str) -> i32 {
          and {what} (written by a rank 0 that is gone, or rank 0 is unreachable from here); \
          remove the file before the launch",
         path.display(),
-        uri_of(used).unwrap_or("?"),
+        uri_file::uri_of(used).unwrap_or("?"),
     );
     1
-}
-
-/// Reads a URI file, waiting up to `timeout` for it to appear; returns its whole text.
-fn read_hnp_file(path: &Path, timeout: Duration) -> Result<String, String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match std::fs::read_to_string(path) {
-            Ok(s) if uri_of(&s).is_some() => return Ok(s),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
-        }
-        if Instant::now() >= deadline {
-            return Err(format!("{} did not appear in time", path.display()));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Writes `text` to `path` so that a reader sees the whole file or none, and nobody else on
-/// the host can redirect the write: the temporary file has a name of its own, is created
-/// exclusively (never through a link planted at that name) in the same directory, and is then
-/// renamed over `path` (which replaces a link at `path`, never writes through it). A directory
-/// that others may write to without the sticky bit is refused: anyone could swap the file
-/// after it is written and point the other daemons at their own address.
-fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let mode = std::fs::metadata(&dir)?.permissions().mode();
-    if mode & 0o002 != 0 && mode & 0o1000 == 0 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            format!(
-                "{} is writable by every user and not sticky: anyone could replace the URI file",
-                dir.display()
-            ),
-        ));
-    }
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "uri".into());
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let tmp = dir.join(format!(".{name}.{}.{nanos}.tmp", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    let written = f.write_all(text.as_bytes()).and_then(|()| f.sync_all());
-    drop(f);
-    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    Ok(())
 }
 
 /// How waiting for wire-up ended.
@@ -294,58 +184,45 @@ fn stop_on_signal(rank: u32, daemon: tbon::Daemon) -> Result<i32, String> {
 
 /// Runs the daemon; returns the process exit code.
 pub fn run(args: DaemonArgs) -> Result<i32, String> {
-    let rank = match args.rank {
-        Some(r) => r,
-        None => {
-            let (from, r) = env_u32(&[
-                "TBON_RANK",
-                "SLURM_PROCID",
-                "OMPI_COMM_WORLD_RANK",
-                "PMIX_RANK",
-            ])
-            .ok_or("no rank: pass --rank or run under a launcher that sets one")?;
-            log::debug!("rank {r} from {from}");
-            r
+    // Flags first, then the launcher's environment (`tbon::launch::Placement`).
+    let placement = match (args.rank, args.size) {
+        (Some(rank), Some(size)) => Placement { rank, size },
+        (rank, size) => {
+            let lookup = |n: &str| match (n, rank, size) {
+                ("TBON_RANK", Some(r), _) => Some(r.to_string()),
+                ("TBON_SIZE", _, Some(s)) => Some(s.to_string()),
+                _ => std::env::var(n).ok(),
+            };
+            Placement::from_lookup(lookup).map_err(|e| {
+                format!("{e}; pass --rank and --size or run under a launcher that sets them")
+            })?
         }
     };
-    let size = match args.size {
-        Some(s) => s,
-        None => {
-            env_u32(&["TBON_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"])
-                .ok_or("no size: pass --size or run under a launcher that sets one")?
-                .1
-        }
-    };
+    let (rank, size) = (placement.rank, placement.size);
     let wireup_timeout = Duration::from_millis(args.config.wireup_timeout_ms);
-    // The URI file's whole text as read, when the URI came from one.
+    // The URI file's whole text as read, when the URI came from one (to tell later whether a
+    // new rank 0 replaced it).
     let mut hnp_text: Option<String> = None;
-    let hnp = match (&args.hnp, &args.hnp_file) {
-        _ if rank == 0 => None,
-        (Some(h), _) => Some(h.clone()),
+    let rendezvous = match (&args.hnp, &args.hnp_file) {
+        _ if rank == 0 => args.uri_file.clone().map(Rendezvous::File),
+        (Some(h), _) => Some(Rendezvous::Uri(h.clone())),
         (None, Some(p)) => {
-            let text = read_hnp_file(p, wireup_timeout)?;
-            let uri = uri_of(&text).map(str::to_string);
+            let text = uri_file::read(p, wireup_timeout)?;
+            let uri = uri_file::uri_of(&text).map(str::to_string);
             hnp_text = Some(text);
-            uri
+            uri.map(Rendezvous::Uri)
         }
         (None, None) => return Err("ranks other than 0 need --hnp or --hnp-file".into()),
     };
-    let daemon = tbon::start(args.config, rank, size, hnp.as_deref()).map_err(|e| e.to_string())?;
+    // Rank 0 without --uri-file publishes nothing but the line below.
+    let how = rendezvous.unwrap_or(Rendezvous::Uri(String::new()));
+    let daemon = launch(args.config, placement, &how).map_err(|e| e.to_string())?;
     log::info!(
         "rank {rank} of {size}: listening at {}",
         daemon.contact_uri()
     );
-    let mut _uri_file = None;
     if rank == 0 {
         println!("TBON_HNP_URI={}", daemon.contact_uri());
-        if let Some(p) = &args.uri_file {
-            let text = uri_file_text(daemon.contact_uri());
-            write_atomically(p, &text).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
-            _uri_file = Some(UriFile {
-                path: p.clone(),
-                text,
-            });
-        }
     }
 
     let term = Arc::new(AtomicBool::new(false));
@@ -471,50 +348,5 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
             log::error!("rank {rank}: stopped: {other}");
             Ok(1)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::write_atomically;
-    use std::os::unix::fs::PermissionsExt;
-
-    fn dir(name: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("tbon-uri-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    /// A link planted at the URI file's path (or at the old fixed temporary name) is replaced,
-    /// never written through.
-    #[test]
-    fn a_planted_link_is_replaced_not_followed() {
-        let d = dir("link");
-        let victim = d.join("victim");
-        std::fs::write(&victim, "precious").unwrap();
-        let uri = d.join("hnp.uri");
-        std::os::unix::fs::symlink(&victim, &uri).unwrap();
-        std::os::unix::fs::symlink(&victim, d.join("hnp.tmp")).unwrap();
-        write_atomically(&uri, "tbon.0;tcp://127.0.0.1:1").unwrap();
-        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
-        assert_eq!(
-            std::fs::read_to_string(&uri).unwrap(),
-            "tbon.0;tcp://127.0.0.1:1"
-        );
-        assert!(!std::fs::symlink_metadata(&uri).unwrap().is_symlink());
-        let _ = std::fs::remove_dir_all(&d);
-    }
-
-    /// A directory every user may write to, without the sticky bit, is refused.
-    #[test]
-    fn a_world_writable_directory_is_refused() {
-        let d = dir("open");
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let err = write_atomically(&d.join("hnp.uri"), "x").unwrap_err();
-        assert!(err.to_string().contains("writable by every user"), "{err}");
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
-        write_atomically(&d.join("hnp.uri"), "x").unwrap();
-        let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -940,11 +940,17 @@ impl Handle {
 #[derive(Debug)]
 pub struct Daemon {
     handle: Handle,
+    /// Rank 0's URI file ([`crate::launch::Rendezvous::File`]), removed after the daemon
+    /// stops (fields drop after `Drop::drop`), unless another rank 0 replaced it.
+    pub(crate) published: Option<super::uri_file::UriFile>,
 }
 
 impl Daemon {
     pub(crate) fn new(handle: Handle) -> Self {
-        Daemon { handle }
+        Daemon {
+            handle,
+            published: None,
+        }
     }
 
     /// A handle for use from other threads and callbacks.

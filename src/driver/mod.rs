@@ -13,6 +13,7 @@ mod event_loop;
 mod gate;
 mod handle;
 pub mod key;
+pub mod launch;
 mod listen;
 mod log_limit;
 mod nonce;
@@ -22,6 +23,7 @@ mod stream_reader;
 mod stream_writer;
 mod timers;
 pub mod tool;
+pub mod uri_file;
 
 pub use batch::{Batch, Outgoing};
 pub use caddy::{AllgatherCompletion, Completion, RecvCallback};
