@@ -110,6 +110,11 @@ fn run_example(name: &str) {
 }
 
 #[test]
+fn c_launch_forms_a_dvm_of_processes_through_a_uri_file() {
+    run_example("launch");
+}
+
+#[test]
 fn c_ring_passes_the_token_1000_times() {
     run_example("ring");
 }

@@ -983,36 +983,125 @@ pub unsafe extern "C" fn tbon_start(
             // SAFETY: the caller's string, valid for this call.
             Some(unsafe { str_arg(hnp_uri, "hnp_uri")? })
         };
-        let config = if cfg == 0 {
-            Config::default()
+        let config = config_of(cfg)?;
+        let daemon = started(crate::start(config, rank, size, hnp))?;
+        // SAFETY: checked above.
+        unsafe { register(daemon, out) };
+        Ok(())
+    })
+}
+
+/// The configuration `cfg` names (0: the defaults), copied.
+fn config_of(cfg: tbon_config) -> Result<Config, Fail> {
+    if cfg == 0 {
+        return Ok(Config::default());
+    }
+    match registry().configs.get(&cfg) {
+        Some(c) => Ok(c.clone()),
+        None => fail(
+            tbon_rc::TBON_ERR_BAD_HANDLE,
+            format!("no configuration {cfg}"),
+        ),
+    }
+}
+
+/// A start's outcome as the C API reports it.
+fn started(r: Result<crate::Daemon, StartError>) -> Result<crate::Daemon, Fail> {
+    match r {
+        Ok(d) => Ok(d),
+        Err(e @ StartError::Config(_)) => fail(tbon_rc::TBON_ERR_CONFIG, e.to_string()),
+        Err(e) => fail(tbon_rc::TBON_ERR_START, e.to_string()),
+    }
+}
+
+/// Puts `daemon` in the registry and its id in `*out`.
+///
+/// # Safety
+/// `out` is non-null and writable.
+unsafe fn register(daemon: crate::Daemon, out: *mut tbon_daemon) {
+    let entry = Arc::new(DaemonEntry {
+        handle: daemon.handle(),
+        owner: Mutex::new(Some(daemon)),
+    });
+    let mut r = registry();
+    let id = r.new_id();
+    r.daemons.insert(id, entry);
+    drop(r);
+    // SAFETY: the caller's promise.
+    unsafe { put(out, id) };
+}
+
+/// Starts a daemon the way launchers start them (`tbon::launch`): its rank and size are
+/// `rank` and `size`, or, where negative, read from the launcher's environment (`TBON_RANK`,
+/// `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK`, `PMIX_RANK`; `TBON_SIZE`, `SLURM_NTASKS`,
+/// `OMPI_COMM_WORLD_SIZE`); rank 0 is found through `rendezvous`: `"uri:URI"`, `"file:PATH"`
+/// (rank 0 writes its URI there and removes it when its daemon is freed; the others wait for
+/// it up to the wire-up timeout) or `"host:NAME:PORT"` (no shared filesystem: rank 0 listens
+/// on PORT, the others dial NAME:PORT), or, if NULL, from `TBON_HNP`, `TBON_HNP_FILE` or
+/// `TBON_HNP_HOST` (`NAME:PORT`). Rank 0 needs no rendezvous unless others look for it in a
+/// file or at a port. Stores the handle in `*out`; returns once the listener is bound (a rank
+/// other than 0 with a file: once the file was read). Errors: `TBON_ERR_CONFIG`,
+/// `TBON_ERR_START` (no rank or size in the environment, a malformed rendezvous, a file that
+/// did not appear in time, a host that does not resolve, and `tbon_start`'s), `TBON_ERR_BAD_HANDLE`,
+/// `TBON_ERR_BAD_PARAM`. Not from a callback.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_launch(
+    cfg: tbon_config,
+    rank: i64,
+    size: i64,
+    rendezvous: *const c_char,
+    out: *mut tbon_daemon,
+) -> tbon_rc {
+    guard(|| {
+        not_in_callback("tbon_launch")?;
+        non_null(out, "out")?;
+        let config = config_of(cfg)?;
+        let how = if rendezvous.is_null() {
+            started_how(crate::launch::Rendezvous::from_env())?
         } else {
-            match registry().configs.get(&cfg) {
-                Some(c) => c.clone(),
-                None => {
-                    return fail(
-                        tbon_rc::TBON_ERR_BAD_HANDLE,
-                        format!("no configuration {cfg}"),
-                    );
+            // SAFETY: the caller's string, valid for this call.
+            let text = unsafe { str_arg(rendezvous, "rendezvous")? };
+            match text.parse::<crate::launch::Rendezvous>() {
+                Ok(r) => Some(r),
+                Err(e) => return fail(tbon_rc::TBON_ERR_START, e.to_string()),
+            }
+        };
+        let placement = match (u32::try_from(rank), u32::try_from(size)) {
+            (Ok(rank), Ok(size)) => crate::launch::Placement { rank, size },
+            (r, sz) => {
+                let lookup = |n: &str| match (n, r, sz) {
+                    ("TBON_RANK", Ok(r), _) => Some(r.to_string()),
+                    ("TBON_SIZE", _, Ok(s)) => Some(s.to_string()),
+                    _ => std::env::var(n).ok(),
+                };
+                match crate::launch::Placement::from_lookup(lookup) {
+                    Ok(p) => p,
+                    Err(e) => return fail(tbon_rc::TBON_ERR_START, e.to_string()),
                 }
             }
         };
-        let daemon = match crate::start(config, rank, size, hnp) {
-            Ok(d) => d,
-            Err(e @ StartError::Config(_)) => return fail(tbon_rc::TBON_ERR_CONFIG, e.to_string()),
-            Err(e) => return fail(tbon_rc::TBON_ERR_START, e.to_string()),
+        let how = match how {
+            Some(h) => h,
+            None if placement.rank == 0 => crate::launch::Rendezvous::Uri(String::new()),
+            None => {
+                return fail(
+                    tbon_rc::TBON_ERR_START,
+                    "no rendezvous: give one, or set TBON_HNP, TBON_HNP_FILE or TBON_HNP_HOST"
+                        .to_string(),
+                );
+            }
         };
-        let entry = Arc::new(DaemonEntry {
-            handle: daemon.handle(),
-            owner: Mutex::new(Some(daemon)),
-        });
-        let mut r = registry();
-        let id = r.new_id();
-        r.daemons.insert(id, entry);
-        drop(r);
+        let daemon = started(crate::launch::launch(config, placement, &how))?;
         // SAFETY: checked above.
-        unsafe { put(out, id) };
+        unsafe { register(daemon, out) };
         Ok(())
     })
+}
+
+fn started_how(
+    r: Result<Option<crate::launch::Rendezvous>, StartError>,
+) -> Result<Option<crate::launch::Rendezvous>, Fail> {
+    r.or_else(|e| fail(tbon_rc::TBON_ERR_START, e.to_string()))
 }
 
 /// Copies this daemon's contact URI, NUL-terminated, into `buf`. `*len` is the size of `buf` on
