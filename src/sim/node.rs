@@ -1,8 +1,8 @@
 //! One simulated daemon: the real [`node::Node`](crate::node::Node), the very code a daemon's
 //! event loop runs, fed by the world with encoded frames (a 40-byte header and the payload, as
-//! on a socket, kept apart: `frame.rs`) and with the clock of the simulation; what it outputs is collected here for
-//! the world (frames to put on links) and the checkers (deliveries, completions, broadcasts,
-//! allgather results).
+//! on a socket, kept apart: `frame.rs`) and with the clock of the simulation; what it outputs
+//! is collected here for the world (frames to put on links) and the checkers (deliveries,
+//! completions, broadcasts, allgather results).
 
 use super::frame::{Frame, Sharing};
 use crate::Rank;
