@@ -332,3 +332,67 @@ fn a_uri_file_replaced_by_a_new_rank_0_is_followed_and_removed_at_exit() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// No shared filesystem (`--hnp-host NAME:PORT`): ranks started before rank 0, as a launcher
+/// may start them, wait for its port, then every daemon reaches every other.
+#[test]
+fn ranks_started_before_rank_0_find_it_at_its_host_and_port() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let host = format!("127.0.0.1:{port}");
+    let size = 3u32;
+    let spawn = |rank: u32| {
+        Command::new(env!("CARGO_BIN_EXE_tbon"))
+            .args([
+                "daemon",
+                "--rank",
+                &rank.to_string(),
+                "--size",
+                &size.to_string(),
+            ])
+            .arg("--key-file")
+            .arg(key_file())
+            .args([
+                "--if-include",
+                "127.0.0.1/32",
+                "--ping-all",
+                "--hnp-host",
+                &host,
+            ])
+            .env("RUST_LOG", "tbon=info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut dvm = Dvm(vec![spawn(1), spawn(2)]);
+    std::thread::sleep(Duration::from_millis(2_000));
+    dvm.0.insert(0, spawn(0));
+    let (tx, rx) = mpsc::channel();
+    for c in &mut dvm.0 {
+        let out = c.stdout.take().unwrap();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if line.contains("all-to-all ok") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+    }
+    for _ in 0..size {
+        let line = rx
+            .recv_timeout(HANG_GUARD)
+            .expect("every daemon heard from the others");
+        assert!(line.contains("(2 of 2)"), "{line}");
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &dvm.0[0].id().to_string()])
+        .status();
+    for c in &mut dvm.0 {
+        assert!(c.wait().unwrap().success());
+    }
+}

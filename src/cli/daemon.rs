@@ -35,6 +35,11 @@ pub struct DaemonArgs {
     /// Rank 0: also write the contact URI to this file (atomically).
     #[arg(long)]
     pub uri_file: Option<PathBuf>,
+    /// No shared filesystem: rank 0's host and port, NAME:PORT (an IPv6 address in brackets).
+    /// Rank 0 listens on PORT (whatever --port says); every other rank waits up to the wire-up
+    /// timeout for it to listen, then dials it.
+    #[arg(long, env = "TBON_HNP_HOST", conflicts_with_all = ["hnp", "hnp_file", "uri_file"])]
+    pub hnp_host: Option<String>,
     /// Self-test: once wired, send one message to every other daemon and print a line when one
     /// has arrived from every other daemon.
     #[arg(long)]
@@ -203,7 +208,14 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
     // The URI file's whole text as read, when the URI came from one (to tell later whether a
     // new rank 0 replaced it).
     let mut hnp_text: Option<String> = None;
+    let host = args
+        .hnp_host
+        .as_deref()
+        .map(|h| format!("host:{h}").parse::<Rendezvous>())
+        .transpose()
+        .map_err(|e| format!("--hnp-host: {e}"))?;
     let rendezvous = match (&args.hnp, &args.hnp_file) {
+        _ if host.is_some() => host,
         _ if rank == 0 => args.uri_file.clone().map(Rendezvous::File),
         (Some(h), _) => Some(Rendezvous::Uri(h.clone())),
         (None, Some(p)) => {
@@ -212,7 +224,9 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
             hnp_text = Some(text);
             uri.map(Rendezvous::Uri)
         }
-        (None, None) => return Err("ranks other than 0 need --hnp or --hnp-file".into()),
+        (None, None) => {
+            return Err("ranks other than 0 need --hnp, --hnp-file or --hnp-host".into());
+        }
     };
     // Rank 0 without --uri-file publishes nothing but the line below.
     let how = rendezvous.unwrap_or(Rendezvous::Uri(String::new()));

@@ -147,12 +147,27 @@ impl std::str::FromStr for Rendezvous {
 
 /// `NAME:PORT` as a host rendezvous.
 fn host_port(s: &str) -> Result<Rendezvous, StartError> {
-    let bad = || StartError::Hnp(format!("{s:?}: rank 0's host is NAME:PORT, the port not 0"));
-    let (host, port) = s.trim().rsplit_once(':').ok_or_else(bad)?;
-    let port: u16 = port.parse().map_err(|_| bad())?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() || port == 0 {
-        return Err(bad());
+    let bad = |why: &str| {
+        StartError::Hnp(format!(
+            "{s:?}: rank 0's host is NAME:PORT (an IPv6 address in brackets): {why}"
+        ))
+    };
+    let (host, port) = s.trim().rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| bad("the port is not a number from 1 to 65535"))?;
+    let host = match host.strip_prefix('[') {
+        Some(h) => h
+            .strip_suffix(']')
+            .ok_or_else(|| bad("an unclosed bracket"))?,
+        None if host.contains(':') => return Err(bad("an IPv6 address needs brackets")),
+        None => host,
+    };
+    if host.is_empty() {
+        return Err(bad("no host"));
+    }
+    if port == 0 {
+        return Err(bad("the port is 0"));
     }
     Ok(Rendezvous::Host {
         host: host.to_string(),
@@ -164,29 +179,56 @@ fn host_port(s: &str) -> Result<Rendezvous, StartError> {
 /// listener is bound (rank 0: and its URI published); wire-up goes on in the background
 /// ([`crate::Handle::wait_wired`]).
 ///
-/// A rank other than 0 with a [`Rendezvous::File`] blocks until the file appears, up to the
-/// configuration's wire-up timeout. Errors: [`StartError::Hnp`] (no file in time, an
-/// unreadable or malformed one, a host that does not resolve, a `Host` rendezvous without a
-/// port of 0), [`StartError::Io`] (rank 0 cannot write the file), and every error of
-/// [`crate::start`].
+/// How long the others wait for rank 0: with a file, until the file appears (up to the
+/// wire-up timeout), then as with a URI; with a host, until rank 0's port accepts connections
+/// (up to the wire-up timeout: rank 0 may start after them); with a URI, rank 0 must be
+/// listening already, since the first connection to it is retried only as `reconnect_*`
+/// allows (about 1.5 s with the defaults) before the daemon stops with
+/// [`crate::StopReason::RootLost`]. Unlike `tbon daemon --hnp-file`, `launch` does not watch
+/// a stale file for a replacement.
+///
+/// Errors: [`StartError::Placement`] (a rank not below the size, checked before any waiting),
+/// [`StartError::Hnp`] (no file in time, an unreadable or malformed one, or one owned by
+/// another user; a host that does not resolve, or whose port did not accept connections in
+/// time; a `Host` rendezvous with port 0), [`StartError::Io`] (rank 0 cannot write the file,
+/// or listen on the rendezvous port), and every error of [`crate::start`].
 pub fn launch(mut config: Config, at: Placement, how: &Rendezvous) -> Result<Daemon, StartError> {
     if let Rendezvous::Host { port: 0, .. } = how {
         return Err(StartError::Hnp(
             "a host rendezvous needs rank 0's port (not 0)".into(),
         ));
     }
+    if at.size == 0 || at.rank >= at.size {
+        return Err(StartError::Placement(format!(
+            "rank {} is not below the size {}",
+            at.rank, at.size
+        )));
+    }
     if at.rank == 0 {
         if let Rendezvous::Host { port, .. } = how {
             config.port = *port;
             config.port_range = None;
         }
-        let mut daemon = start(config, 0, at.size, None)?;
+        let port = config.port;
+        let mut daemon = start(config, 0, at.size, None).map_err(|e| match (e, how) {
+            (StartError::Io(e), Rendezvous::Host { .. }) => StartError::Io(std::io::Error::new(
+                e.kind(),
+                format!("rank 0 cannot listen on the rendezvous port {port}: {e}"),
+            )),
+            (e, _) => e,
+        })?;
         if let Rendezvous::File(path) = how {
             let text = uri_file::uri_file_text(daemon.contact_uri());
             uri_file::write_atomically(path, &text).map_err(|e| {
+                let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    " (in a sticky directory such as /tmp a file another user created cannot \
+                     be replaced: keep URI files in a directory only the job's user can write)"
+                } else {
+                    ""
+                };
                 StartError::Io(std::io::Error::new(
                     e.kind(),
-                    format!("cannot write the URI file {}: {e}", path.display()),
+                    format!("cannot write the URI file {}: {e}{hint}", path.display()),
                 ))
             })?;
             daemon.published = Some(UriFile {
@@ -213,6 +255,7 @@ pub fn launch(mut config: Config, at: Placement, how: &Rendezvous) -> Result<Dae
             if addrs.is_empty() {
                 return Err(StartError::Hnp(format!("{host} resolves to no address")));
             }
+            wait_listening(&addrs, Duration::from_millis(config.wireup_timeout_ms))?;
             ContactUri {
                 dvm_id: config.dvm_id.clone(),
                 rank: 0,
@@ -222,6 +265,32 @@ pub fn launch(mut config: Config, at: Placement, how: &Rendezvous) -> Result<Dae
         }
     };
     start(config, at.rank, at.size, Some(&uri))
+}
+
+/// Waits until one of `addrs` accepts a TCP connection (closed at once, before any byte: rank
+/// 0 sees a connection that ends before its handshake), up to `timeout`: with a host
+/// rendezvous rank 0 may start after the others.
+fn wait_listening(addrs: &[std::net::SocketAddr], timeout: Duration) -> Result<(), StartError> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        for a in addrs {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let attempt = left
+                .min(Duration::from_secs(1))
+                .max(Duration::from_millis(1));
+            if std::net::TcpStream::connect_timeout(a, attempt).is_ok() {
+                return Ok(());
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(StartError::Hnp(format!(
+                "rank 0 did not listen at {addrs:?} within {} ms (the wire-up timeout, \
+                 `wireup_timeout_ms`)",
+                timeout.as_millis()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// A whole DVM of `size` daemons in this process, for an embedder's tests: rank 0 first, then
@@ -308,6 +377,10 @@ mod tests {
             }
         );
         assert!("host:node1:0".parse::<Rendezvous>().is_err());
+        let e = "host:::1:7000".parse::<Rendezvous>().unwrap_err();
+        assert!(e.to_string().contains("brackets"), "{e}");
+        let e = "host:node1:70000".parse::<Rendezvous>().unwrap_err();
+        assert!(e.to_string().contains("1 to 65535"), "{e}");
         assert_eq!(
             "uri:tbon.0;tcp://127.0.0.1:5"
                 .parse::<Rendezvous>()

@@ -51,17 +51,38 @@ impl Drop for UriFile {
 }
 
 /// Reads a URI file, waiting up to `timeout` for it to appear; returns its whole text.
+/// A file with no URI yet (being written by hand, say) is waited for too. A file owned by
+/// another user than this process's (root excepted) is refused: in a shared directory such as
+/// `/tmp` anyone may create the name first and point the daemons elsewhere (the job key keeps
+/// an impostor out, but the DVM would not form).
 pub fn read(path: &Path, timeout: Duration) -> Result<String, String> {
+    use std::os::unix::fs::MetadataExt;
     let deadline = Instant::now() + timeout;
     loop {
         match std::fs::read_to_string(path) {
-            Ok(s) if uri_of(&s).is_some() => return Ok(s),
+            Ok(s) if uri_of(&s).is_some() => {
+                let owner = std::fs::metadata(path).map(|m| m.uid()).unwrap_or(0);
+                let me = nix::unistd::geteuid().as_raw();
+                if owner != me && owner != 0 {
+                    return Err(format!(
+                        "{} is owned by uid {owner}, not by this user (uid {me}) or root: \
+                         someone else may have planted it; keep URI files in a directory \
+                         only the job's user can write",
+                        path.display()
+                    ));
+                }
+                return Ok(s);
+            }
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         }
         if Instant::now() >= deadline {
-            return Err(format!("{} did not appear in time", path.display()));
+            return Err(format!(
+                "{} did not appear within {} ms (the wire-up timeout, `wireup_timeout_ms`)",
+                path.display(),
+                timeout.as_millis()
+            ));
         }
         std::thread::sleep(Duration::from_millis(50));
     }

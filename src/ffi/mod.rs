@@ -1037,13 +1037,15 @@ unsafe fn register(daemon: crate::Daemon, out: *mut tbon_daemon) {
 /// `OMPI_COMM_WORLD_SIZE`); rank 0 is found through `rendezvous`: `"uri:URI"`, `"file:PATH"`
 /// (rank 0 writes its URI there and removes it when its daemon is freed; the others wait for
 /// it up to the wire-up timeout) or `"host:NAME:PORT"` (no shared filesystem: rank 0 listens
-/// on PORT, the others dial NAME:PORT), or, if NULL, from `TBON_HNP`, `TBON_HNP_FILE` or
+/// on PORT; the others wait up to the wire-up timeout for it to listen, then dial NAME:PORT),
+/// or, if NULL, from `TBON_HNP`, `TBON_HNP_FILE` or
 /// `TBON_HNP_HOST` (`NAME:PORT`). Rank 0 needs no rendezvous unless others look for it in a
 /// file or at a port. Stores the handle in `*out`; returns once the listener is bound (a rank
 /// other than 0 with a file: once the file was read). Errors: `TBON_ERR_CONFIG`,
-/// `TBON_ERR_START` (no rank or size in the environment, a malformed rendezvous, a file that
-/// did not appear in time, a host that does not resolve, and `tbon_start`'s), `TBON_ERR_BAD_HANDLE`,
-/// `TBON_ERR_BAD_PARAM`. Not from a callback.
+/// `TBON_ERR_START` (no rank or size in the environment, a rank not below the size, a
+/// malformed rendezvous, a file that did not appear in time or that another user owns, a host
+/// that does not resolve or whose port did not listen in time, and `tbon_start`'s),
+/// `TBON_ERR_BAD_HANDLE`, `TBON_ERR_BAD_PARAM`. Not from a callback.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tbon_launch(
     cfg: tbon_config,
