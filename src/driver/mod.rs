@@ -1,5 +1,5 @@
 //! The driver: the only code that touches sockets, the clock and threads. It runs one
-//! `mio::Poll` loop per daemon ([`event_loop`]) that drives the sans-IO cores (`routed`, `oob`,
+//! `mio::Poll` loop per daemon (`event_loop`) that drives the sans-IO cores (`routed`, `oob`,
 //! `rml`), and gives other threads a [`Handle`].
 //!
 //! Start a daemon with [`start`]: rank 0 first (it needs no contact), then every other rank with

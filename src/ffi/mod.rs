@@ -3,7 +3,7 @@
 //! is allowed (see `lib.rs`).
 //!
 //! Rules kept here:
-//! - every entry point runs inside [`guard`], which catches panics and turns every failure into
+//! - every entry point runs inside `guard`, which catches panics and turns every failure into
 //!   a [`tbon_rc`]; nothing unwinds into C;
 //! - handles are ids (`u64`, never reused, 0 never valid) looked up in a global registry, so a
 //!   freed or made-up handle gives `TBON_ERR_BAD_HANDLE`, never a use-after-free;

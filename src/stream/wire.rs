@@ -4,7 +4,7 @@
 //! | kind | message | direction | fields |
 //! |---|---|---|---|
 //! | 1 | `Open` | consumer → producer | offset (u64), window (u32), service (u8 length, UTF-8), request (the rest) |
-//! | 2 | `Data` | producer → consumer | offset (u64), digest (u64, [`super::digest::chunk`]), bytes (the rest) |
+//! | 2 | `Data` | producer → consumer | offset (u64), digest (u64, `digest::chunk`), bytes (the rest) |
 //! | 3 | `Credit` | consumer → producer | the offset up to which the producer may send (u64) |
 //! | 4 | `End` | producer → consumer | total length (u64), the sum of the digests it sent (u64) |
 //! | 5 | `Fail` | producer → consumer | code (u32), reason (the rest, UTF-8) |
