@@ -25,6 +25,18 @@ impl Drop for Dvm {
 }
 
 fn daemon(rank: u32, size: u32, uri_file: &std::path::Path) -> Command {
+    let mut cmd = plain_daemon(rank, size);
+    if rank == 0 {
+        cmd.arg("--uri-file").arg(uri_file);
+    } else {
+        cmd.arg("--hnp-file").arg(uri_file);
+    }
+    cmd
+}
+
+/// `tbon daemon` on loopback with the test key and `--ping-all`, its rendezvous left to the
+/// caller.
+fn plain_daemon(rank: u32, size: u32) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tbon"));
     cmd.args([
         "daemon",
@@ -39,11 +51,6 @@ fn daemon(rank: u32, size: u32, uri_file: &std::path::Path) -> Command {
     .env("RUST_LOG", "tbon=info")
     .stdout(Stdio::piped())
     .stderr(Stdio::null());
-    if rank == 0 {
-        cmd.arg("--uri-file").arg(uri_file);
-    } else {
-        cmd.arg("--hnp-file").arg(uri_file);
-    }
     cmd
 }
 
@@ -345,26 +352,8 @@ fn ranks_started_before_rank_0_find_it_at_its_host_and_port() {
     let host = format!("127.0.0.1:{port}");
     let size = 3u32;
     let spawn = |rank: u32| {
-        Command::new(env!("CARGO_BIN_EXE_tbon"))
-            .args([
-                "daemon",
-                "--rank",
-                &rank.to_string(),
-                "--size",
-                &size.to_string(),
-            ])
-            .arg("--key-file")
-            .arg(key_file())
-            .args([
-                "--if-include",
-                "127.0.0.1/32",
-                "--ping-all",
-                "--hnp-host",
-                &host,
-            ])
-            .env("RUST_LOG", "tbon=info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+        plain_daemon(rank, size)
+            .args(["--hnp-host", &host])
             .spawn()
             .unwrap()
     };

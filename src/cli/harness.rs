@@ -784,25 +784,11 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             })
             .collect();
         let (text, json) = attack::render(outcome, &memory, &log_lines);
-        let at = report
-            .text
-            .rfind(&format!("\n{}", report.verdict))
-            .unwrap_or(report.text.len());
-        report.text.insert_str(at, &text);
-        if let Some(obj) = report.json.as_object_mut() {
-            obj.insert("attack".into(), json);
-        }
+        report.add_section("attack", &text, json);
     }
     if let Some(c) = &clock_check {
         let (text, json) = c.render();
-        let at = report
-            .text
-            .rfind(&format!("\n{}", report.verdict))
-            .unwrap_or(report.text.len());
-        report.text.insert_str(at, &text);
-        if let Some(obj) = report.json.as_object_mut() {
-            obj.insert("clocks".into(), json);
-        }
+        report.add_section("clocks", &text, json);
     }
     if let Some(obj) = report.json.as_object_mut() {
         obj.insert("verdict".into(), report.verdict.clone().into());

@@ -46,6 +46,20 @@ pub struct Report {
     pub passed: bool,
 }
 
+impl Report {
+    /// Adds a section: its text just before the verdict line, its JSON under `key`.
+    pub fn add_section(&mut self, key: &str, text: &str, json: serde_json::Value) {
+        let at = self
+            .text
+            .rfind(&format!("\n{}", self.verdict))
+            .unwrap_or(self.text.len());
+        self.text.insert_str(at, text);
+        if let Some(obj) = self.json.as_object_mut() {
+            obj.insert(key.into(), json);
+        }
+    }
+}
+
 #[derive(Default, serde::Serialize)]
 struct Counts {
     sent_plain: u64,
