@@ -1,6 +1,7 @@
 //! The C examples (`examples/c/*.c`), built with the system C compiler (`cc`, or `$CC`) against
-//! the `libtbon.so` that cargo built for this test run, and run. Each checks its own results and
-//! exits non-zero on any failure.
+//! the `libtbon.so` that cargo built for this test run, and run; and the Rust resource manager
+//! (`examples/resource_manager.rs`), built with `cargo build --example` and run. Each checks
+//! its own results and exits non-zero on any failure.
 //!
 //! The library: the test runs `cargo build --lib` for its own profile and target directory
 //! (derived from the test binary's path, `target/<profile>/deps/`), a no-op when the library is
@@ -19,7 +20,13 @@ const HANG_GUARD: Duration = Duration::from_secs(120);
 /// profile and target directory (a no-op when it is fresh), then `target/<profile>/`.
 fn lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
+    DIR.get_or_init(|| cargo_build(&["--lib"]))
+}
+
+/// Runs `cargo build ARGS` for the test binary's profile and target directory and returns
+/// `target/<profile>/`.
+fn cargo_build(what: &[&str]) -> PathBuf {
+    {
         let exe = std::env::current_exe().expect("current_exe");
         let deps = exe.parent().expect("test binary directory");
         let profile_dir = deps.parent().expect("profile directory").to_path_buf();
@@ -30,7 +37,10 @@ fn lib_dir() -> &'static Path {
         let target_dir = profile_dir.parent().expect("target directory");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--lib", "--target-dir"]).arg(target_dir);
+        cmd.arg("build")
+            .args(what)
+            .arg("--target-dir")
+            .arg(target_dir);
         match profile {
             "debug" => {}
             "release" => {
@@ -41,15 +51,17 @@ fn lib_dir() -> &'static Path {
             }
         }
         cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
-        let status = cmd.status().expect("run cargo build --lib");
-        assert!(status.success(), "cargo build --lib failed");
-        assert!(
-            profile_dir.join("libtbon.so").is_file(),
-            "no libtbon.so in {}",
-            profile_dir.display()
-        );
+        let status = cmd.status().expect("run cargo build");
+        assert!(status.success(), "cargo build {what:?} failed");
+        if what == ["--lib"] {
+            assert!(
+                profile_dir.join("libtbon.so").is_file(),
+                "no libtbon.so in {}",
+                profile_dir.display()
+            );
+        }
         profile_dir
-    })
+    }
 }
 
 /// Compiles `examples/c/<name>.c` into the test binary's directory and returns the executable.
@@ -81,10 +93,15 @@ fn build_example(name: &str) -> PathBuf {
 
 /// Runs an example to completion (hang guard: kill after [`HANG_GUARD`]) and checks exit 0.
 fn run_example(name: &str) {
-    let exe = build_example(name);
+    run_program(name, &build_example(name), &[]);
+}
+
+/// Runs `exe` with a job key in `TBON_KEY_FILE`; it must exit 0 printing "`name`: ok".
+fn run_program(name: &str, exe: &Path, args: &[&str]) {
     let key = std::env::temp_dir().join(format!("tbon-c-{}-{name}.key", std::process::id()));
     std::fs::write(&key, "c-examples-job-key-0123456789").expect("write the key");
-    let mut child = Command::new(&exe)
+    let mut child = Command::new(exe)
+        .args(args)
         .env("TBON_KEY_FILE", &key)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -107,6 +124,12 @@ fn run_example(name: &str) {
         out.status
     );
     assert!(stdout.contains(&format!("{name}: ok")), "{name}: {stdout}");
+}
+
+#[test]
+fn rust_resource_manager_starts_daemons_as_processes() {
+    let exe = cargo_build(&["--example", "resource_manager"]).join("examples/resource_manager");
+    run_program("resource_manager", &exe, &["5"]);
 }
 
 #[test]

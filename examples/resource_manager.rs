@@ -1,0 +1,115 @@
+//! A tiny resource manager in Rust that starts a DVM of daemons as separate processes.
+//!
+//! Run it: `cargo run --release --example resource_manager -- 4` (4 daemons; needs a job key:
+//! `tbon keygen /tmp/job.key` and `TBON_KEY_FILE=/tmp/job.key`).
+//!
+//! The program is both the launcher and the daemon. As the launcher it starts itself N times,
+//! each child with `TBON_RANK` and `TBON_SIZE` set as srun or mpirun would, and tells them where
+//! rank 0 will publish its contact URI (`TBON_HNP_FILE`, a file in a private directory). As a
+//! daemon it forms the DVM with `tbon::launch`, greets the next rank around a ring, waits for
+//! the previous rank's greeting, meets the others in a barrier, and stops: rank 0 shuts the
+//! whole DVM down, the others check that this is why they stopped. The launcher checks every
+//! child's exit status and that rank 0 removed its URI file, then prints "resource_manager: ok".
+
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+use tbon::launch::{Placement, Rendezvous, launch};
+use tbon::{Peer, StopReason};
+
+/// The tag of the ring greeting (user tags start at 100).
+const TAG_HELLO: u32 = 100;
+/// A guard against hangs, not a performance figure.
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn main() -> ExitCode {
+    // A child: the launcher gave it a rank.
+    if std::env::var_os("TBON_RANK").is_some() {
+        return match daemon() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!(
+                    "resource_manager: rank {:?}: {e}",
+                    std::env::var("TBON_RANK")
+                );
+                ExitCode::FAILURE
+            }
+        };
+    }
+    match launcher() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("resource_manager: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Starts N copies of this program as daemons and checks how they ended.
+fn launcher() -> Res<()> {
+    let n: u32 = std::env::args().nth(1).map_or(Ok(4), |a| a.parse())?;
+    if std::env::var_os("TBON_KEY_FILE").is_none() {
+        return Err("set TBON_KEY_FILE to a job key file (tbon keygen FILE)".into());
+    }
+    // A directory only this user can write: nobody else can plant the URI file.
+    let dir = std::env::temp_dir().join(format!("tbon-rm-{}", std::process::id()));
+    std::fs::create_dir(&dir)?;
+    let uri_file = dir.join("hnp.uri");
+    let me = std::env::current_exe()?;
+    // Every rank at once, as a launcher does: the others wait for rank 0's file.
+    let mut children = Vec::new();
+    for rank in 0..n {
+        let child = Command::new(&me)
+            .env("TBON_RANK", rank.to_string())
+            .env("TBON_SIZE", n.to_string())
+            .env("TBON_HNP_FILE", &uri_file)
+            .spawn()?;
+        children.push((rank, child));
+    }
+    let mut failed = Vec::new();
+    for (rank, mut child) in children {
+        if !child.wait()?.success() {
+            failed.push(rank);
+        }
+    }
+    let left = uri_file.exists();
+    let _ = std::fs::remove_dir_all(&dir);
+    if !failed.is_empty() {
+        return Err(format!("ranks {failed:?} failed").into());
+    }
+    if left {
+        return Err("rank 0 left its URI file behind".into());
+    }
+    println!("resource_manager: ok ({n} daemons as processes)");
+    Ok(())
+}
+
+/// One daemon: form the DVM, greet the ring, barrier, stop.
+fn daemon() -> Res<()> {
+    let at = Placement::from_env()?;
+    let how = Rendezvous::from_env()?.ok_or("no rendezvous in the environment")?;
+    let mut config = tbon::config::Config::from_env()?; // the key from TBON_KEY_FILE
+    config.if_include = vec!["127.0.0.1/32".into()]; // this example stays on one host
+    let d = launch(config, at, &how)?;
+    if !d.wait_wired(TIMEOUT) {
+        return Err("not wired".into());
+    }
+    let (rank, size) = (at.rank, at.size);
+    let next = (rank + 1) % size;
+    let previous = (rank + size - 1) % size;
+    d.send(next, TAG_HELLO, format!("hello from {rank}"))?;
+    let m = d.recv_blocking(Peer::Rank(previous), TAG_HELLO, TIMEOUT)?;
+    if m.payload != format!("hello from {previous}").as_bytes() {
+        return Err(format!("a wrong greeting: {:?}", m.payload).into());
+    }
+    d.barrier_wait(1, TIMEOUT)?;
+    if rank == 0 {
+        d.shutdown_dvm();
+        return Ok(());
+    }
+    match d.wait_stopped(TIMEOUT) {
+        Some(StopReason::DvmShutdown) => Ok(()),
+        other => Err(format!("stopped for {other:?}, not the DVM shutdown").into()),
+    }
+}
