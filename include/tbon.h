@@ -666,8 +666,9 @@ tbon_rc tbon_rank(tbon_daemon d, uint32_t *out);
 // Stores the number of daemons in the DVM in `*out`.
 tbon_rc tbon_size(tbon_daemon d, uint32_t *out);
 
-// Blocks until wire-up has completed (`TBON_OK`), the daemon stopped (`TBON_ERR_SHUT_DOWN`) or
-// `timeout_ms` passed (`TBON_ERR_TIMED_OUT`). Sends made before are queued, not lost. Not from
+// Blocks until wire-up has completed (`TBON_OK`, also once the daemon stopped after it), the
+// daemon stopped before it (`TBON_ERR_SHUT_DOWN`) or `timeout_ms` passed
+// (`TBON_ERR_TIMED_OUT`). Sends made before are queued, not lost. Not from
 // a callback.
 tbon_rc tbon_wait_wired(tbon_daemon d, uint32_t timeout_ms);
 
@@ -694,9 +695,14 @@ tbon_rc tbon_stop_reason(tbon_daemon d, tbon_stop *reason, char *buf, size_t *le
 
 // Stops this daemon: pending sends complete with `TBON_ERR_SHUT_DOWN`, queued frames get a
 // short bounded linger, sockets close, and the loop thread is joined before this returns, so
-// no callback of this daemon runs afterwards. Stopping a stopped daemon is `TBON_OK`. The
-// handle stays valid (other calls give `TBON_ERR_SHUT_DOWN`) until `tbon_free`. Not from a
-// callback.
+// no callback of this daemon runs afterwards. The handle stays valid until `tbon_free`:
+// whatever needs a running daemon (sends, broadcasts, collectives, receives, fault handlers,
+// counters, status, streams) then gives `TBON_ERR_SHUT_DOWN`; the queries still answer
+// (`tbon_contact_uri`, `tbon_rank`, `tbon_size`, `tbon_stop_reason`, `tbon_wait_stopped`,
+// and `tbon_wait_wired`: `TBON_OK` if wire-up had completed); cleanup has nothing left to do
+// and is `TBON_OK` (`tbon_cancel`, `tbon_purge`, `tbon_fetch_cancel`), as is stopping again
+// (`tbon_shutdown`, `tbon_shutdown_dvm`, `tbon_abort`). After `tbon_free` every call with the
+// handle gives `TBON_ERR_BAD_HANDLE`. Not from a callback.
 tbon_rc tbon_shutdown(tbon_daemon d);
 
 // On rank 0: tells every daemon of the DVM to stop (a broadcast down the tree), then stops this

@@ -1147,8 +1147,9 @@ pub unsafe extern "C" fn tbon_size(d: tbon_daemon, out: *mut u32) -> tbon_rc {
     })
 }
 
-/// Blocks until wire-up has completed (`TBON_OK`), the daemon stopped (`TBON_ERR_SHUT_DOWN`) or
-/// `timeout_ms` passed (`TBON_ERR_TIMED_OUT`). Sends made before are queued, not lost. Not from
+/// Blocks until wire-up has completed (`TBON_OK`, also once the daemon stopped after it), the
+/// daemon stopped before it (`TBON_ERR_SHUT_DOWN`) or `timeout_ms` passed
+/// (`TBON_ERR_TIMED_OUT`). Sends made before are queued, not lost. Not from
 /// a callback.
 #[unsafe(no_mangle)]
 pub extern "C" fn tbon_wait_wired(d: tbon_daemon, timeout_ms: u32) -> tbon_rc {
@@ -1258,9 +1259,14 @@ fn stop_call(d: tbon_daemon, call: &str, f: impl FnOnce(&Handle)) -> Res {
 
 /// Stops this daemon: pending sends complete with `TBON_ERR_SHUT_DOWN`, queued frames get a
 /// short bounded linger, sockets close, and the loop thread is joined before this returns, so
-/// no callback of this daemon runs afterwards. Stopping a stopped daemon is `TBON_OK`. The
-/// handle stays valid (other calls give `TBON_ERR_SHUT_DOWN`) until `tbon_free`. Not from a
-/// callback.
+/// no callback of this daemon runs afterwards. The handle stays valid until `tbon_free`:
+/// whatever needs a running daemon (sends, broadcasts, collectives, receives, fault handlers,
+/// counters, status, streams) then gives `TBON_ERR_SHUT_DOWN`; the queries still answer
+/// (`tbon_contact_uri`, `tbon_rank`, `tbon_size`, `tbon_stop_reason`, `tbon_wait_stopped`,
+/// and `tbon_wait_wired`: `TBON_OK` if wire-up had completed); cleanup has nothing left to do
+/// and is `TBON_OK` (`tbon_cancel`, `tbon_purge`, `tbon_fetch_cancel`), as is stopping again
+/// (`tbon_shutdown`, `tbon_shutdown_dvm`, `tbon_abort`). After `tbon_free` every call with the
+/// handle gives `TBON_ERR_BAD_HANDLE`. Not from a callback.
 #[unsafe(no_mangle)]
 pub extern "C" fn tbon_shutdown(d: tbon_daemon) -> tbon_rc {
     guard(|| stop_call(d, "tbon_shutdown", Handle::shutdown))
