@@ -199,18 +199,14 @@ fn every_call_after_shutdown_and_after_free_answers_as_documented() {
             wrong.push(format!("{name}: {rc:?}, header says {want:?}"));
         }
     }
-    // SAFETY: a handle of ours.
-    assert_eq!(unsafe { tbon_free(d) }, TBON_OK);
+    assert_eq!(tbon_free(d), TBON_OK);
     for (name, rc) in every_call(d) {
         if rc != TBON_ERR_BAD_HANDLE {
             wrong.push(format!("after tbon_free, {name}: {rc:?}"));
         }
     }
-    // SAFETY: a handle of ours.
-    unsafe {
-        assert_eq!(tbon_free(d), TBON_ERR_BAD_HANDLE);
-        assert_eq!(tbon_config_free(cfg), TBON_OK);
-    }
+    assert_eq!(tbon_free(d), TBON_ERR_BAD_HANDLE);
+    assert_eq!(tbon_config_free(cfg), TBON_OK);
     let _ = std::fs::remove_file(&key);
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
