@@ -312,36 +312,19 @@ fn status_shows_stopped_and_killed_daemons_then_their_repair() {
     // goes on through the failed views.
     kill(pid(0), Signal::SIGSTOP).unwrap();
     let key_arg = key.to_str().unwrap();
-    let out = status(
-        &uri,
-        &[
-            "--key-file",
-            key_arg,
-            "--connect-timeout-ms",
-            "300",
-            "--budget-ms",
-            "100",
-        ],
-    );
+    let impatient = |more: &[&str]| {
+        let mut args = vec!["--key-file", key_arg, "--connect-timeout-ms", "300"];
+        args.extend_from_slice(more);
+        status(&uri, &args)
+    };
+    let out = impatient(&["--budget-ms", "100"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
         err.contains("did not complete the handshake in time"),
         "{err}"
     );
-    let out = status(
-        &uri,
-        &[
-            "--key-file",
-            key_arg,
-            "--connect-timeout-ms",
-            "300",
-            "--watch",
-            "0.1",
-            "--count",
-            "2",
-        ],
-    );
+    let out = impatient(&["--watch", "0.1", "--count", "2"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(

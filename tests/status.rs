@@ -180,7 +180,7 @@ fn wrong_credentials_and_misbehaving_tools_are_refused() {
         sent_ns: None,
     })
     .encode();
-    for _ in 0..2 {
+    let ask = |w: &mut Wire| {
         w.send(
             &Header {
                 tag: TAG_STATUS,
@@ -188,7 +188,10 @@ fn wrong_credentials_and_misbehaving_tools_are_refused() {
                 ..h
             },
             &query,
-        );
+        )
+    };
+    for _ in 0..2 {
+        ask(&mut w);
         let f = w.recv().expect("a report");
         match tbon::status::wire::Msg::decode(&f.payload, 3).unwrap() {
             tbon::status::wire::Msg::Report(r) => assert_eq!(r.answered(), 3),
@@ -198,14 +201,7 @@ fn wrong_credentials_and_misbehaving_tools_are_refused() {
     // An admitted tool is no longer in its handshake: its connection outlives the handshake
     // timeout (here 300 ms) and is still answered.
     std::thread::sleep(Duration::from_millis(900));
-    w.send(
-        &Header {
-            tag: TAG_STATUS,
-            dst: 0,
-            ..h
-        },
-        &query,
-    );
+    ask(&mut w);
     let f = w.recv().expect("a report after the handshake timeout");
     assert!(matches!(
         tbon::status::wire::Msg::decode(&f.payload, 3),

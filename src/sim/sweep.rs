@@ -94,6 +94,13 @@ impl SweepParams {
                 self.size
             ));
         }
+        if self.cores > self.size {
+            return Err(format!(
+                "--cores {} exceeds the {} daemons: more processors than daemons is one each \
+                 (--cores 0)",
+                self.cores, self.size
+            ));
+        }
         if self.latency_us == 0 {
             return Err("--latency-us must be at least 1".into());
         }
@@ -330,6 +337,9 @@ mod tests {
         p = params(64, 0);
         p.bandwidth_mbps = 0;
         assert!(sweep(&p).unwrap_err().contains("bandwidth"));
+        p = params(64, 0);
+        p.cores = u32::MAX;
+        assert!(sweep(&p).unwrap_err().contains("--cores"));
         p = params(64, 0);
         p.radixes = vec![64];
         assert!(sweep(&p).unwrap_err().contains("one level"));
