@@ -99,6 +99,12 @@ impl SettingValue for crate::direct::RouteSetting {
     }
 }
 
+impl SettingValue for crate::node::contacts::ContactsSetting {
+    fn parse_setting(s: &str) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
 impl SettingValue for String {
     fn parse_setting(s: &str) -> Result<Self, String> {
         Ok(s.trim().to_string())
@@ -236,6 +242,10 @@ settings! {
     /// Milliseconds for every daemon to report in at start-up; a daemon that never reports
     /// within this is marked failed.
     wireup_timeout_ms: u64 = limits::WIREUP_TIMEOUT_MS_DEFAULT, env "TBON_WIREUP_TIMEOUT_MS";
+    /// Contacts a daemon keeps from wire-up: `subtree` (its ancestors' and its subtree's; any
+    /// other is looked up from rank 0 when first needed) or `full` (every rank's: no lookups,
+    /// but N squared bytes at wire-up in all). See docs/wireup.md.
+    contacts: crate::node::contacts::ContactsSetting = crate::node::contacts::ContactsSetting::Subtree, env "TBON_CONTACTS";
     /// First reconnect delay in milliseconds after a lost connection; doubles per attempt.
     reconnect_base_ms: u64 = 50, env "TBON_RECONNECT_BASE_MS";
     /// Cap on the reconnect delay in milliseconds.

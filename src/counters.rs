@@ -23,6 +23,9 @@ pub struct Counters {
     pub dropped_unmatched: u64,
     /// Connections closed because the peer broke the protocol (bad frame, bad handshake).
     pub protocol_errors: u64,
+    /// Contact lookups this daemon sent to rank 0 (retries included): dials of ranks whose
+    /// contact wire-up did not give it.
+    pub contact_lookups: u64,
     /// Outgoing connection attempts that were retried.
     pub reconnects: u64,
     /// Commands received from other threads.

@@ -80,6 +80,18 @@ pub const PENDING_HANDSHAKES_PER_SOURCE_MAX: usize = 64;
 /// holds a flood to about 2 MiB per daemon, whatever its size.
 pub const PENDING_HANDSHAKES_MAX: usize = 1_024;
 
+/// Pending handshakes above which a listener accepts one connection per `ACCEPT_PACE_MS`
+/// instead of every connection waiting. Accepting faster than the handshakes finish only
+/// evicts: at wire-up 2,047 daemons on one machine dial rank 0 at once, and rank 0 used to
+/// accept a thousand in one turn and evict all but 64 of them (the per-source bound), which
+/// then retried and were evicted again. Paced, the others wait in the kernel's backlog and
+/// are taken as room frees. One connection is still taken per pace, so a stranger holding
+/// pending handshakes cannot stop a listener: what it holds is evicted as before.
+pub const ACCEPT_PACE_PENDING: usize = 32;
+
+/// The pace of accepting above `ACCEPT_PACE_PENDING` pending handshakes (milliseconds).
+pub const ACCEPT_PACE_MS: u64 = 1;
+
 /// The read region of a connection still in its handshake (bytes). A handshake frame is a
 /// 40-byte header and at most `HANDSHAKE_MAX_PAYLOAD` bytes, so one region holds it; the
 /// region grows to `READ_CHUNK_BYTES` once the connection is established. Reached: a longer
@@ -217,6 +229,24 @@ pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 5_000;
 /// reported within it is marked failed and the tree is repaired around it.
 /// Setting: `wireup_timeout_ms`.
 pub const WIREUP_TIMEOUT_MS_DEFAULT: u64 = 60_000;
+
+/// Contacts a daemon keeps from lookups (beside those it owns from wire-up: its ancestors' and
+/// its subtree's, and rank 0's). At the bound the oldest looked-up contact is forgotten; an
+/// open connection to that rank is not affected, and a later dial looks it up again.
+pub const CONTACT_CACHE_MAX: usize = 4_096;
+
+/// Ranks asked for in one contact lookup (one message to rank 0). More wanted ranks wait for
+/// the next lookup, sent when the reply to this one arrives.
+pub const CONTACT_LOOKUP_BATCH_MAX: usize = 256;
+
+/// How long a daemon waits for rank 0's answer to a contact lookup before it asks again
+/// (milliseconds).
+pub const CONTACT_LOOKUP_TIMEOUT_MS: u64 = 5_000;
+
+/// Times a contact lookup is sent before its ranks are given up as unreachable (every frame
+/// waiting for them fails with `Unreachable`, and they are reported failed like a peer that
+/// refuses every dial).
+pub const CONTACT_LOOKUP_TRIES_MAX: u32 = 3;
 
 /// Default number of reconnect attempts to a peer after its connection is lost (PRRTE: 2 per
 /// address). When they are used up the peer is treated as failed and its queued sends fail.

@@ -1,12 +1,13 @@
 //! Every runtime control-message decoder on arbitrary bytes: fault reports, confirmations,
-//! adoption notices, the wire-up contact table and report, RELM control messages, the
-//! collectives' messages (xcast, allgather, allgather results), direct-link and stream
-//! messages, and contact URIs. Errors are fine; panics are not. A collective or stream message
+//! adoption notices, the wire-up contact slice and report, contact lookups and their replies,
+//! RELM control messages, the collectives' messages (xcast, allgather, allgather results),
+//! direct-link and stream messages, and contact URIs. Errors are fine; panics are not. A collective or stream message
 //! that decodes is encoded again.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tbon::node::wireup::{decode_report, decode_table};
+use tbon::node::lookup::{LookupReply, decode_request};
+use tbon::node::wireup::{Slice, decode_report};
 use tbon::faults::notice::{Adoption, Confirmation, decode_ranks};
 use tbon::grpcomm::{AllgatherMsg, AllgatherResult, XcastMsg};
 use tbon::oob::uri::ContactUri;
@@ -22,7 +23,9 @@ fuzz_target!(|data: &[u8]| {
     let _ = decode_ranks(size, rest);
     let _ = Confirmation::decode(size, rest);
     let _ = Adoption::decode(size, rest);
-    let _ = decode_table(size, rest);
+    let _ = Slice::decode(size, rest);
+    let _ = decode_request(size, rest);
+    let _ = LookupReply::decode(size, rest);
     let _ = decode_report(size - 1, rest);
     let _ = Control::decode(size, rest);
     if let Ok(m) = XcastMsg::decode(size, rest.to_vec().into()) {

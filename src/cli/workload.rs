@@ -515,7 +515,17 @@ impl Sender {
         let mut batch: usize = 1;
         let mut busy_seen = 0;
         let mut seq = 0;
+        // Waits for completions (window full, or schedule done) grow while none arrives: at
+        // 1 ms each, 2,048 daemons waiting through a slow wire-up woke 2 million times a
+        // second and starved the machine.
+        let mut idle_ms = RETRY_BACKOFF_MS_MIN;
+        let mut completed_seen = 0;
         loop {
+            let completed_now = self.completed.load(Ordering::Relaxed);
+            if completed_now > completed_seen {
+                completed_seen = completed_now;
+                idle_ms = RETRY_BACKOFF_MS_MIN;
+            }
             // Refused messages first, in order, after a back-off that grows while refusals
             // go on (without it the sender and the loop would trade refusals as fast as they
             // can, a storm that takes the CPU the network needs).
@@ -544,7 +554,8 @@ impl Sender {
             let retrying = !lock_queue(&self.retry).is_empty();
             if seq < args.workload_messages && (unfinished >= SEND_WINDOW_MAX || retrying) {
                 // Enough offered and not yet accepted: wait for completions.
-                std::thread::sleep(Duration::from_millis(RETRY_BACKOFF_MS_MIN));
+                std::thread::sleep(Duration::from_millis(idle_ms));
+                idle_ms = (idle_ms * 2).min(RETRY_BACKOFF_MS_MAX);
                 continue;
             }
             if seq == args.workload_messages {
@@ -552,8 +563,8 @@ impl Sender {
                 if self.completed.load(Ordering::Relaxed) >= self.sent.load(Ordering::Relaxed) {
                     return;
                 }
-                std::thread::sleep(Duration::from_millis(backoff_ms));
-                backoff_ms = (backoff_ms * 2).min(RETRY_BACKOFF_MS_MAX);
+                std::thread::sleep(Duration::from_millis(idle_ms));
+                idle_ms = (idle_ms * 2).min(RETRY_BACKOFF_MS_MAX);
                 continue;
             }
             let at = start + Duration::from_secs_f64(seq as f64 / rate);

@@ -87,6 +87,7 @@ fn non_default_value(name: &str) -> &'static str {
         "if_include" => "lo, 10.0.0.0/8",
         "if_exclude" => "eth9",
         "route" => "auto",
+        "contacts" => "full",
         _ => "7",
     }
 }

@@ -343,6 +343,8 @@ impl EventLoop {
                     self.fault_handlers = handlers;
                 }
                 Output::Wired => self.shared.set_wired(),
+                Output::ContactKnown(peer) => self.contact_answered(peer, true),
+                Output::ContactUnknown(peer) => self.contact_answered(peer, false),
                 Output::Stream(e) => self.on_stream_event(*e),
                 Output::Stop(reason) => self.on_stop(reason),
                 Output::Trace(_) => {}

@@ -29,7 +29,6 @@ impl PendingHandshakes {
     }
 
     /// How many are pending.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.by_age.len()
     }

@@ -120,11 +120,12 @@ impl Node {
         if let DirectMsg::Request { uri, .. } = &m
             && !uri.is_empty()
             && self.contact(msg.origin).is_none()
-            && let Ok(u) = uri.parse()
-            && let Some(slot) = self.contacts.get_mut(msg.origin as usize)
+            && let Ok(u) = uri.parse::<crate::oob::uri::ContactUri>()
+            && u.rank == msg.origin
         {
-            // A daemon whose contact this one lacks (none from wire-up) can be dialled.
-            *slot = Some(u);
+            // A daemon whose contact this one lacks (not from wire-up) can be dialled without
+            // a lookup.
+            self.contacts.cache(u);
         }
         let was_direct = self.direct.is_direct(msg.origin);
         let who = Asker {

@@ -24,10 +24,12 @@
 
 mod collectives;
 mod commands;
+pub mod contacts;
 mod direct;
 mod faults;
 pub mod flow;
 mod frames;
+pub mod lookup;
 mod output;
 mod reliable;
 mod status;
@@ -92,6 +94,8 @@ pub struct NodeConfig {
     pub flow: flow::FlowLimits,
     /// Direct links beside the tree ([`crate::direct`]).
     pub direct: crate::direct::DirectConfig,
+    /// Which contacts wire-up leaves this daemon ([`contacts::ContactsSetting`]).
+    pub contacts: contacts::ContactsSetting,
 }
 
 impl NodeConfig {
@@ -126,6 +130,7 @@ impl NodeConfig {
             incarnation_floor: 0,
             flow: flow::FlowLimits::for_queue(c.send_queue_max_bytes, c.msg_max_bytes as usize),
             direct: crate::direct::DirectConfig::from_config(c),
+            contacts: c.contacts,
         }
     }
 }
@@ -175,8 +180,10 @@ pub struct Node {
     wire: Wire,
     wired_at_start: bool,
     wireup_timeout: Duration,
-    /// Contact URIs by rank: rank 0's alone before wire-up, every rank's after.
-    contacts: Vec<Option<ContactUri>>,
+    /// Contact URIs: rank 0's before wire-up; after it, the ancestors' and the subtree's (or
+    /// every rank's: rank 0, `contacts = "full"`), and those looked up since.
+    contacts: contacts::Contacts,
+    contacts_setting: contacts::ContactsSetting,
     /// Commands held until wire-up completes (at most `prewire_queue_max`).
     prewire: VecDeque<Command>,
     /// Self-sends, delivered at the next `pump` (not from inside the call that sent them).
@@ -229,13 +236,11 @@ impl Node {
     pub fn new(cfg: NodeConfig) -> Result<Node, TreeError> {
         let routing = RoutingState::new(cfg.radix, cfg.size, cfg.rank)?;
         let me = cfg.rank;
-        // The table comes at wire-up; until then only rank 0's contact is known. (Not one
-        // entry per rank from the start: a simulator that never wires runs N daemons in N
-        // entries, not N squared.)
-        let contacts = match (me, cfg.hnp.clone()) {
-            (0, _) | (_, None) => Vec::new(),
-            (_, Some(h)) => vec![Some(h)],
-        };
+        // The slice comes at wire-up; until then only rank 0's contact is known.
+        let mut contacts = contacts::Contacts::default();
+        if let (1.., Some(h)) = (me, cfg.hnp.clone()) {
+            contacts.own(h);
+        }
         let xcast = Xcast::with_limits(&routing, xcast_limits(cfg.msg_max_bytes));
         let allgather = Allgather::new(&routing);
         Ok(Node {
@@ -259,6 +264,7 @@ impl Node {
             wired_at_start: cfg.wired_at_start,
             wireup_timeout: cfg.wireup_timeout,
             contacts,
+            contacts_setting: cfg.contacts,
             prewire: VecDeque::new(),
             local: VecDeque::new(),
             epoch: 0,
@@ -337,9 +343,11 @@ impl Node {
         self.routing.is_failed(r)
     }
 
-    /// The contact URI of rank `r`, if known (rank 0's from the start; others' once wired).
+    /// The contact URI of rank `r`, if known (rank 0's from the start; after wire-up the
+    /// ancestors' and the subtree's, and those looked up). A driver that must dial a rank
+    /// whose contact is not known calls [`Node::want_contact`].
     pub fn contact(&self, r: Rank) -> Option<&ContactUri> {
-        self.contacts.get(r as usize).and_then(Option::as_ref)
+        self.contacts.get(r)
     }
 
     /// The counters the node keeps (the driver adds its own: connections, wake-ups, ...).
@@ -397,9 +405,10 @@ impl Node {
                 self.direct.poll_timeout(),
                 self.streams.poll_timeout(),
                 self.status.poll_timeout(),
+                self.contacts.in_flight().map(|f| f.deadline),
             ]
         } else {
-            [None, None, None, None, None]
+            [None; 6]
         };
         [wireup].into_iter().chain(running).flatten().min()
     }
@@ -435,6 +444,9 @@ impl Node {
         }
         if self.streams.poll_timeout().is_some_and(|at| at <= now) {
             self.streams_timeout(now);
+        }
+        if self.contacts.in_flight().is_some_and(|f| f.deadline <= now) {
+            self.lookup_timeout(now);
         }
         if self.status.poll_timeout().is_some_and(|at| at <= now) {
             self.answer_due(now);

@@ -72,6 +72,12 @@ pub enum Output {
         payload: Payload,
         token: Option<u64>,
     },
+    /// The contact of this rank, asked for with [`Node::want_contact`](super::Node), is known
+    /// now: dial it if frames wait for it.
+    ContactKnown(Rank),
+    /// No contact of this rank can be had (rank 0 has none: the rank never reported, or it
+    /// failed; or rank 0 left the lookups unanswered): treat the rank as unreachable.
+    ContactUnknown(Rank),
     /// A heartbeat for neighbour `to`: send it only over a connection that is up (a missing
     /// one is being redialled, and silence is what the peer's monitor measures).
     Heartbeat { to: Rank, header: Header },

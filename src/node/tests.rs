@@ -25,6 +25,8 @@ struct Net {
     stops: Vec<(Rank, StopReason)>,
     /// Stream events, per rank, in order.
     streams: VecDeque<(Rank, StreamEvent)>,
+    /// Contact lookups answered: (asker, rank, known).
+    answers: Vec<(Rank, Rank, bool)>,
 }
 
 impl Net {
@@ -55,6 +57,7 @@ impl Net {
             gathered: Vec::new(),
             stops: Vec::new(),
             streams: VecDeque::new(),
+            answers: Vec::new(),
         };
         for r in 0..size {
             net.collect(r);
@@ -88,6 +91,8 @@ impl Net {
                 Output::AllgatherDone { result, .. } => self.gathered.push((r, result.is_ok())),
                 Output::Stop(reason) => self.stops.push((r, reason)),
                 Output::Stream(e) => self.streams.push_back((r, *e)),
+                Output::ContactKnown(c) => self.answers.push((r, c, true)),
+                Output::ContactUnknown(c) => self.answers.push((r, c, false)),
                 _ => {}
             }
         }
@@ -433,7 +438,7 @@ fn a_contact_table_for_another_size_is_fatal() {
     let now = Instant::now();
     let mut n = unwired_rank_1(2, now);
     // Rank 0 was started with size 3: its table has three entries.
-    let table = wireup::encode_table(&[None, None, None]);
+    let table = wireup::Slice::default().encode(3);
     let h = Header {
         kind: Kind::Xcast,
         origin: 0,
@@ -856,4 +861,159 @@ fn stream_data_waits_for_a_congested_hop_and_leaves_in_a_fair_budgeted_round_rob
         second.keys().all(|id| !first.contains_key(id)),
         "{first:?} then {second:?}"
     );
+}
+
+// ----- wire-up slices and contact lookups (issue "Thousands of daemons") ----------------------
+
+fn test_uri(rank: Rank) -> ContactUri {
+    ContactUri {
+        dvm_id: "tbon".into(),
+        rank,
+        addrs: vec![format!("127.0.0.1:{}", 10_000 + rank).parse().unwrap()],
+    }
+}
+
+/// A DVM of `size` daemons that wires up for real (reports, slices), without `absent`.
+fn wiring_net(size: u32, radix: u32, setting: contacts::ContactsSetting, absent: &[Rank]) -> Net {
+    let mut net = Net::new(size, radix, |cfg| {
+        cfg.wired_at_start = false;
+        cfg.uri = Some(test_uri(cfg.rank));
+        cfg.hnp = Some(test_uri(0));
+        cfg.wireup_timeout = Duration::from_secs(60);
+        cfg.contacts = setting;
+    });
+    for r in absent {
+        net.alive[*r as usize] = false;
+    }
+    net.run();
+    if !absent.is_empty() {
+        // Rank 0 gives up on the absent ones at its wire-up timeout.
+        net.advance(60_000);
+        net.run();
+    }
+    net
+}
+
+/// Whether `a` is `b` or an ancestor of `b` in the failure-free tree.
+fn ancestor_or_self(radix: u32, size: u32, a: Rank, b: Rank) -> bool {
+    let tree = RoutingState::new(radix, size, b).unwrap();
+    a == b || tree.ancestors().contains(&a)
+}
+
+#[test]
+fn wire_up_leaves_each_daemon_its_ancestors_and_its_subtree() {
+    let (size, radix) = (40, 3);
+    let mut net = wiring_net(size, radix, contacts::ContactsSetting::Subtree, &[]);
+    let mut entries = 0;
+    for r in 1..size {
+        let n = net.node(r);
+        assert!(n.is_wired(), "rank {r} wired");
+        for x in (0..size).filter(|x| *x != r) {
+            let expected =
+                ancestor_or_self(radix, size, x, r) || ancestor_or_self(radix, size, r, x);
+            assert_eq!(
+                n.contact(x).is_some(),
+                expected,
+                "rank {r} knows rank {x}'s contact"
+            );
+            assert!(n.contact(x).is_none_or(|u| *u == test_uri(x)));
+        }
+        entries += n.contacts.owned_len();
+    }
+    // Every rank knows its depth's worth of ancestors and its subtree: N log N in all, far
+    // below the N squared of a full table.
+    assert!(
+        entries < (size * size / 4) as usize,
+        "{entries} entries in all"
+    );
+    let table: usize = net
+        .seen
+        .iter()
+        .filter(|(_, _, h)| h.tag == wireup::TAG_WIREUP_TABLE)
+        .count();
+    assert_eq!(table, size as usize - 1, "one slice per daemon");
+}
+
+#[test]
+fn full_contacts_leave_every_daemon_every_contact() {
+    let size = 20;
+    let mut net = wiring_net(size, 3, contacts::ContactsSetting::Full, &[]);
+    for r in 0..size {
+        for x in (0..size).filter(|x| *x != r) {
+            assert_eq!(net.node(r).contact(x), Some(&test_uri(x)), "{r} knows {x}");
+        }
+    }
+}
+
+#[test]
+fn a_missing_contact_is_looked_up_from_rank_0_and_cached() {
+    let (size, radix) = (40, 3);
+    let mut net = wiring_net(size, radix, contacts::ContactsSetting::Subtree, &[]);
+    // Rank 39 (a leaf) and rank 1 are in different subtrees.
+    assert!(net.node(39).contact(1).is_none());
+    let now = net.now;
+    net.node(39).want_contact(now, 1);
+    net.node(39).want_contact(now, 2);
+    net.node(39).want_contact(now, 99);
+    net.collect(39);
+    net.run();
+    assert!(net.answers.contains(&(39, 1, true)));
+    assert!(net.answers.contains(&(39, 2, true)));
+    assert!(
+        net.answers.contains(&(39, 99, false)),
+        "out of range: unknown at once"
+    );
+    assert_eq!(net.node(39).contact(1), Some(&test_uri(1)));
+    let lookups = net
+        .seen
+        .iter()
+        .filter(|(f, _, h)| *f == 39 && h.tag == lookup::TAG_CONTACT_LOOKUP)
+        .count();
+    assert_eq!(lookups, 2, "one lookup in flight at a time: 1, then 2");
+    // Known now: answered at once, no message.
+    net.node(39).want_contact(now, 1);
+    net.collect(39);
+    assert_eq!(
+        net.answers.iter().filter(|a| **a == (39, 1, true)).count(),
+        2
+    );
+    assert!(net.links.is_empty());
+}
+
+#[test]
+fn an_unanswered_lookup_is_retried_then_given_up() {
+    let mut net = wiring_net(13, 3, contacts::ContactsSetting::Subtree, &[]);
+    net.alive[0] = false;
+    let now = net.now;
+    net.node(12).want_contact(now, 1);
+    net.collect(12);
+    for _ in 0..crate::limits::CONTACT_LOOKUP_TRIES_MAX {
+        net.run();
+        net.advance(crate::limits::CONTACT_LOOKUP_TIMEOUT_MS);
+    }
+    assert!(net.answers.contains(&(12, 1, false)));
+    let tries = net
+        .seen
+        .iter()
+        .filter(|(f, _, h)| *f == 12 && h.tag == lookup::TAG_CONTACT_LOOKUP)
+        .count();
+    assert_eq!(tries as u32, crate::limits::CONTACT_LOOKUP_TRIES_MAX);
+}
+
+#[test]
+fn a_daemon_that_never_reports_is_failed_and_its_subtree_still_wires() {
+    let (size, radix) = (40, 3);
+    // Rank 1 (interior) never starts: rank 0 lists it missing, and its heir takes its slot.
+    let mut net = wiring_net(size, radix, contacts::ContactsSetting::Subtree, &[1]);
+    for r in (0..size).filter(|r| *r != 1) {
+        let n = net.node(r);
+        assert!(n.is_wired(), "rank {r} wired");
+        assert!(n.is_failed(1), "rank {r} knows rank 1 never came");
+        if let Some(p) = n.routing.parent() {
+            assert!(n.contact(p).is_some(), "rank {r} knows its parent {p}");
+        }
+        for c in n.routing.children().to_vec() {
+            assert!(n.contact(c).is_some(), "rank {r} knows its child {c}");
+        }
+    }
 }

@@ -1,13 +1,17 @@
-//! The wire-up flow: every other rank reports its contact URI to rank 0, rank 0 floods the
-//! contact table down the tree (the messages are in `wireup.rs`).
+//! The wire-up flow: every other rank reports its contact URI to rank 0; rank 0 sends each
+//! child its slice of the contact table, and every daemon its children theirs (the messages
+//! are in `wireup.rs`).
 
-use super::wireup::{self, TAG_WIREUP_REPORT, TAG_WIREUP_TABLE};
+use super::contacts::ContactsSetting;
+use super::wireup::{self, Slice, TAG_WIREUP_REPORT, TAG_WIREUP_TABLE};
 use super::{Node, Output, StopReason, Wire};
 use crate::Rank;
 use crate::oob::header::Kind;
 use crate::rml::Message;
+use crate::routed::Route;
 use crate::routed::Scope;
 use bytes::Bytes;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 impl Node {
@@ -64,8 +68,10 @@ impl Node {
             return;
         };
         let missing = c.missing();
-        let table = c.encode();
-        self.contacts = c.contacts().to_vec();
+        let reported: Vec<_> = c.contacts().iter().flatten().cloned().collect();
+        for u in reported {
+            self.contacts.own(u);
+        }
         if !missing.is_empty() {
             log::warn!(
                 "rank 0: wire-up without {} daemon(s) that never reported: {:?}",
@@ -84,17 +90,18 @@ impl Node {
             self.size as usize - missing.len()
         );
         // Down the repaired tree, before anything the held commands send.
-        self.flood(0, TAG_WIREUP_TABLE, &table);
+        self.send_slices(&missing);
         self.wired(now);
     }
 
-    /// The contact table arrived: applied before it is forwarded (it holds the children's
-    /// addresses), then flooded on to the children of the repaired tree.
+    /// This daemon's slice of the contact table arrived: applied (the failures it lists, then
+    /// its contacts), then each child sent its own slice over the repaired tree.
     pub(super) fn apply_table(&mut self, now: Instant, payload: &Bytes) {
         if self.is_wired() || self.stopping.is_some() {
+            // A second copy (from a new parent after a repair): what it lacks is looked up.
             return;
         }
-        let table = match wireup::decode_table(self.size, payload) {
+        let slice = match Slice::decode(self.size, payload) {
             Ok(t) => t,
             Err(wireup::WireupError::WrongSize { got, expected }) => {
                 // Nothing this daemon could do with the DVM would be right: its ranks and
@@ -115,12 +122,8 @@ impl Node {
                 return;
             }
         };
-        let missing: Vec<Rank> = table
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.is_none())
-            .map(|(r, _)| r as Rank)
-            .collect();
+        let mut missing = slice.missing;
+        missing.sort_unstable();
         if missing.contains(&self.me) {
             log::error!(
                 "rank {}: the DVM started without this daemon (its report came too late)",
@@ -135,17 +138,55 @@ impl Node {
                 Err(e) => log::error!("rank {}: bad failed list in contact table: {e}", self.me),
             }
         }
-        self.contacts = table;
-        self.confirmed = missing;
+        for u in slice.entries {
+            self.contacts.own(u);
+        }
+        self.confirmed = missing.clone();
         self.wire = Wire::Wired;
-        self.flood(0, TAG_WIREUP_TABLE, payload);
+        self.send_slices(&missing);
         log::info!(
-            "rank {}: wired up (parent {:?}, {} children)",
+            "rank {}: wired up (parent {:?}, {} children, {} contacts)",
             self.me,
             self.routing.parent(),
-            self.routing.children().len()
+            self.routing.children().len(),
+            self.contacts.owned_len()
         );
         self.wired(now);
+    }
+
+    /// Sends every child its slice: the missing ranks; this daemon's contact and those of its
+    /// ancestors; and the contacts of the child's subtree (with `contacts = "full"`, every
+    /// contact this daemon owns).
+    fn send_slices(&mut self, missing: &[Rank]) {
+        let children: Vec<Rank> = self.routing.children().to_vec();
+        if children.is_empty() {
+            return;
+        }
+        let mut common: Vec<crate::oob::uri::ContactUri> = self.uri.iter().cloned().collect();
+        let mut below: BTreeMap<Rank, Vec<crate::oob::uri::ContactUri>> =
+            children.iter().map(|c| (*c, Vec::new())).collect();
+        let full = self.contacts_setting == ContactsSetting::Full;
+        for u in self.contacts.owned() {
+            if u.rank == self.me {
+                continue;
+            }
+            match self.routing.route(u.rank) {
+                Route::Child(c) if !full => below.entry(c).or_default().push(u.clone()),
+                Route::Unreachable | Route::Local => {}
+                _ => common.push(u.clone()),
+            }
+        }
+        for c in children {
+            let mut entries = common.clone();
+            entries.extend(below.remove(&c).unwrap_or_default());
+            let payload = Slice {
+                missing: missing.to_vec(),
+                entries,
+            }
+            .encode(self.size);
+            let h = self.header(Kind::Xcast, 0, c, TAG_WIREUP_TABLE, payload.len());
+            self.transmit(c, h, payload, None);
+        }
     }
 
     /// A rank other than 0 got no contact table within its deadline: rank 0 never finished

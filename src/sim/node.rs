@@ -349,7 +349,8 @@ impl SimNode {
                 // closes the connections to the dead.
                 Output::PeersFailed { dead, .. } => self.declared.extend(dead),
                 Output::Fallback { peer } => self.out.push(Out::Fallback(peer)),
-                Output::Wired => {}
+                // The simulated daemons start wired, with no addresses: nothing is dialled.
+                Output::Wired | Output::ContactKnown(_) | Output::ContactUnknown(_) => {}
                 Output::Stream(e) => self.stream_events.push(*e),
                 Output::Deliver { msg, .. } => {
                     // Broadcasts are checked from their trace, which carries the op.

@@ -33,6 +33,8 @@ pub struct Input<'a> {
     pub survivors: &'a BTreeSet<u32>,
     pub results: &'a BTreeMap<u32, Results>,
     pub spawn_ns: u64,
+    /// CLOCK_MONOTONIC ns when the last daemon process had been started.
+    pub spawned_ns: u64,
     pub t0: Option<u64>,
     pub elapsed: Duration,
     /// Problems the run itself found (crashes, hangs, unclean stops).
@@ -129,6 +131,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
         survivors,
         results,
         spawn_ns,
+        spawned_ns,
         t0,
         elapsed,
         mut problems,
@@ -363,6 +366,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
     let schedule_s = (messages as f64 / args.rate.max(0.001)).max(1e-3);
     let offered = c.expected as f64 / schedule_s;
     let wireup_s = t0.map(|t| t.saturating_sub(spawn_ns) as f64 / 1e9);
+    let spawn_s = spawned_ns.saturating_sub(spawn_ns) as f64 / 1e9;
 
     let ran = !results.is_empty();
     let mut checks: Vec<(String, bool)> = Vec::new();
@@ -459,7 +463,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
     let _ = writeln!(t);
     let _ = writeln!(
         t,
-        "  wire-up of {n} daemons        {}",
+        "  wire-up of {n} daemons        {} (the processes were all started after {spawn_s:.2} s)",
         wireup_s.map_or("-".into(), |s| format!("{s:.2} s"))
     );
     let _ = writeln!(
@@ -682,6 +686,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
         "rate_per_daemon": args.rate,
         "seed": args.seed,
         "wireup_s": wireup_s,
+        "spawn_s": spawn_s,
         "run_s": elapsed.as_secs_f64(),
         "faults": fault_rows,
         "counts": c,

@@ -46,6 +46,9 @@ pub(super) struct Link {
     /// nothing to send, and declare it failed if it cannot be reached.
     pub probe: bool,
     pub redial_armed: bool,
+    /// Its contact was asked of the node ([`Node::want_contact`]); the dial waits for the
+    /// answer.
+    pub awaiting_contact: bool,
 }
 
 impl EventLoop {
@@ -121,7 +124,11 @@ impl EventLoop {
         let link = self.links.entry(peer).or_default();
         // A connection claiming `peer` still in its handshake does not count: it has proved
         // nothing (`oob::arbiter`).
-        if link.conn.is_none() && link.dialing.is_none() && !link.redial_armed {
+        if link.conn.is_none()
+            && link.dialing.is_none()
+            && !link.redial_armed
+            && !link.awaiting_contact
+        {
             self.dial(peer);
         }
     }
@@ -134,8 +141,14 @@ impl EventLoop {
             .unwrap_or_default();
         let attempt = self.links.get(&peer).map_or(0, |l| l.attempt);
         let Some(addr) = addrs.get(attempt as usize % addrs.len().max(1)).copied() else {
-            log::warn!("rank {}: no address known for rank {peer}", self.me);
-            self.unreachable(peer, 0);
+            // Not from wire-up: the node looks it up (the answer comes as an output; what
+            // waits for `peer` stays queued meanwhile).
+            log::debug!(
+                "rank {}: no address known for rank {peer}; looking it up",
+                self.me
+            );
+            self.links.entry(peer).or_default().awaiting_contact = true;
+            self.node.want_contact(Instant::now(), peer);
             return;
         };
         let stream = match TcpStream::connect(addr) {
@@ -152,6 +165,24 @@ impl EventLoop {
         };
         self.links.entry(peer).or_default().dialing = Some(tok);
         log::debug!("rank {}: dialling rank {peer} at {addr}", self.me);
+    }
+
+    /// The node answered a contact lookup for `peer`: dialled now if something waits for it,
+    /// or (no contact to be had) unreachable.
+    pub(super) fn contact_answered(&mut self, peer: Rank, known: bool) {
+        let Some(link) = self.links.get_mut(&peer) else {
+            return;
+        };
+        if !std::mem::take(&mut link.awaiting_contact) {
+            return;
+        }
+        let wanted = !link.pending.is_empty() || link.probe;
+        if known && wanted {
+            self.ensure_dial(peer);
+        } else if !known {
+            log::warn!("rank {}: no contact to be had for rank {peer}", self.me);
+            self.unreachable(peer, 0);
+        }
     }
 
     pub(super) fn dial_failed(&mut self, peer: Rank) {
@@ -266,8 +297,25 @@ impl EventLoop {
         Some(tok)
     }
 
+    /// Accepts on listener `index` again in `ms` (the listener is edge-triggered: what is
+    /// left in its backlog raises no new event).
+    fn accept_later(&mut self, index: usize, ms: u64) {
+        if !self.accept_retry.contains(&index) {
+            self.accept_retry.push(index);
+            self.timers.arm(
+                Instant::now() + Duration::from_millis(ms),
+                TimerKind::AcceptRetry { index },
+            );
+        }
+    }
+
     pub(super) fn accept(&mut self, index: usize) {
-        for _ in 0..limits::ACCEPTS_PER_EVENT_MAX {
+        for taken in 0..limits::ACCEPTS_PER_EVENT_MAX {
+            if taken > 0 && self.pending.len() >= limits::ACCEPT_PACE_PENDING {
+                // Paced (see `limits::ACCEPT_PACE_PENDING`): the rest wait in the backlog.
+                self.accept_later(index, limits::ACCEPT_PACE_MS);
+                return;
+            }
             let Some(listener) = self.listeners.get(index) else {
                 return;
             };
@@ -285,13 +333,7 @@ impl EventLoop {
                             limits::ACCEPT_RETRY_MS
                         )
                     });
-                    if !self.accept_retry.contains(&index) {
-                        self.accept_retry.push(index);
-                        self.timers.arm(
-                            Instant::now() + Duration::from_millis(limits::ACCEPT_RETRY_MS),
-                            TimerKind::AcceptRetry { index },
-                        );
-                    }
+                    self.accept_later(index, limits::ACCEPT_RETRY_MS);
                     return;
                 }
             };
