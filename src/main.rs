@@ -46,7 +46,9 @@ enum Command {
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_timestamp_millis()
+        .init();
     let (name, result) = match Cli::parse().command {
         Command::Tree(tree) => ("tree", cli::tree::run(&tree).map(|()| 0)),
         Command::Daemon(args) => ("daemon", cli::daemon::run(*args)),

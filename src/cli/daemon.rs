@@ -163,7 +163,9 @@ fn wait_wired(
         if term.load(Ordering::SeqCst) {
             return Ok(Wireup::Signal);
         }
-        if daemon.wait_wired(Duration::from_millis(100)) {
+        // A quarter second between looks at the signal flag: thousands of daemons waiting on
+        // one machine wake that often each.
+        if daemon.wait_wired(Duration::from_millis(250)) {
             return Ok(Wireup::Wired);
         }
         if daemon.wait_stopped(Duration::ZERO).is_some() {
@@ -189,6 +191,8 @@ fn stop_on_signal(rank: u32, daemon: tbon::Daemon) -> Result<i32, String> {
 
 /// Runs the daemon; returns the process exit code.
 pub fn run(args: DaemonArgs) -> Result<i32, String> {
+    // When this process began (the harness splits its wire-up time into launch and protocol).
+    let started_ns = super::workload::mono_ns();
     // Flags first, then the launcher's environment (`tbon::launch::Placement`).
     let placement = match (args.rank, args.size) {
         (Some(rank), Some(size)) => Placement { rank, size },
@@ -309,6 +313,7 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
                     serde_json::json!({"wired": {
                         "rank": rank,
                         "mono_ns": super::workload::mono_ns(),
+                        "started_ns": started_ns,
                         "uri": daemon.contact_uri(),
                     }})
                 );
@@ -324,7 +329,8 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
         {
             let counters = daemon.counters().ok();
             println!("{}", w.progress_line(rank, counters.as_ref()));
-            next_progress = Instant::now() + Duration::from_millis(250);
+            next_progress =
+                Instant::now() + Duration::from_millis(args.workload.workload_progress_ms.max(1));
         }
         if term.load(Ordering::SeqCst) {
             log::info!("rank {rank}: signal received, stopping");
@@ -334,7 +340,7 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
                 daemon.shutdown();
             }
         }
-        if let Some(r) = daemon.wait_stopped(Duration::from_millis(100)) {
+        if let Some(r) = daemon.wait_stopped(Duration::from_millis(250)) {
             break r;
         }
     };

@@ -10,6 +10,7 @@ mod check;
 mod check_streams;
 mod clocks;
 mod net;
+mod scale;
 mod timeline;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -381,6 +382,8 @@ impl Drop for Procs {
 pub struct Seen {
     /// rank -> CLOCK_MONOTONIC ns it was wired.
     pub wired: BTreeMap<u32, u64>,
+    /// rank -> CLOCK_MONOTONIC ns its process began (from its wired line).
+    pub started: BTreeMap<u32, u64>,
     /// rank -> its contact URI (from its wired line).
     pub uris: BTreeMap<u32, String>,
     /// rank -> (sent, received, done) from its latest progress line.
@@ -405,6 +408,9 @@ impl Seen {
                 .insert(rank, w["mono_ns"].as_u64().unwrap_or_else(mono_ns));
             if let Some(u) = w["uri"].as_str() {
                 self.uris.insert(rank, u.to_string());
+            }
+            if let Some(t) = w["started_ns"].as_u64() {
+                self.started.insert(rank, t);
             }
         } else if let Some(p) = v.get("progress") {
             self.progress.insert(
@@ -471,6 +477,15 @@ impl Seen {
     }
 }
 
+/// Milliseconds between a daemon's progress lines: 250, longer past 1,000 daemons so that the
+/// DVM sends the harness at most about 4,000 lines a second. Each line is a round trip to the
+/// daemon's loop for its counters and a JSON parse here; at 250 ms, 2,048 daemons kept about
+/// 1,600 threads runnable on this 2-core machine and doubled the time the contact slices took to
+/// go down the tree.
+fn progress_ms(daemons: u32) -> u64 {
+    (u64::from(daemons) / 4).max(250)
+}
+
 /// Runs the harness; returns the exit code (0: every check held).
 pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let n = args.daemons;
@@ -502,6 +517,9 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         h if h > n => return Err("--hosts cannot exceed --daemons".into()),
         h => Some(net::Hosts::create(h)?),
     };
+    // Before anything is started: the open-file limit raised, and a run that cannot fit
+    // refused with the reason.
+    let fit = scale::check(n, args.hosts)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the tbon binary: {e}"))?;
     let dir = make_run_dir(&format!("tbon-harness-{}", std::process::id()))?;
     let _cleanup = RemoveDir(dir.clone(), args.keep);
@@ -557,7 +575,8 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             .args(["--workload-rate", &args.rate.to_string()])
             .args(["--workload-payload", &args.payload.to_string()])
             .args(["--workload-seed", &args.seed.to_string()])
-            .args(["--workload-radix", &args.radix.to_string()]);
+            .args(["--workload-radix", &args.radix.to_string()])
+            .args(["--workload-progress-ms", &progress_ms(n).to_string()]);
         if args.pattern == Pattern::Stream {
             cmd.args(["--workload-streams", &args.streams.to_string()])
                 .args(["--workload-stream-bytes", &args.stream_bytes.to_string()]);
@@ -617,8 +636,6 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         return Err(e);
     }
     drop(tx);
-    // The launcher's own share of the wire-up time: starting N processes on this machine.
-    let spawned_ns = mono_ns();
 
     let deadline = started + Duration::from_secs(args.timeout);
     let mut seen = Seen::default();
@@ -639,6 +656,8 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let mut attack_outcome: Option<attack::Outcome> = None;
     let mut memory: BTreeMap<u32, attack::Memory> = BTreeMap::new();
     let mut next_sample = Instant::now();
+    let mut next_exit_check = Instant::now();
+    let mut rank0 = scale::Rank0::default();
 
     loop {
         if interrupted.load(Ordering::SeqCst) {
@@ -660,8 +679,19 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         while let Ok((rank, line)) = rx.try_recv() {
             seen.take(rank, &line);
         }
+        rank0.sample(procs.pid(0));
         // Exits: expected for resumed stopped daemons and after the shutdown; else a crash.
-        for (rank, code) in procs.exited(&mut signals) {
+        // At most every 50 ms: each look makes the kernel walk every child.
+        let exits_due = Instant::now() >= next_exit_check;
+        if exits_due {
+            next_exit_check = Instant::now() + Duration::from_millis(50);
+        }
+        let exited = if exits_due {
+            procs.exited(&mut signals)
+        } else {
+            Vec::new()
+        };
+        for (rank, code) in exited {
             let fault = faults.iter_mut().find(|f| f.rank == rank);
             match fault {
                 Some(f) if f.kind == FaultKind::Kill => {}
@@ -869,7 +899,8 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         survivors: &survivors,
         results: &results,
         spawn_ns,
-        spawned_ns,
+        fit: &fit,
+        rank0,
         t0,
         elapsed: ended - started,
         problems,

@@ -163,6 +163,9 @@ pub struct WorkloadArgs {
     pub workload_streams: u64,
     #[arg(long, hide = true, default_value_t = 0)]
     pub workload_stream_bytes: u64,
+    /// Milliseconds between progress lines (the harness lengthens it for large DVMs).
+    #[arg(long, hide = true, default_value_t = 250)]
+    pub workload_progress_ms: u64,
 }
 
 /// splitmix64: a small deterministic generator (no dependency, same sequence everywhere).

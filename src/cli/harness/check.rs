@@ -33,8 +33,10 @@ pub struct Input<'a> {
     pub survivors: &'a BTreeSet<u32>,
     pub results: &'a BTreeMap<u32, Results>,
     pub spawn_ns: u64,
-    /// CLOCK_MONOTONIC ns when the last daemon process had been started.
-    pub spawned_ns: u64,
+    /// What the run needed of the machine and what it had.
+    pub fit: &'a super::scale::Fit,
+    /// Rank 0's peak sockets and memory.
+    pub rank0: super::scale::Rank0,
     pub t0: Option<u64>,
     pub elapsed: Duration,
     /// Problems the run itself found (crashes, hangs, unclean stops).
@@ -131,7 +133,8 @@ pub fn analyse(inp: Input<'_>) -> Report {
         survivors,
         results,
         spawn_ns,
-        spawned_ns,
+        fit,
+        rank0,
         t0,
         elapsed,
         mut problems,
@@ -366,7 +369,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
     let schedule_s = (messages as f64 / args.rate.max(0.001)).max(1e-3);
     let offered = c.expected as f64 / schedule_s;
     let wireup_s = t0.map(|t| t.saturating_sub(spawn_ns) as f64 / 1e9);
-    let spawn_s = spawned_ns.saturating_sub(spawn_ns) as f64 / 1e9;
+    let phases = super::scale::Phases::from(spawn_ns, &seen.started, &seen.wired);
 
     let ran = !results.is_empty();
     let mut checks: Vec<(String, bool)> = Vec::new();
@@ -463,8 +466,24 @@ pub fn analyse(inp: Input<'_>) -> Report {
     let _ = writeln!(t);
     let _ = writeln!(
         t,
-        "  wire-up of {n} daemons        {} (the processes were all started after {spawn_s:.2} s)",
-        wireup_s.map_or("-".into(), |s| format!("{s:.2} s"))
+        "  wire-up of {n} daemons        {}{}",
+        wireup_s.map_or("-".into(), |s| format!("{s:.2} s")),
+        phases.map_or(String::new(), |p| format!(
+            " (all running after {:.2} s, rank 0 had every report after {:.2} s)",
+            p.launched_s, p.reported_s
+        ))
+    );
+    let _ = writeln!(
+        t,
+        "  rank 0                         peak {} sockets, {} MiB resident at most ({} MiB its own); open-file limit {}",
+        rank0.sockets_peak,
+        rank0
+            .vm_hwm_kib
+            .map_or("-".into(), |k| format!("{:.1}", k as f64 / 1024.0)),
+        rank0
+            .rss_anon_peak_kib
+            .map_or("-".into(), |k| format!("{:.1}", k as f64 / 1024.0)),
+        fit.nofile
     );
     let _ = writeln!(
         t,
@@ -686,7 +705,9 @@ pub fn analyse(inp: Input<'_>) -> Report {
         "rate_per_daemon": args.rate,
         "seed": args.seed,
         "wireup_s": wireup_s,
-        "spawn_s": spawn_s,
+        "wireup_phases": phases,
+        "rank0": rank0,
+        "fit": fit,
         "run_s": elapsed.as_secs_f64(),
         "faults": fault_rows,
         "counts": c,
