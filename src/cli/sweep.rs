@@ -84,12 +84,12 @@ fn print_table(s: &Sweep) {
     };
     println!(
         "radix sweep: {} daemons; latency {} us, {} ns a frame, {} MB/s, {cores}; \
-         broadcast of {} B, table entries of {} B (times in ms of virtual time)",
+         broadcast of {} B, contacts of {} B (times in ms of virtual time)",
         p.size, p.latency_us, p.frame_ns, p.bandwidth_mbps, p.bcast_bytes, p.uri_bytes
     );
     println!(
         "{:>6} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "radix", "depth", "wire-up", "(table)", "broadcast", "allgather", "repair", "worst"
+        "radix", "depth", "wire-up", "(sim.)", "broadcast", "allgather", "repair", "worst"
     );
     for r in &s.rows {
         let mark = if r.radix == s.recommended {
@@ -102,7 +102,7 @@ fn print_table(s: &Sweep) {
             r.radix,
             r.depth,
             ms(r.wireup_us),
-            ms(r.table_us),
+            ms(r.protocol_us),
             ms(r.bcast_us),
             ms(r.allgather_us),
             ms(r.repair_us),

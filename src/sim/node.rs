@@ -78,6 +78,8 @@ pub struct SimNode {
     epoch: u64,
     /// Its epoch moved on since the world last looked (a repair reached it).
     pub epoch_moved: bool,
+    /// It became wired since the world last looked (a world that models wire-up).
+    pub wired_now: bool,
     /// Tokens of this daemon's broadcasts (their completions are checked as broadcasts).
     bcast_tokens: HashSet<u64>,
     /// Recent large payloads, which what it relays may share.
@@ -85,8 +87,11 @@ pub struct SimNode {
 }
 
 impl SimNode {
-    /// Daemon `rank` of `size` with radix `radix`, started (wired) at `now`, with its
-    /// flow-control thresholds and direct-link settings.
+    /// Daemon `rank` of `size` with radix `radix`, started at `now`, with its flow-control
+    /// thresholds and direct-link settings: wired from the start (`wireup` `None`), or with an
+    /// address of about `wireup` bytes and rank 0's, to run the real wire-up (reports and
+    /// contact slices; nothing is dialled: the world carries frames by rank).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         rank: Rank,
         size: u32,
@@ -95,14 +100,25 @@ impl SimNode {
         heartbeat: Option<(std::time::Duration, std::time::Duration)>,
         (flow, direct): (crate::node::flow::FlowLimits, crate::direct::DirectConfig),
         now: Instant,
+        wireup: Option<usize>,
     ) -> Result<SimNode, String> {
+        let (uri, hnp) = match wireup {
+            None => (None, None),
+            Some(bytes) => (Some(sim_uri(rank, bytes)), Some(sim_uri(0, bytes))),
+        };
         let cfg = NodeConfig {
             relm,
             direct,
             // Without heartbeats the world's `Detect` events (a lost connection that cannot be
             // re-established) are the only detection.
             heartbeat,
-            wired_at_start: true,
+            wired_at_start: wireup.is_none(),
+            uri,
+            hnp,
+            // Longer than any simulated wire-up (every daemon reports), and its deadlines
+            // (twice this for ranks but 0) within the world's liveness limit, which would
+            // otherwise count the stale timer events as work left.
+            wireup_timeout: std::time::Duration::from_secs(120),
             trace: true,
             // Every daemon's first incarnation is 1, as its handshakes would have proved.
             incarnation_floor: 1,
@@ -142,6 +158,7 @@ impl SimNode {
             sharing: Sharing::default(),
             epoch: 0,
             epoch_moved: false,
+            wired_now: false,
         };
         n.collect();
         Ok(n)
@@ -350,7 +367,9 @@ impl SimNode {
                 Output::PeersFailed { dead, .. } => self.declared.extend(dead),
                 Output::Fallback { peer } => self.out.push(Out::Fallback(peer)),
                 // The simulated daemons start wired, with no addresses: nothing is dialled.
-                Output::Wired | Output::ContactKnown(_) | Output::ContactUnknown(_) => {}
+                Output::Wired => self.wired_now = true,
+                // Nothing is dialled in the simulator: frames go by rank.
+                Output::ContactKnown(_) | Output::ContactUnknown(_) => {}
                 Output::Stream(e) => self.stream_events.push(*e),
                 Output::Deliver { msg, .. } => {
                     // Broadcasts are checked from their trace, which carries the op.
@@ -410,5 +429,17 @@ impl SimNode {
             }
         }
         out
+    }
+}
+
+/// A simulated daemon's contact (never dialled): loopback, one port per rank, as on one
+/// machine, its DVM id padded so that its text takes about `bytes` bytes.
+fn sim_uri(rank: Rank, bytes: usize) -> crate::oob::uri::ContactUri {
+    // `<id>.<rank>;tcp://127.0.0.1:<port>`: about 25 bytes beside the id.
+    let port = 1024 + (rank % 60_000) as u16;
+    crate::oob::uri::ContactUri {
+        dvm_id: "s".repeat(bytes.saturating_sub(25).max(1)),
+        rank,
+        addrs: vec![std::net::SocketAddr::from(([127, 0, 0, 1], port))],
     }
 }

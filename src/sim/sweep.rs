@@ -2,20 +2,20 @@
 //! allgather latency and repair time under a model of latency, bandwidth and processor cost,
 //! and the radix to choose (PRRTE's users ask which radix to use and cannot measure it).
 //!
-//! The broadcast, the allgather and the repair are not formulas: each is a simulated run of
-//! the real protocol core (`world/sweep.rs`) whose daemons pay the model's costs
-//! (`world/cost.rs`), so what the protocol sends (acknowledgements, syncs, the failure
-//! report, rank 0's notice) is what is timed. The simulator does not model wire-up (issue
-//! "Thousands of daemons"), so wire-up is today's protocol in three parts, two of them
-//! formulas over the same model:
+//! The broadcast, the allgather, the repair and the wire-up's messages are not formulas: each
+//! is a simulated run of the real protocol core (`world/sweep.rs`) whose daemons pay the
+//! model's costs (`world/cost.rs`), so what the protocol sends (acknowledgements, syncs, the
+//! failure report, rank 0's notice, every daemon's report and contact slice) is what is timed.
+//! The simulator carries frames by rank and does not run the connections' handshakes, so
+//! wire-up is the simulated protocol plus two formulas for the handshakes:
 //!
-//! * fan-in: every daemon dials rank 0 and reports its address; rank 0 handles four frames
-//!   per daemon (Hello, its answer, the proof, the report) one after another:
-//!   `3 L + N (4 c + report / B)`;
-//! * the contact table (`N x uri_bytes`) flooded down the tree: a simulated broadcast of
-//!   that size from rank 0;
+//! * fan-in: every daemon dials rank 0 before it reports; rank 0 handles three handshake
+//!   frames per daemon (Hello, its answer, the proof) beside the simulated report:
+//!   `2 L + 3 N c`;
+//! * the simulated protocol: every daemon's report to rank 0, then each child's contact slice
+//!   from its parent, level by level, until the last daemon is wired;
 //! * the tree links: below rank 0's children (already connected to it) each level is a new
-//!   connection whose handshake costs a round trip before the table can go on, and the
+//!   connection whose handshake costs a round trip before the slice can go on, and the
 //!   parent handles three frames per child: `(depth - 1) (2 L + 3 k c)`.
 //!
 //! Here `L` is the one-way latency, `c` the per-frame cost, `B` the bandwidth, `k` the radix.
@@ -114,11 +114,12 @@ impl SweepParams {
                 "--bcast-bytes must be at most {max} (msg_max_bytes less headers)"
             ));
         }
+        // A slice holds at most every contact (rank 0's first child: nearly the whole DVM at
+        // radix 2).
         let table = (self.size as usize).saturating_mul(self.uri_bytes);
         if table > max {
             return Err(format!(
-                "a contact table of {} x {} bytes exceeds a frame ({max} bytes): today's wire-up \
-                 cannot carry it",
+                "a contact slice of up to {} x {} bytes exceeds a frame ({max} bytes)",
                 self.size, self.uri_bytes
             ));
         }
@@ -140,10 +141,10 @@ pub struct RadixRow {
     pub radix: u32,
     /// The tree's depth (rank 0 at 0).
     pub depth: u32,
-    /// Wire-up: fan-in, table and links together, and the three parts.
+    /// Wire-up: fan-in, the simulated protocol and links together, and the three parts.
     pub wireup_us: u64,
     pub fanin_us: u64,
-    pub table_us: u64,
+    pub protocol_us: u64,
     pub links_us: u64,
     /// Rank 0's broadcast until the last daemon delivered it.
     pub bcast_us: u64,
@@ -222,29 +223,34 @@ fn one_radix(p: &SweepParams, k: u32) -> Result<RadixRow, Violation> {
         _ => return Err(missing("repair")),
     };
 
-    let mut w = world()?;
-    let table_bytes = (p.size as usize).saturating_mul(p.uri_bytes);
-    w.sweep_broadcast(table_bytes.min(crate::limits::MSG_MAX_BYTES_DEFAULT as usize));
-    let table_us = w
-        .sweep_run()?
-        .bcast_last_us
-        .ok_or_else(|| missing("table"))?;
+    let mut w =
+        World::for_sweep_wireup(p.size, k, p.latency_us, p.model(), p.uri_bytes).map_err(|e| {
+            Violation {
+                checker: "sweep",
+                detail: e,
+            }
+        })?;
+    let m = w.sweep_run()?;
+    if m.wired != p.size {
+        return Err(Violation {
+            checker: "sweep",
+            detail: format!("{} of {} daemons wired up", m.wired, p.size),
+        });
+    }
+    let protocol_us = m.wired_last_us.ok_or_else(|| missing("wire-up"))?;
 
     let depth = radix::depth(k, p.size - 1);
     let c_ns = p.frame_ns;
-    let wire_ns = |bytes: u64| bytes.saturating_mul(1000) / p.bandwidth_mbps.max(1);
     let n = u64::from(p.size);
-    let fanin_us = 3 * p.latency_us
-        + n.saturating_mul(4 * c_ns + wire_ns(p.uri_bytes as u64))
-            .div_ceil(1000);
+    let fanin_us = 2 * p.latency_us + n.saturating_mul(3 * c_ns).div_ceil(1000);
     let links_us = u64::from(depth.saturating_sub(1))
         .saturating_mul(2 * p.latency_us + (3 * u64::from(k) * c_ns).div_ceil(1000));
     Ok(RadixRow {
         radix: k,
         depth,
-        wireup_us: fanin_us + table_us + links_us,
+        wireup_us: fanin_us + protocol_us + links_us,
         fanin_us,
-        table_us,
+        protocol_us,
         links_us,
         bcast_us,
         allgather_us,
@@ -328,6 +334,26 @@ mod tests {
     }
 
     #[test]
+    fn the_simulated_wire_up_wires_every_daemon_and_rank_0_s_fan_in_shows() {
+        let model = CostModel {
+            frame_ns: 5_000,
+            bandwidth_mbps: 10_000,
+            cores: 0,
+        };
+        let wired = |n: u32| {
+            let mut w = World::for_sweep_wireup(n, 4, 20, model, 40).unwrap();
+            let m = w.sweep_run().unwrap();
+            assert_eq!(m.wired, n, "every daemon of {n} wired");
+            m.wired_last_us.unwrap()
+        };
+        let (small, large) = (wired(300), wired(1200));
+        // Rank 0 handles every report, one after another (5 µs each): four times the daemons
+        // cost at least three times as long, and the slices add little beside it.
+        assert!(large >= 3 * small, "{small} µs, then {large} µs");
+        assert!(large < 1200 * 5 * 2, "{large} µs");
+    }
+
+    #[test]
     fn bad_parameters_are_refused() {
         let mut p = params(64, 0);
         p.radixes = vec![1];
@@ -345,7 +371,7 @@ mod tests {
         assert!(sweep(&p).unwrap_err().contains("one level"));
         p = params(64, 0);
         p.uri_bytes = 1 << 20;
-        assert!(sweep(&p).unwrap_err().contains("contact table"));
+        assert!(sweep(&p).unwrap_err().contains("contact slice"));
         p = params(64, 0);
         p.bcast_bytes = crate::limits::MSG_MAX_BYTES_DEFAULT as usize;
         assert!(sweep(&p).unwrap_err().contains("--bcast-bytes"));

@@ -289,6 +289,18 @@ impl World {
         radix: u32,
         scen: Scenario,
     ) -> Result<World, String> {
+        Self::build(seed, size, radix, scen, None)
+    }
+
+    /// [`World::with_scenario`], with the daemons wired from the start (`wireup` `None`) or
+    /// running the real wire-up first with contacts of about `wireup` bytes.
+    fn build(
+        seed: u64,
+        size: u32,
+        radix: u32,
+        scen: Scenario,
+        wireup: Option<usize>,
+    ) -> Result<World, String> {
         let heartbeat = scen.heartbeats.then_some((
             Duration::from_micros(HEARTBEAT_INTERVAL_US),
             Duration::from_micros(HEARTBEAT_TIMEOUT_US),
@@ -306,7 +318,7 @@ impl World {
                 let direct = scen.direct.get(r as usize).copied().unwrap_or_else(|| {
                     crate::direct::DirectConfig::from_config(&crate::config::Config::default())
                 });
-                SimNode::new(r, size, radix, cfg, heartbeat, (flow, direct), base)
+                SimNode::new(r, size, radix, cfg, heartbeat, (flow, direct), base, wireup)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let n = size as usize;
@@ -952,6 +964,7 @@ impl World {
         let stream_events = std::mem::take(&mut n.stream_events);
         let statuses = std::mem::take(&mut n.statuses);
         let moved = std::mem::take(&mut n.epoch_moved);
+        let wired_now = std::mem::take(&mut n.wired_now);
         let timeout = n.node.poll_timeout();
         if let Some(e) = n.errors.first() {
             return Err(Violation {
@@ -985,6 +998,9 @@ impl World {
         if let Some(s) = self.sweep.as_mut() {
             s.marks
                 .saw(self.now_us, !bcasts.is_empty(), !gathered.is_empty(), moved);
+            if wired_now {
+                s.marks.wired(self.now_us);
+            }
         }
         // A daemon declared dead but still running is not waited for.
         // Built only when needed: an O(N) pass on every event dominated runs at 10k daemons.

@@ -26,6 +26,9 @@ pub struct Marks {
     pub gather_last_us: Option<u64>,
     pub epoch_last_us: Option<u64>,
     pub detect_first_us: Option<u64>,
+    /// The last daemon wired, and how many were (a world that models wire-up).
+    pub wired_last_us: Option<u64>,
+    pub wired: u32,
 }
 
 impl Marks {
@@ -40,6 +43,11 @@ impl Marks {
         if epoch {
             late(&mut self.epoch_last_us);
         }
+    }
+
+    pub(super) fn wired(&mut self, now_us: u64) {
+        self.wired += 1;
+        self.wired_last_us = Some(self.wired_last_us.map_or(now_us, |t| t.max(now_us)));
     }
 
     pub(super) fn detected(&mut self, now_us: u64) {
@@ -60,8 +68,40 @@ impl World {
         latency_us: u64,
         model: CostModel,
     ) -> Result<World, String> {
+        Self::sweep_world(size, radix, latency_us, model, None)
+    }
+
+    /// [`World::for_sweep`] whose daemons start unwired, with contacts of about `uri_bytes`:
+    /// the run is the real wire-up (every daemon reports to rank 0, the contact slices go
+    /// down the tree), timed by [`Marks::wired_last_us`].
+    pub fn for_sweep_wireup(
+        size: u32,
+        radix: u32,
+        latency_us: u64,
+        model: CostModel,
+        uri_bytes: usize,
+    ) -> Result<World, String> {
+        Self::sweep_world(size, radix, latency_us, model, Some(uri_bytes))
+    }
+
+    fn sweep_world(
+        size: u32,
+        radix: u32,
+        latency_us: u64,
+        model: CostModel,
+        wireup: Option<usize>,
+    ) -> Result<World, String> {
         let scen = Scenario::quiet(latency_us, latency_us);
-        let mut w = World::with_scenario(0, size, radix, scen)?;
+        let mut w = World::build(0, size, radix, scen, wireup)?;
+        if wireup.is_some() {
+            // Every daemon's first turn at time 0 sends its report (what `start` queued).
+            for r in 0..size {
+                if let Some(t) = w.timer_at.get_mut(r as usize) {
+                    *t = Some(0);
+                }
+                w.push(0, Ev::Timer { node: r });
+            }
+        }
         w.sweep = Some(SweepState {
             cpus: Cpus::new(model, size),
             marks: Marks::default(),
