@@ -20,7 +20,7 @@ use crate::Rank;
 use crate::node::StopReason;
 use crate::relm::RelmConfig;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 mod capacity;
@@ -509,6 +509,21 @@ impl World {
         self.queue.push(Reverse((at_us, self.seq, idx)));
     }
 
+    /// Puts an event in a free slab slot; its index.
+    fn store(&mut self, ev: Ev) -> usize {
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slab.push(None);
+                self.slab.len() - 1
+            }
+        };
+        if let Some(slot) = self.slab.get_mut(idx) {
+            *slot = Some(ev);
+        }
+        idx
+    }
+
     fn now(&self) -> Instant {
         self.base + Duration::from_micros(self.now_us)
     }
@@ -622,6 +637,21 @@ impl World {
             self.busy = self.busy.saturating_sub(1);
         }
         self.now_us = self.now_us.max(at);
+        // The sweep's cost model: one input per daemon waits in the heap for its processor
+        // (its head), the others in the daemon's own queue behind it, so that a fan-in of N
+        // frames to one daemon costs N events, not N squared re-queued ones.
+        if let (Some(r), Some(s)) = (target(&ev), self.sweep.as_mut())
+            && s.head.get(&r).is_some_and(|h| *h != seq)
+        {
+            if is_work(&ev) {
+                self.busy += 1;
+            }
+            let idx2 = self.store(ev);
+            if let Some(s) = self.sweep.as_mut() {
+                s.waiting.entry(r).or_default().push_back((seq, idx2));
+            }
+            return Ok(Step::Deferred);
+        }
         // A stalled daemon handles nothing until it wakes; what waits for it keeps its
         // order (same sequence numbers, later time).
         // So does an input that waits for its daemon's processor (the sweep's cost model).
@@ -630,19 +660,13 @@ impl World {
             stalled.max(self.sweep.as_ref().map_or(0, |s| s.cpus.free_at_us(r)))
         });
         if until > at {
+            if let (Some(r), Some(s)) = (target(&ev), self.sweep.as_mut()) {
+                s.head.insert(r, seq);
+            }
             if is_work(&ev) {
                 self.busy += 1;
             }
-            let idx2 = match self.free.pop() {
-                Some(i) => i,
-                None => {
-                    self.slab.push(None);
-                    self.slab.len() - 1
-                }
-            };
-            if let Some(slot) = self.slab.get_mut(idx2) {
-                *slot = Some(ev);
-            }
+            let idx2 = self.store(ev);
             self.queue.push(Reverse((until, seq, idx2)));
             return Ok(Step::Deferred);
         }
@@ -653,6 +677,20 @@ impl World {
         self.handle(ev)?;
         if let Some(s) = self.sweep.as_mut() {
             s.cpus.end();
+            if let Some(r) = at_node {
+                if s.head.get(&r) == Some(&seq) {
+                    s.head.remove(&r);
+                }
+                // The next input waiting for this daemon's processor takes the head's place.
+                if !s.head.contains_key(&r)
+                    && let Some((next_seq, next_idx)) =
+                        s.waiting.get_mut(&r).and_then(VecDeque::pop_front)
+                {
+                    s.head.insert(r, next_seq);
+                    let when = s.cpus.free_at_us(r).max(self.now_us);
+                    self.queue.push(Reverse((when, next_seq, next_idx)));
+                }
+            }
         }
         // The driver resumes a connection it left unread as soon as the node allows it,
         // on the next turn: here, after the node's next event.

@@ -15,6 +15,10 @@ pub(super) struct SweepState {
     pub(super) marks: Marks,
     /// The broadcast's padding (its payload is a 24-byte checked prefix plus this).
     pub(super) bcast_pad: usize,
+    /// Per daemon, the sequence number of the one input waiting in the event queue for its
+    /// processor, and (in arrival order) the inputs waiting behind it: (sequence, slab index).
+    pub(super) head: std::collections::HashMap<Rank, u64>,
+    pub(super) waiting: std::collections::HashMap<Rank, std::collections::VecDeque<(u64, usize)>>,
 }
 
 /// Virtual times (µs) of what a sweep world saw: the last broadcast delivery, the last
@@ -106,6 +110,8 @@ impl World {
             cpus: Cpus::new(model, size),
             marks: Marks::default(),
             bcast_pad: 0,
+            head: Default::default(),
+            waiting: Default::default(),
         });
         Ok(w)
     }
