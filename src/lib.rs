@@ -49,6 +49,7 @@ pub use driver::{
 };
 pub use error::{RecvError, SendError, StartError};
 pub use grpcomm::AllgatherResult;
+pub use node::contacts::ContactsSetting;
 pub use node::{FAIL_NO_ROOM, FAIL_NO_SERVICE};
 pub use rml::{Message, Peer, Tag};
 pub use routed::{RecoveryStatus, Scope};

@@ -142,6 +142,29 @@ fn an_interior_daemon_dies() {
     assert_eq!(dvm[0].counters().unwrap().children, vec![2, 5]);
 }
 
+/// Contacts beyond a daemon's ancestors and subtree are looked up from rank 0 when a repair
+/// makes them neighbours (rank 1's heir adopts its siblings, whose contacts wire-up did not
+/// give it); with `contacts = "full"` every daemon has them all and looks nothing up.
+#[test]
+fn a_repair_looks_up_the_contacts_of_new_neighbours_unless_contacts_are_full() {
+    let lookups = |dvm: &[Daemon]| -> u64 {
+        survivors(dvm, &[1])
+            .iter()
+            .map(|d| d.counters().unwrap().contact_lookups)
+            .sum()
+    };
+    let dvm = case(15, 2, &[1]);
+    assert!(lookups(&dvm) > 0, "the heir looked up its new children");
+    drop(dvm);
+    let mut cfg = loopback_config(2);
+    cfg.contacts = tbon::ContactsSetting::Full;
+    let dvm = start_dvm(15, &cfg);
+    dvm[1].abort();
+    converged(&dvm, &[1], 2);
+    all_to_all(&dvm, &[1], TAG);
+    assert_eq!(lookups(&dvm), 0, "a full table needs no lookups");
+}
+
 #[test]
 fn a_parent_and_its_child_die_together() {
     case(21, 4, &[1, 5]);
