@@ -35,7 +35,13 @@ fn the_sweep_times_every_radix_and_recommends_one() {
     let rows = s["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 3, "{s}");
     for r in rows {
-        for key in ["wireup_us", "bcast_us", "allgather_us", "repair_us"] {
+        for key in [
+            "wireup_us",
+            "protocol_us",
+            "bcast_us",
+            "allgather_us",
+            "repair_us",
+        ] {
             assert!(r[key].as_u64().unwrap() > 0, "{key} in {r}");
         }
         assert!(r["worst_ratio"].as_f64().unwrap() >= 1.0, "{r}");

@@ -184,18 +184,22 @@ impl Contacts {
     }
 }
 
+/// A loopback contact for `rank`, port 10,000 + rank (the tests' contacts).
+#[cfg(test)]
+pub(crate) fn test_uri(rank: Rank) -> ContactUri {
+    ContactUri {
+        dvm_id: "tbon".into(),
+        rank,
+        addrs: vec![format!("127.0.0.1:{}", 10_000 + rank).parse().unwrap()],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn uri(rank: Rank) -> ContactUri {
-        ContactUri {
-            dvm_id: "t".into(),
-            rank,
-            addrs: vec![format!("127.0.0.1:{}", 1000 + rank).parse().unwrap()],
-        }
-    }
+    use test_uri as uri;
 
     #[test]
     fn the_cache_is_bounded_and_owned_contacts_stay() {

@@ -214,14 +214,7 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn uri(rank: Rank) -> ContactUri {
-        ContactUri {
-            dvm_id: "t".into(),
-            rank,
-            addrs: vec![format!("127.0.0.1:{}", 2000 + rank).parse().unwrap()],
-        }
-    }
+    use crate::node::contacts::test_uri as uri;
 
     #[test]
     fn messages_round_trip_and_refuse_bad_input() {

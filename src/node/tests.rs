@@ -865,13 +865,7 @@ fn stream_data_waits_for_a_congested_hop_and_leaves_in_a_fair_budgeted_round_rob
 
 // ----- wire-up slices and contact lookups (issue "Thousands of daemons") ----------------------
 
-fn test_uri(rank: Rank) -> ContactUri {
-    ContactUri {
-        dvm_id: "tbon".into(),
-        rank,
-        addrs: vec![format!("127.0.0.1:{}", 10_000 + rank).parse().unwrap()],
-    }
-}
+use super::contacts::test_uri;
 
 /// A DVM of `size` daemons that wires up for real (reports, slices), without `absent`.
 fn wiring_net(size: u32, radix: u32, setting: contacts::ContactsSetting, absent: &[Rank]) -> Net {
