@@ -118,8 +118,8 @@ impl EventLoop {
         }
     }
 
-    /// Floods a frame down the tree, to every current child (the payload is shared, never
-    /// copied). Only for what cannot be a broadcast: the contact table and "rank 0 lost".
+    /// Dials `peer` unless a connection, a dial, a redial or a contact lookup for it is
+    /// already under way.
     pub(super) fn ensure_dial(&mut self, peer: Rank) {
         let link = self.links.entry(peer).or_default();
         // A connection claiming `peer` still in its handshake does not count: it has proved
