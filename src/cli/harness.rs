@@ -93,7 +93,8 @@ pub struct HarnessArgs {
     /// Passed to the daemons (default 300 with --stop or --cut, else the daemon default).
     #[arg(long)]
     pub heartbeat_interval_ms: Option<u64>,
-    /// Passed to the daemons (default 3000 with --stop or --cut, else the daemon default).
+    /// Passed to the daemons (default 3000 with --stop or --cut; else the daemon default, or
+    /// 10 ms per daemon per processor past 1,000 daemons per processor).
     #[arg(long)]
     pub heartbeat_timeout_ms: Option<u64>,
     /// Seed of the workload and of the choice of victims.
@@ -502,7 +503,10 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let mut faults = plan(&args, traffic_s)?;
     let has_stop = faults.iter().any(|f| f.kind != FaultKind::Kill);
     let hb_interval = args.heartbeat_interval_ms.or(has_stop.then_some(300));
-    let hb_timeout = args.heartbeat_timeout_ms.or(has_stop.then_some(3000));
+    let hb_timeout = args
+        .heartbeat_timeout_ms
+        .or(has_stop.then_some(3000))
+        .or_else(|| scale::overcommitted_heartbeat_timeout_ms(n));
 
     let interrupted = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

@@ -142,6 +142,19 @@ pub fn check(daemons: u32, hosts: u32) -> Result<Fit, String> {
     }
 }
 
+/// The heartbeat timeout for `daemons` daemons on this machine when the run sets none: the
+/// daemons' default (10 s) up to 1,000 daemons per processor; beyond, 10 ms per daemon per
+/// processor (4,096 daemons on 2 cores: 20 s). With thousands of threads runnable per
+/// processor a daemon's loop can wait seconds for its turn, and the default timeout then
+/// declares live daemons dead: 4,096 daemons here failed that way during wire-up (rank 0
+/// itself "stalled longer than half the heartbeat timeout"). Kills are still found at once,
+/// by the lost connection; only silent daemons take longer to find.
+pub fn overcommitted_heartbeat_timeout_ms(daemons: u32) -> Option<u64> {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get() as u64);
+    let per_core = u64::from(daemons) / cores.max(1);
+    (per_core > 1_000).then_some(per_core * 10)
+}
+
 /// Rank 0 watched during the run: its open sockets (sampled) and its memory (the kernel's
 /// high-water mark, read at the end).
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
@@ -246,6 +259,16 @@ mod tests {
         assert!(r.sockets_peak >= 1);
         assert!(r.vm_hwm_kib.is_some_and(|k| k > 0));
         drop(listener);
+    }
+
+    #[test]
+    fn heartbeats_wait_longer_only_when_thousands_share_a_processor() {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get() as u32);
+        assert_eq!(overcommitted_heartbeat_timeout_ms(1_000 * cores), None);
+        assert_eq!(
+            overcommitted_heartbeat_timeout_ms(4_000 * cores),
+            Some(40_000)
+        );
     }
 
     #[test]
