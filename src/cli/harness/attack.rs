@@ -392,9 +392,7 @@ fn forge(
 
 /// A process's RssAnon in KiB (`/proc/PID/status`), if it is alive.
 pub fn rss_anon_kib(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = text.lines().find(|l| l.starts_with("RssAnon:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    super::scale::status_kib(pid, "RssAnon:")
 }
 
 /// RssAnon of each daemon: before the attack, its peak during it, and after it ended.

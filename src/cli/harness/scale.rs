@@ -3,7 +3,6 @@
 //! ports), rank 0's peak connections and memory watched during the run, and the wire-up split
 //! into its phases.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Descriptors a daemon uses beside its connections: listeners, epoll, the waker, stdio, its
@@ -203,10 +202,9 @@ impl Rank0 {
     }
 }
 
-/// A field of `/proc/PID/status` in KiB.
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    let text =
-        std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("status")).ok()?;
+/// A field of `/proc/PID/status` in KiB (`field` with its colon), if the process is alive.
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = text.lines().find(|l| l.starts_with(field))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
