@@ -13,7 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let d = tbon::start(cfg, 0, 1, None)?;
     d.wait_wired(Duration::from_secs(10));
-    d.recv(tbon::Peer::Any, 100, true, |_| {})?;
+    d.recv(tbon::Peer::Any, 100, tbon::RecvMode::Persistent, |_| {})?;
     let before = d.counters()?;
     let burst = 100_000;
     for i in 0..burst {

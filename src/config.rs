@@ -1,10 +1,12 @@
 //! Run-time settings of a tbon daemon, with PRRTE-like defaults.
 //!
-//! Every setting has one entry in the table below, which generates the [`Config`] struct (with
-//! its `clap` attributes, so `--help` lists every setting with its default and environment
-//! variable), [`Default`], [`Config::names`] and the by-name setter [`Config::set`]. Precedence
-//! when a daemon starts: command-line flag, then `TBON_<NAME>` environment variable, then the
-//! default. `docs/config.md` lists them all.
+//! Every setting has one entry in the table below, which generates the [`Config`] struct,
+//! [`Default`], [`Config::names`], [`Config::settings`] (each setting described for a front
+//! end), the by-name setter [`Config::set`] and getter [`Config::get`]. The library reads the
+//! environment only when asked ([`Config::from_env`]); [`Config::default`] reads nothing. The
+//! `tbon` command builds its flags from [`Config::settings`]; its precedence is command-line
+//! flag, then `TBON_<NAME>` environment variable, then the default. `docs/config.md` lists them
+//! all, and every environment variable tbon reads.
 
 use std::fmt;
 
@@ -12,21 +14,32 @@ use crate::limits;
 use crate::oob::interfaces::IfSpec;
 
 /// Why a setting was refused: which setting and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// No setting has this name.
-    Unknown { name: String },
+    Unknown {
+        /// The name as given.
+        name: String,
+    },
     /// The value could not be parsed for this setting.
     BadValue {
+        /// The setting's canonical name.
         setting: &'static str,
+        /// The text given.
         value: String,
+        /// Why it does not parse.
         reason: String,
     },
     /// The value parsed but is not allowed (alone or together with another setting).
     Invalid {
+        /// The setting's canonical name (for a pair, the one to change).
         setting: &'static str,
+        /// Why it is not allowed.
         reason: String,
     },
+    /// The job key in the `TBON_KEY` environment variable is unusable.
+    Key(crate::KeyError),
 }
 
 impl ConfigError {
@@ -60,11 +73,19 @@ impl fmt::Display for ConfigError {
                 "setting {setting} (TBON_{}): {reason}",
                 setting.to_ascii_uppercase()
             ),
+            ConfigError::Key(e) => write!(f, "{}: {e}", crate::driver::key::ENV_VAR),
         }
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConfigError::Key(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// Parsing a setting's value from text, the same way for `set`, `from_env` and the C API.
 trait SettingValue: Sized {
@@ -83,7 +104,7 @@ macro_rules! numeric_setting {
 numeric_setting!(u16, u32, u64, usize);
 
 impl SettingValue for bool {
-    /// The same words clap's `BoolishValueParser` accepts, so flags, environment and `set` agree.
+    /// The words a command line's boolean flag accepts too, so flags, environment and `set` agree.
     fn parse_setting(s: &str) -> Result<Self, String> {
         match s.trim().to_ascii_lowercase().as_str() {
             "y" | "yes" | "t" | "true" | "on" | "1" => Ok(true),
@@ -130,31 +151,112 @@ impl SettingValue for Vec<String> {
     }
 }
 
-/// One table for every setting. Each entry: doc comment, `name: Type [= default]`, its
-/// environment variable (must be `TBON_` + the upper-cased name: a test checks), and optional
-/// extra clap attributes. Entries without a default use `Default::default()` (empty/None).
+/// Writing a setting's value as text, the form [`Config::set`] parses back.
+trait SettingText {
+    fn setting_text(&self) -> String;
+}
+
+macro_rules! display_setting_text {
+    ($($t:ty),*) => {$(
+        impl SettingText for $t {
+            fn setting_text(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+display_setting_text!(
+    u16,
+    u32,
+    u64,
+    usize,
+    bool,
+    String,
+    crate::direct::RouteSetting,
+    crate::node::contacts::ContactsSetting
+);
+
+impl SettingText for Option<String> {
+    fn setting_text(&self) -> String {
+        self.clone().unwrap_or_default()
+    }
+}
+
+impl SettingText for Vec<String> {
+    fn setting_text(&self) -> String {
+        self.join(",")
+    }
+}
+
+/// The shape of a setting's value, for a front end (a command line, a form) that offers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SettingKind {
+    /// `true`/`false` (also yes/no, on/off, 1/0). A command line may offer it as a bare flag.
+    Bool,
+    /// A comma-separated list; a command line may accept it repeated.
+    List,
+    /// Any other single value (a number, a word, a path); empty means unset where the
+    /// setting may be unset.
+    Value,
+}
+
+trait KindOf {
+    const KIND: SettingKind;
+}
+macro_rules! kind_of {
+    ($kind:ident: $($t:ty),*) => {$(
+        impl KindOf for $t {
+            const KIND: SettingKind = SettingKind::$kind;
+        }
+    )*};
+}
+kind_of!(Bool: bool);
+kind_of!(List: Vec<String>);
+kind_of!(Value: u16, u32, u64, usize, String, Option<String>, crate::direct::RouteSetting,
+    crate::node::contacts::ContactsSetting);
+
+/// One setting as a front end sees it: how to name it, where it is read from, what it means.
+/// The command-line form of the settings (`tbon daemon --radix 8`) is built from these by the
+/// CLI; the library itself parses no command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Setting {
+    /// The canonical name, lower case with underscores (`port_range`): what [`Config::set`]
+    /// takes. A command line spells it `--port-range`.
+    pub name: &'static str,
+    /// The environment variable [`Config::from_env`] reads: `TBON_` and the name upper-cased.
+    pub env: &'static str,
+    /// What it means, its unit and its bounds (the doc comment of the field of [`Config`]).
+    pub doc: &'static str,
+    /// The shape of its value.
+    pub kind: SettingKind,
+}
+
+/// One table for every setting. Each entry: doc comment, `name: Type [= default]` and its
+/// environment variable (must be `TBON_` + the upper-cased name: a test checks). Entries
+/// without a default use `Default::default()` (empty/None).
 macro_rules! settings {
     (@default $d:expr) => { $d };
     (@default) => { Default::default() };
     ($(
         $(#[doc = $doc:literal])*
-        $name:ident : $ty:ty $(= $default:expr)? , env $env:literal $(, clap($($extra:tt)*))? ;
+        $name:ident : $ty:ty $(= $default:expr)? , env $env:literal ;
     )*) => {
         /// Every run-time setting of a daemon. Build it with [`Config::default`],
-        /// [`Config::from_env`], clap (flatten it into a command), or [`Config::set`]; then call
-        /// [`Config::validate`] before use (`from_env` does).
-        #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+        /// [`Config::from_env`] or [`Config::set`] (by name, from text), or set the public
+        /// fields; then call [`Config::validate`] before use (`from_env` does, and so does
+        /// [`start`](crate::start)). [`Config::settings`] describes each for a front end.
+        #[derive(Debug, Clone, PartialEq, Eq)]
         pub struct Config {
             $(
                 $(#[doc = $doc])*
-                #[arg(long, env = $env $(, default_value_t = $default)? $(, $($extra)*)?)]
                 pub $name: $ty,
             )*
             /// The job key itself, for a program that holds it (e.g. from
             /// [`Key::generate`](crate::Key::generate), or its own secret store). Not a setting:
             /// never read from a flag, the environment or [`Config::set`], and never shown by
             /// `Debug`. When set, it is used instead of `key_file` and `TBON_KEY`.
-            #[arg(skip)]
             pub key: Option<crate::Key>,
         }
 
@@ -169,6 +271,13 @@ macro_rules! settings {
         const NAMES: &[&str] = &[$(stringify!($name)),*];
         #[cfg(test)]
         const ENV_NAMES: &[&str] = &[$($env),*];
+        /// Every setting described, in table order.
+        const SETTINGS: &[Setting] = &[$(Setting {
+            name: stringify!($name),
+            env: $env,
+            doc: concat!($($doc, "\n"),*),
+            kind: <$ty as KindOf>::KIND,
+        }),*];
 
         impl Config {
             /// Parse `value` into the setting whose canonical (lower-case) name is `name`.
@@ -178,6 +287,14 @@ macro_rules! settings {
                     $(stringify!($name) => Some(
                         <$ty as SettingValue>::parse_setting(value).map(|v| self.$name = v)
                     ),)*
+                    _ => None,
+                }
+            }
+
+            /// The value of the setting whose canonical name is `name`, as text.
+            fn get_canonical(&self, name: &str) -> Option<String> {
+                match name {
+                    $(stringify!($name) => Some(self.$name.setting_text()),)*
                     _ => None,
                 }
             }
@@ -198,17 +315,11 @@ settings! {
     key_file: Option<String>, env "TBON_KEY_FILE";
     /// Run without authentication when no key is given: anyone who can reach a daemon's port
     /// and knows the DVM identity can join and inject messages. Logged loudly.
-    insecure: bool = false, env "TBON_INSECURE", clap(action = clap::ArgAction::Set,
-        value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1,
-        require_equals = true, default_missing_value = "true");
+    insecure: bool = false, env "TBON_INSECURE";
     /// Listen and connect over IPv4.
-    ipv4: bool = true, env "TBON_IPV4", clap(action = clap::ArgAction::Set,
-        value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1,
-        require_equals = true, default_missing_value = "true");
+    ipv4: bool = true, env "TBON_IPV4";
     /// Listen and connect over IPv6.
-    ipv6: bool = false, env "TBON_IPV6", clap(action = clap::ArgAction::Set,
-        value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1,
-        require_equals = true, default_missing_value = "true");
+    ipv6: bool = false, env "TBON_IPV6";
     /// TCP port to listen on; 0 picks an ephemeral port (the actual one goes into the contact
     /// URI). Exclusive with port_range.
     port: u16 = 0, env "TBON_PORT";
@@ -218,12 +329,10 @@ settings! {
     /// Comma list of interface names or CIDRs (10.0.0.0/8, fe80::/10) to use; empty = all.
     /// Exclusive with if_exclude. Loopback is used only if nothing else is left or if it is
     /// included explicitly (lo, 127.0.0.0/8).
-    if_include: Vec<String>, env "TBON_IF_INCLUDE", clap(value_delimiter = ',',
-        value_parser = trimmed);
+    if_include: Vec<String>, env "TBON_IF_INCLUDE";
     /// Comma list of interface names or CIDRs not to use; empty = none. Exclusive with
     /// if_include.
-    if_exclude: Vec<String>, env "TBON_IF_EXCLUDE", clap(value_delimiter = ',',
-        value_parser = trimmed);
+    if_exclude: Vec<String>, env "TBON_IF_EXCLUDE";
     /// Largest message payload in bytes (PRRTE: 100 MB). Larger sends are refused; a larger
     /// incoming frame closes that connection. At most 4294967295 (32-bit length on the wire).
     msg_max_bytes: u64 = limits::MSG_MAX_BYTES_DEFAULT, env "TBON_MSG_MAX_BYTES";
@@ -315,9 +424,14 @@ settings! {
     direct_request_ms: u64 = limits::DIRECT_REQUEST_MS_DEFAULT, env "TBON_DIRECT_REQUEST_MS";
 }
 
-/// clap value parser for list items: trims each, like [`Config::set`] does.
-fn trimmed(s: &str) -> Result<String, std::convert::Infallible> {
-    Ok(s.trim().to_string())
+/// A setting's name as `set` and `get` take it (`RADIX`, `TBON_RADIX`, `port-range`) made
+/// canonical (`radix`, `port_range`).
+fn canonical(name: &str) -> String {
+    let canon = name.trim().to_ascii_lowercase().replace('-', "_");
+    match canon.strip_prefix("tbon_") {
+        Some(rest) => rest.to_string(),
+        None => canon,
+    }
 }
 
 /// Linux's upper bounds for TCP_KEEPIDLE/TCP_KEEPINTVL and TCP_KEEPCNT; larger values make
@@ -332,9 +446,34 @@ impl Config {
         NAMES
     }
 
-    /// Defaults, then every `TBON_<NAME>` variable that is set and not empty, then
+    /// Every setting described (name, environment variable, meaning, shape), in table order:
+    /// what a front end needs to offer them, e.g. as command-line flags.
+    pub fn settings() -> &'static [Setting] {
+        SETTINGS
+    }
+
+    /// The value of one setting as text, in the form [`Config::set`] takes (lists joined by
+    /// commas, an unset optional setting empty). `name` is spelled as for `set`; an unknown
+    /// name is [`ConfigError::Unknown`].
+    ///
+    /// ```
+    /// let cfg = tbon::config::Config::default();
+    /// assert_eq!(cfg.get("radix").unwrap(), "64");
+    /// assert_eq!(cfg.get("TBON_ROUTE").unwrap(), "tree");
+    /// ```
+    pub fn get(&self, name: &str) -> Result<String, ConfigError> {
+        let canon = canonical(name);
+        self.get_canonical(&canon)
+            .ok_or_else(|| ConfigError::Unknown {
+                name: name.to_string(),
+            })
+    }
+
+    /// Defaults, then every `TBON_<NAME>` variable that is set and not empty, then (when no
+    /// `key_file` was given) the job key itself from `TBON_KEY` into [`Config::key`], then
     /// [`Config::validate`]. Errors name the offending setting; a variable that is not UTF-8 is
-    /// an error too.
+    /// an error too. This is the only place the library reads settings from the environment:
+    /// [`Config::default`] reads nothing (docs/config.md lists every variable tbon reads).
     pub fn from_env() -> Result<Config, ConfigError> {
         Self::from_lookup(|var| std::env::var_os(var))
     }
@@ -359,6 +498,10 @@ impl Config {
                 cfg.set(name, value)?;
             }
         }
+        if cfg.key_file.is_none() {
+            cfg.key = crate::Key::from_variable(lookup(crate::driver::key::ENV_VAR))
+                .map_err(ConfigError::Key)?;
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -368,10 +511,7 @@ impl Config {
     /// yes/no, on/off, 1/0. Only the value's syntax is checked here: call
     /// [`Config::validate`] once all settings are made.
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
-        let mut canon = name.trim().to_ascii_lowercase().replace('-', "_");
-        if let Some(rest) = canon.strip_prefix("tbon_") {
-            canon = rest.to_string();
-        }
+        let canon = canonical(name);
         let Some(&setting) = NAMES.iter().find(|n| **n == canon) else {
             return Err(ConfigError::Unknown {
                 name: name.to_string(),

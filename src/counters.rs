@@ -1,9 +1,8 @@
 //! Per-daemon counters, readable through [`crate::Handle::counters`].
 
-use serde::Serialize;
-
 /// A snapshot of one daemon's counters. Counts are since the daemon started.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Counters {
     /// Messages this daemon originated (including self-sends).
     pub sent: u64,
@@ -164,7 +163,8 @@ pub struct Counters {
 }
 
 /// The stream counters of one daemon ([`Counters::streams`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct StreamCounters {
     /// Producer: streams opened here by consumers (a resumed stream opens again).
     pub served: u64,
@@ -185,11 +185,13 @@ pub struct StreamCounters {
     pub bytes_received: u64,
     /// Streams open now: produced here, and fetched here.
     pub producing: u64,
+    /// Streams fetched here, open now.
     pub consuming: u64,
 }
 
 /// The direct-link counters of one daemon ([`Counters::direct`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DirectCounters {
     /// Requests for a direct link this daemon sent.
     pub requests_sent: u64,
@@ -227,10 +229,12 @@ pub struct DirectCounters {
     pub links_evicted: u64,
     /// User messages originated here that took a direct link, and their payload bytes.
     pub direct_messages: u64,
+    /// Payload bytes of `direct_messages`.
     pub direct_bytes: u64,
     /// User messages originated here for daemons that are not tree neighbours that took the
     /// tree, and their payload bytes.
     pub tree_messages: u64,
+    /// Payload bytes of `tree_messages`.
     pub tree_bytes: u64,
 }
 

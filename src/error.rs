@@ -7,22 +7,34 @@ use std::fmt;
 /// Why a send failed. Returned at once by [`crate::Handle::send`] when the arguments are wrong,
 /// or passed later to a send's completion when the DVM could not carry the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SendError {
     /// API misuse: the tag lies in the range reserved for the runtime (below
     /// [`crate::rml::TAG_USER_MIN`]).
     ReservedTag(u32),
     /// API misuse: no such rank in this DVM.
-    RankOutOfRange { rank: Rank, size: u32 },
+    RankOutOfRange {
+        /// The rank asked for.
+        rank: Rank,
+        /// The DVM's size: ranks run `0..size`.
+        size: u32,
+    },
     /// API misuse: the payload is larger than the configured `msg_max_bytes`.
-    TooLarge { len: usize, max: usize },
+    TooLarge {
+        /// The payload's length.
+        len: usize,
+        /// The largest allowed.
+        max: usize,
+    },
     /// The destination is known to have failed.
     NodeDown(Rank),
     /// No route leads to the destination (a peer could not be reached after the bounded
     /// reconnect policy).
     Unreachable(Rank),
-    /// A bounded queue is full (pre-wire-up queue, per-peer send queue, command channel from a
-    /// callback); the caller should retry later.
-    Busy(&'static str),
+    /// A bound was reached ([`Limit`] says which); the caller should offer the same operation
+    /// again later (back-pressure), or, for [`Limit::LoopThread`], not make the call from a
+    /// callback.
+    Busy(Limit),
     /// The daemon is shutting down or has stopped.
     ShutDown,
     /// A waiting call ([`crate::Handle::send_reliable_wait`], [`crate::Handle::allgather_wait`],
@@ -54,7 +66,11 @@ impl fmt::Display for SendError {
             }
             SendError::NodeDown(r) => write!(f, "rank {r} has failed"),
             SendError::Unreachable(r) => write!(f, "rank {r} is unreachable"),
-            SendError::Busy(what) => write!(f, "{what} is full; retry later"),
+            SendError::Busy(Limit::LoopThread) => write!(
+                f,
+                "a blocking call cannot run in a callback (it would wait for its own thread)"
+            ),
+            SendError::Busy(limit) => write!(f, "{limit} is full; retry later"),
             SendError::ShutDown => write!(f, "the daemon is shut down"),
             SendError::TimedOut => {
                 write!(
@@ -74,15 +90,82 @@ impl fmt::Display for SendError {
 
 impl std::error::Error for SendError {}
 
+/// The bound behind a [`SendError::Busy`]: what was full. Each is documented with its setting
+/// or its constant in [`crate::limits`]; README "Bounds and back-pressure" says how each
+/// behaves at the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Limit {
+    /// Operations queued before wire-up completed (`prewire_queue_max`).
+    PrewireQueue,
+    /// The channel of commands from handles to the daemon's loop, by count
+    /// ([`crate::limits::COMMAND_QUEUE_MAX`]) or by payload bytes not yet taken
+    /// ([`crate::limits::COMMAND_QUEUE_MAX_BYTES`]).
+    CommandChannel,
+    /// The send queue towards the next hop is congested (flow control, `send_queue_max_bytes`).
+    NextHopQueue,
+    /// The queue of a direct link that is closing.
+    ClosingDirectLink,
+    /// Reliable sends not yet acknowledged (`relm_unacked_max`).
+    ReliableWindow,
+    /// Rank 0's window of broadcasts in flight.
+    BroadcastWindow,
+    /// This daemon's own broadcasts not yet complete.
+    OutstandingBroadcasts,
+    /// Collectives in flight on this daemon.
+    CollectivesInFlight,
+    /// A [`crate::Batch`] holds [`crate::limits::SEND_BATCH_MAX`] messages.
+    Batch,
+    /// Services one daemon serves ([`crate::limits::STREAM_SERVICES_MAX`]).
+    ServiceTable,
+    /// Streams one daemon reads at once ([`crate::limits::STREAMS_MAX`]).
+    StreamTable,
+    /// The credit windows of this daemon's streams in sum
+    /// ([`crate::limits::STREAM_WINDOWS_TOTAL_MAX`]).
+    StreamWindows,
+    /// A stream has no credit left for this write (or has ended).
+    StreamCredit,
+    /// Not a queue: a blocking call (or one that waits for the loop) made from a callback, on
+    /// the daemon's loop thread, would wait for its own thread.
+    LoopThread,
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Limit::PrewireQueue => "the pre-wire-up queue",
+            Limit::CommandChannel => "the command channel",
+            Limit::NextHopQueue => "the send queue towards the next hop",
+            Limit::ClosingDirectLink => "a closing direct link's queue",
+            Limit::ReliableWindow => "the reliable-send window",
+            Limit::BroadcastWindow => "rank 0's broadcast window",
+            Limit::OutstandingBroadcasts => "this daemon's outstanding broadcasts",
+            Limit::CollectivesInFlight => "the collectives in flight",
+            Limit::Batch => "the batch",
+            Limit::ServiceTable => "the service table",
+            Limit::StreamTable => "the stream table",
+            Limit::StreamWindows => "the stream credit budget",
+            Limit::StreamCredit => "the stream's credit",
+            Limit::LoopThread => "the loop thread (called from a callback)",
+        })
+    }
+}
+
 /// Why posting a receive failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RecvError {
     /// API misuse: the tag is reserved for the runtime.
     ReservedTag(u32),
     /// API misuse: a receive for the same (peer, tag) is already posted.
     Duplicate,
     /// API misuse: no such rank in this DVM.
-    RankOutOfRange { rank: Rank, size: u32 },
+    RankOutOfRange {
+        /// The rank asked for.
+        rank: Rank,
+        /// The DVM's size: ranks run `0..size`.
+        size: u32,
+    },
     /// A blocking receive saw no matching message within its timeout.
     TimedOut,
     /// The daemon is shutting down or has stopped.
@@ -117,12 +200,40 @@ impl fmt::Display for RecvError {
 
 impl std::error::Error for RecvError {}
 
+/// Why a handler could not be registered ([`crate::Handle::on_fault`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RegisterError {
+    /// The daemon is shutting down or has stopped: the handler will never run.
+    ShutDown,
+    /// Called from a callback while the command channel to the loop was full
+    /// ([`crate::limits::COMMAND_QUEUE_MAX`]): nothing was registered; register it again
+    /// later, or from a thread of your own (which waits for room instead).
+    Busy,
+}
+
+impl fmt::Display for RegisterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegisterError::ShutDown => write!(f, "the daemon is shut down"),
+            RegisterError::Busy => write!(f, "the command channel is full; register again later"),
+        }
+    }
+}
+
+impl std::error::Error for RegisterError {}
+
 /// Why a daemon could not start.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum StartError {
-    /// The configuration is invalid.
-    Config(String),
+    /// The configuration is invalid: a setting alone or with another, or interface settings
+    /// that leave no address ([`ConfigError`](crate::config::ConfigError) names the setting).
+    Config(crate::config::ConfigError),
+    /// The job key could not be used: `key_file` unreadable, or a key of the wrong length.
+    Key(crate::KeyError),
+    /// No job key was given (neither `Config::key` nor `key_file`) and `insecure` is off.
+    NoKey,
     /// Rank, size or radix do not describe a tree.
     Tree(crate::routed::TreeError),
     /// Rank 0's contact URI is missing (a non-zero rank needs it) or malformed.
@@ -138,6 +249,13 @@ impl fmt::Display for StartError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StartError::Config(e) => write!(f, "invalid configuration: {e}"),
+            StartError::Key(e) => write!(f, "job key: {e}"),
+            StartError::NoKey => write!(
+                f,
+                "no job key: set Config::key or key_file (Config::from_env reads TBON_KEY_FILE \
+                 and TBON_KEY), or set insecure=true to run unauthenticated (`tbon keygen FILE` \
+                 makes a key)"
+            ),
             StartError::Tree(e) => write!(f, "invalid tree: {e}"),
             StartError::Hnp(e) => write!(f, "rank 0 contact: {e}"),
             StartError::Io(e) => write!(f, "I/O error: {e}"),
@@ -146,7 +264,23 @@ impl fmt::Display for StartError {
     }
 }
 
-impl std::error::Error for StartError {}
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StartError::Config(e) => Some(e),
+            StartError::Key(e) => Some(e),
+            StartError::Tree(e) => Some(e),
+            StartError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<crate::config::ConfigError> for StartError {
+    fn from(e: crate::config::ConfigError) -> Self {
+        StartError::Config(e)
+    }
+}
 
 impl From<std::io::Error> for StartError {
     fn from(e: std::io::Error) -> Self {

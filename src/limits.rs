@@ -181,6 +181,12 @@ pub const SEND_COALESCE_BUFFER_BYTES: usize = 64 * 1024;
 /// and handed back to the driver, which counts it and logs a warning. Setting: `unmatched_max`.
 pub const UNMATCHED_MAX_DEFAULT: usize = 65_536;
 
+/// Unread messages a [`crate::Subscription`] queues before its receive is cancelled; further
+/// messages wait in the unmatched list (`unmatched_max`) until the reader has taken the queue
+/// down to half, then the receive is posted again. The queue may exceed this by the matches of
+/// one read (matches made before the pause).
+pub const SUBSCRIPTION_QUEUE_MAX: usize = 4_096;
+
 /// Default largest message payload, in bytes (PRRTE: 100 MB). A larger send is refused at the
 /// sender with an error; a larger frame arriving closes that connection with a logged reason.
 /// Setting: `msg_max_bytes`.
@@ -523,6 +529,7 @@ pub const STATUS_LINKS_MAX: usize = 65_536;
 pub const STATUS_REASON_MAX: usize = 1_024;
 /// The time budget a status query may ask for (a longer one is cut to it), and the default.
 pub const STATUS_BUDGET_MS_MAX: u32 = 60_000;
+/// The budget a status query gets when it asks for none.
 pub const STATUS_BUDGET_MS_DEFAULT: u32 = 2_000;
 /// Operator tool connections a daemon holds at once (authenticated with the operator
 /// credential); a tool's `Hello` beyond it is refused at once.

@@ -28,10 +28,15 @@ fn dvm(route: impl Fn(u32) -> RouteSetting) -> Vec<Daemon> {
 fn sequence_receiver(dvm: &[Daemon], to: u32, from: u32) -> Receiver<u64> {
     let (tx, rx) = unbounded();
     dvm[to as usize]
-        .recv(Peer::Rank(from), TAG, true, move |m| {
-            let n = u64::from_be_bytes(m.payload[..8].try_into().unwrap());
-            tx.send(n).unwrap();
-        })
+        .recv(
+            Peer::Rank(from),
+            TAG,
+            tbon::RecvMode::Persistent,
+            move |m| {
+                let n = u64::from_be_bytes(m.payload[..8].try_into().unwrap());
+                tx.send(n).unwrap();
+            },
+        )
         .unwrap();
     rx
 }

@@ -86,7 +86,7 @@ fn all_to_all(dvm: &[Daemon], dead: &[Rank], tag: u32) {
     for d in &alive {
         let tx = tx.clone();
         let me = d.rank();
-        d.recv(Peer::Any, tag, true, move |m| {
+        d.recv(Peer::Any, tag, tbon::RecvMode::Persistent, move |m| {
             tx.send((m.origin, me)).unwrap()
         })
         .unwrap();

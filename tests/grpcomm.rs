@@ -51,7 +51,7 @@ fn listen_slow(dvm: &[Daemon], slow: Option<Rank>) -> (Log, Arc<AtomicU64>) {
     for d in dvm {
         let (log, count) = (log.clone(), count.clone());
         let me = d.rank();
-        d.recv(Peer::Any, TAG, true, move |m| {
+        d.recv(Peer::Any, TAG, tbon::RecvMode::Persistent, move |m| {
             let (origin, seq) = decode(&m.payload);
             assert_eq!(origin, m.origin, "a broadcast's origin is its originator");
             log.lock()
@@ -81,11 +81,7 @@ fn stream(h: Handle, n: u64) -> JoinHandle<Vec<Result<(), SendError>>> {
                 outstanding -= 1;
             }
             let tx = tx.clone();
-            match h.broadcast(
-                TAG,
-                payload(h.rank(), seq),
-                Some(Box::new(move |r| tx.send(r).unwrap())),
-            ) {
+            match h.broadcast_with(TAG, payload(h.rank(), seq), move |r| tx.send(r).unwrap()) {
                 Ok(()) => outstanding += 1,
                 Err(e) => {
                     // This daemon was aborted under us.
@@ -269,11 +265,9 @@ fn a_fault_while_rank_0s_window_is_full_is_confirmed_and_nothing_is_lost() {
         for seq in 0..N {
             let tx = tx.clone();
             let me = d.rank();
-            let _ = d.broadcast(
-                TAG,
-                payload(me, seq),
-                Some(Box::new(move |r| tx.send((me, seq, r)).unwrap())),
-            );
+            let _ = d.broadcast_with(TAG, payload(me, seq), move |r| {
+                tx.send((me, seq, r)).unwrap()
+            });
         }
     };
     for d in &dvm[8..] {
@@ -343,7 +337,7 @@ fn collective_frames_dropped_at_a_full_queue_are_sent_again() {
     for d in &dvm {
         let tx = tx.clone();
         let me = d.rank();
-        d.recv(Peer::Any, TAG, true, move |m| {
+        d.recv(Peer::Any, TAG, tbon::RecvMode::Persistent, move |m| {
             tx.send((me, u64::from_le_bytes(m.payload[..8].try_into().unwrap())))
                 .unwrap()
         })
@@ -355,7 +349,7 @@ fn collective_frames_dropped_at_a_full_queue_are_sent_again() {
         p[..8].copy_from_slice(&seq.to_le_bytes());
         let dtx = dtx.clone();
         dvm[0]
-            .broadcast(TAG, p, Some(Box::new(move |r| dtx.send(r).unwrap())))
+            .broadcast_with(TAG, p, move |r| dtx.send(r).unwrap())
             .unwrap();
     }
     for _ in 0..N {
@@ -377,7 +371,7 @@ fn collective_frames_dropped_at_a_full_queue_are_sent_again() {
     let h = dvm[3].handle();
     assert_eq!(h.broadcast_max(), (1 << 20) - 29);
     assert_eq!(
-        h.broadcast(TAG, vec![0u8; (1 << 20) - 28], None),
+        h.broadcast(TAG, vec![0u8; (1 << 20) - 28]),
         Err(SendError::TooLarge {
             len: (1 << 20) - 28,
             max: (1 << 20) - 29
@@ -553,13 +547,9 @@ fn the_dvm_shutdown_rides_the_broadcast_and_reaches_everyone() {
     for d in &dvm[1..] {
         for seq in 0..4 {
             let tx = tx.clone();
-            d.broadcast(
-                TAG,
-                payload(d.rank(), seq),
-                Some(Box::new(move |r| {
-                    let _ = tx.send(r);
-                })),
-            )
+            d.broadcast_with(TAG, payload(d.rank(), seq), move |r| {
+                let _ = tx.send(r);
+            })
             .unwrap();
         }
     }

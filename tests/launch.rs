@@ -25,7 +25,7 @@ fn check_traffic(dvm: &[tbon::Daemon]) {
     }
     let (tx, rx) = crossbeam_channel::bounded(1);
     dvm[1]
-        .recv(Peer::Any, TAG, false, move |m| {
+        .recv(Peer::Any, TAG, tbon::RecvMode::Once, move |m| {
             let _ = tx.send(m.payload);
         })
         .unwrap();

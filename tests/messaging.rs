@@ -20,7 +20,7 @@ fn all_to_all(size: u32, radix: u32) {
     for d in &dvm {
         let tx = tx.clone();
         let me = d.rank();
-        d.recv(Peer::Any, TAG, true, move |m| {
+        d.recv(Peer::Any, TAG, tbon::RecvMode::Persistent, move |m| {
             tx.send((me, m)).unwrap();
         })
         .unwrap();
@@ -71,7 +71,9 @@ fn fifty_mib_crosses_relays_with_tiny_socket_buffers() {
     let big = Bytes::from(big);
     let (tx, rx) = unbounded();
     dvm[6]
-        .recv(Peer::Rank(7), TAG, false, move |m| tx.send(m).unwrap())
+        .recv(Peer::Rank(7), TAG, tbon::RecvMode::Once, move |m| {
+            tx.send(m).unwrap()
+        })
         .unwrap();
     dvm[7].send_wait(6, TAG, big.clone()).unwrap();
     let m = rx
@@ -94,11 +96,13 @@ fn specific_receive_wins_over_wildcard_and_one_shot_retires() {
     let (tx, rx) = unbounded();
     let t1 = tx.clone();
     dvm[0]
-        .recv(Peer::Any, TAG, true, move |m| t1.send(("any", m)).unwrap())
+        .recv(Peer::Any, TAG, tbon::RecvMode::Persistent, move |m| {
+            t1.send(("any", m)).unwrap()
+        })
         .unwrap();
     let t2 = tx.clone();
     dvm[0]
-        .recv(Peer::Rank(2), TAG, false, move |m| {
+        .recv(Peer::Rank(2), TAG, tbon::RecvMode::Once, move |m| {
             t2.send(("two", m)).unwrap()
         })
         .unwrap();
@@ -112,7 +116,7 @@ fn specific_receive_wins_over_wildcard_and_one_shot_retires() {
     // And it may be posted again now that it retired.
     let t3 = tx.clone();
     dvm[0]
-        .recv(Peer::Rank(2), TAG, false, move |m| {
+        .recv(Peer::Rank(2), TAG, tbon::RecvMode::Once, move |m| {
             t3.send(("two", m)).unwrap()
         })
         .unwrap();
@@ -142,9 +146,12 @@ fn unmatched_messages_wait_for_a_receive() {
     // ...a persistent receive takes all the rest, in arrival order.
     let (tx, rx) = unbounded();
     dvm[0]
-        .recv(Peer::Rank(1), TAG + 1, true, move |m| {
-            tx.send(m.payload[0]).unwrap()
-        })
+        .recv(
+            Peer::Rank(1),
+            TAG + 1,
+            tbon::RecvMode::Persistent,
+            move |m| tx.send(m.payload[0]).unwrap(),
+        )
         .unwrap();
     let got: Vec<u8> = (0..4)
         .map(|_| rx.recv_timeout(HANG_GUARD).unwrap())
@@ -170,22 +177,24 @@ fn api_misuse_is_an_error_not_a_crash() {
             max: 1024
         })
     );
-    d.recv(Peer::Any, TAG, true, |_| {}).unwrap();
+    d.recv(Peer::Any, TAG, tbon::RecvMode::Persistent, |_| {})
+        .unwrap();
     assert_eq!(
-        d.recv(Peer::Any, TAG, false, |_| {}),
+        d.recv(Peer::Any, TAG, tbon::RecvMode::Once, |_| {}),
         Err(RecvError::Duplicate)
     );
     assert_eq!(
-        d.recv(Peer::Any, 1, false, |_| {}),
+        d.recv(Peer::Any, 1, tbon::RecvMode::Once, |_| {}),
         Err(RecvError::ReservedTag(1))
     );
     assert_eq!(
-        d.recv(Peer::Rank(9), TAG, false, |_| {}),
+        d.recv(Peer::Rank(9), TAG, tbon::RecvMode::Once, |_| {}),
         Err(RecvError::RankOutOfRange { rank: 9, size: 2 })
     );
     // Cancel, then the same (peer, tag) may be posted again.
     d.cancel(Peer::Any, TAG);
-    d.recv(Peer::Any, TAG, true, |_| {}).unwrap();
+    d.recv(Peer::Any, TAG, tbon::RecvMode::Persistent, |_| {})
+        .unwrap();
 }
 
 /// Every blocking call made from a callback (on the loop thread it would wait for) answers
@@ -196,7 +205,7 @@ fn blocking_calls_from_a_callback_answer_at_once_instead_of_wedging_the_daemon()
     let (tx, rx) = unbounded();
     let h = dvm[1].handle();
     dvm[1]
-        .recv(Peer::Rank(0), TAG, false, move |_| {
+        .recv(Peer::Rank(0), TAG, tbon::RecvMode::Once, move |_| {
             let long = Duration::from_secs(3600);
             let started = Instant::now();
             let outcomes = (
@@ -215,7 +224,7 @@ fn blocking_calls_from_a_callback_answer_at_once_instead_of_wedging_the_daemon()
     let ((send, reliable, barrier, recv, wired, stopped, counters), took) = rx
         .recv_timeout(HANG_GUARD)
         .expect("the callback ran and returned");
-    let busy = Err(SendError::Busy("the loop thread (called from a callback)"));
+    let busy = Err(SendError::Busy(tbon::Limit::LoopThread));
     assert_eq!(send, busy);
     assert_eq!(reliable, busy);
     assert_eq!(barrier, busy);
@@ -240,7 +249,9 @@ fn a_dvm_forms_with_a_key_given_in_the_config() {
     let dvm = start_dvm(3, &cfg);
     let (tx, rx) = unbounded();
     dvm[2]
-        .recv(Peer::Rank(0), TAG, false, move |m| tx.send(m).unwrap())
+        .recv(Peer::Rank(0), TAG, tbon::RecvMode::Once, move |m| {
+            tx.send(m).unwrap()
+        })
         .unwrap();
     dvm[0].send(2, TAG, Bytes::from_static(b"keyed")).unwrap();
     assert_eq!(rx.recv_timeout(HANG_GUARD).unwrap().payload, "keyed");
@@ -257,17 +268,19 @@ fn sends_beyond_the_pre_wire_up_queue_are_refused_to_the_caller() {
     for i in 0..3u8 {
         d.send(1, TAG, Bytes::from(vec![i])).unwrap();
     }
-    let busy = Err(SendError::Busy("the pre-wire-up queue"));
+    let busy = Err(SendError::Busy(tbon::Limit::PrewireQueue));
     assert_eq!(d.send(1, TAG, Bytes::from_static(b"4th")), busy);
-    assert_eq!(d.broadcast(TAG, Bytes::from_static(b"b"), None), busy);
+    assert_eq!(d.broadcast(TAG, Bytes::from_static(b"b")), busy);
     let mut batch = tbon::Batch::new();
     batch.push(1, TAG, Bytes::from_static(b"x")).unwrap();
     assert_eq!(d.send_batch(&mut batch), busy);
     assert_eq!(batch.len(), 1, "the refused message stays the caller's");
     // A send to itself needs no wire-up.
     let (tx, rx) = unbounded();
-    d.recv(Peer::Rank(0), TAG, false, move |m| tx.send(m).unwrap())
-        .unwrap();
+    d.recv(Peer::Rank(0), TAG, tbon::RecvMode::Once, move |m| {
+        tx.send(m).unwrap()
+    })
+    .unwrap();
     d.send(0, TAG, Bytes::from_static(b"me")).unwrap();
     assert_eq!(rx.recv_timeout(HANG_GUARD).unwrap().payload, "me");
 }
@@ -286,7 +299,9 @@ fn cancelled_receive_gets_nothing_and_purge_drops_held() {
     let dvm = start_dvm(2, &loopback_config(64));
     let (tx, rx) = unbounded();
     dvm[0]
-        .recv(Peer::Rank(1), TAG, true, move |m| tx.send(m).unwrap())
+        .recv(Peer::Rank(1), TAG, tbon::RecvMode::Persistent, move |m| {
+            tx.send(m).unwrap()
+        })
         .unwrap();
     dvm[0].cancel(Peer::Rank(1), TAG);
     dvm[1].send_wait(0, TAG, "held").unwrap();
@@ -339,10 +354,12 @@ fn broadcast_reaches_every_daemon_once() {
     for d in &dvm {
         let tx = tx.clone();
         let me = d.rank();
-        d.recv(Peer::Any, TAG, true, move |m| tx.send((me, m)).unwrap())
-            .unwrap();
+        d.recv(Peer::Any, TAG, tbon::RecvMode::Persistent, move |m| {
+            tx.send((me, m)).unwrap()
+        })
+        .unwrap();
     }
-    dvm[5].broadcast(TAG, "hello all", None).unwrap();
+    dvm[5].broadcast(TAG, "hello all").unwrap();
     let mut got: Vec<u32> = (0..13)
         .map(|_| {
             let (me, m) = rx.recv_timeout(HANG_GUARD).unwrap();
@@ -369,7 +386,7 @@ fn sends_after_shutdown_fail_with_shut_down() {
 fn gate(d: &tbon::Daemon, tag: u32) -> (Receiver<()>, Sender<()>) {
     let (entered_tx, entered_rx) = unbounded();
     let (release_tx, release_rx) = unbounded::<()>();
-    d.recv(Peer::Any, tag, true, move |_| {
+    d.recv(Peer::Any, tag, tbon::RecvMode::Persistent, move |_| {
         entered_tx.send(()).unwrap();
         let _ = release_rx.recv_timeout(HANG_GUARD);
     })
@@ -488,12 +505,12 @@ fn a_retired_one_shot_does_not_unregister_its_reposted_successor() {
     // nothing, the second post stands.
     let (tx, rx) = unbounded();
     let t1 = tx.clone();
-    d.recv(Peer::Rank(0), TAG, false, move |m| {
+    d.recv(Peer::Rank(0), TAG, tbon::RecvMode::Once, move |m| {
         t1.send(("first", m)).unwrap()
     })
     .unwrap();
     d.cancel(Peer::Rank(0), TAG);
-    d.recv(Peer::Rank(0), TAG, false, move |m| {
+    d.recv(Peer::Rank(0), TAG, tbon::RecvMode::Once, move |m| {
         tx.send(("second", m)).unwrap()
     })
     .unwrap();
@@ -504,7 +521,7 @@ fn a_retired_one_shot_does_not_unregister_its_reposted_successor() {
     assert_eq!((who, &m.payload[..]), ("first", &b"held"[..]));
     // The first post's retirement must not have unregistered the second.
     assert_eq!(
-        d.recv(Peer::Rank(0), TAG, false, |_| {}),
+        d.recv(Peer::Rank(0), TAG, tbon::RecvMode::Once, |_| {}),
         Err(RecvError::Duplicate),
         "a third post was accepted while the second stands"
     );
@@ -524,7 +541,7 @@ fn a_batch_arrives_in_order_and_a_bad_message_sends_none_of_it() {
     for d in &dvm {
         let tx = tx.clone();
         let me = d.rank();
-        d.recv(Peer::Rank(1), TAG, true, move |m| {
+        d.recv(Peer::Rank(1), TAG, tbon::RecvMode::Persistent, move |m| {
             tx.send((me, m)).unwrap();
         })
         .unwrap();
@@ -582,7 +599,7 @@ fn a_batch_refused_from_a_callback_keeps_its_messages() {
     let (tx, rx) = unbounded();
     let h = dvm[1].handle();
     dvm[1]
-        .recv(Peer::Rank(0), TAG, false, move |_| {
+        .recv(Peer::Rank(0), TAG, tbon::RecvMode::Once, move |_| {
             let mut batch = tbon::Batch::new();
             let mut sent = 0u64;
             let kept = loop {
@@ -600,9 +617,14 @@ fn a_batch_refused_from_a_callback_keeps_its_messages() {
         .unwrap();
     let (got_tx, got_rx) = unbounded();
     dvm[0]
-        .recv(Peer::Rank(1), TAG + 1, true, move |_| {
-            got_tx.send(()).unwrap();
-        })
+        .recv(
+            Peer::Rank(1),
+            TAG + 1,
+            tbon::RecvMode::Persistent,
+            move |_| {
+                got_tx.send(()).unwrap();
+            },
+        )
         .unwrap();
     dvm[0].send(1, TAG, Bytes::from_static(b"go")).unwrap();
     let (sent, (err, kept)) = rx.recv_timeout(HANG_GUARD).expect("the callback ran");
@@ -613,4 +635,73 @@ fn a_batch_refused_from_a_callback_keeps_its_messages() {
             .recv_timeout(HANG_GUARD)
             .expect("a batched message went missing");
     }
+}
+
+/// `subscribe`: far more messages than the subscription's queue holds arrive while nobody
+/// reads; the receive is paused (the rest wait in the unmatched list) and resumed as the
+/// reader catches up, so every message is read once, in order. Dropping the subscription
+/// frees its (peer, tag); a blocking read from a callback is refused.
+#[test]
+fn a_subscription_pauses_at_its_bound_and_loses_nothing() {
+    let n = 3 * tbon::limits::SUBSCRIPTION_QUEUE_MAX as u32;
+    let dvm = start_dvm(3, &loopback_config(2));
+    let inbox = dvm[0].subscribe(Peer::Rank(2), TAG).unwrap();
+    assert_eq!(
+        dvm[0].subscribe(Peer::Rank(2), TAG).unwrap_err(),
+        RecvError::Duplicate
+    );
+    let mut batch = tbon::Batch::new();
+    let mut seq = 0u32;
+    while seq < n {
+        while seq < n && batch.push(0, TAG, seq.to_le_bytes().to_vec()).is_ok() {
+            seq += 1;
+        }
+        while !batch.is_empty() {
+            match dvm[2].send_batch(&mut batch) {
+                Ok(()) => {}
+                Err(SendError::Busy(_)) => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    // Let the queue fill before reading: the receive pauses, the rest wait unmatched.
+    let deadline = Instant::now() + HANG_GUARD;
+    while inbox.len() < tbon::limits::SUBSCRIPTION_QUEUE_MAX && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        inbox.len() <= 2 * tbon::limits::SUBSCRIPTION_QUEUE_MAX,
+        "{}",
+        inbox.len()
+    );
+    for want in 0..n {
+        let m = inbox
+            .recv_timeout(HANG_GUARD)
+            .expect("a message went missing");
+        assert_eq!(m.origin, 2);
+        assert_eq!(u32::from_le_bytes(m.payload[..4].try_into().unwrap()), want);
+    }
+    assert!(inbox.try_recv().is_none());
+    drop(inbox);
+    // The pair is free again, and a later message reaches the new receiver.
+    let (tx, rx) = unbounded();
+    let again = dvm[0].subscribe(Peer::Rank(2), TAG).unwrap();
+    dvm[2].send(0, TAG, "after").unwrap();
+    assert_eq!(
+        &again.recv_timeout(HANG_GUARD).unwrap().payload[..],
+        b"after"
+    );
+    // From a callback a blocking read is refused; try_recv answers.
+    let sub = std::sync::Arc::new(again);
+    let in_cb = std::sync::Arc::clone(&sub);
+    dvm[0]
+        .recv(Peer::Any, TAG + 1, tbon::RecvMode::Once, move |_| {
+            let _ = tx.send((in_cb.recv(), in_cb.try_recv().is_none()));
+        })
+        .unwrap();
+    dvm[1].send(0, TAG + 1, "poke").unwrap();
+    let (blocking, empty) = rx.recv_timeout(HANG_GUARD).unwrap();
+    assert_eq!(blocking.unwrap_err(), RecvError::InCallback);
+    assert!(empty);
 }

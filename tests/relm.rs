@@ -51,7 +51,7 @@ fn listen(dvm: &[&Daemon]) -> Receiver<Arrival> {
     for d in dvm {
         let tx = tx.clone();
         let me = d.rank();
-        d.recv(Peer::Any, TAG, true, move |m| {
+        d.recv(Peer::Any, TAG, tbon::RecvMode::Persistent, move |m| {
             let (o, s) = decode(&m.payload);
             tx.send((me, m.origin, o, s)).unwrap();
         })
@@ -287,7 +287,7 @@ fn misuse_is_refused_at_once() {
     big.resize(1024, 0);
     let (btx, brx) = unbounded();
     dvm[0]
-        .recv(Peer::Rank(1), TAG + 1, false, move |m| {
+        .recv(Peer::Rank(1), TAG + 1, tbon::RecvMode::Once, move |m| {
             btx.send(m.payload.len()).unwrap()
         })
         .unwrap();

@@ -1,26 +1,7 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 
-use clap::{Args, CommandFactory, FromArgMatches, Parser};
-
 use super::*;
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    config: Config,
-}
-
-/// clap's view of the settings, with environment lookups switched off so the test does not
-/// depend on the caller's environment.
-fn command() -> clap::Command {
-    Cli::command().mut_args(|a| a.env(None::<&'static str>))
-}
-
-fn parse(args: &[&str]) -> Result<Config, clap::Error> {
-    let m = command().try_get_matches_from(std::iter::once("tbon").chain(args.iter().copied()))?;
-    Config::from_arg_matches(&m)
-}
 
 #[test]
 fn defaults_are_prrte_like_and_valid() {
@@ -52,27 +33,45 @@ fn defaults_are_prrte_like_and_valid() {
 }
 
 #[test]
-fn clap_defaults_equal_default() {
-    assert_eq!(parse(&[]).unwrap(), Config::default());
-}
-
-#[test]
-fn names_match_clap_flags_and_env() {
+fn names_match_env_and_descriptions() {
     assert_eq!(NAMES.len(), ENV_NAMES.len());
     for (name, env) in NAMES.iter().zip(ENV_NAMES) {
         assert_eq!(*env, format!("TBON_{}", name.to_ascii_uppercase()));
     }
-    let cmd = Config::augment_args(clap::Command::new("t"));
-    let args: Vec<_> = cmd.get_arguments().collect();
-    assert_eq!(args.len(), NAMES.len());
-    for (arg, name) in args.iter().zip(NAMES) {
-        assert_eq!(arg.get_long(), Some(name.replace('_', "-").as_str()));
-        let env = arg.get_env().and_then(|e| e.to_str()).unwrap_or("");
-        assert_eq!(env, format!("TBON_{}", name.to_ascii_uppercase()));
-        // Every setting documents itself in --help.
-        assert!(arg.get_help().is_some(), "{name} has no doc comment");
-    }
     assert_eq!(Config::names(), NAMES);
+    let settings = Config::settings();
+    assert_eq!(settings.len(), NAMES.len());
+    for (s, name) in settings.iter().zip(NAMES) {
+        assert_eq!(s.name, *name);
+        assert_eq!(s.env, format!("TBON_{}", name.to_ascii_uppercase()));
+        // Every setting documents itself (a front end shows it, e.g. in --help).
+        assert!(s.doc.trim().len() > 10, "{name} has no doc comment");
+    }
+    let kind = |n: &str| settings.iter().find(|s| s.name == n).map(|s| s.kind);
+    assert_eq!(kind("ipv6"), Some(SettingKind::Bool));
+    assert_eq!(kind("if_include"), Some(SettingKind::List));
+    assert_eq!(kind("radix"), Some(SettingKind::Value));
+}
+
+#[test]
+fn get_gives_back_what_set_takes() {
+    let default = Config::default();
+    for &name in Config::names() {
+        // The default's text sets the default again.
+        let mut c = Config::default();
+        c.set(name, &default.get(name).unwrap()).unwrap();
+        assert_eq!(c, default, "{name}");
+        // A changed value's text sets the same value.
+        let mut changed = Config::default();
+        changed.set(name, non_default_value(name)).unwrap();
+        let mut again = Config::default();
+        again.set(name, &changed.get(name).unwrap()).unwrap();
+        assert_eq!(again, changed, "{name}");
+    }
+    assert!(matches!(
+        default.get("no_such"),
+        Err(ConfigError::Unknown { .. })
+    ));
 }
 
 /// A value for each setting that differs from its default, as text.
@@ -93,7 +92,7 @@ fn non_default_value(name: &str) -> &'static str {
 }
 
 #[test]
-fn every_setting_is_settable_by_each_spelling_and_by_flag() {
+fn every_setting_is_settable_by_each_spelling() {
     for &name in Config::names() {
         let value = non_default_value(name);
         let spellings = [
@@ -109,9 +108,6 @@ fn every_setting_is_settable_by_each_spelling_and_by_flag() {
             assert_ne!(c, Config::default(), "{spelling}={value} changed nothing");
             assert_eq!(*first.get_or_insert_with(|| c.clone()), c);
         }
-        // The flag gives the same result as `set`.
-        let flag = format!("--{}={value}", name.replace('_', "-"));
-        assert_eq!(parse(&[&flag]).unwrap(), first.unwrap(), "{flag}");
     }
 }
 
@@ -130,9 +126,6 @@ fn list_and_bool_values() {
     c.set("route", " Direct ").unwrap();
     assert_eq!(c.route, crate::direct::RouteSetting::Direct);
     assert!(c.set("route", "sideways").is_err());
-    // Bare boolean flag means true.
-    assert!(parse(&["--ipv6"]).unwrap().ipv6);
-    assert!(!parse(&["--ipv4=false", "--ipv6"]).unwrap().ipv4);
 }
 
 #[test]

@@ -122,8 +122,9 @@ use std::fmt;
 use std::str::FromStr;
 
 /// A daemon's route setting (`route`, `TBON_ROUTE`), with PVM's meanings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum RouteSetting {
     /// Never ask for a direct link, and refuse requests (PVM's `PvmDontRoute`).
     #[default]

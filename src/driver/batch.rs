@@ -49,7 +49,7 @@ impl Batch {
             return Err(SendError::ReservedTag(tag));
         }
         if self.msgs.len() >= limits::SEND_BATCH_MAX {
-            return Err(SendError::Busy("the batch"));
+            return Err(SendError::Busy(crate::error::Limit::Batch));
         }
         self.msgs.push(Outgoing {
             dst,

@@ -24,6 +24,23 @@ pub type FaultHandler = Box<dyn FnMut(&RecoveryStatus) + Send + 'static>;
 /// Called on the loop thread for every message a receive matches.
 pub type RecvCallback = Box<dyn FnMut(Message) + Send + 'static>;
 
+thread_local! {
+    /// Set by a receive's callback (on the loop thread) that wants no more matches: the loop
+    /// cancels that receive right after the callback returns, before matching anything else.
+    static PAUSE_ASKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// From inside a receive's callback: cancel this receive as soon as the callback returns, so
+/// that later messages wait in the unmatched list (a [`super::Subscription`] at its bound).
+pub(crate) fn ask_pause() {
+    PAUSE_ASKED.with(|p| p.set(true));
+}
+
+/// Whether the callback that just ran asked for [`ask_pause`]; clears the request.
+pub(crate) fn take_pause() -> bool {
+    PAUSE_ASKED.with(|p| p.replace(false))
+}
+
 /// Where a fetched stream's items go, on the loop thread.
 pub(crate) struct StreamSink {
     pub deliver: Box<dyn FnMut(super::StreamItem) + Send + 'static>,

@@ -68,6 +68,9 @@ pub(crate) struct EventLoop {
     links: FxHashMap<Rank, Link>,
     /// Receive callbacks by the node's receive id, with the handle's post id.
     receives: FxHashMap<ReceiveId, (Peer, Tag, u64, RecvCallback)>,
+    /// Receives whose callback asked to pause during this drain of outputs: cancelled in the
+    /// node at once, dropped from `receives` once the drain is over.
+    paused_receives: Vec<ReceiveId>,
     /// Completions by token (sends, reliable sends, broadcasts). A token is reused only once
     /// the node has named it in its last output (a `Transmit` or a `SendDone`).
     completions: Slab<Completion>,
@@ -163,6 +166,7 @@ impl EventLoop {
             next_generation: 0,
             links: FxHashMap::default(),
             receives: FxHashMap::default(),
+            paused_receives: Vec::new(),
             completions: Slab::new(),
             now: Instant::now(),
             ag_done: FxHashMap::default(),
@@ -295,6 +299,13 @@ impl EventLoop {
 
     /// Carries out what the node asked for, in order, then re-arms its timer.
     fn carry_out(&mut self) {
+        self.carry_out_outputs();
+        for id in std::mem::take(&mut self.paused_receives) {
+            self.receives.remove(&id);
+        }
+    }
+
+    fn carry_out_outputs(&mut self) {
         while let Some(o) = self.node.poll_output() {
             match o {
                 Output::Transmit {
@@ -327,9 +338,19 @@ impl EventLoop {
                         if let Some((peer, tag, post, mut cb)) = self.receives.remove(&receive) {
                             self.shared.unpost(peer, tag, post);
                             cb(msg);
+                            // A one-shot receive is gone anyway.
+                            let _ = super::caddy::take_pause();
                         }
-                    } else if let Some((_, _, _, cb)) = self.receives.get_mut(&receive) {
+                    } else if let Some((peer, tag, post, cb)) = self.receives.get_mut(&receive) {
                         cb(msg);
+                        if super::caddy::take_pause() {
+                            // No more matches from here on: later messages are held. Matches
+                            // the node made already still reach the callback in this drain.
+                            let (peer, tag, post) = (*peer, *tag, *post);
+                            self.node.cancel(peer, tag);
+                            self.shared.unpost(peer, tag, post);
+                            self.paused_receives.push(receive);
+                        }
                     }
                 }
                 o @ (Output::SendDone { .. } | Output::AllgatherDone { .. }) => self.complete(o),

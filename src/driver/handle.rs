@@ -8,16 +8,15 @@
 use super::caddy::{AllgatherCompletion, Caddy, Completion, FaultHandler, RecvCallback};
 use crate::Rank;
 use crate::counters::Counters;
-use crate::error::{RecvError, SendError};
+use crate::error::{RecvError, RegisterError, SendError};
 use crate::grpcomm::AllgatherResult;
-use crate::rml::{Message, Peer, TAG_USER_MIN, Tag};
+use crate::rml::{Message, Peer, RecvMode, TAG_USER_MIN, Tag};
 use crate::routed::RecoveryStatus;
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::collections::HashMap;
 
 /// What `Busy` names when a blocking call is made from a callback, on the loop thread.
-const ON_LOOP_THREAD: &str = "the loop thread (called from a callback)";
 use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -104,7 +103,7 @@ impl Shared {
             match self.tx.try_send(caddy) {
                 Ok(()) => {}
                 Err(TrySendError::Full(c)) => {
-                    return Err((SendError::Busy("the command channel"), c));
+                    return Err((SendError::Busy(crate::error::Limit::CommandChannel), c));
                 }
                 Err(TrySendError::Disconnected(c)) => return Err((SendError::ShutDown, c)),
             }
@@ -142,7 +141,7 @@ impl Shared {
         let before = self.prewire_taken.fetch_add(n, Ordering::AcqRel);
         if before.saturating_add(n) > self.prewire_max {
             self.prewire_taken.fetch_sub(n, Ordering::AcqRel);
-            return Err(SendError::Busy("the pre-wire-up queue"));
+            return Err(SendError::Busy(crate::error::Limit::PrewireQueue));
         }
         Ok(())
     }
@@ -220,6 +219,12 @@ impl Handle {
         self.shared.size
     }
 
+    /// The largest payload this daemon sends or accepts (`msg_max_bytes`): a larger send is
+    /// refused with [`SendError::TooLarge`](crate::SendError::TooLarge).
+    pub fn msg_max_bytes(&self) -> usize {
+        self.shared.msg_max_bytes
+    }
+
     /// This daemon's contact URI (`<dvm_id>.<rank>;tcp://addr,...:port`). Rank 0's is the one
     /// other daemons need to join.
     pub fn contact_uri(&self) -> &str {
@@ -231,12 +236,10 @@ impl Handle {
     /// the bytes are reserved: the caller submits the send or gives them back.
     fn check_gate(&self, dst: Rank, len: usize) -> Result<(), SendError> {
         if self.shared.gate.refuses(dst) {
-            return Err(SendError::Busy("the send queue towards the next hop"));
+            return Err(SendError::Busy(crate::error::Limit::NextHopQueue));
         }
         if !self.shared.gate.admit_bytes(len) {
-            return Err(SendError::Busy(
-                "the command channel (bytes of sends not yet taken)",
-            ));
+            return Err(SendError::Busy(crate::error::Limit::CommandChannel));
         }
         Ok(())
     }
@@ -418,9 +421,7 @@ impl Handle {
             self.shared.take_prewire(waits)?;
             if !self.shared.gate.admit_bytes(len) {
                 self.shared.untake_prewire(waits);
-                return Err(SendError::Busy(
-                    "the command channel (bytes of sends not yet taken)",
-                ));
+                return Err(SendError::Busy(crate::error::Limit::CommandChannel));
             }
             let msgs = if open == batch.msgs.len() {
                 std::mem::take(&mut batch.msgs)
@@ -440,10 +441,8 @@ impl Handle {
         }
         match (batch.msgs.is_empty(), refused) {
             (true, _) => Ok(()),
-            (false, true) => Err(SendError::Busy("the send queue towards the next hop")),
-            (false, false) => Err(SendError::Busy(
-                "the command channel (bytes of sends not yet taken)",
-            )),
+            (false, true) => Err(SendError::Busy(crate::error::Limit::NextHopQueue)),
+            (false, false) => Err(SendError::Busy(crate::error::Limit::CommandChannel)),
         }
     }
 
@@ -515,20 +514,38 @@ impl Handle {
     /// of one originator keep their order. The payload is shared down the tree, never copied
     /// per child (from a non-zero rank it is copied once, into the request to rank 0).
     ///
-    /// `done` (optional) runs once on the loop thread: `Ok` once every daemon living in rank
-    /// 0's view has delivered it; `Busy` if rank 0's window was full
-    /// (`limits::XCAST_INFLIGHT_MAX` operations or `XCAST_INFLIGHT_MAX_BYTES` in flight) or
-    /// this daemon has `XCAST_ORIGINATE_MAX` broadcasts outstanding: nothing was broadcast,
-    /// retry later; `ShutDown` if this daemon stops first. Argument errors are returned at once:
-    /// a reserved tag, or a payload above [`Handle::broadcast_max`] (`TooLarge`). Delivered
-    /// broadcasts go to receive matching like messages from the originator (`Message::origin`).
-    pub fn broadcast(
+    /// Argument errors are returned at once: a reserved tag, or a payload above
+    /// [`Handle::broadcast_max`] (`TooLarge`); before wire-up, `Busy` beyond
+    /// `prewire_queue_max`. A broadcast can also be refused later, in the loop (rank 0's window
+    /// full, or this daemon's outstanding broadcasts at their bound): only
+    /// [`Handle::broadcast_with`] tells you, so use it when every broadcast must go out.
+    /// Delivered broadcasts go to receive matching like messages from the originator
+    /// (`Message::origin`).
+    pub fn broadcast(&self, tag: Tag, payload: impl Into<Bytes>) -> Result<(), SendError> {
+        self.submit_broadcast(tag, payload.into(), None)
+    }
+
+    /// [`Handle::broadcast`] with a completion: `done` runs once on the loop thread, `Ok` once
+    /// every daemon living in rank 0's view has delivered it; `Busy` if rank 0's window was
+    /// full (`limits::XCAST_INFLIGHT_MAX` operations or `XCAST_INFLIGHT_MAX_BYTES` in flight)
+    /// or this daemon has `XCAST_ORIGINATE_MAX` broadcasts outstanding: nothing was
+    /// broadcast, offer it again later; `ShutDown` if this daemon stops first. Errors returned
+    /// at once are those of `broadcast`; then `done` is not called.
+    pub fn broadcast_with(
         &self,
         tag: Tag,
         payload: impl Into<Bytes>,
+        done: impl FnOnce(Result<(), SendError>) + Send + 'static,
+    ) -> Result<(), SendError> {
+        self.submit_broadcast(tag, payload.into(), Some(Box::new(done)))
+    }
+
+    fn submit_broadcast(
+        &self,
+        tag: Tag,
+        payload: Bytes,
         done: Option<Completion>,
     ) -> Result<(), SendError> {
-        let payload = payload.into();
         self.check_send(0, tag, &payload)?;
         let max = self.broadcast_max();
         if payload.len() > max {
@@ -633,8 +650,9 @@ impl Handle {
     }
 
     /// Posts a receive for messages from `peer` (or [`Peer::Any`]) with `tag`. `callback` runs on
-    /// the loop thread for each match (once for a one-shot receive, until cancelled for a
-    /// persistent one). Messages that arrived before the post are held and matched now, in
+    /// the loop thread for each match (once for [`RecvMode::Once`], until cancelled for
+    /// [`RecvMode::Persistent`]); keep it short and never block in it. For messages on a
+    /// thread of your own, use [`Handle::subscribe`] or [`Handle::recv_blocking`]. Messages that arrived before the post are held and matched now, in
     /// arrival order. A receive for (Rank(r), tag) wins over one for (Any, tag).
     ///
     /// Errors: a reserved tag, an out-of-range peer, or a receive already posted for exactly the
@@ -643,15 +661,15 @@ impl Handle {
         &self,
         peer: Peer,
         tag: Tag,
-        persistent: bool,
+        mode: RecvMode,
         callback: impl FnMut(Message) + Send + 'static,
     ) -> Result<(), RecvError> {
-        self.post(peer, tag, persistent, Box::new(callback))
+        self.post(peer, tag, mode.is_persistent(), Box::new(callback))
             .map(|_| ())
     }
 
     /// [`Handle::recv`], returning the id of the post.
-    fn post(
+    pub(super) fn post(
         &self,
         peer: Peer,
         tag: Tag,
@@ -781,6 +799,25 @@ impl Handle {
         }
     }
 
+    /// Cancels the receive `post` for (peer, tag) if it is still this one's; `false` when the
+    /// command could not be handed to the loop (a full channel, from a callback).
+    pub(super) fn cancel_post(&self, peer: Peer, tag: Tag, post: u64) -> bool {
+        {
+            let mut posted = lock(&self.shared.posted);
+            if posted.get(&(peer, tag)) == Some(&post) {
+                posted.remove(&(peer, tag));
+            }
+        }
+        self.shared
+            .submit(Caddy::Cancel {
+                peer,
+                tag,
+                post,
+                done: None,
+            })
+            .is_ok()
+    }
+
     /// Drops every receive posted for `peer` and every held message from it.
     pub fn purge(&self, peer: Rank) {
         lock(&self.shared.posted).retain(|(p, _), _| *p != Peer::Rank(peer));
@@ -791,7 +828,7 @@ impl Handle {
     /// callback it returns `Busy` rather than deadlocking.
     pub fn counters(&self) -> Result<Counters, SendError> {
         if self.shared.on_loop_thread() {
-            return Err(SendError::Busy(ON_LOOP_THREAD));
+            return Err(SendError::Busy(crate::error::Limit::LoopThread));
         }
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.shared.submit(Caddy::Counters(tx))?;
@@ -872,7 +909,7 @@ impl Handle {
     /// `Busy` on the loop thread: a blocking call there would wait for its own thread.
     fn not_on_loop_thread(&self) -> Result<(), SendError> {
         if self.shared.on_loop_thread() {
-            return Err(SendError::Busy(ON_LOOP_THREAD));
+            return Err(SendError::Busy(crate::error::Limit::LoopThread));
         }
         Ok(())
     }
@@ -900,12 +937,19 @@ impl Handle {
     /// only on a daemon that learned of the death itself: the dead daemon's tree neighbours
     /// (its connection broke, or its heartbeats stopped) and its children adopted by a new
     /// parent (told by the adoption notice). A daemon far from the dead one sees only `Global`.
+    ///
+    /// # Errors
+    /// [`RegisterError::ShutDown`] once the daemon stopped; [`RegisterError::Busy`] from a
+    /// callback while the command channel is full.
     pub fn on_fault(
         &self,
         handler: impl FnMut(&RecoveryStatus) + Send + 'static,
-    ) -> Result<(), SendError> {
+    ) -> Result<(), RegisterError> {
         let h: FaultHandler = Box::new(handler);
-        self.shared.submit(Caddy::OnFault(h))
+        self.shared.submit(Caddy::OnFault(h)).map_err(|e| match e {
+            SendError::ShutDown => RegisterError::ShutDown,
+            _ => RegisterError::Busy,
+        })
     }
 
     /// Stops this daemon at once, as a crash would look to the others: sockets are closed

@@ -1,6 +1,8 @@
-//! Where a daemon's job key comes from: the file named by `key_file`, else the `TBON_KEY`
-//! environment variable, else nothing — which is refused unless `insecure` is set. The key is
-//! never a command-line flag: any user on the host can read command lines.
+//! Where a daemon's job key comes from: `Config::key`, else the file named by `key_file`, else
+//! nothing — which is refused unless `insecure` is set. The `TBON_KEY` environment variable is
+//! read only by [`Config::from_env`](crate::config::Config::from_env) (into `Config::key`) and
+//! by the `tbon` command, never behind the caller's back. The key is never a command-line flag:
+//! any user on the host can read command lines.
 
 use crate::Rank;
 use crate::config::Config;
@@ -16,6 +18,9 @@ use crate::oob::handshake::JobKey;
 /// [`Key::write_new`] and name that in `key_file`. Its `Debug` form never shows the key.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Key(Vec<u8>);
+
+/// The environment variable that may hold the job key itself.
+pub const ENV_VAR: &str = "TBON_KEY";
 
 /// Why a key could not be made, read or written.
 #[derive(Debug)]
@@ -119,6 +124,26 @@ impl Key {
         f.write_all(b"\n").map_err(io)
     }
 
+    /// The key in the `TBON_KEY` environment variable (the key itself, not a path), `None`
+    /// when it is unset or empty. [`Config::from_env`](crate::config::Config::from_env) calls
+    /// this when no `key_file` is given; nothing else in the library reads `TBON_KEY`.
+    ///
+    /// # Errors
+    /// [`KeyError::Length`] for a key shorter than 16 or longer than 4,096 bytes.
+    pub fn from_env() -> Result<Option<Key>, KeyError> {
+        Self::from_variable(std::env::var_os(ENV_VAR))
+    }
+
+    /// [`Key::from_env`] given the variable's value.
+    pub(crate) fn from_variable(
+        value: Option<std::ffi::OsString>,
+    ) -> Result<Option<Key>, KeyError> {
+        match value {
+            Some(v) if !v.is_empty() => Key::from_bytes(v.into_encoded_bytes()).map(Some),
+            _ => Ok(None),
+        }
+    }
+
     /// The key's bytes (handle with care: whoever holds them can join the DVM).
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
@@ -135,18 +160,14 @@ impl Key {
 }
 
 /// Loads the key: [`Config::key`](crate::config::Config::key), else the file named by
-/// `key_file`, else `TBON_KEY`. Errors: an unreadable or badly sized key, or no key without
-/// `insecure`.
+/// `key_file`. Reads no environment variable. Errors: an unreadable or badly sized key, or no
+/// key without `insecure`.
 pub(crate) fn load(cfg: &Config, rank: Rank) -> Result<JobKey, StartError> {
     let (key, source) = if let Some(k) = &cfg.key {
         (k.clone(), "Config::key".to_string())
     } else if let Some(path) = &cfg.key_file {
-        let k = Key::from_file(path).map_err(|e| StartError::Config(format!("key_file: {e}")))?;
+        let k = Key::from_file(path).map_err(StartError::Key)?;
         (k, format!("key file {path}"))
-    } else if let Some(v) = std::env::var_os("TBON_KEY") {
-        let k = Key::from_bytes(v.into_encoded_bytes())
-            .map_err(|e| StartError::Config(format!("TBON_KEY: {e}")))?;
-        (k, "TBON_KEY".to_string())
     } else if cfg.insecure {
         log::warn!(
             "rank {rank}: running UNAUTHENTICATED (insecure=true, no key): anyone who can reach \
@@ -154,11 +175,7 @@ pub(crate) fn load(cfg: &Config, rank: Rank) -> Result<JobKey, StartError> {
         );
         return Ok(JobKey::none());
     } else {
-        return Err(StartError::Config(
-            "no job key: set Config::key, key_file (TBON_KEY_FILE) or TBON_KEY, or set \
-             insecure=true to run unauthenticated (`tbon keygen FILE` makes a key)"
-                .into(),
-        ));
+        return Err(StartError::NoKey);
     };
     log::debug!("rank {rank}: job key from {source}");
     Ok(JobKey::new(key.0))

@@ -2,7 +2,7 @@
 //! on one port: a static port, a port range, or an ephemeral port) and choosing the addresses
 //! it publishes in its contact URI.
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::error::StartError;
 use crate::limits;
 use crate::oob::interfaces::select_addresses;
@@ -10,22 +10,38 @@ use mio::net::TcpListener;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::net::{IpAddr, SocketAddr};
 
+/// The interface setting to blame when no address is left: the list that was given.
+fn interface_setting(cfg: &Config) -> &'static str {
+    if !cfg.if_include.is_empty() {
+        "if_include"
+    } else if !cfg.if_exclude.is_empty() {
+        "if_exclude"
+    } else {
+        "ipv4"
+    }
+}
+
 /// Binds the listeners and returns them with the addresses to publish (the selected interface
 /// addresses with the bound port). One listener per selected address, all on one port: a
 /// daemon listens only where the interface settings (`if_include`, `if_exclude`, `ipv4`,
 /// `ipv6`) say, never on the wildcard address, so a connection to any other local address is
 /// refused by the kernel.
 pub(crate) fn bind(cfg: &Config) -> Result<(Vec<TcpListener>, Vec<SocketAddr>), StartError> {
-    let ips = select_addresses(&cfg.if_include, &cfg.if_exclude, cfg.ipv4, cfg.ipv6)
-        .map_err(|e| StartError::Config(e.to_string()))?;
+    let ips =
+        select_addresses(&cfg.if_include, &cfg.if_exclude, cfg.ipv4, cfg.ipv6).map_err(|e| {
+            ConfigError::Invalid {
+                setting: interface_setting(cfg),
+                reason: e.to_string(),
+            }
+        })?;
     if ips.is_empty() {
-        return Err(StartError::Config(
-            "no interface address matches the include/exclude lists".into(),
-        ));
+        return Err(ConfigError::Invalid {
+            setting: interface_setting(cfg),
+            reason: "no interface address matches the include/exclude lists".into(),
+        }
+        .into());
     }
-    let range = cfg
-        .port_range_bounds()
-        .map_err(|e| StartError::Config(e.to_string()))?;
+    let range = cfg.port_range_bounds()?;
     let candidates: Vec<u16> = match (cfg.port, range) {
         (p, _) if p != 0 => vec![p],
         (_, Some((lo, hi))) => (lo..=hi).take(limits::PORT_RANGE_TRIES_MAX).collect(),

@@ -21,6 +21,7 @@ mod pending;
 mod serve;
 mod stream_reader;
 mod stream_writer;
+mod subscription;
 mod timers;
 pub mod tool;
 pub mod uri_file;
@@ -31,6 +32,7 @@ pub use handle::{Daemon, Handle, StopReason};
 pub use serve::{FetchOptions, ServiceHandler, StreamRequest};
 pub use stream_reader::{Stream, StreamItem, StreamReader};
 pub use stream_writer::{FAIL_ABANDONED, FAIL_RESERVED_MIN, StreamWriter};
+pub use subscription::Subscription;
 
 use crate::Rank;
 use crate::config::Config;
@@ -57,9 +59,7 @@ pub fn start(
     size: u32,
     hnp: Option<&str>,
 ) -> Result<Daemon, StartError> {
-    config
-        .validate()
-        .map_err(|e| StartError::Config(e.to_string()))?;
+    config.validate()?;
     let hnp = if rank == 0 {
         None
     } else {

@@ -63,8 +63,10 @@ pub fn xcast_limits(msg_max_bytes: usize) -> XcastLimits {
 
 fn xcast_error(e: XcastError) -> SendError {
     match e {
-        XcastError::Busy => SendError::Busy("rank 0's broadcast window"),
-        XcastError::TooManyOutstanding => SendError::Busy("this daemon's outstanding broadcasts"),
+        XcastError::Busy => SendError::Busy(crate::error::Limit::BroadcastWindow),
+        XcastError::TooManyOutstanding => {
+            SendError::Busy(crate::error::Limit::OutstandingBroadcasts)
+        }
         XcastError::TooLarge { len, max } => SendError::TooLarge { len, max },
         XcastError::Dead => SendError::ShutDown,
     }
@@ -101,7 +103,9 @@ impl Node {
                     SendError::DuplicateId(id)
                 }
                 AllgatherError::TooLarge { len, max } => SendError::TooLarge { len, max },
-                AllgatherError::TooMany => SendError::Busy("the collectives in flight"),
+                AllgatherError::TooMany => {
+                    SendError::Busy(crate::error::Limit::CollectivesInFlight)
+                }
                 AllgatherError::Dead => SendError::ShutDown,
             }),
         }

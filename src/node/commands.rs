@@ -60,7 +60,7 @@ impl Node {
         }
         if !self.is_wired() && c.needs_wireup(self.me) {
             if self.prewire.len() >= self.prewire_queue_max {
-                return Err(SendError::Busy("the pre-wire-up queue"));
+                return Err(SendError::Busy(crate::error::Limit::PrewireQueue));
             }
             self.prewire.push_back(c);
             return Ok(());
@@ -114,7 +114,7 @@ impl Node {
             return Ok(());
         }
         self.counters.sends_busy_flow += 1;
-        Err(SendError::Busy("the send queue towards the next hop"))
+        Err(SendError::Busy(crate::error::Limit::NextHopQueue))
     }
 
     /// Wire-up completed: the held commands run, in order; what they are refused now is

@@ -12,8 +12,9 @@ use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
 
 /// Which contacts a daemon keeps from wire-up (`contacts`, `TBON_CONTACTS`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum ContactsSetting {
     /// Its ancestors' and its subtree's; any other is looked up from rank 0 when first
     /// dialled. Wire-up bytes grow as N log N in all, not N squared.

@@ -65,7 +65,9 @@ impl Node {
             if let Some(token) = m.2 {
                 self.done(
                     token,
-                    Err(crate::SendError::Busy("a closing direct link's queue")),
+                    Err(crate::SendError::Busy(
+                        crate::error::Limit::ClosingDirectLink,
+                    )),
                 );
             }
             return;

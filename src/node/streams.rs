@@ -186,7 +186,7 @@ impl Node {
             StreamCommand::Serve { service } => {
                 check_service(&service)?;
                 if self.streams.services.len() >= crate::limits::STREAM_SERVICES_MAX {
-                    return Err(SendError::Busy("the service table"));
+                    return Err(SendError::Busy(crate::error::Limit::ServiceTable));
                 }
                 self.streams.services.insert(service);
             }
@@ -204,7 +204,7 @@ impl Node {
                     return Err(SendError::DuplicateId(id));
                 }
                 if self.streams.incoming.len() >= crate::limits::STREAMS_MAX {
-                    return Err(SendError::Busy("the stream table"));
+                    return Err(SendError::Busy(crate::error::Limit::StreamTable));
                 }
                 let windows: u64 = self
                     .streams
@@ -214,9 +214,7 @@ impl Node {
                     .sum();
                 let window_clamped = u64::from(window).clamp(1, STREAM_WINDOW_MAX as u64);
                 if windows + window_clamped > crate::limits::STREAM_WINDOWS_TOTAL_MAX {
-                    return Err(SendError::Busy(
-                        "the stream credit budget (STREAM_WINDOWS_TOTAL_MAX)",
-                    ));
+                    return Err(SendError::Busy(crate::error::Limit::StreamWindows));
                 }
                 check_service(&service)?;
                 if request.len() > crate::limits::STREAM_REQUEST_MAX {
@@ -240,11 +238,11 @@ impl Node {
             } => {
                 let s = self.produced(consumer, id)?;
                 if (bytes.len() as u64) > s.room() {
-                    return Err(SendError::Busy("no stream credit"));
+                    return Err(SendError::Busy(crate::error::Limit::StreamCredit));
                 }
                 let mut b = bytes;
                 s.write(&mut b)
-                    .map_err(|_| SendError::Busy("the stream is over"))?;
+                    .map_err(|_| SendError::Busy(crate::error::Limit::StreamCredit))?;
                 self.flush_outgoing(now, consumer, id);
             }
             StreamCommand::End {
@@ -257,7 +255,7 @@ impl Node {
                     None => s.finish(),
                     Some((code, reason)) => s.fail(code, &reason),
                 };
-                r.map_err(|_| SendError::Busy("the stream is over"))?;
+                r.map_err(|_| SendError::Busy(crate::error::Limit::StreamCredit))?;
                 self.flush_outgoing(now, consumer, id);
             }
             StreamCommand::Consumed { id, n } => {
@@ -286,7 +284,7 @@ impl Node {
         self.streams
             .outgoing
             .get_mut(&(consumer, id))
-            .ok_or(SendError::Busy("no such stream"))
+            .ok_or(SendError::Busy(crate::error::Limit::StreamCredit))
     }
 
     fn check_rank(&self, r: Rank) -> Result<(), SendError> {

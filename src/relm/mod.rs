@@ -189,7 +189,8 @@ pub enum Event {
 }
 
 /// RELM's counters (also summed into the daemon's `Counters`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RelmStats {
     /// Reliable messages originated here.
     pub sent: u64,

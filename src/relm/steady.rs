@@ -105,7 +105,7 @@ impl Relm {
             return Err(SendError::NodeDown(dst));
         }
         if self.table.counts().0 >= window {
-            return Err(SendError::Busy("the reliable-send window"));
+            return Err(SendError::Busy(crate::error::Limit::ReliableWindow));
         }
         let id = self.next_uid;
         self.next_uid = uid::next(id);

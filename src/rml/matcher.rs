@@ -22,6 +22,22 @@ pub enum Peer {
     Rank(Rank),
 }
 
+/// How long a posted receive stays posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecvMode {
+    /// Matches one message, then is retired (PRRTE's non-persistent receive).
+    Once,
+    /// Matches every message for its (peer, tag) until cancelled.
+    Persistent,
+}
+
+impl RecvMode {
+    /// Whether the receive stays posted after a match.
+    pub fn is_persistent(self) -> bool {
+        self == RecvMode::Persistent
+    }
+}
+
 impl Peer {
     /// Whether a message from `origin` is for a receive posted for `self`.
     pub fn matches(self, origin: Rank) -> bool {
@@ -60,7 +76,12 @@ pub struct ReceiveId(pub u64);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PostError {
     /// A receive for exactly this (peer, tag) is already posted. Cancel it first.
-    Duplicate { peer: Peer, tag: Tag },
+    Duplicate {
+        /// The peer of the posted receive.
+        peer: Peer,
+        /// Its tag.
+        tag: Tag,
+    },
 }
 
 impl fmt::Display for PostError {
@@ -81,8 +102,11 @@ pub enum Dispatch {
     /// Hand `msg` to the callback of receive `id`. If `retired`, the receive was one-shot and is
     /// gone now: the driver drops its callback after calling it.
     Deliver {
+        /// The receive that matched.
         id: ReceiveId,
+        /// Whether that receive is gone now (one-shot).
         retired: bool,
+        /// The message.
         msg: Message,
     },
     /// No receive matched; the message is held in the unmatched list until one is posted.

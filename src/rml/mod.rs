@@ -6,5 +6,8 @@
 mod matcher;
 mod tag;
 
-pub use matcher::{Dispatch, Matcher, Message, Peer, PostError, ReceiveId};
+pub use matcher::{Message, Peer, RecvMode};
+// The matcher itself, for the node: not API.
+#[doc(hidden)]
+pub use matcher::{Dispatch, Matcher, PostError, ReceiveId};
 pub use tag::{TAG_USER_MIN, Tag, is_user_tag};

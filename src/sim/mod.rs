@@ -41,9 +41,13 @@ pub use world::{RunStats, World};
 /// first, with the fault kinds they were found with.
 #[derive(Debug, Clone, Copy)]
 pub struct RegressionSeed {
+    /// The seed that found it.
     pub seed: u64,
+    /// Daemons in its run.
     pub daemons: u32,
+    /// Its radix.
     pub radix: u32,
+    /// The fault kinds it was found with.
     pub faults: FaultKinds,
     /// What it found.
     pub found: &'static str,

@@ -27,7 +27,6 @@ use super::Violation;
 use super::world::{CostModel, World};
 use crate::Rank;
 use crate::routed::radix;
-use serde::Serialize;
 
 /// The sizes the sweep accepts (each radix runs four simulated worlds of this size).
 pub const SWEEP_DAEMONS_MAX: u32 = 200_000;
@@ -37,7 +36,8 @@ pub const SWEEP_RADIXES_MAX: usize = 32;
 const PAYLOAD_ROOM_BYTES: usize = 4096;
 
 /// What to sweep, and the model.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct SweepParams {
     /// Daemons in the DVM.
     pub size: u32,
@@ -136,15 +136,20 @@ impl SweepParams {
 }
 
 /// One radix's times, µs of virtual time.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RadixRow {
+    /// The radix these times are for.
     pub radix: u32,
     /// The tree's depth (rank 0 at 0).
     pub depth: u32,
     /// Wire-up: fan-in, the simulated protocol and links together, and the three parts.
     pub wireup_us: u64,
+    /// Wire-up: rank 0's fan-in of reports and handshakes (a formula).
     pub fanin_us: u64,
+    /// Wire-up: the simulated protocol (every report, every contact slice).
     pub protocol_us: u64,
+    /// Wire-up: the link handshakes (a formula).
     pub links_us: u64,
     /// Rank 0's broadcast until the last daemon delivered it.
     pub bcast_us: u64,
@@ -153,15 +158,19 @@ pub struct RadixRow {
     /// The crashed daemon (rank 1, the first child of rank 0), and the time from the first
     /// neighbour's detection until the last survivor's epoch moved.
     pub victim: Rank,
+    /// Time from the first detection of `victim` until the last survivor's epoch moved.
     pub repair_us: u64,
     /// The largest of this radix's four times over the best radix's.
     pub worst_ratio: f64,
 }
 
 /// A sweep's result.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Sweep {
+    /// The model the sweep ran under.
     pub params: SweepParams,
+    /// One row per radix, in the order asked.
     pub rows: Vec<RadixRow>,
     /// The radix to choose.
     pub recommended: u32,

@@ -157,17 +157,21 @@ pub struct RunStats {
     pub end_us: u64,
     /// Reliable messages accepted and posted.
     pub reliable_sent: u64,
+    /// Reliable messages posted at their destinations.
     pub reliable_posted: u64,
     /// Plain messages sent and posted.
     pub plain_sent: u64,
+    /// Plain messages posted at their destinations.
     pub plain_posted: u64,
     /// Ranks crashed.
     pub crashed: u32,
     /// RELM retransmissions and replays, summed over daemons.
     pub retransmits: u64,
+    /// RELM replays, summed over daemons.
     pub replays: u64,
     /// Broadcast operations rank 0 numbered, and deliveries of them.
     pub bcast_ops: u64,
+    /// Deliveries of broadcast operations, summed over daemons.
     pub bcast_delivered: u64,
     /// Allgathers completed (per daemon).
     pub gathers: u64,
@@ -182,31 +186,39 @@ pub struct RunStats {
     /// Runs with strangers: their connections, those refused at a forged proof, and dials
     /// that met the peer's own dial (resolved by the link rule).
     pub strangers: u64,
+    /// Stranger connections refused at a forged proof.
     pub strangers_refused: u64,
+    /// Dials that met the peer's own dial (resolved by the link rule).
     pub dials_crossed: u64,
     /// Runs with the capacity model: sends refused `Busy` by flow control and offered again,
     /// frames a receiver left unread (flow control), frames dropped at a full queue.
     pub sends_busy: u64,
+    /// Frames a receiver left unread (flow control).
     pub unread_frames: u64,
+    /// Frames dropped at a full queue (must stay 0 with flow control on).
     pub dropped_queue_full: u64,
     /// Runs with direct links: frames a daemon held unread until a drain marker arrived;
     /// links opened, and fallbacks to the tree.
     pub held_frames: u64,
     /// 1 if the run checked plain messages' order (`Scenario::keeps_plain_order`).
     pub plain_order_runs: u64,
+    /// Direct links opened.
     pub direct_opened: u64,
+    /// Direct-link requests that fell back to the tree.
     pub direct_fallbacks: u64,
+    /// Direct links evicted to make room.
     pub direct_evicted: u64,
     /// Runs with streams: streams finished (every byte checked), and ended by a death.
     pub streams_finished: u64,
+    /// Streams ended by a death.
     pub streams_failed: u64,
+    /// Status queries answered.
     pub statuses: u64,
     /// Rank 0's status after the run: the virtual time it took, the depth of the tree, the
     /// latency of one hop (µs).
     pub last_status: Option<(u64, u32, u64)>,
 }
 
-/// The world.
 /// What [`World::step_one`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
@@ -214,9 +226,12 @@ enum Step {
     Empty,
     /// An empty slot, or an event put back for a stalled daemon.
     Deferred,
+    /// An event was handled.
     Handled,
 }
 
+/// A simulated DVM: every daemon's `Node` on a virtual clock and a seeded network, the faults
+/// a [`Scenario`] plans, and the checkers run after every event.
 pub struct World {
     radix: u32,
     base: Instant,

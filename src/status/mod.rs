@@ -38,8 +38,10 @@
 //! is `node/status.rs`; the operator's tool (`tbon status`) connects with the operator
 //! credential (`oob::handshake`, [`crate::Key::operator`]).
 
+#[doc(hidden)]
 pub mod gather;
 pub mod view;
+#[doc(hidden)]
 pub mod wire;
 
 pub use crate::driver::tool::{StatusOptions, query};
@@ -47,7 +49,6 @@ pub use crate::oob::uri::ContactUri;
 
 use crate::Rank;
 use crate::rml::Tag;
-use serde::Serialize;
 
 /// The runtime tag of status queries and answers between daemons, and between a tool and the
 /// daemon it connected to.
@@ -87,8 +88,10 @@ pub mod problem {
 }
 
 /// One link of a daemon to a tree neighbour, as the daemon sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct LinkStatus {
+    /// The neighbour this link leads to.
     pub peer: Rank,
     /// The round trip measured by this status query (children only; `None` for the parent and
     /// for a child that did not answer).
@@ -98,24 +101,34 @@ pub struct LinkStatus {
 }
 
 /// A daemon's counters, as a status carries them (a subset of [`crate::Counters`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct StatusCounters {
+    /// User messages originated here.
     pub sent: u64,
+    /// User messages delivered here.
     pub delivered: u64,
+    /// Frames relayed through here.
     pub relayed: u64,
     /// Bytes of stream data sent and received here.
     pub stream_bytes_sent: u64,
+    /// Stream data bytes received here.
     pub stream_bytes_received: u64,
     /// RELM: originated and unacknowledged, cached for replay, early and held.
     pub relm_unacked: u64,
+    /// RELM messages cached here for replay.
     pub relm_cached: u64,
+    /// RELM messages held early here, waiting for a predecessor.
     pub relm_pending: u64,
     /// Streams produced and consumed here now.
     pub streams_producing: u64,
+    /// Streams fetched here, open now.
     pub streams_consuming: u64,
     /// Direct links in use now.
     pub direct_links: u64,
+    /// Connections closed for malformed or forged input.
     pub protocol_errors: u64,
+    /// Repairs of the tree this daemon applied.
     pub repairs: u64,
 }
 
@@ -144,17 +157,22 @@ impl StatusCounters {
 }
 
 /// One daemon in detail.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DaemonStatus {
+    /// Its rank.
     pub rank: Rank,
     /// Its incarnation (boot epoch).
     pub incarnation: u64,
     /// The DVM epoch it has applied.
     pub epoch: u64,
+    /// Its parent in the repaired tree (`None` for rank 0).
     pub parent: Option<Rank>,
+    /// Its children in the repaired tree.
     pub children: Vec<Rank>,
     /// Its depth in the tree (rank 0: 0).
     pub depth: u32,
+    /// Milliseconds since it started.
     pub uptime_ms: u64,
     /// How many ranks it knows have failed.
     pub failed_known: u32,
@@ -162,6 +180,7 @@ pub struct DaemonStatus {
     pub problems: u32,
     /// Its tree neighbours (children first, then the parent).
     pub links: Vec<LinkStatus>,
+    /// Its counters.
     pub counters: StatusCounters,
     /// Its wall clock minus the gathering daemon's, in ns, measured hop by hop along the tree
     /// with the query's own timestamps (NTP's four-timestamp rule per hop, the offsets added
@@ -173,7 +192,8 @@ pub struct DaemonStatus {
 }
 
 /// A healthy subtree in one part.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Healthy {
     /// The subtree's root.
     pub root: Rank,
@@ -190,8 +210,9 @@ pub struct Healthy {
 }
 
 /// One part of an answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "part", rename_all = "kebab-case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(tag = "part", rename_all = "kebab-case"))]
 pub enum Part {
     /// A daemon in detail (its children come as parts of their own).
     Daemon(Box<DaemonStatus>),
@@ -199,10 +220,20 @@ pub enum Part {
     Healthy(Healthy),
     /// `rank`, a child of `parent`, did not answer within the budget: it and its subtree are
     /// not known (stuck, stopped, or the answer is on its way).
-    NoAnswer { rank: Rank, parent: Rank },
+    NoAnswer {
+        /// The silent daemon.
+        rank: Rank,
+        /// Its parent, which asked it.
+        parent: Rank,
+    },
     /// The subtree under `root` answered (`daemons` daemons), but its detail was dropped to
     /// keep the answer within its bound.
-    Elided { root: Rank, daemons: u32 },
+    Elided {
+        /// The subtree's root.
+        root: Rank,
+        /// Daemons in it that answered.
+        daemons: u32,
+    },
 }
 
 impl Part {
@@ -219,11 +250,14 @@ impl Part {
 
 /// What a status query returns: the gathering daemon's view of the DVM (rank 0's is the
 /// whole DVM; another daemon's covers its subtree).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Report {
     /// The daemon that gathered it.
     pub from: Rank,
+    /// The DVM's size.
     pub size: u32,
+    /// The DVM's radix.
     pub radix: u32,
     /// The DVM epoch at the gathering daemon.
     pub epoch: u64,
@@ -233,6 +267,7 @@ pub struct Report {
     pub elapsed_us: u64,
     /// Some detail was dropped to keep within the bound ([`Part::Elided`]).
     pub truncated: bool,
+    /// The answer, part by part (daemons in detail, healthy subtrees, silent or elided ones), in tree order.
     pub parts: Vec<Part>,
 }
 

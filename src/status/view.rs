@@ -5,11 +5,11 @@
 use super::{Part, Report};
 use crate::Rank;
 use crate::routed::{NodeView, TreeError, tree_view};
-use serde::Serialize;
 
 /// What a report says of one rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum RankState {
     /// It answered, in detail.
     Alive,
@@ -27,6 +27,7 @@ pub enum RankState {
 }
 
 impl RankState {
+    /// The state's name as `tbon status` prints it (`alive`, `no-answer`, ...).
     pub fn name(self) -> &'static str {
         match self {
             RankState::Alive => "alive",
@@ -40,18 +41,24 @@ impl RankState {
 }
 
 /// One rank of the view.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RankView {
+    /// The rank.
     pub rank: Rank,
+    /// What the report says of it.
     pub state: RankState,
     /// Its place in the repaired tree (`None` for the root and the dead).
     pub parent: Option<Rank>,
+    /// Its children in the repaired tree.
     pub children: Vec<Rank>,
+    /// Its depth in the repaired tree (rank 0: 0).
     pub depth: u32,
 }
 
 /// Every rank a report covers: the gathering daemon's subtree and the failed ranks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct View {
     /// Ascending by rank.
     pub ranks: Vec<RankView>,
@@ -88,28 +95,43 @@ impl View {
 
 /// The JSON form of a report and its view (`tbon status --format json`, `tbon_status_json`):
 /// the lists of ranks by state, the report itself, and every covered rank's state and place.
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Json<'a> {
+    /// Daemons that answered.
     pub answered: usize,
+    /// Ranks known dead.
     pub dead: Vec<Rank>,
+    /// Ranks that did not answer within the budget.
     pub no_answer: Vec<Rank>,
+    /// Ranks under a silent daemon: not known.
     pub unknown: Vec<Rank>,
+    /// Ranks alive in the tree that no answer covered.
     pub unreached: Vec<Rank>,
+    /// Whether the daemons' views of the tree differed (a repair was spreading).
     pub views_differ: bool,
+    /// The report itself.
     pub report: &'a Report,
+    /// Every covered rank's state and place.
     pub ranks: Vec<JsonRank>,
 }
 
 /// One rank in [`Json`].
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct JsonRank {
+    /// The rank.
     pub rank: Rank,
+    /// Its state's name ([`RankState::name`]).
     pub state: &'static str,
+    /// Its parent in the repaired tree.
     pub parent: Option<Rank>,
+    /// Its depth in the repaired tree.
     pub depth: u32,
 }
 
 impl<'a> Json<'a> {
+    /// The JSON form of `report` read as `v`.
     pub fn new(report: &'a Report, v: &View) -> Json<'a> {
         Json {
             answered: v.count(RankState::Alive) + v.count(RankState::Healthy),

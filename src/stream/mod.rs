@@ -12,7 +12,7 @@
 //! * `pool.rs` — [`BufferPool`], the bounded pool chunks are encoded into.
 //!
 //! The application API is `Handle::serve`/`Handle::fetch` (`driver/serve.rs`) and its C
-//! twin (`ffi/streams.rs`). Not yet (the next step): a priority lane for control
+//! twin (`capi/src/streams.rs`). Not yet (the next step): a priority lane for control
 //! traffic on a connection that carries a stream.
 //!
 //! # The protocol
@@ -51,14 +51,20 @@ mod digest;
 mod incoming;
 mod outgoing;
 mod pool;
+#[doc(hidden)]
 pub mod wire;
 
 #[cfg(test)]
 mod tests;
 
+// The protocol's parts, for the node and the simulator: not API.
+#[doc(hidden)]
 pub use incoming::{Incoming, Status};
+#[doc(hidden)]
 pub use outgoing::Outgoing;
+#[doc(hidden)]
 pub use pool::BufferPool;
+#[doc(hidden)]
 pub use wire::StreamMsg;
 
 use crate::Rank;
@@ -69,7 +75,12 @@ pub enum StreamError {
     /// The producer has no such service.
     NoService(String),
     /// The producer failed the stream with its own code and reason.
-    Producer { code: u32, reason: String },
+    Producer {
+        /// The producer's code (its own; below [`crate::FAIL_RESERVED_MIN`]).
+        code: u32,
+        /// The producer's reason, as text.
+        reason: String,
+    },
     /// The producer died.
     ProducerDied(Rank),
     /// The consumer died.
@@ -79,7 +90,10 @@ pub enum StreamError {
     /// Nothing arrived for the stream's idle time.
     TimedOut,
     /// A chunk (or the whole stream, at its end) failed its digest check.
-    Corrupt { offset: u64 },
+    Corrupt {
+        /// The stream offset of the chunk that failed.
+        offset: u64,
+    },
     /// The other end broke the protocol (a gap, bytes beyond the credit, a second end).
     Protocol(String),
     /// This daemon stopped.

@@ -104,7 +104,10 @@ impl EventLoop {
     /// copy, notice) is dropped, counted, and logged at the first drop of each run of drops.
     pub(super) fn queue_full(&mut self, peer: Rank, done: Option<Completion>) {
         if done.is_some() {
-            complete(done, Err(SendError::Busy("the peer's send queue")));
+            complete(
+                done,
+                Err(SendError::Busy(crate::error::Limit::NextHopQueue)),
+            );
             return;
         }
         let counters = self.node.counters_mut();

@@ -77,7 +77,7 @@ impl World {
 
     /// [`World::for_sweep`] whose daemons start unwired, with contacts of about `uri_bytes`:
     /// the run is the real wire-up (every daemon reports to rank 0, the contact slices go
-    /// down the tree), timed by [`Marks::wired_last_us`].
+    /// down the tree), timed by `Marks::wired_last_us`.
     pub fn for_sweep_wireup(
         size: u32,
         radix: u32,

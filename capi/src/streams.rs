@@ -7,13 +7,13 @@ use super::{
     Fail, Res, UserPtr, fail, guard, handle, non_null, not_in_callback, put, registry, str_arg,
     tbon_daemon, tbon_rc,
 };
-use crate::driver::{FetchOptions, Handle, Stream, StreamItem, StreamRequest, StreamWriter};
-use crate::limits;
-use crate::stream::StreamError;
 use bytes::Bytes;
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tbon::driver::{FetchOptions, Handle, Stream, StreamItem, StreamRequest, StreamWriter};
+use tbon::limits;
+use tbon::stream::StreamError;
 
 /// The writer of one stream a service answers: an id valid from the service callback's
 /// start until `tbon_writer_finish`/`tbon_writer_fail` or the callback's return; 0 is never
@@ -77,11 +77,11 @@ pub const TBON_STREAM_FAIL_ABANDONED: u32 = 0xFFFF_FFFD;
 /// The producer's `fail` code when it had no room for another stream (1,024 streams, or their
 /// windows summed beyond 512 MiB): try again later.
 pub const TBON_STREAM_FAIL_NO_ROOM: u32 = 0xFFFF_FFFE;
-const _: () = assert!(TBON_STREAM_FAIL_NO_ROOM == crate::node::FAIL_NO_ROOM);
+const _: () = assert!(TBON_STREAM_FAIL_NO_ROOM == tbon::node::FAIL_NO_ROOM);
 /// Codes at or above this are the runtime's; `tbon_writer_fail` refuses them.
 pub const TBON_STREAM_FAIL_RESERVED_MIN: u32 = 0xFFFF_FFF0;
-const _: () = assert!(TBON_STREAM_FAIL_ABANDONED == crate::driver::FAIL_ABANDONED);
-const _: () = assert!(TBON_STREAM_FAIL_RESERVED_MIN == crate::driver::FAIL_RESERVED_MIN);
+const _: () = assert!(TBON_STREAM_FAIL_ABANDONED == tbon::driver::FAIL_ABANDONED);
+const _: () = assert!(TBON_STREAM_FAIL_RESERVED_MIN == tbon::driver::FAIL_RESERVED_MIN);
 
 /// A writer in the registry: `None` once ended.
 pub(super) type WriterEntry = Arc<Mutex<Option<StreamWriter>>>;
@@ -129,7 +129,7 @@ unsafe fn bytes_arg(data: *const c_void, len: usize, max: usize) -> Result<Bytes
     }
     non_null(data, "data")?;
     if len > max {
-        return Err(crate::error::SendError::TooLarge { len, max }.into());
+        return Err(tbon::error::SendError::TooLarge { len, max }.into());
     }
     // SAFETY: non-null, and the caller promised `len` readable bytes for the call.
     let s = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
@@ -189,8 +189,8 @@ fn fetch_options(opts: *const tbon_fetch_opts) -> Result<FetchOptions, Fail> {
     let o = unsafe { opts.read() };
     let route = match o.route {
         TBON_FETCH_ROUTE_SETTING => None,
-        TBON_FETCH_ROUTE_TREE => Some(crate::Route::Tree),
-        TBON_FETCH_ROUTE_DIRECT => Some(crate::Route::Direct),
+        TBON_FETCH_ROUTE_TREE => Some(tbon::Route::Tree),
+        TBON_FETCH_ROUTE_DIRECT => Some(tbon::Route::Direct),
         r => {
             return fail(
                 tbon_rc::TBON_ERR_BAD_PARAM,

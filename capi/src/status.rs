@@ -5,10 +5,10 @@
 
 use super::{Fail, Res, fail, guard, handle, non_null, not_in_callback, put, registry, str_arg};
 use super::{tbon_daemon, tbon_rc};
-use crate::driver::key::Key;
-use crate::status::view::{Json, RankState, View, view};
-use crate::status::{Report, StatusError, StatusOptions};
 use std::ffi::c_char;
+use tbon::driver::key::Key;
+use tbon::status::view::{Json, RankState, View, view};
+use tbon::status::{Report, StatusError, StatusOptions};
 
 /// A status gathered from a DVM (0 is never a valid handle). Free it with `tbon_status_free`.
 pub type tbon_status = u64;
@@ -168,7 +168,7 @@ pub unsafe extern "C" fn tbon_status_query(
             all,
             ..StatusOptions::default()
         };
-        keep(crate::status::query(&contact, &credential, &options), out)
+        keep(tbon::status::query(&contact, &credential, &options), out)
     })
 }
 
@@ -300,7 +300,7 @@ pub unsafe extern "C" fn tbon_status_clock(
                 .parts
                 .iter()
                 .find_map(|p| match p {
-                    crate::status::Part::Daemon(d) if d.rank == rank => {
+                    tbon::status::Part::Daemon(d) if d.rank == rank => {
                         d.clock_offset_ns.zip(d.clock_bound_ns)
                     }
                     _ => None,

@@ -71,13 +71,18 @@ fn serve(d: &Daemon, a: &RoleArgs, done: std::path::PathBuf) -> Res<()> {
             }
         }
     });
-    d.recv(Peer::Rank(consumer), TAG_DATA, true, move |m| {
-        if let Err(tbon::SendError::Busy(_)) = h.send(consumer, TAG_DATA, m.payload.clone()) {
-            let _ = retry_tx.send(m.payload);
-        }
-    })
+    d.recv(
+        Peer::Rank(consumer),
+        TAG_DATA,
+        tbon::RecvMode::Persistent,
+        move |m| {
+            if let Err(tbon::SendError::Busy(_)) = h.send(consumer, TAG_DATA, m.payload.clone()) {
+                let _ = retry_tx.send(m.payload);
+            }
+        },
+    )
     .map_err(ctx("post echo"))?;
-    d.recv(Peer::Any, TAG_WARM, true, |_| {})
+    d.recv(Peer::Any, TAG_WARM, tbon::RecvMode::Persistent, |_| {})
         .map_err(ctx("post warm-up receive"))?;
     let buf = Bytes::from(vec![0x5au8; PIECE]);
     let (len, streams) = (a.count, a.payload as u64);
@@ -128,9 +133,14 @@ fn ping(
 fn consume(d: &Daemon, a: &RoleArgs) -> Res<Value> {
     let producer = a.sender;
     let (tx, pongs) = crossbeam_channel::bounded(16);
-    d.recv(Peer::Rank(producer), TAG_DATA, true, move |_| {
-        let _ = tx.try_send(());
-    })
+    d.recv(
+        Peer::Rank(producer),
+        TAG_DATA,
+        tbon::RecvMode::Persistent,
+        move |_| {
+            let _ = tx.try_send(());
+        },
+    )
     .map_err(ctx("post pong"))?;
     super::roles::open_link(d, a, producer)?;
     let mut idle = ping(d, producer, &pongs, |n| n >= IDLE_PINGS)?;

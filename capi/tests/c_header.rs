@@ -1,19 +1,27 @@
-//! `include/tbon.h` must be exactly what cbindgen generates from `src/ffi/mod.rs` with
-//! `cbindgen.toml`. After changing the C API, regenerate it with
+//! `include/tbon.h` (at the repository root) must be exactly what cbindgen generates from this
+//! package's `src/lib.rs` with `capi/cbindgen.toml`. After changing the C API, regenerate it with
 //! `TBON_BLESS=1 cargo test --release --test c_header` and commit the header. The header also
 //! compiles as strict C99 and C11 with every warning an error.
 
 use std::path::Path;
 
+/// The repository's root, where `include/` and `tbon.pc` live (this package is `capi/`).
+fn repository_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("capi/ has a parent")
+}
+
 #[test]
 fn committed_header_matches_a_fresh_generation() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
+    let capi = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = repository_root();
+    let config = cbindgen::Config::from_file(capi.join("cbindgen.toml")).expect("cbindgen.toml");
     let mut fresh = Vec::new();
     cbindgen::Builder::new()
         .with_config(config)
-        // `mod.rs` names `mod streams;`: cbindgen reads `streams.rs` through it.
-        .with_src(root.join("src/ffi/mod.rs"))
+        // `lib.rs` names `mod streams;`: cbindgen reads `streams.rs` through it.
+        .with_src(capi.join("src/lib.rs"))
         .generate()
         .expect("cbindgen could not generate the header")
         .write(&mut fresh);
@@ -32,7 +40,7 @@ fn committed_header_matches_a_fresh_generation() {
 /// `tbon.pc` (pkg-config) states the crate's version.
 #[test]
 fn pkg_config_file_has_the_crate_version() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = repository_root();
     let pc = std::fs::read_to_string(root.join("tbon.pc")).expect("tbon.pc");
     let want = format!("Version: {}", env!("CARGO_PKG_VERSION"));
     assert!(
@@ -46,7 +54,7 @@ fn pkg_config_file_has_the_crate_version() {
 /// examples do.
 #[test]
 fn header_compiles_as_strict_c99_and_c11() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = repository_root();
     let dir = std::env::temp_dir().join(format!("tbon-header-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("include_only.c");

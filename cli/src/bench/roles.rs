@@ -103,7 +103,7 @@ pub(super) fn post_done(d: &Daemon) -> Res<Option<crossbeam_channel::Receiver<()
         return Ok(None);
     }
     let (tx, rx) = crossbeam_channel::bounded(1);
-    d.recv(Peer::Any, TAG_DONE, false, move |_| {
+    d.recv(Peer::Any, TAG_DONE, tbon::RecvMode::Once, move |_| {
         let _ = tx.try_send(());
     })
     .map_err(ctx("post done receive"))?;
@@ -119,16 +119,21 @@ pub fn rate(a: &RoleArgs) -> Res<()> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let mut meter = RateMeter::new(a.count);
         let (h, sender, every) = (d.handle(), a.sender, ack_every(a.payload));
-        d.recv(Peer::Rank(a.sender), TAG_DATA, true, move |m| {
-            if let Some(r) = meter.on_message(m.payload.len()) {
-                let _ = tx.try_send(r);
-            }
-            if meter.got.is_multiple_of(every) {
-                let _ = h.send(sender, TAG_ACK, meter.got.to_be_bytes().to_vec());
-            }
-        })
+        d.recv(
+            Peer::Rank(a.sender),
+            TAG_DATA,
+            tbon::RecvMode::Persistent,
+            move |m| {
+                if let Some(r) = meter.on_message(m.payload.len()) {
+                    let _ = tx.try_send(r);
+                }
+                if meter.got.is_multiple_of(every) {
+                    let _ = h.send(sender, TAG_ACK, meter.got.to_be_bytes().to_vec());
+                }
+            },
+        )
         .map_err(ctx("post data receive"))?;
-        d.recv(Peer::Any, TAG_WARM, true, |_| {})
+        d.recv(Peer::Any, TAG_WARM, tbon::RecvMode::Persistent, |_| {})
             .map_err(ctx("post warm-up receive"))?;
         Some(rx)
     } else {
@@ -287,12 +292,17 @@ fn post_ack_counter(d: &Daemon, dst: Rank) -> Res<Arc<AtomicU64>> {
     let completed = Arc::new(AtomicU64::new(0));
     let c = completed.clone();
     let me = std::thread::current();
-    d.recv(Peer::Rank(dst), TAG_ACK, true, move |m| {
-        if let Ok(b) = <[u8; 8]>::try_from(&m.payload[..]) {
-            c.fetch_max(u64::from_be_bytes(b), Ordering::Release);
-            me.unpark();
-        }
-    })
+    d.recv(
+        Peer::Rank(dst),
+        TAG_ACK,
+        tbon::RecvMode::Persistent,
+        move |m| {
+            if let Ok(b) = <[u8; 8]>::try_from(&m.payload[..]) {
+                c.fetch_max(u64::from_be_bytes(b), Ordering::Release);
+                me.unpark();
+            }
+        },
+    )
     .map_err(ctx("post ack receive"))?;
     Ok(completed)
 }
@@ -340,9 +350,14 @@ pub fn pingpong(a: &RoleArgs) -> Res<()> {
     let (pinger, echoer) = (a.sender, a.receiver);
     if a.rank == echoer {
         let h = d.handle();
-        d.recv(Peer::Rank(pinger), TAG_DATA, true, move |m| {
-            let _ = h.send(pinger, TAG_DATA, m.payload);
-        })
+        d.recv(
+            Peer::Rank(pinger),
+            TAG_DATA,
+            tbon::RecvMode::Persistent,
+            move |m| {
+                let _ = h.send(pinger, TAG_DATA, m.payload);
+            },
+        )
         .map_err(ctx("post echo"))?;
     }
     if a.rank != pinger {
@@ -350,9 +365,14 @@ pub fn pingpong(a: &RoleArgs) -> Res<()> {
         return Ok(());
     }
     let (tx, rx) = crossbeam_channel::bounded(16);
-    d.recv(Peer::Rank(echoer), TAG_DATA, true, move |_| {
-        let _ = tx.try_send(());
-    })
+    d.recv(
+        Peer::Rank(echoer),
+        TAG_DATA,
+        tbon::RecvMode::Persistent,
+        move |_| {
+            let _ = tx.try_send(());
+        },
+    )
     .map_err(ctx("post pong"))?;
     if !d.wait_wired(GUARD) {
         return Err("not wired".into());
@@ -404,7 +424,7 @@ pub fn scale(a: &RoleArgs) -> Res<()> {
         a.radix
     };
     let d = start(a, radix)?;
-    d.recv(Peer::Any, TAG_BCAST, true, |_| {})
+    d.recv(Peer::Any, TAG_BCAST, tbon::RecvMode::Persistent, |_| {})
         .map_err(ctx("post broadcast receive"))?;
     if !d.wait_wired(GUARD) {
         return Err("not wired".into());
@@ -433,13 +453,9 @@ pub fn scale(a: &RoleArgs) -> Res<()> {
     for _ in 0..a.count {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let t = Instant::now();
-        d.broadcast(
-            TAG_BCAST,
-            Bytes::from_static(&[0u8; 64]),
-            Some(Box::new(move |r| {
-                let _ = tx.send(r);
-            })),
-        )
+        d.broadcast_with(TAG_BCAST, Bytes::from_static(&[0u8; 64]), move |r| {
+            let _ = tx.send(r);
+        })
         .map_err(ctx("broadcast"))?;
         rx.recv_timeout(GUARD)
             .map_err(ctx("broadcast completion"))?

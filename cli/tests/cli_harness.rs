@@ -1,7 +1,7 @@
 //! `tbon harness` as a user runs it: a short run with one interior daemon killed passes and
 //! reports it in JSON and in an HTML report, whose charts are parsed and checked; a run that
 //! fails still writes its report. The reliable-mode run with 15 daemons is
-//! `tests/relm_processes.rs`.
+//! `cli/tests/relm_processes.rs`.
 
 use std::process::Command;
 

@@ -3,9 +3,9 @@
 //! (`examples/resource_manager.rs`), built with `cargo build --example` and run. Each checks
 //! its own results and exits non-zero on any failure.
 //!
-//! The library: the test runs `cargo build --lib` for its own profile and target directory
-//! (derived from the test binary's path, `target/<profile>/deps/`), a no-op when the library is
-//! fresh, and links `target/<profile>/libtbon.so`. (The copy cargo leaves in `deps/` while
+//! The library: the test runs `cargo build -p tbon-capi` for its own profile and target
+//! directory (derived from the test binary's path, `target/<profile>/deps/`), a no-op when the
+//! library is fresh, and links `target/<profile>/libtbon.so`. (The copy cargo leaves in `deps/` while
 //! building tests is not always rebuilt, so it may be stale.)
 
 use std::path::{Path, PathBuf};
@@ -13,14 +13,21 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// The repository's root, where `examples/` lives (this package is `capi/`).
+fn repository_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("capi/ has a parent")
+}
+
 /// Generous: a guard against hangs only.
 const HANG_GUARD: Duration = Duration::from_secs(120);
 
-/// The directory holding this build's `libtbon.so`: `cargo build --lib` for the test binary's
+/// The directory holding this build's `libtbon.so`: `cargo build -p tbon-capi` for the test binary's
 /// profile and target directory (a no-op when it is fresh), then `target/<profile>/`.
 fn lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| cargo_build(&["--lib"]))
+    DIR.get_or_init(|| cargo_build(&["-p", "tbon-capi"]))
 }
 
 /// Runs `cargo build ARGS` for the test binary's profile and target directory and returns
@@ -50,10 +57,10 @@ fn cargo_build(what: &[&str]) -> PathBuf {
                 cmd.args(["--profile", other]);
             }
         }
-        cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
+        cmd.current_dir(repository_root());
         let status = cmd.status().expect("run cargo build");
         assert!(status.success(), "cargo build {what:?} failed");
-        if what == ["--lib"] {
+        if what == ["-p", "tbon-capi"] {
             assert!(
                 profile_dir.join("libtbon.so").is_file(),
                 "no libtbon.so in {}",
@@ -66,7 +73,7 @@ fn cargo_build(what: &[&str]) -> PathBuf {
 
 /// Compiles `examples/c/<name>.c` into the test binary's directory and returns the executable.
 fn build_example(name: &str) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = repository_root();
     let lib = lib_dir();
     let out = lib.join(format!("c-example-{name}"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
@@ -128,7 +135,8 @@ fn run_program(name: &str, exe: &Path, args: &[&str]) {
 
 #[test]
 fn rust_resource_manager_starts_daemons_as_processes() {
-    let exe = cargo_build(&["--example", "resource_manager"]).join("examples/resource_manager");
+    let exe = cargo_build(&["-p", "tbon", "--example", "resource_manager"])
+        .join("examples/resource_manager");
     run_program("resource_manager", &exe, &["5"]);
 }
 

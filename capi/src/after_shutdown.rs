@@ -3,11 +3,10 @@
 //! answer, stopping again is `TBON_OK` — and after `tbon_free` every call is
 //! `TBON_ERR_BAD_HANDLE`. (Issue "Embedding tbon": "after `tbon_shutdown` every call answers as
 //! the header says".)
-#![allow(unsafe_code)]
 
+use crate::*;
 use std::ffi::{CString, c_char, c_void};
 use std::ptr::{null, null_mut};
-use tbon::ffi::*;
 
 unsafe extern "C" fn on_freed(_: *mut c_void, _: *mut c_void) {}
 unsafe extern "C" fn on_gathered(

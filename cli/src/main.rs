@@ -1,7 +1,18 @@
 //! The `tbon` command line: see `tbon --help`.
 use clap::{Parser, Subcommand};
 
-mod cli;
+mod bench;
+mod clock;
+mod daemon;
+mod harness;
+mod report;
+mod settings;
+mod sim;
+mod status;
+mod stream_workload;
+mod sweep;
+mod tree;
+mod workload;
 
 #[derive(Parser)]
 #[command(
@@ -17,9 +28,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Show the repaired routing tree for a size, radix and set of failed ranks.
-    Tree(cli::tree::TreeArgs),
+    Tree(tree::TreeArgs),
     /// Run one daemon of a DVM until SIGTERM or a DVM shutdown.
-    Daemon(Box<cli::daemon::DaemonArgs>),
+    Daemon(Box<daemon::DaemonArgs>),
     /// Write a fresh random job key to FILE (mode 0600; refuses to overwrite). Give every
     /// daemon of the DVM the same file with --key-file. With --operator KEYFILE, write instead
     /// the read-only operator credential derived from that job key (for `tbon status`).
@@ -32,17 +43,17 @@ enum Command {
     },
     /// Show a live DVM: which daemons are alive, dead or silent, and where (gathered in the
     /// tree; connects as an operator's tool, never as a daemon).
-    Status(Box<cli::status::StatusArgs>),
+    Status(Box<status::StatusArgs>),
     /// Measure every daemon's wall-clock offset from rank 0 (or the daemon asked), with an
     /// error bound, along the tree (as an operator's tool, like `tbon status`).
-    Clock(Box<cli::clock::ClockArgs>),
+    Clock(Box<clock::ClockArgs>),
     /// Start a DVM of daemons on this machine, drive traffic through it, kill daemons in the
     /// middle, and check what was delivered.
-    Harness(Box<cli::harness::HarnessArgs>),
+    Harness(Box<harness::HarnessArgs>),
     /// Measure message rate, bandwidth, round trip and scale beside a raw-TCP baseline.
-    Bench(Box<cli::bench::BenchArgs>),
+    Bench(Box<bench::BenchArgs>),
     /// Run the deterministic fault simulator over many seeds, or replay one.
-    Sim(cli::sim::SimArgs),
+    Sim(sim::SimArgs),
 }
 
 fn main() {
@@ -50,8 +61,8 @@ fn main() {
         .format_timestamp_millis()
         .init();
     let (name, result) = match Cli::parse().command {
-        Command::Tree(tree) => ("tree", cli::tree::run(&tree).map(|()| 0)),
-        Command::Daemon(args) => ("daemon", cli::daemon::run(*args)),
+        Command::Tree(tree) => ("tree", tree::run(&tree).map(|()| 0)),
+        Command::Daemon(args) => ("daemon", daemon::run(*args)),
         Command::Keygen {
             file,
             operator: None,
@@ -71,11 +82,11 @@ fn main() {
                 .map(|()| 0)
                 .map_err(|e| e.to_string()),
         ),
-        Command::Status(args) => ("status", cli::status::run(*args)),
-        Command::Clock(args) => ("clock", cli::clock::run(*args)),
-        Command::Harness(args) => ("harness", cli::harness::run(*args)),
-        Command::Bench(args) => ("bench", cli::bench::run(*args)),
-        Command::Sim(args) => ("sim", cli::sim::run(args)),
+        Command::Status(args) => ("status", status::run(*args)),
+        Command::Clock(args) => ("clock", clock::run(*args)),
+        Command::Harness(args) => ("harness", harness::run(*args)),
+        Command::Bench(args) => ("bench", bench::run(*args)),
+        Command::Sim(args) => ("sim", sim::run(args)),
     };
     match result {
         Ok(code) => std::process::exit(code),

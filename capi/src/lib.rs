@@ -1,6 +1,7 @@
-//! The C API: `include/tbon.h` is generated from this file by cbindgen (`cbindgen.toml`,
-//! checked by `tests/c_header.rs`). This module is the only place in the crate where `unsafe`
-//! is allowed (see `lib.rs`).
+//! The C API of tbon (`libtbon.so`, `libtbon.a`): `include/tbon.h` is generated from this
+//! crate by cbindgen (`capi/cbindgen.toml`, checked by `capi/tests/c_header.rs`). This crate is
+//! the only place where `unsafe` is allowed: the `tbon` library itself forbids it, and this
+//! crate reaches it only through its public API.
 //!
 //! Rules kept here:
 //! - every entry point runs inside `guard`, which catches panics and turns every failure into
@@ -15,17 +16,13 @@
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)] // the pointer contract is documented once, in the header
 
+#[cfg(test)]
+mod after_shutdown;
 mod status;
 mod streams;
 pub use status::*;
 pub use streams::*;
 
-use crate::config::Config;
-use crate::counters::Counters;
-use crate::driver::{Daemon, Handle, StopReason};
-use crate::error::{RecvError, SendError, StartError};
-use crate::rml::{Message, Peer};
-use crate::routed::{RecoveryStatus, Scope};
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -33,6 +30,12 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
+use tbon::config::Config;
+use tbon::counters::Counters;
+use tbon::driver::{Daemon, Handle, StopReason};
+use tbon::error::{RecvError, SendError, StartError};
+use tbon::rml::{Message, Peer};
+use tbon::routed::{RecoveryStatus, Scope};
 
 /// Result code of every tbon call (and the argument of send completions).
 #[repr(C)]
@@ -249,7 +252,7 @@ pub const TBON_TAG_USER_MIN: u32 = 100;
 
 /// Messages `tbon_send_batch` hands to the loop at once (a longer array is sent in groups).
 pub const TBON_SEND_BATCH_MAX: usize = 1024;
-const _: () = assert!(TBON_SEND_BATCH_MAX == crate::limits::SEND_BATCH_MAX);
+const _: () = assert!(TBON_SEND_BATCH_MAX == tbon::limits::SEND_BATCH_MAX);
 
 /// Send completion: called once, on the loop thread, with `TBON_OK` when the message was handed
 /// to the kernel on the first hop (or delivered, for a self-send; for `tbon_send_reliable`, once
@@ -591,12 +594,24 @@ fn send_rc(e: &SendError) -> tbon_rc {
         SendError::ShutDown => tbon_rc::TBON_ERR_SHUT_DOWN,
         SendError::TimedOut => tbon_rc::TBON_ERR_TIMED_OUT,
         SendError::DuplicateId(_) => tbon_rc::TBON_ERR_DUPLICATE,
+        // A cause added to the library after this table: a bug here, not the caller's.
+        _ => tbon_rc::TBON_ERR_INTERNAL,
     }
 }
 
 impl From<SendError> for Fail {
     fn from(e: SendError) -> Self {
         Fail(send_rc(&e), e.to_string())
+    }
+}
+
+impl From<tbon::RegisterError> for Fail {
+    fn from(e: tbon::RegisterError) -> Self {
+        let rc = match e {
+            tbon::RegisterError::Busy => tbon_rc::TBON_ERR_BUSY,
+            _ => tbon_rc::TBON_ERR_SHUT_DOWN,
+        };
+        Fail(rc, e.to_string())
     }
 }
 
@@ -609,6 +624,7 @@ impl From<RecvError> for Fail {
             RecvError::TimedOut => tbon_rc::TBON_ERR_TIMED_OUT,
             RecvError::ShutDown => tbon_rc::TBON_ERR_SHUT_DOWN,
             RecvError::InCallback => tbon_rc::TBON_ERR_BUSY,
+            _ => tbon_rc::TBON_ERR_INTERNAL,
         };
         Fail(rc, e.to_string())
     }
@@ -800,7 +816,7 @@ unsafe fn payload_arg(h: &Handle, data: *const c_void, len: usize) -> Result<Byt
         return Ok(Bytes::new());
     }
     non_null(data, "data")?;
-    let max = h.shared.msg_max_bytes;
+    let max = h.msg_max_bytes();
     if len > max {
         return Err(SendError::TooLarge { len, max }.into());
     }
@@ -823,7 +839,7 @@ unsafe fn put<T>(p: *mut T, v: T) {
     unsafe { p.write(v) }
 }
 
-fn completion(cb: tbon_send_cb, user: *mut c_void) -> Option<crate::driver::Completion> {
+fn completion(cb: tbon_send_cb, user: *mut c_void) -> Option<tbon::driver::Completion> {
     let cb = cb?;
     let user = UserPtr(user);
     Some(Box::new(move |r: Result<(), SendError>| {
@@ -883,7 +899,8 @@ pub extern "C" fn tbon_last_error() -> *const c_char {
 // ---------------------------------------------------------------------------------------------
 // Configuration.
 
-/// Creates a configuration with the defaults (no environment) and stores its id in `*out`.
+/// Creates a configuration with the defaults and stores its id in `*out`. Reads no environment
+/// variable (nor does `tbon_start`): set the key with `tbon_config_set(cfg, "key_file", path)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tbon_config_new(out: *mut tbon_config) -> tbon_rc {
     guard(|| {
@@ -898,8 +915,8 @@ pub unsafe extern "C" fn tbon_config_new(out: *mut tbon_config) -> tbon_rc {
     })
 }
 
-/// Like `tbon_config_new`, then applies every `TBON_<NAME>` environment variable that is set
-/// and validates. `TBON_ERR_CONFIG` names the bad variable in `tbon_last_error()`.
+/// Like `tbon_config_new`, then applies every `TBON_<NAME>` environment variable that is set,
+/// takes the job key itself from `TBON_KEY` when no `TBON_KEY_FILE` is set, and validates. `TBON_ERR_CONFIG` names the bad variable in `tbon_last_error()`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tbon_config_from_env(out: *mut tbon_config) -> tbon_rc {
     guard(|| {
@@ -984,7 +1001,7 @@ pub unsafe extern "C" fn tbon_start(
             Some(unsafe { str_arg(hnp_uri, "hnp_uri")? })
         };
         let config = config_of(cfg)?;
-        let daemon = started(crate::start(config, rank, size, hnp))?;
+        let daemon = started(tbon::start(config, rank, size, hnp))?;
         // SAFETY: checked above.
         unsafe { register(daemon, out) };
         Ok(())
@@ -1006,10 +1023,12 @@ fn config_of(cfg: tbon_config) -> Result<Config, Fail> {
 }
 
 /// A start's outcome as the C API reports it.
-fn started(r: Result<crate::Daemon, StartError>) -> Result<crate::Daemon, Fail> {
+fn started(r: Result<tbon::Daemon, StartError>) -> Result<tbon::Daemon, Fail> {
     match r {
         Ok(d) => Ok(d),
-        Err(e @ StartError::Config(_)) => fail(tbon_rc::TBON_ERR_CONFIG, e.to_string()),
+        Err(e @ (StartError::Config(_) | StartError::Key(_) | StartError::NoKey)) => {
+            fail(tbon_rc::TBON_ERR_CONFIG, e.to_string())
+        }
         Err(e) => fail(tbon_rc::TBON_ERR_START, e.to_string()),
     }
 }
@@ -1018,7 +1037,7 @@ fn started(r: Result<crate::Daemon, StartError>) -> Result<crate::Daemon, Fail> 
 ///
 /// # Safety
 /// `out` is non-null and writable.
-unsafe fn register(daemon: crate::Daemon, out: *mut tbon_daemon) {
+unsafe fn register(daemon: tbon::Daemon, out: *mut tbon_daemon) {
     let entry = Arc::new(DaemonEntry {
         handle: daemon.handle(),
         owner: Mutex::new(Some(daemon)),
@@ -1059,24 +1078,24 @@ pub unsafe extern "C" fn tbon_launch(
         non_null(out, "out")?;
         let config = config_of(cfg)?;
         let how = if rendezvous.is_null() {
-            started_how(crate::launch::Rendezvous::from_env())?
+            started_how(tbon::launch::Rendezvous::from_env())?
         } else {
             // SAFETY: the caller's string, valid for this call.
             let text = unsafe { str_arg(rendezvous, "rendezvous")? };
-            match text.parse::<crate::launch::Rendezvous>() {
+            match text.parse::<tbon::launch::Rendezvous>() {
                 Ok(r) => Some(r),
                 Err(e) => return fail(tbon_rc::TBON_ERR_START, e.to_string()),
             }
         };
         let placement = match (u32::try_from(rank), u32::try_from(size)) {
-            (Ok(rank), Ok(size)) => crate::launch::Placement { rank, size },
+            (Ok(rank), Ok(size)) => tbon::launch::Placement { rank, size },
             (r, sz) => {
                 let lookup = |n: &str| match (n, r, sz) {
                     ("TBON_RANK", Ok(r), _) => Some(r.to_string()),
                     ("TBON_SIZE", _, Ok(s)) => Some(s.to_string()),
                     _ => std::env::var(n).ok(),
                 };
-                match crate::launch::Placement::from_lookup(lookup) {
+                match tbon::launch::Placement::from_lookup(lookup) {
                     Ok(p) => p,
                     Err(e) => return fail(tbon_rc::TBON_ERR_START, e.to_string()),
                 }
@@ -1084,7 +1103,7 @@ pub unsafe extern "C" fn tbon_launch(
         };
         let how = match how {
             Some(h) => h,
-            None if placement.rank == 0 => crate::launch::Rendezvous::Uri(String::new()),
+            None if placement.rank == 0 => tbon::launch::Rendezvous::Uri(String::new()),
             None => {
                 return fail(
                     tbon_rc::TBON_ERR_START,
@@ -1093,7 +1112,7 @@ pub unsafe extern "C" fn tbon_launch(
                 );
             }
         };
-        let daemon = started(crate::launch::launch(config, placement, &how))?;
+        let daemon = started(tbon::launch::launch(config, placement, &how))?;
         // SAFETY: checked above.
         unsafe { register(daemon, out) };
         Ok(())
@@ -1101,8 +1120,8 @@ pub unsafe extern "C" fn tbon_launch(
 }
 
 fn started_how(
-    r: Result<Option<crate::launch::Rendezvous>, StartError>,
-) -> Result<Option<crate::launch::Rendezvous>, Fail> {
+    r: Result<Option<tbon::launch::Rendezvous>, StartError>,
+) -> Result<Option<tbon::launch::Rendezvous>, Fail> {
     r.or_else(|e| fail(tbon_rc::TBON_ERR_START, e.to_string()))
 }
 
@@ -1198,7 +1217,7 @@ pub unsafe extern "C" fn tbon_key_generate(path: *const c_char) -> tbon_rc {
     guard(|| {
         // SAFETY: the caller's NUL-terminated string, valid for the call.
         let path = unsafe { str_arg(path, "path") }?;
-        crate::driver::key::generate(std::path::Path::new(path)).or_else(|e| {
+        tbon::driver::key::generate(std::path::Path::new(path)).or_else(|e| {
             fail(
                 tbon_rc::TBON_ERR_CONFIG,
                 format!("cannot write a new key file {path}: {e}"),
@@ -1371,8 +1390,8 @@ pub unsafe extern "C" fn tbon_send_routed(
 ) -> tbon_rc {
     guard(|| {
         let route = match route {
-            TBON_ROUTE_TREE => crate::Route::Tree,
-            TBON_ROUTE_DIRECT => crate::Route::Direct,
+            TBON_ROUTE_TREE => tbon::Route::Tree,
+            TBON_ROUTE_DIRECT => tbon::Route::Direct,
             r => {
                 return fail(
                     tbon_rc::TBON_ERR_BAD_PARAM,
@@ -1437,9 +1456,9 @@ pub unsafe extern "C" fn tbon_send_batch(
         non_null(msgs, "msgs")?;
         // SAFETY: non-null, and the caller promised `n` readable elements for the call.
         let all = unsafe { std::slice::from_raw_parts(msgs, n) };
-        let (size, max) = (h.shared.size, h.shared.msg_max_bytes);
+        let (size, max) = (h.size(), h.msg_max_bytes());
         for (i, m) in all.iter().enumerate() {
-            let e = if m.tag < crate::rml::TAG_USER_MIN {
+            let e = if m.tag < tbon::rml::TAG_USER_MIN {
                 Some(SendError::ReservedTag(m.tag))
             } else if m.dst >= size {
                 Some(SendError::RankOutOfRange { rank: m.dst, size })
@@ -1459,14 +1478,14 @@ pub unsafe extern "C" fn tbon_send_batch(
             }
         }
         let mut done = 0usize;
-        let mut batch = crate::Batch::new();
+        let mut batch = tbon::Batch::new();
         let mut rest = all;
         while !rest.is_empty() {
             // A group: at most SEND_BATCH_MAX messages and COMMAND_QUEUE_MAX_BYTES of payload
             // (at least one message), which bounds the copy made here.
             let (mut n_group, mut total) = (0usize, 0usize);
-            for m in rest.iter().take(crate::limits::SEND_BATCH_MAX) {
-                if n_group > 0 && total + m.len > crate::limits::COMMAND_QUEUE_MAX_BYTES {
+            for m in rest.iter().take(tbon::limits::SEND_BATCH_MAX) {
+                if n_group > 0 && total + m.len > tbon::limits::COMMAND_QUEUE_MAX_BYTES {
                     break;
                 }
                 n_group += 1;
@@ -1611,7 +1630,7 @@ pub unsafe extern "C" fn tbon_send_nocopy(
     guard(|| {
         let payload = lend(data, len, free_cb, free_user)?;
         let h = handle(d)?;
-        let max = h.shared.msg_max_bytes;
+        let max = h.msg_max_bytes();
         if len > max {
             return Err(SendError::TooLarge { len, max }.into());
         }
@@ -1646,7 +1665,10 @@ pub unsafe extern "C" fn tbon_broadcast(
         let h = handle(d)?;
         // SAFETY: the caller's buffer, valid for this call.
         let payload = unsafe { payload_arg(&h, data, len)? };
-        h.broadcast(tag, payload, completion(cb, user))?;
+        match completion(cb, user) {
+            Some(done) => h.broadcast_with(tag, payload, done)?,
+            None => h.broadcast(tag, payload)?,
+        }
         Ok(())
     })
 }
@@ -1706,7 +1728,7 @@ pub unsafe extern "C" fn tbon_allgather(
             Bytes::new()
         } else {
             non_null(data, "data")?;
-            let max = crate::limits::ALLGATHER_MAX_BYTES - 8;
+            let max = tbon::limits::ALLGATHER_MAX_BYTES - 8;
             if len > max {
                 return Err(SendError::TooLarge { len, max }.into());
             }
@@ -1794,16 +1816,25 @@ pub extern "C" fn tbon_recv(
         };
         let h = handle(d)?;
         let user = UserPtr(user);
-        h.recv(peer_arg(peer), tag, persistent != 0, move |m: Message| {
-            let _scope = CallbackScope::enter();
-            let data = if m.payload.is_empty() {
-                std::ptr::null()
+        h.recv(
+            peer_arg(peer),
+            tag,
+            if persistent != 0 {
+                tbon::RecvMode::Persistent
             } else {
-                m.payload.as_ptr()
-            };
-            // SAFETY: the caller's function; `data` points to `len` bytes alive for the call.
-            unsafe { cb(m.origin, m.tag, data, m.payload.len(), user.get()) }
-        })?;
+                tbon::RecvMode::Once
+            },
+            move |m: Message| {
+                let _scope = CallbackScope::enter();
+                let data = if m.payload.is_empty() {
+                    std::ptr::null()
+                } else {
+                    m.payload.as_ptr()
+                };
+                // SAFETY: the caller's function; `data` points to `len` bytes alive for the call.
+                unsafe { cb(m.origin, m.tag, data, m.payload.len(), user.get()) }
+            },
+        )?;
         Ok(())
     })
 }

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-use tbon::config::Config;
 use tbon::driver::uri_file;
 use tbon::launch::{Placement, Rendezvous, launch};
 use tbon::{Peer, StopReason};
@@ -52,7 +51,7 @@ pub struct DaemonArgs {
     #[command(flatten)]
     pub workload: super::workload::WorkloadArgs,
     #[command(flatten)]
-    pub config: Config,
+    pub settings: crate::settings::SettingFlags,
 }
 
 /// Waits up to `timeout` (or until a signal) for the URI file to hold something else than
@@ -208,7 +207,7 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
         }
     };
     let (rank, size) = (placement.rank, placement.size);
-    let wireup_timeout = Duration::from_millis(args.config.wireup_timeout_ms);
+    let wireup_timeout = Duration::from_millis(args.settings.0.wireup_timeout_ms);
     // The URI file's whole text as read, when the URI came from one (to tell later whether a
     // new rank 0 replaced it).
     let mut hnp_text: Option<String> = None;
@@ -234,7 +233,7 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
     };
     // Rank 0 without --uri-file publishes nothing but the line below.
     let how = rendezvous.unwrap_or(Rendezvous::Uri(String::new()));
-    let daemon = launch(args.config, placement, &how).map_err(|e| e.to_string())?;
+    let daemon = launch(args.settings.0, placement, &how).map_err(|e| e.to_string())?;
     log::info!(
         "rank {rank} of {size}: listening at {}",
         daemon.contact_uri()
@@ -271,7 +270,7 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
         let others = size.saturating_sub(1);
         let seen = Arc::new(AtomicU32::new(0));
         let counted = seen.clone();
-        let posted = h.recv(Peer::Any, PING_TAG, true, move |m| {
+        let posted = h.recv(Peer::Any, PING_TAG, tbon::RecvMode::Persistent, move |m| {
             let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
             log::debug!("rank {rank}: ping from {} ({n}/{others})", m.origin);
             if n == others {

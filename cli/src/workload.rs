@@ -334,7 +334,7 @@ impl Workload {
         for tag in [TAG_PLAIN, TAG_BCAST, TAG_RELIABLE] {
             let rec = record.clone();
             let count = received.clone();
-            h.recv(Peer::Any, tag, true, move |m| {
+            h.recv(Peer::Any, tag, tbon::RecvMode::Persistent, move |m| {
                 let now = mono_ns();
                 let entry = match decode(&m.payload) {
                     Some(d) if d.origin == m.origin => (tag, d.origin, d.seq, d.sent_ns, now),
@@ -645,7 +645,7 @@ impl Sender {
         let (seq, dst) = (offer.seq, offer.dst);
         let r = if dst == DST_ALL {
             self.h
-                .broadcast(TAG_BCAST, offer.payload.clone(), Some(Box::new(on_done)))
+                .broadcast_with(TAG_BCAST, offer.payload.clone(), on_done)
         } else if is_reliable(self.args.workload_mode, seq) {
             self.h
                 .send_reliable_with(dst, TAG_RELIABLE, offer.payload.clone(), on_done)
