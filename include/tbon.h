@@ -33,7 +33,7 @@
  * tbon_send_batch, tbon_send_routed, tbon_send_reliable,
  * tbon_broadcast, tbon_allgather, tbon_recv, tbon_cancel, tbon_purge, tbon_rank, tbon_size, tbon_contact_uri,
  * tbon_fetch, tbon_fetch_cb, tbon_fetch_cancel, tbon_stream_close,
- * tbon_strerror and tbon_last_error. The blocking calls (tbon_recv_blocking, tbon_wait_wired, tbon_wait_stopped,
+ * tbon_strerror and tbon_last_error. The blocking calls (tbon_recv_blocking, tbon_barrier, tbon_wait_wired, tbon_wait_stopped,
  * tbon_counters_get, tbon_start, tbon_shutdown, tbon_shutdown_dvm, tbon_abort, tbon_free,
  * tbon_stream_read, tbon_writer_write, tbon_status_get, tbon_status_query) return
  * TBON_ERR_BUSY there instead of deadlocking. A send from a callback gets TBON_ERR_BUSY if the
@@ -813,7 +813,9 @@ tbon_rc tbon_send_nocopy(tbon_daemon d,
 //
 // `cb` (may be NULL) is called exactly once, on the loop thread, if and only if this returns
 // `TBON_OK`: `TBON_OK` once every living daemon has delivered it, `TBON_ERR_BUSY` if rank 0's
-// window of broadcasts in flight was full (nothing was broadcast; retry later),
+// window of broadcasts in flight was full or this daemon already has its bound of
+// broadcasts outstanding (256; nothing was broadcast; retry later): without `cb` such a
+// refusal goes unseen, so pass one when every broadcast must go out,
 // `TBON_ERR_SHUT_DOWN` if this daemon stops first.
 tbon_rc tbon_broadcast(tbon_daemon d,
                        uint32_t tag,

@@ -309,9 +309,9 @@ settings! {
     /// first part of contact URIs. At most 255 bytes, no ';' and no whitespace.
     dvm_id: String = String::from("tbon"), env "TBON_DVM_ID";
     /// File holding the DVM's job key (at least 16 bytes; keep it private, mode 0600). Every
-    /// connection proves both ways that it knows the key. Without it the key is read from the
-    /// TBON_KEY environment variable; the key itself is never a flag (any user can read
-    /// command lines). `tbon keygen FILE` makes one.
+    /// connection proves both ways that it knows the key. `Config::key` comes before it;
+    /// without either, `Config::from_env` takes the key itself from TBON_KEY. The key itself is
+    /// never a flag (any user can read command lines). `tbon keygen FILE` makes one.
     key_file: Option<String>, env "TBON_KEY_FILE";
     /// Run without authentication when no key is given: anyone who can reach a daemon's port
     /// and knows the DVM identity can join and inject messages. Logged loudly.
@@ -714,7 +714,8 @@ impl Config {
         Ok(())
     }
 
-    /// The reliable-messaging settings, for [`crate::relm::Relm::new`].
+    /// The reliable-messaging settings, for the protocol core. Not API.
+    #[doc(hidden)]
     pub fn relm(&self) -> crate::relm::RelmConfig {
         crate::relm::RelmConfig {
             cache_ms: self.relm_cache_ms,

@@ -70,6 +70,10 @@ impl fmt::Display for SendError {
                 f,
                 "a blocking call cannot run in a callback (it would wait for its own thread)"
             ),
+            SendError::Busy(Limit::Batch) => write!(
+                f,
+                "the batch is full: hand it over with send_batch before pushing more"
+            ),
             SendError::Busy(limit) => write!(f, "{limit} is full; retry later"),
             SendError::ShutDown => write!(f, "the daemon is shut down"),
             SendError::TimedOut => {

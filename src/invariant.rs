@@ -37,6 +37,7 @@ pub fn violated(what: std::fmt::Arguments<'_>) {
 
 /// Reports a broken invariant: panics in tests and in the simulator, logs and counts otherwise.
 #[macro_export]
+#[doc(hidden)]
 macro_rules! bug {
     ($($arg:tt)*) => {
         $crate::invariant::violated(format_args!($($arg)*))

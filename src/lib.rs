@@ -1,6 +1,7 @@
 //! tbon: a fault-tolerant tree-based overlay network for the daemons of an HPC resource manager.
 //!
-//! See `README.md` for what it is and `AGENTS.md` for where things live.
+//! See the repository's `README.md` for what it is, how to use it from Rust and C, and what
+//! it guarantees.
 //!
 //! This crate is the library alone: no command line, no C symbols. The `tbon` command is the
 //! `tbon-cli` package and the C API (`include/tbon.h`, `libtbon.so`) the `tbon-capi` package
@@ -95,6 +96,11 @@ pub mod oob;
 #[doc(hidden)]
 pub mod relm;
 
+/// The payload type of every message and chunk (re-exported from the `bytes` crate, so a user
+/// need not depend on it): `Bytes::from(vec)`, `Bytes::from_static(b"..")`,
+/// `Bytes::copy_from_slice(&buf)`; any `Into<Bytes>` (a `Vec<u8>`, a `String`, a `&'static str`)
+/// is accepted where a payload is taken.
+pub use bytes::Bytes;
 pub use counters::{Counters, DirectCounters, StreamCounters};
 pub use direct::{Route, RouteSetting};
 pub use driver::key::{Key, KeyError};

@@ -1026,7 +1026,13 @@ fn config_of(cfg: tbon_config) -> Result<Config, Fail> {
 fn started(r: Result<tbon::Daemon, StartError>) -> Result<tbon::Daemon, Fail> {
     match r {
         Ok(d) => Ok(d),
-        Err(e @ (StartError::Config(_) | StartError::Key(_) | StartError::NoKey)) => {
+        Err(StartError::NoKey) => fail(
+            tbon_rc::TBON_ERR_CONFIG,
+            "no job key: set key_file with tbon_config_set (tbon_key_generate makes one), or use \
+             tbon_config_from_env with TBON_KEY_FILE or TBON_KEY, or set insecure=true to run \
+             unauthenticated",
+        ),
+        Err(e @ (StartError::Config(_) | StartError::Key(_))) => {
             fail(tbon_rc::TBON_ERR_CONFIG, e.to_string())
         }
         Err(e) => fail(tbon_rc::TBON_ERR_START, e.to_string()),
@@ -1650,7 +1656,9 @@ pub unsafe extern "C" fn tbon_send_nocopy(
 ///
 /// `cb` (may be NULL) is called exactly once, on the loop thread, if and only if this returns
 /// `TBON_OK`: `TBON_OK` once every living daemon has delivered it, `TBON_ERR_BUSY` if rank 0's
-/// window of broadcasts in flight was full (nothing was broadcast; retry later),
+/// window of broadcasts in flight was full or this daemon already has its bound of
+/// broadcasts outstanding (256; nothing was broadcast; retry later): without `cb` such a
+/// refusal goes unseen, so pass one when every broadcast must go out,
 /// `TBON_ERR_SHUT_DOWN` if this daemon stops first.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tbon_broadcast(

@@ -261,6 +261,8 @@ pub unsafe extern "C" fn tbon_status_rank(
                 Some(RankState::NoAnswer) => tbon_rank_state::TBON_RANK_NO_ANSWER,
                 Some(RankState::Unknown) => tbon_rank_state::TBON_RANK_UNKNOWN,
                 Some(RankState::Unreached) => tbon_rank_state::TBON_RANK_UNREACHED,
+                // A state added to the library after this table: the closest C knows.
+                Some(_) => tbon_rank_state::TBON_RANK_UNKNOWN,
             })
         })?;
         let Some(state) = state else {

@@ -108,6 +108,7 @@ pub(super) fn stream_rc(e: &StreamError) -> tbon_rc {
         StreamError::TimedOut => tbon_rc::TBON_ERR_IDLE,
         StreamError::ShutDown => tbon_rc::TBON_ERR_SHUT_DOWN,
         StreamError::Refused(_) => tbon_rc::TBON_ERR_BUSY,
+        _ => tbon_rc::TBON_ERR_INTERNAL,
     }
 }
 

@@ -476,7 +476,7 @@ fn dot(report: &Report, v: &View) -> String {
             RankState::Alive | RankState::Healthy => "palegreen",
             RankState::Dead => "red",
             RankState::NoAnswer => "orange",
-            RankState::Unknown | RankState::Unreached => "lightgrey",
+            _ => "lightgrey",
         };
         let _ = writeln!(
             out,

@@ -45,6 +45,7 @@ pub fn outcome_name(e: &StreamError) -> &'static str {
         StreamError::Protocol(_) => "protocol",
         StreamError::ShutDown => "shut-down",
         StreamError::Refused(_) => "refused",
+        _ => "other",
     }
 }
 

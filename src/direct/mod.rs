@@ -125,6 +125,7 @@ use std::str::FromStr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+#[non_exhaustive]
 pub enum RouteSetting {
     /// Never ask for a direct link, and refuse requests (PVM's `PvmDontRoute`).
     #[default]
@@ -166,6 +167,7 @@ impl FromStr for RouteSetting {
 /// every message to it takes the link (a `Tree` send included), and until it is open every
 /// message takes the tree (a `Direct` send included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Route {
     /// Do not ask for a direct link because of this send (as the setting `tree` would).
     Tree,

@@ -508,7 +508,7 @@ impl Handle {
     }
 
     /// Broadcasts `payload` with `tag` to every living daemon, this one included: the
-    /// fault-tolerant broadcast (xcast, `src/grpcomm/`). Any daemon may broadcast; rank 0
+    /// fault-tolerant broadcast (PRRTE's xcast). Any daemon may broadcast; rank 0
     /// numbers the operations, and every living daemon delivers every operation exactly once,
     /// in the same operation order, even while daemons die and the tree is repaired. Broadcasts
     /// of one originator keep their order. The payload is shared down the tree, never copied

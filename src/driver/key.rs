@@ -11,8 +11,9 @@ use crate::limits;
 use crate::oob::handshake::JobKey;
 
 /// A DVM's job key: every daemon of the DVM holds the same one, and a peer that cannot prove
-/// it cannot join, inject or be adopted (docs/security.md). Its format is its text: the bytes
-/// of a key file (one trailing newline dropped) are the key, never decoded, 16 to 4,096 bytes;
+/// it cannot join, inject or be adopted. Its format is its text: the bytes of a key file
+/// (trailing line ends, LF or CR, dropped) are the key, never decoded, 16 to 4,096 bytes
+/// (the one description: docs/security.md, "The job key: format and handling");
 /// [`Key::generate`] makes 64 random hex characters. Give it to a daemon in
 /// [`Config::key`](crate::config::Config::key), or write it to a file (owner-only) with
 /// [`Key::write_new`] and name that in `key_file`. Its `Debug` form never shows the key.
@@ -72,8 +73,11 @@ impl Key {
             .into_bytes()))
     }
 
-    /// The key `bytes` are (a trailing newline, from `echo` or an editor, is not part of it).
-    /// `Length` outside 16..=4,096 bytes.
+    /// The key made of `bytes`, less any trailing line ends (LF or CR, from `echo` or an
+    /// editor: they are not part of a key).
+    ///
+    /// # Errors
+    /// [`KeyError::Length`] when what is left is not 16 to 4,096 bytes.
     pub fn from_bytes(bytes: impl Into<Vec<u8>>) -> Result<Key, KeyError> {
         let mut bytes = bytes.into();
         while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {

@@ -51,8 +51,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// `hnp` is rank 0's contact URI, required for every rank but 0 (ignored there). Wire-up then
 /// proceeds in the background: see [`Handle::wait_wired`].
 ///
-/// Errors: an invalid configuration, rank or size; a missing or malformed `hnp`; no port to
-/// listen on; no usable interface address.
+/// Reads no environment variable (see [`crate::config::Config::from_env`]).
+///
+/// # Errors
+/// [`StartError::Config`] (an invalid setting, or interface settings that leave no
+/// address), [`StartError::Key`] (an unreadable or badly sized key file),
+/// [`StartError::NoKey`] (no key and not `insecure`), [`StartError::Tree`] (rank, size or
+/// radix), [`StartError::Hnp`] (a missing or malformed `hnp`), [`StartError::Io`] (no port to
+/// listen on).
 pub fn start(
     config: Config,
     rank: Rank,

@@ -179,7 +179,8 @@ impl AllgatherResult {
             .map(|(_, b)| b)
     }
 
-    /// The xcast payload carrying this result (kind 18).
+    /// The xcast payload carrying this result (kind 18). The protocol's, not API.
+    #[doc(hidden)]
     pub fn encode(&self) -> Bytes {
         let mut b = BytesMut::with_capacity(18 + entries_len(&self.contributions, &self.excluded));
         b.put_u8(KIND_RESULT);
@@ -190,6 +191,8 @@ impl AllgatherResult {
     }
 
     /// Decodes a result for a DVM of `size` ranks; contribution bytes are slices of `frame`.
+    /// The protocol's, not API.
+    #[doc(hidden)]
     pub fn decode(size: u32, frame: Bytes) -> Result<Self, WireError> {
         let mut r = Reader::new(frame);
         if r.u8()? != KIND_RESULT {

@@ -15,6 +15,7 @@ use std::time::Instant;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+#[non_exhaustive]
 pub enum ContactsSetting {
     /// Its ancestors' and its subtree's; any other is looked up from rank 0 when first
     /// dialled. Wire-up bytes grow as N log N in all, not N squared.

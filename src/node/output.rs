@@ -28,8 +28,8 @@ pub enum StopReason {
     /// A local abort (`Handle::abort`): stopped at once, without the linger.
     Aborted,
     /// This daemon lost rank 0, or could not reach it (or its parent) during wire-up: without
-    /// rank 0 the DVM cannot continue. The text is the cause ([`FATAL_RANK_0_UNREACHABLE`]
-    /// when it was never reached).
+    /// rank 0 the DVM cannot continue. The text is the cause (`"cannot reach rank 0"` when it
+    /// was never reached).
     RootLost(String),
     /// The DVM declared this daemon dead (it was silent, unreachable or not reading for too
     /// long) and fenced it: it must not rejoin. The text says who told it.

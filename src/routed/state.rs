@@ -31,11 +31,13 @@ pub enum Scope {
 /// After a promotion handlers should treat every child as new.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecoveryStatus {
-    /// The scope the caller gave.
+    /// `Local` for a repair this daemon made on its own knowledge (a neighbour's death), before
+    /// rank 0 confirmed it; `Global` for rank 0's confirmation, which every survivor applies.
     pub scope: Scope,
     /// Ranks newly known to have failed, ascending (ranks already known are left out).
     pub newly_failed: Vec<Rank>,
-    /// The epoch the caller gave (rank 0's confirmation carries one; local repairs usually not).
+    /// The DVM epoch this repair brings (with `Global`: rank 0 numbers each confirmed set of
+    /// deaths); `None` for a local repair.
     pub epoch: Option<u64>,
     /// This daemon moved up into a shallower slot.
     pub promoted: bool,

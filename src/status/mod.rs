@@ -213,6 +213,7 @@ pub struct Healthy {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(tag = "part", rename_all = "kebab-case"))]
+#[non_exhaustive]
 pub enum Part {
     /// A daemon in detail (its children come as parts of their own).
     Daemon(Box<DaemonStatus>),

@@ -10,6 +10,7 @@ use crate::routed::{NodeView, TreeError, tree_view};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
+#[non_exhaustive]
 pub enum RankState {
     /// It answered, in detail.
     Alive,

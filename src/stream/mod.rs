@@ -71,6 +71,7 @@ use crate::Rank;
 
 /// Why a stream did not finish.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StreamError {
     /// The producer has no such service.
     NoService(String),
