@@ -6,6 +6,8 @@ pub mod raw;
 pub mod roles;
 mod streams;
 pub mod util;
+#[cfg(feature = "zmq")]
+mod zeromq;
 
 use serde_json::{Value, json};
 use std::io::Read;
@@ -99,6 +101,10 @@ pub fn run(args: BenchArgs) -> Res<i32> {
             "raw-send" => raw::send(a)?,
             "raw-echo" => raw::echo(a)?,
             "raw-ping" => raw::ping(a)?,
+            #[cfg(feature = "zmq")]
+            "zmq-pull" => zeromq::pull(a)?,
+            #[cfg(feature = "zmq")]
+            "zmq-push" => zeromq::push(a)?,
             other => return Err(format!("unknown role {other}")),
         }
         return Ok(0);
@@ -382,6 +388,31 @@ impl Bench {
         self.collect(kids, 0)
     }
 
+    /// ZeroMQ PUSH/PULL: `count` messages of `payload` bytes between two processes (only when
+    /// built with the `zmq` feature; `None` otherwise).
+    fn zmq_rate(&mut self, payload: usize) -> Res<Option<Value>> {
+        if !cfg!(feature = "zmq") {
+            return Ok(None);
+        }
+        let dir = self.fresh_dir()?;
+        let base = RoleArgs {
+            payload,
+            count: self.count(payload),
+            dir,
+            ..RoleArgs::default()
+        };
+        let pull = RoleArgs {
+            role: Some("zmq-pull".into()),
+            ..base.clone()
+        };
+        let push = RoleArgs {
+            role: Some("zmq-push".into()),
+            ..base
+        };
+        let kids = vec![self.spawn(&pull, true)?, self.spawn(&push, false)?];
+        self.collect(kids, 0).map(Some)
+    }
+
     fn rates(&mut self) -> Res<Value> {
         let mut rows = Vec::new();
         for relays in [0, 1, 3] {
@@ -391,16 +422,23 @@ impl Bench {
                 };
                 // Small messages are also sent with `send_batch`, the API for many of them.
                 let batching = payload <= BATCH_PAYLOAD_MAX;
-                let (mut t, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
+                let (mut t, mut b, mut r, mut z) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
                 for _ in 0..self.repeat {
                     t.push(rate(&self.tbon_rate(relays, payload, Mode::Plain)?));
                     if batching {
                         b.push(rate(&self.tbon_rate(relays, payload, Mode::Batch)?));
                     }
                     r.push(rate(&self.raw_rate(relays, payload)?));
+                    // ZeroMQ has no relays of its own: neighbours only.
+                    if relays == 0
+                        && let Some(v) = self.zmq_rate(payload)?
+                    {
+                        z.push(rate(&v));
+                    }
                 }
                 let (tm, rm) = (median(&t), median(&r));
                 let bm = batching.then(|| median(&b));
+                let zm = (!z.is_empty()).then(|| median(&z));
                 let gib = |msgs: f64| msgs * payload as f64 / f64::from(1u32 << 30);
                 let row = json!({
                     "relays": relays, "payload": payload,
@@ -409,7 +447,9 @@ impl Bench {
                     "ratio": tm / rm.max(1e-9),
                     "tbon_batch_msgs_per_s": bm,
                     "batch_ratio": bm.map(|b| b / rm.max(1e-9)),
-                    "runs": {"tbon": t, "tbon_batch": b, "raw": r},
+                    "zmq_msgs_per_s": zm,
+                    "vs_zmq": zm.map(|z| tm / z.max(1e-9)),
+                    "runs": {"tbon": t, "tbon_batch": b, "raw": r, "zmq": z},
                     "load": loadavg(),
                 });
                 eprintln!("{row}");
@@ -709,6 +749,28 @@ fn print_tables(out: &Value) {
             );
         }
     }
+    if let Some(rows) = out["rate"].as_array() {
+        let zmq: Vec<&Value> = rows
+            .iter()
+            .filter(|r| r["zmq_msgs_per_s"].is_f64())
+            .collect();
+        if !zmq.is_empty() {
+            println!(
+                "\n| neighbours: payload | tbon msg/s (one call each) | ZeroMQ PUSH/PULL msg/s | tbon/ZeroMQ |"
+            );
+            println!("|---|---|---|---|");
+            for r in zmq {
+                let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+                println!(
+                    "| {} | {:.3e} | {:.3e} | {:.2}x |",
+                    size_name(r["payload"].as_u64().unwrap_or(0)),
+                    f("tbon_msgs_per_s"),
+                    f("zmq_msgs_per_s"),
+                    f("vs_zmq"),
+                );
+            }
+        }
+    }
     if let Some(rows) = out["reliable_rate"].as_array() {
         println!("\n| route | payload | plain msg/s | reliable msg/s | reliable/plain |");
         println!("|---|---|---|---|---|");
@@ -911,6 +973,12 @@ fn targets(out: &Value) -> Value {
     if let Some(v) = rtt["first_message_extra_tree_rtts"].as_f64() {
         rows.push(json!({"what": "first message to a new direct peer: delay beyond one tree round trip",
             "measured": format!("{v:.2} tree round trips"), "target": "at most 2", "met": v <= 2.0}));
+    }
+    if let Some(v) = rate(0, 64, "vs_zmq") {
+        rows.push(
+            json!({"what": "64 B neighbour rate (one send call each) vs ZeroMQ PUSH/PULL",
+            "measured": format!("{v:.2}x"), "target": "at least 2x", "met": v >= 2.0}),
+        );
     }
     if let Some(v) = out["pingpong"]["p50_ratio"].as_f64() {
         rows.push(json!({"what": "64 B round trip (p50) vs plain mio",
