@@ -473,6 +473,39 @@ proptest! {
         }
     }
 
+    /// Issue "Rejoin": putting failed ranks back gives exactly the tree that would exist had
+    /// they never failed (given the failures that remain), for every daemon; putting all back
+    /// gives the failure-free tree.
+    #[test]
+    fn a_restore_equals_never_having_failed((k, n, failed) in shape_and_failures(), me_pick in any::<u32>(), pick in any::<u64>()) {
+        let me = me_pick % n;
+        // A subset to restore, chosen bit by bit from `pick`.
+        let back: Vec<Rank> = failed
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| pick.rotate_left(*i as u32) & 1 == 1)
+            .map(|(_, r)| *r)
+            .collect();
+        let stays: Vec<Rank> = failed.iter().copied().filter(|r| !back.contains(r)).collect();
+        let mut restored = RoutingState::new(k, n, me).unwrap();
+        restored.fail(&failed, Scope::Global, None).unwrap();
+        let status = restored.restore(&back, Scope::Global, None).unwrap();
+        prop_assert_eq!(&status.restored, &back);
+        let mut never = RoutingState::new(k, n, me).unwrap();
+        never.fail(&stays, Scope::Global, None).unwrap();
+        prop_assert_eq!(&restored, &never);
+        // Every daemon's view agrees with the whole-tree view of the remaining failures.
+        let view = tree_view(k, n, &stays).unwrap();
+        for v in view.iter().take(64) {
+            let theirs = restored.as_seen_by(v.rank).unwrap();
+            prop_assert_eq!(theirs.parent(), v.parent);
+            prop_assert_eq!(theirs.children(), v.children.as_slice());
+            prop_assert_eq!(theirs.slot(), v.slot);
+        }
+        restored.restore(&stays, Scope::Global, None).unwrap();
+        prop_assert_eq!(&restored, &RoutingState::new(k, n, me).unwrap());
+    }
+
     #[test]
     fn failure_order_does_not_matter((k, n, failed) in shape_and_failures(), me_pick in any::<u32>(), seed in any::<u64>()) {
         let me = me_pick % n;

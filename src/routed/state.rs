@@ -36,13 +36,16 @@ pub struct RecoveryStatus {
     pub scope: Scope,
     /// Ranks newly known to have failed, ascending (ranks already known are left out).
     pub newly_failed: Vec<Rank>,
+    /// Ranks put back into the tree, ascending ([`RoutingState::restore`]: a daemon restarted
+    /// under its rank and admitted again); empty for a repair after failures.
+    pub restored: Vec<Rank>,
     /// The DVM epoch this repair brings (with `Global`: rank 0 numbers each confirmed set of
     /// deaths); `None` for a local repair.
     pub epoch: Option<u64>,
     /// This daemon moved up into a shallower slot.
     pub promoted: bool,
-    /// This daemon moved down into a deeper slot (does not happen on failures; kept for
-    /// handlers that mirror PRRTE's status).
+    /// This daemon moved down into a deeper slot (never on failures; on a restore, an heir
+    /// gives the slot back to the rank that returned).
     pub demoted: bool,
     /// Parent before the repair.
     pub previous_parent: Option<Rank>,
@@ -262,11 +265,79 @@ impl RoutingState {
             }
         }
         self.refresh_view();
+        Ok(self.status(
+            scope,
+            epoch,
+            newly_failed,
+            Vec::new(),
+            (
+                previous_depth,
+                previous_parent,
+                previous_children,
+                previous_ancestors,
+            ),
+        ))
+    }
 
+    /// Puts `ranks`, known failed, back into the tree: daemons restarted under their ranks and
+    /// admitted again (issue "Rejoin"). The tree is a pure function of (radix, size, failed
+    /// set), so the result is exactly the tree that would exist had they never failed, given
+    /// the failures that remain: each returns to the slot it would hold, and the heirs that
+    /// stood in for it move back down. Ranks not known failed are ignored.
+    ///
+    /// Fails, changing nothing, with [`TreeError::RankOutOfRange`] for a rank not below the
+    /// size.
+    pub fn restore(
+        &mut self,
+        ranks: &[Rank],
+        scope: Scope,
+        epoch: Option<u64>,
+    ) -> Result<RecoveryStatus, TreeError> {
+        if let Some(&rank) = ranks.iter().find(|&&r| r >= self.size()) {
+            return Err(TreeError::RankOutOfRange {
+                rank,
+                size: self.size(),
+            });
+        }
+        let mut restored: Vec<Rank> = ranks
+            .iter()
+            .copied()
+            .filter(|&r| self.is_failed(r))
+            .collect();
+        restored.sort_unstable();
+        restored.dedup();
+        let previous = (
+            self.depth,
+            self.parent,
+            self.children.clone(),
+            self.ancestors.clone(),
+        );
+        if !restored.is_empty() {
+            self.failed.retain(|r| restored.binary_search(r).is_err());
+            // A returning rank may take back a slot high above its own (the top of a chain of
+            // dead ancestors), so the whole occupancy is recomputed: restores are rare, and
+            // the recomputation only descends into disturbed regions.
+            self.occupancy.rebuild(&self.shape, &self.failed);
+            self.refresh_view();
+        }
+        Ok(self.status(scope, epoch, Vec::new(), restored, previous))
+    }
+
+    /// The status of a change from `previous` (depth, parent, children, ancestors) to now.
+    fn status(
+        &self,
+        scope: Scope,
+        epoch: Option<u64>,
+        newly_failed: Vec<Rank>,
+        restored: Vec<Rank>,
+        previous: (u32, Option<Rank>, Vec<Rank>, Vec<Rank>),
+    ) -> RecoveryStatus {
+        let (previous_depth, previous_parent, previous_children, previous_ancestors) = previous;
         let alive = !self.is_failed(self.me);
-        Ok(RecoveryStatus {
+        RecoveryStatus {
             scope,
             newly_failed,
+            restored,
             epoch,
             promoted: alive && self.depth < previous_depth,
             demoted: alive && self.depth > previous_depth,
@@ -276,7 +347,7 @@ impl RoutingState {
             new_children: self.children.clone(),
             previous_ancestors,
             new_ancestors: self.ancestors.clone(),
-        })
+        }
     }
 
     /// Append ranks so the tree has `new_size` ranks; failed ranks stay failed.
@@ -349,6 +420,35 @@ mod tests {
         assert_eq!(s.route(6), Route::Child(2));
         assert_eq!(s.route(5), Route::Unreachable);
         assert_eq!(three.route(6), Route::Parent(0));
+    }
+
+    #[test]
+    fn a_restored_rank_takes_its_slot_back() {
+        // PRRTE's orphan case undone: 3 stood in for 1; 1 returns, 3 moves back down.
+        let mut s = RoutingState::new(2, 7, 3).unwrap();
+        s.fail(&[1, 5], Scope::Global, Some(1)).unwrap();
+        assert_eq!((s.slot(), s.parent()), (1, Some(0)));
+        let status = s.restore(&[1, 4], Scope::Global, Some(2)).unwrap();
+        assert_eq!(status.restored, [1]); // 4 never failed
+        assert!(status.newly_failed.is_empty());
+        assert!(status.demoted && !status.promoted);
+        assert_eq!(
+            (status.previous_parent, status.new_parent),
+            (Some(0), Some(1))
+        );
+        assert_eq!((s.slot(), s.depth(), s.ancestors()), (3, 2, &[1, 0][..]));
+        assert!(s.is_failed(5) && !s.is_failed(1));
+        // The rest of the failures stay: the tree is the one with 5 alone failed.
+        let mut fresh = RoutingState::new(2, 7, 3).unwrap();
+        fresh.fail(&[5], Scope::Global, None).unwrap();
+        assert_eq!(s, fresh);
+        assert_eq!(
+            s.restore(&[7], Scope::Local, None),
+            Err(TreeError::RankOutOfRange { rank: 7, size: 7 })
+        );
+        // Restoring every failure gives the never-failed tree.
+        s.restore(&[5], Scope::Global, None).unwrap();
+        assert_eq!(s, RoutingState::new(2, 7, 3).unwrap());
     }
 
     #[test]
