@@ -245,8 +245,16 @@ pub enum StartError {
     /// A socket or the poller could not be set up.
     Io(std::io::Error),
     /// No rank or size where [`crate::launch::Placement`] looked (the launcher's
-    /// environment), or a local DVM that did not wire up in time.
+    /// environment), a rank not below the size, or a local DVM of 0 daemons.
     Placement(String),
+    /// [`crate::launch::local_dvm`]: daemon `rank` was not wired within the wire-up timeout
+    /// (`wireup_timeout_ms`, given in `waited_ms`). The daemons started are stopped.
+    NotWired {
+        /// The first rank found not wired.
+        rank: crate::Rank,
+        /// How long the DVM was waited for, in milliseconds.
+        waited_ms: u64,
+    },
 }
 
 impl fmt::Display for StartError {
@@ -264,6 +272,10 @@ impl fmt::Display for StartError {
             StartError::Hnp(e) => write!(f, "rank 0 contact: {e}"),
             StartError::Io(e) => write!(f, "I/O error: {e}"),
             StartError::Placement(e) => write!(f, "placement: {e}"),
+            StartError::NotWired { rank, waited_ms } => write!(
+                f,
+                "rank {rank} was not wired within the wire-up timeout ({waited_ms} ms)"
+            ),
         }
     }
 }

@@ -298,8 +298,9 @@ fn wait_listening(addrs: &[std::net::SocketAddr], timeout: Duration) -> Result<(
 /// interface that exists, such as `if_include = 127.0.0.1/32`). Waits up to the wire-up
 /// timeout for every daemon to be wired. The daemons are in rank order; dropping rank 0's
 /// stops it alone, [`crate::Handle::shutdown_dvm`] on rank 0 stops them all.
-/// Errors: every error of [`crate::start`], and [`StartError::Placement`] for a size of 0 or
-/// a DVM that did not wire up in time.
+/// Errors: every error of [`crate::start`], [`StartError::Placement`] for a size of 0, and
+/// [`StartError::NotWired`] for a DVM that did not wire up in time (its daemons are stopped
+/// as they are dropped).
 pub fn local_dvm(config: Config, size: u32) -> Result<Vec<Daemon>, StartError> {
     if size == 0 {
         return Err(StartError::Placement("a DVM of 0 daemons".into()));
@@ -316,11 +317,10 @@ pub fn local_dvm(config: Config, size: u32) -> Result<Vec<Daemon>, StartError> {
     for d in &all {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if !d.wait_wired(left) {
-            return Err(StartError::Placement(format!(
-                "rank {} was not wired within the wire-up timeout ({} ms)",
-                d.rank(),
-                config.wireup_timeout_ms
-            )));
+            return Err(StartError::NotWired {
+                rank: d.rank(),
+                waited_ms: config.wireup_timeout_ms,
+            });
         }
     }
     Ok(all)
