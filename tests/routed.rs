@@ -403,6 +403,21 @@ fn deliver(
     }
 }
 
+/// A descendant of `r` (or `r` itself when it has no children): up to three steps down, each
+/// to a child picked by the bits of `walk`.
+fn descendant(shape: &tbon::routed::Shape, r: Rank, mut walk: u64) -> Rank {
+    let mut x = r;
+    for _ in 0..1 + (walk >> 1) % 3 {
+        let children: Vec<Rank> = shape.children(x).collect();
+        if children.is_empty() {
+            break;
+        }
+        walk = walk.rotate_left(11) ^ 0x9e37_79b9_7f4a_7c15;
+        x = children[(walk % children.len() as u64) as usize];
+    }
+    x
+}
+
 fn failed_set(n: u32) -> impl Strategy<Value = Vec<Rank>> {
     let max = (n / 2) as usize;
     proptest::collection::vec(1..n.max(2), 0..=max).prop_map(move |mut v| {
@@ -470,6 +485,21 @@ proptest! {
             let from = living[a as usize % living.len()];
             let to = living[b as usize % living.len()];
             deliver(&mut states, &state, from, to, 2 * max_depth);
+        }
+    }
+
+    /// `Descent::child_index` (the per-frame fast path of `route`) agrees with
+    /// `Shape::child_toward` for any slot and target, near the top of the rank range too.
+    #[test]
+    fn descent_agrees_with_child_toward(k in prop_oneof![Just(2u32), Just(3), Just(7), Just(64), Just(1000)], n in prop_oneof![1u32..5000, 1u32..u32::MAX], picks in proptest::collection::vec((any::<u32>(), any::<u64>()), 64)) {
+        let shape = tbon::routed::Shape::new(k, n).unwrap();
+        for (a, walk) in picks {
+            let r = a % n;
+            // Half the targets anywhere, half a descendant of `r` (a few random steps down).
+            let t = if walk % 2 == 0 { (walk >> 1) as u32 % n } else { descendant(&shape, r, walk) };
+            let want = shape.child_toward(r, t).map(|(_, i)| i);
+            let got = shape.descent(r).and_then(|d| d.child_index(t));
+            prop_assert_eq!(got, want, "k {} n {} r {} t {}", k, n, r, t);
         }
     }
 

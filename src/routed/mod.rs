@@ -26,7 +26,7 @@ pub mod radix;
 mod state;
 mod view;
 
-pub use radix::Shape;
+pub use radix::{Descent, Shape};
 pub use state::{RecoveryStatus, Route, RoutingState, Scope};
 pub use view::{NodeView, tree_view};
 

@@ -33,6 +33,32 @@ pub struct Shape {
     widths: [u64; MAX_LAYERS],
 }
 
+/// Routing down from one slot ([`Shape::descent`]): the slot's layer width and the next
+/// layer's first rank and width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Descent {
+    slot: u64,
+    size: u64,
+    width: u64,
+    next_offset: u64,
+    next_width: u64,
+}
+
+impl Descent {
+    /// The 1-based index among the slot's children of the child whose subtree holds `target`:
+    /// the same as [`Shape::child_toward`]`(slot, target)`'s index, without searching the layers.
+    pub fn child_index(&self, target: Rank) -> Option<usize> {
+        let t = u64::from(target);
+        // In the slot's subtree, and not the slot itself: then `t` lies deeper.
+        if t <= self.slot || t >= self.size || !(t - self.slot).is_multiple_of(self.width) {
+            return None;
+        }
+        let from_next = t.checked_sub(self.next_offset)?;
+        let child = from_next % self.next_width + self.next_offset;
+        usize::try_from((child - self.slot) / self.width).ok()
+    }
+}
+
 // Indexing here is over `offsets`/`widths`, fixed arrays of `MAX_LAYERS (+1)` entries: `build`
 // stops at `MAX_LAYERS` layers (33 is enough for u32 ranks at radix 2), and `depth_index`
 // returns at most `layers - 1`. No index comes from outside without going through them.
@@ -173,6 +199,24 @@ impl Shape {
         let w = self.widths[self.depth_index(r)];
         let i = (u64::from(child) - u64::from(r)) / w;
         Some((child, usize::try_from(i).ok()?))
+    }
+
+    /// What [`Shape::child_toward`] needs about slot `r`, computed once: routing a frame
+    /// down from a fixed slot then costs no search of the layers. `None` when `r` is outside
+    /// the tree or in the last layer that can exist (nothing lies below it).
+    pub fn descent(&self, r: Rank) -> Option<Descent> {
+        if r >= self.size {
+            return None;
+        }
+        let d = self.depth_index(r);
+        let next = d.checked_add(1).filter(|&n| n < self.layers)?;
+        Some(Descent {
+            slot: u64::from(r),
+            size: u64::from(self.size),
+            width: self.widths[d],
+            next_offset: self.offsets[next],
+            next_width: self.widths[next],
+        })
     }
 
     /// The rank after `r` in the pre-order walk of the whole tree (children highest rank

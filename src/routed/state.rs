@@ -86,6 +86,8 @@ pub struct RoutingState {
     /// Occupant of each of my child slots, by index `i - 1` (slot = my slot + i·W); `None` for
     /// a hole.
     child_slots: Vec<Option<Rank>>,
+    /// Routing down from my slot without searching the layers (`route` runs per frame).
+    descent: Option<super::radix::Descent>,
 }
 
 impl RoutingState {
@@ -109,6 +111,7 @@ impl RoutingState {
             ancestors: Vec::new(),
             children: Vec::new(),
             child_slots: Vec::new(),
+            descent: None,
         };
         state.refresh_view();
         Ok(state)
@@ -214,8 +217,8 @@ impl RoutingState {
             return Route::Local;
         }
         let target_slot = self.occupancy.slot_of(target);
-        match self.shape.child_toward(self.slot, target_slot) {
-            Some((_, i)) => match i.checked_sub(1).and_then(|i| self.child_slots.get(i)) {
+        match self.descent.and_then(|d| d.child_index(target_slot)) {
+            Some(i) => match i.checked_sub(1).and_then(|i| self.child_slots.get(i)) {
                 Some(Some(child)) => Route::Child(*child),
                 // A living rank's slot never lies under a hole.
                 _ => Route::Unreachable,
@@ -371,6 +374,7 @@ impl RoutingState {
     fn refresh_view(&mut self) {
         self.slot = self.occupancy.slot_of(self.me);
         self.depth = self.shape.depth(self.slot);
+        self.descent = self.shape.descent(self.slot);
         self.ancestors.clear();
         self.children.clear();
         self.child_slots.clear();
