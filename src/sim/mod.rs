@@ -297,6 +297,15 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
                 0's view after the run showed them unreached",
     },
     RegressionSeed {
+        seed: 1_211_495,
+        daemons: 6,
+        radix: 3,
+        faults: FaultKinds::ALL,
+        found: "simulator: a daemon that dialled a peer, stalled, and was stopped (declared \
+                dead) when it woke left its redial recorded for ever, and the run never \
+                counted as quiet (liveness)",
+    },
+    RegressionSeed {
         seed: 204_929,
         daemons: 39,
         radix: 2,

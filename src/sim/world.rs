@@ -1189,6 +1189,10 @@ impl World {
             self.parked.remove(&(rank, p));
             self.parked.remove(&(p, rank));
         }
+        // Its own redials end with it: the events that would have closed them are a dead
+        // daemon's and are never handled (a dial made before a stall, the daemon stopped at
+        // its wake-up: seed 1211495). Others' redials towards it go on and fail as they should.
+        self.redialing.retain(|(dialler, _)| *dialler != rank);
     }
 }
 
