@@ -233,7 +233,20 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
     };
     // Rank 0 without --uri-file publishes nothing but the line below.
     let how = rendezvous.unwrap_or(Rendezvous::Uri(String::new()));
-    let daemon = launch(args.settings.0, placement, &how).map_err(|e| e.to_string())?;
+    let mut config = args.settings.0;
+    // The job key itself may be in TBON_KEY (never a flag: command lines are public); the
+    // library reads it only when asked, and the command asks, as `Config::from_env` does.
+    if config.key_file.is_none() && config.key.is_none() {
+        config.key = tbon::Key::from_env().map_err(|e| format!("TBON_KEY: {e}"))?;
+    }
+    let daemon = launch(config, placement, &how).map_err(|e| match e {
+        // The library's text speaks of Config; a user of the command needs its flags.
+        tbon::StartError::NoKey => "no job key: give --key-file FILE (or TBON_KEY_FILE, or the \
+            key itself in TBON_KEY), or --insecure to run unauthenticated; `tbon keygen FILE` \
+            makes a key"
+            .to_string(),
+        e => e.to_string(),
+    })?;
     log::info!(
         "rank {rank} of {size}: listening at {}",
         daemon.contact_uri()

@@ -1,6 +1,5 @@
 //! The daemon's settings as command-line flags: one `--name` per [`Config::settings`] entry,
-//! read from its `TBON_<NAME>` variable when the flag is absent, and the job key from `TBON_KEY`
-//! when no key file is named. The library describes its
+//! read from its `TBON_<NAME>` variable when the flag is absent. The library describes its
 //! settings and parses their text ([`Config::set`]); only this file knows clap.
 
 use clap::builder::{BoolishValueParser, ValueParser};
@@ -66,16 +65,6 @@ impl FromArgMatches for SettingFlags {
     fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
         let mut config = Config::default();
         apply(m, &mut config)?;
-        // The job key itself may be in TBON_KEY (never a flag: command lines are public); the
-        // library reads it only when asked, and the command asks, as `Config::from_env` does.
-        if config.key_file.is_none() {
-            config.key = tbon::Key::from_env().map_err(|e| {
-                clap::Error::raw(
-                    clap::error::ErrorKind::ValueValidation,
-                    format!("TBON_KEY: {e}\n"),
-                )
-            })?;
-        }
         Ok(SettingFlags(config))
     }
 

@@ -277,3 +277,34 @@ fn from_lookup_applies_env_overrides() {
         "from_lookup validates"
     );
 }
+
+/// `from_lookup` (and so `from_env`) takes the job key itself from `TBON_KEY` only when no key
+/// file is named; a badly sized key names the variable; `Config::default` reads nothing.
+#[test]
+fn the_key_comes_from_tbon_key_only_without_a_key_file() {
+    let vars = |pairs: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| OsString::from(*v))
+        }
+    };
+    let key = "0123456789abcdef0123";
+    let c = Config::from_lookup(vars(&[("TBON_KEY", "0123456789abcdef0123\n")])).unwrap();
+    assert_eq!(
+        c.key.as_ref().map(|k| k.as_bytes().to_vec()),
+        Some(key.as_bytes().to_vec())
+    );
+    let c = Config::from_lookup(vars(&[
+        ("TBON_KEY", "0123456789abcdef0123"),
+        ("TBON_KEY_FILE", "/etc/tbon/job.key"),
+    ]))
+    .unwrap();
+    assert!(c.key.is_none());
+    assert_eq!(c.key_file.as_deref(), Some("/etc/tbon/job.key"));
+    let e = Config::from_lookup(vars(&[("TBON_KEY", "short")])).unwrap_err();
+    assert!(matches!(e, ConfigError::Key(_)), "{e}");
+    assert!(e.to_string().contains("TBON_KEY"), "{e}");
+    assert!(Config::default().key.is_none());
+}

@@ -153,6 +153,16 @@ impl Subscription {
             if q.closed || self.handle.shared.is_stopped() {
                 return Err(RecvError::ShutDown);
             }
+            if q.post.is_none() {
+                // Paused and drained: post again here too, so that a resume refused while the
+                // loop had not yet forgotten the paused receive (a duplicate) is retried.
+                drop(q);
+                self.resume_if_drained();
+                q = lock(&self.shared.queue);
+                if !q.messages.is_empty() {
+                    continue;
+                }
+            }
             let mut wait = STOP_CHECK;
             if let Some(d) = deadline {
                 let left = d.saturating_duration_since(Instant::now());

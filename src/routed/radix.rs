@@ -55,7 +55,7 @@ impl Descent {
         }
         let from_next = t.checked_sub(self.next_offset)?;
         let child = from_next % self.next_width + self.next_offset;
-        usize::try_from((child - self.slot) / self.width).ok()
+        usize::try_from(child.checked_sub(self.slot)? / self.width).ok()
     }
 }
 
