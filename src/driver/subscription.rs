@@ -210,7 +210,9 @@ impl Handle {
     /// Subscribes to messages from `peer` (or [`Peer::Any`]) with `tag`: a [`Subscription`] to
     /// read them from a thread of your own, in arrival order, instead of a callback on the
     /// loop thread. Messages that arrived before are delivered first. It holds the (peer, tag)
-    /// post until dropped.
+    /// post until dropped, except while paused at its bound: a receive posted meanwhile for
+    /// the same (peer, tag) takes the messages instead, and the subscription resumes once that
+    /// one is gone.
     ///
     /// # Errors
     /// Those of [`Handle::recv`]: a reserved tag, an out-of-range peer, a receive already posted
