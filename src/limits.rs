@@ -399,6 +399,37 @@ pub const ALLGATHER_MAX_BYTES: usize = 16 * 1024 * 1024;
 /// and counts against [`ALLGATHER_TRACKED_MAX`]. Ids must never be reused.
 pub const ALLGATHER_FINISHED_MEMORY: usize = 4 * ALLGATHER_TRACKED_MAX;
 
+/// Members of one group ([`crate::Group`]): above any DVM size, so a job may span every
+/// daemon; a larger set is refused when the group is made (`GroupError::TooManyMembers`).
+pub const GROUP_MEMBERS_MAX: usize = 1 << 20;
+
+/// Group collectives a daemon may have contributed to and not yet seen the outcome of. At the
+/// bound a new one is refused `Busy` (`Limit::GroupCollectivesInFlight`) when it is called,
+/// before it takes its number in the group's sequence, so the caller offers it again later.
+pub const GROUP_INFLIGHT_MAX: usize = 256;
+
+/// Group collectives a daemon keeps state for, its own and those it relays for members below
+/// it. At the bound a contribution for one more is dropped, logged and counted
+/// (`GroupStats::dropped_untracked`): that collective cannot complete. Four times
+/// [`GROUP_INFLIGHT_MAX`]: a relay serves the members of several jobs at once.
+pub const GROUP_TRACKED_MAX: usize = 4 * GROUP_INFLIGHT_MAX;
+
+/// Finished group collectives a daemon remembers (a 128-bit digest and a sequence number
+/// each), so that a contribution arriving after the outcome is answered rather than opening
+/// new state. The oldest is forgotten first.
+pub const GROUP_FINISHED_MEMORY: usize = 4 * GROUP_TRACKED_MAX;
+
+/// Results of group collectives a daemon keeps to answer late contributions (a member whose
+/// relay died before passing the result down re-sends its contribution, and the first daemon
+/// on the way up that still has the result answers it). The oldest is dropped first; a late
+/// contribution that finds none is answered "lost" and the member's collective fails with
+/// `SendError::ResultLost` instead of hanging.
+pub const GROUP_RESULTS_CACHED_MAX: usize = 64;
+
+/// Bytes of the cached results ([`GROUP_RESULTS_CACHED_MAX`]) together; a result larger than
+/// this alone is not cached.
+pub const GROUP_RESULTS_CACHED_BYTES: usize = 32 * 1024 * 1024;
+
 /// `Sync` offers a daemon remembers from ranks that are not (yet) its parent in its view of the
 /// tree: a neighbour that learnt of a failure first offers the handshake before this daemon
 /// knows it is the new parent; the offer is answered once it is. A few per repair at most. At

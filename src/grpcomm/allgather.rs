@@ -32,6 +32,7 @@
 //! [`ALLGATHER_MAX_BYTES`] gathered per collective (the collective overflows: every daemon gets
 //! a result with `overflowed` set), [`ALLGATHER_FINISHED_MEMORY`] finished ids remembered.
 use super::Transmit;
+use super::gathering::{ENTRY_OVERHEAD, Gathering};
 use super::view::TreeView;
 use super::wire::{AllgatherMsg, AllgatherResult, Contribution, WireError};
 use crate::Rank;
@@ -45,13 +46,6 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 #[cfg(test)]
 mod tests;
-
-/// Accounted bytes of one entry beyond its data (rank and length on the wire).
-const ENTRY_OVERHEAD: usize = 8;
-/// Accounted bytes of one excluded rank.
-const EXCLUDED_OVERHEAD: usize = 4;
-/// Accounted bytes of one remembered sender.
-const HEARD_OVERHEAD: usize = 16;
 
 /// What a daemon's allgather core tells its application.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,68 +115,13 @@ pub struct AllgatherStats {
 struct Collective {
     /// This daemon contributed.
     own: bool,
-    entries: BTreeMap<Rank, Bytes>,
-    /// Failed ranks without an entry, as reported from below.
-    excluded: BTreeSet<Rank>,
-    /// Accounted bytes (see [`ALLGATHER_MAX_BYTES`]).
-    bytes: usize,
-    overflowed: bool,
-    /// The view digest of each sender's latest contribution.
-    heard: BTreeMap<Rank, u64>,
+    data: Gathering,
     /// Current children whose contribution covers their subtree in this daemon's view.
     complete: BTreeSet<Rank>,
     /// (parent, digest) of the last send.
     sent: Option<(Rank, u64)>,
     /// Rank 0: the result has been emitted.
     result_emitted: bool,
-}
-
-impl Collective {
-    fn add_entry(&mut self, rank: Rank, bytes: Bytes) {
-        if self.overflowed || self.entries.contains_key(&rank) {
-            return;
-        }
-        self.bytes = self
-            .bytes
-            .saturating_add(bytes.len())
-            .saturating_add(ENTRY_OVERHEAD);
-        if self.excluded.remove(&rank) {
-            self.bytes = self.bytes.saturating_sub(EXCLUDED_OVERHEAD);
-        }
-        self.entries.insert(rank, bytes);
-    }
-
-    fn add_excluded(&mut self, rank: Rank) {
-        if self.overflowed || self.entries.contains_key(&rank) {
-            return;
-        }
-        if self.excluded.insert(rank) {
-            self.bytes = self.bytes.saturating_add(EXCLUDED_OVERHEAD);
-        }
-    }
-
-    fn hear(&mut self, from: Rank, digest: u64) {
-        if self.heard.insert(from, digest).is_none() {
-            self.bytes = self.bytes.saturating_add(HEARD_OVERHEAD);
-        }
-    }
-
-    /// Drop the data once the collective overflowed; `true` if it just did.
-    fn check_overflow(&mut self, id: u64) -> bool {
-        if self.overflowed || self.bytes <= ALLGATHER_MAX_BYTES {
-            return false;
-        }
-        log::warn!("allgather {id}: more than {ALLGATHER_MAX_BYTES} bytes; the collective fails");
-        self.set_overflowed();
-        true
-    }
-
-    fn set_overflowed(&mut self) {
-        self.overflowed = true;
-        self.entries.clear();
-        self.excluded.clear();
-        self.bytes = self.heard.len().saturating_mul(HEARD_OVERHEAD);
-    }
 }
 
 /// One daemon's allgather core. See the module documentation for the protocol and
@@ -270,8 +209,8 @@ impl Allgather {
         let me = self.view.me;
         let c = self.collectives.entry(id).or_default();
         c.own = true;
-        c.add_entry(me, data);
-        if c.check_overflow(id) {
+        c.data.add_entry(me, data);
+        if c.data.check_overflow(&format_args!("allgather {id}")) {
             self.stats.overflowed += 1;
         }
         self.local += 1;
@@ -371,7 +310,7 @@ impl Allgather {
             c.complete
                 .retain(|r| view.is_child(*r) && !change.new_children.contains(r));
             for &child in &view.children {
-                match c.heard.get(&child) {
+                match c.data.heard.get(&child) {
                     Some(&d) if d == digest => {
                         c.complete.insert(child);
                     }
@@ -381,7 +320,7 @@ impl Allgather {
                     _ => {}
                 }
             }
-            c.heard.retain(|r, _| !view.failed.contains(r));
+            c.data.heard.retain(|r, _| !view.failed.contains(r));
             if change.new_upstream {
                 c.sent = None;
             }
@@ -458,21 +397,14 @@ impl Allgather {
                 continue;
             }
             c.sent = Some((parent, self.view.digest));
-            let excluded: Vec<Rank> = c
-                .excluded
-                .iter()
-                .chain(self.view.failed.iter())
-                .copied()
-                .filter(|r| !c.entries.contains_key(r))
-                .collect::<BTreeSet<Rank>>()
-                .into_iter()
-                .collect();
             let msg = Contribution {
                 id,
                 digest: self.view.digest,
-                overflowed: c.overflowed,
-                entries: c.entries.iter().map(|(r, b)| (*r, b.clone())).collect(),
-                excluded: if c.overflowed { Vec::new() } else { excluded },
+                overflowed: c.data.overflowed,
+                entries: c.data.entry_list(),
+                excluded: c
+                    .data
+                    .excluded_list(self.view.failed.iter().copied(), |_| true),
             };
             self.stats.sent += 1;
             return Some(Transmit {
@@ -509,22 +441,9 @@ impl Allgather {
         let is_child = self.view.is_child(from);
         let same_view = msg.digest == self.view.digest;
         let c = self.collectives.entry(id).or_default();
-        if msg.overflowed {
-            if !c.overflowed {
-                c.set_overflowed();
-            }
-        } else {
-            for (rank, bytes) in msg.entries {
-                if rank != me {
-                    c.add_entry(rank, bytes);
-                }
-            }
-            for rank in msg.excluded {
-                c.add_excluded(rank);
-            }
-        }
-        c.hear(from, msg.digest);
-        if c.check_overflow(id) {
+        c.data.merge(me, msg.overflowed, msg.entries, msg.excluded);
+        c.data.hear(from, msg.digest);
+        if c.data.check_overflow(&format_args!("allgather {id}")) {
             self.stats.overflowed += 1;
         }
         let mut want_sync = false;
@@ -588,7 +507,7 @@ impl Allgather {
             return;
         }
         c.result_emitted = true;
-        let result = if c.overflowed {
+        let result = if c.data.overflowed {
             AllgatherResult {
                 id,
                 overflowed: true,
@@ -596,7 +515,7 @@ impl Allgather {
             }
         } else {
             let excluded: Vec<Rank> = (0..self.view.size)
-                .filter(|r| !c.entries.contains_key(r))
+                .filter(|r| !c.data.entries.contains_key(r))
                 .collect();
             for r in &excluded {
                 if !self.view.failed.contains(r) {
@@ -606,7 +525,7 @@ impl Allgather {
             AllgatherResult {
                 id,
                 overflowed: false,
-                contributions: c.entries.iter().map(|(r, b)| (*r, b.clone())).collect(),
+                contributions: c.data.entry_list(),
                 excluded,
             }
         };

@@ -6,6 +6,9 @@
 //!   living tree has it.
 //! - [`allgather`]: every living daemon contributes bytes; rank 0 assembles them by rank, names
 //!   the ranks that failed before contributing, and the result is broadcast with xcast.
+//! - [`group`]: the same among the members of a group (a job's daemons), run only by the part
+//!   of the tree that holds members, with the result sent down that part; named by
+//!   [`members::GroupOp`].
 //! - [`wire`]: the byte layouts of every message, with decoders that return errors on any input.
 //!
 //! # Driving a core
@@ -38,6 +41,9 @@
 //! their state, because a kept child's subtree can only lose ranks in a repair (ranks move only
 //! into ancestor slots, never across to a sibling's subtree).
 pub mod allgather;
+mod gathering;
+pub mod group;
+pub mod members;
 mod view;
 pub mod wire;
 pub mod xcast;
@@ -46,8 +52,11 @@ pub mod xcast;
 mod testnet;
 
 pub use allgather::{Allgather, AllgatherError, AllgatherEvent, AllgatherStats};
+pub use group::{GroupContributeError, GroupEvent, GroupFailure, GroupGather, GroupStats};
+pub use members::{GroupError, GroupId, GroupOp};
 pub use wire::{
-    AllgatherMsg, AllgatherResult, Contribution, OP_HEADER_LEN, Op, Request, WireError, XcastMsg,
+    AllgatherMsg, AllgatherResult, Contribution, GroupData, GroupMsg, OP_HEADER_LEN, Op, Request,
+    WireError, XcastMsg,
 };
 pub use xcast::{Xcast, XcastError, XcastEvent, XcastLimits, XcastStats};
 

@@ -1,13 +1,16 @@
 //! A tiny deterministic network of daemons for the collectives' tests.
 //!
-//! Every daemon has a `RoutingState` and both cores. Frames are encoded with the real wire
+//! Every daemon has a `RoutingState` and the three cores (xcast, allgather, group). Frames are encoded with the real wire
 //! format and decoded on arrival; each directed link is FIFO; which link delivers next is chosen
 //! by a seeded xorshift. A crash removes a daemon and the frames addressed to it (and, unless
 //! `leak` is set, the frames it had in flight); every survivor then calls `fail` and hands the
 //! status to its cores, all at once (`Repairs::Atomic`) or each at a random later step
 //! (`Repairs::Staggered`, as when daemons learn of a failure at different times).
-use super::wire::{AllgatherMsg, AllgatherResult, XcastMsg};
-use super::{Allgather, AllgatherEvent, Xcast, XcastEvent, XcastLimits};
+use super::wire::{AllgatherMsg, AllgatherResult, GroupMsg, XcastMsg};
+use super::{
+    Allgather, AllgatherEvent, GroupEvent, GroupFailure, GroupGather, GroupOp, Xcast, XcastEvent,
+    XcastLimits,
+};
 use crate::Rank;
 use crate::routed::{RoutingState, Scope};
 use bytes::Bytes;
@@ -84,6 +87,7 @@ pub enum Repairs {
 pub enum Frame {
     X(Bytes),
     A(Bytes),
+    G(Bytes),
 }
 
 pub struct Node {
@@ -99,6 +103,11 @@ pub struct Node {
     /// (request, payload) of every successful `originate`.
     pub originated: Vec<(u64, Bytes)>,
     pub ag_done: Vec<AllgatherResult>,
+    pub group: GroupGather,
+    /// Group collectives ended here, in order.
+    pub group_done: Vec<(GroupOp, Result<AllgatherResult, GroupFailure>)>,
+    /// Group frames received.
+    pub group_frames: u64,
     /// Failures this daemon has not learnt yet (staggered repairs).
     pub pending_repairs: VecDeque<Vec<Rank>>,
 }
@@ -137,6 +146,9 @@ impl Sim {
                 Node {
                     xcast: Xcast::with_limits(&routing, limits),
                     ag: Allgather::new(&routing),
+                    group: GroupGather::new(&routing),
+                    group_done: Vec::new(),
+                    group_frames: 0,
                     routing,
                     alive: true,
                     delivered: Vec::new(),
@@ -246,6 +258,11 @@ impl Sim {
                 let msg = AllgatherMsg::decode(size, bytes).expect("allgather frame decodes");
                 node.ag.handle_msg(from, msg);
             }
+            Frame::G(bytes) => {
+                let msg = GroupMsg::decode(size, bytes).expect("group frame decodes");
+                node.group_frames += 1;
+                node.group.handle_msg(&node.routing, from, msg);
+            }
         }
         self.drain(to);
     }
@@ -334,6 +351,7 @@ impl Sim {
         let node = &mut self.nodes[me as usize];
         node.xcast.handle_link_up(peer);
         node.ag.handle_link_up(peer);
+        node.group.handle_link_up(peer);
         self.drain(me);
     }
 
@@ -342,6 +360,7 @@ impl Sim {
         let status = node.routing.fail(victims, Scope::Global, None).unwrap();
         node.xcast.handle_repair(&status);
         node.ag.handle_repair(&status);
+        node.group.handle_repair(&status);
         self.drain(r);
     }
 
@@ -373,6 +392,14 @@ impl Sim {
             while let Some(t) = node.ag.poll_transmit() {
                 progress = true;
                 self.inflight.push((r, t.to, Frame::A(t.msg.encode())));
+            }
+            while let Some(t) = node.group.poll_transmit(&node.routing) {
+                progress = true;
+                self.inflight.push((r, t.to, Frame::G(t.msg.encode())));
+            }
+            while let Some(GroupEvent::Done { op, result }) = node.group.poll_event() {
+                progress = true;
+                node.group_done.push((op, result));
             }
             while let Some(e) = node.xcast.poll_event() {
                 progress = true;

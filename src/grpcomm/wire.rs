@@ -16,6 +16,7 @@
 //! | 16 | allgather `Contribution` | `u64 id`, `u64 digest`, `u8 flags`, entries, excluded |
 //! | 17 | allgather `Sync` | `u64 digest` |
 //! | 18 | allgather result | `u64 id`, `u8 flags`, entries, excluded |
+//! | 32-34 | group collectives | see `wire/group.rs` |
 //!
 //! - entries: `u32 count`, then `count` x (`u32 rank`, `u32 len`, `len` bytes), ranks strictly
 //!   ascending;
@@ -217,7 +218,7 @@ pub(crate) fn entries_len(entries: &[(Rank, Bytes)], excluded: &[Rank]) -> usize
     8 + data + 8 * entries.len() + 4 * excluded.len()
 }
 
-fn put_entries(b: &mut BytesMut, entries: &[(Rank, Bytes)], excluded: &[Rank]) {
+pub(crate) fn put_entries(b: &mut BytesMut, entries: &[(Rank, Bytes)], excluded: &[Rank]) {
     // Counts above u32 cannot occur: the lists hold distinct ranks.
     b.put_u32(u32::try_from(entries.len()).unwrap_or(u32::MAX));
     for (rank, bytes) in entries {
@@ -545,6 +546,9 @@ impl Reader {
         }
     }
 }
+
+mod group;
+pub use group::{GROUP_KIND_MIN, GroupData, GroupMsg};
 
 #[cfg(test)]
 mod tests;

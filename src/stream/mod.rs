@@ -47,7 +47,7 @@
 //! chunk, request, service name and reason sizes: `limits::STREAM_*` (a larger one is an
 //! error at decoding, and the stream fails).
 
-mod digest;
+pub(crate) mod digest;
 mod incoming;
 mod outgoing;
 mod pool;

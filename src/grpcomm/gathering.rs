@@ -1,0 +1,127 @@
+//! What one daemon has gathered for one collective (the allgather's and the group
+//! collectives'): entries by rank, failed ranks without one, the senders heard and under which
+//! view, and the byte count that decides an overflow (`limits::ALLGATHER_MAX_BYTES`).
+use crate::Rank;
+use crate::limits::ALLGATHER_MAX_BYTES;
+use bytes::Bytes;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Accounted bytes of one entry beyond its data (rank and length on the wire).
+pub(crate) const ENTRY_OVERHEAD: usize = 8;
+/// Accounted bytes of one excluded rank.
+const EXCLUDED_OVERHEAD: usize = 4;
+/// Accounted bytes of one remembered sender.
+const HEARD_OVERHEAD: usize = 16;
+
+/// One collective's data at one daemon. Entries are idempotent: the first bytes seen for a
+/// rank are kept, later copies ignored.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Gathering {
+    pub entries: BTreeMap<Rank, Bytes>,
+    /// Failed ranks without an entry, as reported from below.
+    pub excluded: BTreeSet<Rank>,
+    /// Accounted bytes (see [`ALLGATHER_MAX_BYTES`]).
+    bytes: usize,
+    pub overflowed: bool,
+    /// The view digest of each sender's latest contribution.
+    pub heard: BTreeMap<Rank, u64>,
+}
+
+impl Gathering {
+    pub fn add_entry(&mut self, rank: Rank, bytes: Bytes) {
+        if self.overflowed || self.entries.contains_key(&rank) {
+            return;
+        }
+        self.bytes = self
+            .bytes
+            .saturating_add(bytes.len())
+            .saturating_add(ENTRY_OVERHEAD);
+        if self.excluded.remove(&rank) {
+            self.bytes = self.bytes.saturating_sub(EXCLUDED_OVERHEAD);
+        }
+        self.entries.insert(rank, bytes);
+    }
+
+    pub fn add_excluded(&mut self, rank: Rank) {
+        if self.overflowed || self.entries.contains_key(&rank) {
+            return;
+        }
+        if self.excluded.insert(rank) {
+            self.bytes = self.bytes.saturating_add(EXCLUDED_OVERHEAD);
+        }
+    }
+
+    /// Merges what a sender reported (its entries but `me`'s, its excluded ranks, or its
+    /// overflow).
+    pub fn merge(
+        &mut self,
+        me: Rank,
+        overflowed: bool,
+        entries: Vec<(Rank, Bytes)>,
+        excluded: Vec<Rank>,
+    ) {
+        if overflowed {
+            if !self.overflowed {
+                self.set_overflowed();
+            }
+            return;
+        }
+        for (rank, bytes) in entries {
+            if rank != me {
+                self.add_entry(rank, bytes);
+            }
+        }
+        for rank in excluded {
+            self.add_excluded(rank);
+        }
+    }
+
+    pub fn hear(&mut self, from: Rank, digest: u64) {
+        if self.heard.insert(from, digest).is_none() {
+            self.bytes = self.bytes.saturating_add(HEARD_OVERHEAD);
+        }
+    }
+
+    /// Drops the data once the collective overflowed; `true` if it just did. `what` names the
+    /// collective in the log.
+    pub fn check_overflow(&mut self, what: &dyn std::fmt::Display) -> bool {
+        if self.overflowed || self.bytes <= ALLGATHER_MAX_BYTES {
+            return false;
+        }
+        log::warn!("{what}: more than {ALLGATHER_MAX_BYTES} bytes; the collective fails");
+        self.set_overflowed();
+        true
+    }
+
+    fn set_overflowed(&mut self) {
+        self.overflowed = true;
+        self.entries.clear();
+        self.excluded.clear();
+        self.bytes = self.heard.len().saturating_mul(HEARD_OVERHEAD);
+    }
+
+    /// The entries, in rank order, for a message (shared bytes, no copy).
+    pub fn entry_list(&self) -> Vec<(Rank, Bytes)> {
+        self.entries.iter().map(|(r, b)| (*r, b.clone())).collect()
+    }
+
+    /// The ranks to report as excluded: those reported from below and the failed ranks
+    /// `failed` yields that are `relevant`, less those with an entry; none once overflowed.
+    pub fn excluded_list(
+        &self,
+        failed: impl Iterator<Item = Rank>,
+        relevant: impl Fn(Rank) -> bool,
+    ) -> Vec<Rank> {
+        if self.overflowed {
+            return Vec::new();
+        }
+        self.excluded
+            .iter()
+            .copied()
+            .chain(failed.filter(|r| relevant(*r)))
+            .filter(|r| !self.entries.contains_key(r))
+            .collect::<BTreeSet<Rank>>()
+            .into_iter()
+            .collect()
+    }
+}

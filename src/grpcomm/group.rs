@@ -1,0 +1,772 @@
+//! Group collectives, sans-IO: an allgather among the members of a group (a job's daemons),
+//! with barrier and broadcast on top; one [`GroupGather`] per daemon (issue "Jobs").
+//!
+//! # The protocol
+//! - A collective is named by its [`GroupOp`] (see [`super::members`]): every member calls the
+//!   group's collectives in the same order and numbers them alike, so no id is agreed out of
+//!   band. Every living member calls [`GroupGather::contribute`] once per collective.
+//! - The collective runs in the part of the tree that holds members, rooted at rank 0: a daemon
+//!   takes part only when its subtree (in its current view) holds a living member. Such a
+//!   daemon is *interested* in the children whose subtrees hold living members, and sends its
+//!   parent a `Contribution` (its subtree's entries) once it has its own (members only) and a
+//!   complete one from every interested child. Complete means, as for the DVM-wide allgather,
+//!   made by a current child under the receiver's view digest. A relay that is no member
+//!   forwards and merges; a daemon with no member below it never hears of the collective.
+//! - Rank 0, complete, builds the result (entries by rank; members without one are excluded:
+//!   they failed before their contribution reached the tree) and sends it down as `Result`
+//!   messages to its interested children; each daemon that gets it delivers it (members) and
+//!   forwards it to its own interested children. Only members and their ancestors see it.
+//!
+//! # Repairs and lost messages
+//! - Upwards it is the allgather's scheme: a daemon whose parent changed, or that was promoted,
+//!   re-sends its unfinished contributions; kept children stay complete (their subtrees only
+//!   shrink); a contribution under another view is merged but not counted and answered with a
+//!   `Sync`. Dead members stop being waited for once the repair is known.
+//! - Downwards results are pulled: a contribution for a collective the receiver has already
+//!   finished is answered with the result from its cache of recent results
+//!   ([`crate::limits::GROUP_RESULTS_CACHED_MAX`],
+//!   [`crate::limits::GROUP_RESULTS_CACHED_BYTES`]). A member cut off from the result by a
+//!   relay's death re-sends its contribution to its new parent (its parent changed), which
+//!   either has the result or passes the contribution on towards one that has. A result
+//!   evicted from every cache on the way is answered `lost`, and the member's collective ends
+//!   with [`GroupFailure::Lost`] instead of hanging.
+//! - A link that lost messages between two living daemons ([`GroupGather::handle_link_up`]):
+//!   towards the parent every unfinished contribution is sent again; towards a child a `Sync`
+//!   makes the child re-send its own, which pulls any result it missed.
+//!
+//! # Bounds
+//! [`crate::limits::GROUP_INFLIGHT_MAX`] own contributions without a result (`TooMany`);
+//! [`crate::limits::GROUP_TRACKED_MAX`] collectives with state (a contribution for one more is
+//! dropped and counted); `ALLGATHER_MAX_BYTES` gathered per collective (it overflows as the
+//! allgather does); [`crate::limits::GROUP_FINISHED_MEMORY`] finished collectives remembered.
+use super::Transmit;
+use super::gathering::{ENTRY_OVERHEAD, Gathering};
+use super::members::GroupOp;
+use super::view::TreeView;
+use super::wire::{AllgatherResult, GroupData, GroupMsg};
+use crate::Rank;
+use crate::limits::{
+    ALLGATHER_MAX_BYTES, GROUP_FINISHED_MEMORY, GROUP_INFLIGHT_MAX, GROUP_RESULTS_CACHED_BYTES,
+    GROUP_RESULTS_CACHED_MAX, GROUP_TRACKED_MAX, GRPCOMM_PENDING_SYNCS_MAX,
+};
+use crate::routed::{RecoveryStatus, Route, RoutingState};
+use bytes::Bytes;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+#[cfg(test)]
+mod tests;
+
+/// Why a group collective ended without a result at a member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupFailure {
+    /// The result was forgotten by every daemon this member's late contribution reached (see
+    /// the module documentation: only after results were evicted from the bounded caches).
+    Lost,
+}
+
+/// What a daemon's group core tells its application.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupEvent {
+    /// Collective `op` ended at this member. The result's `id` is `op.seq`.
+    Done {
+        op: GroupOp,
+        result: Result<AllgatherResult, GroupFailure>,
+    },
+}
+
+/// Why [`GroupGather::contribute`] refused. Nothing was recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupContributeError {
+    /// This daemon is not a member of the group.
+    NotMember,
+    /// A member is not a rank of this DVM.
+    RankOutOfRange(Rank),
+    /// This daemon already contributed to this collective.
+    AlreadyContributed,
+    /// The collective has already finished here.
+    Finished,
+    /// The contribution alone exceeds `ALLGATHER_MAX_BYTES` (with its 8 bytes of overhead).
+    TooLarge { len: usize, max: usize },
+    /// [`GROUP_INFLIGHT_MAX`] (or [`GROUP_TRACKED_MAX`]) collectives are in flight here.
+    TooMany,
+    /// This daemon was declared failed.
+    Dead,
+}
+
+impl std::fmt::Display for GroupContributeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GroupContributeError::NotMember => write!(f, "this daemon is not a member"),
+            GroupContributeError::RankOutOfRange(r) => write!(f, "member {r} is not in the DVM"),
+            GroupContributeError::AlreadyContributed => write!(f, "already contributed"),
+            GroupContributeError::Finished => write!(f, "this collective has already finished"),
+            GroupContributeError::TooLarge { len, max } => {
+                write!(f, "contribution of {len} bytes is above {max}")
+            }
+            GroupContributeError::TooMany => write!(f, "too many group collectives in flight"),
+            GroupContributeError::Dead => write!(f, "this daemon was declared failed"),
+        }
+    }
+}
+
+impl std::error::Error for GroupContributeError {}
+
+/// Counters of one group core.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupStats {
+    /// Contributions sent to the parent (re-sends included).
+    pub sent: u64,
+    /// Contributions received.
+    pub received: u64,
+    /// Contributions received under another view (merged, not counted).
+    pub other_view: u64,
+    /// Contributions for a collective already finished here, answered from the cache.
+    pub answered_late: u64,
+    /// Contributions for a finished collective no longer cached, answered `lost`.
+    pub answered_lost: u64,
+    /// Contributions for a new collective dropped at [`GROUP_TRACKED_MAX`].
+    pub dropped_untracked: u64,
+    /// Collectives that overflowed `ALLGATHER_MAX_BYTES` here.
+    pub overflowed: u64,
+    /// Results received for a collective already finished here.
+    pub duplicate_results: u64,
+    /// Results sent to children (forwarded or answered).
+    pub results_sent: u64,
+}
+
+/// One collective at one daemon.
+#[derive(Debug, Clone, Default)]
+struct Pending {
+    /// This daemon is a member.
+    member: bool,
+    /// This daemon contributed (members only).
+    own: bool,
+    data: Gathering,
+    /// Current children whose contribution covers their subtree in this daemon's view.
+    complete: BTreeSet<Rank>,
+    /// (parent, digest) of the last send.
+    sent: Option<(Rank, u64)>,
+    /// The interested children, computed under the digest it is paired with.
+    interested: Option<(u64, Vec<Rank>)>,
+    /// Neighbours that told this daemon they hold the outcome (`Have`): as children they
+    /// count as complete.
+    have: BTreeSet<Rank>,
+}
+
+/// A result kept to answer late contributions.
+#[derive(Debug, Clone)]
+struct Cached {
+    op: GroupOp,
+    data: GroupData,
+    bytes: usize,
+}
+
+/// One daemon's group core. See the module documentation for the protocol and [`super`] for
+/// the poll order the driver must follow; every call that can decide something takes the
+/// daemon's [`RoutingState`], which must be the one whose repairs the core was given.
+#[derive(Debug, Clone)]
+pub struct GroupGather {
+    view: TreeView,
+    pending: BTreeMap<GroupOp, Pending>,
+    finished: VecDeque<(u128, u64)>,
+    finished_set: BTreeSet<(u128, u64)>,
+    cache: VecDeque<Cached>,
+    cache_bytes: usize,
+    /// Own contributions without a result.
+    local: usize,
+    /// `Sync` to send: (child, digest).
+    syncs: VecDeque<(Rank, u64)>,
+    /// The digest of the last `Sync` sent to each child.
+    synced: BTreeMap<Rank, u64>,
+    /// `Sync` offers not answered yet: (sender, digest).
+    pending_syncs: VecDeque<(Rank, u64)>,
+    /// Collectives that may have become ready (to send up, or at rank 0 to finish).
+    dirty: BTreeSet<GroupOp>,
+    out: VecDeque<Transmit<GroupMsg>>,
+    events: VecDeque<GroupEvent>,
+    stats: GroupStats,
+}
+
+impl GroupGather {
+    /// The core of daemon `routing.me()`, in the tree `routing` describes.
+    pub fn new(routing: &RoutingState) -> Self {
+        GroupGather {
+            view: TreeView::new(routing),
+            pending: BTreeMap::new(),
+            finished: VecDeque::new(),
+            finished_set: BTreeSet::new(),
+            cache: VecDeque::new(),
+            cache_bytes: 0,
+            local: 0,
+            syncs: VecDeque::new(),
+            synced: BTreeMap::new(),
+            pending_syncs: VecDeque::new(),
+            dirty: BTreeSet::new(),
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: GroupStats::default(),
+        }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &GroupStats {
+        &self.stats
+    }
+
+    /// Collectives this daemon keeps state for (members' and relays').
+    pub fn tracked(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Own contributions without a result.
+    pub fn in_flight(&self) -> usize {
+        self.local
+    }
+
+    /// Contribute `data` to `op` (this daemon must be a member). The outcome arrives as
+    /// [`GroupEvent::Done`]. Fails, recording nothing, with a [`GroupContributeError`].
+    pub fn contribute(&mut self, op: GroupOp, data: Bytes) -> Result<(), GroupContributeError> {
+        if self.view.dead {
+            return Err(GroupContributeError::Dead);
+        }
+        if op.group.max_rank() >= self.view.size {
+            return Err(GroupContributeError::RankOutOfRange(op.group.max_rank()));
+        }
+        if !op.group.contains(self.view.me) {
+            return Err(GroupContributeError::NotMember);
+        }
+        if self.finished_set.contains(&op.finished_key()) {
+            return Err(GroupContributeError::Finished);
+        }
+        if data.len().saturating_add(ENTRY_OVERHEAD) > ALLGATHER_MAX_BYTES {
+            return Err(GroupContributeError::TooLarge {
+                len: data.len(),
+                max: ALLGATHER_MAX_BYTES - ENTRY_OVERHEAD,
+            });
+        }
+        match self.pending.get(&op) {
+            Some(p) if p.own => return Err(GroupContributeError::AlreadyContributed),
+            Some(_) => {}
+            None if self.pending.len() >= GROUP_TRACKED_MAX => {
+                return Err(GroupContributeError::TooMany);
+            }
+            None => {}
+        }
+        if self.local >= GROUP_INFLIGHT_MAX {
+            return Err(GroupContributeError::TooMany);
+        }
+        let me = self.view.me;
+        let p = self.pending.entry(op.clone()).or_default();
+        p.member = true;
+        p.own = true;
+        p.data.add_entry(me, data);
+        if p.data.check_overflow(&Named(&op)) {
+            self.stats.overflowed += 1;
+        }
+        self.local += 1;
+        self.dirty.insert(op);
+        Ok(())
+    }
+
+    /// A message from tree neighbour `from`.
+    pub fn handle_msg(&mut self, routing: &RoutingState, from: Rank, msg: GroupMsg) {
+        if self.view.dead {
+            return;
+        }
+        match msg {
+            GroupMsg::Contribution { op, digest, data } => {
+                self.on_contribution(from, op, digest, data)
+            }
+            GroupMsg::Result { op, lost, data } => {
+                if self.finished_set.contains(&op.finished_key()) {
+                    self.stats.duplicate_results += 1;
+                } else {
+                    self.finish(routing, op, lost, data);
+                }
+            }
+            // Unlike the allgather's, answered at once under any view (it pulls outcomes,
+            // which a finished parent answers whatever the view), and answered again when this
+            // daemon reaches the sender's view (for an unfinished parent, which counts only a
+            // contribution made under its own view).
+            GroupMsg::Sync { digest } => {
+                let parent = Some(from) == self.view.parent;
+                if parent {
+                    self.answer_sync();
+                }
+                if !parent || digest != self.view.digest {
+                    self.remember_sync(from, digest);
+                }
+            }
+            GroupMsg::Have { op } => self.on_have(from, op),
+        }
+    }
+
+    /// Follow a repair of this daemon's routing state (every status, in order). Gone children
+    /// stop counting, new ones must contribute again under the new view, a daemon whose parent
+    /// changed (or that was promoted) re-sends; a dead daemon drops its state.
+    pub fn handle_repair(&mut self, status: &RecoveryStatus) {
+        let change = self.view.apply(status);
+        if change.died {
+            log::warn!(
+                "group collectives: this daemon ({}) was declared failed",
+                self.view.me
+            );
+            self.pending.clear();
+            self.syncs.clear();
+            self.pending_syncs.clear();
+            self.dirty.clear();
+            self.out.clear();
+            self.events.clear();
+            self.local = 0;
+            return;
+        }
+        if self.view.dead {
+            return;
+        }
+        let view = &self.view;
+        let digest = view.digest;
+        let mut wanted: BTreeSet<Rank> = BTreeSet::new();
+        for (op, p) in self.pending.iter_mut() {
+            p.complete
+                .retain(|r| view.is_child(*r) && !change.new_children.contains(r));
+            for &child in &view.children {
+                match p.data.heard.get(&child) {
+                    Some(&d) if d == digest => {
+                        p.complete.insert(child);
+                    }
+                    Some(_) if !p.complete.contains(&child) => {
+                        wanted.insert(child);
+                    }
+                    _ => {}
+                }
+            }
+            p.data.heard.retain(|r, _| !view.failed.contains(r));
+            if change.new_upstream {
+                p.sent = None;
+            }
+            self.dirty.insert(op.clone());
+        }
+        if change.new_upstream {
+            self.announce_results();
+        }
+        // A new child may have sent its contribution while this daemon still saw another
+        // tree, and this daemon may have finished since without sending it the outcome: the
+        // `Sync` makes it send again, and a finished collective is answered from the cache.
+        wanted.extend(change.new_children.iter().copied());
+        for child in wanted {
+            self.queue_sync(child);
+        }
+        let view = &self.view;
+        self.synced.retain(|r, _| view.is_child(*r));
+        self.syncs.retain(|(r, _)| view.is_child(*r));
+        self.pending_syncs.retain(|(r, _)| !view.failed.contains(r));
+        if let Some(parent) = self.view.parent
+            && self.pending_syncs.iter().any(|&(r, _)| r == parent)
+        {
+            self.pending_syncs
+                .retain(|&(r, d)| r != parent || d != digest);
+            self.answer_sync();
+        }
+    }
+
+    /// The link with neighbour `peer` may have lost messages although `peer` lives: towards the
+    /// parent every unfinished contribution goes again; towards a child a `Sync` makes it
+    /// re-send its own, which pulls any result it missed.
+    pub fn handle_link_up(&mut self, peer: Rank) {
+        if self.view.dead {
+            return;
+        }
+        if Some(peer) == self.view.parent {
+            for (op, p) in self.pending.iter_mut() {
+                if p.sent.is_some_and(|(to, _)| to == peer) {
+                    p.sent = None;
+                    self.dirty.insert(op.clone());
+                }
+            }
+            self.announce_results();
+        }
+        if self.view.is_child(peer) {
+            self.synced.remove(&peer);
+            self.queue_sync(peer);
+        }
+    }
+
+    /// The next message to send, or `None`. Drain it after every input (see [`super`]).
+    pub fn poll_transmit(&mut self, routing: &RoutingState) -> Option<Transmit<GroupMsg>> {
+        if self.view.dead {
+            return None;
+        }
+        loop {
+            if let Some(t) = self.out.pop_front() {
+                return Some(t);
+            }
+            while let Some((to, digest)) = self.syncs.pop_front() {
+                if self.view.is_child(to) {
+                    return Some(Transmit {
+                        to,
+                        msg: GroupMsg::Sync { digest },
+                    });
+                }
+            }
+            let op = self.dirty.pop_first()?;
+            self.evaluate(routing, op);
+        }
+    }
+
+    /// The next event, or `None`.
+    pub fn poll_event(&mut self) -> Option<GroupEvent> {
+        if self.view.dead {
+            return None;
+        }
+        self.events.pop_front()
+    }
+
+    /// What this daemon holds of `op`, for a failing test's message.
+    #[cfg(test)]
+    pub(crate) fn describe(&self, op: &GroupOp) -> String {
+        let finished = self.finished_set.contains(&op.finished_key());
+        match self.pending.get(op) {
+            Some(p) => format!(
+                "pending member={} own={} complete={:?} have={:?} sent={:?} interested={:?} \
+                 parent={:?} children={:?} digest={}",
+                p.member,
+                p.own,
+                p.complete,
+                p.have,
+                p.sent,
+                p.interested,
+                self.view.parent,
+                self.view.children,
+                self.view.digest
+            ),
+            None => format!("finished={finished} parent={:?}", self.view.parent),
+        }
+    }
+
+    // ----- internals -------------------------------------------------------------------------
+
+    fn on_contribution(&mut self, from: Rank, op: GroupOp, digest: u64, data: GroupData) {
+        self.stats.received += 1;
+        if self.finished_set.contains(&op.finished_key()) {
+            self.answer_late(from, &op);
+            return;
+        }
+        if !self.pending.contains_key(&op) && self.pending.len() >= GROUP_TRACKED_MAX {
+            self.stats.dropped_untracked += 1;
+            log::warn!(
+                "group collectives: too many in flight; dropped a contribution to {}",
+                Named(&op)
+            );
+            return;
+        }
+        let me = self.view.me;
+        let is_child = self.view.is_child(from);
+        let same_view = digest == self.view.digest;
+        let member = op.group.contains(me);
+        let p = self.pending.entry(op.clone()).or_default();
+        p.member = member;
+        p.data
+            .merge(me, data.overflowed, data.entries, data.excluded);
+        p.data.hear(from, digest);
+        if p.data.check_overflow(&Named(&op)) {
+            self.stats.overflowed += 1;
+        }
+        let mut want_sync = false;
+        if is_child {
+            if same_view {
+                p.complete.insert(from);
+            } else if !p.complete.contains(&from) {
+                want_sync = true;
+            }
+        }
+        if !same_view {
+            self.stats.other_view += 1;
+        }
+        if want_sync {
+            self.queue_sync(from);
+        }
+        self.dirty.insert(op);
+    }
+
+    /// A neighbour holds the outcome of `op`. A daemon that has not finished `op` stops
+    /// waiting for it (the state is opened if need be: what this daemon then sends up is
+    /// answered with the result by the first daemon on the way that has it).
+    fn on_have(&mut self, from: Rank, op: GroupOp) {
+        if self.finished_set.contains(&op.finished_key()) {
+            return;
+        }
+        if !self.pending.contains_key(&op) && self.pending.len() >= GROUP_TRACKED_MAX {
+            self.stats.dropped_untracked += 1;
+            return;
+        }
+        let member = op.group.contains(self.view.me);
+        let p = self.pending.entry(op.clone()).or_default();
+        p.member = member;
+        p.have.insert(from);
+        self.dirty.insert(op);
+    }
+
+    /// Tell the parent which outcomes this daemon holds (after its parent changed, or the
+    /// link with it lost messages): a new parent that has not finished one of them must not
+    /// wait for this subtree. Only the cached ones: older collectives are long over.
+    fn announce_results(&mut self) {
+        let Some(parent) = self.view.parent else {
+            return;
+        };
+        for c in &self.cache {
+            self.out.push_back(Transmit {
+                to: parent,
+                msg: GroupMsg::Have { op: c.op.clone() },
+            });
+        }
+    }
+
+    /// A contribution for a collective finished here: the cached result, or `lost`.
+    fn answer_late(&mut self, to: Rank, op: &GroupOp) {
+        let msg = match self.cache.iter().find(|c| &c.op == op) {
+            Some(c) => {
+                self.stats.answered_late += 1;
+                GroupMsg::Result {
+                    op: op.clone(),
+                    lost: false,
+                    data: c.data.clone(),
+                }
+            }
+            None => {
+                self.stats.answered_lost += 1;
+                log::warn!(
+                    "group collectives: {} finished and its result is no longer cached; \
+                     answered rank {to} that it is lost",
+                    Named(op)
+                );
+                GroupMsg::Result {
+                    op: op.clone(),
+                    lost: true,
+                    data: GroupData::default(),
+                }
+            }
+        };
+        self.stats.results_sent += 1;
+        self.out.push_back(Transmit { to, msg });
+    }
+
+    /// Decide what `op` can do now: send its contribution up, or at rank 0 finish.
+    fn evaluate(&mut self, routing: &RoutingState, op: GroupOp) {
+        let digest = self.view.digest;
+        let me = self.view.me;
+        let parent = self.view.parent;
+        let failed = &self.view.failed;
+        let Some(p) = self.pending.get_mut(&op) else {
+            return;
+        };
+        if p.member && !p.own {
+            return;
+        }
+        if p.interested.as_ref().is_none_or(|(d, _)| *d != digest) {
+            p.interested = Some((digest, interested(routing, &op)));
+        }
+        let ready = p.interested.as_ref().is_some_and(|(_, kids)| {
+            kids.iter()
+                .all(|c| p.complete.contains(c) || p.have.contains(c))
+        });
+        if !ready {
+            return;
+        }
+        if me == 0 {
+            let data = if p.data.overflowed {
+                GroupData {
+                    overflowed: true,
+                    ..GroupData::default()
+                }
+            } else {
+                let excluded: Vec<Rank> = op
+                    .group
+                    .members()
+                    .iter()
+                    .copied()
+                    .filter(|r| !p.data.entries.contains_key(r))
+                    .collect();
+                for r in &excluded {
+                    if !failed.contains(r) {
+                        log::error!(
+                            "{}: member {r} is living but did not contribute",
+                            Named(&op)
+                        );
+                    }
+                }
+                GroupData {
+                    overflowed: false,
+                    entries: p.data.entry_list(),
+                    excluded,
+                }
+            };
+            self.finish(routing, op, false, data);
+            return;
+        }
+        let Some(parent) = parent else {
+            return;
+        };
+        if p.sent.map(|(to, _)| to) == Some(parent) {
+            return;
+        }
+        p.sent = Some((parent, digest));
+        let group = op.group.clone();
+        let data = GroupData {
+            overflowed: p.data.overflowed,
+            entries: p.data.entry_list(),
+            excluded: p
+                .data
+                .excluded_list(failed.iter().copied(), |r| group.contains(r)),
+        };
+        self.stats.sent += 1;
+        self.out.push_back(Transmit {
+            to: parent,
+            msg: GroupMsg::Contribution { op, digest, data },
+        });
+    }
+
+    /// The outcome of `op` is known here: deliver it (an own contribution), send it to the
+    /// interested children, keep it for late contributions.
+    fn finish(&mut self, routing: &RoutingState, op: GroupOp, lost: bool, data: GroupData) {
+        // The interested children, and every current child that sent a contribution (a relay
+        // whose members below died since keeps state until the outcome reaches it).
+        let mut recipients = interested(routing, &op);
+        let removed = self.pending.remove(&op);
+        if let Some(p) = &removed {
+            recipients.extend(p.data.heard.keys().filter(|r| self.view.is_child(**r)));
+            recipients.sort_unstable();
+            recipients.dedup();
+        }
+        if let Some(p) = removed
+            && p.own
+        {
+            self.local = self.local.saturating_sub(1);
+            let result = if lost {
+                Err(GroupFailure::Lost)
+            } else {
+                Ok(AllgatherResult {
+                    id: op.seq,
+                    overflowed: data.overflowed,
+                    contributions: data.entries.clone(),
+                    excluded: data.excluded.clone(),
+                })
+            };
+            self.events.push_back(GroupEvent::Done {
+                op: op.clone(),
+                result,
+            });
+        }
+        self.dirty.remove(&op);
+        let key = op.finished_key();
+        if self.finished.len() >= GROUP_FINISHED_MEMORY
+            && let Some(old) = self.finished.pop_front()
+        {
+            self.finished_set.remove(&old);
+        }
+        self.finished.push_back(key);
+        self.finished_set.insert(key);
+        for child in recipients {
+            self.stats.results_sent += 1;
+            self.out.push_back(Transmit {
+                to: child,
+                msg: GroupMsg::Result {
+                    op: op.clone(),
+                    lost,
+                    data: data.clone(),
+                },
+            });
+        }
+        if !lost {
+            self.remember_result(op, data);
+        }
+    }
+
+    fn remember_result(&mut self, op: GroupOp, data: GroupData) {
+        let bytes = data
+            .entries
+            .iter()
+            .map(|(_, b)| b.len() + ENTRY_OVERHEAD)
+            .sum::<usize>()
+            + 4 * data.excluded.len()
+            + 4 * op.group.members().len();
+        if bytes > GROUP_RESULTS_CACHED_BYTES {
+            return;
+        }
+        while self.cache.len() >= GROUP_RESULTS_CACHED_MAX
+            || self.cache_bytes + bytes > GROUP_RESULTS_CACHED_BYTES
+        {
+            let Some(old) = self.cache.pop_front() else {
+                break;
+            };
+            self.cache_bytes -= old.bytes;
+        }
+        self.cache_bytes += bytes;
+        self.cache.push_back(Cached { op, data, bytes });
+    }
+
+    /// Ask `child` to re-send under this daemon's view (once per view).
+    fn queue_sync(&mut self, child: Rank) {
+        let digest = self.view.digest;
+        if self.synced.get(&child) != Some(&digest) {
+            self.synced.insert(child, digest);
+            self.syncs.push_back((child, digest));
+        }
+    }
+
+    /// Re-send every unfinished contribution (entries are idempotent), and say which outcomes
+    /// this daemon holds (one may have reached it from its former parent after its parent
+    /// changed).
+    fn answer_sync(&mut self) {
+        for (op, p) in self.pending.iter_mut() {
+            p.sent = None;
+            self.dirty.insert(op.clone());
+        }
+        self.announce_results();
+    }
+
+    fn remember_sync(&mut self, from: Rank, digest: u64) {
+        self.pending_syncs
+            .retain(|&(r, d)| (r, d) != (from, digest));
+        if self.pending_syncs.len() >= GRPCOMM_PENDING_SYNCS_MAX
+            && let Some((old, _)) = self.pending_syncs.pop_front()
+        {
+            log::warn!("group collectives: forgot the Sync offer of rank {old} (too many pending)");
+        }
+        self.pending_syncs.push_back((from, digest));
+    }
+}
+
+/// The children of `routing.me()` whose subtrees hold a living member of `op`'s group,
+/// ascending.
+fn interested(routing: &RoutingState, op: &GroupOp) -> Vec<Rank> {
+    let mut kids: Vec<Rank> = op
+        .group
+        .members()
+        .iter()
+        .filter_map(|&m| match routing.route(m) {
+            Route::Child(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    kids.sort_unstable();
+    kids.dedup();
+    kids
+}
+
+/// A collective's name for the log.
+struct Named<'a>(&'a GroupOp);
+
+impl std::fmt::Display for Named<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = self.0.group.members();
+        write!(
+            f,
+            "group collective {} of context {} ({} members, {}..={})",
+            self.0.seq,
+            self.0.group.context(),
+            m.len(),
+            m.first().copied().unwrap_or(0),
+            m.last().copied().unwrap_or(0)
+        )
+    }
+}
