@@ -500,6 +500,16 @@ typedef struct {
   // Streams open now: produced here, and fetched here.
   uint64_t stream_producing;
   uint64_t stream_consuming;
+  // Group collectives: contributions sent up and received, results sent down (passed on
+  // or answered), late contributions answered, contributions dropped at the tracked bound,
+  // results delivered here, collectives with state here (`tbon_group_*`).
+  uint64_t group_sent;
+  uint64_t group_received;
+  uint64_t group_results_sent;
+  uint64_t group_answered_late;
+  uint64_t group_dropped_untracked;
+  uint64_t group_results;
+  uint64_t group_tracked;
 } tbon_counters;
 
 // A status gathered from a DVM (0 is never a valid handle). Free it with `tbon_status_free`.

@@ -128,6 +128,21 @@ pub struct Counters {
     pub allgather_results: u64,
     /// Collectives this daemon keeps state for.
     pub allgather_tracked: u64,
+    /// Group collective contributions sent to the parent (re-sends included).
+    pub group_sent: u64,
+    /// Group collective contributions received from children.
+    pub group_received: u64,
+    /// Group collective results sent to children (passed down or answered).
+    pub group_results_sent: u64,
+    /// Group contributions that arrived after the collective finished here (answered from
+    /// the cache of recent results, or "lost").
+    pub group_answered_late: u64,
+    /// Group contributions dropped because too many group collectives had state here.
+    pub group_dropped_untracked: u64,
+    /// Group collective results delivered here (this daemon a member).
+    pub group_results: u64,
+    /// Group collectives this daemon keeps state for (its own and those it relays).
+    pub group_tracked: u64,
     /// Times a link's collective messages were re-stated: a tree neighbour's connection came
     /// back, or messages for it were dropped at its full queue.
     pub grpcomm_resyncs: u64,

@@ -44,6 +44,13 @@ pub enum SendError {
     /// API misuse: this daemon already used this collective id (it contributed to it, or its
     /// result arrived). Collective ids must never be reused.
     DuplicateId(u64),
+    /// API misuse: this daemon (the rank given) is not a member of the group it called a group
+    /// collective on.
+    NotMember(Rank),
+    /// A group collective ended without its result: the result was forgotten by every daemon
+    /// this member's late contribution reached (after a repair, beyond the bounded caches of
+    /// recent results, `limits::GROUP_RESULTS_CACHED_MAX`). The other members may have it.
+    ResultLost,
 }
 
 impl fmt::Display for SendError {
@@ -88,6 +95,14 @@ impl fmt::Display for SendError {
                     "collective id {id} was already used on this daemon (ids must not be reused)"
                 )
             }
+            SendError::NotMember(r) => {
+                write!(f, "rank {r} is not a member of the group")
+            }
+            SendError::ResultLost => write!(
+                f,
+                "the group collective's result was lost after a repair (no daemon on the way \
+                 still held it)"
+            ),
         }
     }
 }
@@ -118,6 +133,8 @@ pub enum Limit {
     OutstandingBroadcasts,
     /// Collectives in flight on this daemon.
     CollectivesInFlight,
+    /// Group collectives in flight on this daemon ([`crate::limits::GROUP_INFLIGHT_MAX`]).
+    GroupCollectivesInFlight,
     /// A [`crate::Batch`] holds [`crate::limits::SEND_BATCH_MAX`] messages.
     Batch,
     /// Services one daemon serves ([`crate::limits::STREAM_SERVICES_MAX`]).
@@ -145,6 +162,7 @@ impl fmt::Display for Limit {
             Limit::BroadcastWindow => "rank 0's broadcast window",
             Limit::OutstandingBroadcasts => "this daemon's outstanding broadcasts",
             Limit::CollectivesInFlight => "the collectives in flight",
+            Limit::GroupCollectivesInFlight => "the group collectives in flight",
             Limit::Batch => "the batch",
             Limit::ServiceTable => "the service table",
             Limit::StreamTable => "the stream table",

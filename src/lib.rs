@@ -106,12 +106,12 @@ pub use direct::{Route, RouteSetting};
 pub use driver::key::{Key, KeyError};
 pub use driver::launch;
 pub use driver::{
-    Batch, Daemon, FAIL_ABANDONED, FAIL_RESERVED_MIN, FetchOptions, Handle, Outgoing,
+    Batch, Daemon, FAIL_ABANDONED, FAIL_RESERVED_MIN, FetchOptions, Group, Handle, Outgoing,
     ServiceHandler, StopReason, Stream, StreamItem, StreamReader, StreamRequest, StreamWriter,
     Subscription, start,
 };
 pub use error::{Limit, RecvError, RegisterError, SendError, StartError};
-pub use grpcomm::AllgatherResult;
+pub use grpcomm::{AllgatherResult, GroupError};
 pub use node::contacts::ContactsSetting;
 pub use node::{FAIL_NO_ROOM, FAIL_NO_SERVICE};
 pub use rml::{Message, Peer, RecvMode, Tag};

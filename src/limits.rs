@@ -408,8 +408,9 @@ pub const GROUP_MEMBERS_MAX: usize = 1 << 20;
 /// before it takes its number in the group's sequence, so the caller offers it again later.
 pub const GROUP_INFLIGHT_MAX: usize = 256;
 
-/// Group collectives a daemon keeps state for, its own and those it relays for members below
-/// it. At the bound a contribution for one more is dropped, logged and counted
+/// Group collectives a daemon keeps state for beyond its own ([`GROUP_INFLIGHT_MAX`]): those it
+/// relays for members below it (or that a child opened before this member's own call). At the
+/// bound a contribution for one more is dropped, logged and counted
 /// (`GroupStats::dropped_untracked`): that collective cannot complete. Four times
 /// [`GROUP_INFLIGHT_MAX`]: a relay serves the members of several jobs at once.
 pub const GROUP_TRACKED_MAX: usize = 4 * GROUP_INFLIGHT_MAX;

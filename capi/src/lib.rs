@@ -466,6 +466,16 @@ pub struct tbon_counters {
     /// Streams open now: produced here, and fetched here.
     pub stream_producing: u64,
     pub stream_consuming: u64,
+    /// Group collectives: contributions sent up and received, results sent down (passed on
+    /// or answered), late contributions answered, contributions dropped at the tracked bound,
+    /// results delivered here, collectives with state here (`tbon_group_*`).
+    pub group_sent: u64,
+    pub group_received: u64,
+    pub group_results_sent: u64,
+    pub group_answered_late: u64,
+    pub group_dropped_untracked: u64,
+    pub group_results: u64,
+    pub group_tracked: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -567,6 +577,13 @@ impl From<&Counters> for tbon_counters {
             stream_bytes_received: c.streams.bytes_received,
             stream_producing: c.streams.producing,
             stream_consuming: c.streams.consuming,
+            group_sent: c.group_sent,
+            group_received: c.group_received,
+            group_results_sent: c.group_results_sent,
+            group_answered_late: c.group_answered_late,
+            group_dropped_untracked: c.group_dropped_untracked,
+            group_results: c.group_results,
+            group_tracked: c.group_tracked,
         }
     }
 }

@@ -91,6 +91,12 @@ pub(crate) enum Caddy {
         data: Bytes,
         done: AllgatherCompletion,
     },
+    /// This daemon's contribution to group collective `op` (its number already taken).
+    Group {
+        op: crate::grpcomm::GroupOp,
+        data: Bytes,
+        done: AllgatherCompletion,
+    },
     /// `post` is the id `Handle` gave this post (unique per daemon, see `Shared::posted`).
     Recv {
         peer: Peer,

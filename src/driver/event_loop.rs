@@ -79,6 +79,9 @@ pub(crate) struct EventLoop {
     now: Instant,
     /// Completions of this daemon's collectives by id (the node bounds how many are in flight).
     ag_done: FxHashMap<u64, AllgatherCompletion>,
+    /// Group collectives by the token the node reports them with.
+    group_done: FxHashMap<u64, AllgatherCompletion>,
+    group_next_token: u64,
     fault_handlers: Vec<FaultHandler>,
     timers: Timers,
     /// Deadlines of the `TimerKind::Node` timers armed and not yet fired. A new one is armed
@@ -170,6 +173,8 @@ impl EventLoop {
             completions: Slab::new(),
             now: Instant::now(),
             ag_done: FxHashMap::default(),
+            group_done: FxHashMap::default(),
+            group_next_token: 0,
             fault_handlers: Vec::new(),
             timers: Timers::default(),
             node_timers: BTreeSet::new(),
@@ -353,7 +358,9 @@ impl EventLoop {
                         }
                     }
                 }
-                o @ (Output::SendDone { .. } | Output::AllgatherDone { .. }) => self.complete(o),
+                o @ (Output::SendDone { .. }
+                | Output::AllgatherDone { .. }
+                | Output::GroupDone { .. }) => self.complete(o),
                 Output::Repaired(status) => {
                     let mut handlers = std::mem::take(&mut self.fault_handlers);
                     for h in handlers.iter_mut() {
@@ -396,6 +403,11 @@ impl EventLoop {
             }
             Output::AllgatherDone { id, result } => {
                 if let Some(done) = self.ag_done.remove(&id) {
+                    done(result);
+                }
+            }
+            Output::GroupDone { token, result } => {
+                if let Some(done) = self.group_done.remove(&token) {
                     done(result);
                 }
             }
@@ -617,6 +629,19 @@ impl EventLoop {
                     Err(e) => done(Err(e)),
                 }
             }
+            Caddy::Group { op, data, done } => {
+                let token = self.group_next_token;
+                self.group_next_token += 1;
+                match self
+                    .node
+                    .handle_command(self.now, Command::GroupGather { op, data, token })
+                {
+                    Ok(()) => {
+                        self.group_done.insert(token, done);
+                    }
+                    Err(e) => done(Err(e)),
+                }
+            }
             Caddy::Recv {
                 peer,
                 tag,
@@ -700,7 +725,9 @@ impl EventLoop {
             | Caddy::SendReliable { done, .. }
             | Caddy::Broadcast { done, .. } => complete(done, Err(SendError::ShutDown)),
             Caddy::SendBatch { .. } => {}
-            Caddy::Allgather { done, .. } => done(Err(SendError::ShutDown)),
+            Caddy::Allgather { done, .. } | Caddy::Group { done, .. } => {
+                done(Err(SendError::ShutDown))
+            }
             Caddy::Recv {
                 peer, tag, post, ..
             } => self.shared.unpost(peer, tag, post),
@@ -897,6 +924,13 @@ impl EventLoop {
         ids.sort_unstable();
         for id in ids {
             if let Some(done) = self.ag_done.remove(&id) {
+                done(Err(SendError::ShutDown));
+            }
+        }
+        let mut tokens: Vec<u64> = self.group_done.keys().copied().collect();
+        tokens.sort_unstable();
+        for t in tokens {
+            if let Some(done) = self.group_done.remove(&t) {
                 done(Err(SendError::ShutDown));
             }
         }

@@ -65,6 +65,9 @@ pub(crate) struct Shared {
     /// `Busy` here, so that the loop never drops one the caller was told was sent.
     pub prewire_taken: AtomicUsize,
     pub prewire_max: usize,
+    /// Group collectives called on this daemon and not yet ended (`GROUP_INFLIGHT_MAX`):
+    /// checked when a call is made, before the call takes its number in its group.
+    pub group_inflight: AtomicUsize,
 }
 
 impl std::fmt::Debug for Shared {
@@ -907,7 +910,7 @@ impl Handle {
     }
 
     /// `Busy` on the loop thread: a blocking call there would wait for its own thread.
-    fn not_on_loop_thread(&self) -> Result<(), SendError> {
+    pub(crate) fn not_on_loop_thread(&self) -> Result<(), SendError> {
         if self.shared.on_loop_thread() {
             return Err(SendError::Busy(crate::error::Limit::LoopThread));
         }
@@ -1016,7 +1019,7 @@ impl Drop for Daemon {
     }
 }
 
-fn wait_result(
+pub(crate) fn wait_result(
     rx: &crossbeam_channel::Receiver<Result<AllgatherResult, SendError>>,
     timeout: Duration,
 ) -> Result<AllgatherResult, SendError> {

@@ -11,6 +11,7 @@ mod caddy;
 mod conn;
 mod event_loop;
 mod gate;
+mod group;
 mod handle;
 pub mod key;
 pub mod launch;
@@ -28,6 +29,7 @@ pub mod uri_file;
 
 pub use batch::{Batch, Outgoing};
 pub use caddy::{AllgatherCompletion, Completion, RecvCallback};
+pub use group::Group;
 pub use handle::{Daemon, Handle, StopReason};
 pub use serve::{FetchOptions, ServiceHandler, StreamRequest};
 pub use stream_reader::{Stream, StreamItem, StreamReader};
@@ -118,6 +120,7 @@ pub fn start(
         wired: AtomicBool::new(false),
         prewire_taken: AtomicUsize::new(0),
         prewire_max: config.prewire_queue_max,
+        group_inflight: AtomicUsize::new(0),
     });
     let incarnation = incarnation();
     let node = Node::new(NodeConfig {

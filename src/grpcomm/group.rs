@@ -35,9 +35,9 @@
 //!   makes the child re-send its own, which pulls any result it missed.
 //!
 //! # Bounds
-//! [`crate::limits::GROUP_INFLIGHT_MAX`] own contributions without a result (`TooMany`);
-//! [`crate::limits::GROUP_TRACKED_MAX`] collectives with state (a contribution for one more is
-//! dropped and counted); `ALLGATHER_MAX_BYTES` gathered per collective (it overflows as the
+//! [`crate::limits::GROUP_INFLIGHT_MAX`] own contributions without a result (`TooMany`, the
+//! only refusal of an own contribution); [`crate::limits::GROUP_TRACKED_MAX`] more collectives
+//! with state that this daemon relays (a contribution for one more is dropped and counted); `ALLGATHER_MAX_BYTES` gathered per collective (it overflows as the
 //! allgather does); [`crate::limits::GROUP_FINISHED_MEMORY`] finished collectives remembered.
 use super::Transmit;
 use super::gathering::{ENTRY_OVERHEAD, Gathering};
@@ -87,7 +87,7 @@ pub enum GroupContributeError {
     Finished,
     /// The contribution alone exceeds `ALLGATHER_MAX_BYTES` (with its 8 bytes of overhead).
     TooLarge { len: usize, max: usize },
-    /// [`GROUP_INFLIGHT_MAX`] (or [`GROUP_TRACKED_MAX`]) collectives are in flight here.
+    /// [`GROUP_INFLIGHT_MAX`] own collectives are in flight here.
     TooMany,
     /// This daemon was declared failed.
     Dead,
@@ -223,6 +223,12 @@ impl GroupGather {
         self.local
     }
 
+    /// Collectives with state here that this daemon has not contributed to (relayed, or
+    /// opened by a child before this member's own call).
+    fn relayed(&self) -> usize {
+        self.pending.len().saturating_sub(self.local)
+    }
+
     /// Contribute `data` to `op` (this daemon must be a member). The outcome arrives as
     /// [`GroupEvent::Done`]. Fails, recording nothing, with a [`GroupContributeError`].
     pub fn contribute(&mut self, op: GroupOp, data: Bytes) -> Result<(), GroupContributeError> {
@@ -244,14 +250,11 @@ impl GroupGather {
                 max: ALLGATHER_MAX_BYTES - ENTRY_OVERHEAD,
             });
         }
-        match self.pending.get(&op) {
-            Some(p) if p.own => return Err(GroupContributeError::AlreadyContributed),
-            Some(_) => {}
-            None if self.pending.len() >= GROUP_TRACKED_MAX => {
-                return Err(GroupContributeError::TooMany);
-            }
-            None => {}
+        if self.pending.get(&op).is_some_and(|p| p.own) {
+            return Err(GroupContributeError::AlreadyContributed);
         }
+        // Only this bound refuses an own contribution: relayed state has a bound of its own,
+        // so a caller whose call was admitted is never refused for a neighbour's traffic.
         if self.local >= GROUP_INFLIGHT_MAX {
             return Err(GroupContributeError::TooMany);
         }
@@ -451,7 +454,7 @@ impl GroupGather {
             self.answer_late(from, &op);
             return;
         }
-        if !self.pending.contains_key(&op) && self.pending.len() >= GROUP_TRACKED_MAX {
+        if !self.pending.contains_key(&op) && self.relayed() >= GROUP_TRACKED_MAX {
             self.stats.dropped_untracked += 1;
             log::warn!(
                 "group collectives: too many in flight; dropped a contribution to {}",
@@ -495,7 +498,7 @@ impl GroupGather {
         if self.finished_set.contains(&op.finished_key()) {
             return;
         }
-        if !self.pending.contains_key(&op) && self.pending.len() >= GROUP_TRACKED_MAX {
+        if !self.pending.contains_key(&op) && self.relayed() >= GROUP_TRACKED_MAX {
             self.stats.dropped_untracked += 1;
             return;
         }

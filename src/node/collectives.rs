@@ -28,10 +28,14 @@ use super::{Node, Output, StopReason, Trace};
 use crate::Rank;
 use crate::error::SendError;
 use crate::faults::notice::TAG_FAULT_CONFIRM;
+use crate::grpcomm::wire::GROUP_KIND_MIN;
 use crate::grpcomm::{
     AllgatherError, AllgatherEvent, AllgatherMsg, AllgatherResult, Contribution, OP_HEADER_LEN,
     TAG_ALLGATHER_RESULT, TAG_XCAST_DONE, TAG_XCAST_REQUEST, Transmit, XcastError, XcastEvent,
     XcastLimits, XcastMsg,
+};
+use crate::grpcomm::{
+    GroupContributeError, GroupData, GroupEvent, GroupFailure, GroupMsg, GroupOp,
 };
 use crate::limits;
 use crate::oob::header::{Header, Kind};
@@ -111,6 +115,38 @@ impl Node {
         }
     }
 
+    /// This daemon's contribution to group collective `op`, once wired; `token` names it in
+    /// the [`Output::GroupDone`] that ends it.
+    pub(super) fn group_contribute(
+        &mut self,
+        op: GroupOp,
+        data: Bytes,
+        token: u64,
+    ) -> Result<(), SendError> {
+        let seq = op.seq;
+        match self.group.contribute(op.clone(), data) {
+            Ok(()) => {
+                self.group_tokens.insert(op, token);
+                Ok(())
+            }
+            Err(e) => Err(match e {
+                GroupContributeError::NotMember => SendError::NotMember(self.me),
+                GroupContributeError::RankOutOfRange(rank) => SendError::RankOutOfRange {
+                    rank,
+                    size: self.size,
+                },
+                GroupContributeError::AlreadyContributed | GroupContributeError::Finished => {
+                    SendError::DuplicateId(seq)
+                }
+                GroupContributeError::TooLarge { len, max } => SendError::TooLarge { len, max },
+                GroupContributeError::TooMany => {
+                    SendError::Busy(crate::error::Limit::GroupCollectivesInFlight)
+                }
+                GroupContributeError::Dead => SendError::ShutDown,
+            }),
+        }
+    }
+
     /// A `Grpcomm` frame from neighbour `from` (not from a failed rank).
     pub(super) fn on_grpcomm_frame(
         &mut self,
@@ -127,8 +163,17 @@ impl Node {
                 h.origin, h.dst, h.tag
             ));
         }
-        // Kinds 1..=7 are xcast's, 16 and up allgather's (`grpcomm::wire`).
-        let bad = if payload.first().is_some_and(|k| *k >= 16) {
+        // Kinds 1..=7 are xcast's, 16..=18 the allgather's, 32 and up the groups'
+        // (`grpcomm::wire`).
+        let bad = if payload.first().is_some_and(|k| *k >= GROUP_KIND_MIN) {
+            match GroupMsg::decode(self.size, payload) {
+                Ok(m) => {
+                    self.group.handle_msg(&self.routing, from, m);
+                    None
+                }
+                Err(e) => Some(e.to_string()),
+            }
+        } else if payload.first().is_some_and(|k| *k >= 16) {
             match AllgatherMsg::decode(self.size, payload) {
                 Ok(m) => {
                     self.allgather.handle_msg(from, m);
@@ -193,6 +238,7 @@ impl Node {
     pub(super) fn grpcomm_repair(&mut self, status: &RecoveryStatus) {
         self.xcast.handle_repair(status);
         self.allgather.handle_repair(status);
+        self.group.handle_repair(status);
     }
 
     /// The link with tree neighbour `peer` may have lost collective messages (its connection
@@ -206,6 +252,7 @@ impl Node {
         log::debug!("rank {}: re-stating collectives with rank {peer}", self.me);
         self.xcast.handle_link_up(peer);
         self.allgather.handle_link_up(peer);
+        self.group.handle_link_up(peer);
     }
 
     /// Rank 0: broadcasts one of the runtime's own notices. A fault confirmation or the DVM
@@ -339,6 +386,10 @@ impl Node {
                 any = true;
                 self.send_allgather(t);
             }
+            while let Some(t) = self.group.poll_transmit(&self.routing) {
+                any = true;
+                self.send_group(t);
+            }
             while let Some(e) = self.xcast.poll_event() {
                 any = true;
                 self.xcast_event(now, e);
@@ -350,11 +401,66 @@ impl Node {
                 }
             }
             any |= self.drain_allgather_events();
+            while let Some(GroupEvent::Done { op, result }) = self.group.poll_event() {
+                any = true;
+                self.group_done(op, result);
+            }
             if !any || self.stopping.is_some() {
                 return;
             }
         }
         crate::bug!("rank {}: the collectives' pump did not settle", self.me);
+    }
+
+    fn send_group(&mut self, t: Transmit<GroupMsg>) {
+        if matches!(t.msg, GroupMsg::Sync { .. }) {
+            self.tell_child(t.to);
+        }
+        let mut bytes = t.msg.encode();
+        if bytes.len() > self.msg_max_bytes {
+            // Larger than a frame may be: the collective overflows instead.
+            let overflowed = GroupData {
+                overflowed: true,
+                ..GroupData::default()
+            };
+            let smaller = match t.msg {
+                GroupMsg::Contribution { op, digest, .. } => GroupMsg::Contribution {
+                    op,
+                    digest,
+                    data: overflowed,
+                },
+                GroupMsg::Result { op, lost, .. } => GroupMsg::Result {
+                    op,
+                    lost,
+                    data: overflowed,
+                },
+                other => other,
+            };
+            log::warn!(
+                "rank {}: a group collective's message ({} bytes) exceeds msg_max_bytes; the \
+                 collective overflows",
+                self.me,
+                bytes.len()
+            );
+            bytes = smaller.encode();
+        }
+        self.send_tree(t.to, bytes.into());
+    }
+
+    /// A group collective this daemon contributed to is over here.
+    fn group_done(&mut self, op: GroupOp, result: Result<AllgatherResult, GroupFailure>) {
+        let Some(token) = self.group_tokens.remove(&op) else {
+            crate::bug!(
+                "rank {}: a group collective ended that nobody waits for",
+                self.me
+            );
+            return;
+        };
+        self.counters.group_results += 1;
+        let result = result.map_err(|e| match e {
+            GroupFailure::Lost => SendError::ResultLost,
+        });
+        self.out.push_back(Output::GroupDone { token, result });
     }
 
     fn drain_allgather_events(&mut self) -> bool {
@@ -519,5 +625,12 @@ impl Node {
         c.allgather_overflowed = a.overflowed;
         c.allgather_dropped_untracked = a.dropped_untracked;
         c.allgather_tracked = self.allgather.tracked() as u64;
+        let g = self.group.stats();
+        c.group_sent = g.sent;
+        c.group_received = g.received;
+        c.group_results_sent = g.results_sent;
+        c.group_answered_late = g.answered_late.saturating_add(g.answered_lost);
+        c.group_dropped_untracked = g.dropped_untracked;
+        c.group_tracked = self.group.tracked() as u64;
     }
 }

@@ -39,6 +39,13 @@ pub enum Command {
     },
     /// This daemon's contribution to collective `id`; the result is [`Output::AllgatherDone`].
     Allgather { id: u64, data: Bytes },
+    /// This daemon's contribution to group collective `op` (it must be a member); the outcome
+    /// is [`Output::GroupDone`] with `token`.
+    GroupGather {
+        op: crate::grpcomm::GroupOp,
+        data: Bytes,
+        token: u64,
+    },
 }
 
 impl Command {
@@ -46,7 +53,9 @@ impl Command {
     fn needs_wireup(&self, me: Rank) -> bool {
         match self {
             Command::Send { dst, .. } | Command::SendReliable { dst, .. } => *dst != me,
-            Command::Broadcast { .. } | Command::Allgather { .. } => true,
+            Command::Broadcast { .. } | Command::Allgather { .. } | Command::GroupGather { .. } => {
+                true
+            }
         }
     }
 }
@@ -102,6 +111,7 @@ impl Node {
                 token,
             } => self.broadcast(tag, payload, token),
             Command::Allgather { id, data } => self.contribute(id, data),
+            Command::GroupGather { op, data, token } => self.group_contribute(op, data, token),
         }
     }
 
@@ -136,6 +146,10 @@ impl Node {
             Finish::Allgather(id) => self
                 .out
                 .push_back(Output::AllgatherDone { id, result: Err(e) }),
+            Finish::Group(token) => self.out.push_back(Output::GroupDone {
+                token,
+                result: Err(e),
+            }),
         }
     }
 
@@ -209,6 +223,12 @@ impl Node {
         for id in ids {
             self.out.push_back(Output::AllgatherDone {
                 id,
+                result: Err(SendError::ShutDown),
+            });
+        }
+        for (_, token) in std::mem::take(&mut self.group_tokens) {
+            self.out.push_back(Output::GroupDone {
+                token,
                 result: Err(SendError::ShutDown),
             });
         }
@@ -348,6 +368,7 @@ impl Node {
 enum Finish {
     Token(Option<u64>),
     Allgather(u64),
+    Group(u64),
 }
 
 fn finish_of(c: &Command) -> Finish {
@@ -356,5 +377,6 @@ fn finish_of(c: &Command) -> Finish {
         | Command::SendReliable { token, .. }
         | Command::Broadcast { token, .. } => Finish::Token(*token),
         Command::Allgather { id, .. } => Finish::Allgather(*id),
+        Command::GroupGather { token, .. } => Finish::Group(*token),
     }
 }

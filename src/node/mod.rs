@@ -43,14 +43,14 @@ use crate::Rank;
 use crate::counters::Counters;
 use crate::faults::HeartbeatMonitor;
 use crate::fxhash::FxHashMap;
-use crate::grpcomm::{Allgather, Xcast};
+use crate::grpcomm::{Allgather, GroupGather, GroupOp, Xcast};
 use crate::oob::header::{Header, Kind};
 use crate::oob::uri::ContactUri;
 use crate::relm::{Relm, RelmConfig};
 use crate::rml::{Matcher, Message, Tag};
 use crate::routed::{Route, RoutingState, TreeError};
 use bytes::Bytes;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 use wireup::WireupCollector;
 
@@ -175,6 +175,8 @@ pub struct Node {
     relm: Relm,
     xcast: Xcast,
     allgather: Allgather,
+    /// Group collectives (issue "Jobs").
+    group: GroupGather,
     monitor: Option<HeartbeatMonitor>,
     heartbeat_at: Option<Instant>,
     wire: Wire,
@@ -201,6 +203,8 @@ pub struct Node {
     bcast_tokens: FxHashMap<u64, Option<u64>>,
     /// Collectives this daemon contributed to and has no result of yet.
     gathering: BTreeSet<u64>,
+    /// Group collectives this daemon contributed to, with the driver's tokens.
+    group_tokens: BTreeMap<GroupOp, u64>,
     /// Rank 0: its own notices waiting for room in its window (`GRPCOMM_DEFERRED_MAX`).
     xcast_deferred: VecDeque<(Tag, Bytes)>,
     /// Deaths detected here and not yet handed to RELM in a report to rank 0 (at most `size`):
@@ -243,6 +247,7 @@ impl Node {
         }
         let xcast = Xcast::with_limits(&routing, xcast_limits(cfg.msg_max_bytes));
         let allgather = Allgather::new(&routing);
+        let group = GroupGather::new(&routing);
         Ok(Node {
             me,
             size: cfg.size,
@@ -256,6 +261,7 @@ impl Node {
             routing,
             xcast,
             allgather,
+            group,
             monitor: cfg
                 .heartbeat
                 .map(|(interval, timeout)| HeartbeatMonitor::new(interval, timeout)),
@@ -275,6 +281,7 @@ impl Node {
             relm_next_token: 0,
             bcast_tokens: FxHashMap::default(),
             gathering: BTreeSet::new(),
+            group_tokens: BTreeMap::new(),
             xcast_deferred: VecDeque::new(),
             unreported: BTreeSet::new(),
             incarnations: FxHashMap::default(),

@@ -107,6 +107,12 @@ pub enum Output {
         id: u64,
         result: Result<AllgatherResult, SendError>,
     },
+    /// The group collective the driver gave `token` is over here: its result (`id` is the
+    /// collective's number in its group), or why not.
+    GroupDone {
+        token: u64,
+        result: Result<AllgatherResult, SendError>,
+    },
     /// The tree was repaired: run the user's fault handlers with this status (boxed: inline,
     /// its 160 bytes made every `Output`, a transmit included, that large).
     Repaired(Box<RecoveryStatus>),

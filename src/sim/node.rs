@@ -61,6 +61,8 @@ pub struct SimNode {
     pub bcast_done: Vec<(u64, Option<u64>)>,
     /// Allgather results delivered here.
     pub gathered: Vec<AllgatherResult>,
+    /// Group collectives ended here: (token, outcome).
+    pub group_done: Vec<(u64, Result<AllgatherResult, SendError>)>,
     /// Broken rules (a malformed frame, an invariant): always a bug.
     pub errors: Vec<String>,
     /// Ranks this daemon declared failed (the world closes its connections to them).
@@ -148,6 +150,7 @@ impl SimNode {
             bcasts: Vec::new(),
             bcast_done: Vec::new(),
             gathered: Vec::new(),
+            group_done: Vec::new(),
             errors: Vec::new(),
             declared: Vec::new(),
             stopped: None,
@@ -387,6 +390,7 @@ impl SimNode {
                     Err(SendError::ShutDown) if self.node.stopping().is_some() => {}
                     Err(e) => self.errors.push(format!("allgather {id} failed: {e}")),
                 },
+                Output::GroupDone { token, result } => self.group_done.push((token, result)),
                 Output::Repaired(status) => {
                     self.new_neighbours.extend(
                         status
