@@ -26,8 +26,8 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 200)]
     pub messages: u64,
     /// The kinds of fault seeds choose from (each seed picks its own mix): a comma-separated
-    /// list of crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload;
-    /// or all.
+    /// list of crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload,
+    /// status, group; or all.
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Stop at the first failing seed.
@@ -70,6 +70,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let (mut busy, mut unread) = (0u64, 0u64);
     let (mut opened, mut fallbacks, mut held, mut evicted) = (0u64, 0u64, 0u64, 0u64);
     let (mut streams, mut streams_failed, mut statuses) = (0u64, 0u64, 0u64);
+    let mut group_results = 0u64;
     let regressions = REGRESSION_SEEDS
         .iter()
         .map(|r| (r.seed, r.options(args.messages)));
@@ -101,6 +102,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 streams += s.streams_finished;
                 streams_failed += s.streams_failed;
                 statuses += s.statuses;
+                group_results += s.group_results;
             }
             Err(_) => {
                 failed += 1;
@@ -121,7 +123,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
          left unread by flow control, {opened} direct links opened (ends), {evicted} evicted, \
          {fallbacks} fallbacks to the tree, {held} frames held for a drain marker, {streams} \
          streams finished ({streams_failed} ended by a dead producer), {statuses} status \
-         queries answered",
+         queries answered, {group_results} group collective results",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 { 0 } else { 1 })

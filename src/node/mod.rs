@@ -320,6 +320,11 @@ impl Node {
         &self.relm
     }
 
+    /// Group collectives this daemon keeps state for (its own and those it relays).
+    pub fn group_tracked(&self) -> usize {
+        self.group.tracked()
+    }
+
     /// The broadcast core's state (read-only).
     pub fn xcast(&self) -> &Xcast {
         &self.xcast

@@ -109,6 +109,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             stream: false,
             overload: false,
             status: false,
+            group: false,
             ..FaultKinds::ALL
         },
         found: "xcast: after a reconnection a parent rewound a child's stream to the child's \
@@ -134,6 +135,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             stream: false,
             overload: false,
             status: false,
+            group: false,
         },
         found: "simulator (strangers' runs): a daemon that died with its dial proved and admitted \
                 by the peer stayed recorded as redialling for ever, so the run never went quiet",
@@ -155,6 +157,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             stream: false,
             overload: true,
             status: false,
+            group: false,
         },
         found: "flow: a daemon not scheduled for longer than FLOW_STUCK_MS made its neighbours' \
                 queues towards it count as stuck, so they read on and filled those queues to \
@@ -178,6 +181,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             stream: false,
             overload: false,
             status: false,
+            group: false,
         },
         found: "direct links: a daemon that could not dial its peer gave the link up alone; the \
                 peer went on sending reliable messages on it, and the acknowledgements went back \
@@ -202,6 +206,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             stream: true,
             overload: true,
             status: false,
+            group: false,
         },
         found: "direct links (an overload run with short request times): a grant expired \
                 unswitched, the two daemons opened a new link on the same connection, and the \
@@ -227,6 +232,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             stream: true,
             overload: false,
             status: false,
+            group: false,
         },
         found: "streams: a dropped connection lost a stream's chunks and its End came after on \
                 a new one; the consumer failed the stream (a protocol error: ended at 1530, \
@@ -249,6 +255,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             stream: true,
             overload: false,
             status: false,
+            group: false,
         },
         found: "direct links: a request delayed past direct_request_ms was given up; the \
                 grant came later and the grantor wrote on the link at once, so the requester \
@@ -273,6 +280,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             stream: true,
             overload: false,
             status: false,
+            group: false,
         },
         found: "direct links: the same race as seed 358 with a radix of 8, and a grant given \
                 up unswitched: the grantor must never read what the requester wrote on the \
@@ -282,7 +290,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         seed: 201_472,
         daemons: 2,
         radix: 8,
-        faults: FaultKinds::ALL,
+        faults: FaultKinds::UNTIL_GROUPS,
         found: "simulator: link drops between the only two daemons outlasted the redials; both \
                 gave up at once, rank 0 declared rank 1 dead and rank 1 rightly stopped with \
                 rank 0 lost, which the fencing checker refused in a run without heartbeats",
@@ -291,7 +299,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         seed: 300_386,
         daemons: 22,
         radix: 8,
-        faults: FaultKinds::ALL,
+        faults: FaultKinds::UNTIL_GROUPS,
         found: "status: a daemon that adopted children during a gather (their parent was \
                 declared dead while rank 0's query waited for it) did not ask them, and rank \
                 0's view after the run showed them unreached",
@@ -300,7 +308,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         seed: 1_211_495,
         daemons: 6,
         radix: 3,
-        faults: FaultKinds::ALL,
+        faults: FaultKinds::UNTIL_GROUPS,
         found: "simulator: a daemon that dialled a peer, stalled, and was stopped (declared \
                 dead) when it woke left its redial recorded for ever, and the run never \
                 counted as quiet (liveness)",
@@ -309,7 +317,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         seed: 204_929,
         daemons: 39,
         radix: 2,
-        faults: FaultKinds::ALL,
+        faults: FaultKinds::UNTIL_GROUPS,
         found: "simulator: a consumer partitioned from its producer for longer than the \
                 stream's idle time rightly failed the stream TimedOut before anyone declared \
                 it dead; the stream checker allowed that only with the producer gone",
@@ -335,7 +343,7 @@ impl Default for Options {
             daemons: None,
             radix: None,
             messages: 200,
-            faults: FaultKinds::ALL,
+            faults: FaultKinds::UNTIL_GROUPS,
         }
     }
 }

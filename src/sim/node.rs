@@ -253,6 +253,23 @@ impl SimNode {
         r
     }
 
+    /// This daemon's contribution to group collective `op`; its outcome is reported with
+    /// `token` in `group_done`.
+    pub fn group_contribute(
+        &mut self,
+        now: Instant,
+        op: crate::grpcomm::GroupOp,
+        data: Bytes,
+        token: u64,
+    ) -> Result<(), SendError> {
+        self.tick(now);
+        let r = self
+            .node
+            .handle_command(now, Command::GroupGather { op, data, token });
+        self.step(now);
+        r
+    }
+
     /// An encoded frame arrived from neighbour `from`.
     pub fn handle_frame(&mut self, now: Instant, from: Rank, frame: Frame) {
         self.tick(now);

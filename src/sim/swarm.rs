@@ -53,6 +53,10 @@ pub struct FaultKinds {
     /// Every query must be answered within its budget, by no daemon that was dead before it
     /// was asked; the last one must show every living daemon and nothing else.
     pub status: bool,
+    /// Not a fault: group collectives (`grpcomm::group`) among a few random, overlapping
+    /// groups of daemons, every member contributing to each at a random time, through the
+    /// other faults of the run.
+    pub group: bool,
 }
 
 impl FaultKinds {
@@ -70,6 +74,14 @@ impl FaultKinds {
         stream: true,
         overload: true,
         status: true,
+        group: true,
+    };
+
+    /// Every kind the simulator had before group collectives: the seeds found with "all"
+    /// before then keep exactly their scenarios.
+    pub const UNTIL_GROUPS: FaultKinds = FaultKinds {
+        group: false,
+        ..FaultKinds::ALL
     };
 
     /// The kinds the simulator had when the first regression seeds were found (crashes, short
@@ -87,6 +99,7 @@ impl FaultKinds {
         stream: false,
         overload: false,
         status: false,
+        group: false,
     };
 
     /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup,stranger,direct,overload`,
@@ -105,6 +118,7 @@ impl FaultKinds {
             stream: false,
             overload: false,
             status: false,
+            group: false,
         };
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
@@ -122,9 +136,10 @@ impl FaultKinds {
                 "stream" => k.stream = true,
                 "overload" => k.overload = true,
                 "status" => k.status = true,
+                "group" => k.group = true,
                 other => {
                     return Err(format!(
-                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, all)"
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, group, all)"
                     ));
                 }
             }
@@ -154,6 +169,7 @@ impl std::fmt::Display for FaultKinds {
             (self.stream, "stream"),
             (self.overload, "overload"),
             (self.status, "status"),
+            (self.group, "group"),
         ];
         let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {
@@ -289,6 +305,10 @@ pub struct Scenario {
     /// Each daemon's wall clock (the `status` kind): its offset from true time (ns) and its
     /// drift (parts per billion); empty: every clock true.
     pub clocks: Vec<(i64, i64)>,
+    /// The `group` kind's groups: (context, members, collectives each runs).
+    pub groups: Vec<(u64, Vec<Rank>, u64)>,
+    /// Every member's call of every group collective: (group, number, member, when).
+    pub group_calls: Vec<(usize, u64, Rank, u64)>,
 }
 
 impl Scenario {
@@ -580,7 +600,15 @@ impl Scenario {
         } else {
             (Vec::new(), Vec::new())
         };
+        // Group collectives: a stream of their own.
+        let (groups, group_calls) = if kinds.group && capacity.is_none() {
+            group_plans(seed, size, safety_us)
+        } else {
+            (Vec::new(), Vec::new())
+        };
         Scenario {
+            groups,
+            group_calls,
             streams,
             statuses,
             final_status: kinds.status,
@@ -639,6 +667,8 @@ impl Scenario {
             statuses: Vec::new(),
             final_status: false,
             clocks: Vec::new(),
+            groups: Vec::new(),
+            group_calls: Vec::new(),
         }
     }
 
@@ -783,6 +813,35 @@ fn direct_links(
 }
 
 /// The `stream` kind's fetches: (consumer, producer, length, window, when).
+/// The `group` kind: one to four groups of random members (overlapping), each running one to
+/// three collectives, every member calling each at a random time of the safety phase.
+#[allow(clippy::type_complexity)]
+fn group_plans(
+    seed: u64,
+    size: u32,
+    safety_us: u64,
+) -> (Vec<(u64, Vec<Rank>, u64)>, Vec<(usize, u64, Rank, u64)>) {
+    let mut rng = Rng::new(seed ^ 0x6A0B_5000_0000_0000);
+    let mut groups = Vec::new();
+    let mut calls = Vec::new();
+    for g in 0..rng.range(1, 4) as usize {
+        let want = rng.range(1, u64::from(size));
+        let mut members: Vec<Rank> = (0..want)
+            .map(|_| rng.range(0, u64::from(size) - 1) as Rank)
+            .collect();
+        members.sort_unstable();
+        members.dedup();
+        let collectives = rng.range(1, 3);
+        for seq in 0..collectives {
+            for &m in &members {
+                calls.push((g, seq, m, rng.range(0, safety_us)));
+            }
+        }
+        groups.push((g as u64 + 1, members, collectives));
+    }
+    (groups, calls)
+}
+
 /// A few status queries to random daemons (rank 0 most often) at random times, with budgets
 /// from 20 ms to 3 s, some with every daemon in detail.
 fn status_queries(seed: u64, size: u32, traffic_us: u64) -> Vec<(Rank, u32, bool, u64)> {

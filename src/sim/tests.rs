@@ -83,6 +83,7 @@ fn batch(n: u64, opts: Options) -> RunStats {
                 sum.direct_evicted += s.direct_evicted;
                 sum.streams_finished += s.streams_finished;
                 sum.streams_failed += s.streams_failed;
+                sum.group_results += s.group_results;
                 sum.held_frames += s.held_frames;
                 sum.plain_order_runs += s.plain_order_runs;
                 sum.plain_sent += s.plain_sent;
@@ -208,4 +209,13 @@ fn streams_finish_through_faults_or_end_with_their_dead_producer() {
     assert!(s.streams_failed > 0, "no stream met a dead producer");
     let s = batch(60, kinds("stream,direct,partition,stall"));
     assert!(s.streams_finished > 0);
+}
+
+#[test]
+fn group_collectives_complete_at_every_living_member_through_faults() {
+    // Random overlapping groups; every result checked against every other member's.
+    let s = batch(150, kinds("group,crash,link,stall,delay,dup"));
+    assert!(s.group_results > 1000, "group results: {}", s.group_results);
+    let s = batch(60, kinds("group,partition,direct,stale"));
+    assert!(s.group_results > 0);
 }

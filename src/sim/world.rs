@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 mod capacity;
 mod cost;
+mod groups;
 mod handshakes;
 mod held;
 mod links;
@@ -107,6 +108,13 @@ enum Ev {
     Contribute {
         rank: Rank,
         id: u64,
+    },
+    /// Member `rank` calls collective `seq` of the scenario's group `group`
+    /// (`world/groups.rs`).
+    GroupCall {
+        group: usize,
+        seq: u64,
+        rank: Rank,
     },
     /// The scenario's stream number `id` is fetched (`world/streams.rs`).
     Fetch {
@@ -212,6 +220,8 @@ pub struct RunStats {
     pub streams_finished: u64,
     /// Streams ended by a death.
     pub streams_failed: u64,
+    /// Runs with groups: group collective results delivered (and checked).
+    pub group_results: u64,
     /// Status queries answered.
     pub statuses: u64,
     /// Rank 0's status after the run: the virtual time it took, the depth of the tree, the
@@ -278,6 +288,7 @@ pub struct World {
     closing_seen: HashSet<(Rank, Rank)>,
     /// The `stream` kind's applications.
     streams: streams::StreamApps,
+    groups: groups::GroupApps,
     status: status::StatusQueries,
     /// `tbon sim --sweep-radix`: the cost model and the times it reads (`sweep.rs`).
     sweep: Option<sweep::SweepState>,
@@ -372,6 +383,7 @@ impl World {
             held: HashMap::new(),
             closing_seen: HashSet::new(),
             streams: streams::StreamApps::default(),
+            groups: groups::GroupApps::default(),
             status: Default::default(),
             sweep: None,
         };
@@ -474,6 +486,9 @@ impl World {
                     },
                 );
             }
+        }
+        for &(group, seq, rank, at) in &self.scen.group_calls.clone() {
+            self.push(at, Ev::GroupCall { group, seq, rank });
         }
         if size < 2 {
             return;
@@ -598,6 +613,7 @@ impl World {
             .final_state(&self.nodes, &self.alive, &gone, self.radix)?;
         self.check
             .final_collectives(&self.nodes, &self.alive, self.scen.gathers)?;
+        self.final_groups()?;
         if self.scen.final_status {
             self.final_status()?;
         }
@@ -628,6 +644,7 @@ impl World {
             self.stats.streams_finished = self.streams.finished;
             self.stats.streams_failed = self.streams.failed;
         }
+        self.stats.group_results = self.groups.delivered;
         Ok(self.stats)
     }
 
@@ -734,6 +751,7 @@ impl World {
                     && n.xcast().retained() == 0
                     && n.xcast().outstanding() == 0
                     && n.node.direct_held() == 0
+                    && n.node.group_tracked() == 0
             })
     }
 
@@ -896,6 +914,7 @@ impl World {
                 self.after(origin)?;
             }
             Ev::Fetch { id } => self.on_fetch(id)?,
+            Ev::GroupCall { group, seq, rank } => self.on_group_call(group, seq, rank)?,
             Ev::Contribute { rank, id } => {
                 if !self.living(rank) {
                     return Ok(());
@@ -1012,6 +1031,8 @@ impl World {
         let bcasts = std::mem::take(&mut n.bcasts);
         let bcast_done = std::mem::take(&mut n.bcast_done);
         let gathered = std::mem::take(&mut n.gathered);
+        let group_done = std::mem::take(&mut n.group_done);
+        let group_stopping = n.node.stopping().is_some();
         let declared = std::mem::take(&mut n.declared);
         let stopped = n.stopped.take();
         let stream_events = std::mem::take(&mut n.stream_events);
@@ -1069,6 +1090,9 @@ impl World {
         }
         for g in &gathered {
             self.check.gathered(r, g, self.nodes.len() as u32)?;
+        }
+        if !group_done.is_empty() {
+            self.group_outcomes(r, group_done, group_stopping)?;
         }
         if !statuses.is_empty() {
             self.status_reports(r, statuses)?;
@@ -1232,7 +1256,7 @@ fn target(ev: &Ev) -> Option<Rank> {
         Ev::Timer { node } | Ev::Detect { node, .. } => Some(*node),
         Ev::LinkLost { node, .. } | Ev::Redial { node, .. } => Some(*node),
         Ev::Send { origin, .. } | Ev::Broadcast { origin } => Some(*origin),
-        Ev::Contribute { rank, .. } => Some(*rank),
+        Ev::Contribute { rank, .. } | Ev::GroupCall { rank, .. } => Some(*rank),
         Ev::Fetch { .. } => None,
         Ev::Hs { node, .. } | Ev::HsTimeout { node, .. } => *node,
         Ev::Stranger { .. } => None,
