@@ -7,6 +7,7 @@
 
 mod attack;
 mod check;
+mod check_groups;
 mod check_streams;
 mod clocks;
 mod net;
@@ -58,6 +59,14 @@ pub struct HarnessArgs {
     /// Pattern `stream`: bytes of each stream (a number, or with a K, M or G suffix).
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     pub stream_bytes: u64,
+    /// Pattern `group`: members of each group (the daemons form about two groups per daemon,
+    /// chosen at random and overlapping, as jobs sharing nodes).
+    #[arg(long, default_value_t = 4)]
+    pub group_size: u32,
+    /// Pattern `group`: collectives each group runs, spread over the run (allgather, barrier,
+    /// broadcast in turn).
+    #[arg(long, default_value_t = 12)]
+    pub group_rounds: u64,
     /// plain: unacknowledged point-to-point sends; reliable: RELM sends (every message between
     /// survivors must arrive exactly once and in order, faults or not); mixed: one message in 20
     /// is a broadcast and one point-to-point message in 4 is reliable.
@@ -584,6 +593,10 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         if args.pattern == Pattern::Stream {
             cmd.args(["--workload-streams", &args.streams.to_string()])
                 .args(["--workload-stream-bytes", &args.stream_bytes.to_string()]);
+        }
+        if args.pattern == Pattern::Group {
+            cmd.args(["--workload-group-size", &args.group_size.to_string()])
+                .args(["--workload-group-rounds", &args.group_rounds.to_string()]);
         }
         if let Some(ms) = hb_interval {
             cmd.args(["--heartbeat-interval-ms", &ms.to_string()]);

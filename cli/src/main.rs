@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod clock;
 mod daemon;
+mod group_workload;
 mod harness;
 mod report;
 mod settings;

@@ -7,6 +7,7 @@
 //! and a checksum over all of it, so the harness can count deliveries, duplicates, reorders,
 //! corruption and losses, and measure latency.
 
+use super::group_workload::{Collected, GroupRunner};
 use super::stream_workload::{Fetched, Fetcher};
 use bytes::Bytes;
 use std::io::Write;
@@ -65,6 +66,10 @@ pub enum Pattern {
     /// Messages all-to-all, and every daemon also fetches `--streams` streams of
     /// `--stream-bytes` each from the others, checking every byte (issue "Streams").
     Stream,
+    /// Messages all-to-all, and the daemons form random overlapping groups of `--group-size`
+    /// whose members run `--group-rounds` group collectives each (allgather, barrier,
+    /// broadcast), checking every result (issue "Jobs").
+    Group,
 }
 
 /// Plain sends, reliable sends, or a mix with broadcasts.
@@ -163,6 +168,11 @@ pub struct WorkloadArgs {
     pub workload_streams: u64,
     #[arg(long, hide = true, default_value_t = 0)]
     pub workload_stream_bytes: u64,
+    /// Pattern `group`: members per group, and collectives each group runs.
+    #[arg(long, hide = true, default_value_t = 4)]
+    pub workload_group_size: u32,
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub workload_group_rounds: u64,
     /// Milliseconds between progress lines (the harness lengthens it for large DVMs).
     #[arg(long, hide = true, default_value_t = 250)]
     pub workload_progress_ms: u64,
@@ -276,7 +286,7 @@ pub fn destination(
     let other =
         |i: u64| ((u64::from(origin) + 1 + i % u64::from(size - 1)) % u64::from(size)) as u32;
     match pattern {
-        Pattern::AllToAll | Pattern::Stream => other(seq),
+        Pattern::AllToAll | Pattern::Stream | Pattern::Group => other(seq),
         Pattern::Ring => (origin + 1) % size,
         Pattern::Random => other(rng.below(u64::from(size - 1))),
         Pattern::Hotspot if origin != 0 && rng.below(4) != 0 => 0,
@@ -311,6 +321,10 @@ pub struct Workload {
     streams_started: Arc<AtomicU64>,
     streams_ended: Arc<AtomicU64>,
     streams_done: Arc<AtomicBool>,
+    /// Pattern `group`: the collectives this daemon took part in, and how they ended.
+    groups: Arc<Mutex<Vec<Collected>>>,
+    groups_ended: Arc<AtomicU64>,
+    groups_done: Arc<AtomicBool>,
     received: Arc<AtomicU64>,
     sent: Arc<AtomicU64>,
     completed: Arc<AtomicU64>,
@@ -356,6 +370,11 @@ impl Workload {
             streams_started: Arc::default(),
             streams_ended: Arc::default(),
             streams_done: Arc::new(AtomicBool::new(!fetching)),
+            groups: Arc::default(),
+            groups_ended: Arc::default(),
+            groups_done: Arc::new(AtomicBool::new(
+                args.workload_pattern != Pattern::Group || args.workload_group_rounds == 0,
+            )),
             received,
             sent: Arc::new(AtomicU64::new(0)),
             completed: Arc::new(AtomicU64::new(0)),
@@ -394,6 +413,20 @@ impl Workload {
             };
             std::thread::spawn(move || fetcher.run());
         }
+        if !self.groups_done.load(Ordering::SeqCst) {
+            let rate = args.workload_rate.max(0.001);
+            let runner = GroupRunner {
+                h: sender.h.clone(),
+                seed: args.workload_seed,
+                group_size: args.workload_group_size,
+                rounds: args.workload_group_rounds,
+                span: Duration::from_secs_f64(args.workload_messages as f64 / rate),
+                record: self.groups.clone(),
+                ended: self.groups_ended.clone(),
+                done: self.groups_done.clone(),
+            };
+            std::thread::spawn(move || runner.run());
+        }
         let finished = self.finished_sending.clone();
         std::thread::spawn(move || {
             sender.run();
@@ -407,7 +440,8 @@ impl Workload {
         let sent = self.sent.load(Ordering::Relaxed);
         let done = self.finished_sending.load(Ordering::SeqCst)
             && self.completed.load(Ordering::Relaxed) >= sent
-            && self.streams_done.load(Ordering::SeqCst);
+            && self.streams_done.load(Ordering::SeqCst)
+            && self.groups_done.load(Ordering::SeqCst);
         serde_json::json!({ "progress": {
             "rank": rank,
             "sent": sent,
@@ -415,6 +449,7 @@ impl Workload {
             "received": self.received.load(Ordering::Relaxed),
             "streams_started": self.streams_started.load(Ordering::Relaxed),
             "streams_ended": self.streams_ended.load(Ordering::Relaxed),
+            "group_collectives_ended": self.groups_ended.load(Ordering::Relaxed),
             "done": done,
             "counters": counters.map(|c| serde_json::json!({
                 "flow_congested": c.flow_congested,
@@ -462,6 +497,22 @@ impl Workload {
                 outcome,
             } = s;
             writeln!(f, "T {index} {producer} {expected} {got} {outcome}")?;
+        }
+        for c in lock_queue(&self.groups).iter() {
+            let excluded = if c.excluded.is_empty() {
+                "-".to_string()
+            } else {
+                c.excluded
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            writeln!(
+                f,
+                "G {} {} {} {} {excluded}",
+                c.group, c.seq, c.outcome, c.digest
+            )?;
         }
         f.flush()?;
         drop(f);
@@ -701,6 +752,8 @@ pub struct Results {
     pub received: Vec<(u32, u32, u64, u64, u64)>,
     /// Pattern `stream`: this daemon's fetches.
     pub streams: Vec<Fetched>,
+    /// Pattern `group`: this daemon's group collectives.
+    pub groups: Vec<Collected>,
 }
 
 /// Reads a results file written by [`Workload::write`].
@@ -733,6 +786,19 @@ pub fn read_results(path: &Path) -> Result<Results, String> {
                 expected: n(3)?,
                 got: n(4)?,
                 outcome: f.get(5).ok_or(bad(line))?.to_string(),
+            }),
+            Some(&"G") => r.groups.push(Collected {
+                group: n(1)?,
+                seq: n(2)?,
+                outcome: f.get(3).ok_or(bad(line))?.to_string(),
+                digest: n(4)?,
+                excluded: match f.get(5) {
+                    Some(&"-") | None => Vec::new(),
+                    Some(list) => list
+                        .split(',')
+                        .map(|x| x.parse::<u32>().map_err(|_| bad(line)))
+                        .collect::<Result<_, _>>()?,
+                },
             }),
             _ => return Err(bad(line)),
         }

@@ -246,3 +246,43 @@ fn harness_streams_finish_or_fail_as_documented_through_a_kill() {
     assert!(finished >= 16, "{s}");
     let _ = std::fs::remove_file(&json);
 }
+
+#[test]
+fn harness_group_collectives_complete_at_every_survivor_through_kills() {
+    let json = std::env::temp_dir().join(format!(
+        "tbon-harness-group-test-{}.json",
+        std::process::id()
+    ));
+    let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
+        .args(["harness", "--daemons", "12", "--radix", "2"])
+        .args(["--duration", "4", "--rate", "50", "--kill", "2"])
+        .args(["--quiet", "--timeout", "120", "--mode", "reliable"])
+        .args([
+            "--pattern",
+            "group",
+            "--group-size",
+            "4",
+            "--group-rounds",
+            "9",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run tbon harness");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let g = &report["groups"];
+    assert_eq!(g["wrong"], 0, "{g}");
+    // Twelve daemons in groups of four: six groups, nine collectives each.
+    assert_eq!(g["groups"], 6, "{g}");
+    assert_eq!(g["collectives"], 54, "{g}");
+    assert!(g["ok"].as_u64().unwrap() > 100, "{g}");
+    let _ = std::fs::remove_file(&json);
+}

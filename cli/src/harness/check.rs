@@ -439,6 +439,26 @@ pub fn analyse(inp: Input<'_>) -> Report {
             ));
         }
     }
+    let grouping = args.pattern == super::super::workload::Pattern::Group;
+    let (gc, group_examples) = super::check_groups::judge(
+        results,
+        &victims,
+        (args.seed, n, args.group_size, args.group_rounds),
+    );
+    if ran && grouping {
+        checks.push((
+            "every group collective ended at every surviving member with the same result, \
+             right bytes, only victims excluded"
+                .into(),
+            gc.wrong == 0 && gc.ok > 0,
+        ));
+        if !group_examples.is_empty() {
+            problems.push(format!(
+                "group collectives ended wrongly, e.g. {}",
+                group_examples.join(", ")
+            ));
+        }
+    }
     if !lost_examples.is_empty() {
         problems.push(format!(
             "lost (reliable, broadcast, or plain outside the fault window), e.g. {}",
@@ -665,6 +685,22 @@ pub fn analyse(inp: Input<'_>) -> Report {
             sc.wrong
         );
     }
+    if grouping {
+        let _ = writeln!(
+            t,
+            "  {:<30} {} groups of {}, {} collectives, {} outcomes at survivors: {} ok, {} \
+             broadcasts whose root was killed, {} victims excluded, {} wrong",
+            "group collectives",
+            gc.groups,
+            args.group_size,
+            gc.collectives,
+            gc.outcomes,
+            gc.ok,
+            gc.root_died,
+            gc.excluded_victims,
+            gc.wrong
+        );
+    }
     let _ = writeln!(t, "\n  checks");
     for (what, ok) in &checks {
         let _ = writeln!(t, "  {}  {what}", if *ok { "ok  " } else { "FAIL" });
@@ -728,6 +764,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
         "checks": checks.iter().map(|(w, ok)| serde_json::json!({"check": w, "ok": ok})).collect::<Vec<_>>(),
         "problems": problems,
         "streams": streaming.then_some(&sc),
+        "groups": grouping.then_some(&gc),
         "timeline": timeline.json(),
         "latency_histogram": timeline.histogram_json(),
     });
