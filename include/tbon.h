@@ -9,6 +9,9 @@
  *   direct link to the destination, see README "Direct links"), tbon_send_reliable,
  *   tbon_broadcast, tbon_recv, tbon_cancel, tbon_recv_blocking
  *   tbon_allgather, tbon_barrier (collectives, each with a caller-chosen id never reused)
+ *   groups (one job's daemons): tbon_group_new (a context and the member ranks; one group per
+ *   daemon), then tbon_group_allgather, tbon_group_barrier, tbon_group_broadcast in the same
+ *   order at every member (a group numbers its collectives itself), tbon_group_free
  *   tbon_on_fault, tbon_counters_get, tbon_rank, tbon_size
  *   streams (README "Streams"): tbon_serve (a service; its callback writes with
  *   tbon_writer_write or tbon_writer_write_nocopy and ends with tbon_writer_finish /
@@ -27,13 +30,14 @@
  * THREADS. Every function may be called from any thread, concurrently. Each daemon runs its own
  * loop thread; several daemons may live in one process.
  *
- * CALLBACKS (send completions, receive callbacks, fault handlers, stream callbacks) run on the
- * daemon's loop thread (a stream service's callback is the exception: it runs on a thread of its
- * own per stream and may block). Keep them short. Inside a callback you may call tbon_send, tbon_send_nocopy,
+ * CALLBACKS (send completions, receive callbacks, fault handlers, collectives' results, stream
+ * callbacks) run on the daemon's loop thread (a stream service's callback is the exception: it
+ * runs on a thread of its own per stream and may block). Keep them short. Inside a callback you may call tbon_send, tbon_send_nocopy,
  * tbon_send_batch, tbon_send_routed, tbon_send_reliable,
- * tbon_broadcast, tbon_allgather, tbon_recv, tbon_cancel, tbon_purge, tbon_rank, tbon_size, tbon_contact_uri,
+ * tbon_broadcast, tbon_allgather, tbon_group_allgather, tbon_group_broadcast, tbon_group_new,
+ * tbon_group_next_seq, tbon_group_free, tbon_recv, tbon_cancel, tbon_purge, tbon_rank, tbon_size, tbon_contact_uri,
  * tbon_fetch, tbon_fetch_cb, tbon_fetch_cancel, tbon_stream_close,
- * tbon_strerror and tbon_last_error. The blocking calls (tbon_recv_blocking, tbon_barrier, tbon_wait_wired, tbon_wait_stopped,
+ * tbon_strerror and tbon_last_error. The blocking calls (tbon_recv_blocking, tbon_barrier, tbon_group_barrier, tbon_wait_wired, tbon_wait_stopped,
  * tbon_counters_get, tbon_start, tbon_shutdown, tbon_shutdown_dvm, tbon_abort, tbon_free,
  * tbon_stream_read, tbon_writer_write, tbon_status_get, tbon_status_query) return
  * TBON_ERR_BUSY there instead of deadlocking. A send from a callback gets TBON_ERR_BUSY if the
@@ -96,6 +100,14 @@
 // (unless a recent denial is cached).
 #define TBON_ROUTE_DIRECT 1
 
+// The most members a group may have (`tbon_group_new`: `TBON_ERR_TOO_LARGE` beyond).
+#define TBON_GROUP_MEMBERS_MAX (1 << 20)
+
+// Group collectives one daemon may have called and not yet seen end, all its groups
+// together: one more is refused `TBON_ERR_BUSY` (it takes no number; call it again once one
+// of them ended).
+#define TBON_GROUP_INFLIGHT_MAX 256
+
 // `tbon_status_get`/`tbon_status_query` flag: every daemon in detail (by default a healthy
 // subtree is summarised; the JSON is then shorter, the per-rank states the same).
 #define TBON_STATUS_ALL 1
@@ -137,7 +149,8 @@ typedef enum {
   TBON_ERR_RESERVED_TAG = 3,
   // No such rank in this DVM.
   TBON_ERR_RANK_OUT_OF_RANGE = 4,
-  // The payload exceeds `msg_max_bytes`, or a caller buffer is too small (see the call).
+  // The payload exceeds `msg_max_bytes`, a group has more than `TBON_GROUP_MEMBERS_MAX`
+  // members, or a caller buffer is too small (see the call).
   TBON_ERR_TOO_LARGE = 5,
   // The destination is known to have failed.
   TBON_ERR_NODE_DOWN = 6,
@@ -150,7 +163,8 @@ typedef enum {
   // The timeout passed first.
   TBON_ERR_TIMED_OUT = 10,
   // A receive for exactly this (peer, tag) is already posted, or this daemon already used
-  // this collective id.
+  // this collective id (for a group: another `tbon_group` of the same context and members
+  // ran this collective's number on this daemon).
   TBON_ERR_DUPLICATE = 11,
   // An unknown setting name, a bad setting value, or an invalid configuration.
   TBON_ERR_CONFIG = 12,
@@ -174,6 +188,12 @@ typedef enum {
   // Status: the daemon refused the operator credential (a wrong one, another DVM, or too
   // many tools connected).
   TBON_ERR_CREDENTIAL = 21,
+  // Groups: this daemon, or the broadcast's root, is not a member of the group.
+  TBON_ERR_NOT_MEMBER = 22,
+  // Groups: the collective ended without its result at this member (after a repair, every
+  // daemon its late contribution reached had already forgotten the result; the other
+  // members may have it).
+  TBON_ERR_RESULT_LOST = 23,
 } tbon_rc;
 
 // A log record's level (`tbon_log_callback`), most severe first; `TBON_LOG_OFF` records
@@ -511,6 +531,23 @@ typedef struct {
   uint64_t group_results;
   uint64_t group_tracked;
 } tbon_counters;
+
+// A group of daemons for group collectives (the daemons one job runs on): an id from
+// `tbon_group_new`, valid until `tbon_group_free`; 0 is never valid.
+typedef uint64_t tbon_group;
+
+// Group broadcast callback (`tbon_group_broadcast`): called once, on the loop thread. With
+// `TBON_OK`, `data` holds the root's `len` bytes (NULL when `len` is 0), valid only during the
+// call: copy what you keep. Otherwise `data` is NULL and `len` 0: `TBON_ERR_NODE_DOWN` (the
+// root died before its bytes reached the tree), `TBON_ERR_TOO_LARGE` (the root's bytes and 8
+// bytes per member exceeded the 16 MiB gathered-bytes bound, or `msg_max_bytes`),
+// `TBON_ERR_DUPLICATE`, `TBON_ERR_RESULT_LOST`, `TBON_ERR_SHUT_DOWN` (see
+// `tbon_group_allgather`). `seq` is the collective's number in the group.
+typedef void (*tbon_group_broadcast_cb)(tbon_rc rc,
+                                        uint64_t seq,
+                                        const uint8_t *data,
+                                        size_t len,
+                                        void *user);
 
 // A status gathered from a DVM (0 is never a valid handle). Free it with `tbon_status_free`.
 typedef uint64_t tbon_status;
@@ -901,6 +938,82 @@ tbon_rc tbon_on_fault(tbon_daemon d, tbon_fault_cb cb, void *user);
 // Fills `*out` with a snapshot of this daemon's counters (a round trip to the loop thread).
 // Not from a callback (`TBON_ERR_BUSY`).
 tbon_rc tbon_counters_get(tbon_daemon d, tbon_counters *out);
+
+// Makes a group of the `nmembers` ranks at `members` (any order; duplicates count once) under
+// `context`, and stores its handle in `*out`. A group is what one job's collectives run
+// among: only its members take part (and the daemons of the tree between them and rank 0),
+// and any number of groups, overlapping or not, run at once.
+//
+// What the caller must do: every member's daemon makes its own group with the same
+// `context` and members (a group belongs to the daemon that first uses it: one group per
+// daemon, also for several daemons in one process, else `TBON_ERR_BAD_PARAM`); every living
+// member calls the group's collectives in the same order, the same kind each time
+// (allgather, barrier, or broadcast with the same root), since a group numbers its
+// collectives 0, 1, 2, ... in the order they are called; calls from several threads are
+// ordered by the caller; a context is never used again for the same members once a group
+// was used (a job's number is never reused). Whether the ranks exist is checked when the
+// group is used (`TBON_ERR_RANK_OUT_OF_RANGE`). Errors: `TBON_ERR_BAD_PARAM` (no members,
+// `members` NULL with `nmembers` > 0, `out` NULL), `TBON_ERR_TOO_LARGE` (more than
+// `TBON_GROUP_MEMBERS_MAX` members). The members are copied.
+tbon_rc tbon_group_new(uint64_t context, const uint32_t *members, size_t nmembers, tbon_group *out);
+
+// Frees group `g`; 0 does nothing (`TBON_OK`). Collectives already called go on, and their
+// callbacks still run. `TBON_ERR_BAD_HANDLE` if `g` is not a group (or was freed already).
+tbon_rc tbon_group_free(tbon_group g);
+
+// Stores in `*out` the number the group's next collective will take: how many of its
+// collectives this daemon called and had accepted (a call refused at once takes none).
+// `TBON_ERR_BUSY` from a callback while another thread's call on this group is in progress.
+tbon_rc tbon_group_next_seq(tbon_group g, uint64_t *out);
+
+// Contributes `len` bytes at `data` (copied; `data` may be NULL when `len` is 0) to group
+// `g`'s next collective, an allgather, without waiting. `cb` (not NULL) gets the result as
+// `tbon_allgather_cb` describes, the same at every member: every member's bytes ordered by
+// rank (members only), the members that died before theirs reached the tree as excluded,
+// and `id` set to the collective's number in the group. It is called exactly once if and
+// only if this returns `TBON_OK`; then with `TBON_OK`, or `TBON_ERR_TOO_LARGE` (the gathered
+// bytes exceeded 16 MiB, 8 bytes per member included, or `msg_max_bytes`),
+// `TBON_ERR_DUPLICATE` (another group of the same context and members ran this number on
+// this daemon), `TBON_ERR_RESULT_LOST` (see `tbon_rc`; the other members may have it),
+// `TBON_ERR_SHUT_DOWN` (the daemon stopped first).
+//
+// Returned at once, and then the call takes no number (call it again later to stay in step
+// with the other members): `TBON_ERR_NOT_MEMBER` (this daemon is not a member),
+// `TBON_ERR_RANK_OUT_OF_RANGE` (a member is not a rank of the DVM), `TBON_ERR_TOO_LARGE`
+// (above 16 MiB less 8 bytes), `TBON_ERR_BUSY` (`TBON_GROUP_INFLIGHT_MAX` group collectives
+// in flight on this daemon, or the queue before wire-up is full; from a callback also when
+// the command queue is, or when another thread's call on this group is in progress), `TBON_ERR_SHUT_DOWN`, `TBON_ERR_BAD_HANDLE`, `TBON_ERR_BAD_PARAM` (a NULL
+// `cb` or `data`, or a group bound to another daemon). A barrier that does not wait is this
+// call with `len` 0.
+tbon_rc tbon_group_allgather(tbon_daemon d,
+                             tbon_group g,
+                             const void *data,
+                             size_t len,
+                             tbon_allgather_cb cb,
+                             void *user);
+
+// Enters group `g`'s next collective, a barrier, and waits until every living member has
+// entered it (members that died are not waited for), or `timeout_ms` passed
+// (`TBON_ERR_TIMED_OUT`: this daemon stays entered, the barrier goes on and keeps its
+// number). Errors as `tbon_group_allgather` (returned here, whether at once or at the end);
+// not from a callback (`TBON_ERR_BUSY`). To enter without waiting, call
+// `tbon_group_allgather` with `len` 0.
+tbon_rc tbon_group_barrier(tbon_daemon d, tbon_group g, uint32_t timeout_ms);
+
+// Group `g`'s next collective as a broadcast from member `root`, without waiting: every
+// living member calls it with the same `root`; the root's `len` bytes at `data` (copied; NULL
+// when `len` is 0) go to every member, and `cb` (not NULL) gets them (see
+// `tbon_group_broadcast_cb`), at the root too. At the other members `data` and `len` are not
+// read (pass NULL and 0). `cb` is called exactly once if and only if this returns `TBON_OK`.
+// Returned at once: `TBON_ERR_NOT_MEMBER` also when `root` is not a member; otherwise as
+// `tbon_group_allgather`.
+tbon_rc tbon_group_broadcast(tbon_daemon d,
+                             tbon_group g,
+                             uint32_t root,
+                             const void *data,
+                             size_t len,
+                             tbon_group_broadcast_cb cb,
+                             void *user);
 
 // Gathers the status of the subtree of daemon `d` of this process (rank 0: the whole DVM)
 // within `budget_ms` (1 to 60,000, a longer one cut to 60,000; 0 is `TBON_ERR_BAD_PARAM`; a subtree silent for longer shows as

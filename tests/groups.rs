@@ -59,7 +59,7 @@ fn two_jobs_on_overlapping_daemons_run_their_collectives_at_once() {
                     assert_eq!(bcast, data(job, root, seq + 2));
                     out.push(all);
                 }
-                assert_eq!(group.next_seq(), 9);
+                assert_eq!(group.next_seq(&h), 9);
                 (job, m, out)
             }));
         }
@@ -162,7 +162,7 @@ fn misuse_and_the_in_flight_bound_are_errors_that_take_no_number() {
         h.group_allgather(&pair, vec![0u8; 17 << 20], |_| {}),
         Err(SendError::TooLarge { .. })
     ));
-    assert_eq!(pair.next_seq(), 0);
+    assert_eq!(pair.next_seq(&h), 0);
     assert!(matches!(
         tbon::Group::new(0, []),
         Err(tbon::GroupError::Empty)
@@ -179,7 +179,7 @@ fn misuse_and_the_in_flight_bound_are_errors_that_take_no_number() {
         h.group_barrier(&pair, |_| {}),
         Err(SendError::Busy(tbon::Limit::GroupCollectivesInFlight))
     );
-    assert_eq!(pair.next_seq(), tbon::limits::GROUP_INFLIGHT_MAX as u64);
+    assert_eq!(pair.next_seq(&h), tbon::limits::GROUP_INFLIGHT_MAX as u64);
     // Rank 2 catches up on the first: rank 1 gets room for one more.
     let pair2 = Group::new(0, [1, 2]).unwrap();
     dvm[2]
@@ -197,4 +197,35 @@ fn misuse_and_the_in_flight_bound_are_errors_that_take_no_number() {
         shut += 1;
     }
     assert_eq!(shut, tbon::limits::GROUP_INFLIGHT_MAX - 1);
+}
+
+#[test]
+fn one_group_value_serves_several_daemons_of_a_process_each_with_its_numbers() {
+    let dvm = start_dvm(3, &loopback_config(2));
+    let group = Group::new(5, [0, 1, 2]).unwrap();
+    let threads: Vec<_> = dvm
+        .iter()
+        .map(|d| {
+            let (h, group) = (d.handle(), group.clone());
+            std::thread::spawn(move || {
+                for seq in 0..3 {
+                    let r = h.group_barrier_wait(&group, HANG_GUARD).unwrap();
+                    assert_eq!(r.id, seq);
+                }
+                assert_eq!(group.next_seq(&h), 3);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // A broadcast payload above the bound is refused at the root, taking no number.
+    let h = dvm[1].handle();
+    let max = h.group_broadcast_max(&group);
+    assert!(max > 1 << 20, "{max}");
+    assert!(matches!(
+        h.group_broadcast(&group, 1, vec![0u8; max + 1], |_| {}),
+        Err(SendError::TooLarge { .. })
+    ));
+    assert_eq!(group.next_seq(&h), 3);
 }

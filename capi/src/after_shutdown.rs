@@ -19,6 +19,7 @@ unsafe extern "C" fn on_gathered(
     _: *mut c_void,
 ) {
 }
+unsafe extern "C" fn on_bcast(_: tbon_rc, _: u64, _: *const u8, _: usize, _: *mut c_void) {}
 unsafe extern "C" fn on_recv(_: u32, _: u32, _: *const u8, _: usize, _: *mut c_void) {}
 unsafe extern "C" fn on_fault(_: *const u32, _: usize, _: tbon_scope, _: u64, _: *mut c_void) {}
 unsafe extern "C" fn on_stream(_: *const u8, _: usize, _: *const tbon_stream_end, _: *mut c_void) {}
@@ -54,8 +55,13 @@ fn every_call(d: tbon_daemon) -> Vec<(&'static str, tbon_rc)> {
     let mut rlen = 0usize;
     let mut buf = [0u8; 16];
     let mut blen = buf.len();
+    let mut group = 0;
     // SAFETY: every pointer is valid for its call; the callbacks do nothing.
     unsafe {
+        assert_eq!(
+            tbon_group_new(1, [0].as_ptr(), 1, &mut group),
+            tbon_rc::TBON_OK
+        );
         out.push((
             "contact_uri",
             tbon_contact_uri(d, uri.as_mut_ptr(), &mut len),
@@ -101,6 +107,15 @@ fn every_call(d: tbon_daemon) -> Vec<(&'static str, tbon_rc)> {
             tbon_allgather(d, 1, p, 8, Some(on_gathered), null_mut()),
         ));
         out.push(("barrier", tbon_barrier(d, 2, 10)));
+        out.push((
+            "group_allgather",
+            tbon_group_allgather(d, group, p, 8, Some(on_gathered), null_mut()),
+        ));
+        out.push(("group_barrier", tbon_group_barrier(d, group, 10)));
+        out.push((
+            "group_broadcast",
+            tbon_group_broadcast(d, group, 0, p, 8, Some(on_bcast), null_mut()),
+        ));
         out.push(("recv", tbon_recv(d, 0, 100, 1, Some(on_recv), null_mut())));
         out.push(("cancel", tbon_cancel(d, 0, 100)));
         out.push(("purge", tbon_purge(d, 0)));
@@ -145,6 +160,7 @@ fn every_call(d: tbon_daemon) -> Vec<(&'static str, tbon_rc)> {
         out.push(("shutdown", tbon_shutdown(d)));
         out.push(("shutdown_dvm", tbon_shutdown_dvm(d)));
         out.push(("abort", tbon_abort(d)));
+        assert_eq!(tbon_group_free(group), tbon_rc::TBON_OK);
     }
     out
 }

@@ -18,8 +18,10 @@
 
 #[cfg(test)]
 mod after_shutdown;
+mod groups;
 mod status;
 mod streams;
+pub use groups::*;
 pub use status::*;
 pub use streams::*;
 
@@ -51,7 +53,8 @@ pub enum tbon_rc {
     TBON_ERR_RESERVED_TAG = 3,
     /// No such rank in this DVM.
     TBON_ERR_RANK_OUT_OF_RANGE = 4,
-    /// The payload exceeds `msg_max_bytes`, or a caller buffer is too small (see the call).
+    /// The payload exceeds `msg_max_bytes`, a group has more than `TBON_GROUP_MEMBERS_MAX`
+    /// members, or a caller buffer is too small (see the call).
     TBON_ERR_TOO_LARGE = 5,
     /// The destination is known to have failed.
     TBON_ERR_NODE_DOWN = 6,
@@ -64,7 +67,8 @@ pub enum tbon_rc {
     /// The timeout passed first.
     TBON_ERR_TIMED_OUT = 10,
     /// A receive for exactly this (peer, tag) is already posted, or this daemon already used
-    /// this collective id.
+    /// this collective id (for a group: another `tbon_group` of the same context and members
+    /// ran this collective's number on this daemon).
     TBON_ERR_DUPLICATE = 11,
     /// An unknown setting name, a bad setting value, or an invalid configuration.
     TBON_ERR_CONFIG = 12,
@@ -88,6 +92,12 @@ pub enum tbon_rc {
     /// Status: the daemon refused the operator credential (a wrong one, another DVM, or too
     /// many tools connected).
     TBON_ERR_CREDENTIAL = 21,
+    /// Groups: this daemon, or the broadcast's root, is not a member of the group.
+    TBON_ERR_NOT_MEMBER = 22,
+    /// Groups: the collective ended without its result at this member (after a repair, every
+    /// daemon its late contribution reached had already forgotten the result; the other
+    /// members may have it).
+    TBON_ERR_RESULT_LOST = 23,
 }
 
 /// Which repair a fault handler reports.
@@ -611,6 +621,8 @@ fn send_rc(e: &SendError) -> tbon_rc {
         SendError::ShutDown => tbon_rc::TBON_ERR_SHUT_DOWN,
         SendError::TimedOut => tbon_rc::TBON_ERR_TIMED_OUT,
         SendError::DuplicateId(_) => tbon_rc::TBON_ERR_DUPLICATE,
+        SendError::NotMember(_) => tbon_rc::TBON_ERR_NOT_MEMBER,
+        SendError::ResultLost => tbon_rc::TBON_ERR_RESULT_LOST,
         // A cause added to the library after this table: a bug here, not the caller's.
         _ => tbon_rc::TBON_ERR_INTERNAL,
     }
@@ -737,6 +749,7 @@ struct Registry {
     writers: HashMap<u64, streams::WriterEntry>,
     streams: HashMap<u64, Arc<streams::StreamEntry>>,
     statuses: HashMap<u64, status::StatusEntry>,
+    groups: HashMap<u64, groups::GroupEntry>,
 }
 
 impl Registry {
@@ -762,6 +775,9 @@ impl Registry {
         }
         if self.statuses.is_empty() {
             self.statuses = HashMap::new();
+        }
+        if self.groups.is_empty() {
+            self.groups = HashMap::new();
         }
     }
 }
@@ -900,6 +916,8 @@ pub extern "C" fn tbon_strerror(rc: c_int) -> *const c_char {
         19 => c"corrupt stream",
         20 => c"the stream was idle too long",
         21 => c"the credential was refused",
+        22 => c"not a member of the group",
+        23 => c"the group collective's result was lost",
         _ => c"unknown tbon_rc",
     };
     s.as_ptr()
@@ -1749,61 +1767,84 @@ pub unsafe extern "C" fn tbon_allgather(
             return fail(tbon_rc::TBON_ERR_BAD_PARAM, "cb is NULL");
         };
         let h = handle(d)?;
-        let payload = if len == 0 {
-            Bytes::new()
-        } else {
-            non_null(data, "data")?;
-            let max = tbon::limits::ALLGATHER_MAX_BYTES - 8;
-            if len > max {
-                return Err(SendError::TooLarge { len, max }.into());
-            }
-            // SAFETY: non-null, and the caller promised `len` readable bytes for the call.
-            Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) })
-        };
+        // SAFETY: the caller's buffer, valid for this call.
+        let payload = unsafe { contribution_arg(data, len)? };
         let user = UserPtr(user);
-        h.allgather(id, payload, move |r| {
-            let _scope = CallbackScope::enter();
-            let res = match r {
-                Ok(res) if res.overflowed => Err(tbon_rc::TBON_ERR_TOO_LARGE),
-                Ok(res) => Ok(res),
-                Err(e) => Err(send_rc(&e)),
-            };
-            match res {
-                Ok(res) => {
-                    let parts: Vec<tbon_contribution> = res
-                        .contributions
-                        .iter()
-                        .map(|(rank, b)| tbon_contribution {
-                            rank: *rank,
-                            data: if b.is_empty() {
-                                std::ptr::null()
-                            } else {
-                                b.as_ptr()
-                            },
-                            len: b.len(),
-                        })
-                        .collect();
-                    // SAFETY: the caller's function; the arrays and bytes live for the call.
-                    unsafe {
-                        cb(
-                            tbon_rc::TBON_OK,
-                            id,
-                            parts.as_ptr(),
-                            parts.len(),
-                            res.excluded.as_ptr(),
-                            res.excluded.len(),
-                            user.get(),
-                        )
-                    }
-                }
-                // SAFETY: the caller's function, with empty arrays.
-                Err(rc) => unsafe {
-                    cb(rc, id, std::ptr::null(), 0, std::ptr::null(), 0, user.get())
-                },
-            }
-        })?;
+        h.allgather(id, payload, move |r| gathered(cb, id, r, user))?;
         Ok(())
     })
+}
+
+/// Copies a caller's contribution to a collective (`data` may be NULL only when `len` is 0);
+/// one above `ALLGATHER_MAX_BYTES` less 8 is refused before anything is copied.
+unsafe fn contribution_arg(data: *const c_void, len: usize) -> Result<Bytes, Fail> {
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    non_null(data, "data")?;
+    let max = tbon::limits::ALLGATHER_MAX_BYTES - 8;
+    if len > max {
+        return Err(SendError::TooLarge { len, max }.into());
+    }
+    // SAFETY: non-null, and the caller promised `len` readable bytes for the call.
+    let s = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
+    Ok(Bytes::copy_from_slice(s))
+}
+
+/// Hands an allgather's outcome to the caller's `tbon_allgather_cb` (on the loop thread): the
+/// contributions and the excluded ranks, or an error code with empty arrays (an overflowed
+/// result is `TBON_ERR_TOO_LARGE`). `id` is the collective's id (its number, for a group).
+fn gathered(
+    cb: unsafe extern "C" fn(
+        tbon_rc,
+        u64,
+        *const tbon_contribution,
+        usize,
+        *const u32,
+        usize,
+        *mut c_void,
+    ),
+    id: u64,
+    r: Result<tbon::AllgatherResult, SendError>,
+    user: UserPtr,
+) {
+    let _scope = CallbackScope::enter();
+    let res = match r {
+        Ok(res) if res.overflowed => Err(tbon_rc::TBON_ERR_TOO_LARGE),
+        Ok(res) => Ok(res),
+        Err(e) => Err(send_rc(&e)),
+    };
+    match res {
+        Ok(res) => {
+            let parts: Vec<tbon_contribution> = res
+                .contributions
+                .iter()
+                .map(|(rank, b)| tbon_contribution {
+                    rank: *rank,
+                    data: if b.is_empty() {
+                        std::ptr::null()
+                    } else {
+                        b.as_ptr()
+                    },
+                    len: b.len(),
+                })
+                .collect();
+            // SAFETY: the caller's function; the arrays and bytes live for the call.
+            unsafe {
+                cb(
+                    tbon_rc::TBON_OK,
+                    id,
+                    parts.as_ptr(),
+                    parts.len(),
+                    res.excluded.as_ptr(),
+                    res.excluded.len(),
+                    user.get(),
+                )
+            }
+        }
+        // SAFETY: the caller's function, with empty arrays.
+        Err(rc) => unsafe { cb(rc, id, std::ptr::null(), 0, std::ptr::null(), 0, user.get()) },
+    }
 }
 
 /// Enters barrier `id` and waits until every living daemon has entered it, or `timeout_ms`

@@ -174,3 +174,8 @@ fn c_stream_fetches_a_file_sized_object_and_tells_every_end_apart() {
 fn c_status_shows_the_dvm_to_the_daemon_and_to_an_operator() {
     run_example("status");
 }
+
+#[test]
+fn c_group_two_jobs_on_overlapping_daemons_run_their_own_collectives() {
+    run_example("group");
+}

@@ -27,7 +27,11 @@ fn committed_header_matches_a_fresh_generation() {
         .write(&mut fresh);
     let path = root.join("include/tbon.h");
     if std::env::var_os("TBON_BLESS").is_some_and(|v| v == "1") {
-        std::fs::write(&path, &fresh).expect("write include/tbon.h");
+        // Through a rename: the compile test below reads the header at the same time, and
+        // must never see it half written.
+        let tmp = root.join(format!("include/.tbon.h.{}", std::process::id()));
+        std::fs::write(&tmp, &fresh).expect("write include/tbon.h");
+        std::fs::rename(&tmp, &path).expect("rename to include/tbon.h");
         return;
     }
     let committed = std::fs::read(&path).unwrap_or_default();

@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 use tbon::node::lookup::{LookupReply, decode_request};
 use tbon::node::wireup::{Slice, decode_report};
 use tbon::faults::notice::{Adoption, Confirmation, decode_ranks};
-use tbon::grpcomm::{AllgatherMsg, AllgatherResult, XcastMsg};
+use tbon::grpcomm::{AllgatherMsg, AllgatherResult, GroupMsg, XcastMsg};
 use tbon::oob::uri::ContactUri;
 use tbon::direct::DirectMsg;
 use tbon::relm::Control;
@@ -36,6 +36,10 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(r) = AllgatherResult::decode(size, rest.to_vec().into()) {
         let _ = r.encode();
+    }
+    // A group message that decodes encodes back to the same bytes (one encoding per set).
+    if let Ok(m) = GroupMsg::decode(size, rest.to_vec().into()) {
+        assert_eq!(&m.encode()[..], rest);
     }
     let _ = DirectMsg::decode(rest);
     if let Ok((id, m)) = StreamMsg::decode(&rest.to_vec().into()) {

@@ -2,14 +2,14 @@
 //! with the job's own sequence of collectives, and the `Handle::group_*` calls. The protocol is
 //! `grpcomm::group`.
 use super::caddy::{AllgatherCompletion, Caddy};
-use super::handle::{Handle, lock, wait_result};
+use super::handle::{Handle, Shared, lock, wait_result};
 use crate::Rank;
 use crate::error::{Limit, SendError};
 use crate::grpcomm::{AllgatherResult, GroupError, GroupId, GroupOp};
 use crate::limits::{ALLGATHER_MAX_BYTES, GROUP_INFLIGHT_MAX};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::Duration;
 
 /// A group of daemons (the daemons one job runs on) for group collectives: allgather, barrier
@@ -24,8 +24,9 @@ use std::time::Duration;
 /// - never reuse a context for the same members once a group has been used (a job's number is
 ///   never reused); a second `Group` with the same context and members on one daemon is the
 ///   same group, and its calls fail with `DuplicateId`;
-/// - share one `Group` value (clones share the sequence) between the threads that call it, and
-///   order their calls.
+/// - share one `Group` value (clones share the sequences) between the threads that call it,
+///   and order their calls. One value may serve several daemons of one process (an embedder's
+///   test, [`crate::launch::local_dvm`]): each daemon numbers its own calls.
 ///
 /// A call refused at once (an `Err` returned by the call itself) takes no number, so offering
 /// it again keeps the members in step; once accepted, its outcome goes to `done`. Members that
@@ -34,7 +35,38 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Group {
     id: GroupId,
-    next: Arc<Mutex<u64>>,
+    /// Each daemon's next number, by daemon (a `Weak` keeps its address from being reused, so
+    /// a later daemon never inherits a stopped one's count).
+    next: Arc<Mutex<Sequences>>,
+}
+
+/// Each daemon's next number in one group.
+type Sequences = Vec<(Weak<Shared>, u64)>;
+
+/// Where a daemon's entry in a group's sequences is, made on first use (entries of dropped
+/// daemons are removed then).
+fn position(seqs: &mut Sequences, shared: &Arc<Shared>) -> usize {
+    let mine = |w: &Weak<Shared>| std::ptr::eq(w.as_ptr(), Arc::as_ptr(shared));
+    if let Some(at) = seqs.iter().position(|(w, _)| mine(w)) {
+        return at;
+    }
+    seqs.retain(|(w, _)| w.strong_count() > 0);
+    seqs.push((Arc::downgrade(shared), 0));
+    seqs.len() - 1
+}
+
+/// The daemon's next number in a group.
+fn next_of(seqs: &mut Sequences, shared: &Arc<Shared>) -> u64 {
+    let at = position(seqs, shared);
+    seqs.get(at).map_or(0, |(_, n)| *n)
+}
+
+/// The daemon's call took its number.
+fn advance(seqs: &mut Sequences, shared: &Arc<Shared>) {
+    let at = position(seqs, shared);
+    if let Some((_, n)) = seqs.get_mut(at) {
+        *n += 1;
+    }
 }
 
 impl Group {
@@ -44,7 +76,7 @@ impl Group {
     pub fn new(context: u64, members: impl IntoIterator<Item = Rank>) -> Result<Self, GroupError> {
         Ok(Group {
             id: GroupId::new(context, members)?,
-            next: Arc::new(Mutex::new(0)),
+            next: Arc::new(Mutex::new(Vec::new())),
         })
     }
 
@@ -63,9 +95,24 @@ impl Group {
         self.id.contains(rank)
     }
 
-    /// The number the group's next collective will take (collectives accepted so far).
-    pub fn next_seq(&self) -> u64 {
-        *lock(&self.next)
+    /// The number the group's next collective will take on the daemon of `handle` (the
+    /// collectives it accepted so far). Blocks while another thread's call on this group waits
+    /// for room in that daemon's command channel.
+    pub fn next_seq(&self, handle: &Handle) -> u64 {
+        next_of(&mut lock(&self.next), &handle.shared)
+    }
+
+    /// The sequences, locked; from a callback (the loop thread) only if free at once, since a
+    /// thread holding them may be waiting for the loop.
+    fn sequences(&self, shared: &Shared) -> Result<MutexGuard<'_, Sequences>, SendError> {
+        if !shared.on_loop_thread() {
+            return Ok(lock(&self.next));
+        }
+        match self.next.try_lock() {
+            Ok(g) => Ok(g),
+            Err(TryLockError::Poisoned(e)) => Ok(e.into_inner()),
+            Err(TryLockError::WouldBlock) => Err(SendError::Busy(Limit::LoopThread)),
+        }
     }
 }
 
@@ -79,7 +126,8 @@ impl Handle {
     /// Returned at once, taking no number (`done` is not called): `NotMember` (this daemon),
     /// `RankOutOfRange` (a member not in the DVM), `TooLarge`, `Busy(GroupCollectivesInFlight)`
     /// (`limits::GROUP_INFLIGHT_MAX` called and not ended here: offer it again after one
-    /// ends), `Busy(PrewireQueue)`, `Busy(CommandChannel)` from a callback, `ShutDown`. Passed
+    /// ends), `Busy(PrewireQueue)`, from a callback `Busy(CommandChannel)` or
+    /// `Busy(LoopThread)` (another thread's call on this group holds its sequence), `ShutDown`. Passed
     /// to `done`: `DuplicateId` (another `Group` value for the same group ran this number
     /// here), `ResultLost` (see [`SendError::ResultLost`]), `ShutDown`.
     pub fn group_allgather(
@@ -127,11 +175,22 @@ impl Handle {
         self.group_allgather_wait(group, Bytes::new(), timeout)
     }
 
+    /// The largest payload [`Handle::group_broadcast`] takes for `group`: what fits the
+    /// gathered bytes' bound and a frame (`msg_max_bytes`) beside the group's own bookkeeping
+    /// (32 bytes per member, 8 per run of consecutive members).
+    pub fn group_broadcast_max(&self, group: &Group) -> usize {
+        let overhead = 32 * group.members().len() + 8 * group.id.ranges().len() + 64;
+        ALLGATHER_MAX_BYTES
+            .min(self.shared.msg_max_bytes)
+            .saturating_sub(overhead)
+    }
+
     /// The group's next collective as a broadcast from member `root`: every living member
     /// calls it with the same root; the root's `payload` goes to every member (the others'
     /// payloads are not sent), and `done` runs with it. A root that dies before its payload
     /// reached the tree ends the broadcast with `NodeDown(root)` at every member. `root` must be
-    /// a member (`NotMember(root)`, returned at once); other errors as
+    /// a member (`NotMember(root)`), and the root's payload at most
+    /// [`Handle::group_broadcast_max`] (`TooLarge`), both returned at once; other errors as
     /// [`Handle::group_allgather`].
     pub fn group_broadcast(
         &self,
@@ -143,13 +202,26 @@ impl Handle {
         if !group.contains(root) {
             return Err(SendError::NotMember(root));
         }
+        let max = self.group_broadcast_max(group);
         let data = if self.rank() == root {
             payload.into()
         } else {
             Bytes::new()
         };
+        if data.len() > max {
+            return Err(SendError::TooLarge {
+                len: data.len(),
+                max,
+            });
+        }
         self.group_allgather(group, data, move |r| {
-            done(r.and_then(|result| result.get(root).cloned().ok_or(SendError::NodeDown(root))))
+            done(r.and_then(|result| {
+                if result.overflowed {
+                    // Only a root that bypassed the bound above could cause it.
+                    return Err(SendError::TooLarge { len: 0, max });
+                }
+                result.get(root).cloned().ok_or(SendError::NodeDown(root))
+            }))
         })
     }
 
@@ -214,14 +286,21 @@ impl Handle {
             done(r)
         });
         // The number is taken under the group's lock and kept only if the loop took the call.
-        let mut next = lock(&group.next);
+        let mut seqs = match group.sequences(shared) {
+            Ok(s) => s,
+            Err(e) => {
+                shared.untake_prewire(1);
+                shared.group_inflight.fetch_sub(1, Ordering::AcqRel);
+                return Err(e);
+            }
+        };
         let op = GroupOp {
             group: group.id.clone(),
-            seq: *next,
+            seq: next_of(&mut seqs, shared),
         };
         match shared.submit_or_return(Caddy::Group { op, data, done }) {
             Ok(()) => {
-                *next += 1;
+                advance(&mut seqs, shared);
                 Ok(())
             }
             Err((e, _)) => {
