@@ -143,6 +143,15 @@ pub struct Counters {
     pub group_results: u64,
     /// Group collectives this daemon keeps state for (its own and those it relays).
     pub group_tracked: u64,
+    /// Data-exchange gets answered here without a message (cache or own data).
+    pub modex_hits: u64,
+    /// Data-exchange fetches of an owner's data (one per owner and group, shared by the gets
+    /// waiting for it).
+    pub modex_fetches: u64,
+    /// Data-exchange fetches answered for other daemons.
+    pub modex_served: u64,
+    /// Blobs evicted from the data-exchange cache.
+    pub modex_evicted: u64,
     /// Times a link's collective messages were re-stated: a tree neighbour's connection came
     /// back, or messages for it were dropped at its full queue.
     pub grpcomm_resyncs: u64,

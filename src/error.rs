@@ -135,6 +135,9 @@ pub enum Limit {
     CollectivesInFlight,
     /// Group collectives in flight on this daemon ([`crate::limits::GROUP_INFLIGHT_MAX`]).
     GroupCollectivesInFlight,
+    /// Groups with committed data-exchange data on this daemon
+    /// ([`crate::limits::MODEX_GROUPS_MAX`]; `Handle::forget_group` frees one).
+    ModexGroups,
     /// A [`crate::Batch`] holds [`crate::limits::SEND_BATCH_MAX`] messages.
     Batch,
     /// Services one daemon serves ([`crate::limits::STREAM_SERVICES_MAX`]).
@@ -163,6 +166,7 @@ impl fmt::Display for Limit {
             Limit::OutstandingBroadcasts => "this daemon's outstanding broadcasts",
             Limit::CollectivesInFlight => "the collectives in flight",
             Limit::GroupCollectivesInFlight => "the group collectives in flight",
+            Limit::ModexGroups => "the groups with committed data",
             Limit::Batch => "the batch",
             Limit::ServiceTable => "the service table",
             Limit::StreamTable => "the stream table",

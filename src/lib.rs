@@ -90,6 +90,8 @@ pub mod grpcomm;
 #[doc(hidden)]
 pub mod invariant;
 #[doc(hidden)]
+pub mod modex;
+#[doc(hidden)]
 pub mod node;
 #[doc(hidden)]
 pub mod oob;
@@ -112,6 +114,8 @@ pub use driver::{
 };
 pub use error::{Limit, RecvError, RegisterError, SendError, StartError};
 pub use grpcomm::{AllgatherResult, GroupError};
+pub use modex::GetError;
+pub use node::FenceMode;
 pub use node::contacts::ContactsSetting;
 pub use node::{FAIL_NO_ROOM, FAIL_NO_SERVICE};
 pub use rml::{Message, Peer, RecvMode, Tag};

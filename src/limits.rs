@@ -431,6 +431,27 @@ pub const GROUP_RESULTS_CACHED_MAX: usize = 64;
 /// this alone is not cached.
 pub const GROUP_RESULTS_CACHED_BYTES: usize = 32 * 1024 * 1024;
 
+/// Groups (jobs) a daemon keeps committed data for (`Handle::commit`), until
+/// `Handle::forget_group`. At the bound a commit for one more is refused
+/// `Busy(Limit::ModexGroups)`; nothing committed is ever evicted.
+pub const MODEX_GROUPS_MAX: usize = 256;
+
+/// Bytes of a data-exchange key (`Handle::put`, `Handle::get`): longer is an error.
+pub const MODEX_KEY_MAX: usize = 255;
+
+/// Blobs (one rank's committed data for one group) a daemon caches from fences and fetches.
+/// Least recently used out first; a later `get` fetches an evicted one again.
+pub const MODEX_CACHE_MAX: usize = 4_096;
+
+/// Bytes of the cached blobs together ([`MODEX_CACHE_MAX`]; the same eviction). A blob larger
+/// than this alone is not cached: every `get` of it fetches it.
+pub const MODEX_CACHE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Direct-mode fetches (one per owner and group, shared by the gets waiting for it) a daemon
+/// has in flight. At the bound a `get` that needs one more is answered `GetError::Busy`. An
+/// owner also keeps at most this many unanswered requests per requester.
+pub const MODEX_FETCHES_MAX: usize = 256;
+
 /// `Sync` offers a daemon remembers from ranks that are not (yet) its parent in its view of the
 /// tree: a neighbour that learnt of a failure first offers the handshake before this daemon
 /// knows it is the new parent; the offer is answered once it is. A few per repair at most. At

@@ -18,6 +18,10 @@ pub type Completion = Box<dyn FnOnce(Result<(), SendError>) + Send + 'static>;
 /// contribution ordered by rank, and the excluded, dead ranks), or why it could not take part.
 pub type AllgatherCompletion = Box<dyn FnOnce(Result<AllgatherResult, SendError>) + Send + 'static>;
 
+/// Called once on the loop thread with a data-exchange `get`'s answer.
+pub type GetCompletion =
+    Box<dyn FnOnce(Result<bytes::Bytes, crate::modex::GetError>) + Send + 'static>;
+
 /// Called on the loop thread after every repair of the routing tree, once per scope.
 pub type FaultHandler = Box<dyn FnMut(&RecoveryStatus) + Send + 'static>;
 
@@ -96,6 +100,28 @@ pub(crate) enum Caddy {
         op: crate::grpcomm::GroupOp,
         data: Bytes,
         done: AllgatherCompletion,
+    },
+    /// A fence of the data exchange (its number already taken).
+    Fence {
+        op: crate::grpcomm::GroupOp,
+        mode: crate::node::FenceMode,
+        done: AllgatherCompletion,
+    },
+    /// This daemon's committed data for a group (a blob, `modex::blob`).
+    ModexCommit {
+        group: crate::grpcomm::GroupId,
+        blob: Bytes,
+    },
+    /// The job is over here: drop its data.
+    ModexForget {
+        group: crate::grpcomm::GroupId,
+    },
+    /// A data-exchange get.
+    Get {
+        group: crate::grpcomm::GroupId,
+        rank: crate::Rank,
+        key: String,
+        done: GetCompletion,
     },
     /// `post` is the id `Handle` gave this post (unique per daemon, see `Shared::posted`).
     Recv {

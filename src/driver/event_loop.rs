@@ -81,6 +81,8 @@ pub(crate) struct EventLoop {
     ag_done: FxHashMap<u64, AllgatherCompletion>,
     /// Group collectives by the token the node reports them with.
     group_done: FxHashMap<u64, AllgatherCompletion>,
+    /// Data-exchange gets by token (the same counter).
+    get_done: FxHashMap<u64, super::caddy::GetCompletion>,
     group_next_token: u64,
     fault_handlers: Vec<FaultHandler>,
     timers: Timers,
@@ -174,6 +176,7 @@ impl EventLoop {
             now: Instant::now(),
             ag_done: FxHashMap::default(),
             group_done: FxHashMap::default(),
+            get_done: FxHashMap::default(),
             group_next_token: 0,
             fault_handlers: Vec::new(),
             timers: Timers::default(),
@@ -360,7 +363,8 @@ impl EventLoop {
                 }
                 o @ (Output::SendDone { .. }
                 | Output::AllgatherDone { .. }
-                | Output::GroupDone { .. }) => self.complete(o),
+                | Output::GroupDone { .. }
+                | Output::GetDone { .. }) => self.complete(o),
                 Output::Repaired(status) => {
                     let mut handlers = std::mem::take(&mut self.fault_handlers);
                     for h in handlers.iter_mut() {
@@ -408,6 +412,11 @@ impl EventLoop {
             }
             Output::GroupDone { token, result } => {
                 if let Some(done) = self.group_done.remove(&token) {
+                    done(result);
+                }
+            }
+            Output::GetDone { token, result } => {
+                if let Some(done) = self.get_done.remove(&token) {
                     done(result);
                 }
             }
@@ -629,6 +638,37 @@ impl EventLoop {
                     Err(e) => done(Err(e)),
                 }
             }
+            Caddy::Fence { op, mode, done } => {
+                let token = self.group_next_token;
+                self.group_next_token += 1;
+                match self
+                    .node
+                    .handle_command(self.now, Command::Fence { op, mode, token })
+                {
+                    Ok(()) => {
+                        self.group_done.insert(token, done);
+                    }
+                    Err(e) => done(Err(e)),
+                }
+            }
+            Caddy::ModexCommit { group, blob } => {
+                if let Err(e) = self.node.modex_commit(group, blob) {
+                    // The handle admits commits within the same bound: not reached.
+                    log::error!("rank {}: a commit was refused: {e}", self.me);
+                }
+            }
+            Caddy::ModexForget { group } => self.node.modex_forget(&group),
+            Caddy::Get {
+                group,
+                rank,
+                key,
+                done,
+            } => {
+                let token = self.group_next_token;
+                self.group_next_token += 1;
+                self.get_done.insert(token, done);
+                self.node.modex_get(token, &group, rank, &key);
+            }
             Caddy::Group { op, data, done } => {
                 let token = self.group_next_token;
                 self.group_next_token += 1;
@@ -725,9 +765,11 @@ impl EventLoop {
             | Caddy::SendReliable { done, .. }
             | Caddy::Broadcast { done, .. } => complete(done, Err(SendError::ShutDown)),
             Caddy::SendBatch { .. } => {}
-            Caddy::Allgather { done, .. } | Caddy::Group { done, .. } => {
-                done(Err(SendError::ShutDown))
-            }
+            Caddy::Allgather { done, .. }
+            | Caddy::Group { done, .. }
+            | Caddy::Fence { done, .. } => done(Err(SendError::ShutDown)),
+            Caddy::Get { done, .. } => done(Err(crate::modex::GetError::ShutDown)),
+            Caddy::ModexCommit { .. } | Caddy::ModexForget { .. } => {}
             Caddy::Recv {
                 peer, tag, post, ..
             } => self.shared.unpost(peer, tag, post),
@@ -932,6 +974,13 @@ impl EventLoop {
         for t in tokens {
             if let Some(done) = self.group_done.remove(&t) {
                 done(Err(SendError::ShutDown));
+            }
+        }
+        let mut tokens: Vec<u64> = self.get_done.keys().copied().collect();
+        tokens.sort_unstable();
+        for t in tokens {
+            if let Some(done) = self.get_done.remove(&t) {
+                done(Err(crate::modex::GetError::ShutDown));
             }
         }
         lock(&self.shared.posted).clear();

@@ -7,6 +7,7 @@ use crate::Rank;
 use crate::error::{Limit, SendError};
 use crate::grpcomm::{AllgatherResult, GroupError, GroupId, GroupOp};
 use crate::limits::{ALLGATHER_MAX_BYTES, GROUP_INFLIGHT_MAX};
+use crate::node::FenceMode;
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
@@ -95,6 +96,11 @@ impl Group {
         self.id.contains(rank)
     }
 
+    /// The group as the protocol names it.
+    pub(crate) fn id(&self) -> &GroupId {
+        &self.id
+    }
+
     /// The number the group's next collective will take on the daemon of `handle` (the
     /// collectives it accepted so far). Blocks while another thread's call on this group waits
     /// for room in that daemon's command channel.
@@ -136,7 +142,7 @@ impl Handle {
         contribution: impl Into<Bytes>,
         done: impl FnOnce(Result<AllgatherResult, SendError>) + Send + 'static,
     ) -> Result<(), SendError> {
-        self.group_submit(group, contribution.into(), Box::new(done))
+        self.group_submit(group, Ok(contribution.into()), Box::new(done))
     }
 
     /// [`Handle::group_allgather`], blocking until the result arrived or `timeout` passed
@@ -248,10 +254,11 @@ impl Handle {
 
     /// Checks the call, admits it under `GROUP_INFLIGHT_MAX`, and only once the loop has it
     /// gives it the group's next number.
-    fn group_submit(
+    /// `what`: the contribution of a collective, or the mode of a fence.
+    pub(crate) fn group_submit(
         &self,
         group: &Group,
-        data: Bytes,
+        what: Result<Bytes, FenceMode>,
         done: AllgatherCompletion,
     ) -> Result<(), SendError> {
         let shared = &self.shared;
@@ -266,7 +273,9 @@ impl Handle {
             return Err(SendError::NotMember(shared.rank));
         }
         let max = ALLGATHER_MAX_BYTES - 8;
-        if data.len() > max {
+        if let Ok(data) = &what
+            && data.len() > max
+        {
             return Err(SendError::TooLarge {
                 len: data.len(),
                 max,
@@ -298,7 +307,11 @@ impl Handle {
             group: group.id.clone(),
             seq: next_of(&mut seqs, shared),
         };
-        match shared.submit_or_return(Caddy::Group { op, data, done }) {
+        let caddy = match what {
+            Ok(data) => Caddy::Group { op, data, done },
+            Err(mode) => Caddy::Fence { op, mode, done },
+        };
+        match shared.submit_or_return(caddy) {
             Ok(()) => {
                 advance(&mut seqs, shared);
                 Ok(())

@@ -68,6 +68,9 @@ pub(crate) struct Shared {
     /// Group collectives called on this daemon and not yet ended (`GROUP_INFLIGHT_MAX`):
     /// checked when a call is made, before the call takes its number in its group.
     pub group_inflight: AtomicUsize,
+    /// The data exchange's puts, by group, since the group was first used here (committed or
+    /// not: a commit sends all of them); at most `MODEX_GROUPS_MAX` groups.
+    pub modex_staged: Mutex<HashMap<crate::grpcomm::GroupId, crate::modex::blob::Entries>>,
 }
 
 impl std::fmt::Debug for Shared {

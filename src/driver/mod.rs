@@ -17,6 +17,7 @@ pub mod key;
 pub mod launch;
 mod listen;
 mod log_limit;
+mod modex;
 mod nonce;
 mod pending;
 mod serve;
@@ -121,6 +122,7 @@ pub fn start(
         prewire_taken: AtomicUsize::new(0),
         prewire_max: config.prewire_queue_max,
         group_inflight: AtomicUsize::new(0),
+        modex_staged: Mutex::new(std::collections::HashMap::new()),
     });
     let incarnation = incarnation();
     let node = Node::new(NodeConfig {

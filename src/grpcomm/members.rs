@@ -111,13 +111,73 @@ impl GroupId {
         out
     }
 
-    /// The group rebuilt from runs the wire carried, already checked to be canonical and below
-    /// the DVM size (see `wire::group`).
-    pub(crate) fn from_checked_runs(context: u64, members: Vec<Rank>) -> Self {
-        GroupId {
-            context,
-            members: members.into(),
+    /// Bytes of [`GroupId::encode_into`]'s output.
+    pub fn encoded_len(&self) -> usize {
+        12 + 8 * self.ranges().len()
+    }
+
+    /// Appends the group as the wire carries it: `u64 context`, `u32 runs`, then each run as
+    /// `u32 first`, `u32 count` (canonical: see [`GroupId::ranges`]).
+    pub fn encode_into(&self, b: &mut bytes::BytesMut) {
+        use bytes::BufMut;
+        let runs = self.ranges();
+        b.put_u64(self.context);
+        // At most GROUP_MEMBERS_MAX runs, far below u32::MAX.
+        b.put_u32(u32::try_from(runs.len()).unwrap_or(u32::MAX));
+        for (first, count) in runs {
+            b.put_u32(first);
+            b.put_u32(count);
         }
+    }
+
+    /// Reads a group written by [`GroupId::encode_into`] at the start of `buf`, for a DVM of
+    /// `size` ranks; returns it and the bytes it took. Refuses (with the reason) a truncated
+    /// group, no members, a run outside the DVM, runs not in canonical form, or more than
+    /// [`limits::GROUP_MEMBERS_MAX`] members; never allocates more than the input justifies.
+    pub fn decode_prefix(buf: &[u8], size: u32) -> Result<(Self, usize), &'static str> {
+        let u32_at = |at: usize| -> Result<u32, &'static str> {
+            buf.get(at..at + 4)
+                .and_then(|s| <[u8; 4]>::try_from(s).ok())
+                .map(u32::from_be_bytes)
+                .ok_or("a truncated group")
+        };
+        let context = buf
+            .get(..8)
+            .and_then(|s| <[u8; 8]>::try_from(s).ok())
+            .map(u64::from_be_bytes)
+            .ok_or("a truncated group")?;
+        let runs = u32_at(8)? as usize;
+        if runs == 0 {
+            return Err("a group without members");
+        }
+        if runs > size as usize || runs.saturating_mul(8) > buf.len().saturating_sub(12) {
+            return Err("a truncated group");
+        }
+        let mut members: Vec<Rank> = Vec::new();
+        let mut next_free: u64 = 0;
+        for i in 0..runs {
+            let first = u32_at(12 + 8 * i)?;
+            let count = u32_at(16 + 8 * i)?;
+            let end = u64::from(first) + u64::from(count);
+            if count == 0 || end > u64::from(size) {
+                return Err("a member run outside the DVM");
+            }
+            if i > 0 && u64::from(first) <= next_free {
+                return Err("member runs not canonical");
+            }
+            if members.len().saturating_add(count as usize) > limits::GROUP_MEMBERS_MAX {
+                return Err("a group above GROUP_MEMBERS_MAX");
+            }
+            members.extend(first..first + count);
+            next_free = end;
+        }
+        Ok((
+            GroupId {
+                context,
+                members: members.into(),
+            },
+            12 + 8 * runs,
+        ))
     }
 
     /// A 128-bit digest of the identity (context and members), for the memory of finished

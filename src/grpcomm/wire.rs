@@ -539,6 +539,20 @@ impl Reader {
         Ok((entries, excluded))
     }
 
+    /// What is left of the frame.
+    fn rest(&self) -> &[u8] {
+        self.buf.get(self.pos..).unwrap_or(&[])
+    }
+
+    /// Steps over `n` bytes.
+    fn skip(&mut self, n: usize) -> Result<(), WireError> {
+        if n > self.remaining() {
+            return Err(WireError::Truncated);
+        }
+        self.pos += n;
+        Ok(())
+    }
+
     fn finish(&self) -> Result<(), WireError> {
         match self.remaining() {
             0 => Ok(()),

@@ -116,17 +116,19 @@ impl Node {
     }
 
     /// This daemon's contribution to group collective `op`, once wired; `token` names it in
-    /// the [`Output::GroupDone`] that ends it.
+    /// the [`Output::GroupDone`] that ends it; `fence`: it is a fence of the data exchange in
+    /// that mode.
     pub(super) fn group_contribute(
         &mut self,
         op: GroupOp,
         data: Bytes,
         token: u64,
+        fence: Option<super::FenceMode>,
     ) -> Result<(), SendError> {
         let seq = op.seq;
         match self.group.contribute(op.clone(), data) {
             Ok(()) => {
-                self.group_tokens.insert(op, token);
+                self.group_tokens.insert(op, (token, fence));
                 Ok(())
             }
             Err(e) => Err(match e {
@@ -239,6 +241,7 @@ impl Node {
         self.xcast.handle_repair(status);
         self.allgather.handle_repair(status);
         self.group.handle_repair(status);
+        self.modex_failed(&status.newly_failed);
     }
 
     /// The link with tree neighbour `peer` may have lost collective messages (its connection
@@ -449,7 +452,7 @@ impl Node {
 
     /// A group collective this daemon contributed to is over here.
     fn group_done(&mut self, op: GroupOp, result: Result<AllgatherResult, GroupFailure>) {
-        let Some(token) = self.group_tokens.remove(&op) else {
+        let Some((token, fence)) = self.group_tokens.remove(&op) else {
             crate::bug!(
                 "rank {}: a group collective ended that nobody waits for",
                 self.me
@@ -457,6 +460,9 @@ impl Node {
             return;
         };
         self.counters.group_results += 1;
+        if let (Some(super::FenceMode::Full), Ok(result)) = (fence, &result) {
+            self.fenced(&op.group, result);
+        }
         let result = result.map_err(|e| match e {
             GroupFailure::Lost => SendError::ResultLost,
         });
@@ -632,5 +638,10 @@ impl Node {
         c.group_answered_late = g.answered_late.saturating_add(g.answered_lost);
         c.group_dropped_untracked = g.dropped_untracked;
         c.group_tracked = self.group.tracked() as u64;
+        let m = self.modex.stats();
+        c.modex_hits = m.hits;
+        c.modex_fetches = m.fetches;
+        c.modex_served = m.served;
+        c.modex_evicted = m.evicted;
     }
 }

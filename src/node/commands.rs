@@ -46,6 +46,14 @@ pub enum Command {
         data: Bytes,
         token: u64,
     },
+    /// A fence of the data exchange as group collective `op`: in full mode this daemon's
+    /// committed data is its contribution and the result fills the cache. Ends with
+    /// [`Output::GroupDone`] with `token`.
+    Fence {
+        op: crate::grpcomm::GroupOp,
+        mode: super::FenceMode,
+        token: u64,
+    },
 }
 
 impl Command {
@@ -53,9 +61,10 @@ impl Command {
     fn needs_wireup(&self, me: Rank) -> bool {
         match self {
             Command::Send { dst, .. } | Command::SendReliable { dst, .. } => *dst != me,
-            Command::Broadcast { .. } | Command::Allgather { .. } | Command::GroupGather { .. } => {
-                true
-            }
+            Command::Broadcast { .. }
+            | Command::Allgather { .. }
+            | Command::GroupGather { .. }
+            | Command::Fence { .. } => true,
         }
     }
 }
@@ -111,7 +120,13 @@ impl Node {
                 token,
             } => self.broadcast(tag, payload, token),
             Command::Allgather { id, data } => self.contribute(id, data),
-            Command::GroupGather { op, data, token } => self.group_contribute(op, data, token),
+            Command::GroupGather { op, data, token } => {
+                self.group_contribute(op, data, token, None)
+            }
+            Command::Fence { op, mode, token } => {
+                let data = self.fence_data(&op.group, mode);
+                self.group_contribute(op, data, token, Some(mode))
+            }
         }
     }
 
@@ -226,7 +241,8 @@ impl Node {
                 result: Err(SendError::ShutDown),
             });
         }
-        for (_, token) in std::mem::take(&mut self.group_tokens) {
+        self.modex_stop();
+        for (_, (token, _)) in std::mem::take(&mut self.group_tokens) {
             self.out.push_back(Output::GroupDone {
                 token,
                 result: Err(SendError::ShutDown),
@@ -377,6 +393,6 @@ fn finish_of(c: &Command) -> Finish {
         | Command::SendReliable { token, .. }
         | Command::Broadcast { token, .. } => Finish::Token(*token),
         Command::Allgather { id, .. } => Finish::Allgather(*id),
-        Command::GroupGather { token, .. } => Finish::Group(*token),
+        Command::GroupGather { token, .. } | Command::Fence { token, .. } => Finish::Group(*token),
     }
 }

@@ -138,6 +138,9 @@ impl Node {
             crate::direct::TAG_DIRECT => self.on_direct_message(now, msg),
             super::streams::TAG_STREAM => self.on_stream_message(now, msg),
             crate::status::TAG_STATUS => self.on_status_message(now, msg),
+            crate::modex::wire::TAG_MODEX_REQUEST | crate::modex::wire::TAG_MODEX_REPLY => {
+                self.on_modex_message(msg)
+            }
             super::lookup::TAG_CONTACT_LOOKUP if self.me == 0 => self.on_lookup_request(msg),
             super::lookup::TAG_CONTACT_REPLY => self.on_lookup_reply(now, msg),
             t => log::warn!(

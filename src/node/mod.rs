@@ -30,6 +30,7 @@ mod faults;
 pub mod flow;
 mod frames;
 pub mod lookup;
+mod modex;
 mod output;
 mod reliable;
 mod status;
@@ -56,6 +57,7 @@ use wireup::WireupCollector;
 
 pub use collectives::{broadcast_max, xcast_limits};
 pub use commands::Command;
+pub use modex::FenceMode;
 pub use status::StatusRefused;
 pub use streams::{FAIL_NO_ROOM, FAIL_NO_SERVICE, StreamCommand, StreamEvent, TAG_STREAM};
 
@@ -177,6 +179,8 @@ pub struct Node {
     allgather: Allgather,
     /// Group collectives (issue "Jobs").
     group: GroupGather,
+    /// The data exchange (issue "Jobs").
+    modex: crate::modex::Modex,
     monitor: Option<HeartbeatMonitor>,
     heartbeat_at: Option<Instant>,
     wire: Wire,
@@ -203,8 +207,9 @@ pub struct Node {
     bcast_tokens: FxHashMap<u64, Option<u64>>,
     /// Collectives this daemon contributed to and has no result of yet.
     gathering: BTreeSet<u64>,
-    /// Group collectives this daemon contributed to, with the driver's tokens.
-    group_tokens: BTreeMap<GroupOp, u64>,
+    /// Group collectives this daemon contributed to, with the driver's tokens (and, for a
+    /// fence, its mode).
+    group_tokens: BTreeMap<GroupOp, (u64, Option<FenceMode>)>,
     /// Rank 0: its own notices waiting for room in its window (`GRPCOMM_DEFERRED_MAX`).
     xcast_deferred: VecDeque<(Tag, Bytes)>,
     /// Deaths detected here and not yet handed to RELM in a report to rank 0 (at most `size`):
@@ -262,6 +267,7 @@ impl Node {
             xcast,
             allgather,
             group,
+            modex: crate::modex::Modex::new(me, cfg.size),
             monitor: cfg
                 .heartbeat
                 .map(|(interval, timeout)| HeartbeatMonitor::new(interval, timeout)),
@@ -471,6 +477,7 @@ impl Node {
     pub fn pump(&mut self, now: Instant) {
         self.deliver_local(now);
         self.pump_grpcomm(now);
+        self.pump_modex(now);
         self.pump_relm(now);
         self.pump_streams(now);
     }

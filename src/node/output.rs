@@ -113,6 +113,11 @@ pub enum Output {
         token: u64,
         result: Result<AllgatherResult, SendError>,
     },
+    /// The data-exchange get the driver gave `token` is answered.
+    GetDone {
+        token: u64,
+        result: Result<Bytes, crate::modex::GetError>,
+    },
     /// The tree was repaired: run the user's fault handlers with this status (boxed: inline,
     /// its 160 bytes made every `Output`, a transmit included, that large).
     Repaired(Box<RecoveryStatus>),

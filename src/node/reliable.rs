@@ -34,10 +34,12 @@ const RUNTIME_TOKEN_MIN: u64 = 1 << 63;
 /// relay (a lost report could leave a death unconfirmed, and survivors with different trees);
 /// broadcast requests, and rank 0's dones and refusals, need reliability and per-origin order
 /// (the xcast core requires both).
-pub const RELIABLE_RUNTIME_TAGS: [Tag; 3] = [
+pub const RELIABLE_RUNTIME_TAGS: [Tag; 5] = [
     crate::faults::notice::TAG_FAULT_REPORT,
     TAG_XCAST_REQUEST,
     TAG_XCAST_DONE,
+    crate::modex::wire::TAG_MODEX_REQUEST,
+    crate::modex::wire::TAG_MODEX_REPLY,
 ];
 
 /// RELM's view of this daemon's paths: the repaired tree, and the direct links its own

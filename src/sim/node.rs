@@ -63,6 +63,8 @@ pub struct SimNode {
     pub gathered: Vec<AllgatherResult>,
     /// Group collectives ended here: (token, outcome).
     pub group_done: Vec<(u64, Result<AllgatherResult, SendError>)>,
+    /// Data-exchange gets answered here: (token, answer).
+    pub got: Vec<(u64, Result<Bytes, crate::modex::GetError>)>,
     /// Broken rules (a malformed frame, an invariant): always a bug.
     pub errors: Vec<String>,
     /// Ranks this daemon declared failed (the world closes its connections to them).
@@ -151,6 +153,7 @@ impl SimNode {
             bcast_done: Vec::new(),
             gathered: Vec::new(),
             group_done: Vec::new(),
+            got: Vec::new(),
             errors: Vec::new(),
             declared: Vec::new(),
             stopped: None,
@@ -408,6 +411,7 @@ impl SimNode {
                     Err(e) => self.errors.push(format!("allgather {id} failed: {e}")),
                 },
                 Output::GroupDone { token, result } => self.group_done.push((token, result)),
+                Output::GetDone { token, result } => self.got.push((token, result)),
                 Output::Repaired(status) => {
                     self.new_neighbours.extend(
                         status

@@ -67,19 +67,12 @@ pub enum GroupMsg {
 }
 
 fn put_op(b: &mut BytesMut, op: &GroupOp) {
-    let runs = op.group.ranges();
-    b.put_u64(op.group.context());
-    // At most GROUP_MEMBERS_MAX runs, far below u32::MAX.
-    b.put_u32(u32::try_from(runs.len()).unwrap_or(u32::MAX));
-    for (first, count) in runs {
-        b.put_u32(first);
-        b.put_u32(count);
-    }
+    op.group.encode_into(b);
     b.put_u64(op.seq);
 }
 
 fn op_len(op: &GroupOp) -> usize {
-    20 + 8 * op.group.ranges().len()
+    op.group.encoded_len() + 8
 }
 
 impl GroupMsg {
@@ -169,35 +162,10 @@ impl GroupMsg {
 }
 
 fn read_op(r: &mut Reader, size: u32) -> Result<GroupOp, WireError> {
-    let context = r.u64()?;
-    let runs = r.count(size, 8)?;
-    if runs == 0 {
-        return Err(WireError::Invalid("a group without members"));
-    }
-    let mut members: Vec<Rank> = Vec::new();
-    let mut next_free: u64 = 0;
-    for i in 0..runs {
-        let first = r.u32()?;
-        let count = r.u32()?;
-        let end = u64::from(first) + u64::from(count);
-        if count == 0 || end > u64::from(size) {
-            return Err(WireError::Invalid("a member run outside the DVM"));
-        }
-        // Canonical: ascending and not touching the previous run.
-        if i > 0 && u64::from(first) <= next_free {
-            return Err(WireError::Invalid("member runs not canonical"));
-        }
-        if members.len().saturating_add(count as usize) > crate::limits::GROUP_MEMBERS_MAX {
-            return Err(WireError::Invalid("a group above GROUP_MEMBERS_MAX"));
-        }
-        members.extend(first..first + count);
-        next_free = end;
-    }
+    let (group, took) = GroupId::decode_prefix(r.rest(), size).map_err(WireError::Invalid)?;
+    r.skip(took)?;
     let seq = r.u64()?;
-    Ok(GroupOp {
-        group: GroupId::from_checked_runs(context, members),
-        seq,
-    })
+    Ok(GroupOp { group, seq })
 }
 
 fn read_gathered(

@@ -1,0 +1,116 @@
+//! The data exchange (issue "Jobs") in live in-process DVMs on loopback: two jobs on
+//! overlapping daemons, one exchanging by full fence and one by direct fetches; values that
+//! were never put; a dead owner; gets answered from the cache.
+
+mod common;
+
+use bytes::Bytes;
+use common::{HANG_GUARD, loopback_config, start_dvm};
+use tbon::{FenceMode, GetError, Group, Rank};
+
+fn endpoint(job: u64, rank: Rank) -> Bytes {
+    Bytes::from(format!(
+        "job {job}: rank {rank} listens on 10.0.{rank}.1:{}",
+        5000 + job
+    ))
+}
+
+#[test]
+fn two_jobs_exchange_by_full_fence_and_by_direct_fetch() {
+    let dvm = start_dvm(9, &loopback_config(2));
+    let jobs: [(u64, Vec<Rank>, FenceMode); 2] = [
+        (21, vec![1, 3, 4, 8], FenceMode::Full),
+        (22, vec![3, 4, 5, 7], FenceMode::Direct),
+    ];
+    let mut threads = Vec::new();
+    for (job, members, mode) in &jobs {
+        for &m in members {
+            let h = dvm[m as usize].handle();
+            let (job, members, mode) = (*job, members.clone(), *mode);
+            threads.push(std::thread::spawn(move || {
+                let g = Group::new(job, members.iter().copied()).unwrap();
+                h.put(&g, "endpoint", endpoint(job, m)).unwrap();
+                h.put(&g, "cores", Bytes::from(vec![m as u8; 4])).unwrap();
+                h.commit(&g).unwrap();
+                assert!(h.fence_wait(&g, mode, HANG_GUARD).unwrap().is_empty());
+                for &other in &members {
+                    assert_eq!(
+                        h.get_wait(&g, other, "endpoint", HANG_GUARD).unwrap(),
+                        endpoint(job, other)
+                    );
+                    assert_eq!(
+                        h.get_wait(&g, other, "cores", HANG_GUARD).unwrap(),
+                        Bytes::from(vec![other as u8; 4])
+                    );
+                    assert_eq!(
+                        h.get_wait(&g, other, "never-put", HANG_GUARD),
+                        Err(GetError::NotFound)
+                    );
+                }
+                let c = h.counters().unwrap();
+                (job, m, c.modex_fetches, c.modex_hits)
+            }));
+        }
+    }
+    for t in threads {
+        let (job, m, fetches, hits) = t.join().unwrap();
+        if job == 21 {
+            // Full fence: everything was local afterwards (rank 3 and 4 are in both jobs:
+            // their fetches are job 22's three owners).
+            assert!(fetches <= 3, "rank {m}: {fetches} fetches");
+        }
+        assert!(hits > 0, "rank {m}");
+    }
+    // Job 22 fetched each other member's data once, then answered from the cache.
+    let c = dvm[5].counters().unwrap();
+    assert_eq!(c.modex_fetches, 3, "{c:?}");
+}
+
+#[test]
+fn a_dead_owner_is_an_error_never_a_hang_and_misuse_is_refused() {
+    let dvm = start_dvm(5, &loopback_config(2));
+    let g = Group::new(3, [1, 2, 3]).unwrap();
+    for r in [1u32, 2, 3] {
+        dvm[r as usize]
+            .put(&g, "k", Bytes::from_static(b"v"))
+            .unwrap();
+        dvm[r as usize].commit(&g).unwrap();
+    }
+    let fences: Vec<_> = [1u32, 2, 3]
+        .iter()
+        .map(|&r| {
+            let (h, g) = (dvm[r as usize].handle(), g.clone());
+            std::thread::spawn(move || h.fence_wait(&g, FenceMode::Direct, HANG_GUARD))
+        })
+        .collect();
+    for f in fences {
+        assert_eq!(f.join().unwrap(), Ok(vec![]));
+    }
+    dvm[3].abort();
+    // Rank 1 asks the dead rank 3: an error once the death is known, never a hang.
+    let got = dvm[1].get_wait(&g, 3, "k", HANG_GUARD);
+    assert_eq!(got, Err(GetError::NodeDown(3)));
+    assert_eq!(
+        dvm[1].get_wait(&g, 2, "k", HANG_GUARD),
+        Ok(Bytes::from_static(b"v"))
+    );
+    // Misuse.
+    assert_eq!(
+        dvm[1].get_wait(&g, 4, "k", HANG_GUARD),
+        Err(GetError::NotMember(4))
+    );
+    assert!(matches!(
+        dvm[1].get_wait(&g, 2, &"k".repeat(300), HANG_GUARD),
+        Err(GetError::KeyTooLong(300))
+    ));
+    assert_eq!(
+        dvm[4].put(&g, "k", Bytes::new()),
+        Err(tbon::SendError::NotMember(4))
+    );
+    // Forgotten: nothing left here, not even this daemon's own data.
+    dvm[1].forget_group(&g).unwrap();
+    assert_eq!(
+        dvm[1].get_wait(&g, 1, "k", HANG_GUARD),
+        Err(GetError::NotFound)
+    );
+}
