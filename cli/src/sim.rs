@@ -70,7 +70,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let (mut busy, mut unread) = (0u64, 0u64);
     let (mut opened, mut fallbacks, mut held, mut evicted) = (0u64, 0u64, 0u64, 0u64);
     let (mut streams, mut streams_failed, mut statuses) = (0u64, 0u64, 0u64);
-    let mut group_results = 0u64;
+    let (mut group_results, mut modex_gets) = (0u64, 0u64);
     let regressions = REGRESSION_SEEDS
         .iter()
         .map(|r| (r.seed, r.options(args.messages)));
@@ -103,6 +103,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 streams_failed += s.streams_failed;
                 statuses += s.statuses;
                 group_results += s.group_results;
+                modex_gets += s.modex_gets;
             }
             Err(_) => {
                 failed += 1;
@@ -123,7 +124,8 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
          left unread by flow control, {opened} direct links opened (ends), {evicted} evicted, \
          {fallbacks} fallbacks to the tree, {held} frames held for a drain marker, {streams} \
          streams finished ({streams_failed} ended by a dead producer), {statuses} status \
-         queries answered, {group_results} group collective results",
+         queries answered, {group_results} group collective results, {modex_gets} data-exchange \
+         gets",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 { 0 } else { 1 })

@@ -331,6 +331,11 @@ impl Node {
         self.group.tracked()
     }
 
+    /// Data-exchange fetches in flight here.
+    pub fn modex_fetching(&self) -> usize {
+        self.modex.sizes().1
+    }
+
     /// The broadcast core's state (read-only).
     pub fn xcast(&self) -> &Xcast {
         &self.xcast

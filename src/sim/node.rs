@@ -273,6 +273,37 @@ impl SimNode {
         r
     }
 
+    /// A fence of the data exchange as group collective `op`; its outcome is reported with
+    /// `token` in `group_done`.
+    pub fn group_fence(
+        &mut self,
+        now: Instant,
+        op: crate::grpcomm::GroupOp,
+        mode: crate::node::FenceMode,
+        token: u64,
+    ) -> Result<(), SendError> {
+        self.tick(now);
+        let r = self
+            .node
+            .handle_command(now, Command::Fence { op, mode, token });
+        self.step(now);
+        r
+    }
+
+    /// A data-exchange get; its answer is reported with `token` in `got`.
+    pub fn modex_get(
+        &mut self,
+        now: Instant,
+        token: u64,
+        group: &crate::grpcomm::GroupId,
+        rank: Rank,
+        key: &str,
+    ) {
+        self.tick(now);
+        self.node.modex_get(token, group, rank, key);
+        self.step(now);
+    }
+
     /// An encoded frame arrived from neighbour `from`.
     pub fn handle_frame(&mut self, now: Instant, from: Rank, frame: Frame) {
         self.tick(now);

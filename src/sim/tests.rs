@@ -84,6 +84,7 @@ fn batch(n: u64, opts: Options) -> RunStats {
                 sum.streams_finished += s.streams_finished;
                 sum.streams_failed += s.streams_failed;
                 sum.group_results += s.group_results;
+                sum.modex_gets += s.modex_gets;
                 sum.held_frames += s.held_frames;
                 sum.plain_order_runs += s.plain_order_runs;
                 sum.plain_sent += s.plain_sent;
@@ -216,6 +217,7 @@ fn group_collectives_complete_at_every_living_member_through_faults() {
     // Random overlapping groups; every result checked against every other member's.
     let s = batch(150, kinds("group,crash,link,stall,delay,dup"));
     assert!(s.group_results > 1000, "group results: {}", s.group_results);
+    assert!(s.modex_gets > 1000, "data-exchange gets: {}", s.modex_gets);
     let s = batch(60, kinds("group,partition,direct,stale"));
     assert!(s.group_results > 0);
 }

@@ -222,6 +222,8 @@ pub struct RunStats {
     pub streams_failed: u64,
     /// Runs with groups: group collective results delivered (and checked).
     pub group_results: u64,
+    /// Runs with groups: data-exchange gets answered with the right value after a fence.
+    pub modex_gets: u64,
     /// Status queries answered.
     pub statuses: u64,
     /// Rank 0's status after the run: the virtual time it took, the depth of the tree, the
@@ -645,6 +647,7 @@ impl World {
             self.stats.streams_failed = self.streams.failed;
         }
         self.stats.group_results = self.groups.delivered;
+        self.stats.modex_gets = self.groups.endpoints_got;
         Ok(self.stats)
     }
 
@@ -752,6 +755,7 @@ impl World {
                     && n.xcast().outstanding() == 0
                     && n.node.direct_held() == 0
                     && n.node.group_tracked() == 0
+                    && n.node.modex_fetching() == 0
             })
     }
 
@@ -1032,6 +1036,7 @@ impl World {
         let bcast_done = std::mem::take(&mut n.bcast_done);
         let gathered = std::mem::take(&mut n.gathered);
         let group_done = std::mem::take(&mut n.group_done);
+        let got = std::mem::take(&mut n.got);
         let group_stopping = n.node.stopping().is_some();
         let declared = std::mem::take(&mut n.declared);
         let stopped = n.stopped.take();
@@ -1091,8 +1096,11 @@ impl World {
         for g in &gathered {
             self.check.gathered(r, g, self.nodes.len() as u32)?;
         }
-        if !group_done.is_empty() {
-            self.group_outcomes(r, group_done, group_stopping)?;
+        // Fences that ended make gets, whose outputs are taken once this input's are out.
+        let groups_acted =
+            !group_done.is_empty() && self.group_outcomes(r, group_done, group_stopping)?;
+        if !got.is_empty() {
+            self.get_answers(r, got)?;
         }
         if !statuses.is_empty() {
             self.status_reports(r, statuses)?;
@@ -1106,6 +1114,9 @@ impl World {
         self.chase_closing(r);
         if !stream_events.is_empty() && self.living(r) && self.stream_events(r, stream_events)? {
             // The applications' commands made outputs.
+            self.after(r)?;
+        }
+        if groups_acted && self.living(r) {
             self.after(r)?;
         }
         for (to, frame) in heartbeats {

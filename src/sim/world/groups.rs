@@ -1,14 +1,20 @@
 //! The `group` kind's applications: every member of the scenario's groups calls each of the
 //! group's collectives at a random time (an allgather of `data(group, seq, rank)`; every second
-//! one a barrier). Checker `group`: every result a member gets is the same as every other
-//! member's, holds the right bytes, and names every member either as contributing or excluded;
-//! no member gets one twice or another group's; by the end every living member that called a
-//! collective has its result, and no daemon keeps group state.
+//! one a barrier; the last one a fence of the data exchange, full for even groups and direct
+//! for odd ones). A member commits its endpoint (`endpoint(group, rank)`) at its first call;
+//! once its fence is over it gets every other member's endpoint. Checker `group`: every result
+//! a member gets is the same as every other member's, holds the right bytes, and names every
+//! member either as contributing or excluded; no member gets one twice or another group's;
+//! every endpoint got is right, and a get fails only with `NodeDown` of a dead member; by the
+//! end every living member that called a collective has its result, every get of a living
+//! member is answered, and no daemon keeps group or fetch state.
 
 use super::World;
 use crate::Rank;
 use crate::error::SendError;
 use crate::grpcomm::{AllgatherResult, GroupId, GroupOp};
+use crate::modex::GetError;
+use crate::node::FenceMode;
 use crate::sim::check::Violation;
 use bytes::Bytes;
 use std::collections::{HashMap, HashSet};
@@ -25,6 +31,13 @@ pub(super) struct GroupApps {
     got: HashSet<(Rank, usize, u64)>,
     /// Results delivered.
     pub delivered: u64,
+    /// Members that committed their endpoint: (member, group).
+    committed: HashSet<(Rank, usize)>,
+    /// Gets in flight: token -> (asker, group, owner).
+    gets: HashMap<u64, (Rank, usize, Rank)>,
+    /// Gets answered with the right value, and with `NodeDown` (checked at the end).
+    pub endpoints_got: u64,
+    node_down: Vec<Rank>,
 }
 
 fn v(detail: String) -> Violation {
@@ -32,6 +45,11 @@ fn v(detail: String) -> Violation {
         checker: "group",
         detail,
     }
+}
+
+/// Member `rank`'s committed endpoint in group `group`.
+fn endpoint(group: usize, rank: Rank) -> Bytes {
+    Bytes::from(format!("group {group}: rank {rank} at 10.{group}.{rank}.1"))
 }
 
 /// Member `rank`'s contribution to collective `seq` of group `group` (odd ones are barriers).
@@ -66,10 +84,38 @@ impl World {
         let token = self.next_token;
         self.next_token += 1;
         let now = self.now();
+        let last = self
+            .scen
+            .groups
+            .get(group)
+            .map_or(0, |g| g.2.saturating_sub(1));
+        let first_call = self.groups.committed.insert((rank, group));
         let Some(n) = self.nodes.get_mut(rank as usize) else {
             return Ok(());
         };
-        match n.group_contribute(now, op, data(group, seq, rank), token) {
+        if first_call {
+            let mut e = crate::modex::blob::Entries::new();
+            e.insert("ep".into(), endpoint(group, rank));
+            if let Err(e) = n
+                .node
+                .modex_commit(op.group.clone(), crate::modex::blob::encode(&e))
+            {
+                return Err(v(format!(
+                    "rank {rank} could not commit for group {group}: {e}"
+                )));
+            }
+        }
+        let called = if seq == last && seq > 0 {
+            let mode = if group.is_multiple_of(2) {
+                FenceMode::Full
+            } else {
+                FenceMode::Direct
+            };
+            n.group_fence(now, op, mode, token)
+        } else {
+            n.group_contribute(now, op, data(group, seq, rank), token)
+        };
+        match called {
             Ok(()) => {
                 self.groups.tokens.insert(token, (group, seq, rank));
                 self.groups.called.insert((rank, group, seq));
@@ -85,13 +131,15 @@ impl World {
         self.after(rank)
     }
 
-    /// Group collectives ended at `r`: check each outcome.
+    /// Group collectives ended at `r`: check each outcome. `true` if a fence's end made gets
+    /// (the caller takes their outputs once this input's are out).
     pub(super) fn group_outcomes(
         &mut self,
         r: Rank,
         done: Vec<(u64, Result<AllgatherResult, SendError>)>,
         stopping: bool,
-    ) -> Result<(), Violation> {
+    ) -> Result<bool, Violation> {
+        let mut acted = false;
         for (token, outcome) in done {
             let Some((group, seq, member)) = self.groups.tokens.remove(&token) else {
                 return Err(v(format!("rank {r}: an outcome for unknown token {token}")));
@@ -108,7 +156,73 @@ impl World {
                     )));
                 }
             };
+            let last = self
+                .scen
+                .groups
+                .get(group)
+                .map_or(0, |g| g.2.saturating_sub(1));
+            if seq == last && seq > 0 {
+                // The fence is over here: get every other member's endpoint.
+                self.groups.delivered += 1;
+                if !self.groups.got.insert((r, group, seq)) {
+                    return Err(v(format!(
+                        "rank {r}: the fence of group {group} ended twice"
+                    )));
+                }
+                self.fenced_gets(r, group)?;
+                acted = true;
+                continue;
+            }
             self.group_result(r, group, seq, result)?;
+        }
+        Ok(acted)
+    }
+
+    /// Member `r`'s fence of `group` ended: it asks for every other member's endpoint.
+    fn fenced_gets(&mut self, r: Rank, group: usize) -> Result<(), Violation> {
+        let Some(op) = self.group_op(group, 0) else {
+            return Ok(());
+        };
+        let now = self.now();
+        for &m in op.group.members().iter().filter(|m| **m != r) {
+            let token = self.next_token;
+            self.next_token += 1;
+            self.groups.gets.insert(token, (r, group, m));
+            if let Some(n) = self.nodes.get_mut(r as usize) {
+                n.modex_get(now, token, &op.group, m, "ep");
+            }
+        }
+        Ok(())
+    }
+
+    /// Data-exchange gets answered at `r`: check each.
+    pub(super) fn get_answers(
+        &mut self,
+        r: Rank,
+        answers: Vec<(u64, Result<Bytes, GetError>)>,
+    ) -> Result<(), Violation> {
+        for (token, answer) in answers {
+            let Some((asker, group, owner)) = self.groups.gets.remove(&token) else {
+                return Err(v(format!("rank {r}: an answer for unknown get {token}")));
+            };
+            if asker != r {
+                return Err(v(format!("rank {r} got rank {asker}'s answer")));
+            }
+            match answer {
+                Ok(value) if value == endpoint(group, owner) => self.groups.endpoints_got += 1,
+                Err(GetError::NodeDown(x)) if x == owner => self.groups.node_down.push(owner),
+                // A daemon that stops (declared dead, or cut off from rank 0) ends its gets.
+                Err(GetError::ShutDown)
+                    if self
+                        .nodes
+                        .get(r as usize)
+                        .is_some_and(|n| n.node.stopping().is_some()) => {}
+                other => {
+                    return Err(v(format!(
+                        "rank {r}: get of rank {owner}'s endpoint in group {group}: {other:?}"
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -181,6 +295,35 @@ impl World {
                     "collective {seq} of group {group} excluded living member {x}"
                 )));
             }
+        }
+        for x in &self.groups.node_down {
+            if counted(*x) {
+                return Err(v(format!("a get said living rank {x} was down")));
+            }
+        }
+        if let Some((asker, group, owner)) = self
+            .groups
+            .gets
+            .values()
+            .find(|(asker, ..)| counted(*asker))
+        {
+            let fetching = self
+                .nodes
+                .get(*asker as usize)
+                .map(|n| n.node.modex_fetching());
+            return Err(v(format!(
+                "rank {asker}'s get of rank {owner}'s endpoint in group {group} never ended \
+                 (owner living: {}, declared: {}; fetches at the asker: {fetching:?})",
+                self.living(*owner),
+                self.declared.contains(owner)
+            )));
+        }
+        if let Some(n) = self
+            .nodes
+            .iter()
+            .find(|n| counted(n.rank) && n.node.modex_fetching() > 0)
+        {
+            return Err(v(format!("rank {} keeps fetches", n.rank)));
         }
         if let Some(n) = self
             .nodes
