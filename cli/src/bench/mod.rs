@@ -902,6 +902,30 @@ fn print_tables(out: &Value) {
                 r["idle_rss_anon_kib"]
             );
         }
+        // The data exchange (issue "Jobs"), beside the 64 B round trip when it ran.
+        let rtt = out["pingpong"]["tbon"]["p50_us"].as_f64();
+        println!(
+            "\n| daemons | full fence, 1 KiB each, p50 / p99 µs | direct get: first (fetch) p50 µs | cached get p50 µs | first / cached vs 64 B round trip |"
+        );
+        println!("|---|---|---|---|---|");
+        for r in rows {
+            let b = &r["bcast_rtt"];
+            let (first, cached) = (
+                b["get_first_p50_us"].as_f64().unwrap_or(0.0),
+                b["get_cached_p50_us"].as_f64().unwrap_or(0.0),
+            );
+            println!(
+                "| {} | {:.0} / {:.0} | {first:.0} | {cached:.1} | {} |",
+                r["daemons"],
+                b["fence_full_p50_us"].as_f64().unwrap_or(0.0),
+                b["fence_full_p99_us"].as_f64().unwrap_or(0.0),
+                rtt.map_or("(run the pingpong part)".to_string(), |t| format!(
+                    "{:.2}x / {:.2}x",
+                    first / t,
+                    cached / t
+                ))
+            );
+        }
     }
 }
 

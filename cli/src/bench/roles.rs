@@ -439,12 +439,23 @@ pub fn scale(a: &RoleArgs) -> Res<()> {
     f.write_all(line.as_bytes()).map_err(ctx("write report"))?;
     drop(f);
     let contribution = Bytes::from(u64::from(a.rank).to_be_bytes().to_vec());
+    // The data exchange (issue "Jobs"): every daemon commits 1 KiB for a job on all of them.
+    let job = tbon::Group::new(1, 0..a.size).map_err(ctx("group"))?;
+    d.put(&job, "data", vec![a.rank as u8; 1024])
+        .map_err(ctx("put"))?;
+    d.commit(&job).map_err(ctx("commit"))?;
     if a.rank != 0 {
         // In lockstep with rank 0: round i starts when rank 0 contributes to it.
         for id in 1..=a.count {
             d.allgather_wait(id, contribution.clone(), GUARD)
                 .map_err(ctx("allgather"))?;
         }
+        for _ in 0..a.count {
+            d.fence_wait(&job, tbon::FenceMode::Full, GUARD)
+                .map_err(ctx("full fence"))?;
+        }
+        d.fence_wait(&job, tbon::FenceMode::Direct, GUARD)
+            .map_err(ctx("direct fence"))?;
         d.wait_stopped(GUARD);
         return Ok(());
     }
@@ -477,6 +488,36 @@ pub fn scale(a: &RoleArgs) -> Res<()> {
             ));
         }
     }
+    let mut fence = Vec::new();
+    for _ in 0..a.count {
+        let t = Instant::now();
+        d.fence_wait(&job, tbon::FenceMode::Full, GUARD)
+            .map_err(ctx("full fence"))?;
+        fence.push(t.elapsed());
+    }
+    // Direct mode: the first get of a rank fetches its data, later ones hit the cache. The
+    // full fences cached everything: forget it, commit again, fence directly.
+    d.forget_group(&job).map_err(ctx("forget"))?;
+    d.put(&job, "data", vec![0u8; 1024]).map_err(ctx("put"))?;
+    d.commit(&job).map_err(ctx("commit"))?;
+    d.fence_wait(&job, tbon::FenceMode::Direct, GUARD)
+        .map_err(ctx("direct fence"))?;
+    let (mut first, mut cached) = (Vec::new(), Vec::new());
+    for i in 0..a.count.min(u64::from(a.size) - 1) {
+        let owner = a.size - 1 - i as u32;
+        let t = Instant::now();
+        let v = d
+            .get_wait(&job, owner, "data", GUARD)
+            .map_err(ctx("first get"))?;
+        first.push(t.elapsed());
+        if v.len() != 1024 || v.iter().any(|b| *b != owner as u8) {
+            return Err(format!("get of rank {owner}: wrong data"));
+        }
+        let t = Instant::now();
+        d.get_wait(&job, owner, "data", GUARD)
+            .map_err(ctx("cached get"))?;
+        cached.push(t.elapsed());
+    }
     let contact: tbon::oob::uri::ContactUri =
         d.contact_uri().parse().map_err(ctx("own contact URI"))?;
     let credential = tbon::Key::from_file(a.dir.join("job.key"))
@@ -504,6 +545,10 @@ pub fn scale(a: &RoleArgs) -> Res<()> {
             "allgather_p99_us": quantile_us(&mut gather, 0.99),
             "status_p50_us": quantile_us(&mut status, 0.5),
             "status_p99_us": quantile_us(&mut status, 0.99),
+            "fence_full_p50_us": quantile_us(&mut fence, 0.5),
+            "fence_full_p99_us": quantile_us(&mut fence, 0.99),
+            "get_first_p50_us": quantile_us(&mut first, 0.5),
+            "get_cached_p50_us": quantile_us(&mut cached, 0.5),
         })
         .to_string(),
     );
