@@ -7,14 +7,18 @@
 //! each child with `TBON_RANK` and `TBON_SIZE` set as srun or mpirun would, and tells them where
 //! rank 0 will publish its contact URI (`TBON_HNP_FILE`, a file in a private directory). As a
 //! daemon it forms the DVM with `tbon::launch`, greets the next rank around a ring, waits for
-//! the previous rank's greeting, meets the others in a barrier, and stops: rank 0 shuts the
-//! whole DVM down, the others check that this is why they stopped. The launcher checks every
-//! child's exit status and that rank 0 removed its URI file, then prints "resource_manager: ok".
+//! the previous rank's greeting, meets the others in a barrier, then runs two jobs on
+//! overlapping sets of daemons (the lower half and one more, the upper half and one more), each
+//! with its own data exchange: every member puts its endpoint, commits, fences (job 1 in full
+//! mode, job 2 in direct mode), reads every other member's endpoint and gathers the members'
+//! core counts in a group allgather. Then it stops: rank 0 shuts the whole DVM down, the others
+//! check that this is why they stopped. The launcher checks every child's exit status and that
+//! rank 0 removed its URI file, then prints "resource_manager: ok".
 
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 use tbon::launch::{Placement, Rendezvous, launch};
-use tbon::{Peer, StopReason};
+use tbon::{FenceMode, Group, Handle, Peer, Rank, StopReason};
 
 /// The tag of the ring greeting (user tags start at 100).
 const TAG_HELLO: u32 = 100;
@@ -104,6 +108,20 @@ fn daemon() -> Res<()> {
         return Err(format!("a wrong greeting: {:?}", m.payload).into());
     }
     d.barrier_wait(1, TIMEOUT)?;
+    // Two jobs on overlapping daemons: ranks 0..=size/2 and size/2..size.
+    let half = size / 2;
+    let jobs = [
+        (1, (0..=half).collect::<Vec<Rank>>(), FenceMode::Full),
+        (2, (half..size).collect::<Vec<Rank>>(), FenceMode::Direct),
+    ];
+    // A daemon in both jobs runs them one after the other (each job's members call its
+    // collectives in the same order; different jobs need no order between them).
+    for (context, members, mode) in jobs {
+        if members.contains(&rank) {
+            run_job(&d, rank, context, &members, mode)?;
+        }
+    }
+    d.barrier_wait(2, TIMEOUT)?;
     if rank == 0 {
         d.shutdown_dvm();
         return Ok(());
@@ -112,4 +130,30 @@ fn daemon() -> Res<()> {
         Some(StopReason::DvmShutdown) => Ok(()),
         other => Err(format!("stopped for {other:?}, not the DVM shutdown").into()),
     }
+}
+
+/// This daemon's part of job `context`: its endpoint into the data exchange, a fence, every
+/// other member's endpoint read back, and a group allgather of core counts.
+fn run_job(d: &Handle, rank: Rank, context: u64, members: &[Rank], mode: FenceMode) -> Res<()> {
+    let job = Group::new(context, members.iter().copied())?;
+    let endpoint = |r: Rank| format!("job {context}: rank {r} listens on 127.0.0.1:{}", 7000 + r);
+    d.put(&job, "endpoint", endpoint(rank))?;
+    d.commit(&job)?;
+    let excluded = d.fence_wait(&job, mode, TIMEOUT)?;
+    if !excluded.is_empty() {
+        return Err(format!("job {context}: members {excluded:?} missed the fence").into());
+    }
+    for &m in members {
+        let got = d.get_wait(&job, m, "endpoint", TIMEOUT)?;
+        if got != endpoint(m).as_bytes() {
+            return Err(format!("job {context}: rank {m}'s endpoint is wrong: {got:?}").into());
+        }
+    }
+    let cores = d.group_allgather_wait(&job, vec![rank as u8 + 1], TIMEOUT)?;
+    let ranks: Vec<Rank> = cores.ranks().collect();
+    if ranks != members {
+        return Err(format!("job {context}: the allgather has {ranks:?}").into());
+    }
+    d.forget_group(&job)?;
+    Ok(())
 }
