@@ -110,9 +110,12 @@ pub struct Modex {
     me: Rank,
     size: u32,
     committed: BTreeMap<GroupId, Bytes>,
-    /// (group, rank) -> (blob, last use); `lru` orders the same by last use.
-    cache: BTreeMap<(GroupId, Rank), (Bytes, u64)>,
-    lru: BTreeMap<u64, (GroupId, Rank)>,
+    /// (context, rank) -> (group, blob, last use); `lru` orders the same by last use. Keyed by
+    /// the context, not the whole group: comparing member lists on every lookup cost a full
+    /// fence of 256 members over a second of processor time. A hit must also match the group
+    /// (a context used again with other members replaces the entry).
+    cache: BTreeMap<(u64, Rank), (GroupId, Bytes, u64)>,
+    lru: BTreeMap<u64, (u64, Rank)>,
     cache_bytes: usize,
     clock: u64,
     fetches: BTreeMap<u64, Fetch>,
@@ -175,10 +178,12 @@ impl Modex {
     /// it end `NotFound` when their answer comes (it is not cached).
     pub fn forget(&mut self, group: &GroupId) {
         self.committed.remove(group);
-        let gone: Vec<(GroupId, Rank)> = self
+        let c = group.context();
+        let gone: Vec<(u64, Rank)> = self
             .cache
-            .range((group.clone(), 0)..=(group.clone(), Rank::MAX))
-            .map(|(k, _)| k.clone())
+            .range((c, 0)..=(c, Rank::MAX))
+            .filter(|(_, (g, ..))| g == group)
+            .map(|(k, _)| *k)
             .collect();
         for k in gone {
             self.uncache(&k);
@@ -189,7 +194,7 @@ impl Modex {
     pub fn fenced_full(&mut self, group: &GroupId, result: &AllgatherResult) {
         for (rank, blob) in &result.contributions {
             if *rank != self.me {
-                self.cache_put((group.clone(), *rank), blob.clone());
+                self.cache_put(group, *rank, blob.clone());
             }
         }
     }
@@ -209,14 +214,14 @@ impl Modex {
             let found = self.committed.get(group).cloned();
             return self.answer_from(token, rank, found.as_ref(), key);
         }
-        let k = (group.clone(), rank);
-        if let Some(blob) = self.cache_get(&k) {
+        if let Some(blob) = self.cache_get(group, rank) {
             self.stats.hits += 1;
             return self.answer_from(token, rank, Some(&blob), key);
         }
         if dead {
             return self.answer(token, Err(GetError::NodeDown(rank)));
         }
+        let k = (group.clone(), rank);
         if let Some(id) = self.by_target.get(&k)
             && let Some(f) = self.fetches.get_mut(id)
         {
@@ -286,7 +291,7 @@ impl Modex {
                 self.by_target.remove(&k);
                 let blob = r.blob;
                 if let Some(b) = &blob {
-                    self.cache_put(k, b.clone());
+                    self.cache_put(&k.0, k.1, b.clone());
                 }
                 for (token, key) in f.waiting {
                     self.answer_from(token, f.rank, blob.as_ref(), &key);
@@ -363,17 +368,22 @@ impl Modex {
         self.answer(token, r);
     }
 
-    fn cache_get(&mut self, k: &(GroupId, Rank)) -> Option<Bytes> {
+    fn cache_get(&mut self, group: &GroupId, rank: Rank) -> Option<Bytes> {
         self.clock += 1;
         let now = self.clock;
-        let (blob, used) = self.cache.get_mut(k)?;
+        let k = (group.context(), rank);
+        let (g, blob, used) = self.cache.get_mut(&k)?;
+        if g != group {
+            return None;
+        }
         self.lru.remove(used);
         *used = now;
-        self.lru.insert(now, k.clone());
+        self.lru.insert(now, k);
         Some(blob.clone())
     }
 
-    fn cache_put(&mut self, k: (GroupId, Rank), blob: Bytes) {
+    fn cache_put(&mut self, group: &GroupId, rank: Rank, blob: Bytes) {
+        let k = (group.context(), rank);
         self.uncache(&k);
         if blob.len() > MODEX_CACHE_BYTES {
             return;
@@ -384,19 +394,19 @@ impl Modex {
             let Some((_, oldest)) = self.lru.pop_first() else {
                 break;
             };
-            if let Some((b, _)) = self.cache.remove(&oldest) {
+            if let Some((_, b, _)) = self.cache.remove(&oldest) {
                 self.cache_bytes -= b.len();
                 self.stats.evicted += 1;
             }
         }
         self.clock += 1;
         self.cache_bytes += blob.len();
-        self.lru.insert(self.clock, k.clone());
-        self.cache.insert(k, (blob, self.clock));
+        self.lru.insert(self.clock, k);
+        self.cache.insert(k, (group.clone(), blob, self.clock));
     }
 
-    fn uncache(&mut self, k: &(GroupId, Rank)) {
-        if let Some((b, used)) = self.cache.remove(k) {
+    fn uncache(&mut self, k: &(u64, Rank)) {
+        if let Some((_, b, used)) = self.cache.remove(k) {
             self.cache_bytes -= b.len();
             self.lru.remove(&used);
         }

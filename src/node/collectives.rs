@@ -419,6 +419,22 @@ impl Node {
         if matches!(t.msg, GroupMsg::Sync { .. }) {
             self.tell_child(t.to);
         }
+        // A result goes to every interested child, one after the other: it is encoded once
+        // and the children's frames share the bytes (a full fence's result holds every
+        // member's data).
+        if let GroupMsg::Result { op, lost, .. } = &t.msg
+            && let Some((cached_op, cached_lost, bytes)) = &self.group_encoded
+            && cached_op == op
+            && cached_lost == lost
+        {
+            let bytes = bytes.clone();
+            self.send_tree(t.to, bytes.into());
+            return;
+        }
+        let result_of = match &t.msg {
+            GroupMsg::Result { op, lost, .. } => Some((op.clone(), *lost)),
+            _ => None,
+        };
         let mut bytes = t.msg.encode();
         if bytes.len() > self.msg_max_bytes {
             // Larger than a frame may be: the collective overflows instead.
@@ -446,6 +462,9 @@ impl Node {
                 bytes.len()
             );
             bytes = smaller.encode();
+        }
+        if let Some((op, lost)) = result_of {
+            self.group_encoded = Some((op, lost, bytes.clone()));
         }
         self.send_tree(t.to, bytes.into());
     }

@@ -210,6 +210,9 @@ pub struct Node {
     /// Group collectives this daemon contributed to, with the driver's tokens (and, for a
     /// fence, its mode).
     group_tokens: BTreeMap<GroupOp, (u64, Option<FenceMode>)>,
+    /// The last group result encoded, shared by the frames to every child (see
+    /// `send_group`).
+    group_encoded: Option<(GroupOp, bool, Bytes)>,
     /// Rank 0: its own notices waiting for room in its window (`GRPCOMM_DEFERRED_MAX`).
     xcast_deferred: VecDeque<(Tag, Bytes)>,
     /// Deaths detected here and not yet handed to RELM in a report to rank 0 (at most `size`):
@@ -288,6 +291,7 @@ impl Node {
             bcast_tokens: FxHashMap::default(),
             gathering: BTreeSet::new(),
             group_tokens: BTreeMap::new(),
+            group_encoded: None,
             xcast_deferred: VecDeque::new(),
             unreported: BTreeSet::new(),
             incarnations: FxHashMap::default(),
