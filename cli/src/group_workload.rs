@@ -2,9 +2,11 @@
 //! DVM's daemons form random, overlapping groups of `--group-size` (about two per daemon, as
 //! jobs sharing nodes do), and every member runs each group's collectives in order, spread over
 //! the run: an allgather of bytes that are a function of (seed, group, number, rank), then a
-//! barrier, then a broadcast from a member that changes each time. Each member checks what it
-//! got (every contribution's bytes, the broadcast's bytes) and records a digest of the result,
-//! so the harness can tell that every surviving member got the same one (`harness/check_groups.rs`).
+//! barrier, then a broadcast from a member that changes each time, then a fence of the data
+//! exchange (full and direct in turn) after which it gets every member's committed endpoint.
+//! Each member checks what it got (every contribution's bytes, the broadcast's bytes, every
+//! endpoint) and records a digest of the result, so the harness can tell that every surviving
+//! member got the same one (`harness/check_groups.rs`).
 
 use super::workload::Rng;
 use bytes::Bytes;
@@ -52,16 +54,27 @@ pub fn contribution(seed: u64, context: u64, seq: u64, rank: u32) -> Bytes {
 
 /// The kind of collective number `seq` of a group, and for a broadcast its root.
 pub fn kind(seq: u64, members: &[u32]) -> (&'static str, Option<u32>) {
-    match seq % 3 {
+    match seq % 4 {
         0 => ("allgather", None),
         1 => ("barrier", None),
-        _ => (
+        2 => (
             "broadcast",
             members
-                .get((seq / 3) as usize % members.len().max(1))
+                .get((seq / 4) as usize % members.len().max(1))
                 .copied(),
         ),
+        _ if (seq / 4).is_multiple_of(2) => ("full-fence", None),
+        _ => ("direct-fence", None),
     }
+}
+
+/// Member `rank`'s endpoint in the data exchange of the group of `context`.
+pub fn endpoint(seed: u64, context: u64, rank: u32) -> Bytes {
+    Bytes::from(format!(
+        "{seed}/{context}: rank {rank} at 10.0.{}.{}",
+        rank / 256,
+        rank % 256
+    ))
 }
 
 /// One collective at one member and how it ended.
@@ -157,6 +170,13 @@ impl GroupRunner {
                     let Ok(group) = Group::new(context, members.iter().copied()) else {
                         return;
                     };
+                    // The data exchange: this member's endpoint, committed before any fence.
+                    if h.put(&group, "ep", endpoint(seed, context, h.rank()))
+                        .is_err()
+                        || h.commit(&group).is_err()
+                    {
+                        return;
+                    }
                     for seq in 0..rounds {
                         let at = start + span.mul_f64(seq as f64 / rounds.max(1) as f64);
                         if let Some(wait) = at.checked_duration_since(Instant::now()) {
@@ -200,6 +220,46 @@ fn run_one(
         excluded: Vec::new(),
     };
     let mut backoff_ms = 1;
+    if what.ends_with("fence") {
+        let mode = if what == "full-fence" {
+            tbon::FenceMode::Full
+        } else {
+            tbon::FenceMode::Direct
+        };
+        loop {
+            match h.fence_wait(group, mode, COLLECTIVE_GUARD) {
+                Ok(excluded) => {
+                    c.excluded = excluded;
+                    break;
+                }
+                Err(SendError::Busy(_)) => {
+                    std::thread::sleep(Duration::from_millis(backoff_ms));
+                    backoff_ms = (backoff_ms * 2).min(64);
+                }
+                Err(e) => {
+                    c.outcome = error_name(&e);
+                    return c;
+                }
+            }
+        }
+        // Every member's endpoint: right, or `NodeDown` for a member that died (listed with
+        // the excluded, for the harness to check against its victims).
+        c.outcome = "ok".into();
+        for &m in members {
+            match h.get_wait(group, m, "ep", COLLECTIVE_GUARD) {
+                Ok(v) if v == endpoint(seed, context, m) => {}
+                Ok(_) => c.outcome = "wrong-bytes".into(),
+                Err(tbon::GetError::NodeDown(x)) if x == m => {
+                    if !c.excluded.contains(&m) {
+                        c.excluded.push(m);
+                    }
+                }
+                Err(e) => c.outcome = format!("get:{}", e.to_string().replace(' ', "_")),
+            }
+        }
+        c.excluded.sort_unstable();
+        return c;
+    }
     loop {
         let outcome = match (what, root) {
             ("broadcast", Some(root)) => h

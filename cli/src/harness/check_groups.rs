@@ -1,7 +1,10 @@
 //! The harness's judgement of pattern `group` (issue "Jobs"): for every collective of every
 //! group, every surviving member must have ended it `ok` (a broadcast whose root was a victim
 //! may instead end `root-died`), all with the same result digest, and no result may exclude a
-//! survivor. Victims' collectives are not judged: they wrote no results.
+//! survivor. A fence's outcome is `ok` when every member's endpoint read back right; members
+//! whose get said `NodeDown` are listed with the excluded, and must be victims (members may
+//! differ there: a member killed after one fetched its data and before another did). Victims'
+//! collectives are not judged: they wrote no results.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -82,6 +85,10 @@ pub fn judge(
                         &mut c,
                         format!("{what} {seq} of group {index}: survivor {x} excluded"),
                     );
+                }
+                if what.ends_with("fence") {
+                    c.excluded_victims += got.excluded.len() as u64;
+                    continue;
                 }
                 match digest {
                     None => {
