@@ -416,9 +416,8 @@ impl Node {
     }
 
     fn send_group(&mut self, t: Transmit<GroupMsg>) {
-        if matches!(t.msg, GroupMsg::Sync { .. }) {
-            self.tell_child(t.to);
-        }
+        // No adoption notice before a group `Sync` (unlike the allgather's): the child answers
+        // it under any view, so it need not learn the parent's failures first.
         // A result goes to every interested child, one after the other: it is encoded once
         // and the children's frames share the bytes (a full fence's result holds every
         // member's data).
