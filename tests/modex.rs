@@ -114,3 +114,40 @@ fn a_dead_owner_is_an_error_never_a_hang_and_misuse_is_refused() {
         Err(GetError::NotFound)
     );
 }
+
+#[test]
+fn every_fence_starts_a_new_round_and_only_members_read_the_data() {
+    let dvm = start_dvm(4, &loopback_config(2));
+    let g = Group::new(101, [1, 2]).unwrap();
+    for (round, mode) in [
+        ("one", FenceMode::Direct),
+        ("two", FenceMode::Direct),
+        ("three", FenceMode::Full),
+        ("four", FenceMode::Direct),
+    ] {
+        let threads: Vec<_> = [1u32, 2]
+            .iter()
+            .map(|&r| {
+                let (h, g) = (dvm[r as usize].handle(), g.clone());
+                std::thread::spawn(move || {
+                    h.put(&g, "ep", format!("{round}-{r}")).unwrap();
+                    h.commit(&g).unwrap();
+                    h.fence_wait(&g, mode, HANG_GUARD).unwrap();
+                    let other = 3 - r;
+                    let got = h.get_wait(&g, other, "ep", HANG_GUARD).unwrap();
+                    assert_eq!(got, format!("{round}-{other}").as_bytes(), "{mode:?}");
+                    // Both have read before either commits the next round.
+                    h.group_barrier_wait(&g, HANG_GUARD).unwrap();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+    // A daemon outside the job reads none of its data.
+    assert_eq!(
+        dvm[0].get_wait(&g, 1, "ep", HANG_GUARD),
+        Err(GetError::NotMember(0))
+    );
+}

@@ -190,8 +190,25 @@ impl Modex {
         }
     }
 
-    /// A full fence of `group` ended with `result`: every member's blob is cached.
+    /// A fence of `group` ended here: what was cached of the group is stale (the members may
+    /// have committed again before it) and goes.
+    pub fn fenced(&mut self, group: &GroupId) {
+        let c = group.context();
+        let gone: Vec<(u64, Rank)> = self
+            .cache
+            .range((c, 0)..=(c, Rank::MAX))
+            .filter(|(_, (g, ..))| g == group)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in gone {
+            self.uncache(&k);
+        }
+    }
+
+    /// A full fence of `group` ended with `result`: every member's blob is cached (replacing
+    /// what was cached of the group).
     pub fn fenced_full(&mut self, group: &GroupId, result: &AllgatherResult) {
+        self.fenced(group);
         for (rank, blob) in &result.contributions {
             if *rank != self.me {
                 self.cache_put(group, *rank, blob.clone());
@@ -205,6 +222,10 @@ impl Modex {
     pub fn get(&mut self, token: u64, group: &GroupId, rank: Rank, key: &str, dead: bool) {
         if key.len() > MODEX_KEY_MAX {
             return self.answer(token, Err(GetError::KeyTooLong(key.len())));
+        }
+        // Only members read a job's data.
+        if !group.contains(self.me) {
+            return self.answer(token, Err(GetError::NotMember(self.me)));
         }
         if rank >= self.size || !group.contains(rank) {
             return self.answer(token, Err(GetError::NotMember(rank)));
@@ -257,6 +278,9 @@ impl Modex {
         match tag {
             TAG_MODEX_REQUEST => {
                 let q = Request::decode(self.size, payload)?;
+                if !q.group.contains(from) {
+                    return Err(format!("rank {from} asked for a group it is not in"));
+                }
                 let owed = self.owed.entry(from).or_insert(0);
                 if *owed >= MODEX_FETCHES_MAX {
                     return Err(format!(

@@ -478,8 +478,8 @@ impl Node {
             return;
         };
         self.counters.group_results += 1;
-        if let (Some(super::FenceMode::Full), Ok(result)) = (fence, &result) {
-            self.fenced(&op.group, result);
+        if let (Some(mode), Ok(result)) = (fence, &result) {
+            self.fenced(&op.group, mode, result);
         }
         let result = result.map_err(|e| match e {
             GroupFailure::Lost => SendError::ResultLost,

@@ -62,9 +62,13 @@ impl Node {
         }
     }
 
-    /// A full fence of `group` ended here with `result`: every member's blob is cached.
-    pub(super) fn fenced(&mut self, group: &GroupId, result: &AllgatherResult) {
-        self.modex.fenced_full(group, result);
+    /// A fence of `group` ended here: a full one's result replaces what was cached of the
+    /// group; a direct one drops it (the members may have committed again: later gets fetch).
+    pub(super) fn fenced(&mut self, group: &GroupId, mode: FenceMode, result: &AllgatherResult) {
+        match mode {
+            FenceMode::Full => self.modex.fenced_full(group, result),
+            FenceMode::Direct => self.modex.fenced(group),
+        }
     }
 
     /// A data-exchange message RELM delivered.
