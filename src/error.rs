@@ -51,6 +51,10 @@ pub enum SendError {
     /// this member's late contribution reached (after a repair, beyond the bounded caches of
     /// recent results, `limits::GROUP_RESULTS_CACHED_MAX`). The other members may have it.
     ResultLost,
+    /// The members of a group called different collectives under one number (another kind,
+    /// another broadcast root or another fence mode): every member ends it with this. The
+    /// members are out of step; see `Group` for the calling rules.
+    Mismatch,
 }
 
 impl fmt::Display for SendError {
@@ -98,6 +102,10 @@ impl fmt::Display for SendError {
             SendError::NotMember(r) => {
                 write!(f, "rank {r} is not a member of the group")
             }
+            SendError::Mismatch => write!(
+                f,
+                "the group's members called different collectives under one number"
+            ),
             SendError::ResultLost => write!(
                 f,
                 "the group collective's result was lost after a repair (no daemon on the way \

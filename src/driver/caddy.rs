@@ -99,6 +99,7 @@ pub(crate) enum Caddy {
     Group {
         op: crate::grpcomm::GroupOp,
         data: Bytes,
+        call: crate::node::GroupCall,
         done: AllgatherCompletion,
     },
     /// A fence of the data exchange (its number already taken).

@@ -669,13 +669,23 @@ impl EventLoop {
                 self.get_done.insert(token, done);
                 self.node.modex_get(token, &group, rank, &key);
             }
-            Caddy::Group { op, data, done } => {
+            Caddy::Group {
+                op,
+                data,
+                call,
+                done,
+            } => {
                 let token = self.group_next_token;
                 self.group_next_token += 1;
-                match self
-                    .node
-                    .handle_command(self.now, Command::GroupGather { op, data, token })
-                {
+                match self.node.handle_command(
+                    self.now,
+                    Command::GroupGather {
+                        op,
+                        data,
+                        call,
+                        token,
+                    },
+                ) {
                     Ok(()) => {
                         self.group_done.insert(token, done);
                     }

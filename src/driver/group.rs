@@ -7,7 +7,7 @@ use crate::Rank;
 use crate::error::{Limit, SendError};
 use crate::grpcomm::{AllgatherResult, GroupError, GroupId, GroupOp};
 use crate::limits::{ALLGATHER_MAX_BYTES, GROUP_INFLIGHT_MAX};
-use crate::node::FenceMode;
+use crate::node::{FenceMode, GROUP_CALL_LEN, GroupCall};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
@@ -30,7 +30,17 @@ use std::time::Duration;
 ///   test, [`crate::launch::local_dvm`]): each daemon numbers its own calls.
 ///
 /// A call refused at once (an `Err` returned by the call itself) takes no number, so offering
-/// it again keeps the members in step; once accepted, its outcome goes to `done`. Members that
+/// it again keeps the members in step; once accepted, its outcome goes to `done`. What happens
+/// when the rules are broken:
+/// - members that call different collectives under one number (another kind, another
+///   broadcast root, another fence mode) all end it with [`SendError::Mismatch`]; the group
+///   stays usable for the next number;
+/// - a `_wait` call that returned `TimedOut` has taken its number and goes on: never call it
+///   again for the same collective (that would take the next number and put this member one
+///   step ahead of the others), wait for the group to catch up instead;
+/// - a second `Group` value for the same group on one daemon has its own numbering: its
+///   first call is refused `DuplicateId` (number 0 is taken) and later ones wait for members
+///   that will never call them; use clones of one value. Members that
 /// die are excluded, as for [`Handle::allgather`]; any number of groups, overlapping or not,
 /// run at once, each isolated from the others.
 #[derive(Debug, Clone)]
@@ -142,7 +152,11 @@ impl Handle {
         contribution: impl Into<Bytes>,
         done: impl FnOnce(Result<AllgatherResult, SendError>) + Send + 'static,
     ) -> Result<(), SendError> {
-        self.group_submit(group, Ok(contribution.into()), Box::new(done))
+        self.group_submit(
+            group,
+            Ok((contribution.into(), GroupCall::Allgather)),
+            Box::new(done),
+        )
     }
 
     /// [`Handle::group_allgather`], blocking until the result arrived or `timeout` passed
@@ -169,7 +183,11 @@ impl Handle {
         group: &Group,
         done: impl FnOnce(Result<AllgatherResult, SendError>) + Send + 'static,
     ) -> Result<(), SendError> {
-        self.group_allgather(group, Bytes::new(), done)
+        self.group_submit(
+            group,
+            Ok((Bytes::new(), GroupCall::Barrier)),
+            Box::new(done),
+        )
     }
 
     /// [`Handle::group_barrier`], blocking (see [`Handle::group_allgather_wait`]).
@@ -178,7 +196,12 @@ impl Handle {
         group: &Group,
         timeout: Duration,
     ) -> Result<AllgatherResult, SendError> {
-        self.group_allgather_wait(group, Bytes::new(), timeout)
+        self.not_on_loop_thread()?;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.group_barrier(group, move |r| {
+            let _ = tx.send(r);
+        })?;
+        wait_result(&rx, timeout)
     }
 
     /// The largest payload [`Handle::group_broadcast`] takes for `group`: what fits the
@@ -220,7 +243,7 @@ impl Handle {
                 max,
             });
         }
-        self.group_allgather(group, data, move |r| {
+        let done: AllgatherCompletion = Box::new(move |r| {
             done(r.and_then(|result| {
                 if result.overflowed {
                     // Only a root that bypassed the bound above could cause it.
@@ -228,7 +251,8 @@ impl Handle {
                 }
                 result.get(root).cloned().ok_or(SendError::NodeDown(root))
             }))
-        })
+        });
+        self.group_submit(group, Ok((data, GroupCall::Broadcast(root))), done)
     }
 
     /// [`Handle::group_broadcast`], blocking until the root's payload arrived or `timeout`
@@ -254,11 +278,11 @@ impl Handle {
 
     /// Checks the call, admits it under `GROUP_INFLIGHT_MAX`, and only once the loop has it
     /// gives it the group's next number.
-    /// `what`: the contribution of a collective, or the mode of a fence.
+    /// `what`: the contribution of a collective and what it is, or the mode of a fence.
     pub(crate) fn group_submit(
         &self,
         group: &Group,
-        what: Result<Bytes, FenceMode>,
+        what: Result<(Bytes, GroupCall), FenceMode>,
         done: AllgatherCompletion,
     ) -> Result<(), SendError> {
         let shared = &self.shared;
@@ -272,8 +296,9 @@ impl Handle {
         if !group.contains(shared.rank) {
             return Err(SendError::NotMember(shared.rank));
         }
-        let max = ALLGATHER_MAX_BYTES - 8;
-        if let Ok(data) = &what
+        // The gathered bound less the entry's 8 bytes and the call's tag.
+        let max = ALLGATHER_MAX_BYTES - 8 - GROUP_CALL_LEN;
+        if let Ok((data, _)) = &what
             && data.len() > max
         {
             return Err(SendError::TooLarge {
@@ -308,7 +333,12 @@ impl Handle {
             seq: next_of(&mut seqs, shared),
         };
         let caddy = match what {
-            Ok(data) => Caddy::Group { op, data, done },
+            Ok((data, call)) => Caddy::Group {
+                op,
+                data,
+                call,
+                done,
+            },
             Err(mode) => Caddy::Fence { op, mode, done },
         };
         match shared.submit_or_return(caddy) {

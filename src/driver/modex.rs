@@ -17,7 +17,7 @@ impl Handle {
     ///
     /// Errors, nothing staged: `NotMember` (this daemon), `TooLarge` (a key above
     /// `limits::MODEX_KEY_MAX` bytes, or the group's data above what a fence can gather,
-    /// `ALLGATHER_MAX_BYTES` less 8), `Busy(ModexGroups)` (`limits::MODEX_GROUPS_MAX` groups
+    /// `ALLGATHER_MAX_BYTES` less 13), `Busy(ModexGroups)` (`limits::MODEX_GROUPS_MAX` groups
     /// with data here: [`Handle::forget_group`] one).
     pub fn put(&self, group: &Group, key: &str, value: impl Into<Bytes>) -> Result<(), SendError> {
         let shared = &self.shared;
@@ -39,7 +39,8 @@ impl Handle {
         let before = blob::encoded_len(entries);
         let old = entries.get(key).map_or(0, |v| 6 + key.len() + v.len());
         let after = before - old + 6 + key.len() + value.len();
-        let max = ALLGATHER_MAX_BYTES - 8;
+        // What a full fence can gather of one member (the entry's 8 bytes and the call's tag).
+        let max = ALLGATHER_MAX_BYTES - 8 - crate::node::GROUP_CALL_LEN;
         if after > max {
             if entries.is_empty() {
                 staged.remove(group.id());

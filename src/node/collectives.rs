@@ -47,6 +47,54 @@ use std::time::Instant;
 
 use super::wireup::TAG_SHUTDOWN;
 
+/// What a member called under a group collective's number. It travels in front of the
+/// member's contribution, so members that called different collectives (kind, root or fence
+/// mode) under one number all end it with `SendError::Mismatch` instead of misreading each
+/// other's data: every member checks the same result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupCall {
+    Allgather,
+    Barrier,
+    Broadcast(Rank),
+    Fence(super::FenceMode),
+}
+
+/// Bytes [`GroupCall`] adds in front of a contribution.
+pub const GROUP_CALL_LEN: usize = 5;
+
+impl GroupCall {
+    fn tag(self) -> [u8; GROUP_CALL_LEN] {
+        let (kind, root) = match self {
+            GroupCall::Allgather => (1u8, 0),
+            GroupCall::Barrier => (2, 0),
+            GroupCall::Broadcast(root) => (3, root),
+            GroupCall::Fence(super::FenceMode::Full) => (4, 0),
+            GroupCall::Fence(super::FenceMode::Direct) => (5, 0),
+        };
+        let r = root.to_be_bytes();
+        [kind, r[0], r[1], r[2], r[3]]
+    }
+}
+
+/// A group result with every member's call tag checked and taken off: `Mismatch` if the
+/// members called different collectives (or an entry is too short to carry a tag).
+fn untag(mut r: AllgatherResult) -> Result<AllgatherResult, SendError> {
+    let mut first: Option<Bytes> = None;
+    for (_, data) in r.contributions.iter_mut() {
+        if data.len() < GROUP_CALL_LEN {
+            return Err(SendError::Mismatch);
+        }
+        let tag = data.slice(..GROUP_CALL_LEN);
+        match &first {
+            None => first = Some(tag),
+            Some(f) if *f != tag => return Err(SendError::Mismatch),
+            Some(_) => {}
+        }
+        *data = data.slice(GROUP_CALL_LEN..);
+    }
+    Ok(r)
+}
+
 /// The largest broadcast payload with frames of at most `msg_max_bytes`: an `Op` adds its
 /// header, and rank 0 keeps at most `XCAST_INFLIGHT_MAX_BYTES` in flight.
 pub fn broadcast_max(msg_max_bytes: usize) -> usize {
@@ -116,19 +164,22 @@ impl Node {
     }
 
     /// This daemon's contribution to group collective `op`, once wired; `token` names it in
-    /// the [`Output::GroupDone`] that ends it; `fence`: it is a fence of the data exchange in
-    /// that mode.
+    /// the [`Output::GroupDone`] that ends it; `call`: what this member called (carried in
+    /// front of the data, see [`GroupCall`]).
     pub(super) fn group_contribute(
         &mut self,
         op: GroupOp,
         data: Bytes,
         token: u64,
-        fence: Option<super::FenceMode>,
+        call: GroupCall,
     ) -> Result<(), SendError> {
         let seq = op.seq;
-        match self.group.contribute(op.clone(), data) {
+        let mut tagged = bytes::BytesMut::with_capacity(GROUP_CALL_LEN + data.len());
+        tagged.extend_from_slice(&call.tag());
+        tagged.extend_from_slice(&data);
+        match self.group.contribute(op.clone(), tagged.freeze()) {
             Ok(()) => {
-                self.group_tokens.insert(op, (token, fence));
+                self.group_tokens.insert(op, (token, call));
                 Ok(())
             }
             Err(e) => Err(match e {
@@ -470,7 +521,7 @@ impl Node {
 
     /// A group collective this daemon contributed to is over here.
     fn group_done(&mut self, op: GroupOp, result: Result<AllgatherResult, GroupFailure>) {
-        let Some((token, fence)) = self.group_tokens.remove(&op) else {
+        let Some((token, call)) = self.group_tokens.remove(&op) else {
             crate::bug!(
                 "rank {}: a group collective ended that nobody waits for",
                 self.me
@@ -478,12 +529,14 @@ impl Node {
             return;
         };
         self.counters.group_results += 1;
-        if let (Some(mode), Ok(result)) = (fence, &result) {
+        let result = result
+            .map_err(|e| match e {
+                GroupFailure::Lost => SendError::ResultLost,
+            })
+            .and_then(untag);
+        if let (GroupCall::Fence(mode), Ok(result)) = (call, &result) {
             self.fenced(&op.group, mode, result);
         }
-        let result = result.map_err(|e| match e {
-            GroupFailure::Lost => SendError::ResultLost,
-        });
         self.out.push_back(Output::GroupDone { token, result });
     }
 

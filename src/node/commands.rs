@@ -44,6 +44,7 @@ pub enum Command {
     GroupGather {
         op: crate::grpcomm::GroupOp,
         data: Bytes,
+        call: super::GroupCall,
         token: u64,
     },
     /// A fence of the data exchange as group collective `op`: in full mode this daemon's
@@ -120,12 +121,15 @@ impl Node {
                 token,
             } => self.broadcast(tag, payload, token),
             Command::Allgather { id, data } => self.contribute(id, data),
-            Command::GroupGather { op, data, token } => {
-                self.group_contribute(op, data, token, None)
-            }
+            Command::GroupGather {
+                op,
+                data,
+                call,
+                token,
+            } => self.group_contribute(op, data, token, call),
             Command::Fence { op, mode, token } => {
                 let data = self.fence_data(&op.group, mode);
-                self.group_contribute(op, data, token, Some(mode))
+                self.group_contribute(op, data, token, super::GroupCall::Fence(mode))
             }
         }
     }

@@ -55,7 +55,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 use wireup::WireupCollector;
 
-pub use collectives::{broadcast_max, xcast_limits};
+pub use collectives::{GROUP_CALL_LEN, GroupCall, broadcast_max, xcast_limits};
 pub use commands::Command;
 pub use modex::FenceMode;
 pub use status::StatusRefused;
@@ -209,7 +209,7 @@ pub struct Node {
     gathering: BTreeSet<u64>,
     /// Group collectives this daemon contributed to, with the driver's tokens (and, for a
     /// fence, its mode).
-    group_tokens: BTreeMap<GroupOp, (u64, Option<FenceMode>)>,
+    group_tokens: BTreeMap<GroupOp, (u64, collectives::GroupCall)>,
     /// The last group result encoded, shared by the frames to every child (see
     /// `send_group`).
     group_encoded: Option<(GroupOp, bool, Bytes)>,

@@ -266,9 +266,15 @@ impl SimNode {
         token: u64,
     ) -> Result<(), SendError> {
         self.tick(now);
-        let r = self
-            .node
-            .handle_command(now, Command::GroupGather { op, data, token });
+        let r = self.node.handle_command(
+            now,
+            Command::GroupGather {
+                op,
+                data,
+                call: crate::node::GroupCall::Allgather,
+                token,
+            },
+        );
         self.step(now);
         r
     }
