@@ -40,9 +40,10 @@ use std::time::Duration;
 ///   step ahead of the others), wait for the group to catch up instead;
 /// - a second `Group` value for the same group on one daemon has its own numbering: its
 ///   first call is refused `DuplicateId` (number 0 is taken) and later ones wait for members
-///   that will never call them; use clones of one value. Members that
-/// die are excluded, as for [`Handle::allgather`]; any number of groups, overlapping or not,
-/// run at once, each isolated from the others.
+///   that will never call them; use clones of one value.
+///
+/// Members that die are excluded, as for [`Handle::allgather`]; any number of groups,
+/// overlapping or not, run at once, each isolated from the others.
 #[derive(Debug, Clone)]
 pub struct Group {
     id: GroupId,
