@@ -230,20 +230,20 @@ fn one_group_value_serves_several_daemons_of_a_process_each_with_its_numbers() {
     assert_eq!(group.next_seq(&h), 3);
 }
 
+/// One member's part of a collective, for the mismatch test.
+type Call = fn(&tbon::Handle, &Group) -> Result<(), SendError>;
+
 #[test]
 fn members_that_call_different_collectives_all_learn_it() {
     let dvm = start_dvm(3, &loopback_config(2));
     let g = Group::new(77, [1, 2]).unwrap();
-    let run = |r: Rank, f: fn(&tbon::Handle, &Group) -> Result<(), SendError>| {
+    let run = |r: Rank, f: Call| {
         let (h, g) = (dvm[r as usize].handle(), g.clone());
         std::thread::spawn(move || f(&h, &g))
     };
     // An allgather against a barrier; a broadcast from 1 against one from 2; a full fence
     // against a direct one: every member ends each with Mismatch, and the group stays usable.
-    let pairs: [(
-        fn(&tbon::Handle, &Group) -> Result<(), SendError>,
-        fn(&tbon::Handle, &Group) -> Result<(), SendError>,
-    ); 3] = [
+    let pairs: [(Call, Call); 3] = [
         (
             |h, g| h.group_allgather_wait(g, "x", HANG_GUARD).map(|_| ()),
             |h, g| h.group_barrier_wait(g, HANG_GUARD).map(|_| ()),
