@@ -12,6 +12,10 @@
  *   groups (one job's daemons): tbon_group_new (a context and the member ranks; one group per
  *   daemon), then tbon_group_allgather, tbon_group_barrier, tbon_group_broadcast in the same
  *   order at every member (a group numbers its collectives itself), tbon_group_free
+ *   data exchange (a job's keys and values, PMI's modex; over a tbon_group): tbon_put, then
+ *   tbon_commit, then tbon_fence (TBON_FENCE_FULL: every member's data to every member;
+ *   TBON_FENCE_DIRECT: only synchronise, fetch on first get) or tbon_fence_cb, then tbon_get
+ *   (into the caller's buffer) or tbon_get_cb; tbon_forget_group when the job is over
  *   tbon_on_fault, tbon_counters_get, tbon_rank, tbon_size
  *   streams (README "Streams"): tbon_serve (a service; its callback writes with
  *   tbon_writer_write or tbon_writer_write_nocopy and ends with tbon_writer_finish /
@@ -30,14 +34,16 @@
  * THREADS. Every function may be called from any thread, concurrently. Each daemon runs its own
  * loop thread; several daemons may live in one process.
  *
- * CALLBACKS (send completions, receive callbacks, fault handlers, collectives' results, stream
- * callbacks) run on the daemon's loop thread (a stream service's callback is the exception: it
+ * CALLBACKS (send completions, receive callbacks, fault handlers, collectives' results, gets'
+ * answers, stream callbacks) run on the daemon's loop thread (a stream service's callback is the exception: it
  * runs on a thread of its own per stream and may block). Keep them short. Inside a callback you may call tbon_send, tbon_send_nocopy,
  * tbon_send_batch, tbon_send_routed, tbon_send_reliable,
  * tbon_broadcast, tbon_allgather, tbon_group_allgather, tbon_group_broadcast, tbon_group_new,
- * tbon_group_next_seq, tbon_group_free, tbon_recv, tbon_cancel, tbon_purge, tbon_rank, tbon_size, tbon_contact_uri,
+ * tbon_group_next_seq, tbon_group_free, tbon_put, tbon_commit, tbon_forget_group,
+ * tbon_fence_cb, tbon_get_cb, tbon_recv, tbon_cancel, tbon_purge, tbon_rank, tbon_size, tbon_contact_uri,
  * tbon_fetch, tbon_fetch_cb, tbon_fetch_cancel, tbon_stream_close,
- * tbon_strerror and tbon_last_error. The blocking calls (tbon_recv_blocking, tbon_barrier, tbon_group_barrier, tbon_wait_wired, tbon_wait_stopped,
+ * tbon_strerror and tbon_last_error. The blocking calls (tbon_recv_blocking, tbon_barrier, tbon_group_barrier, tbon_fence,
+ * tbon_get, tbon_wait_wired, tbon_wait_stopped,
  * tbon_counters_get, tbon_start, tbon_shutdown, tbon_shutdown_dvm, tbon_abort, tbon_free,
  * tbon_stream_read, tbon_writer_write, tbon_status_get, tbon_status_query) return
  * TBON_ERR_BUSY there instead of deadlocking. A send from a callback gets TBON_ERR_BUSY if the
@@ -59,7 +65,7 @@
  * tbon_send_nocopy). Payloads are COPIED by tbon_send / tbon_send_reliable / tbon_broadcast
  * (and tbon_send_batch) before they return (the caller keeps ownership). tbon_send_nocopy lends the buffer instead
  * and gets a free callback. Received data is valid only during the receive callback;
- * tbon_recv_blocking copies into the caller's buffer.
+ * tbon_recv_blocking and tbon_get copy into the caller's buffer; tbon_put copies the value.
  *
  * MESSAGES. Tags below TBON_TAG_USER_MIN (100) are reserved. Plain sends (tbon_send,
  * tbon_send_nocopy, tbon_send_batch for many small messages at once) are not acknowledged end to end: a completion with TBON_OK means handed to
@@ -108,6 +114,18 @@
 // of them ended).
 #define TBON_GROUP_INFLIGHT_MAX 256
 
+// The longest key of the data exchange, in bytes (without the NUL): longer is
+// `TBON_ERR_BAD_PARAM`.
+#define TBON_MODEX_KEY_MAX 255
+
+// Groups a daemon keeps data of the exchange for (puts or commits), until
+// `tbon_forget_group`: a put or commit for one more is refused `TBON_ERR_BUSY`.
+#define TBON_MODEX_GROUPS_MAX 256
+
+// Fetches of an owner's data (one per owner and group, shared by the gets waiting for it) a
+// daemon has in flight: a get that needs one more ends `TBON_ERR_BUSY` (ask again later).
+#define TBON_MODEX_FETCHES_MAX 256
+
 // `tbon_status_get`/`tbon_status_query` flag: every daemon in detail (by default a healthy
 // subtree is summarised; the JSON is then shorter, the per-rank states the same).
 #define TBON_STATUS_ALL 1
@@ -150,9 +168,10 @@ typedef enum {
   // No such rank in this DVM.
   TBON_ERR_RANK_OUT_OF_RANGE = 4,
   // The payload exceeds `msg_max_bytes`, a group has more than `TBON_GROUP_MEMBERS_MAX`
-  // members, or a caller buffer is too small (see the call).
+  // members, a group's data for the exchange exceeds its bound (`tbon_put`), or a caller
+  // buffer is too small (see the call).
   TBON_ERR_TOO_LARGE = 5,
-  // The destination is known to have failed.
+  // The destination is known to have failed (for `tbon_get`: the owner of the value).
   TBON_ERR_NODE_DOWN = 6,
   // No route leads to the destination.
   TBON_ERR_UNREACHABLE = 7,
@@ -181,19 +200,28 @@ typedef enum {
   TBON_ERR_PEER_DIED = 17,
   // Streams: the consumer cancelled the stream.
   TBON_ERR_CANCELLED = 18,
-  // Streams: corrupt data, or the other end broke the protocol.
+  // Streams: corrupt data, or the other end broke the protocol. `tbon_get`: the owner's
+  // data came back malformed.
   TBON_ERR_CORRUPT = 19,
   // Streams: nothing arrived from the producer for the stream's idle time.
   TBON_ERR_IDLE = 20,
   // Status: the daemon refused the operator credential (a wrong one, another DVM, or too
   // many tools connected).
   TBON_ERR_CREDENTIAL = 21,
-  // Groups: this daemon, or the broadcast's root, is not a member of the group.
+  // Groups: this daemon, the broadcast's root, or the rank a `tbon_get` asks, is not a
+  // member of the group.
   TBON_ERR_NOT_MEMBER = 22,
   // Groups: the collective ended without its result at this member (after a repair, every
   // daemon its late contribution reached had already forgotten the result; the other
   // members may have it).
   TBON_ERR_RESULT_LOST = 23,
+  // Data exchange (`tbon_get`): the owner committed no value under this key for the group
+  // (never put, or not committed before the fence the get followed).
+  TBON_ERR_NOT_FOUND = 24,
+  // Groups: the members called different collectives under one number (another kind,
+  // another broadcast root, another fence mode); every member ends it with this. The
+  // members are out of step; the group stays usable for the next number.
+  TBON_ERR_MISMATCH = 25,
 } tbon_rc;
 
 // A log record's level (`tbon_log_callback`), most severe first; `TBON_LOG_OFF` records
@@ -256,6 +284,17 @@ typedef enum {
   // subtree only).
   TBON_RANK_NOT_COVERED = 6,
 } tbon_rank_state;
+
+// How a fence exchanges the data (`tbon_fence`, `tbon_fence_cb`, which take it as an `int`).
+typedef enum {
+  // Every member's committed data comes to every member during the fence: the gets after
+  // it are answered on this daemon, without a message. For small data and gets of most
+  // members' values (PMI's "collect data").
+  TBON_FENCE_FULL = 0,
+  // The fence only synchronises: a get fetches the owner's data (all of its keys at once,
+  // then cached here) on first use. For large data or gets of a few members.
+  TBON_FENCE_DIRECT = 1,
+} tbon_fence_mode;
 
 // Receives one log record: its level, its target (the module, e.g. "tbon::node::faults"),
 // the message (both NUL-terminated, valid during the call only) and the `user` pointer given
@@ -530,6 +569,14 @@ typedef struct {
   uint64_t group_dropped_untracked;
   uint64_t group_results;
   uint64_t group_tracked;
+  // Data exchange (`tbon_get`): gets answered here without a message (from the cache, a
+  // full fence's or an earlier fetch's, or this daemon's own data), fetches of an owner's
+  // data (one per owner and group, shared by the gets waiting for it), fetches answered
+  // for other daemons, and owners' data evicted from the cache.
+  uint64_t modex_hits;
+  uint64_t modex_fetches;
+  uint64_t modex_served;
+  uint64_t modex_evicted;
 } tbon_counters;
 
 // A group of daemons for group collectives (the daemons one job runs on): an id from
@@ -541,13 +588,41 @@ typedef uint64_t tbon_group;
 // call: copy what you keep. Otherwise `data` is NULL and `len` 0: `TBON_ERR_NODE_DOWN` (the
 // root died before its bytes reached the tree), `TBON_ERR_TOO_LARGE` (the root's bytes and 8
 // bytes per member exceeded the 16 MiB gathered-bytes bound, or `msg_max_bytes`),
-// `TBON_ERR_DUPLICATE`, `TBON_ERR_RESULT_LOST`, `TBON_ERR_SHUT_DOWN` (see
+// `TBON_ERR_DUPLICATE`, `TBON_ERR_MISMATCH`, `TBON_ERR_RESULT_LOST`, `TBON_ERR_SHUT_DOWN` (see
 // `tbon_group_allgather`). `seq` is the collective's number in the group.
 typedef void (*tbon_group_broadcast_cb)(tbon_rc rc,
                                         uint64_t seq,
                                         const uint8_t *data,
                                         size_t len,
                                         void *user);
+
+// Fence callback (`tbon_fence_cb`): called once, on the loop thread. With `TBON_OK`, every
+// living member entered the fence, and `excluded` lists the `nexcluded` members that died
+// before they entered it, ascending (NULL when there are none; valid during the call only).
+// Otherwise `excluded` is NULL and `nexcluded` 0, and `rc` is as `tbon_group_allgather`'s
+// callback (`TBON_ERR_DUPLICATE`, `TBON_ERR_MISMATCH`: another member entered this number in
+// the other mode or called another collective, `TBON_ERR_RESULT_LOST`, `TBON_ERR_SHUT_DOWN`).
+// `seq` is the fence's number in the group.
+typedef void (*tbon_fence_done_cb)(tbon_rc rc,
+                                   uint64_t seq,
+                                   const uint32_t *excluded,
+                                   size_t nexcluded,
+                                   void *user);
+
+// Get callback (`tbon_get_cb`): called once, on the loop thread, with the `rank` and `key`
+// asked for (`key` NUL-terminated). With `TBON_OK`, `data` holds the value's `len` bytes (NULL
+// when `len` is 0). Otherwise `data` is NULL and `len` 0: `TBON_ERR_NOT_FOUND` (`rank` had
+// committed no such key for the group when its data was taken; see `tbon_get`),
+// `TBON_ERR_NODE_DOWN` (`rank` is dead, or died before its data came), `TBON_ERR_BUSY`
+// (`TBON_MODEX_FETCHES_MAX` fetches in flight here), `TBON_ERR_CORRUPT` (its data came back
+// malformed), `TBON_ERR_SHUT_DOWN`. `key` and `data` are valid during the call only: copy
+// what you keep.
+typedef void (*tbon_get_done_cb)(tbon_rc rc,
+                                 uint32_t rank,
+                                 const char *key,
+                                 const uint8_t *data,
+                                 size_t len,
+                                 void *user);
 
 // A status gathered from a DVM (0 is never a valid handle). Free it with `tbon_status_free`.
 typedef uint64_t tbon_status;
@@ -744,13 +819,14 @@ tbon_rc tbon_stop_reason(tbon_daemon d, tbon_stop *reason, char *buf, size_t *le
 // Stops this daemon: pending sends complete with `TBON_ERR_SHUT_DOWN`, queued frames get a
 // short bounded linger, sockets close, and the loop thread is joined before this returns, so
 // no callback of this daemon runs afterwards. The handle stays valid until `tbon_free`:
-// whatever needs a running daemon (sends, broadcasts, collectives, receives, fault handlers,
-// counters, status, streams) then gives `TBON_ERR_SHUT_DOWN`; the queries still answer
-// (`tbon_contact_uri`, `tbon_rank`, `tbon_size`, `tbon_stop_reason`, `tbon_wait_stopped`,
-// and `tbon_wait_wired`: `TBON_OK` if wire-up had completed); cleanup has nothing left to do
-// and is `TBON_OK` (`tbon_cancel`, `tbon_purge`, `tbon_fetch_cancel`), as is stopping again
-// (`tbon_shutdown`, `tbon_shutdown_dvm`, `tbon_abort`). After `tbon_free` every call with the
-// handle gives `TBON_ERR_BAD_HANDLE`. Not from a callback.
+// whatever needs a running daemon (sends, broadcasts, collectives, the data exchange,
+// receives, fault handlers, counters, status, streams) then gives `TBON_ERR_SHUT_DOWN`; the
+// queries still answer (`tbon_contact_uri`, `tbon_rank`, `tbon_size`, `tbon_stop_reason`,
+// `tbon_wait_stopped`, and `tbon_wait_wired`: `TBON_OK` if wire-up had completed); cleanup
+// has nothing left to do and is `TBON_OK` (`tbon_cancel`, `tbon_purge`, `tbon_fetch_cancel`,
+// `tbon_forget_group`), as is stopping again (`tbon_shutdown`, `tbon_shutdown_dvm`,
+// `tbon_abort`). After `tbon_free` every call with the handle gives `TBON_ERR_BAD_HANDLE`.
+// Not from a callback.
 tbon_rc tbon_shutdown(tbon_daemon d);
 
 // On rank 0: tells every daemon of the DVM to stop (a broadcast down the tree), then stops this
@@ -974,13 +1050,14 @@ tbon_rc tbon_group_next_seq(tbon_group g, uint64_t *out);
 // only if this returns `TBON_OK`; then with `TBON_OK`, or `TBON_ERR_TOO_LARGE` (the gathered
 // bytes exceeded 16 MiB, 8 bytes per member included, or `msg_max_bytes`),
 // `TBON_ERR_DUPLICATE` (another group of the same context and members ran this number on
-// this daemon), `TBON_ERR_RESULT_LOST` (see `tbon_rc`; the other members may have it),
+// this daemon), `TBON_ERR_MISMATCH` (the members called different collectives under this
+// number), `TBON_ERR_RESULT_LOST` (see `tbon_rc`; the other members may have it),
 // `TBON_ERR_SHUT_DOWN` (the daemon stopped first).
 //
 // Returned at once, and then the call takes no number (call it again later to stay in step
 // with the other members): `TBON_ERR_NOT_MEMBER` (this daemon is not a member),
 // `TBON_ERR_RANK_OUT_OF_RANGE` (a member is not a rank of the DVM), `TBON_ERR_TOO_LARGE`
-// (above 16 MiB less 8 bytes), `TBON_ERR_BUSY` (`TBON_GROUP_INFLIGHT_MAX` group collectives
+// (above 16 MiB less 13 bytes), `TBON_ERR_BUSY` (`TBON_GROUP_INFLIGHT_MAX` group collectives
 // in flight on this daemon, or the queue before wire-up is full; from a callback also when
 // the command queue is, or when another thread's call on this group is in progress), `TBON_ERR_SHUT_DOWN`, `TBON_ERR_BAD_HANDLE`, `TBON_ERR_BAD_PARAM` (a NULL
 // `cb` or `data`, or a group bound to another daemon). A barrier that does not wait is this
@@ -1014,6 +1091,110 @@ tbon_rc tbon_group_broadcast(tbon_daemon d,
                              size_t len,
                              tbon_group_broadcast_cb cb,
                              void *user);
+
+// Stages `len` bytes at `value` (copied; NULL when `len` is 0) under `key` for group `g` on
+// daemon `d`: this daemon's data for the job (a later put of the same key replaces the
+// value). Nothing leaves the daemon, and no other member can read it, until `tbon_commit`.
+//
+// What the caller must do: `d` is a member of `g`; `key` is NUL-terminated UTF-8 of at most
+// `TBON_MODEX_KEY_MAX` bytes. Errors, and then nothing is staged: `TBON_ERR_NOT_MEMBER`,
+// `TBON_ERR_BAD_PARAM` (`key` NULL, not UTF-8 or too long; `value` NULL with `len` > 0; a
+// group bound to another daemon), `TBON_ERR_TOO_LARGE` (the group's data on this daemon, its
+// keys and values with 6 bytes more per value, would exceed what a full fence can gather of
+// one member: just under 16 MiB),
+// `TBON_ERR_BUSY` (data for `TBON_MODEX_GROUPS_MAX` groups here: `tbon_forget_group` one),
+// `TBON_ERR_SHUT_DOWN`, `TBON_ERR_BAD_HANDLE`.
+tbon_rc tbon_put(tbon_daemon d, tbon_group g, const char *key, const void *value, size_t len);
+
+// Commits everything put for group `g` on daemon `d` so far, replacing what it committed
+// before: other members can now get it (a get after a direct fence fetches what is committed
+// when its request arrives), and a full fence gathers it. Commit before entering the fence
+// that the others' gets follow; a member with nothing put commits an empty set (its keys are
+// then `TBON_ERR_NOT_FOUND`). A daemon that already holds this daemon's data for the group (a
+// full fence's, or a fetch's) answers from it until the next fence of the group, which
+// starts a new round: commit again, then fence, and the others see the new data. Errors:
+// `TBON_ERR_NOT_MEMBER`, `TBON_ERR_BUSY` (`TBON_MODEX_GROUPS_MAX` groups with data here; from
+// a callback also when the command queue is full), `TBON_ERR_SHUT_DOWN`,
+// `TBON_ERR_BAD_HANDLE`, `TBON_ERR_BAD_PARAM` (a group bound to another daemon).
+tbon_rc tbon_commit(tbon_daemon d, tbon_group g);
+
+// The job of group `g` is over on daemon `d`: what it put and committed for the group and what
+// it cached of the other members' data are dropped (gets for the group then find nothing
+// here; other members' fetches from it end `TBON_ERR_NOT_FOUND`). It frees a place of
+// `TBON_MODEX_GROUPS_MAX`. The group handle stays valid (`tbon_group_free` frees it). Cleanup:
+// `TBON_OK` also when `d` is not a member, and once the daemon stopped (nothing is left).
+// Errors: `TBON_ERR_BUSY` from a callback when the command queue is full (call it again);
+// `TBON_ERR_BAD_HANDLE`, `TBON_ERR_BAD_PARAM` (a group bound to another daemon).
+tbon_rc tbon_forget_group(tbon_daemon d, tbon_group g);
+
+// Enters group `g`'s next collective, a fence of the data exchange in `mode` (a
+// `tbon_fence_mode` value), and waits until every living member has entered it (members that
+// died are not waited for), or `timeout_ms` passed (`TBON_ERR_TIMED_OUT`: this daemon stays
+// entered, the fence goes on and keeps its number). With `TBON_FENCE_FULL` every member's
+// committed data is here once this returns `TBON_OK`, replacing what this daemon held of the
+// group (unless all of it, 13 bytes per member included, exceeded 16 MiB: then the fence
+// carries none, and gets fetch it as after a direct fence); with `TBON_FENCE_DIRECT` what
+// this daemon held of the group is dropped, and gets fetch it again. Every fence thus starts
+// a new round: a get after it sees what the owner had committed when it entered it.
+//
+// What the caller must do: commit first (`tbon_commit`); every member fences with the same
+// mode, in the same order as the group's other collectives (a fence takes the group's next
+// number, like `tbon_group_barrier`; members that differ all end it `TBON_ERR_MISMATCH`); no
+// member commits again until every member has read what it needs of this round (another
+// fence tells). Which members were excluded: `tbon_fence_cb`. Errors as `tbon_group_barrier`,
+// and `TBON_ERR_BAD_PARAM` for another `mode`; not from a callback (`TBON_ERR_BUSY`).
+tbon_rc tbon_fence(tbon_daemon d, tbon_group g, int mode, uint32_t timeout_ms);
+
+// `tbon_fence` without waiting: `cb` (not NULL) gets the outcome (see `tbon_fence_done_cb`),
+// exactly once if and only if this returns `TBON_OK`. Returned at once, and then the call
+// takes no number: the errors `tbon_group_allgather` returns at once, and
+// `TBON_ERR_BAD_PARAM` for a NULL `cb` or another `mode`. May be called from a callback.
+tbon_rc tbon_fence_cb(tbon_daemon d, tbon_group g, int mode, tbon_fence_done_cb cb, void *user);
+
+// Reads the value member `rank` committed under `key` for group `g`, waiting up to
+// `timeout_ms`, and copies it into `buf` (`cap` bytes): from this daemon's cache (a full
+// fence's, or an earlier fetch's), from its own committed data, or fetched from `rank` (all of
+// its data for the group at once, then cached until the group's next fence; least recently
+// used out first). Call it after the fence that followed the owner's commit. Values are
+// bytes, not strings: no NUL is added.
+//
+// `*len` (`len` not NULL) gets the value's length with `TBON_OK` and with
+// `TBON_ERR_TOO_LARGE`; it is left alone otherwise. A value longer than `cap` is
+// `TBON_ERR_TOO_LARGE` with nothing copied, as `tbon_contact_uri` answers: `buf` NULL with
+// `cap` 0 asks the length, then a second call with a buffer that large reads the value (from
+// the cache when the first one fetched it). `buf` may be NULL only when `cap` is 0.
+//
+// Errors: `TBON_ERR_NOT_FOUND` (`rank` never put `key` for the group, or had not committed
+// it when its data was taken: at a full fence, or when the fetch's request reached it after
+// a direct one), `TBON_ERR_NODE_DOWN` (`rank` is dead, or died before its data came; never a
+// hang), `TBON_ERR_NOT_MEMBER` (this daemon is not a member of the group: only members read a
+// job's data; or `rank` is not, or is not a rank of the DVM), `TBON_ERR_BAD_PARAM` (`key`
+// NULL, not UTF-8 or longer than `TBON_MODEX_KEY_MAX`; `len` NULL; `buf` NULL with `cap` > 0;
+// a group bound to another daemon), `TBON_ERR_TIMED_OUT` (the fetch goes on and fills the
+// cache), `TBON_ERR_BUSY` (`TBON_MODEX_FETCHES_MAX` fetches in flight here; or from a
+// callback: this call blocks, use `tbon_get_cb`), `TBON_ERR_CORRUPT` (`rank`'s data came back
+// malformed; logged), `TBON_ERR_SHUT_DOWN`, `TBON_ERR_BAD_HANDLE`.
+tbon_rc tbon_get(tbon_daemon d,
+                 tbon_group g,
+                 uint32_t rank,
+                 const char *key,
+                 void *buf,
+                 size_t cap,
+                 size_t *len,
+                 uint32_t timeout_ms);
+
+// `tbon_get` without waiting: `cb` (not NULL) gets the value or why not (see
+// `tbon_get_done_cb`), exactly once if and only if this returns `TBON_OK`, on the loop thread
+// (possibly before this returns). Returned at once:
+// `TBON_ERR_NOT_MEMBER` (as `tbon_get`), `TBON_ERR_BAD_PARAM` (as `tbon_get`, or a NULL `cb`),
+// `TBON_ERR_BUSY` (from a callback: the command queue is full), `TBON_ERR_SHUT_DOWN`,
+// `TBON_ERR_BAD_HANDLE`. May be called from a callback, also for the same group.
+tbon_rc tbon_get_cb(tbon_daemon d,
+                    tbon_group g,
+                    uint32_t rank,
+                    const char *key,
+                    tbon_get_done_cb cb,
+                    void *user);
 
 // Gathers the status of the subtree of daemon `d` of this process (rank 0: the whole DVM)
 // within `budget_ms` (1 to 60,000, a longer one cut to 60,000; 0 is `TBON_ERR_BAD_PARAM`; a subtree silent for longer shows as

@@ -5,7 +5,7 @@
 //! the header says".)
 
 use crate::*;
-use std::ffi::{CString, c_char, c_void};
+use std::ffi::{CString, c_char, c_int, c_void};
 use std::ptr::{null, null_mut};
 
 unsafe extern "C" fn on_freed(_: *mut c_void, _: *mut c_void) {}
@@ -20,6 +20,16 @@ unsafe extern "C" fn on_gathered(
 ) {
 }
 unsafe extern "C" fn on_bcast(_: tbon_rc, _: u64, _: *const u8, _: usize, _: *mut c_void) {}
+unsafe extern "C" fn on_fenced(_: tbon_rc, _: u64, _: *const u32, _: usize, _: *mut c_void) {}
+unsafe extern "C" fn on_got(
+    _: tbon_rc,
+    _: u32,
+    _: *const c_char,
+    _: *const u8,
+    _: usize,
+    _: *mut c_void,
+) {
+}
 unsafe extern "C" fn on_recv(_: u32, _: u32, _: *const u8, _: usize, _: *mut c_void) {}
 unsafe extern "C" fn on_fault(_: *const u32, _: usize, _: tbon_scope, _: u64, _: *mut c_void) {}
 unsafe extern "C" fn on_stream(_: *const u8, _: usize, _: *const tbon_stream_end, _: *mut c_void) {}
@@ -56,6 +66,8 @@ fn every_call(d: tbon_daemon) -> Vec<(&'static str, tbon_rc)> {
     let mut buf = [0u8; 16];
     let mut blen = buf.len();
     let mut group = 0;
+    let key = CString::new("endpoint").unwrap();
+    let mut vlen = 0usize;
     // SAFETY: every pointer is valid for its call; the callbacks do nothing.
     unsafe {
         assert_eq!(
@@ -116,6 +128,40 @@ fn every_call(d: tbon_daemon) -> Vec<(&'static str, tbon_rc)> {
             "group_broadcast",
             tbon_group_broadcast(d, group, 0, p, 8, Some(on_bcast), null_mut()),
         ));
+        out.push(("put", tbon_put(d, group, key.as_ptr(), p, 8)));
+        out.push(("commit", tbon_commit(d, group)));
+        out.push((
+            "fence",
+            tbon_fence(d, group, tbon_fence_mode::TBON_FENCE_FULL as c_int, 10),
+        ));
+        out.push((
+            "fence_cb",
+            tbon_fence_cb(
+                d,
+                group,
+                tbon_fence_mode::TBON_FENCE_DIRECT as c_int,
+                Some(on_fenced),
+                null_mut(),
+            ),
+        ));
+        out.push((
+            "get",
+            tbon_get(
+                d,
+                group,
+                0,
+                key.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut vlen,
+                10,
+            ),
+        ));
+        out.push((
+            "get_cb",
+            tbon_get_cb(d, group, 0, key.as_ptr(), Some(on_got), null_mut()),
+        ));
+        out.push(("forget_group", tbon_forget_group(d, group)));
         out.push(("recv", tbon_recv(d, 0, 100, 1, Some(on_recv), null_mut())));
         out.push(("cancel", tbon_cancel(d, 0, 100)));
         out.push(("purge", tbon_purge(d, 0)));
@@ -199,7 +245,7 @@ fn every_call_after_shutdown_and_after_free_answers_as_documented() {
         "wait_wired", // it was wired before it stopped
     ];
     let stopping_again = ["shutdown", "shutdown_dvm", "abort"];
-    let cleanup = ["cancel", "purge", "fetch_cancel"];
+    let cleanup = ["cancel", "purge", "fetch_cancel", "forget_group"];
     let mut wrong = Vec::new();
     for (name, rc) in every_call(d) {
         let want = if [&answers_anyway[..], &stopping_again, &cleanup]

@@ -13,6 +13,7 @@ use super::{
 };
 use bytes::Bytes;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{RecvTimeoutError, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
@@ -38,30 +39,36 @@ const _: () = assert!(TBON_GROUP_INFLIGHT_MAX == tbon::limits::GROUP_INFLIGHT_MA
 /// call: copy what you keep. Otherwise `data` is NULL and `len` 0: `TBON_ERR_NODE_DOWN` (the
 /// root died before its bytes reached the tree), `TBON_ERR_TOO_LARGE` (the root's bytes and 8
 /// bytes per member exceeded the 16 MiB gathered-bytes bound, or `msg_max_bytes`),
-/// `TBON_ERR_DUPLICATE`, `TBON_ERR_RESULT_LOST`, `TBON_ERR_SHUT_DOWN` (see
+/// `TBON_ERR_DUPLICATE`, `TBON_ERR_MISMATCH`, `TBON_ERR_RESULT_LOST`, `TBON_ERR_SHUT_DOWN` (see
 /// `tbon_group_allgather`). `seq` is the collective's number in the group.
 pub type tbon_group_broadcast_cb = Option<
     unsafe extern "C" fn(rc: tbon_rc, seq: u64, data: *const u8, len: usize, user: *mut c_void),
 >;
 
-/// A group in the registry: the Rust group and the daemon it is bound to (the first one whose
-/// call it accepted).
-pub(super) type GroupEntry = Arc<Mutex<Bound>>;
+/// A group in the registry: the Rust group, the daemon it is bound to (the first one whose
+/// call it accepted), and the lock a call that takes the group's next number holds.
+pub(super) type GroupEntry = Arc<Bound>;
 
 pub(super) struct Bound {
+    /// Never changes (its clones share its numbering).
     group: Group,
-    daemon: Option<tbon_daemon>,
+    /// The daemon, 0 until a call was accepted (0 is never a daemon's id). Read and set without
+    /// the lock by the calls that take no number (the data exchange's, the fence excepted), so
+    /// that a callback they trigger may call on the group at once.
+    daemon: AtomicU64,
+    numbering: Mutex<()>,
 }
 
-/// The group's lock. A call holds it while the daemon's loop takes the call, which from a
-/// thread other than the loop's waits for room in the loop's command queue; so in a callback
-/// (on the loop thread, the one that makes that room) it is only tried, and a group another
-/// thread's call holds is `TBON_ERR_BUSY` instead of a deadlock.
-fn lock(e: &GroupEntry) -> Result<MutexGuard<'_, Bound>, Fail> {
+/// The group's numbering lock. A call that takes a number holds it while the daemon's loop
+/// takes the call, which from a thread other than the loop's waits for room in the loop's
+/// command queue; so in a callback (on the loop thread, the one that makes that room) it is
+/// only tried, and a group another thread's call holds is `TBON_ERR_BUSY` instead of a
+/// deadlock.
+fn lock(e: &GroupEntry) -> Result<MutexGuard<'_, ()>, Fail> {
     if !super::IN_CALLBACK.with(|f| f.get()) {
-        return Ok(e.lock().unwrap_or_else(|p| p.into_inner()));
+        return Ok(e.numbering.lock().unwrap_or_else(|p| p.into_inner()));
     }
-    match e.try_lock() {
+    match e.numbering.try_lock() {
         Ok(b) => Ok(b),
         Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
         Err(TryLockError::WouldBlock) => fail(
@@ -82,7 +89,7 @@ impl From<GroupError> for Fail {
     }
 }
 
-fn group_entry(g: tbon_group) -> Result<GroupEntry, Fail> {
+pub(super) fn group_entry(g: tbon_group) -> Result<GroupEntry, Fail> {
     match registry().groups.get(&g) {
         Some(e) => Ok(Arc::clone(e)),
         None => fail(
@@ -92,16 +99,10 @@ fn group_entry(g: tbon_group) -> Result<GroupEntry, Fail> {
     }
 }
 
-/// Makes the call `call(group, number)` on daemon `d` under the group's lock, `number` being
-/// the one the call takes if it is accepted; binds the group to `d` once a call is accepted.
-fn submit(
-    d: tbon_daemon,
-    g: tbon_group,
-    entry: &GroupEntry,
-    call: impl FnOnce(&Group, u64) -> Result<(), SendError>,
-) -> Result<(), Fail> {
-    let mut bound = lock(entry)?;
-    if let Some(owner) = bound.daemon.filter(|&o| o != d) {
+/// `TBON_ERR_BAD_PARAM` if group `g` is bound to a daemon other than `d`.
+fn check_owner(bound: &Bound, d: tbon_daemon, g: tbon_group) -> Result<(), Fail> {
+    let owner = bound.daemon.load(Ordering::Acquire);
+    if owner != 0 && owner != d {
         return fail(
             tbon_rc::TBON_ERR_BAD_PARAM,
             format!(
@@ -110,10 +111,46 @@ fn submit(
             ),
         );
     }
-    let seq = bound.group.next_seq(&handle(d)?);
-    call(&bound.group, seq)?;
-    bound.daemon = Some(d);
     Ok(())
+}
+
+/// Makes the call `call(group, number)` on daemon `d` under the group's lock, `number` being
+/// the one the call takes if it is accepted; binds the group to `d` once a call is accepted.
+pub(super) fn submit(
+    d: tbon_daemon,
+    g: tbon_group,
+    entry: &GroupEntry,
+    call: impl FnOnce(&Group, u64) -> Result<(), SendError>,
+) -> Result<(), Fail> {
+    let _numbering = lock(entry)?;
+    check_owner(entry, d, g)?;
+    let seq = entry.group.next_seq(&handle(d)?);
+    call(&entry.group, seq)?;
+    bind(entry, d);
+    Ok(())
+}
+
+/// Binds the group to `d` unless it is bound already.
+fn bind(entry: &Bound, d: tbon_daemon) {
+    let _ = entry
+        .daemon
+        .compare_exchange(0, d, Ordering::AcqRel, Ordering::Acquire);
+}
+
+/// Makes a call that takes no number (the data exchange's puts, commits, gets and forgets) on
+/// daemon `d`, without the numbering lock (such a call is not ordered with the group's
+/// collectives, and the callback of a get answered at once may call on the group before this
+/// returns); binds the group to `d` once a call is accepted, as `submit`.
+pub(super) fn with_group<T>(
+    d: tbon_daemon,
+    g: tbon_group,
+    entry: &GroupEntry,
+    call: impl FnOnce(&Group) -> Result<T, Fail>,
+) -> Result<T, Fail> {
+    check_owner(entry, d, g)?;
+    let r = call(&entry.group)?;
+    bind(entry, d);
+    Ok(r)
 }
 
 /// Makes a group of the `nmembers` ranks at `members` (any order; duplicates count once) under
@@ -149,10 +186,11 @@ pub unsafe extern "C" fn tbon_group_new(
             unsafe { std::slice::from_raw_parts(members, nmembers) }
         };
         let group = Group::new(context, ranks.iter().copied())?;
-        let entry = Arc::new(Mutex::new(Bound {
+        let entry = Arc::new(Bound {
             group,
-            daemon: None,
-        }));
+            daemon: AtomicU64::new(0),
+            numbering: Mutex::new(()),
+        });
         let mut r = registry();
         let id = r.new_id();
         r.groups.insert(id, entry);
@@ -191,11 +229,11 @@ pub unsafe extern "C" fn tbon_group_next_seq(g: tbon_group, out: *mut u64) -> tb
     guard(|| {
         non_null(out, "out")?;
         let entry = group_entry(g)?;
-        let bound = lock(&entry)?;
+        let _numbering = lock(&entry)?;
         // A group no daemon used yet has taken no number.
-        let seq = match bound.daemon {
-            Some(d) => bound.group.next_seq(&handle(d)?),
-            None => 0,
+        let seq = match entry.daemon.load(Ordering::Acquire) {
+            0 => 0,
+            d => entry.group.next_seq(&handle(d)?),
         };
         // SAFETY: checked above.
         unsafe { put(out, seq) };
@@ -211,13 +249,14 @@ pub unsafe extern "C" fn tbon_group_next_seq(g: tbon_group, out: *mut u64) -> tb
 /// only if this returns `TBON_OK`; then with `TBON_OK`, or `TBON_ERR_TOO_LARGE` (the gathered
 /// bytes exceeded 16 MiB, 8 bytes per member included, or `msg_max_bytes`),
 /// `TBON_ERR_DUPLICATE` (another group of the same context and members ran this number on
-/// this daemon), `TBON_ERR_RESULT_LOST` (see `tbon_rc`; the other members may have it),
+/// this daemon), `TBON_ERR_MISMATCH` (the members called different collectives under this
+/// number), `TBON_ERR_RESULT_LOST` (see `tbon_rc`; the other members may have it),
 /// `TBON_ERR_SHUT_DOWN` (the daemon stopped first).
 ///
 /// Returned at once, and then the call takes no number (call it again later to stay in step
 /// with the other members): `TBON_ERR_NOT_MEMBER` (this daemon is not a member),
 /// `TBON_ERR_RANK_OUT_OF_RANGE` (a member is not a rank of the DVM), `TBON_ERR_TOO_LARGE`
-/// (above 16 MiB less 8 bytes), `TBON_ERR_BUSY` (`TBON_GROUP_INFLIGHT_MAX` group collectives
+/// (above 16 MiB less 13 bytes), `TBON_ERR_BUSY` (`TBON_GROUP_INFLIGHT_MAX` group collectives
 /// in flight on this daemon, or the queue before wire-up is full; from a callback also when
 /// the command queue is, or when another thread's call on this group is in progress), `TBON_ERR_SHUT_DOWN`, `TBON_ERR_BAD_HANDLE`, `TBON_ERR_BAD_PARAM` (a NULL
 /// `cb` or `data`, or a group bound to another daemon). A barrier that does not wait is this
@@ -302,7 +341,7 @@ pub unsafe extern "C" fn tbon_group_broadcast(
         };
         let h = handle(d)?;
         let entry = group_entry(g)?;
-        if !lock(&entry)?.group.contains(root) {
+        if !entry.group.contains(root) {
             return Err(SendError::NotMember(root).into());
         }
         let payload = if h.rank() == root {
@@ -466,9 +505,10 @@ mod tests {
             assert_eq!(gathered[r].wait(), (TBON_OK, 0, 2), "rank {r}'s allgather");
         }
 
-        // A broadcast of the largest contribution: with 8 bytes per member it overflows the
-        // gathered-bytes bound, which is TBON_ERR_TOO_LARGE (not the root's death).
-        let big = vec![7u8; tbon::limits::ALLGATHER_MAX_BYTES - 8];
+        // A broadcast of the largest contribution: with 8 bytes per member (and each member's
+        // call tag) it overflows the gathered-bytes bound, which is TBON_ERR_TOO_LARGE (not
+        // the root's death).
+        let big = vec![7u8; tbon::limits::ALLGATHER_MAX_BYTES - 8 - tbon::node::GROUP_CALL_LEN];
         let told = [Slot::default(), Slot::default(), Slot::default()];
         for r in [1, 2] {
             // SAFETY: valid pointers; the slots outlive the callbacks.

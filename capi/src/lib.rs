@@ -19,9 +19,11 @@
 #[cfg(test)]
 mod after_shutdown;
 mod groups;
+mod modex;
 mod status;
 mod streams;
 pub use groups::*;
+pub use modex::*;
 pub use status::*;
 pub use streams::*;
 
@@ -54,9 +56,10 @@ pub enum tbon_rc {
     /// No such rank in this DVM.
     TBON_ERR_RANK_OUT_OF_RANGE = 4,
     /// The payload exceeds `msg_max_bytes`, a group has more than `TBON_GROUP_MEMBERS_MAX`
-    /// members, or a caller buffer is too small (see the call).
+    /// members, a group's data for the exchange exceeds its bound (`tbon_put`), or a caller
+    /// buffer is too small (see the call).
     TBON_ERR_TOO_LARGE = 5,
-    /// The destination is known to have failed.
+    /// The destination is known to have failed (for `tbon_get`: the owner of the value).
     TBON_ERR_NODE_DOWN = 6,
     /// No route leads to the destination.
     TBON_ERR_UNREACHABLE = 7,
@@ -85,19 +88,28 @@ pub enum tbon_rc {
     TBON_ERR_PEER_DIED = 17,
     /// Streams: the consumer cancelled the stream.
     TBON_ERR_CANCELLED = 18,
-    /// Streams: corrupt data, or the other end broke the protocol.
+    /// Streams: corrupt data, or the other end broke the protocol. `tbon_get`: the owner's
+    /// data came back malformed.
     TBON_ERR_CORRUPT = 19,
     /// Streams: nothing arrived from the producer for the stream's idle time.
     TBON_ERR_IDLE = 20,
     /// Status: the daemon refused the operator credential (a wrong one, another DVM, or too
     /// many tools connected).
     TBON_ERR_CREDENTIAL = 21,
-    /// Groups: this daemon, or the broadcast's root, is not a member of the group.
+    /// Groups: this daemon, the broadcast's root, or the rank a `tbon_get` asks, is not a
+    /// member of the group.
     TBON_ERR_NOT_MEMBER = 22,
     /// Groups: the collective ended without its result at this member (after a repair, every
     /// daemon its late contribution reached had already forgotten the result; the other
     /// members may have it).
     TBON_ERR_RESULT_LOST = 23,
+    /// Data exchange (`tbon_get`): the owner committed no value under this key for the group
+    /// (never put, or not committed before the fence the get followed).
+    TBON_ERR_NOT_FOUND = 24,
+    /// Groups: the members called different collectives under one number (another kind,
+    /// another broadcast root, another fence mode); every member ends it with this. The
+    /// members are out of step; the group stays usable for the next number.
+    TBON_ERR_MISMATCH = 25,
 }
 
 /// Which repair a fault handler reports.
@@ -486,6 +498,14 @@ pub struct tbon_counters {
     pub group_dropped_untracked: u64,
     pub group_results: u64,
     pub group_tracked: u64,
+    /// Data exchange (`tbon_get`): gets answered here without a message (from the cache, a
+    /// full fence's or an earlier fetch's, or this daemon's own data), fetches of an owner's
+    /// data (one per owner and group, shared by the gets waiting for it), fetches answered
+    /// for other daemons, and owners' data evicted from the cache.
+    pub modex_hits: u64,
+    pub modex_fetches: u64,
+    pub modex_served: u64,
+    pub modex_evicted: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -594,6 +614,10 @@ impl From<&Counters> for tbon_counters {
             group_dropped_untracked: c.group_dropped_untracked,
             group_results: c.group_results,
             group_tracked: c.group_tracked,
+            modex_hits: c.modex_hits,
+            modex_fetches: c.modex_fetches,
+            modex_served: c.modex_served,
+            modex_evicted: c.modex_evicted,
         }
     }
 }
@@ -623,6 +647,7 @@ fn send_rc(e: &SendError) -> tbon_rc {
         SendError::DuplicateId(_) => tbon_rc::TBON_ERR_DUPLICATE,
         SendError::NotMember(_) => tbon_rc::TBON_ERR_NOT_MEMBER,
         SendError::ResultLost => tbon_rc::TBON_ERR_RESULT_LOST,
+        SendError::Mismatch => tbon_rc::TBON_ERR_MISMATCH,
         // A cause added to the library after this table: a bug here, not the caller's.
         _ => tbon_rc::TBON_ERR_INTERNAL,
     }
@@ -918,6 +943,8 @@ pub extern "C" fn tbon_strerror(rc: c_int) -> *const c_char {
         21 => c"the credential was refused",
         22 => c"not a member of the group",
         23 => c"the group collective's result was lost",
+        24 => c"no such key",
+        25 => c"the group's members called different collectives",
         _ => c"unknown tbon_rc",
     };
     s.as_ptr()
@@ -1320,13 +1347,14 @@ fn stop_call(d: tbon_daemon, call: &str, f: impl FnOnce(&Handle)) -> Res {
 /// Stops this daemon: pending sends complete with `TBON_ERR_SHUT_DOWN`, queued frames get a
 /// short bounded linger, sockets close, and the loop thread is joined before this returns, so
 /// no callback of this daemon runs afterwards. The handle stays valid until `tbon_free`:
-/// whatever needs a running daemon (sends, broadcasts, collectives, receives, fault handlers,
-/// counters, status, streams) then gives `TBON_ERR_SHUT_DOWN`; the queries still answer
-/// (`tbon_contact_uri`, `tbon_rank`, `tbon_size`, `tbon_stop_reason`, `tbon_wait_stopped`,
-/// and `tbon_wait_wired`: `TBON_OK` if wire-up had completed); cleanup has nothing left to do
-/// and is `TBON_OK` (`tbon_cancel`, `tbon_purge`, `tbon_fetch_cancel`), as is stopping again
-/// (`tbon_shutdown`, `tbon_shutdown_dvm`, `tbon_abort`). After `tbon_free` every call with the
-/// handle gives `TBON_ERR_BAD_HANDLE`. Not from a callback.
+/// whatever needs a running daemon (sends, broadcasts, collectives, the data exchange,
+/// receives, fault handlers, counters, status, streams) then gives `TBON_ERR_SHUT_DOWN`; the
+/// queries still answer (`tbon_contact_uri`, `tbon_rank`, `tbon_size`, `tbon_stop_reason`,
+/// `tbon_wait_stopped`, and `tbon_wait_wired`: `TBON_OK` if wire-up had completed); cleanup
+/// has nothing left to do and is `TBON_OK` (`tbon_cancel`, `tbon_purge`, `tbon_fetch_cancel`,
+/// `tbon_forget_group`), as is stopping again (`tbon_shutdown`, `tbon_shutdown_dvm`,
+/// `tbon_abort`). After `tbon_free` every call with the handle gives `TBON_ERR_BAD_HANDLE`.
+/// Not from a callback.
 #[unsafe(no_mangle)]
 pub extern "C" fn tbon_shutdown(d: tbon_daemon) -> tbon_rc {
     guard(|| stop_call(d, "tbon_shutdown", Handle::shutdown))

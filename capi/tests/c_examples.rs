@@ -179,3 +179,8 @@ fn c_status_shows_the_dvm_to_the_daemon_and_to_an_operator() {
 fn c_group_two_jobs_on_overlapping_daemons_run_their_own_collectives() {
     run_example("group");
 }
+
+#[test]
+fn c_modex_two_jobs_exchange_endpoints_by_full_and_direct_fence() {
+    run_example("modex");
+}
