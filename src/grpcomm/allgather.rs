@@ -307,20 +307,8 @@ impl Allgather {
         let digest = view.digest;
         let mut wanted: BTreeSet<Rank> = BTreeSet::new();
         for (&id, c) in self.collectives.iter_mut() {
-            c.complete
-                .retain(|r| view.is_child(*r) && !change.new_children.contains(r));
-            for &child in &view.children {
-                match c.data.heard.get(&child) {
-                    Some(&d) if d == digest => {
-                        c.complete.insert(child);
-                    }
-                    Some(_) if !c.complete.contains(&child) => {
-                        wanted.insert(child);
-                    }
-                    _ => {}
-                }
-            }
-            c.data.heard.retain(|r, _| !view.failed.contains(r));
+            c.data
+                .follow_repair(&mut c.complete, view, &change.new_children, &mut wanted);
             if change.new_upstream {
                 c.sent = None;
             }

@@ -100,6 +100,32 @@ impl Gathering {
         self.bytes = self.heard.len().saturating_mul(HEARD_OVERHEAD);
     }
 
+    /// Follows a repair (the view already moved): `complete` keeps the children that are
+    /// still children and not new ones, gains those heard under the new view, and the children
+    /// heard under another view and not complete go to `wanted` (to be asked to re-send); the
+    /// failed senders are forgotten.
+    pub fn follow_repair(
+        &mut self,
+        complete: &mut BTreeSet<Rank>,
+        view: &super::view::TreeView,
+        new_children: &[Rank],
+        wanted: &mut BTreeSet<Rank>,
+    ) {
+        complete.retain(|r| view.is_child(*r) && !new_children.contains(r));
+        for &child in &view.children {
+            match self.heard.get(&child) {
+                Some(&d) if d == view.digest => {
+                    complete.insert(child);
+                }
+                Some(_) if !complete.contains(&child) => {
+                    wanted.insert(child);
+                }
+                _ => {}
+            }
+        }
+        self.heard.retain(|r, _| !view.failed.contains(r));
+    }
+
     /// The entries, in rank order, for a message (shared bytes, no copy).
     pub fn entry_list(&self) -> Vec<(Rank, Bytes)> {
         self.entries.iter().map(|(r, b)| (*r, b.clone())).collect()

@@ -330,20 +330,8 @@ impl GroupGather {
         let digest = view.digest;
         let mut wanted: BTreeSet<Rank> = BTreeSet::new();
         for (op, p) in self.pending.iter_mut() {
-            p.complete
-                .retain(|r| view.is_child(*r) && !change.new_children.contains(r));
-            for &child in &view.children {
-                match p.data.heard.get(&child) {
-                    Some(&d) if d == digest => {
-                        p.complete.insert(child);
-                    }
-                    Some(_) if !p.complete.contains(&child) => {
-                        wanted.insert(child);
-                    }
-                    _ => {}
-                }
-            }
-            p.data.heard.retain(|r, _| !view.failed.contains(r));
+            p.data
+                .follow_repair(&mut p.complete, view, &change.new_children, &mut wanted);
             if change.new_upstream {
                 p.sent = None;
             }
