@@ -447,6 +447,10 @@ pub const MODEX_CACHE_MAX: usize = 4_096;
 /// than this alone is not cached: every `get` of it fetches it.
 pub const MODEX_CACHE_BYTES: usize = 64 * 1024 * 1024;
 
+/// Gets waiting for fetches on one daemon, all fetches together (many gets may wait for one
+/// owner's data). At the bound a `get` that would wait is answered `GetError::Busy`.
+pub const MODEX_GETS_WAITING_MAX: usize = 4_096;
+
 /// Direct-mode fetches (one per owner and group, shared by the gets waiting for it) a daemon
 /// has in flight. At the bound a `get` that needs one more is answered `GetError::Busy`. An
 /// owner also keeps at most this many unanswered requests per requester.

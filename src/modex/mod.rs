@@ -23,7 +23,7 @@
 //! The cache holds at most [`crate::limits::MODEX_CACHE_MAX`] blobs and
 //! [`crate::limits::MODEX_CACHE_BYTES`], least recently used out first (a later `get` fetches
 //! an evicted blob again). At most [`crate::limits::MODEX_FETCHES_MAX`] fetches are in flight
-//! (`Busy`), and an owner keeps at most that many unanswered requests per requester (a
+//! and [`crate::limits::MODEX_GETS_WAITING_MAX`] gets wait for them (`Busy`), and an owner keeps at most that many unanswered requests per requester (a
 //! requester that sends more is ignored beyond the bound and logged).
 pub mod blob;
 pub mod wire;
@@ -34,7 +34,8 @@ mod tests;
 use crate::Rank;
 use crate::grpcomm::{AllgatherResult, GroupId};
 use crate::limits::{
-    MODEX_CACHE_BYTES, MODEX_CACHE_MAX, MODEX_FETCHES_MAX, MODEX_GROUPS_MAX, MODEX_KEY_MAX,
+    MODEX_CACHE_BYTES, MODEX_CACHE_MAX, MODEX_FETCHES_MAX, MODEX_GETS_WAITING_MAX,
+    MODEX_GROUPS_MAX, MODEX_KEY_MAX,
 };
 use crate::rml::Tag;
 use bytes::Bytes;
@@ -119,6 +120,8 @@ pub struct Modex {
     cache_bytes: usize,
     clock: u64,
     fetches: BTreeMap<u64, Fetch>,
+    /// Gets waiting in `fetches`, all together (bounded: `MODEX_GETS_WAITING_MAX`).
+    waiting: usize,
     by_target: BTreeMap<(GroupId, Rank), u64>,
     next_id: u64,
     /// Requests answered per requester and not yet sent (bounded per requester).
@@ -140,6 +143,7 @@ impl Modex {
             cache_bytes: 0,
             clock: 0,
             fetches: BTreeMap::new(),
+            waiting: 0,
             by_target: BTreeMap::new(),
             next_id: 1,
             owed: BTreeMap::new(),
@@ -242,11 +246,15 @@ impl Modex {
         if dead {
             return self.answer(token, Err(GetError::NodeDown(rank)));
         }
+        if self.waiting >= MODEX_GETS_WAITING_MAX {
+            return self.answer(token, Err(GetError::Busy));
+        }
         let k = (group.clone(), rank);
         if let Some(id) = self.by_target.get(&k)
             && let Some(f) = self.fetches.get_mut(id)
         {
             f.waiting.push((token, key.to_string()));
+            self.waiting += 1;
             return;
         }
         if self.fetches.len() >= MODEX_FETCHES_MAX {
@@ -262,6 +270,7 @@ impl Modex {
         self.sends
             .push_back((rank, TAG_MODEX_REQUEST, request.encode()));
         self.by_target.insert(k, id);
+        self.waiting += 1;
         self.fetches.insert(
             id,
             Fetch {
@@ -311,6 +320,7 @@ impl Modex {
                 let Some(f) = self.fetches.remove(&r.id) else {
                     return Ok(());
                 };
+                self.waiting = self.waiting.saturating_sub(f.waiting.len());
                 let k = (f.group, f.rank);
                 self.by_target.remove(&k);
                 let blob = r.blob;
@@ -336,6 +346,7 @@ impl Modex {
             .collect();
         for id in ids {
             if let Some(f) = self.fetches.remove(&id) {
+                self.waiting = self.waiting.saturating_sub(f.waiting.len());
                 self.by_target.remove(&(f.group, f.rank));
                 for (token, _) in f.waiting {
                     self.answer(token, Err(GetError::NodeDown(f.rank)));
@@ -368,6 +379,7 @@ impl Modex {
     /// Every get still waiting (the daemon stops): their tokens, to fail with `ShutDown`.
     pub fn take_waiting(&mut self) -> Vec<u64> {
         self.by_target.clear();
+        self.waiting = 0;
         std::mem::take(&mut self.fetches)
             .into_values()
             .flat_map(|f| f.waiting.into_iter().map(|(t, _)| t))

@@ -126,6 +126,17 @@ fn bounds_fetches_cache_and_groups() {
     zero.get(999, &all, size - 1, "k", false);
     assert_eq!(answers(&mut zero), vec![(999, Err(GetError::Busy))]);
     assert_eq!(zero.take_waiting().len(), MODEX_FETCHES_MAX);
+    // Gets waiting for one owner's data are bounded too.
+    for t in 0..MODEX_GETS_WAITING_MAX as u64 {
+        zero.get(t, &all, 1, "k", false);
+    }
+    assert_eq!(zero.sizes().1, 1);
+    zero.get(u64::MAX, &all, 1, "k", false);
+    assert_eq!(answers(&mut zero), vec![(u64::MAX, Err(GetError::Busy))]);
+    zero.handle_failed(&[1]);
+    assert_eq!(answers(&mut zero).len(), MODEX_GETS_WAITING_MAX);
+    zero.get(7, &all, 2, "k", false);
+    assert_eq!(answers(&mut zero), vec![]);
 
     // The cache keeps the most recently used within its count.
     let mut m = Modex::new(0, 3);
