@@ -422,6 +422,15 @@ settings! {
     /// Milliseconds a request for a direct link (or a grant) waits for its answer; messages
     /// take the tree meanwhile. 1..=3600000.
     direct_request_ms: u64 = limits::DIRECT_REQUEST_MS_DEFAULT, env "TBON_DIRECT_REQUEST_MS";
+    /// Path of the Unix-domain socket on which this daemon accepts client processes (issue
+    /// "Jobs"; see `tbon::clients`); unset: no clients. A stale socket file there is
+    /// replaced; any other file is an error. The socket is made connectable by every user:
+    /// admission is decided by client_uids and the job's client key.
+    client_socket: Option<String>, env "TBON_CLIENT_SOCKET";
+    /// Comma list of numeric uids whose processes may connect as clients (read from the
+    /// socket with SO_PEERCRED); empty: only the daemon's own uid. A daemon running as root
+    /// lists the jobs' users here.
+    client_uids: Vec<String>, env "TBON_CLIENT_UIDS";
 }
 
 /// A setting's name as `set` and `get` take it (`RADIX`, `TBON_RADIX`, `port-range`) made
@@ -440,6 +449,21 @@ const KEEPALIVE_SECS_MAX: u32 = 32_767;
 const KEEPALIVE_COUNT_MAX: u32 = 127;
 
 impl Config {
+    /// The uids `client_uids` lists (entries that do not parse are left out: `validate`
+    /// refuses them); empty: the effective uid of this process.
+    pub fn client_uid_list(&self) -> Vec<u32> {
+        let list: Vec<u32> = self
+            .client_uids
+            .iter()
+            .filter_map(|u| u.trim().parse().ok())
+            .collect();
+        if list.is_empty() {
+            vec![nix::unistd::geteuid().as_raw()]
+        } else {
+            list
+        }
+    }
+
     /// The names of every setting, lower case, in table order (`radix`, `dvm_id`, ...). The
     /// environment variable of each is `TBON_` followed by the name in upper case.
     pub fn names() -> &'static [&'static str] {
@@ -567,6 +591,26 @@ impl Config {
 
     /// Check the settings alone and together. Returns the first problem found.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(bad) = self
+            .client_uids
+            .iter()
+            .find(|u| u.trim().parse::<u32>().is_err())
+        {
+            return Err(ConfigError::invalid(
+                "client_uids",
+                format!("{bad:?} is not a numeric uid"),
+            ));
+        }
+        if self
+            .client_socket
+            .as_deref()
+            .is_some_and(|p| p.is_empty() || p.len() > 100)
+        {
+            return Err(ConfigError::invalid(
+                "client_socket",
+                "a Unix socket path has 1 to 100 bytes",
+            ));
+        }
         if self.socket_buffer_bytes != 0
             && self.socket_buffer_bytes < limits::SOCKET_BUFFER_MIN_BYTES
         {

@@ -184,6 +184,8 @@ pub struct Counters {
     pub direct: DirectCounters,
     /// Streams (see [`crate::stream`]).
     pub streams: StreamCounters,
+    /// Clients routed through this daemon (see [`crate::clients`]).
+    pub clients: crate::clients::registry::ClientCounters,
 }
 
 /// The stream counters of one daemon ([`Counters::streams`]).

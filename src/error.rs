@@ -157,6 +157,8 @@ pub enum Limit {
     StreamWindows,
     /// A stream has no credit left for this write (or has ended).
     StreamCredit,
+    /// Jobs open for clients on this daemon ([`crate::limits::CLIENT_JOBS_MAX`]).
+    ClientJobs,
     /// Not a queue: a blocking call (or one that waits for the loop) made from a callback, on
     /// the daemon's loop thread, would wait for its own thread.
     LoopThread,
@@ -174,6 +176,7 @@ impl fmt::Display for Limit {
             Limit::OutstandingBroadcasts => "this daemon's outstanding broadcasts",
             Limit::CollectivesInFlight => "the collectives in flight",
             Limit::GroupCollectivesInFlight => "the group collectives in flight",
+            Limit::ClientJobs => "the jobs open for clients",
             Limit::ModexGroups => "the groups with committed data",
             Limit::Batch => "the batch",
             Limit::ServiceTable => "the service table",

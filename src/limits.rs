@@ -599,3 +599,39 @@ pub const TOOL_IDLE_MS: u64 = 60_000;
 pub const STATUS_REPORT_SIZE_MAX: u32 = 1 << 22;
 /// The largest frame a tool may send (a query is 34 bytes).
 pub const TOOL_FRAME_MAX: u32 = 256;
+
+// ----- clients routed through their daemon (src/clients/, issue "Jobs") ------------------------
+
+/// Clients connected to one daemon at once. A client beyond it is refused (`Refused`, with a
+/// log line).
+pub const CLIENTS_MAX: usize = 4_096;
+/// Jobs open for clients on one daemon (`Handle::client_job`); beyond it the call fails
+/// `Busy`. `Handle::client_job_close` frees one.
+pub const CLIENT_JOBS_MAX: usize = 1_024;
+/// Connections to the client socket that have not yet been admitted; at the bound the oldest
+/// is closed. Each also closes after `handshake_timeout_ms`.
+pub const CLIENT_PENDING_MAX: usize = 64;
+/// Sends of one client not yet answered (waiting at its daemon or in flight). At the bound
+/// the client's library refuses `Busy` (`try_send`) or waits (`send`), and the daemon reads no
+/// more of its frames until one is answered.
+pub const CLIENT_SENDS_INFLIGHT_MAX: usize = 256;
+/// Bytes a daemon queues towards one client that does not read (soft: one message more than
+/// fits is taken when the queue is empty). Beyond it, RELM refuses further messages for the
+/// client and their origins replay them later (order kept; see `clients` for the cost).
+pub const CLIENT_QUEUE_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Control messages about clients (results, watches, exit notices) a daemon holds for other
+/// daemons while RELM has no room; at the bound it refuses client messages (replayed later)
+/// until they drain, so the results of what it took are never dropped.
+pub const CLIENT_CONTROL_QUEUE_MAX: usize = 4_096;
+/// Results in one control message between daemons (a longer batch is cut).
+pub const CLIENT_RESULTS_PER_MESSAGE_MAX: usize = 4_096;
+/// Client sends handed to RELM per pump of a daemon (the rest at the next turn).
+pub const CLIENT_SENDS_PER_PUMP_MAX: usize = 4_096;
+/// Clients one client watches at once; the library refuses `Busy` beyond it.
+pub const CLIENT_WATCHES_MAX: usize = 4_096;
+/// Messages a client's library holds for receives not posted yet. At the bound it stops
+/// reading its socket until the application receives (back-pressure reaches the senders
+/// through `CLIENT_QUEUE_BYTES_MAX`), never drops.
+pub const CLIENT_UNMATCHED_MAX: usize = 4_096;
+/// Receives a client may have posted at once; beyond it `recv_cb` fails `Busy`.
+pub const CLIENT_RECEIVES_MAX: usize = 4_096;

@@ -186,4 +186,14 @@ pub(crate) enum Caddy {
     StreamCancel {
         id: u64,
     },
+    /// Open a job for clients (`Handle::client_job`).
+    ClientJob {
+        job: crate::clients::JobId,
+        key: [u8; 32],
+        accept_from: Vec<crate::clients::JobId>,
+        reply: Reply,
+    },
+    ClientJobClose {
+        job: crate::clients::JobId,
+    },
 }

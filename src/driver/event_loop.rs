@@ -10,6 +10,7 @@
 //!
 //! `event_loop/links.rs` holds the connections (dial, accept, handshake, read, write, loss).
 
+pub(crate) mod clients;
 mod links;
 mod streams;
 mod tools;
@@ -129,6 +130,8 @@ pub(crate) struct EventLoop {
     /// `limits::STATUS_LOCAL_MAX`: the node refuses more).
     status_waiters: FxHashMap<u64, tools::StatusWaiter>,
     status_next_token: u64,
+    /// Client processes connected over the Unix-domain socket (issue "Jobs").
+    clients: clients::ClientConns,
 }
 
 /// The driver's answer to the node's question "is a neighbour's queue stuck?".
@@ -149,6 +152,7 @@ impl LinkProgress for QueueProgress<'_> {
 }
 
 impl EventLoop {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         poll: Poll,
         shared: Arc<Shared>,
@@ -157,6 +161,7 @@ impl EventLoop {
         node: Node,
         listeners: Vec<TcpListener>,
         hs_cfg: HandshakeConfig,
+        client_listener: Option<(mio::net::UnixListener, std::path::PathBuf)>,
     ) -> Self {
         EventLoop {
             poll,
@@ -205,6 +210,7 @@ impl EventLoop {
             streams: streams::AppStreams::default(),
             status_waiters: FxHashMap::default(),
             status_next_token: 0,
+            clients: clients::ClientConns::new(client_listener),
         }
     }
 
@@ -224,6 +230,7 @@ impl EventLoop {
                 .registry()
                 .register(l, Token(LISTENER_TOKEN_BASE - i), Interest::READABLE)?;
         }
+        self.register_client_listener()?;
         self.node.start(self.now);
         self.carry_out();
         let mut events = Events::with_capacity(limits::POLL_EVENTS_MAX);
@@ -233,6 +240,7 @@ impl EventLoop {
             self.node.pump(self.now);
             self.carry_out();
             self.flush_dirty();
+            self.turn_clients();
             self.resume_paused();
             self.publish_gate();
             if self.ready_to_exit() {
@@ -250,6 +258,7 @@ impl EventLoop {
                 || !self.readable_again.is_empty()
                 || !self.accept_again.is_empty()
                 || !self.dirty.is_empty()
+                || self.clients.has_work()
                 || self.node.has_output()
             {
                 timeout = Some(Duration::ZERO);
@@ -280,6 +289,9 @@ impl EventLoop {
                     WAKER_TOKEN => {}
                     Token(t) if t > LISTENER_TOKEN_BASE - self.listeners.len() => {
                         self.accept(LISTENER_TOKEN_BASE - t);
+                    }
+                    Token(t) if t >= clients::CLIENT_TOKEN_BASE => {
+                        self.on_client_token(t, ev.is_writable());
                     }
                     Token(t) => {
                         if ev.is_writable() {
@@ -378,6 +390,7 @@ impl EventLoop {
                 Output::ContactKnown(peer) => self.contact_answered(peer, true),
                 Output::ContactUnknown(peer) => self.contact_answered(peer, false),
                 Output::Stream(e) => self.on_stream_event(*e),
+                Output::Client(e) => self.on_client_event(e),
                 Output::Stop(reason) => self.on_stop(reason),
                 Output::Trace(_) => {}
                 Output::Status { token, report } => self.on_status(token, *report),
@@ -658,6 +671,22 @@ impl EventLoop {
                 }
             }
             Caddy::ModexForget { group } => self.node.modex_forget(&group),
+            Caddy::ClientJob {
+                job,
+                key,
+                accept_from,
+                reply,
+            } => {
+                let res = if self.node.client_open_job(job, key, accept_from) {
+                    Ok(())
+                } else {
+                    Err(SendError::Busy(crate::error::Limit::ClientJobs))
+                };
+                if let Some(tx) = reply {
+                    let _ = tx.send(res);
+                }
+            }
+            Caddy::ClientJobClose { job } => self.node.client_close_job(job),
             Caddy::Get {
                 group,
                 rank,
@@ -779,7 +808,14 @@ impl EventLoop {
             | Caddy::Group { done, .. }
             | Caddy::Fence { done, .. } => done(Err(SendError::ShutDown)),
             Caddy::Get { done, .. } => done(Err(crate::modex::GetError::ShutDown)),
-            Caddy::ModexCommit { .. } | Caddy::ModexForget { .. } => {}
+            Caddy::ModexCommit { .. }
+            | Caddy::ModexForget { .. }
+            | Caddy::ClientJobClose { .. } => {}
+            Caddy::ClientJob { reply, .. } => {
+                if let Some(tx) = reply {
+                    let _ = tx.send(Err(SendError::ShutDown));
+                }
+            }
             Caddy::Recv {
                 peer, tag, post, ..
             } => self.shared.unpost(peer, tag, post),
@@ -911,6 +947,7 @@ impl EventLoop {
             return;
         }
         self.shared.set_stopped(reason.clone());
+        self.stop_clients(&reason.to_string());
         self.stopping = Some(reason);
         self.stop_streams();
         let peers: Vec<Rank> = self.links.keys().copied().collect();
@@ -956,6 +993,7 @@ impl EventLoop {
             self.complete(o);
         }
         self.close_all();
+        self.finish_clients();
         self.fail_status_waiters();
         let peers: Vec<Rank> = self.links.keys().copied().collect();
         for p in peers {

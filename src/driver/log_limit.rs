@@ -25,10 +25,12 @@ pub(crate) enum Refusal {
     /// `accept` itself failed (out of file descriptors or memory); retried after
     /// `limits::ACCEPT_RETRY_MS`.
     AcceptFailed,
+    /// A client connection refused or closed for breaking the protocol (`event_loop/clients.rs`).
+    Client,
 }
 
 impl Refusal {
-    const ALL: [Refusal; 8] = [
+    const ALL: [Refusal; 9] = [
         Refusal::WrongDvm,
         Refusal::BadMac,
         Refusal::Malformed,
@@ -37,6 +39,7 @@ impl Refusal {
         Refusal::Evicted,
         Refusal::TooManyConnections,
         Refusal::AcceptFailed,
+        Refusal::Client,
     ];
 
     fn index(self) -> usize {
@@ -54,6 +57,7 @@ impl Refusal {
             Refusal::Evicted => "evicted pending handshake",
             Refusal::TooManyConnections => "too many connections",
             Refusal::AcceptFailed => "accept failed",
+            Refusal::Client => "client refused",
         }
     }
 }

@@ -8,6 +8,8 @@
 
 mod batch;
 mod caddy;
+pub(crate) mod client;
+mod client_jobs;
 mod conn;
 mod event_loop;
 mod gate;
@@ -90,6 +92,10 @@ pub fn start(
     };
     let key = key::load(&config, rank)?;
     let (listeners, addrs) = listen::bind(&config)?;
+    let client_listener = match config.client_socket.as_deref() {
+        Some(p) => Some(event_loop::clients::bind(p)?),
+        None => None,
+    };
     let uri = ContactUri {
         dvm_id: config.dvm_id.clone(),
         rank,
@@ -123,6 +129,7 @@ pub fn start(
         prewire_max: config.prewire_queue_max,
         group_inflight: AtomicUsize::new(0),
         modex_staged: Mutex::new(std::collections::HashMap::new()),
+        client_socket: config.client_socket.as_ref().map(std::path::PathBuf::from),
     });
     let incarnation = incarnation();
     let node = Node::new(NodeConfig {
@@ -139,7 +146,16 @@ pub fn start(
         dvm_id: config.dvm_id.clone(),
         key,
     };
-    let ev = event_loop::EventLoop::new(poll, shared.clone(), rx, config, node, listeners, hs_cfg);
+    let ev = event_loop::EventLoop::new(
+        poll,
+        shared.clone(),
+        rx,
+        config,
+        node,
+        listeners,
+        hs_cfg,
+        client_listener,
+    );
     let on_thread = shared.clone();
     let thread = std::thread::Builder::new()
         .name(format!("tbon-{rank}"))

@@ -206,7 +206,7 @@ impl Handle {
 
     /// Submits a command that answers on `reply`, and waits for the answer unless on the
     /// loop thread (where waiting would deadlock: the loop answers into the void then).
-    fn ask(&self, caddy: impl FnOnce(Reply) -> Caddy) -> Result<(), SendError> {
+    pub(super) fn ask(&self, caddy: impl FnOnce(Reply) -> Caddy) -> Result<(), SendError> {
         if self.shared.on_loop_thread() {
             return self.shared.submit(caddy(None));
         }

@@ -293,6 +293,7 @@ impl Node {
         self.allgather.handle_repair(status);
         self.group.handle_repair(status);
         self.modex_failed(&status.newly_failed);
+        self.clients_failed(&status.newly_failed);
     }
 
     /// The link with tree neighbour `peer` may have lost collective messages (its connection

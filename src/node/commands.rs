@@ -246,6 +246,7 @@ impl Node {
             });
         }
         self.modex_stop();
+        self.clients_stop();
         for (_, (token, _)) in std::mem::take(&mut self.group_tokens) {
             self.out.push_back(Output::GroupDone {
                 token,

@@ -143,6 +143,9 @@ impl Node {
             }
             super::lookup::TAG_CONTACT_LOOKUP if self.me == 0 => self.on_lookup_request(msg),
             super::lookup::TAG_CONTACT_REPLY => self.on_lookup_reply(now, msg),
+            crate::clients::wire::TAG_CLIENT_DATA | crate::clients::wire::TAG_CLIENT_CONTROL => {
+                self.on_client_message(msg)
+            }
             t => log::warn!(
                 "rank {}: message with unexpected runtime tag {t} from {} dropped",
                 self.me,

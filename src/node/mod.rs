@@ -22,6 +22,7 @@
 //! Completions are tokens the driver chose ([`Command`]); the node reports them in
 //! [`Output::Transmit`] (complete once written) or [`Output::SendDone`].
 
+mod clients;
 mod collectives;
 mod commands;
 pub mod contacts;
@@ -98,6 +99,9 @@ pub struct NodeConfig {
     pub direct: crate::direct::DirectConfig,
     /// Which contacts wire-up leaves this daemon ([`contacts::ContactsSetting`]).
     pub contacts: contacts::ContactsSetting,
+    /// The uids whose processes may connect as clients (`client_uids`; the driver puts the
+    /// daemon's own uid when the setting is empty).
+    pub client_uids: Vec<u32>,
 }
 
 impl NodeConfig {
@@ -133,6 +137,7 @@ impl NodeConfig {
             flow: flow::FlowLimits::for_queue(c.send_queue_max_bytes, c.msg_max_bytes as usize),
             direct: crate::direct::DirectConfig::from_config(c),
             contacts: c.contacts,
+            client_uids: c.client_uid_list(),
         }
     }
 }
@@ -181,6 +186,8 @@ pub struct Node {
     group: GroupGather,
     /// The data exchange (issue "Jobs").
     modex: crate::modex::Modex,
+    /// Clients routed through this daemon (issue "Jobs").
+    clients: crate::clients::Clients,
     monitor: Option<HeartbeatMonitor>,
     heartbeat_at: Option<Instant>,
     wire: Wire,
@@ -271,6 +278,7 @@ impl Node {
             allgather,
             group,
             modex: crate::modex::Modex::new(me, cfg.size),
+            clients: crate::clients::Clients::new(me, cfg.size, cfg.msg_max_bytes, cfg.client_uids),
             monitor: cfg
                 .heartbeat
                 .map(|(interval, timeout)| HeartbeatMonitor::new(interval, timeout)),
@@ -402,6 +410,7 @@ impl Node {
         c.flow_congested = self.flow.episodes();
         c.direct = self.direct.counters();
         c.streams = self.streams.counters();
+        c.clients = self.clients.counters();
         self.collective_counters(&mut c);
         c
     }
@@ -487,6 +496,7 @@ impl Node {
         self.deliver_local(now);
         self.pump_grpcomm(now);
         self.pump_modex(now);
+        self.pump_clients(now);
         self.pump_relm(now);
         self.pump_streams(now);
     }
@@ -612,6 +622,9 @@ impl Node {
     /// input); the first one broken.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.direct.check_invariants()?;
+        self.clients
+            .check_invariants()
+            .map_err(|e| format!("rank {}: clients: {e}", self.me))?;
         self.streams
             .check_invariants()
             .map_err(|e| format!("rank {}: {e}", self.me))?;

@@ -130,6 +130,8 @@ pub enum Output {
     /// A stream event for the application (`node/streams.rs`; boxed: a chunk's `Bytes` and a
     /// service name would make every `Output` larger).
     Stream(Box<super::StreamEvent>),
+    /// Something for one of this daemon's client connections (`node/clients.rs`).
+    Client(crate::clients::ClientEvent),
     /// The status query the driver started with this token ([`Node::handle_status`](super::Node::handle_status))
     /// is answered.
     Status {

@@ -34,12 +34,14 @@ const RUNTIME_TOKEN_MIN: u64 = 1 << 63;
 /// relay (a lost report could leave a death unconfirmed, and survivors with different trees);
 /// broadcast requests, and rank 0's dones and refusals, need reliability and per-origin order
 /// (the xcast core requires both).
-pub const RELIABLE_RUNTIME_TAGS: [Tag; 5] = [
+pub const RELIABLE_RUNTIME_TAGS: [Tag; 7] = [
     crate::faults::notice::TAG_FAULT_REPORT,
     TAG_XCAST_REQUEST,
     TAG_XCAST_DONE,
     crate::modex::wire::TAG_MODEX_REQUEST,
     crate::modex::wire::TAG_MODEX_REPLY,
+    crate::clients::wire::TAG_CLIENT_DATA,
+    crate::clients::wire::TAG_CLIENT_CONTROL,
 ];
 
 /// RELM's view of this daemon's paths: the repaired tree, and the direct links its own
@@ -199,6 +201,8 @@ impl Node {
         let mut ready = Vec::new();
         let mut runtime = Vec::new();
         let matcher = &mut self.matcher;
+        let clients = &self.clients;
+        let mut held_back = 0u64;
         // Rank 0 takes no more broadcast requests than its xcast core can hold (elsewhere a
         // request is stale, and the core ignores it).
         let mut hold_room = match self.me {
@@ -211,10 +215,21 @@ impl Node {
                 tag,
                 payload,
             };
+            // A client message waits at its origin while its receiver's queue is full.
+            if m.tag == crate::clients::wire::TAG_CLIENT_DATA
+                && let Some(to) = crate::clients::wire::DataHeader::peek_to_local(&m.payload)
+                && !clients.room(to, m.payload.len())
+            {
+                held_back += 1;
+                return false;
+            }
             post_to(matcher, &mut ready, &mut runtime, &mut hold_room, m)
         };
         let paths = Paths::new(&self.routing, &self.direct);
         let res = input(&mut self.relm, &paths, &mut post);
+        for _ in 0..held_back {
+            self.clients.held_back();
+        }
         self.posted_by_relm(now, ready, runtime, refused);
         res
     }

@@ -405,6 +405,7 @@ impl SimNode {
     fn collect(&mut self) {
         while let Some(o) = self.node.poll_output() {
             match o {
+                Output::Client(_) => {}
                 Output::Transmit {
                     to,
                     header,

@@ -1,0 +1,46 @@
+//! Jobs whose client processes connect to this daemon (issue "Jobs"; see [`crate::clients`]):
+//! `Handle::client_job` and `Handle::client_job_close`.
+use super::caddy::Caddy;
+use super::handle::Handle;
+use crate::clients::{ClientCredential, ClientError, JobId};
+use crate::error::SendError;
+
+impl Handle {
+    /// Opens `job` for client processes on this daemon and returns the credential to give
+    /// them (for example [`ClientCredential::env`] in the environment of the processes the
+    /// embedder starts). Their messages may reach only clients of `job`, and clients of the
+    /// jobs listed in `accept_from` may message them (on their own daemons each receiver's
+    /// job decides). Opening a job again makes a new key (clients admitted stay) and replaces
+    /// the list.
+    ///
+    /// Errors: [`ClientError::NoSocket`] (the `client_socket` setting is unset),
+    /// `Busy` (`limits::CLIENT_JOBS_MAX` jobs open), `DaemonLost` (the daemon stopped).
+    pub fn client_job(
+        &self,
+        job: JobId,
+        accept_from: &[JobId],
+    ) -> Result<ClientCredential, ClientError> {
+        let Some(socket) = self.shared.client_socket.clone() else {
+            return Err(ClientError::NoSocket);
+        };
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key).map_err(|e| ClientError::Io(format!("random key: {e}")))?;
+        let accept_from = accept_from.to_vec();
+        self.ask(|reply| Caddy::ClientJob {
+            job,
+            key,
+            accept_from,
+            reply,
+        })
+        .map_err(|e| match e {
+            SendError::Busy(_) => ClientError::Busy,
+            _ => ClientError::DaemonLost,
+        })?;
+        Ok(ClientCredential { socket, job, key })
+    }
+
+    /// No new client of `job` is admitted here (clients connected stay until they exit).
+    pub fn client_job_close(&self, job: JobId) -> Result<(), SendError> {
+        self.shared.submit(Caddy::ClientJobClose { job })
+    }
+}
