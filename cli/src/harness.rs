@@ -7,6 +7,7 @@
 
 mod attack;
 mod check;
+mod check_clients;
 mod check_groups;
 mod check_streams;
 mod clocks;
@@ -148,6 +149,19 @@ pub struct HarnessArgs {
     /// daemons' own address).
     #[arg(long, default_value_t = 1)]
     pub attack_sources: u32,
+    /// Client processes each daemon starts (issue "Jobs"): they connect to their daemon's
+    /// Unix socket with the job's credential and exchange numbered messages with every other
+    /// client, through the daemons, while daemons and clients are killed. Every message
+    /// between two clients that both ran to the end must arrive once, in order, intact.
+    #[arg(long, default_value_t = 0)]
+    pub clients_per_daemon: u32,
+    /// Messages each client sends (round-robin to the others, at --rate per second).
+    #[arg(long, default_value_t = 200)]
+    pub client_messages: u64,
+    /// Client processes the harness kills with SIGKILL while traffic flows (spread over the
+    /// run; never on a daemon that is killed too).
+    #[arg(long, default_value_t = 1)]
+    pub client_kill: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -594,6 +608,17 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             cmd.args(["--workload-streams", &args.streams.to_string()])
                 .args(["--workload-stream-bytes", &args.stream_bytes.to_string()]);
         }
+        if args.clients_per_daemon > 0 {
+            cmd.arg("--client-socket")
+                .arg(dir.join(format!("d{rank}.sock")))
+                .args(["--workload-clients", &args.clients_per_daemon.to_string()])
+                .args([
+                    "--workload-client-messages",
+                    &args.client_messages.to_string(),
+                ])
+                .arg("--workload-client-dir")
+                .arg(&dir);
+        }
         if args.pattern == Pattern::Group {
             cmd.args(["--workload-group-size", &args.group_size.to_string()])
                 .args(["--workload-group-rounds", &args.group_rounds.to_string()]);
@@ -675,6 +700,13 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let mut next_sample = Instant::now();
     let mut next_exit_check = Instant::now();
     let mut rank0 = scale::Rank0::default();
+    // Client kills: when (seconds into the traffic), and the clients killed.
+    let mut client_kills: Vec<f64> = (0..args.client_kill)
+        .filter(|_| args.clients_per_daemon > 0)
+        .map(|i| traffic_s * (0.3 + 0.3 * i as f64 / args.client_kill.max(2) as f64))
+        .collect();
+    let mut killed_clients: BTreeSet<tbon::ClientName> = BTreeSet::new();
+    let mut client_rng = Rng::new(args.seed ^ 0xc11e);
 
     loop {
         if interrupted.load(Ordering::SeqCst) {
@@ -805,6 +837,23 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                         }
                     }
                 }
+                if client_kills.first().is_some_and(|at| since >= *at) {
+                    client_kills.remove(0);
+                    match kill_a_client(
+                        &dir,
+                        n,
+                        args.clients_per_daemon,
+                        &victims,
+                        &faults,
+                        &killed_clients,
+                        &mut client_rng,
+                    ) {
+                        Some(name) => {
+                            killed_clients.insert(name);
+                        }
+                        None => problems.push("no client was alive to kill".into()),
+                    }
+                }
                 let all_injected = faults.iter().all(|f| f.injected_ns.is_some());
                 let all_settled = faults.iter().all(|f| {
                     seen.confirmed_by(f.rank, &survivors)
@@ -899,6 +948,20 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             None => {}
         }
     }
+    let client_judgement = (args.clients_per_daemon > 0)
+        .then(|| check_clients::judge(&dir, n, args.clients_per_daemon, &victims, &killed_clients));
+    kill_leftover_clients(&dir, n, args.clients_per_daemon);
+    if let Some((cc, examples)) = &client_judgement {
+        if !examples.is_empty() {
+            problems.push(format!(
+                "client traffic went wrong, e.g. {}",
+                examples.join("; ")
+            ));
+        }
+        if cc.live_pairs == 0 {
+            problems.push("no pair of clients ran to the end".into());
+        }
+    }
     let mut results = BTreeMap::new();
     if problems.is_empty() {
         for r in &survivors {
@@ -938,6 +1001,24 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         let (text, json) = c.render();
         report.add_section("clocks", &text, json);
     }
+    if let Some((cc, _)) = &client_judgement {
+        let text = format!(
+            "\n  clients: {} workers ({} per daemon), {} killed, {} orphaned by killed daemons; \
+             {} live pairs carried {} messages, all once and in order; {} pairs from the dead \
+             judged as prefixes; {} exits seen by watches; {} wrong\n",
+            cc.workers,
+            args.clients_per_daemon,
+            cc.killed,
+            cc.orphaned,
+            cc.live_pairs,
+            cc.live_messages,
+            cc.prefix_pairs,
+            cc.exits_seen,
+            cc.wrong
+        );
+        let json = serde_json::to_value(cc).unwrap_or_default();
+        report.add_section("clients", &text, json);
+    }
     if let Some(obj) = report.json.as_object_mut() {
         obj.insert("verdict".into(), report.verdict.clone().into());
     }
@@ -954,6 +1035,51 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         print!("{}", report.text);
     }
     Ok(if report.passed { 0 } else { 1 })
+}
+
+/// SIGKILLs one client process (its pid file written, its daemon neither killed nor about
+/// to be, not killed before), chosen with `rng`; its name.
+fn kill_a_client(
+    dir: &std::path::Path,
+    n: u32,
+    per_daemon: u32,
+    victims: &BTreeSet<u32>,
+    faults: &[Fault],
+    killed: &BTreeSet<tbon::ClientName>,
+    rng: &mut Rng,
+) -> Option<tbon::ClientName> {
+    let candidates: Vec<(tbon::ClientName, i32)> = (0..n)
+        .filter(|r| !victims.contains(r) && !faults.iter().any(|f| f.rank == *r))
+        .flat_map(|rank| (1..=per_daemon).map(move |local| tbon::ClientName { rank, local }))
+        .filter(|c| !killed.contains(c))
+        .filter_map(|c| {
+            let pid = std::fs::read_to_string(super::client_workload::pid_file(dir, c)).ok()?;
+            Some((c, pid.trim().parse().ok()?))
+        })
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    let (name, pid) = candidates[rng.below(candidates.len() as u64) as usize];
+    kill(Pid::from_raw(pid), Signal::SIGKILL).ok()?;
+    // Its pid may be reused once its daemon reaps it: never signalled again.
+    let _ = std::fs::remove_file(super::client_workload::pid_file(dir, name));
+    Some(name)
+}
+
+/// Every client process still running at the end (a failed run) is killed.
+fn kill_leftover_clients(dir: &std::path::Path, n: u32, per_daemon: u32) {
+    for rank in 0..n {
+        for local in 1..=per_daemon {
+            let f = super::client_workload::pid_file(dir, tbon::ClientName { rank, local });
+            if let Some(pid) = std::fs::read_to_string(f)
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+            {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+    }
 }
 
 /// Seconds the DVM runs on after the attack stops, before it is shut down (the "after"

@@ -2,6 +2,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod client_workload;
 mod clock;
 mod daemon;
 mod group_workload;
@@ -55,6 +56,9 @@ enum Command {
     Bench(Box<bench::BenchArgs>),
     /// Run the deterministic fault simulator over many seeds, or replay one.
     Sim(sim::SimArgs),
+    /// One client process of `tbon harness --clients-per-daemon` (started by its daemon).
+    #[command(hide = true)]
+    ClientWorker(client_workload::WorkerArgs),
 }
 
 fn main() {
@@ -88,6 +92,7 @@ fn main() {
         Command::Harness(args) => ("harness", harness::run(*args)),
         Command::Bench(args) => ("bench", bench::run(*args)),
         Command::Sim(args) => ("sim", sim::run(args)),
+        Command::ClientWorker(args) => ("client-worker", client_workload::worker(args)),
     };
     match result {
         Ok(code) => std::process::exit(code),

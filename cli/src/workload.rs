@@ -173,6 +173,14 @@ pub struct WorkloadArgs {
     pub workload_group_size: u32,
     #[arg(long, hide = true, default_value_t = 0)]
     pub workload_group_rounds: u64,
+    /// Client processes this daemon starts (`client_workload`), the messages each sends, and
+    /// the folder where they write their pid and results files.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub workload_clients: u32,
+    #[arg(long, hide = true, default_value_t = 200)]
+    pub workload_client_messages: u64,
+    #[arg(long, hide = true)]
+    pub workload_client_dir: Option<PathBuf>,
     /// Milliseconds between progress lines (the harness lengthens it for large DVMs).
     #[arg(long, hide = true, default_value_t = 250)]
     pub workload_progress_ms: u64,
@@ -325,6 +333,8 @@ pub struct Workload {
     groups: Arc<Mutex<Vec<Collected>>>,
     groups_ended: Arc<AtomicU64>,
     groups_done: Arc<AtomicBool>,
+    /// Client processes (`--workload-clients`): all exited.
+    clients_done: Arc<AtomicBool>,
     received: Arc<AtomicU64>,
     sent: Arc<AtomicU64>,
     completed: Arc<AtomicU64>,
@@ -374,6 +384,9 @@ impl Workload {
             groups_ended: Arc::default(),
             groups_done: Arc::new(AtomicBool::new(
                 args.workload_pattern != Pattern::Group || args.workload_group_rounds == 0,
+            )),
+            clients_done: Arc::new(AtomicBool::new(
+                args.workload_clients == 0 || args.workload_client_dir.is_none(),
             )),
             received,
             sent: Arc::new(AtomicU64::new(0)),
@@ -427,6 +440,22 @@ impl Workload {
             };
             std::thread::spawn(move || runner.run());
         }
+        if !self.clients_done.load(Ordering::SeqCst)
+            && let Some(dir) = args.workload_client_dir.clone()
+        {
+            let runner = super::client_workload::ClientRunner {
+                h: sender.h.clone(),
+                rank: sender.h.rank(),
+                size: sender.h.size(),
+                per_daemon: args.workload_clients,
+                messages: args.workload_client_messages,
+                rate: args.workload_rate,
+                seed: args.workload_seed,
+                dir,
+                done: self.clients_done.clone(),
+            };
+            std::thread::spawn(move || runner.run());
+        }
         let finished = self.finished_sending.clone();
         std::thread::spawn(move || {
             sender.run();
@@ -441,7 +470,8 @@ impl Workload {
         let done = self.finished_sending.load(Ordering::SeqCst)
             && self.completed.load(Ordering::Relaxed) >= sent
             && self.streams_done.load(Ordering::SeqCst)
-            && self.groups_done.load(Ordering::SeqCst);
+            && self.groups_done.load(Ordering::SeqCst)
+            && self.clients_done.load(Ordering::SeqCst);
         serde_json::json!({ "progress": {
             "rank": rank,
             "sent": sent,
