@@ -286,3 +286,41 @@ fn harness_group_collectives_complete_at_every_survivor_through_kills() {
     assert!(g["ok"].as_u64().unwrap() > 100, "{g}");
     let _ = std::fs::remove_file(&json);
 }
+
+#[test]
+fn harness_clients_exchange_through_their_daemons_through_daemon_and_client_kills() {
+    let json = std::env::temp_dir().join(format!(
+        "tbon-harness-clients-test-{}.json",
+        std::process::id()
+    ));
+    let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
+        .args(["harness", "--daemons", "8", "--radix", "2"])
+        .args(["--messages", "300", "--rate", "150", "--kill", "1"])
+        .args(["--quiet", "--timeout", "120", "--mode", "reliable"])
+        .args(["--clients-per-daemon", "2", "--client-messages", "300"])
+        .args(["--client-kill", "2"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run tbon harness");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let c = &report["clients"];
+    assert_eq!(c["wrong"], 0, "{c}");
+    assert_eq!(c["workers"], 16, "{c}");
+    assert_eq!(c["killed"], 2, "{c}");
+    // The killed daemon (interior) took its two clients with it.
+    assert_eq!(c["orphaned"], 2, "{c}");
+    // Twelve clients ran to the end: every ordered pair of them judged in full.
+    assert_eq!(c["live_pairs"], 12 * 11, "{c}");
+    assert!(c["live_messages"].as_u64().unwrap() > 1_500, "{c}");
+    assert!(c["exits_seen"].as_u64().unwrap() > 0, "{c}");
+    let _ = std::fs::remove_file(&json);
+}
