@@ -70,7 +70,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let (mut busy, mut unread) = (0u64, 0u64);
     let (mut opened, mut fallbacks, mut held, mut evicted) = (0u64, 0u64, 0u64, 0u64);
     let (mut streams, mut streams_failed, mut statuses) = (0u64, 0u64, 0u64);
-    let (mut group_results, mut modex_gets) = (0u64, 0u64);
+    let (mut group_results, mut modex_gets, mut client_messages) = (0u64, 0u64, 0u64);
     let regressions = REGRESSION_SEEDS
         .iter()
         .map(|r| (r.seed, r.options(args.messages)));
@@ -104,6 +104,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 statuses += s.statuses;
                 group_results += s.group_results;
                 modex_gets += s.modex_gets;
+                client_messages += s.client_messages;
             }
             Err(_) => {
                 failed += 1;
@@ -125,7 +126,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
          {fallbacks} fallbacks to the tree, {held} frames held for a drain marker, {streams} \
          streams finished ({streams_failed} ended by a dead producer), {statuses} status \
          queries answered, {group_results} group collective results, {modex_gets} data-exchange \
-         gets",
+         gets, {client_messages} client messages",
         started.elapsed().as_secs_f64()
     );
     Ok(if failed == 0 { 0 } else { 1 })

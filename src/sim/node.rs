@@ -22,6 +22,9 @@ pub const TAG_RELIABLE: Tag = TAG_USER_MIN;
 pub const TAG_PLAIN: Tag = TAG_USER_MIN + 1;
 /// The user tag of the workload's broadcasts.
 pub const TAG_BCAST: Tag = TAG_USER_MIN + 2;
+/// The uid of the simulated clients (`world/clients.rs`), and the tag of their messages.
+pub const SIM_CLIENT_UID: u32 = 4242;
+pub const SIM_CLIENT_TAG: Tag = TAG_USER_MIN + 3;
 
 /// The service every simulated daemon offers (the `stream` kind's data).
 pub const SERVICE: &str = "data";
@@ -65,6 +68,8 @@ pub struct SimNode {
     pub group_done: Vec<(u64, Result<AllgatherResult, SendError>)>,
     /// Data-exchange gets answered here: (token, answer).
     pub got: Vec<(u64, Result<Bytes, crate::modex::GetError>)>,
+    /// Events for this daemon's simulated clients (`world/clients.rs`), in order.
+    pub client_events: Vec<crate::clients::ClientEvent>,
     /// Broken rules (a malformed frame, an invariant): always a bug.
     pub errors: Vec<String>,
     /// Ranks this daemon declared failed (the world closes its connections to them).
@@ -126,6 +131,7 @@ impl SimNode {
             trace: true,
             // Every daemon's first incarnation is 1, as its handshakes would have proved.
             incarnation_floor: 1,
+            client_uids: vec![SIM_CLIENT_UID],
             flow,
             ..NodeConfig::new(rank, size, radix)
         };
@@ -154,6 +160,7 @@ impl SimNode {
             gathered: Vec::new(),
             group_done: Vec::new(),
             got: Vec::new(),
+            client_events: Vec::new(),
             errors: Vec::new(),
             declared: Vec::new(),
             stopped: None,
@@ -296,6 +303,45 @@ impl SimNode {
         r
     }
 
+    /// Client admission (`world/clients.rs`): opens `job` and admits one client of it.
+    pub fn client_admit(
+        &mut self,
+        job: u64,
+        key: [u8; 32],
+    ) -> Result<crate::clients::ClientName, String> {
+        self.node.client_open_job(job, key, Vec::new());
+        self.node.handle_client_hello(
+            crate::clients::local::CLIENT_PROTOCOL_VERSION,
+            job,
+            &key,
+            SIM_CLIENT_UID,
+        )
+    }
+
+    /// Local client `local` sends; its events come in `client_events`.
+    pub fn client_send(
+        &mut self,
+        now: Instant,
+        local: u32,
+        token: u64,
+        to: crate::clients::ClientName,
+        payload: Bytes,
+    ) -> Result<(), String> {
+        self.tick(now);
+        let r = self
+            .node
+            .handle_client_send(local, token, to, SIM_CLIENT_TAG, payload);
+        self.step(now);
+        r
+    }
+
+    /// Local client `local`'s connection closed.
+    pub fn client_gone(&mut self, now: Instant, local: u32) {
+        self.tick(now);
+        self.node.handle_client_gone(local);
+        self.step(now);
+    }
+
     /// A data-exchange get; its answer is reported with `token` in `got`.
     pub fn modex_get(
         &mut self,
@@ -405,7 +451,7 @@ impl SimNode {
     fn collect(&mut self) {
         while let Some(o) = self.node.poll_output() {
             match o {
-                Output::Client(_) => {}
+                Output::Client(e) => self.client_events.push(e),
                 Output::Transmit {
                     to,
                     header,

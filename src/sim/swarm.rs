@@ -57,6 +57,10 @@ pub struct FaultKinds {
     /// groups of daemons, every member contributing to each at a random time, through the
     /// other faults of the run.
     pub group: bool,
+    /// Not a fault: clients routed through their daemons (`src/clients/`): a few clients on
+    /// random daemons (some sharing one) send numbered messages to each other at random
+    /// times, and some exit, through the other faults of the run.
+    pub client: bool,
 }
 
 impl FaultKinds {
@@ -75,12 +79,14 @@ impl FaultKinds {
         overload: true,
         status: true,
         group: true,
+        client: true,
     };
 
     /// Every kind the simulator had before group collectives: the seeds found with "all"
     /// before then keep exactly their scenarios.
     pub const UNTIL_GROUPS: FaultKinds = FaultKinds {
         group: false,
+        client: false,
         ..FaultKinds::ALL
     };
 
@@ -100,6 +106,7 @@ impl FaultKinds {
         overload: false,
         status: false,
         group: false,
+        client: false,
     };
 
     /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup,stranger,direct,overload`,
@@ -119,6 +126,7 @@ impl FaultKinds {
             overload: false,
             status: false,
             group: false,
+            client: false,
         };
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
@@ -137,9 +145,10 @@ impl FaultKinds {
                 "overload" => k.overload = true,
                 "status" => k.status = true,
                 "group" => k.group = true,
+                "client" => k.client = true,
                 other => {
                     return Err(format!(
-                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, group, all)"
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, group, client, all)"
                     ));
                 }
             }
@@ -170,6 +179,7 @@ impl std::fmt::Display for FaultKinds {
             (self.overload, "overload"),
             (self.status, "status"),
             (self.group, "group"),
+            (self.client, "client"),
         ];
         let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {
@@ -309,6 +319,13 @@ pub struct Scenario {
     pub groups: Vec<(u64, Vec<Rank>, u64)>,
     /// Every member's call of every group collective: (group, number, member, when).
     pub group_calls: Vec<(usize, u64, Rank, u64)>,
+    /// The `client` kind: each client's daemon, its sends (from, to, when) and exits (which,
+    /// when), indices into `clients`.
+    pub clients: Vec<Rank>,
+    /// The `client` kind's sends: (sender, receiver, when).
+    pub client_sends: Vec<(usize, usize, u64)>,
+    /// The `client` kind's exits: (client, when).
+    pub client_exits: Vec<(usize, u64)>,
 }
 
 impl Scenario {
@@ -606,9 +623,17 @@ impl Scenario {
         } else {
             (Vec::new(), Vec::new())
         };
+        let (clients, client_sends, client_exits) = if kinds.client && capacity.is_none() {
+            client_plans(seed, size, traffic_us)
+        } else {
+            (Vec::new(), Vec::new(), Vec::new())
+        };
         Scenario {
             groups,
             group_calls,
+            clients,
+            client_sends,
+            client_exits,
             streams,
             statuses,
             final_status: kinds.status,
@@ -669,6 +694,9 @@ impl Scenario {
             clocks: Vec::new(),
             groups: Vec::new(),
             group_calls: Vec::new(),
+            clients: Vec::new(),
+            client_sends: Vec::new(),
+            client_exits: Vec::new(),
         }
     }
 
@@ -840,6 +868,37 @@ fn group_plans(
         groups.push((g as u64 + 1, members, collectives));
     }
     (groups, calls)
+}
+
+/// The `client` kind's plan: 2 to 8 clients on random daemons, 10 to 80 sends between random
+/// pairs (a client's own daemon's clients too) at random times, and up to two exits.
+#[allow(clippy::type_complexity)]
+fn client_plans(
+    seed: u64,
+    size: u32,
+    traffic_us: u64,
+) -> (Vec<Rank>, Vec<(usize, usize, u64)>, Vec<(usize, u64)>) {
+    let mut rng = Rng::new(seed ^ 0xC11E_0000_0000_0000);
+    let n = rng.range(2, 8) as usize;
+    let clients: Vec<Rank> = (0..n)
+        .map(|_| rng.range(0, u64::from(size) - 1) as Rank)
+        .collect();
+    let sends = (0..rng.range(10, 80))
+        .map(|_| {
+            let from = rng.range(0, n as u64 - 1) as usize;
+            let to = (from + 1 + rng.range(0, n as u64 - 2) as usize) % n;
+            (from, to, rng.range(0, traffic_us))
+        })
+        .collect();
+    let exits = (0..rng.range(0, 2))
+        .map(|_| {
+            (
+                rng.range(0, n as u64 - 1) as usize,
+                rng.range(0, traffic_us),
+            )
+        })
+        .collect();
+    (clients, sends, exits)
 }
 
 /// A few status queries to random daemons (rank 0 most often) at random times, with budgets

@@ -85,6 +85,7 @@ fn batch(n: u64, opts: Options) -> RunStats {
                 sum.streams_failed += s.streams_failed;
                 sum.group_results += s.group_results;
                 sum.modex_gets += s.modex_gets;
+                sum.client_messages += s.client_messages;
                 sum.held_frames += s.held_frames;
                 sum.plain_order_runs += s.plain_order_runs;
                 sum.plain_sent += s.plain_sent;
@@ -210,6 +211,20 @@ fn streams_finish_through_faults_or_end_with_their_dead_producer() {
     assert!(s.streams_failed > 0, "no stream met a dead producer");
     let s = batch(60, kinds("stream,direct,partition,stall"));
     assert!(s.streams_finished > 0);
+}
+
+#[test]
+fn client_messages_arrive_once_in_order_through_faults() {
+    // Clients on random daemons (some sharing one) message each other while daemons crash,
+    // links drop and daemons stall; some clients exit. Every delivery and result checked.
+    let s = batch(150, kinds("client,crash,link,stall,delay,dup"));
+    assert!(
+        s.client_messages > 2000,
+        "client messages: {}",
+        s.client_messages
+    );
+    let s = batch(60, kinds("client,partition,direct,stale"));
+    assert!(s.client_messages > 0);
 }
 
 #[test]

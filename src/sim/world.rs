@@ -24,6 +24,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 mod capacity;
+mod clients;
 mod cost;
 mod groups;
 mod handshakes;
@@ -114,6 +115,18 @@ enum Ev {
     GroupCall {
         group: usize,
         seq: u64,
+        rank: Rank,
+    },
+    /// The scenario's clients are admitted (`world/clients.rs`).
+    ClientStart,
+    /// The scenario's client send number `id` is made (by a client of `rank`).
+    ClientSend {
+        id: usize,
+        rank: Rank,
+    },
+    /// The scenario's client `client` (of `rank`) exits.
+    ClientExit {
+        client: usize,
         rank: Rank,
     },
     /// The scenario's stream number `id` is fetched (`world/streams.rs`).
@@ -222,6 +235,8 @@ pub struct RunStats {
     pub streams_failed: u64,
     /// Runs with groups: group collective results delivered (and checked).
     pub group_results: u64,
+    /// Runs with clients: client messages delivered (and checked).
+    pub client_messages: u64,
     /// Runs with groups: data-exchange gets answered with the right value after a fence.
     pub modex_gets: u64,
     /// Status queries answered.
@@ -291,6 +306,7 @@ pub struct World {
     /// The `stream` kind's applications.
     streams: streams::StreamApps,
     groups: groups::GroupApps,
+    clients: clients::ClientApps,
     status: status::StatusQueries,
     /// `tbon sim --sweep-radix`: the cost model and the times it reads (`sweep.rs`).
     sweep: Option<sweep::SweepState>,
@@ -386,6 +402,7 @@ impl World {
             closing_seen: HashSet::new(),
             streams: streams::StreamApps::default(),
             groups: groups::GroupApps::default(),
+            clients: clients::ClientApps::default(),
             status: Default::default(),
             sweep: None,
         };
@@ -491,6 +508,18 @@ impl World {
         }
         for &(group, seq, rank, at) in &self.scen.group_calls.clone() {
             self.push(at, Ev::GroupCall { group, seq, rank });
+        }
+        if !self.scen.clients.is_empty() {
+            self.push(0, Ev::ClientStart);
+            let home = self.scen.clients.clone();
+            for (id, &(from, _, at)) in self.scen.client_sends.clone().iter().enumerate() {
+                let rank = home.get(from).copied().unwrap_or(0);
+                self.push(at.max(1), Ev::ClientSend { id, rank });
+            }
+            for &(client, at) in &self.scen.client_exits.clone() {
+                let rank = home.get(client).copied().unwrap_or(0);
+                self.push(at.max(1), Ev::ClientExit { client, rank });
+            }
         }
         if size < 2 {
             return;
@@ -616,6 +645,7 @@ impl World {
         self.check
             .final_collectives(&self.nodes, &self.alive, self.scen.gathers)?;
         self.final_groups()?;
+        self.final_clients()?;
         if self.scen.final_status {
             self.final_status()?;
         }
@@ -648,6 +678,7 @@ impl World {
         }
         self.stats.group_results = self.groups.delivered;
         self.stats.modex_gets = self.groups.endpoints_got;
+        self.stats.client_messages = self.clients.received;
         Ok(self.stats)
     }
 
@@ -919,6 +950,9 @@ impl World {
             }
             Ev::Fetch { id } => self.on_fetch(id)?,
             Ev::GroupCall { group, seq, rank } => self.on_group_call(group, seq, rank)?,
+            Ev::ClientStart => self.on_client_start()?,
+            Ev::ClientSend { id, .. } => self.on_client_send(id)?,
+            Ev::ClientExit { client, .. } => self.on_client_exit(client)?,
             Ev::Contribute { rank, id } => {
                 if !self.living(rank) {
                     return Ok(());
@@ -1037,6 +1071,7 @@ impl World {
         let gathered = std::mem::take(&mut n.gathered);
         let group_done = std::mem::take(&mut n.group_done);
         let got = std::mem::take(&mut n.got);
+        let client_events = std::mem::take(&mut n.client_events);
         let group_stopping = n.node.stopping().is_some();
         let declared = std::mem::take(&mut n.declared);
         let stopped = n.stopped.take();
@@ -1101,6 +1136,9 @@ impl World {
             !group_done.is_empty() && self.group_outcomes(r, group_done, group_stopping)?;
         if !got.is_empty() {
             self.get_answers(r, got)?;
+        }
+        if !client_events.is_empty() {
+            self.client_events(r, client_events)?;
         }
         if !statuses.is_empty() {
             self.status_reports(r, statuses)?;
@@ -1268,7 +1306,8 @@ fn target(ev: &Ev) -> Option<Rank> {
         Ev::LinkLost { node, .. } | Ev::Redial { node, .. } => Some(*node),
         Ev::Send { origin, .. } | Ev::Broadcast { origin } => Some(*origin),
         Ev::Contribute { rank, .. } | Ev::GroupCall { rank, .. } => Some(*rank),
-        Ev::Fetch { .. } => None,
+        Ev::Fetch { .. } | Ev::ClientStart => None,
+        Ev::ClientSend { rank, .. } | Ev::ClientExit { rank, .. } => Some(*rank),
         Ev::Hs { node, .. } | Ev::HsTimeout { node, .. } => *node,
         Ev::Stranger { .. } => None,
         Ev::WireDone { from, .. } => Some(*from),
