@@ -48,6 +48,15 @@ pub struct DaemonArgs {
     /// scripts and tests; the same is logged at info level in any case.
     #[arg(long)]
     pub print_faults: bool,
+    /// Open this job for client processes (repeatable; needs --client-socket): with the key
+    /// of --client-key-file, or else a fresh one. Prints one JSON line per job
+    /// (`{"client_job": {...}}`: rank, job, socket, and the key unless it came from a file).
+    #[arg(long, value_name = "JOB")]
+    pub client_job: Vec<u64>,
+    /// A file holding the client key of every --client-job (64 hexadecimal digits, as
+    /// `tbon keygen FILE` writes), so a launcher gives every daemon of a job the same key.
+    #[arg(long, value_name = "FILE", requires = "client_job")]
+    pub client_key_file: Option<PathBuf>,
     #[command(flatten)]
     pub workload: super::workload::WorkloadArgs,
     #[command(flatten)]
@@ -258,6 +267,36 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, term.clone()).map_err(|e| e.to_string())?;
+    }
+
+    if !args.client_job.is_empty() {
+        let key = match &args.client_key_file {
+            Some(f) => Some(
+                std::fs::read_to_string(f)
+                    .map_err(|e| format!("{}: {e}", f.display()))
+                    .and_then(|t| {
+                        tbon::clients::parse_key(&t).map_err(|e| format!("{}: {e}", f.display()))
+                    })?,
+            ),
+            None => None,
+        };
+        for &job in &args.client_job {
+            let h = daemon.handle();
+            let cred = match key {
+                Some(k) => h.client_job_with_key(job, k, &[]),
+                None => h.client_job(job, &[]),
+            }
+            .map_err(|e| format!("--client-job {job}: {e}"))?;
+            println!(
+                "{}",
+                serde_json::json!({"client_job": {
+                    "rank": rank,
+                    "job": job,
+                    "socket": cred.socket,
+                    "key": key.is_none().then(|| cred.key_hex()),
+                }})
+            );
+        }
     }
 
     if args.print_faults {

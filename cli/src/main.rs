@@ -2,6 +2,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod client;
 mod client_workload;
 mod clock;
 mod daemon;
@@ -56,6 +57,9 @@ enum Command {
     Bench(Box<bench::BenchArgs>),
     /// Run the deterministic fault simulator over many seeds, or replay one.
     Sim(sim::SimArgs),
+    /// A client process: connect to a daemon's client socket (`--client-socket`) with a job's
+    /// credential, print the name it got, send or receive messages.
+    Client(client::ClientArgs),
     /// One client process of `tbon harness --clients-per-daemon` (started by its daemon).
     #[command(hide = true)]
     ClientWorker(client_workload::WorkerArgs),
@@ -92,6 +96,7 @@ fn main() {
         Command::Harness(args) => ("harness", harness::run(*args)),
         Command::Bench(args) => ("bench", bench::run(*args)),
         Command::Sim(args) => ("sim", sim::run(args)),
+        Command::Client(args) => ("client", client::run(args)),
         Command::ClientWorker(args) => ("client-worker", client_workload::worker(args)),
     };
     match result {

@@ -20,11 +20,25 @@ impl Handle {
         job: JobId,
         accept_from: &[JobId],
     ) -> Result<ClientCredential, ClientError> {
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key).map_err(|e| ClientError::Io(format!("random key: {e}")))?;
+        self.client_job_with_key(job, key, accept_from)
+    }
+
+    /// [`Handle::client_job`] with a key the embedder chose: a resource manager that starts a
+    /// job's processes on many nodes gives every daemon of the job the same key, so one
+    /// environment serves every process. Make it with 32 bytes from a cryptographic random
+    /// source (`tbon keygen FILE` writes 64 hexadecimal digits; `clients::parse_key` reads
+    /// them).
+    pub fn client_job_with_key(
+        &self,
+        job: JobId,
+        key: [u8; 32],
+        accept_from: &[JobId],
+    ) -> Result<ClientCredential, ClientError> {
         let Some(socket) = self.shared.client_socket.clone() else {
             return Err(ClientError::NoSocket);
         };
-        let mut key = [0u8; 32];
-        getrandom::fill(&mut key).map_err(|e| ClientError::Io(format!("random key: {e}")))?;
         let accept_from = accept_from.to_vec();
         self.ask(|reply| Caddy::ClientJob {
             job,
