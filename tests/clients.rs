@@ -100,6 +100,12 @@ fn jobs_are_isolated_unless_the_receiver_accepts_and_names_are_checked() {
         .unwrap();
     let m = c2.recv(Some(a1.name()), None, Some(HANG_GUARD)).unwrap();
     assert_eq!(&m.payload[..], b"hello");
+    // The largest payload a client may send crosses (its header fits the daemons' bound).
+    let largest = vec![9u8; a1.msg_max_bytes()];
+    a1.send_wait(c2.name(), TAG, largest, Some(HANG_GUARD))
+        .unwrap();
+    let m = c2.recv(Some(a1.name()), None, Some(HANG_GUARD)).unwrap();
+    assert_eq!(m.payload.len(), a1.msg_max_bytes());
     // Not the other way round: job 1 does not accept job 3.
     assert_eq!(
         c2.send_wait(a1.name(), TAG, &b"back"[..], Some(HANG_GUARD)),

@@ -127,13 +127,14 @@ pub struct Clients {
 }
 
 impl Clients {
-    /// The clients of daemon `me` of `size`; a client connecting with a uid not in `uids` is
-    /// refused.
-    pub fn new(me: Rank, size: u32, msg_max: usize, uids: Vec<u32>) -> Clients {
+    /// The clients of daemon `me` of `size` in a DVM whose largest message is `msg_max_bytes`;
+    /// a client connecting with a uid not in `uids` is refused.
+    pub fn new(me: Rank, size: u32, msg_max_bytes: usize, uids: Vec<u32>) -> Clients {
         Clients {
             me,
             size,
-            msg_max,
+            // A client message travels behind its header in one daemon message.
+            msg_max: msg_max_bytes.saturating_sub(super::wire::DATA_HEADER_LEN),
             uids,
             jobs: FxHashMap::default(),
             locals: BTreeMap::new(),
@@ -382,6 +383,12 @@ impl Clients {
             Some(l) => l.queued == 0 || l.queued + len <= CLIENT_QUEUE_BYTES_MAX,
             None => true,
         }
+    }
+
+    /// The largest payload a client may send (the DVM's `msg_max_bytes` less the header a
+    /// client message carries between daemons).
+    pub fn msg_max(&self) -> usize {
+        self.msg_max
     }
 
     /// Counts a message RELM refused because of [`Clients::room`].

@@ -100,8 +100,13 @@ impl Node {
             }
             match self.send_reliable(now, to, TAG_CLIENT_DATA, payload, None) {
                 Ok(()) => Carried::Sent,
+                Err(SendError::Busy(_)) => Carried::Busy,
                 Err(SendError::NodeDown(_) | SendError::Unreachable(_)) => Carried::Down,
-                Err(_) => Carried::Busy,
+                Err(e) => {
+                    // Sizes and ranks were checked when the client sent: not reached.
+                    crate::bug!("rank {}: a client message for {to} refused: {e}", self.me);
+                    Carried::Down
+                }
             }
         });
         while self.relm.has_runtime_room()

@@ -285,7 +285,8 @@ impl EventLoop {
                                 name,
                                 job,
                                 size: self.node.size(),
-                                msg_max: self.cfg.msg_max_bytes.min(u32::MAX as u64) as u32,
+                                msg_max: self.node.clients().msg_max().min(u32::MAX as usize)
+                                    as u32,
                             },
                         );
                     }
