@@ -171,7 +171,8 @@ pub enum ClientError {
     /// The receiver's daemon died before answering: the message may or may not have reached
     /// the receiver.
     NodeDown(Rank),
-    /// The payload is larger than the DVM's `msg_max_bytes`.
+    /// The payload is larger than `Client::msg_max_bytes` (the DVM's `msg_max_bytes` less the
+    /// 28-byte header a client message carries between daemons).
     TooLarge {
         /// The payload's length.
         len: usize,

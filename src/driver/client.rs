@@ -219,7 +219,8 @@ impl Client {
         self.inner.size
     }
 
-    /// The largest payload a send takes (the DVM's `msg_max_bytes`).
+    /// The largest payload a send takes: the DVM's `msg_max_bytes` less the 28-byte header a
+    /// client message carries between daemons.
     pub fn msg_max_bytes(&self) -> usize {
         self.inner.msg_max
     }
