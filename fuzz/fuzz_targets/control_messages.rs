@@ -1,7 +1,8 @@
 //! Every runtime control-message decoder on arbitrary bytes: fault reports, confirmations,
 //! adoption notices, the wire-up contact slice and report, contact lookups and their replies,
 //! RELM control messages, the collectives' messages (xcast, allgather, allgather results),
-//! direct-link and stream messages, and contact URIs. Errors are fine; panics are not. A collective or stream message
+//! direct-link and stream messages, clients' messages between daemons and on their local
+//! socket, and contact URIs. Errors are fine; panics are not. A collective or stream message
 //! that decodes is encoded again.
 #![no_main]
 
@@ -14,6 +15,8 @@ use tbon::oob::uri::ContactUri;
 use tbon::direct::DirectMsg;
 use tbon::relm::Control;
 use tbon::stream::StreamMsg;
+use tbon::clients::local::{LocalDecoder, ToClient, ToDaemon};
+use tbon::clients::wire::{Control as ClientControl, DataHeader};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&size, rest)) = data.split_first() else {
@@ -44,6 +47,22 @@ fuzz_target!(|data: &[u8]| {
     let _ = DirectMsg::decode(rest);
     if let Ok((id, m)) = StreamMsg::decode(&rest.to_vec().into()) {
         let _ = m.encode(id);
+    }
+    // Clients: between daemons, and the local socket's frames (a decoded frame encodes back).
+    let _ = ClientControl::decode(rest);
+    let _ = DataHeader::decode(rest.to_vec().into());
+    if let Ok(m) = ToDaemon::decode(rest.to_vec().into()) {
+        assert_eq!(&m.encode()[4..], rest);
+    }
+    if let Ok(m) = ToClient::decode(rest.to_vec().into()) {
+        let _ = m.encode();
+    }
+    let mut d = LocalDecoder::new(size as usize * 16);
+    let mut r = rest;
+    if d.read_from(&mut r).is_ok() {
+        while let Ok(Some(body)) = d.next_body() {
+            let _ = ToDaemon::decode(body);
+        }
     }
     if let Ok(s) = std::str::from_utf8(rest) {
         let _ = s.parse::<ContactUri>();
