@@ -22,6 +22,13 @@
  *   tbon_writer_fail), tbon_fetch then
  *   tbon_stream_read until 0 bytes (finished) or an error, tbon_stream_close; tbon_fetch_cb
  *   for a callback per chunk, tbon_fetch_cancel
+ *   clients (application processes routed through their daemon; README "Clients"): the daemon
+ *   (its client_socket set) opens a job with tbon_client_job (a key; tbon_client_socket_path
+ *   gives the socket) and hands both to the job's processes; a process connects with
+ *   tbon_client_connect or tbon_client_from_env -> tbon_client (a name: rank, local id), then
+ *   tbon_client_send / tbon_client_try_send / tbon_client_send_wait to another client by name,
+ *   tbon_client_recv (into the caller's buffer) or tbon_client_recv_cb, tbon_client_watch,
+ *   tbon_client_close; tbon_client_job_close stops admitting a job's processes
  *   tbon_shutdown / tbon_shutdown_dvm (rank 0: stop the whole DVM) / tbon_abort, then tbon_free
  *
  * RESULTS. Every call returns a tbon_rc (TBON_OK is 0). tbon_strerror(rc) describes a code;
@@ -36,16 +43,23 @@
  *
  * CALLBACKS (send completions, receive callbacks, fault handlers, collectives' results, gets'
  * answers, stream callbacks) run on the daemon's loop thread (a stream service's callback is the exception: it
- * runs on a thread of its own per stream and may block). Keep them short. Inside a callback you may call tbon_send, tbon_send_nocopy,
+ * runs on a thread of its own per stream and may block; a client's callbacks run on that
+ * client's own thread, one at a time, and may call tbon_client_send, tbon_client_try_send,
+ * tbon_client_recv_cb, tbon_client_cancel, tbon_client_watch and tbon_client_close, a send
+ * getting TBON_ERR_BUSY rather than waiting for room). Keep them short. Inside a callback
+ * you may call tbon_send, tbon_send_nocopy,
  * tbon_send_batch, tbon_send_routed, tbon_send_reliable,
  * tbon_broadcast, tbon_allgather, tbon_group_allgather, tbon_group_broadcast, tbon_group_new,
  * tbon_group_next_seq, tbon_group_free, tbon_put, tbon_commit, tbon_forget_group,
  * tbon_fence_cb, tbon_get_cb, tbon_recv, tbon_cancel, tbon_purge, tbon_rank, tbon_size, tbon_contact_uri,
- * tbon_fetch, tbon_fetch_cb, tbon_fetch_cancel, tbon_stream_close,
+ * tbon_fetch, tbon_fetch_cb, tbon_fetch_cancel, tbon_stream_close, tbon_client_socket_path,
+ * tbon_client_job_close, the client calls that do not wait (above),
  * tbon_strerror and tbon_last_error. The blocking calls (tbon_recv_blocking, tbon_barrier, tbon_group_barrier, tbon_fence,
  * tbon_get, tbon_wait_wired, tbon_wait_stopped,
  * tbon_counters_get, tbon_start, tbon_shutdown, tbon_shutdown_dvm, tbon_abort, tbon_free,
- * tbon_stream_read, tbon_writer_write, tbon_status_get, tbon_status_query) return
+ * tbon_stream_read, tbon_writer_write, tbon_status_get, tbon_status_query, tbon_client_job,
+ * tbon_client_job_with_key, tbon_client_connect, tbon_client_from_env, tbon_client_recv,
+ * tbon_client_send_wait) return
  * TBON_ERR_BUSY there instead of deadlocking. A send from a callback gets TBON_ERR_BUSY if the
  * command queue is full (from other threads it blocks until there is room: back-pressure).
  * The `void *user` pointers are handed back untouched, on the loop thread: what they point to
@@ -65,7 +79,8 @@
  * tbon_send_nocopy). Payloads are COPIED by tbon_send / tbon_send_reliable / tbon_broadcast
  * (and tbon_send_batch) before they return (the caller keeps ownership). tbon_send_nocopy lends the buffer instead
  * and gets a free callback. Received data is valid only during the receive callback;
- * tbon_recv_blocking and tbon_get copy into the caller's buffer; tbon_put copies the value.
+ * tbon_recv_blocking, tbon_get and tbon_client_recv copy into the caller's buffer; tbon_put
+ * copies the value; the tbon_client_*send calls copy the payload.
  *
  * MESSAGES. Tags below TBON_TAG_USER_MIN (100) are reserved. Plain sends (tbon_send,
  * tbon_send_nocopy, tbon_send_batch for many small messages at once) are not acknowledged end to end: a completion with TBON_OK means handed to
@@ -105,6 +120,31 @@
 // `tbon_send_routed`: ask the destination for a direct link if none is open or asked for
 // (unless a recent denial is cached).
 #define TBON_ROUTE_DIRECT 1
+
+// `tbon_client_recv`/`tbon_client_recv_cb`: as both `from_rank` and `from_local`, a message
+// from any client (one of them alone is `TBON_ERR_BAD_PARAM`).
+#define TBON_CLIENT_ANY 4294967295
+
+// `tbon_client_recv`/`tbon_client_recv_cb`: as `tag`, a message with any tag (a message
+// sent with tag 0xFFFFFFFF is then received only this way).
+#define TBON_TAG_ANY 4294967295
+
+// The size of the buffer `tbon_client_job` writes the job's client key into: 64 hexadecimal
+// digits and a NUL.
+#define TBON_CLIENT_KEY_HEX_SIZE 65
+
+// Sends of one client unanswered at once: `tbon_client_send` then waits for a result,
+// `tbon_client_try_send` returns `TBON_ERR_BUSY`.
+#define TBON_CLIENT_SENDS_INFLIGHT_MAX 256
+
+// Receives one client may have posted (`tbon_client_recv_cb`), and names it may watch
+// (`tbon_client_watch`): one more is `TBON_ERR_BUSY`.
+#define TBON_CLIENT_RECEIVES_MAX 4096
+
+// Messages one client holds for receives not yet made (beyond it the library stops reading
+// its socket, and the senders wait), and messages set aside by `tbon_client_recv` for being
+// longer than the buffer (beyond it a receive that matches none of them is `TBON_ERR_BUSY`).
+#define TBON_CLIENT_UNMATCHED_MAX 4096
 
 // The most members a group may have (`tbon_group_new`: `TBON_ERR_TOO_LARGE` beyond).
 #define TBON_GROUP_MEMBERS_MAX (1 << 20)
@@ -171,9 +211,12 @@ typedef enum {
   // members, a group's data for the exchange exceeds its bound (`tbon_put`), or a caller
   // buffer is too small (see the call).
   TBON_ERR_TOO_LARGE = 5,
-  // The destination is known to have failed (for `tbon_get`: the owner of the value).
+  // The destination is known to have failed (for `tbon_get`: the owner of the value; for a
+  // client's send: the receiver's daemon died before answering, and the message may or may
+  // not have arrived).
   TBON_ERR_NODE_DOWN = 6,
-  // No route leads to the destination.
+  // No route leads to the destination (`tbon_client_connect`: no daemon at the socket, or
+  // it broke the protocol).
   TBON_ERR_UNREACHABLE = 7,
   // A bounded queue is full (retry later), or a blocking call was made from a callback.
   TBON_ERR_BUSY = 8,
@@ -222,6 +265,22 @@ typedef enum {
   // another broadcast root, another fence mode); every member ends it with this. The
   // members are out of step; the group stays usable for the next number.
   TBON_ERR_MISMATCH = 25,
+  // Clients: no client of that name was ever admitted by its daemon (or the rank is not in
+  // the DVM).
+  TBON_ERR_UNKNOWN_CLIENT = 26,
+  // Clients: the receiver belongs to a job that does not accept messages from the
+  // sender's (`accept_from` of `tbon_client_job`).
+  TBON_ERR_NOT_PERMITTED = 27,
+  // Clients: the receiver has exited; the message was not delivered.
+  TBON_ERR_CLIENT_GONE = 28,
+  // Clients: this client's connection to its daemon is gone (the daemon died or stopped,
+  // or the client was closed): nothing more can be sent or received.
+  TBON_ERR_DAEMON_LOST = 29,
+  // Clients: the daemon refused the connection (wrong key, job not open, uid not allowed,
+  // too many clients; the daemon's reason in `tbon_last_error`).
+  TBON_ERR_REFUSED = 30,
+  // Clients: the daemon has no client socket (its `client_socket` setting is unset).
+  TBON_ERR_NO_SOCKET = 31,
 } tbon_rc;
 
 // A log record's level (`tbon_log_callback`), most severe first; `TBON_LOG_OFF` records
@@ -264,6 +323,17 @@ typedef enum {
   // Rank 0 confirmed the death to every daemon, with a new epoch.
   TBON_SCOPE_GLOBAL = 1,
 } tbon_scope;
+
+// Why a watched client is reported gone (`tbon_client_watch_cb`).
+typedef enum {
+  // Its connection to its daemon closed: it exited, crashed or called `tbon_client_close`
+  // (also before the watch reached its daemon).
+  TBON_CLIENT_EXITED = 1,
+  // Its daemon died (or stopped), or was known dead when the watch was made.
+  TBON_CLIENT_DAEMON_DIED = 2,
+  // No client of that name was ever admitted (or the rank is not in the DVM).
+  TBON_CLIENT_UNKNOWN = 3,
+} tbon_client_exit;
 
 // What a status says of one rank (`tbon_status_rank`).
 typedef enum {
@@ -579,6 +649,31 @@ typedef struct {
   uint64_t modex_evicted;
 } tbon_counters;
 
+// A client process's connection to its daemon: an id from `tbon_client_connect` or
+// `tbon_client_from_env`, valid until `tbon_client_close`; 0 is never valid.
+typedef uint64_t tbon_client;
+
+// Client receive callback (`tbon_client_recv_cb`): the sender's name (`from_rank`,
+// `from_local`), the tag, and the payload (`data` NULL when `len` is 0), valid only during
+// the call: copy what you keep.
+typedef void (*tbon_client_msg_cb)(uint32_t from_rank,
+                                   uint32_t from_local,
+                                   uint32_t tag,
+                                   const uint8_t *data,
+                                   size_t len,
+                                   void *user);
+
+// Watch callback (`tbon_client_watch`): called once with the watched client's name and why
+// it is gone.
+typedef void (*tbon_client_watch_cb)(uint32_t rank,
+                                     uint32_t local,
+                                     tbon_client_exit reason,
+                                     void *user);
+
+// Daemon-lost callback (`tbon_client_on_daemon_lost`): called once with why the connection
+// ended (NUL-terminated, valid during the call only).
+typedef void (*tbon_client_lost_cb)(const char *reason, void *user);
+
 // A group of daemons for group collectives (the daemons one job runs on): an id from
 // `tbon_group_new`, valid until `tbon_group_free`; 0 is never valid.
 typedef uint64_t tbon_group;
@@ -820,11 +915,12 @@ tbon_rc tbon_stop_reason(tbon_daemon d, tbon_stop *reason, char *buf, size_t *le
 // short bounded linger, sockets close, and the loop thread is joined before this returns, so
 // no callback of this daemon runs afterwards. The handle stays valid until `tbon_free`:
 // whatever needs a running daemon (sends, broadcasts, collectives, the data exchange,
-// receives, fault handlers, counters, status, streams) then gives `TBON_ERR_SHUT_DOWN`; the
-// queries still answer (`tbon_contact_uri`, `tbon_rank`, `tbon_size`, `tbon_stop_reason`,
-// `tbon_wait_stopped`, and `tbon_wait_wired`: `TBON_OK` if wire-up had completed); cleanup
-// has nothing left to do and is `TBON_OK` (`tbon_cancel`, `tbon_purge`, `tbon_fetch_cancel`,
-// `tbon_forget_group`), as is stopping again (`tbon_shutdown`, `tbon_shutdown_dvm`,
+// receives, fault handlers, counters, status, streams, opening a job for clients) then gives
+// `TBON_ERR_SHUT_DOWN`; the queries still answer (`tbon_contact_uri`, `tbon_rank`,
+// `tbon_size`, `tbon_stop_reason`, `tbon_wait_stopped`, `tbon_client_socket_path`, and
+// `tbon_wait_wired`: `TBON_OK` if wire-up had completed); cleanup has nothing left to do and
+// is `TBON_OK` (`tbon_cancel`, `tbon_purge`, `tbon_fetch_cancel`, `tbon_forget_group`,
+// `tbon_client_job_close`), as is stopping again (`tbon_shutdown`, `tbon_shutdown_dvm`,
 // `tbon_abort`). After `tbon_free` every call with the handle gives `TBON_ERR_BAD_HANDLE`.
 // Not from a callback.
 tbon_rc tbon_shutdown(tbon_daemon d);
@@ -1014,6 +1110,218 @@ tbon_rc tbon_on_fault(tbon_daemon d, tbon_fault_cb cb, void *user);
 // Fills `*out` with a snapshot of this daemon's counters (a round trip to the loop thread).
 // Not from a callback (`TBON_ERR_BUSY`).
 tbon_rc tbon_counters_get(tbon_daemon d, tbon_counters *out);
+
+// Opens `job` for client processes on daemon `d`, with a fresh random key, and writes the key
+// as 64 hexadecimal digits and a NUL into `key_hex` (`TBON_CLIENT_KEY_HEX_SIZE` bytes). Give
+// the processes of the job the key, the job's number and the daemon's socket
+// (`tbon_client_socket_path`), for example as the variables `tbon_client_from_env` reads
+// (`TBON_CLIENT_SOCKET`, `TBON_CLIENT_JOB`, `TBON_CLIENT_KEY`); keep the key private. The
+// job's clients may message only clients of `job`, and clients of the `n_accept` jobs at
+// `accept_from` (NULL when `n_accept` is 0; copied) may message them (each receiver's own
+// daemon decides). Opening a job again makes a new key (clients admitted stay) and replaces
+// the list. The job is open once this returns: its processes may connect at once.
+//
+// Errors: `TBON_ERR_NO_SOCKET` (the daemon's `client_socket` setting is unset),
+// `TBON_ERR_BUSY` (1,024 jobs open on this daemon; or from a callback: this call waits for
+// the daemon's loop), `TBON_ERR_SHUT_DOWN`, `TBON_ERR_BAD_PARAM` (`key_hex` NULL,
+// `accept_from` NULL with `n_accept` > 0), `TBON_ERR_BAD_HANDLE`.
+tbon_rc tbon_client_job(tbon_daemon d,
+                        uint64_t job,
+                        const uint64_t *accept_from,
+                        size_t n_accept,
+                        char *key_hex);
+
+// `tbon_client_job` with the key the caller chose (`key_hex`: 64 hexadecimal digits,
+// NUL-terminated): a resource manager that starts one job's processes on many nodes gives
+// every daemon of the job the same key, so that one environment serves every process. Make
+// the key from 32 bytes of a cryptographic random source (`tbon keygen FILE` writes one).
+// Errors as `tbon_client_job`, and `TBON_ERR_BAD_PARAM` for a key that is not 64
+// hexadecimal digits.
+tbon_rc tbon_client_job_with_key(tbon_daemon d,
+                                 uint64_t job,
+                                 const char *key_hex,
+                                 const uint64_t *accept_from,
+                                 size_t n_accept);
+
+// Copies the path of daemon `d`'s client socket (its `client_socket` setting), NUL-terminated,
+// into `buf`, as `tbon_contact_uri` does: `*len` is the size of `buf` on entry and the size
+// needed on return; `TBON_ERR_TOO_LARGE` (nothing copied) if `buf` is too small or NULL.
+// `TBON_ERR_NO_SOCKET` if the setting is unset. Answers also once the daemon stopped.
+tbon_rc tbon_client_socket_path(tbon_daemon d, char *buf, size_t *len);
+
+// No new client of `job` is admitted on daemon `d` (its clients connected stay until they
+// exit). `TBON_OK` also for a job never opened, and once the daemon stopped (nothing is left
+// to close). `TBON_ERR_BUSY` from a callback when the command queue is full.
+tbon_rc tbon_client_job_close(tbon_daemon d, uint64_t job);
+
+// Connects to the daemon's client socket at `socket` as a process of `job` holding its key
+// (`key_hex`, 64 hexadecimal digits, as `tbon_client_job` wrote it) and stores the client's
+// handle in `*out`. Waits for the daemon's answer (at most 10 s). Errors:
+// `TBON_ERR_REFUSED` (the daemon did not admit it: wrong key, job not open, uid not in
+// `client_uids`, too many clients; its reason in `tbon_last_error`), `TBON_ERR_UNREACHABLE`
+// (no daemon at `socket`, or it broke the protocol; the cause in `tbon_last_error`),
+// `TBON_ERR_BAD_PARAM` (NULL or non-UTF-8 `socket`, a bad key, NULL `out`), `TBON_ERR_BUSY`
+// (from a callback).
+tbon_rc tbon_client_connect(const char *socket,
+                            uint64_t job,
+                            const char *key_hex,
+                            tbon_client *out);
+
+// `tbon_client_connect` with what the environment holds: `TBON_CLIENT_SOCKET`,
+// `TBON_CLIENT_JOB` (the job's number) and `TBON_CLIENT_KEY` (its key, 64 hexadecimal
+// digits), what a resource manager sets for the processes it starts. `TBON_ERR_CONFIG` when
+// one is unset or malformed (its name in `tbon_last_error`); otherwise as
+// `tbon_client_connect`.
+tbon_rc tbon_client_from_env(tbon_client *out);
+
+// Closes client `c` and frees its handle; 0 does nothing (`TBON_OK`). Its daemon removes it,
+// and the clients watching it are told `TBON_CLIENT_EXITED`. Calls on `c` in progress on
+// other threads end first (a wait ends `TBON_ERR_DAEMON_LOST` within 50 ms); then the
+// connection closes: the callbacks of sends still unanswered get `TBON_ERR_DAEMON_LOST` and
+// the daemon-lost callbacks run, on the client's thread, before this returns. Afterwards no
+// callback of `c` runs any more: the safe point to free their `user` data. From a callback,
+// this does not wait: the connection closes once the calls on `c` in progress returned, and
+// those last callbacks may run after this returns (after the calling callback, when it is
+// one of `c`'s). `TBON_ERR_BAD_HANDLE` if `c` is not a client (or was closed already).
+tbon_rc tbon_client_close(tbon_client c);
+
+// Stores client `c`'s name in `*rank` (its daemon's rank) and `*local` (its id at that
+// daemon, from 1, never reused while the daemon runs); either may be NULL.
+tbon_rc tbon_client_name(tbon_client c, uint32_t *rank, uint32_t *local);
+
+// Stores the DVM's size in `*size` (client names have ranks below it).
+tbon_rc tbon_client_size(tbon_client c, uint32_t *size);
+
+// Stores in `*max` the largest payload client `c` may send (the DVM's `msg_max_bytes` less
+// the 28-byte header a client message carries between daemons): a buffer that large receives
+// any message.
+tbon_rc tbon_client_msg_max(tbon_client c, size_t *max);
+
+// Sends `len` bytes at `data` (COPIED before this returns; NULL when `len` is 0) with `tag`
+// (at least `TBON_TAG_USER_MIN`) to client (`rank`, `local`). Messages from one client to
+// another arrive in the order sent, each once. `cb` (may be NULL) is called exactly once,
+// on the client's thread, if and only if this returns `TBON_OK`: `TBON_OK` once the
+// receiver's daemon has queued the message for the receiver, or why it never will be:
+// `TBON_ERR_UNKNOWN_CLIENT` (no such client was ever admitted, or the rank is not in the
+// DVM), `TBON_ERR_NOT_PERMITTED` (the receiver's job does not accept this client's),
+// `TBON_ERR_CLIENT_GONE` (the receiver exited), `TBON_ERR_NODE_DOWN` (the receiver's daemon
+// died before answering: the message may or may not have arrived), `TBON_ERR_DAEMON_LOST`
+// (this client's daemon is gone, or this client was closed).
+//
+// Waits while `TBON_CLIENT_SENDS_INFLIGHT_MAX` sends are unanswered (from a callback:
+// `TBON_ERR_BUSY` instead). Returned at once: `TBON_ERR_RESERVED_TAG`, `TBON_ERR_TOO_LARGE`
+// (above `tbon_client_msg_max`), `TBON_ERR_DAEMON_LOST`, `TBON_ERR_BAD_PARAM`,
+// `TBON_ERR_BAD_HANDLE`.
+tbon_rc tbon_client_send(tbon_client c,
+                         uint32_t rank,
+                         uint32_t local,
+                         uint32_t tag,
+                         const void *data,
+                         size_t len,
+                         tbon_send_cb cb,
+                         void *user);
+
+// `tbon_client_send` that never waits: `TBON_ERR_BUSY` (nothing sent, `cb` not called) while
+// `TBON_CLIENT_SENDS_INFLIGHT_MAX` sends are unanswered.
+tbon_rc tbon_client_try_send(tbon_client c,
+                             uint32_t rank,
+                             uint32_t local,
+                             uint32_t tag,
+                             const void *data,
+                             size_t len,
+                             tbon_send_cb cb,
+                             void *user);
+
+// Sends as `tbon_client_send` and waits for the result, at most `timeout_ms`
+// (`TBON_WAIT_FOREVER`: no limit): the code `cb` would get, or `TBON_ERR_TIMED_OUT` (the
+// message may still be delivered), or an error returned at once. Not from a callback
+// (`TBON_ERR_BUSY`).
+tbon_rc tbon_client_send_wait(tbon_client c,
+                              uint32_t rank,
+                              uint32_t local,
+                              uint32_t tag,
+                              const void *data,
+                              size_t len,
+                              uint32_t timeout_ms);
+
+// Waits up to `timeout_ms` (`TBON_WAIT_FOREVER`: no limit) for a message from client
+// (`from_rank`, `from_local`) (both `TBON_CLIENT_ANY`: any client) with `tag`
+// (`TBON_TAG_ANY`: any tag), and copies its payload into `buf` (`cap` bytes). `*len` (`len`
+// not NULL) gets the payload's length; `*from_rank`, `*from_local` and `*tag_out` (each may
+// be NULL) the sender and the tag. Messages from one sender come in the order it sent them.
+// Messages a posted receive (`tbon_client_recv_cb`) matches never come here.
+//
+// A message longer than `cap` is NOT consumed: `TBON_ERR_TOO_LARGE` with its length, sender
+// and tag stored, nothing copied, and the message set aside for this client: the next
+// receive (this call or `tbon_client_recv_cb`) that matches it gets it before any other. So
+// `buf` NULL with `cap` 0 asks the next message's length; a buffer of `tbon_client_msg_max`
+// bytes takes any message. `buf` may be NULL only when `cap` is 0.
+//
+// Errors: `TBON_ERR_TIMED_OUT` (nothing taken), `TBON_ERR_DAEMON_LOST` (the daemon is gone
+// and nothing matching is left, or the client was closed), `TBON_ERR_BUSY`
+// (`TBON_CLIENT_UNMATCHED_MAX` messages set aside and none matches; or from a callback),
+// `TBON_ERR_BAD_PARAM` (`len` NULL, `buf` NULL with `cap` > 0, one wildcard of the two),
+// `TBON_ERR_BAD_HANDLE`.
+tbon_rc tbon_client_recv(tbon_client c,
+                         uint32_t from_rank,
+                         uint32_t from_local,
+                         uint32_t tag,
+                         void *buf,
+                         size_t cap,
+                         size_t *len,
+                         uint32_t *from_rank_out,
+                         uint32_t *from_local_out,
+                         uint32_t *tag_out,
+                         uint32_t timeout_ms);
+
+// Posts a receive: `cb` (not NULL) gets each message from client (`from_rank`, `from_local`)
+// (both `TBON_CLIENT_ANY`: any) with `tag` (`TBON_TAG_ANY`: any), once if `persistent` is 0,
+// else every one until `tbon_client_cancel`. Messages already held (those set aside by
+// `tbon_client_recv` first) are matched at once, on the calling thread before this returns;
+// later ones on the client's thread. Posted receives are tried in the order posted.
+// `*id` (if `id` is not NULL) gets the receive's id for `tbon_client_cancel`. Errors:
+// `TBON_ERR_BUSY` (`TBON_CLIENT_RECEIVES_MAX` receives posted), `TBON_ERR_BAD_PARAM` (a NULL
+// `cb`, one wildcard of the two), `TBON_ERR_DAEMON_LOST` (the client was closed),
+// `TBON_ERR_BAD_HANDLE`. A receive posted once the daemon is gone stays posted, unmatched.
+tbon_rc tbon_client_recv_cb(tbon_client c,
+                            uint32_t from_rank,
+                            uint32_t from_local,
+                            uint32_t tag,
+                            int persistent,
+                            tbon_client_msg_cb cb,
+                            void *user,
+                            uint64_t *id);
+
+// Withdraws the receive `id` posted on client `c` (`tbon_client_recv_cb`); `TBON_OK` also if
+// it is gone (a one-shot receive that matched, an unknown id). A callback already running
+// finishes.
+tbon_rc tbon_client_cancel(tbon_client c, uint64_t id);
+
+// `cb` (not NULL) runs once, on the client's thread, when client (`rank`, `local`) exits
+// (`TBON_CLIENT_EXITED`), when its daemon dies (`TBON_CLIENT_DAEMON_DIED`), or, through the
+// daemon, at once if it is not alive: `TBON_CLIENT_EXITED` if it had exited,
+// `TBON_CLIENT_UNKNOWN` if it never was. Any client may watch any other, of any job.
+// Errors: `TBON_ERR_BUSY` (`TBON_CLIENT_RECEIVES_MAX` names watched),
+// `TBON_ERR_DAEMON_LOST` (this client's daemon is gone, or the client was closed; `cb` is
+// then never called), `TBON_ERR_BAD_PARAM`, `TBON_ERR_BAD_HANDLE`.
+tbon_rc tbon_client_watch(tbon_client c,
+                          uint32_t rank,
+                          uint32_t local,
+                          tbon_client_watch_cb cb,
+                          void *user);
+
+// Whether client `c`'s connection to its daemon ended (the daemon died or stopped, or broke
+// the protocol): `*lost` 1 or 0. If `len` is not NULL, also why, as `tbon_stop_reason` gives
+// its text: `*len` is the buffer's size on entry and the size the text needs (with its NUL;
+// "" while connected) on return; with `buf` NULL that is all, else the text is copied, or
+// `TBON_ERR_TOO_LARGE` if it does not fit (`*lost` is stored all the same). Never blocks.
+tbon_rc tbon_client_daemon_lost(tbon_client c, int *lost, char *buf, size_t *len);
+
+// `cb` (not NULL) runs once when client `c`'s connection to its daemon ends, with why: on the
+// client's thread (also during `tbon_client_close`), or at once on this thread if it has
+// ended already. Receives and sends then fail `TBON_ERR_DAEMON_LOST`; the client cannot
+// reconnect (close it and connect anew once a daemon serves the socket again).
+tbon_rc tbon_client_on_daemon_lost(tbon_client c, tbon_client_lost_cb cb, void *user);
 
 // Makes a group of the `nmembers` ranks at `members` (any order; duplicates count once) under
 // `context`, and stores its handle in `*out`. A group is what one job's collectives run

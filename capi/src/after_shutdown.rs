@@ -68,6 +68,10 @@ fn every_call(d: tbon_daemon) -> Vec<(&'static str, tbon_rc)> {
     let mut group = 0;
     let key = CString::new("endpoint").unwrap();
     let mut vlen = 0usize;
+    let mut hex = [0 as c_char; TBON_CLIENT_KEY_HEX_SIZE];
+    let client_key = CString::new("ab".repeat(32)).unwrap();
+    let mut path = [0 as c_char; 256];
+    let mut plen = path.len();
     // SAFETY: every pointer is valid for its call; the callbacks do nothing.
     unsafe {
         assert_eq!(
@@ -203,6 +207,19 @@ fn every_call(d: tbon_daemon) -> Vec<(&'static str, tbon_rc)> {
             ),
         ));
         out.push(("fetch_cancel", tbon_fetch_cancel(d, 1)));
+        out.push((
+            "client_job",
+            tbon_client_job(d, 1, [2u64].as_ptr(), 1, hex.as_mut_ptr()),
+        ));
+        out.push((
+            "client_job_with_key",
+            tbon_client_job_with_key(d, 1, client_key.as_ptr(), null(), 0),
+        ));
+        out.push((
+            "client_socket_path",
+            tbon_client_socket_path(d, path.as_mut_ptr(), &mut plen),
+        ));
+        out.push(("client_job_close", tbon_client_job_close(d, 1)));
         out.push(("shutdown", tbon_shutdown(d)));
         out.push(("shutdown_dvm", tbon_shutdown_dvm(d)));
         out.push(("abort", tbon_abort(d)));
@@ -214,6 +231,7 @@ fn every_call(d: tbon_daemon) -> Vec<(&'static str, tbon_rc)> {
 #[test]
 fn every_call_after_shutdown_and_after_free_answers_as_documented() {
     let key = std::env::temp_dir().join(format!("tbon-ffi-after-{}.key", std::process::id()));
+    let socket = std::env::temp_dir().join(format!("tbon-ffi-after-{}.sock", std::process::id()));
     std::fs::write(&key, "after-shutdown-test-key-0123456789").unwrap();
     let mut cfg = 0;
     let set = |cfg, k: &str, v: &str| {
@@ -230,6 +248,10 @@ fn every_call_after_shutdown_and_after_free_answers_as_documented() {
             set(cfg, "key_file", key.to_str().unwrap()),
             tbon_rc::TBON_OK
         );
+        assert_eq!(
+            set(cfg, "client_socket", socket.to_str().unwrap()),
+            tbon_rc::TBON_OK
+        );
         assert_eq!(tbon_start(cfg, 0, 1, null(), &mut d), tbon_rc::TBON_OK);
         assert_eq!(tbon_wait_wired(d, 10_000), tbon_rc::TBON_OK);
         assert_eq!(tbon_shutdown(d), tbon_rc::TBON_OK);
@@ -243,9 +265,16 @@ fn every_call_after_shutdown_and_after_free_answers_as_documented() {
         "wait_stopped",
         "stop_reason",
         "wait_wired", // it was wired before it stopped
+        "client_socket_path",
     ];
     let stopping_again = ["shutdown", "shutdown_dvm", "abort"];
-    let cleanup = ["cancel", "purge", "fetch_cancel", "forget_group"];
+    let cleanup = [
+        "cancel",
+        "purge",
+        "fetch_cancel",
+        "forget_group",
+        "client_job_close",
+    ];
     let mut wrong = Vec::new();
     for (name, rc) in every_call(d) {
         let want = if [&answers_anyway[..], &stopping_again, &cleanup]

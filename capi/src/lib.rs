@@ -18,10 +18,12 @@
 
 #[cfg(test)]
 mod after_shutdown;
+mod clients;
 mod groups;
 mod modex;
 mod status;
 mod streams;
+pub use clients::*;
 pub use groups::*;
 pub use modex::*;
 pub use status::*;
@@ -59,9 +61,12 @@ pub enum tbon_rc {
     /// members, a group's data for the exchange exceeds its bound (`tbon_put`), or a caller
     /// buffer is too small (see the call).
     TBON_ERR_TOO_LARGE = 5,
-    /// The destination is known to have failed (for `tbon_get`: the owner of the value).
+    /// The destination is known to have failed (for `tbon_get`: the owner of the value; for a
+    /// client's send: the receiver's daemon died before answering, and the message may or may
+    /// not have arrived).
     TBON_ERR_NODE_DOWN = 6,
-    /// No route leads to the destination.
+    /// No route leads to the destination (`tbon_client_connect`: no daemon at the socket, or
+    /// it broke the protocol).
     TBON_ERR_UNREACHABLE = 7,
     /// A bounded queue is full (retry later), or a blocking call was made from a callback.
     TBON_ERR_BUSY = 8,
@@ -110,6 +115,22 @@ pub enum tbon_rc {
     /// another broadcast root, another fence mode); every member ends it with this. The
     /// members are out of step; the group stays usable for the next number.
     TBON_ERR_MISMATCH = 25,
+    /// Clients: no client of that name was ever admitted by its daemon (or the rank is not in
+    /// the DVM).
+    TBON_ERR_UNKNOWN_CLIENT = 26,
+    /// Clients: the receiver belongs to a job that does not accept messages from the
+    /// sender's (`accept_from` of `tbon_client_job`).
+    TBON_ERR_NOT_PERMITTED = 27,
+    /// Clients: the receiver has exited; the message was not delivered.
+    TBON_ERR_CLIENT_GONE = 28,
+    /// Clients: this client's connection to its daemon is gone (the daemon died or stopped,
+    /// or the client was closed): nothing more can be sent or received.
+    TBON_ERR_DAEMON_LOST = 29,
+    /// Clients: the daemon refused the connection (wrong key, job not open, uid not allowed,
+    /// too many clients; the daemon's reason in `tbon_last_error`).
+    TBON_ERR_REFUSED = 30,
+    /// Clients: the daemon has no client socket (its `client_socket` setting is unset).
+    TBON_ERR_NO_SOCKET = 31,
 }
 
 /// Which repair a fault handler reports.
@@ -764,6 +785,8 @@ struct DaemonEntry {
     handle: Handle,
     /// The owner; taken by `tbon_free`.
     owner: Mutex<Option<Daemon>>,
+    /// The `client_socket` setting it started with (`tbon_client_socket_path`).
+    client_socket: Option<String>,
 }
 
 #[derive(Default)]
@@ -775,6 +798,7 @@ struct Registry {
     streams: HashMap<u64, Arc<streams::StreamEntry>>,
     statuses: HashMap<u64, status::StatusEntry>,
     groups: HashMap<u64, groups::GroupEntry>,
+    clients: HashMap<u64, Arc<clients::ClientEntry>>,
 }
 
 impl Registry {
@@ -803,6 +827,9 @@ impl Registry {
         }
         if self.groups.is_empty() {
             self.groups = HashMap::new();
+        }
+        if self.clients.is_empty() {
+            self.clients = HashMap::new();
         }
     }
 }
@@ -945,6 +972,12 @@ pub extern "C" fn tbon_strerror(rc: c_int) -> *const c_char {
         23 => c"the group collective's result was lost",
         24 => c"no such key",
         25 => c"the group's members called different collectives",
+        26 => c"no such client",
+        27 => c"the receiver's job does not accept this client's",
+        28 => c"the client has exited",
+        29 => c"the client's daemon is gone",
+        30 => c"the daemon refused the client",
+        31 => c"the daemon has no client socket",
         _ => c"unknown tbon_rc",
     };
     s.as_ptr()
@@ -1063,9 +1096,10 @@ pub unsafe extern "C" fn tbon_start(
             Some(unsafe { str_arg(hnp_uri, "hnp_uri")? })
         };
         let config = config_of(cfg)?;
+        let socket = config.client_socket.clone();
         let daemon = started(tbon::start(config, rank, size, hnp))?;
         // SAFETY: checked above.
-        unsafe { register(daemon, out) };
+        unsafe { register(daemon, socket, out) };
         Ok(())
     })
 }
@@ -1101,14 +1135,15 @@ fn started(r: Result<tbon::Daemon, StartError>) -> Result<tbon::Daemon, Fail> {
     }
 }
 
-/// Puts `daemon` in the registry and its id in `*out`.
+/// Puts `daemon` (started with `client_socket`) in the registry and its id in `*out`.
 ///
 /// # Safety
 /// `out` is non-null and writable.
-unsafe fn register(daemon: tbon::Daemon, out: *mut tbon_daemon) {
+unsafe fn register(daemon: tbon::Daemon, client_socket: Option<String>, out: *mut tbon_daemon) {
     let entry = Arc::new(DaemonEntry {
         handle: daemon.handle(),
         owner: Mutex::new(Some(daemon)),
+        client_socket,
     });
     let mut r = registry();
     let id = r.new_id();
@@ -1180,9 +1215,10 @@ pub unsafe extern "C" fn tbon_launch(
                 );
             }
         };
+        let socket = config.client_socket.clone();
         let daemon = started(tbon::launch::launch(config, placement, &how))?;
         // SAFETY: checked above.
-        unsafe { register(daemon, out) };
+        unsafe { register(daemon, socket, out) };
         Ok(())
     })
 }
@@ -1348,11 +1384,12 @@ fn stop_call(d: tbon_daemon, call: &str, f: impl FnOnce(&Handle)) -> Res {
 /// short bounded linger, sockets close, and the loop thread is joined before this returns, so
 /// no callback of this daemon runs afterwards. The handle stays valid until `tbon_free`:
 /// whatever needs a running daemon (sends, broadcasts, collectives, the data exchange,
-/// receives, fault handlers, counters, status, streams) then gives `TBON_ERR_SHUT_DOWN`; the
-/// queries still answer (`tbon_contact_uri`, `tbon_rank`, `tbon_size`, `tbon_stop_reason`,
-/// `tbon_wait_stopped`, and `tbon_wait_wired`: `TBON_OK` if wire-up had completed); cleanup
-/// has nothing left to do and is `TBON_OK` (`tbon_cancel`, `tbon_purge`, `tbon_fetch_cancel`,
-/// `tbon_forget_group`), as is stopping again (`tbon_shutdown`, `tbon_shutdown_dvm`,
+/// receives, fault handlers, counters, status, streams, opening a job for clients) then gives
+/// `TBON_ERR_SHUT_DOWN`; the queries still answer (`tbon_contact_uri`, `tbon_rank`,
+/// `tbon_size`, `tbon_stop_reason`, `tbon_wait_stopped`, `tbon_client_socket_path`, and
+/// `tbon_wait_wired`: `TBON_OK` if wire-up had completed); cleanup has nothing left to do and
+/// is `TBON_OK` (`tbon_cancel`, `tbon_purge`, `tbon_fetch_cancel`, `tbon_forget_group`,
+/// `tbon_client_job_close`), as is stopping again (`tbon_shutdown`, `tbon_shutdown_dvm`,
 /// `tbon_abort`). After `tbon_free` every call with the handle gives `TBON_ERR_BAD_HANDLE`.
 /// Not from a callback.
 #[unsafe(no_mangle)]

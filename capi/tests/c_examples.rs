@@ -184,3 +184,8 @@ fn c_group_two_jobs_on_overlapping_daemons_run_their_own_collectives() {
 fn c_modex_two_jobs_exchange_endpoints_by_full_and_direct_fence() {
     run_example("modex");
 }
+
+#[test]
+fn c_client_processes_of_two_jobs_talk_through_their_daemons() {
+    run_example("client");
+}
