@@ -14,7 +14,23 @@ use tbon::{Client, ClientError, ClientName, Daemon, ExitReason};
 
 const TAG: u32 = 200;
 
-fn dvm(size: u32, name: &str) -> (Vec<Daemon>, std::path::PathBuf) {
+/// The test's folder (the daemons' sockets), removed at the end.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+fn dvm(size: u32, name: &str) -> (Vec<Daemon>, TempDir) {
     let dir = std::env::temp_dir().join(format!("tbon-clients-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let d = dir.clone();
@@ -23,7 +39,7 @@ fn dvm(size: u32, name: &str) -> (Vec<Daemon>, std::path::PathBuf) {
         c.client_socket = Some(d.join(format!("d{r}.sock")).display().to_string());
         c
     });
-    (dvm, dir)
+    (dvm, TempDir(dir))
 }
 
 fn connect(cred: &ClientCredential) -> Client {
@@ -298,5 +314,47 @@ fn a_daemons_death_reaches_its_clients_and_those_that_watch_or_send() {
     assert_eq!(
         watcher.send_wait(vname, TAG, &b"after"[..], Some(HANG_GUARD)),
         Err(ClientError::NodeDown(3))
+    );
+}
+
+#[test]
+fn shutdown_from_another_thread_ends_blocked_calls_and_a_closed_job_keeps_its_clients() {
+    let (dvm, _dir) = dvm(2, "shutdown");
+    let h = dvm[1].handle();
+    assert_eq!(h.client_socket(), Some(_dir.join("d1.sock").as_path()));
+    let cred5 = h.client_job(5, &[6]).unwrap();
+    let receiver = connect(&cred5);
+    let other = connect(&h.client_job(6, &[]).unwrap());
+    // Closed: no new client of job 5, but its receiver still accepts job 6.
+    h.client_job_close(5).unwrap();
+    let e = Client::connect(&cred5.socket, 5, &cred5.key).unwrap_err();
+    assert!(matches!(&e, ClientError::Refused(r) if r.contains("not open")), "{e}");
+    other
+        .send_wait(receiver.name(), TAG, &b"still"[..], Some(HANG_GUARD))
+        .unwrap();
+    assert_eq!(
+        &receiver.recv(None, None, Some(HANG_GUARD)).unwrap().payload[..],
+        b"still"
+    );
+    // A receive blocked for ever ends when another thread shuts the client down.
+    std::thread::scope(|s| {
+        let blocked = s.spawn(|| receiver.recv(None, Some(TAG), None));
+        std::thread::sleep(Duration::from_millis(100));
+        receiver.shutdown();
+        assert_eq!(blocked.join().unwrap(), Err(ClientError::DaemonLost));
+    });
+    assert_eq!(
+        receiver.send_wait(other.name(), TAG, &b"x"[..], None),
+        Err(ClientError::DaemonLost)
+    );
+    // Its daemon forgets it: the other's next send says it is gone.
+    let name = receiver.name();
+    let (tx, rx) = mpsc::channel();
+    other
+        .watch(name, move |n, why| tx.send((n, why)).unwrap())
+        .unwrap();
+    assert_eq!(
+        rx.recv_timeout(HANG_GUARD).unwrap(),
+        (name, ExitReason::Exited)
     );
 }

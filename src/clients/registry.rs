@@ -52,6 +52,9 @@ pub enum Carried {
 struct Job {
     key: [u8; 32],
     accept_from: Vec<JobId>,
+    /// Closed: admits no new client, kept while clients of the job remain (its
+    /// `accept_from` still decides what reaches them).
+    open: bool,
 }
 
 struct Local {
@@ -156,13 +159,32 @@ impl Clients {
         if !self.jobs.contains_key(&job) && self.jobs.len() >= CLIENT_JOBS_MAX {
             return false;
         }
-        self.jobs.insert(job, Job { key, accept_from });
+        self.jobs.insert(
+            job,
+            Job {
+                key,
+                accept_from,
+                open: true,
+            },
+        );
         true
     }
 
-    /// No new client of `job` is admitted (those connected stay until they exit).
+    /// No new client of `job` is admitted; those connected stay until they exit, under the
+    /// job's `accept_from` (the job counts against `CLIENT_JOBS_MAX` until the last is gone).
     pub fn close_job(&mut self, job: JobId) {
-        self.jobs.remove(&job);
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.open = false;
+        }
+        self.forget_closed(job);
+    }
+
+    /// Drops closed job `job` once none of its clients remains.
+    fn forget_closed(&mut self, job: JobId) {
+        let closed = self.jobs.get(&job).is_some_and(|j| !j.open);
+        if closed && !self.locals.values().any(|l| l.job == job) {
+            self.jobs.remove(&job);
+        }
     }
 
     /// A connection's `Hello`: admitted (its name) or refused (why, for the log and the
@@ -199,7 +221,7 @@ impl Clients {
         if !self.uids.contains(&uid) {
             return Err(format!("uid {uid} is not among client_uids"));
         }
-        let Some(j) = self.jobs.get(&job) else {
+        let Some(j) = self.jobs.get(&job).filter(|j| j.open) else {
             return Err(format!("job {job} is not open on this daemon"));
         };
         if !constant_time_eq(&j.key, key) {
@@ -589,6 +611,7 @@ impl Clients {
             return;
         };
         self.counters.live = self.locals.len() as u64;
+        self.forget_closed(l.job);
         self.inflight.retain(|(c, _), _| *c != local);
         self.turns.retain(|c| *c != local);
         let reason = ExitReason::Exited.code();

@@ -280,3 +280,23 @@ fn frames_round_trip_and_oversized_or_garbled_ones_are_refused() {
     assert!(ToDaemon::decode(Bytes::from_static(&[99])).is_err());
     assert!(ToClient::decode(Bytes::new()).is_err());
 }
+
+#[test]
+fn a_closed_job_keeps_accepting_for_its_clients_until_the_last_is_gone() {
+    let (mut a, mut b) = (core(0), core(1));
+    assert!(b.open_job(3, KEY, vec![1]));
+    let x = a.admit(1, 1, &KEY, UID).unwrap();
+    let y = b.admit(1, 3, &KEY, UID).unwrap();
+    b.close_job(3);
+    assert!(b.admit(1, 3, &KEY, UID).is_err(), "closed: no new client");
+    a.send(x.local, 1, y, 300, Bytes::new()).unwrap();
+    settle(&mut a, &mut b);
+    assert!(matches!(
+        events(&mut a)[..],
+        [ClientEvent::SendDone { result: Ok(()), .. }]
+    ));
+    // Its last client gone, the job is forgotten: opening it again starts afresh.
+    b.gone(y.local);
+    assert!(b.open_job(3, [1; 32], vec![]));
+    assert!(b.admit(1, 3, &[1; 32], UID).is_ok());
+}

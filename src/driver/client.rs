@@ -39,6 +39,13 @@ pub struct ClientMessage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ClientReceiveId(u64);
 
+impl ClientReceiveId {
+    /// The id as a number (unique per client), for a caller that keeps its own table.
+    pub fn value(self) -> u64 {
+        self.0
+    }
+}
+
 type SendDone = Box<dyn FnOnce(Result<(), ClientError>) + Send>;
 type RecvCb = Box<dyn FnMut(ClientMessage) + Send>;
 type ExitCb = Box<dyn FnOnce(ClientName, ExitReason) + Send>;
@@ -84,6 +91,9 @@ struct Inner {
     size: u32,
     msg_max: usize,
     writer: Mutex<UnixStream>,
+    /// The same socket, to shut it down while a writer holds `writer` (blocked by a daemon
+    /// that does not read).
+    shutter: UnixStream,
     state: Mutex<State>,
     cv: Condvar,
     reader: OnceLock<ThreadId>,
@@ -163,12 +173,14 @@ impl Client {
             .set_read_timeout(None)
             .map_err(|e| io("configure", e))?;
         let reader_stream = stream.try_clone().map_err(|e| io("clone", e))?;
+        let shutter = stream.try_clone().map_err(|e| io("clone", e))?;
         let inner = Arc::new(Inner {
             name,
             job,
             size,
             msg_max,
             writer: Mutex::new(stream),
+            shutter,
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
             reader: OnceLock::new(),
@@ -336,7 +348,7 @@ impl Client {
         let may_wait = may_wait && !self.on_reader();
         let mut st = lock(&self.inner.state);
         loop {
-            if st.lost.is_some() {
+            if st.lost.is_some() || st.closed {
                 return Err(ClientError::DaemonLost);
             }
             if st.pending.len() < CLIENT_SENDS_INFLIGHT_MAX {
@@ -471,7 +483,7 @@ impl Client {
                 self.inner.cv.notify_all();
                 return Ok(m);
             }
-            if st.lost.is_some() {
+            if st.lost.is_some() || st.closed {
                 return Err(ClientError::DaemonLost);
             }
             st = wait(&self.inner.cv, st, deadline).ok_or(ClientError::TimedOut)?;
@@ -487,9 +499,9 @@ impl Client {
         st.posted.len() != before
     }
 
-    /// `cb` runs once when client `name` exits ([`ExitReason::Exited`]), when its daemon
-    /// dies (`DaemonDied`), or at once through the daemon if no such client is alive
-    /// (`Unknown`). `Busy` beyond [`crate::limits::CLIENT_WATCHES_MAX`] names watched.
+    /// `cb` runs once when client `name` exits ([`ExitReason::Exited`], also at once if it
+    /// had exited already), when its daemon dies (`DaemonDied`), or at once if no client of
+    /// that name was ever admitted (`Unknown`). `Busy` beyond [`crate::limits::CLIENT_WATCHES_MAX`] names watched.
     pub fn watch(
         &self,
         name: ClientName,
@@ -520,6 +532,16 @@ impl Client {
         lock(&self.inner.state).pending.len()
     }
 
+    /// Ends the connection from any thread, without waiting: calls blocked in `send`,
+    /// `send_wait` or `recv` return `DaemonLost`, pending sends end `DaemonLost`, and later
+    /// calls fail the same way. The value stays usable for `daemon_lost` and is freed by
+    /// `close` or `Drop`.
+    pub fn shutdown(&self) {
+        lock(&self.inner.state).closed = true;
+        self.inner.cv.notify_all();
+        let _ = self.inner.shutter.shutdown(std::net::Shutdown::Both);
+    }
+
     /// Closes the connection and waits for the reader thread (what `Drop` does). Pending
     /// sends end `DaemonLost`.
     pub fn close(mut self) {
@@ -527,11 +549,7 @@ impl Client {
     }
 
     fn shut(&mut self) {
-        lock(&self.inner.state).closed = true;
-        self.inner.cv.notify_all();
-        if let Ok(w) = self.inner.writer.lock() {
-            let _ = w.shutdown(std::net::Shutdown::Both);
-        }
+        self.shutdown();
         if let Some(t) = self.reader.take()
             && std::thread::current().id() != t.thread().id()
         {

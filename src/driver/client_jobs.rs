@@ -14,7 +14,9 @@ impl Handle {
     /// the list.
     ///
     /// Errors: [`ClientError::NoSocket`] (the `client_socket` setting is unset),
-    /// `Busy` (`limits::CLIENT_JOBS_MAX` jobs open), `DaemonLost` (the daemon stopped).
+    /// `Busy` (`limits::CLIENT_JOBS_MAX` jobs open, closed ones with clients left included;
+    /// or a call from a callback on the daemon's loop thread, which cannot wait for the loop's
+    /// answer), `DaemonLost` (the daemon stopped).
     pub fn client_job(
         &self,
         job: JobId,
@@ -39,6 +41,9 @@ impl Handle {
         let Some(socket) = self.shared.client_socket.clone() else {
             return Err(ClientError::NoSocket);
         };
+        if self.shared.on_loop_thread() {
+            return Err(ClientError::Busy);
+        }
         let accept_from = accept_from.to_vec();
         self.ask(|reply| Caddy::ClientJob {
             job,
@@ -53,7 +58,13 @@ impl Handle {
         Ok(ClientCredential { socket, job, key })
     }
 
-    /// No new client of `job` is admitted here (clients connected stay until they exit).
+    /// This daemon's client socket (the `client_socket` setting), if it has one.
+    pub fn client_socket(&self) -> Option<&std::path::Path> {
+        self.shared.client_socket.as_deref()
+    }
+
+    /// No new client of `job` is admitted here; clients connected stay until they exit, and
+    /// the job's `accept_from` still decides what reaches them.
     pub fn client_job_close(&self, job: JobId) -> Result<(), SendError> {
         self.shared.submit(Caddy::ClientJobClose { job })
     }
