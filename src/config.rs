@@ -424,12 +424,13 @@ settings! {
     direct_request_ms: u64 = limits::DIRECT_REQUEST_MS_DEFAULT, env "TBON_DIRECT_REQUEST_MS";
     /// Path of the Unix-domain socket on which this daemon accepts client processes (issue
     /// "Jobs"; see `tbon::clients`); unset: no clients. A stale socket file there is
-    /// replaced; any other file is an error. The socket is made connectable by every user:
+    /// replaced; a socket another process listens on, or any other file, is an error. The socket is made connectable by every user:
     /// admission is decided by client_uids and the job's client key.
     client_socket: Option<String>, env "TBON_CLIENT_SOCKET";
     /// Comma list of numeric uids whose processes may connect as clients (read from the
-    /// socket with SO_PEERCRED); empty: only the daemon's own uid. A daemon running as root
-    /// lists the jobs' users here.
+    /// socket with SO_PEERCRED); empty: only the daemon's own uid. A list replaces that
+    /// default (include the daemon's own uid if its own processes connect too). A daemon
+    /// running as root lists the jobs' users here.
     client_uids: Vec<String>, env "TBON_CLIENT_UIDS";
 }
 

@@ -104,7 +104,10 @@ pub mod relm;
 /// `Bytes::copy_from_slice(&buf)`; any `Into<Bytes>` (a `Vec<u8>`, a `String`, a `&'static str`)
 /// is accepted where a payload is taken.
 pub use bytes::Bytes;
-pub use clients::{Client, ClientCredential, ClientError, ClientName, ExitReason};
+pub use clients::{
+    Client, ClientCredential, ClientError, ClientMessage, ClientName, ClientReceiveId, ExitReason,
+    JobId,
+};
 pub use counters::{Counters, DirectCounters, StreamCounters};
 pub use direct::{Route, RouteSetting};
 pub use driver::key::{Key, KeyError};

@@ -122,6 +122,26 @@ fn jobs_are_isolated_unless_the_receiver_accepts_and_names_are_checked() {
         .unwrap();
     let m = c2.recv(Some(a1.name()), None, Some(HANG_GUARD)).unwrap();
     assert_eq!(m.payload.len(), a1.msg_max_bytes());
+    // A receive naming the sender wins over one for any sender, whatever the order posted.
+    let (any_tx, any_rx) = mpsc::channel();
+    let (named_tx, named_rx) = mpsc::channel();
+    let any = c2
+        .recv_cb(None, Some(TAG + 1), false, move |m| any_tx.send(m).unwrap())
+        .unwrap();
+    c2.recv_cb(Some(a1.name()), Some(TAG + 1), false, move |m| {
+        named_tx.send(m).unwrap()
+    })
+    .unwrap();
+    a1.send_wait(
+        c2.name(),
+        TAG + 1,
+        &b"to the named one"[..],
+        Some(HANG_GUARD),
+    )
+    .unwrap();
+    assert_eq!(named_rx.recv_timeout(HANG_GUARD).unwrap().from, a1.name());
+    assert!(any_rx.try_recv().is_err());
+    assert!(c2.cancel(any));
     // Not the other way round: job 1 does not accept job 3.
     assert_eq!(
         c2.send_wait(a1.name(), TAG, &b"back"[..], Some(HANG_GUARD)),
@@ -222,8 +242,17 @@ fn wrong_credentials_are_refused_and_the_daemon_keeps_serving() {
     let ok = connect(&cred);
     assert_eq!(ok.name().rank, 1);
     let c = dvm[1].handle().counters().unwrap().clients;
-    assert_eq!(c.refused, 2, "{c:?}");
+    assert_eq!(c.refused, 3, "wrong key, unknown job, garbage: {c:?}");
     assert!(dvm[1].handle().counters().unwrap().protocol_errors >= 1);
+    // A second daemon on the same socket is refused while the first listens there, and the
+    // first keeps its socket.
+    let mut same = loopback_config(2);
+    same.client_socket = Some(cred.socket.display().to_string());
+    let e = tbon::start(same, 0, 1, None)
+        .err()
+        .expect("a socket in use is refused");
+    assert!(e.to_string().contains("in use"), "{e}");
+    assert_eq!(connect(&cred).name().rank, 1);
     // A daemon without a client socket makes no credential.
     let plain = tbon::start(loopback_config(2), 0, 1, None).unwrap();
     assert_eq!(
@@ -266,6 +295,31 @@ fn a_flooding_client_meets_back_pressure_and_a_slow_reader_loses_nothing() {
     }
     assert!(busy, "no back-pressure after {sent} sends");
     assert!(fast.in_flight() <= tbon::limits::CLIENT_SENDS_INFLIGHT_MAX);
+    // A waiting send's timeout covers the wait for room (then nothing is sent). Room comes
+    // back while the receiver's daemon still queues for it: fill again until it stops.
+    let mut timed_out = false;
+    for _ in 0..50 {
+        while fast
+            .try_send(slow.name(), TAG, payload.clone(), |r| r.expect("delivered"))
+            .is_ok()
+        {
+            sent += 1;
+        }
+        match fast.send_wait(
+            slow.name(),
+            TAG,
+            payload.clone(),
+            Some(Duration::from_millis(50)),
+        ) {
+            Err(ClientError::TimedOut) => {
+                timed_out = true;
+                break;
+            }
+            Ok(()) => sent += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(timed_out, "room never ran out");
     // The reader then takes everything, in order and once.
     let (tx, rx) = mpsc::channel::<ClientMessage>();
     slow.recv_cb(Some(fast.name()), Some(TAG), true, move |m| {
@@ -274,6 +328,10 @@ fn a_flooding_client_meets_back_pressure_and_a_slow_reader_loses_nothing() {
     .unwrap();
     for _ in 0..sent {
         let m = rx.recv_timeout(HANG_GUARD).expect("every message");
+        assert_eq!(m.payload.len(), payload.len());
+    }
+    // The send that timed out may have gone (if it waited for its result, not for room).
+    if let Ok(m) = rx.recv_timeout(Duration::from_millis(500)) {
         assert_eq!(m.payload.len(), payload.len());
     }
     assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
@@ -306,6 +364,10 @@ fn a_daemons_death_reaches_its_clients_and_those_that_watch_or_send() {
         victim.send_wait(watcher.name(), TAG, &b"x"[..], None),
         Err(ClientError::DaemonLost)
     );
+    assert_eq!(
+        victim.recv_cb(None, None, true, |_| {}).unwrap_err(),
+        ClientError::DaemonLost
+    );
     // Once the DVM has repaired around rank 3, the watcher is told and sends fail NodeDown.
     assert_eq!(
         wrx.recv_timeout(HANG_GUARD).unwrap(),
@@ -328,7 +390,10 @@ fn shutdown_from_another_thread_ends_blocked_calls_and_a_closed_job_keeps_its_cl
     // Closed: no new client of job 5, but its receiver still accepts job 6.
     h.client_job_close(5).unwrap();
     let e = Client::connect(&cred5.socket, 5, &cred5.key).unwrap_err();
-    assert!(matches!(&e, ClientError::Refused(r) if r.contains("not open")), "{e}");
+    assert!(
+        matches!(&e, ClientError::Refused(r) if r.contains("not open")),
+        "{e}"
+    );
     other
         .send_wait(receiver.name(), TAG, &b"still"[..], Some(HANG_GUARD))
         .unwrap();
@@ -356,5 +421,28 @@ fn shutdown_from_another_thread_ends_blocked_calls_and_a_closed_job_keeps_its_cl
     assert_eq!(
         rx.recv_timeout(HANG_GUARD).unwrap(),
         (name, ExitReason::Exited)
+    );
+}
+
+#[test]
+fn a_local_dvm_gives_each_daemon_its_own_client_socket() {
+    let dir =
+        TempDir(std::env::temp_dir().join(format!("tbon-clients-{}-local", std::process::id())));
+    std::fs::create_dir_all(&*dir).unwrap();
+    let mut cfg = loopback_config(2);
+    cfg.client_socket = Some(dir.join("c.sock").display().to_string());
+    let dvm = tbon::launch::local_dvm(cfg, 3).unwrap();
+    let a = connect(&dvm[0].handle().client_job(1, &[]).unwrap());
+    let b = connect(&dvm[2].handle().client_job(1, &[]).unwrap());
+    assert_eq!(
+        dvm[2].handle().client_socket(),
+        Some(dir.join("c.sock.2").as_path())
+    );
+    assert_eq!((a.name().rank, b.name().rank), (0, 2));
+    a.send_wait(b.name(), TAG, &b"hi"[..], Some(HANG_GUARD))
+        .unwrap();
+    assert_eq!(
+        &b.recv(None, None, Some(HANG_GUARD)).unwrap().payload[..],
+        b"hi"
     );
 }

@@ -51,7 +51,7 @@ pub enum ToClient {
         tag: Tag,
         payload: Bytes,
     },
-    /// The result of the send with `token` ([`super::result_code`]).
+    /// The result of the send with `token` (`result_code`, docs/wire.md).
     SendDone { token: u64, code: u8 },
     /// A watched client is gone ([`super::ExitReason`] code).
     Exited { name: ClientName, reason: u8 },

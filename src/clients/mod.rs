@@ -18,11 +18,11 @@
 //! key travels in the clear over the local socket: only the kernel sees it.
 //!
 //! # Messages
-//! Between daemons every client message travels by RELM (runtime tag
-//! [`wire::TAG_CLIENT_DATA`]): exactly once and in order per pair of clients, through repairs.
-//! The destination daemon answers every message with a result (batched per origin daemon,
-//! tag [`wire::TAG_CLIENT_CONTROL`]), so a send completes only when the message is queued for
-//! the receiving client, or with the reason it never will be ([`ClientError`]).
+//! Between daemons every client message travels by RELM (runtime tag 20): exactly once and
+//! in order per pair of clients, through repairs. The destination daemon answers every
+//! message with a result (batched per origin daemon, runtime tag 21), so a send completes
+//! only when the message is queued for the receiving client, or with the reason it never
+//! will be ([`ClientError`]).
 //!
 //! # Jobs
 //! A client belongs to the job it connected under. A message between clients of different
@@ -55,7 +55,10 @@ pub mod wire;
 mod tests;
 
 pub use crate::driver::client::{Client, ClientMessage, ClientReceiveId};
-pub use registry::{ClientCounters, ClientEvent, Clients};
+pub use registry::ClientCounters;
+// The daemon's core, for the node and the simulator (not the application's API).
+#[doc(hidden)]
+pub use registry::{ClientEvent, Clients};
 
 use crate::Rank;
 use std::fmt;

@@ -252,6 +252,12 @@ impl Clients {
         })
     }
 
+    /// Counts a connection refused before admission was judged (see
+    /// `Node::handle_client_refused`).
+    pub fn count_refused(&mut self) {
+        self.counters.refused += 1;
+    }
+
     /// Whether the driver may read more frames from local client `local`: it has fewer than
     /// `CLIENT_SENDS_INFLIGHT_MAX` sends unanswered.
     pub fn may_read(&self, local: u32) -> bool {

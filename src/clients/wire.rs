@@ -69,7 +69,7 @@ pub struct SendResult {
     pub local: u32,
     /// The sender's token.
     pub token: u64,
-    /// [`super::result_code`].
+    /// `result_code` (docs/wire.md).
     pub code: u8,
 }
 

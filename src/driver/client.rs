@@ -110,6 +110,12 @@ pub struct Client {
     reader: Option<JoinHandle<()>>,
 }
 
+/// Whether a send may wait for room among the unanswered sends, and until when.
+enum Wait {
+    No,
+    Until(Option<Instant>),
+}
+
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -268,8 +274,14 @@ impl Client {
         payload: impl Into<Bytes>,
         done: impl FnOnce(Result<(), ClientError>) + Send + 'static,
     ) -> Result<(), ClientError> {
-        self.submit(to, tag, payload.into(), Some(Box::new(done)), true)
-            .map(|_| ())
+        self.submit(
+            to,
+            tag,
+            payload.into(),
+            Some(Box::new(done)),
+            Wait::Until(None),
+        )
+        .map(|_| ())
     }
 
     /// [`Client::send`] that never waits: `Busy` while the bound of unanswered sends is
@@ -281,12 +293,14 @@ impl Client {
         payload: impl Into<Bytes>,
         done: impl FnOnce(Result<(), ClientError>) + Send + 'static,
     ) -> Result<(), ClientError> {
-        self.submit(to, tag, payload.into(), Some(Box::new(done)), false)
+        self.submit(to, tag, payload.into(), Some(Box::new(done)), Wait::No)
             .map(|_| ())
     }
 
-    /// Sends and waits for the result (see [`Client::send`]); `TimedOut` after `timeout`
-    /// (the message may still be delivered). Not from a callback.
+    /// Sends and waits for the result (see [`Client::send`]); `TimedOut` after `timeout`,
+    /// which covers the wait for room among the unanswered sends too (then nothing was
+    /// sent), and the wait for the result (then the message may still be delivered). Not from
+    /// a callback.
     pub fn send_wait(
         &self,
         to: ClientName,
@@ -297,8 +311,8 @@ impl Client {
         if self.on_reader() {
             return Err(ClientError::Busy);
         }
-        let token = self.submit(to, tag, payload.into(), None, true)?;
         let deadline = timeout.map(|t| Instant::now() + t);
+        let token = self.submit(to, tag, payload.into(), None, Wait::Until(deadline))?;
         let mut st = lock(&self.inner.state);
         loop {
             if let Some(r) = st.results.remove(&token) {
@@ -334,7 +348,7 @@ impl Client {
         tag: Tag,
         payload: Bytes,
         done: Option<SendDone>,
-        may_wait: bool,
+        wait_for_room: Wait,
     ) -> Result<u64, ClientError> {
         if tag < TAG_USER_MIN {
             return Err(ClientError::ReservedTag(tag));
@@ -345,7 +359,10 @@ impl Client {
                 max: self.inner.msg_max,
             });
         }
-        let may_wait = may_wait && !self.on_reader();
+        let deadline = match wait_for_room {
+            Wait::Until(d) if !self.on_reader() => Some(d),
+            _ => None,
+        };
         let mut st = lock(&self.inner.state);
         loop {
             if st.lost.is_some() || st.closed {
@@ -354,10 +371,10 @@ impl Client {
             if st.pending.len() < CLIENT_SENDS_INFLIGHT_MAX {
                 break;
             }
-            if !may_wait {
+            let Some(d) = deadline else {
                 return Err(ClientError::Busy);
-            }
-            st = self.inner.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            };
+            st = wait(&self.inner.cv, st, d).ok_or(ClientError::TimedOut)?;
         }
         let token = st.next_token;
         st.next_token += 1;
@@ -393,7 +410,10 @@ impl Client {
 
     /// Posts a receive: `cb` gets each message matching `from` (any client if `None`) and
     /// `tag` (any if `None`), once, or every one if `persistent`. Messages already held
-    /// unmatched are matched first. `Busy` beyond [`crate::limits::CLIENT_RECEIVES_MAX`].
+    /// unmatched are matched first. When several posted receives match a message, one that
+    /// names the sender wins over one for any sender, then the first posted; a message no
+    /// posted receive matches waits for `recv` or a later `recv_cb`. `DaemonLost` once the
+    /// connection has ended. `Busy` beyond [`crate::limits::CLIENT_RECEIVES_MAX`].
     pub fn recv_cb(
         &self,
         from: Option<ClientName>,
@@ -403,6 +423,9 @@ impl Client {
     ) -> Result<ClientReceiveId, ClientError> {
         let mut cb: RecvCb = Box::new(cb);
         let mut st = lock(&self.inner.state);
+        if st.lost.is_some() || st.closed {
+            return Err(ClientError::DaemonLost);
+        }
         if st.posted.len() >= CLIENT_RECEIVES_MAX {
             return Err(ClientError::Busy);
         }
@@ -666,7 +689,13 @@ fn on_frame(inner: &Inner, f: ToClient) -> Result<(), String> {
         ToClient::Deliver { from, tag, payload } => {
             let m = ClientMessage { from, tag, payload };
             let mut st = lock(&inner.state);
-            let pos = st.posted.iter().position(|p| matches(&m, p.from, p.tag));
+            // As the daemons' matching: a receive naming the sender before one for any sender,
+            // then the first posted.
+            let pos = st
+                .posted
+                .iter()
+                .position(|p| p.from.is_some() && matches(&m, p.from, p.tag))
+                .or_else(|| st.posted.iter().position(|p| matches(&m, p.from, p.tag)));
             let Some(pos) = pos else {
                 // No receive: held, within its bound (the reader waits for room: the daemon
                 // then holds what follows, and back-pressure reaches the senders).

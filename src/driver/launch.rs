@@ -297,7 +297,9 @@ fn wait_listening(addrs: &[std::net::SocketAddr], timeout: Duration) -> Result<(
 /// the others given its URI, each with `config` (give it a job key, or `insecure`, and an
 /// interface that exists, such as `if_include = 127.0.0.1/32`). Waits up to the wire-up
 /// timeout for every daemon to be wired. The daemons are in rank order; dropping rank 0's
-/// stops it alone, [`crate::Handle::shutdown_dvm`] on rank 0 stops them all.
+/// stops it alone, [`crate::Handle::shutdown_dvm`] on rank 0 stops them all. With
+/// `client_socket` set, rank r listens for clients at that path followed by `.r` (the
+/// daemons share a host; `Handle::client_socket` says which).
 /// Errors: every error of [`crate::start`], [`StartError::Placement`] for a size of 0, and
 /// [`StartError::NotWired`] for a DVM that did not wire up in time (its daemons are stopped
 /// as they are dropped).
@@ -306,12 +308,17 @@ pub fn local_dvm(config: Config, size: u32) -> Result<Vec<Daemon>, StartError> {
         return Err(StartError::Placement("a DVM of 0 daemons".into()));
     }
     let timeout = Duration::from_millis(config.wireup_timeout_ms);
-    let root = start(config.clone(), 0, size, None)?;
+    let of_rank = |rank: u32| {
+        let mut c = config.clone();
+        c.client_socket = c.client_socket.map(|p| format!("{p}.{rank}"));
+        c
+    };
+    let root = start(of_rank(0), 0, size, None)?;
     let uri = root.contact_uri().to_string();
     let mut all = Vec::with_capacity(size as usize);
     all.push(root);
     for rank in 1..size {
-        all.push(start(config.clone(), rank, size, Some(&uri))?);
+        all.push(start(of_rank(rank), rank, size, Some(&uri))?);
     }
     let deadline = std::time::Instant::now() + timeout;
     for d in &all {

@@ -41,6 +41,12 @@ impl Node {
         self.clients.admit(version, job, key, uid)
     }
 
+    /// The driver refused a connection before its `Hello` was judged (garbage, no `Hello` in
+    /// time, too many awaiting admission): counted with the other refusals.
+    pub fn handle_client_refused(&mut self) {
+        self.clients.count_refused();
+    }
+
     /// Local client `local` sends. `Err`: the client broke the protocol (close it).
     pub fn handle_client_send(
         &mut self,

@@ -19,14 +19,20 @@ use std::time::{Duration, Instant};
 /// The client listener's token; client connection `i` is `CLIENT_TOKEN_BASE + 1 + i`.
 pub(crate) const CLIENT_TOKEN_BASE: usize = usize::MAX / 2;
 
-/// Binds the client socket of `path`: a stale socket file there is removed first; any other
-/// file is an error. The socket is made connectable by everyone (admission is by uid and
-/// key).
+/// Binds the client socket of `path`: a stale socket file there (nobody accepts on it) is
+/// removed first; a socket another process listens on, or any other file, is an error. The
+/// socket is made connectable by everyone (admission is by uid and key).
 pub(crate) fn bind(path: &str) -> io::Result<(UnixListener, PathBuf)> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let p = PathBuf::from(path);
     if let Ok(meta) = std::fs::symlink_metadata(&p) {
         if meta.file_type().is_socket() {
+            if std::os::unix::net::UnixStream::connect(&p).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("client_socket {path:?} is in use by a running process"),
+                ));
+            }
             std::fs::remove_file(&p)?;
         } else {
             return Err(io::Error::new(
@@ -38,6 +44,15 @@ pub(crate) fn bind(path: &str) -> io::Result<(UnixListener, PathBuf)> {
     let l = UnixListener::bind(&p)?;
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777))?;
     Ok((l, p))
+}
+
+/// The file's identity (device, inode), to remove at the end only a socket file that is
+/// still this daemon's.
+fn identity(p: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 pub(super) struct ClientConn {
@@ -55,6 +70,8 @@ pub(super) struct ClientConn {
 #[derive(Default)]
 pub(super) struct ClientConns {
     listener: Option<(UnixListener, PathBuf)>,
+    /// The socket file's identity when bound (`identity`).
+    identity: Option<(u64, u64)>,
     conns: Slab<ClientConn>,
     by_local: FxHashMap<u32, usize>,
     /// Connections not yet admitted, oldest first.
@@ -68,8 +85,10 @@ pub(super) struct ClientConns {
 
 impl ClientConns {
     pub(super) fn new(listener: Option<(UnixListener, PathBuf)>) -> ClientConns {
+        let identity = listener.as_ref().and_then(|(_, p)| identity(p));
         ClientConns {
             listener,
+            identity,
             ..Default::default()
         }
     }
@@ -133,6 +152,7 @@ impl EventLoop {
             if self.clients.pending.len() >= limits::CLIENT_PENDING_MAX
                 && let Some(oldest) = self.clients.pending.pop_front()
             {
+                self.node.handle_client_refused();
                 self.refuse_client(oldest, "too many client connections awaiting admission");
             }
             let entry = self.clients.conns.vacant_entry();
@@ -176,6 +196,7 @@ impl EventLoop {
             }
             self.clients.pending.pop_front();
             if self.clients.conns.contains(i) {
+                self.node.handle_client_refused();
                 self.refuse_client(i, "no Hello within handshake_timeout_ms");
             }
         }
@@ -321,6 +342,10 @@ impl EventLoop {
         self.clients.dirty.remove(&i);
         if let Some(why) = why {
             self.node.counters_mut().protocol_errors += 1;
+            if c.local.is_none() {
+                // Never admitted: a refusal as much as a wrong key.
+                self.node.handle_client_refused();
+            }
             let (local, uid) = (c.local, c.uid);
             self.log_refusal(Refusal::Client, || {
                 format!("closed client {local:?} (uid {uid}): {why}")
@@ -503,7 +528,9 @@ impl EventLoop {
         }
         if let Some((mut l, p)) = self.clients.listener.take() {
             let _ = self.poll.registry().deregister(&mut l);
-            let _ = std::fs::remove_file(p);
+            if identity(&p).is_some() && identity(&p) == self.clients.identity {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
 }
