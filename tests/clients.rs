@@ -248,9 +248,9 @@ fn wrong_credentials_are_refused_and_the_daemon_keeps_serving() {
     // first keeps its socket.
     let mut same = loopback_config(2);
     same.client_socket = Some(cred.socket.display().to_string());
-    let e = tbon::start(same, 0, 1, None)
-        .err()
-        .expect("a socket in use is refused");
+    let Err(e) = tbon::start(same, 0, 1, None) else {
+        panic!("a socket in use must be refused");
+    };
     assert!(e.to_string().contains("in use"), "{e}");
     assert_eq!(connect(&cred).name().rank, 1);
     // A daemon without a client socket makes no credential.
