@@ -1154,6 +1154,13 @@ tbon_rc tbon_client_socket_path(tbon_daemon d, char *buf, size_t *len);
 // to close). `TBON_ERR_BUSY` from a callback when the command queue is full.
 tbon_rc tbon_client_job_close(tbon_daemon d, uint64_t job);
 
+// `job` is over on daemon `d` (its processes were killed, say): no new client is admitted,
+// and every client of the job connected to `d` is disconnected (its `tbon_client_daemon_lost`
+// reason says "job J ended" when the notice reached it); whoever watches them is told
+// `TBON_CLIENT_EXITED`. `TBON_OK` also for a job never opened, and once the daemon stopped.
+// `TBON_ERR_BUSY` from a callback when the command queue is full.
+tbon_rc tbon_client_job_end(tbon_daemon d, uint64_t job);
+
 // Connects to the daemon's client socket at `socket` as a process of `job` holding its key
 // (`key_hex`, 64 hexadecimal digits, as `tbon_client_job` wrote it) and stores the client's
 // handle in `*out`. Waits for the daemon's answer (at most 10 s). Errors:

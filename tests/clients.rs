@@ -446,3 +446,33 @@ fn a_local_dvm_gives_each_daemon_its_own_client_socket() {
         b"hi"
     );
 }
+
+#[test]
+fn ending_a_job_disconnects_its_clients_and_tells_their_watchers() {
+    let (dvm, _dir) = dvm(2, "end");
+    let h = dvm[1].handle();
+    let member = connect(&h.client_job(8, &[]).unwrap());
+    let watcher = connect(&h.client_job(9, &[]).unwrap());
+    let bystander = connect(&h.client_job(8, &[]).unwrap());
+    drop(bystander);
+    let (tx, rx) = mpsc::channel();
+    let name = member.name();
+    watcher
+        .watch(name, move |n, why| tx.send((n, why)).unwrap())
+        .unwrap();
+    let (lost_tx, lost_rx) = mpsc::channel();
+    member.on_daemon_lost(move |why| lost_tx.send(why.to_string()).unwrap());
+    h.client_job_end(8).unwrap();
+    let why = lost_rx.recv_timeout(HANG_GUARD).unwrap();
+    assert!(why.contains("job 8 ended"), "{why}");
+    assert_eq!(
+        rx.recv_timeout(HANG_GUARD).unwrap(),
+        (name, ExitReason::Exited)
+    );
+    assert_eq!(
+        watcher.send_wait(name, TAG, &b"x"[..], Some(HANG_GUARD)),
+        Err(ClientError::ClientGone(name))
+    );
+    let c = h.counters().unwrap().clients;
+    assert_eq!(c.live, 1, "only the watcher: {c:?}");
+}

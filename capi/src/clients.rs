@@ -452,6 +452,19 @@ pub extern "C" fn tbon_client_job_close(d: tbon_daemon, job: u64) -> tbon_rc {
     })
 }
 
+/// `job` is over on daemon `d` (its processes were killed, say): no new client is admitted,
+/// and every client of the job connected to `d` is disconnected (its `tbon_client_daemon_lost`
+/// reason says "job J ended" when the notice reached it); whoever watches them is told
+/// `TBON_CLIENT_EXITED`. `TBON_OK` also for a job never opened, and once the daemon stopped.
+/// `TBON_ERR_BUSY` from a callback when the command queue is full.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_client_job_end(d: tbon_daemon, job: u64) -> tbon_rc {
+    guard(|| match handle(d)?.client_job_end(job) {
+        Err(SendError::ShutDown) => Ok(()),
+        r => Ok(r?),
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // The client's side.
 

@@ -179,6 +179,22 @@ impl Clients {
         self.forget_closed(job);
     }
 
+    /// The job is over here: closed, and the local ids of its connected clients, which the
+    /// driver disconnects (each then goes as by `gone`).
+    pub fn end_job(&mut self, job: JobId) -> Vec<u32> {
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.open = false;
+        }
+        let locals: Vec<u32> = self
+            .locals
+            .iter()
+            .filter(|(_, l)| l.job == job)
+            .map(|(id, _)| *id)
+            .collect();
+        self.forget_closed(job);
+        locals
+    }
+
     /// Drops closed job `job` once none of its clients remains.
     fn forget_closed(&mut self, job: JobId) {
         let closed = self.jobs.get(&job).is_some_and(|j| !j.open);

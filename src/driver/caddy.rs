@@ -196,4 +196,8 @@ pub(crate) enum Caddy {
     ClientJobClose {
         job: crate::clients::JobId,
     },
+    /// Close a job and disconnect its clients (`Handle::client_job_end`).
+    ClientJobEnd {
+        job: crate::clients::JobId,
+    },
 }

@@ -58,6 +58,14 @@ impl Handle {
         Ok(ClientCredential { socket, job, key })
     }
 
+    /// `job` is over on this daemon (its processes were killed, say): no new client is
+    /// admitted, and every client of the job connected here is disconnected (told why, as
+    /// far as its socket takes it: `Client::daemon_lost` says "job J ended"); whoever watches
+    /// them is told `Exited`.
+    pub fn client_job_end(&self, job: JobId) -> Result<(), SendError> {
+        self.shared.submit(Caddy::ClientJobEnd { job })
+    }
+
     /// This daemon's client socket (the `client_socket` setting), if it has one.
     pub fn client_socket(&self) -> Option<&std::path::Path> {
         self.shared.client_socket.as_deref()

@@ -687,6 +687,10 @@ impl EventLoop {
                 }
             }
             Caddy::ClientJobClose { job } => self.node.client_close_job(job),
+            Caddy::ClientJobEnd { job } => {
+                let locals = self.node.client_end_job(job);
+                self.disconnect_clients(&locals, &format!("job {job} ended"));
+            }
             Caddy::Get {
                 group,
                 rank,
@@ -810,7 +814,8 @@ impl EventLoop {
             Caddy::Get { done, .. } => done(Err(crate::modex::GetError::ShutDown)),
             Caddy::ModexCommit { .. }
             | Caddy::ModexForget { .. }
-            | Caddy::ClientJobClose { .. } => {}
+            | Caddy::ClientJobClose { .. }
+            | Caddy::ClientJobEnd { .. } => {}
             Caddy::ClientJob { reply, .. } => {
                 if let Some(tx) = reply {
                     let _ = tx.send(Err(SendError::ShutDown));

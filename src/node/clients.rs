@@ -26,6 +26,12 @@ impl Node {
         self.clients.close_job(job);
     }
 
+    /// `job` is over here: closed, and the local ids of its clients for the driver to
+    /// disconnect (telling the node of each with [`Node::handle_client_gone`]).
+    pub fn client_end_job(&mut self, job: JobId) -> Vec<u32> {
+        self.clients.end_job(job)
+    }
+
     /// A client connection's `Hello`, with the uid its socket reports: its name, or why it is
     /// refused (the driver logs it, tells the client and closes).
     pub fn handle_client_hello(

@@ -498,6 +498,27 @@ impl EventLoop {
         }
     }
 
+    /// Disconnects the clients with these local ids (their job ended): each is told `Bye`
+    /// with `reason` (as far as its socket takes it now) and closed; the node forgets it.
+    pub(super) fn disconnect_clients(&mut self, locals: &[u32], reason: &str) {
+        for local in locals {
+            let Some(&i) = self.clients.by_local.get(local) else {
+                continue;
+            };
+            self.client_frame(
+                i,
+                ToClient::Bye {
+                    reason: reason.to_string(),
+                },
+            );
+            if let Some(c) = self.clients.conns.get_mut(i) {
+                c.closing = true;
+            }
+            self.flush_client(i);
+            self.close_client(i, None);
+        }
+    }
+
     /// The daemon stops: every client is told `Bye` and closed (best effort: a client that
     /// does not read sees its socket close).
     pub(super) fn stop_clients(&mut self, reason: &str) {
