@@ -27,7 +27,7 @@ pub struct SimArgs {
     pub messages: u64,
     /// The kinds of fault seeds choose from (each seed picks its own mix): a comma-separated
     /// list of crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload,
-    /// status, group; or all.
+    /// status, group, client; or all.
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Stop at the first failing seed.
