@@ -447,7 +447,7 @@ pub unsafe extern "C" fn tbon_client_socket_path(
 #[unsafe(no_mangle)]
 pub extern "C" fn tbon_client_job_close(d: tbon_daemon, job: u64) -> tbon_rc {
     guard(|| match handle(d)?.client_job_close(job) {
-        Err(SendError::ShutDown) => Ok(()),
+        Err(ClientError::DaemonLost) => Ok(()),
         r => Ok(r?),
     })
 }
@@ -460,7 +460,7 @@ pub extern "C" fn tbon_client_job_close(d: tbon_daemon, job: u64) -> tbon_rc {
 #[unsafe(no_mangle)]
 pub extern "C" fn tbon_client_job_end(d: tbon_daemon, job: u64) -> tbon_rc {
     guard(|| match handle(d)?.client_job_end(job) {
-        Err(SendError::ShutDown) => Ok(()),
+        Err(ClientError::DaemonLost) => Ok(()),
         r => Ok(r?),
     })
 }

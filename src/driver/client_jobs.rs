@@ -51,10 +51,7 @@ impl Handle {
             accept_from,
             reply,
         })
-        .map_err(|e| match e {
-            SendError::Busy(_) => ClientError::Busy,
-            _ => ClientError::DaemonLost,
-        })?;
+        .map_err(command_error)?;
         Ok(ClientCredential { socket, job, key })
     }
 
@@ -62,8 +59,13 @@ impl Handle {
     /// admitted, and every client of the job connected here is disconnected (told why, as
     /// far as its socket takes it: `Client::daemon_lost` says "job J ended"); whoever watches
     /// them is told `Exited`.
-    pub fn client_job_end(&self, job: JobId) -> Result<(), SendError> {
-        self.shared.submit(Caddy::ClientJobEnd { job })
+    ///
+    /// Errors: `DaemonLost` (the daemon stopped), `Busy` (from a callback, with the daemon's
+    /// command queue full).
+    pub fn client_job_end(&self, job: JobId) -> Result<(), ClientError> {
+        self.shared
+            .submit(Caddy::ClientJobEnd { job })
+            .map_err(command_error)
     }
 
     /// This daemon's client socket (the `client_socket` setting), if it has one.
@@ -73,7 +75,19 @@ impl Handle {
 
     /// No new client of `job` is admitted here; clients connected stay until they exit, and
     /// the job's `accept_from` still decides what reaches them.
-    pub fn client_job_close(&self, job: JobId) -> Result<(), SendError> {
-        self.shared.submit(Caddy::ClientJobClose { job })
+    ///
+    /// Errors as [`Handle::client_job_end`]'s.
+    pub fn client_job_close(&self, job: JobId) -> Result<(), ClientError> {
+        self.shared
+            .submit(Caddy::ClientJobClose { job })
+            .map_err(command_error)
+    }
+}
+
+/// A refused command to the daemon's loop, as a client-job call reports it.
+fn command_error(e: SendError) -> ClientError {
+    match e {
+        SendError::Busy(_) => ClientError::Busy,
+        _ => ClientError::DaemonLost,
     }
 }
