@@ -217,7 +217,6 @@ impl Clients {
             Ok(_) => self.counters.admitted += 1,
             Err(_) => self.counters.refused += 1,
         }
-        self.counters.live = self.locals.len() as u64;
         res
     }
 
@@ -632,7 +631,6 @@ impl Clients {
         let Some(l) = self.locals.remove(&local) else {
             return;
         };
-        self.counters.live = self.locals.len() as u64;
         self.forget_closed(l.job);
         self.inflight.retain(|(c, _), _| *c != local);
         self.turns.retain(|c| *c != local);
@@ -719,11 +717,18 @@ impl Clients {
         self.watching.clear();
         self.results.clear();
         self.control.clear();
-        self.counters.live = 0;
     }
 
     pub fn counters(&self) -> ClientCounters {
-        self.counters
+        ClientCounters {
+            live: self.locals.len() as u64,
+            ..self.counters
+        }
+    }
+
+    /// Whether a pump has nothing to do here: no send waits, no control message is queued.
+    pub fn is_idle(&self) -> bool {
+        self.turns.is_empty() && self.control.is_empty() && self.results.is_empty()
     }
 
     /// The client's job, if it is connected here.

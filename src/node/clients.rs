@@ -101,7 +101,8 @@ impl Node {
     /// Client messages to RELM (user window), control messages while RELM has room for the
     /// runtime's. Once per pump, before RELM's.
     pub(super) fn pump_clients(&mut self, now: Instant) {
-        if self.stopping.is_some() || !self.is_wired() {
+        // Every turn pumps: a daemon with no client work pays one check.
+        if self.stopping.is_some() || !self.is_wired() || self.clients.is_idle() {
             self.drain_client_events();
             return;
         }
