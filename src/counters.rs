@@ -41,6 +41,12 @@ pub struct Counters {
     pub reports_delayed: u64,
     /// Repairs of the routing tree (local and global scope each count).
     pub repairs: u64,
+    /// Ranks this daemon put back into the tree: daemons restarted under a dead rank and
+    /// admitted again (issue "Rejoin").
+    pub rejoins: u64,
+    /// Rank 0: rejoin requests it refused (the rank alive, an old incarnation, too many at
+    /// once, ...).
+    pub rejoins_refused: u64,
     /// Ranks this daemon knows have failed, ascending.
     pub failed: Vec<u32>,
     /// Connections currently open (established or handshaking).

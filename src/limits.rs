@@ -241,6 +241,11 @@ pub const WIREUP_TIMEOUT_MS_DEFAULT: u64 = 60_000;
 /// open connection to that rank is not affected, and a later dial looks it up again.
 pub const CONTACT_CACHE_MAX: usize = 4_096;
 
+/// Daemons rank 0 admits back at once (issue "Rejoin"): admitted and not yet settled (their
+/// admission's broadcast not yet delivered everywhere). A request beyond it is refused `Busy`
+/// and the daemon may retry; it bounds rank 0's table of admissions in progress.
+pub const REJOIN_IN_PROGRESS_MAX: usize = 64;
+
 /// Ranks asked for in one contact lookup (one message to rank 0). More wanted ranks wait for
 /// the next lookup, sent when the reply to this one arrives.
 pub const CONTACT_LOOKUP_BATCH_MAX: usize = 256;

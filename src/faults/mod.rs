@@ -7,4 +7,5 @@ pub mod heartbeat;
 pub mod notice;
 
 pub use heartbeat::{HeartbeatMonitor, Tick};
-pub use notice::{Adoption, Confirmation, NoticeError};
+pub use notice::{Adoption, Confirmation, NoticeError, Report, Restored};
+pub mod rejoin;

@@ -3,14 +3,24 @@
 //!
 //! Layouts (network byte order):
 //! - rank list: `u32 count`, then `count` x `u32 rank` (count at most the DVM size);
-//! - report (to rank 0): a rank list of the ranks the sender found dead;
+//! - report (to rank 0): `u64 epoch` (the sender's, when it found them dead), then a rank list
+//!   of the ranks the sender found dead;
 //! - confirmation (a broadcast operation of rank 0): `u64 epoch`, then the rank list of every
-//!   rank confirmed dead so far;
-//! - adoption (to a new child, and to every child a parent offers the collectives' `Sync`): the
-//!   rank list of every failure the sender knows, then the rank list of the sender's ancestors
-//!   (parent first).
+//!   rank confirmed dead so far, then `u32 count` daemons restored in this epoch (issue
+//!   "Rejoin"), each `u32 rank`, `u64 incarnation`, `u16 length` and its contact URI;
+//! - adoption (to a new child, and to every child a parent offers the collectives' `Sync`):
+//!   `u64 epoch` (the sender's), the rank list of every failure the sender knows, the rank list
+//!   of the sender's ancestors (parent first), then the restored daemons the sender knows of
+//!   (at most `REJOIN_IN_PROGRESS_MAX`, the latest), each as in a confirmation followed by
+//!   `u64 epoch`, the epoch of its restore. A child learns a restore from its new parent
+//!   this way before the confirmation reaches it (which can only come through that parent).
+//!
+//! The epochs let a receiver tell a stale death from a current one: a rank restored in a later
+//! epoch than a notice's is the new incarnation, which that notice cannot be about.
 
 use crate::Rank;
+use crate::limits::CONTACT_URI_MAX_BYTES;
+use crate::oob::uri::ContactUri;
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// Runtime tag: ranks a daemon found dead, sent to rank 0.
@@ -36,6 +46,8 @@ pub enum NoticeError {
     Trailing(usize),
     /// A list longer than the DVM, or a rank outside it.
     BadRank { rank: Rank, size: u32 },
+    /// A restored daemon's contact URI that does not parse, is too long, or names another rank.
+    BadUri(String),
 }
 
 impl std::fmt::Display for NoticeError {
@@ -46,24 +58,49 @@ impl std::fmt::Display for NoticeError {
             NoticeError::BadRank { rank, size } => {
                 write!(f, "fault notice names rank {rank} in a DVM of {size}")
             }
+            NoticeError::BadUri(why) => write!(f, "fault notice with a bad contact: {why}"),
         }
     }
 }
 
 impl std::error::Error for NoticeError {}
 
-/// Rank 0's confirmation of every death so far.
+/// Rank 0's confirmation of every death so far, and of the daemons it admitted back in this
+/// epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Confirmation {
     pub epoch: u64,
     pub failed: Vec<Rank>,
+    /// Daemons restarted under their rank and admitted again in this epoch (not in `failed`).
+    pub restored: Vec<Restored>,
+}
+
+/// A daemon admitted back (issue "Rejoin"): its rank, its new incarnation and its new contact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restored {
+    pub rank: Rank,
+    pub incarnation: u64,
+    pub uri: ContactUri,
 }
 
 /// A parent's notice to a child it adopted in a repair.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Adoption {
+    /// The sender's epoch when it sent the notice.
+    pub epoch: u64,
     pub failed: Vec<Rank>,
     pub ancestors: Vec<Rank>,
+    /// Daemons the sender knows were admitted back, with the epoch of each restore.
+    pub restored: Vec<(Restored, u64)>,
+}
+
+/// A daemon's report of deaths it found, to rank 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// The sender's epoch when it found them: a rank restored in a later epoch is not the one
+    /// that died.
+    pub epoch: u64,
+    pub failed: Vec<Rank>,
 }
 
 fn put_ranks(b: &mut BytesMut, ranks: &[Rank]) {
@@ -100,6 +137,12 @@ fn take_ranks(p: &mut &[u8], size: u32) -> Result<Vec<Rank>, NoticeError> {
     Ok(out)
 }
 
+fn take_u64(p: &mut &[u8]) -> Result<u64, NoticeError> {
+    let (h, rest) = p.split_first_chunk::<8>().ok_or(NoticeError::Truncated)?;
+    *p = rest;
+    Ok(u64::from_be_bytes(*h))
+}
+
 fn done(p: &[u8]) -> Result<(), NoticeError> {
     if p.is_empty() {
         Ok(())
@@ -108,21 +151,21 @@ fn done(p: &[u8]) -> Result<(), NoticeError> {
     }
 }
 
-/// Encodes a report (or any bare rank list).
+/// Encodes a bare rank list.
 pub fn encode_ranks(ranks: &[Rank]) -> Bytes {
     let mut b = BytesMut::with_capacity(4 + 4 * ranks.len());
     put_ranks(&mut b, ranks);
     b.freeze()
 }
 
-/// Decodes a report for a DVM of `size`.
+/// Decodes a bare rank list for a DVM of `size`.
 pub fn decode_ranks(size: u32, mut p: &[u8]) -> Result<Vec<Rank>, NoticeError> {
     let r = take_ranks(&mut p, size)?;
     done(p)?;
     Ok(r)
 }
 
-impl Confirmation {
+impl Report {
     pub fn encode(&self) -> Bytes {
         let mut b = BytesMut::with_capacity(12 + 4 * self.failed.len());
         b.put_u64(self.epoch);
@@ -131,30 +174,125 @@ impl Confirmation {
     }
 
     pub fn decode(size: u32, mut p: &[u8]) -> Result<Self, NoticeError> {
-        let (e, rest) = p.split_first_chunk::<8>().ok_or(NoticeError::Truncated)?;
-        p = rest;
+        let epoch = take_u64(&mut p)?;
         let failed = take_ranks(&mut p, size)?;
         done(p)?;
+        Ok(Report { epoch, failed })
+    }
+}
+
+impl Restored {
+    fn put(&self, b: &mut BytesMut) {
+        let uri = self.uri.to_string();
+        b.put_u32(self.rank);
+        b.put_u64(self.incarnation);
+        // A contact longer than `CONTACT_URI_MAX_BYTES` (4 KiB) never parses, so never exists.
+        b.put_u16(uri.len().min(usize::from(u16::MAX)) as u16);
+        b.put_slice(uri.as_bytes());
+    }
+
+    fn take(p: &mut &[u8], size: u32) -> Result<Restored, NoticeError> {
+        let rank = take_u32(p)?;
+        if rank >= size {
+            return Err(NoticeError::BadRank { rank, size });
+        }
+        let incarnation = take_u64(p)?;
+        let (l, rest) = p.split_first_chunk::<2>().ok_or(NoticeError::Truncated)?;
+        let len = usize::from(u16::from_be_bytes(*l));
+        if len > CONTACT_URI_MAX_BYTES {
+            return Err(NoticeError::BadUri(format!("{len} bytes")));
+        }
+        let (text, rest) = rest.split_at_checked(len).ok_or(NoticeError::Truncated)?;
+        *p = rest;
+        let uri: ContactUri = std::str::from_utf8(text)
+            .map_err(|_| NoticeError::BadUri("not UTF-8".into()))?
+            .parse()
+            .map_err(|e| NoticeError::BadUri(format!("{e}")))?;
+        if uri.rank != rank {
+            return Err(NoticeError::BadUri(format!(
+                "rank {rank}'s contact names rank {}",
+                uri.rank
+            )));
+        }
+        Ok(Restored {
+            rank,
+            incarnation,
+            uri,
+        })
+    }
+}
+
+impl Confirmation {
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::with_capacity(16 + 4 * self.failed.len());
+        b.put_u64(self.epoch);
+        put_ranks(&mut b, &self.failed);
+        b.put_u32(self.restored.len() as u32);
+        for r in &self.restored {
+            r.put(&mut b);
+        }
+        b.freeze()
+    }
+
+    pub fn decode(size: u32, mut p: &[u8]) -> Result<Self, NoticeError> {
+        let epoch = take_u64(&mut p)?;
+        let failed = take_ranks(&mut p, size)?;
+        let count = take_u32(&mut p)?;
+        if count > size {
+            return Err(NoticeError::BadRank { rank: count, size });
+        }
+        let mut restored = Vec::new();
+        for _ in 0..count {
+            let r = Restored::take(&mut p, size)?;
+            if failed.contains(&r.rank) {
+                return Err(NoticeError::BadRank { rank: r.rank, size });
+            }
+            restored.push(r);
+        }
+        done(p)?;
         Ok(Confirmation {
-            epoch: u64::from_be_bytes(*e),
+            epoch,
             failed,
+            restored,
         })
     }
 }
 
 impl Adoption {
     pub fn encode(&self) -> Bytes {
-        let mut b = BytesMut::with_capacity(8 + 4 * (self.failed.len() + self.ancestors.len()));
+        let mut b = BytesMut::with_capacity(16 + 4 * (self.failed.len() + self.ancestors.len()));
+        b.put_u64(self.epoch);
         put_ranks(&mut b, &self.failed);
         put_ranks(&mut b, &self.ancestors);
+        b.put_u32(self.restored.len() as u32);
+        for (r, epoch) in &self.restored {
+            r.put(&mut b);
+            b.put_u64(*epoch);
+        }
         b.freeze()
     }
 
     pub fn decode(size: u32, mut p: &[u8]) -> Result<Self, NoticeError> {
+        let epoch = take_u64(&mut p)?;
         let failed = take_ranks(&mut p, size)?;
         let ancestors = take_ranks(&mut p, size)?;
+        let count = take_u32(&mut p)?;
+        if count as usize > crate::limits::REJOIN_IN_PROGRESS_MAX {
+            return Err(NoticeError::BadRank { rank: count, size });
+        }
+        let mut restored = Vec::new();
+        for _ in 0..count {
+            let r = Restored::take(&mut p, size)?;
+            let at = take_u64(&mut p)?;
+            restored.push((r, at));
+        }
         done(p)?;
-        Ok(Adoption { failed, ancestors })
+        Ok(Adoption {
+            epoch,
+            failed,
+            ancestors,
+            restored,
+        })
     }
 }
 
@@ -168,13 +306,32 @@ mod tests {
         let c = Confirmation {
             epoch: 7,
             failed: vec![1, 5],
+            restored: vec![Restored {
+                rank: 3,
+                incarnation: 99,
+                uri: "tbon.3;tcp://127.0.0.1:4000".parse().unwrap(),
+            }],
         };
         assert_eq!(Confirmation::decode(8, &c.encode()), Ok(c));
         let a = Adoption {
+            epoch: 2,
             failed: vec![3],
             ancestors: vec![1, 0],
+            restored: vec![(
+                Restored {
+                    rank: 4,
+                    incarnation: 8,
+                    uri: "tbon.4;tcp://127.0.0.1:4004".parse().unwrap(),
+                },
+                2,
+            )],
         };
         assert_eq!(Adoption::decode(8, &a.encode()), Ok(a));
+        let r = Report {
+            epoch: 4,
+            failed: vec![2, 4],
+        };
+        assert_eq!(Report::decode(8, &r.encode()), Ok(r));
         assert_eq!(decode_ranks(8, &encode_ranks(&[2, 4])), Ok(vec![2, 4]));
     }
 
@@ -183,6 +340,7 @@ mod tests {
         let c = Confirmation {
             epoch: 1,
             failed: vec![1, 5],
+            restored: Vec::new(),
         }
         .encode();
         for cut in 0..c.len() {
@@ -211,6 +369,7 @@ mod tests {
             let _ = decode_ranks(size, &bytes);
             let _ = Confirmation::decode(size, &bytes);
             let _ = Adoption::decode(size, &bytes);
+            let _ = Report::decode(size, &bytes);
         }
     }
 }

@@ -86,6 +86,15 @@ impl TreeView {
                 change.view_changed = true;
             }
         }
+        // A daemon restarted under a failed rank and admitted again (issue "Rejoin"): its rank
+        // leaves the failed set, so the digest comes back to what it would be had it never
+        // failed.
+        for &r in &status.restored {
+            if self.failed.remove(&r) {
+                self.digest = self.digest.wrapping_sub(mix(r));
+                change.view_changed = true;
+            }
+        }
         if self.failed.contains(&self.me) {
             self.dead = true;
             change.died = true;
@@ -93,14 +102,17 @@ impl TreeView {
             self.children.clear();
             return change;
         }
-        change.new_upstream = status.promoted || status.new_parent != self.parent;
+        // A daemon that moved to another slot (up after a failure, down when the rank it
+        // replaced returns) is a new child to its parent, and its children are new to it.
+        let moved = status.promoted || status.demoted;
+        change.new_upstream = moved || status.new_parent != self.parent;
         let mut children = status.new_children.clone();
         children.sort_unstable();
         children.dedup();
         change.new_children = children
             .iter()
             .copied()
-            .filter(|c| status.promoted || !self.is_child(*c))
+            .filter(|c| moved || !self.is_child(*c) || status.restored.contains(c))
             .collect();
         self.parent = status.new_parent;
         self.children = children;

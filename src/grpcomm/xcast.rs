@@ -375,6 +375,42 @@ impl Xcast {
         }
     }
 
+    /// The core of a daemon restarted under its rank and admitted back by rank 0 (issue
+    /// "Rejoin"), in the tree `routing` describes (the failures rank 0's welcome listed).
+    /// Broadcast operation `admitted` announced its return: it delivers the operations after
+    /// it and none before (they belong to its previous life). Its parent and children do not
+    /// know where it stands: it waits for its parent's `Sync` and offers `Sync` to every child,
+    /// as a daemon does after a repair that gave it a new parent and new children.
+    ///
+    /// Why retention still covers every child: its children come from the subtree of the rank
+    /// that held its slot, which acknowledged what it discarded; it asks its parent again for
+    /// what its children lack below `admitted` and forwards it without delivering it.
+    pub fn rejoined(routing: &RoutingState, limits: XcastLimits, admitted: u64) -> Self {
+        let mut x = Xcast::with_limits(routing, limits);
+        x.next_expected = admitted.saturating_add(1);
+        x.children = x
+            .view
+            .children
+            .iter()
+            .map(|&r| Child::new_unsynced(r))
+            .collect();
+        x.sync_due = x.view.children.iter().copied().collect();
+        x.up = Upstream {
+            synced: x.view.parent.is_none(),
+            resume_now: false,
+            requested: None,
+            awaiting: None,
+            ack_sent: None,
+        };
+        x.check_resume = true;
+        x
+    }
+
+    /// Rank 0: the id the next operation it numbers will get.
+    pub fn next_op(&self) -> u64 {
+        self.next_op
+    }
+
     /// This daemon's rank.
     pub fn me(&self) -> Rank {
         self.view.me

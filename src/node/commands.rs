@@ -77,7 +77,7 @@ impl Node {
         if self.stopping.is_some() {
             return Err(SendError::ShutDown);
         }
-        if !self.is_wired() && c.needs_wireup(self.me) {
+        if !self.is_settled() && c.needs_wireup(self.me) {
             if self.prewire.len() >= self.prewire_queue_max {
                 return Err(SendError::Busy(crate::error::Limit::PrewireQueue));
             }

@@ -98,6 +98,16 @@ impl Contacts {
         self.owned.insert(uri.rank, uri);
     }
 
+    /// A restarted daemon's new contact (rejoin): it replaces the old one wherever that was
+    /// kept (owned or cached), and is cached if neither.
+    pub fn replace(&mut self, uri: ContactUri) {
+        if self.owned.contains_key(&uri.rank) {
+            self.own(uri);
+        } else {
+            self.cache(uri);
+        }
+    }
+
     /// Records a looked-up (or otherwise learnt) contact in the bounded cache. An owned
     /// contact is not replaced: what wire-up gave is what the tree was built from.
     pub fn cache(&mut self, uri: ContactUri) {

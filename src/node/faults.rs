@@ -73,7 +73,7 @@ impl Node {
 
     /// What every repair is followed by: the driver re-routes, new neighbours are watched,
     /// then the collectives, RELM and the user's handlers.
-    fn after_repair(&mut self, now: Instant, status: RecoveryStatus) {
+    pub(super) fn after_repair(&mut self, now: Instant, status: RecoveryStatus) {
         self.counters.repairs += 1;
         log::info!(
             "rank {}: repaired ({:?} scope, epoch {:?}): failed {:?}, parent {:?} -> {:?}, children {:?} -> {:?}{}",
@@ -109,6 +109,7 @@ impl Node {
         for r in &dead {
             self.flow.forget(*r);
             self.paused_by.remove(r);
+            self.admitting.remove(r);
         }
         self.direct_after_repair(now, &dead);
         self.streams_after_repair(now, &dead);
@@ -129,8 +130,10 @@ impl Node {
     /// sends it only once they are synchronised. Queued before the `Sync`, on the same link.
     pub(super) fn tell_child(&mut self, c: Rank) {
         let notice = Adoption {
+            epoch: self.epoch,
             failed: self.routing.failed().collect(),
             ancestors: self.routing.ancestors().to_vec(),
+            restored: self.restores_known(),
         }
         .encode();
         self.send(c, TAG_ADOPTED, notice, None);
@@ -151,7 +154,11 @@ impl Node {
             return;
         }
         let ranks: Vec<Rank> = self.unreported.iter().copied().collect();
-        let payload = notice::encode_ranks(&ranks);
+        let payload = notice::Report {
+            epoch: self.epoch,
+            failed: ranks.clone(),
+        }
+        .encode();
         let token = self.next_runtime_token();
         let paths = super::reliable::Paths::new(&self.routing, &self.direct);
         match self.relm.send_runtime(
@@ -207,6 +214,7 @@ impl Node {
         let c = Confirmation {
             epoch: self.epoch,
             failed: self.confirmed.clone(),
+            restored: Vec::new(),
         };
         self.originate_runtime(TAG_FAULT_CONFIRM, c.encode());
     }
@@ -224,7 +232,7 @@ impl Node {
         if c.epoch <= self.epoch {
             return;
         }
-        if c.failed.contains(&self.me) {
+        if c.failed.contains(&self.me) || c.restored.iter().any(|r| r.rank == self.me) {
             self.declared_dead(
                 now,
                 &format!("rank 0 confirmed this daemon dead (epoch {})", c.epoch),
@@ -245,6 +253,13 @@ impl Node {
             .collect();
         self.epoch = c.epoch;
         self.confirmed = c.failed;
+        if !c.restored.is_empty() {
+            // Daemons admitted back: the un-repair first, then any failure it also brings.
+            self.restore_ranks(now, &c.restored, c.epoch);
+            if unknown.is_empty() && newly.is_empty() {
+                return;
+            }
+        }
         match self.routing.fail(&unknown, Scope::Global, Some(self.epoch)) {
             Ok(mut status) => {
                 status.newly_failed = newly;
@@ -255,8 +270,14 @@ impl Node {
     }
 
     pub(super) fn on_report(&mut self, now: Instant, origin: Rank, payload: &[u8]) {
-        match notice::decode_ranks(self.size, payload) {
-            Ok(ranks) => {
+        match notice::Report::decode(self.size, payload) {
+            Ok(report) => {
+                let ranks: Vec<Rank> = report
+                    .failed
+                    .iter()
+                    .copied()
+                    .filter(|r| !self.is_stale_death(*r, report.epoch))
+                    .collect();
                 log::info!("rank 0: rank {origin} reports {ranks:?} failed");
                 self.confirm(now, &ranks);
             }
@@ -276,12 +297,21 @@ impl Node {
             self.declared_dead(now, &format!("rank {origin} lists this daemon as failed"));
             return;
         }
+        // Restores first: the new parent may be a daemon admitted back that this daemon still
+        // believes dead (the confirmation can only reach it through that parent).
+        self.restore_from_notice(now, &a.restored);
+        let failed: Vec<Rank> = a
+            .failed
+            .iter()
+            .copied()
+            .filter(|r| !self.is_stale_death(*r, a.epoch))
+            .collect();
         // Reported on to rank 0: the adopter's own report may have died with a relay or with
         // the adopter, and rank 0 must hear of every death for the trees to agree (the
         // simulator found a death never confirmed that way; regression seed 28942).
         self.declare_failed(
             now,
-            &a.failed,
+            &failed,
             &format!("adoption notice from rank {origin}"),
             true,
         );

@@ -25,6 +25,17 @@ impl Node {
         if from >= self.size || from == self.me {
             return Err(format!("a frame on a link with rank {from}"));
         }
+        if self.is_rejoin_request(from, h.kind, h.origin, h.tag) {
+            // From a rank this daemon may believe failed: checked there, not dropped here.
+            self.on_rejoin_request(now, from, h.epoch, &payload);
+            return Ok(());
+        }
+        if self.is_restored_adopter(from, &h) {
+            // A daemon admitted back, which this daemon still believes dead, adopts it: its
+            // notice names its restore (see `rejoin.rs`).
+            self.on_adopted(now, from, &payload);
+            return Ok(());
+        }
         // A frame from an older incarnation of its sender than one already seen is left over
         // from before a restart: dropped and counted. A newer one is learnt.
         let known = self
@@ -115,7 +126,13 @@ impl Node {
 
     /// `peer` runs incarnation `incarnation` (or a newer one, if known). Nothing is stored for
     /// an incarnation at the floor: every peer is known to be at least there.
+    ///
+    /// Not for a rank believed failed: the dead incarnation is kept until a restore names the
+    /// new one, so that only a newer incarnation may ask to rejoin ([`Node::may_link`]).
     fn learn_incarnation(&mut self, peer: Rank, incarnation: u64) {
+        if self.routing.is_failed(peer) {
+            return;
+        }
         match self.incarnations.get_mut(&peer) {
             Some(k) => *k = (*k).max(incarnation),
             None if incarnation > self.incarnation_floor || self.incarnation_floor == 0 => {
@@ -131,6 +148,9 @@ impl Node {
             super::wireup::TAG_WIREUP_REPORT if self.me == 0 => self.on_wireup_report(now, msg),
             TAG_FAULT_REPORT if self.me == 0 => self.on_report(now, msg.origin, &msg.payload),
             TAG_ADOPTED => self.on_adopted(now, msg.origin, &msg.payload),
+            crate::faults::rejoin::TAG_WELCOME => self.on_welcome(now, &msg),
+            crate::faults::rejoin::TAG_REJOIN_REFUSED => self.on_rejoin_refused(now, &msg),
+            crate::faults::rejoin::TAG_SETTLED => self.on_settled(now, &msg),
             TAG_DECLARED_DEAD => {
                 self.declared_dead(now, &format!("rank {} refused this daemon", msg.origin))
             }

@@ -33,6 +33,7 @@ mod frames;
 pub mod lookup;
 mod modex;
 mod output;
+mod rejoin;
 mod reliable;
 mod status;
 mod streams;
@@ -102,6 +103,9 @@ pub struct NodeConfig {
     /// The uids whose processes may connect as clients (`client_uids`; the driver puts the
     /// daemon's own uid when the setting is empty).
     pub client_uids: Vec<u32>,
+    /// This daemon restarts under the rank of a dead one and asks rank 0 to admit it back
+    /// instead of taking part in wire-up (issue "Rejoin"; see `rejoin.rs`). Needs `uri`.
+    pub rejoin: bool,
 }
 
 impl NodeConfig {
@@ -138,6 +142,7 @@ impl NodeConfig {
             direct: crate::direct::DirectConfig::from_config(c),
             contacts: c.contacts,
             client_uids: c.client_uid_list(),
+            rejoin: false,
         }
     }
 }
@@ -165,6 +170,9 @@ enum Wire {
     /// `start`: twice the wire-up timeout, since rank 0 itself may collect reports for one
     /// timeout before it sends the table) the daemon stops with a fatal error.
     Waiting(Option<Instant>),
+    /// A restarted daemon waiting for rank 0's answer to its rejoin request until the deadline
+    /// (twice the wire-up timeout); commands are held as while `Waiting`.
+    Rejoining(Instant),
     Wired,
 }
 
@@ -192,6 +200,16 @@ pub struct Node {
     heartbeat_at: Option<Instant>,
     wire: Wire,
     wired_at_start: bool,
+    /// Start by asking rank 0 to rejoin (`NodeConfig::rejoin`).
+    rejoin: bool,
+    /// Callers' commands may run: false for a rejoined daemon until rank 0 says every living
+    /// daemon knows it is back (`rejoin.rs`).
+    settled: bool,
+    /// The epoch in which each rank was last restored (rejoin): older news of its death is
+    /// about its previous incarnation. At most one entry per rank.
+    restored_at: FxHashMap<Rank, u64>,
+    /// Rank 0: daemons admitted back and not yet told `Settled` (`REJOIN_IN_PROGRESS_MAX`).
+    admitting: BTreeMap<Rank, rejoin::Admitting>,
     wireup_timeout: Duration,
     /// Contact URIs: rank 0's before wire-up; after it, the ancestors' and the subtree's (or
     /// every rank's: rank 0, `contacts = "full"`), and those looked up since.
@@ -285,6 +303,10 @@ impl Node {
             heartbeat_at: None,
             wire: Wire::Waiting(None),
             wired_at_start: cfg.wired_at_start,
+            rejoin: cfg.rejoin,
+            settled: true,
+            restored_at: FxHashMap::default(),
+            admitting: BTreeMap::new(),
             wireup_timeout: cfg.wireup_timeout,
             contacts,
             contacts_setting: cfg.contacts,
@@ -358,9 +380,14 @@ impl Node {
         self.epoch
     }
 
-    /// Whether wire-up is complete here.
+    /// Whether wire-up is complete here (for a rejoining daemon: rank 0 welcomed it).
     pub fn is_wired(&self) -> bool {
         matches!(self.wire, Wire::Wired)
+    }
+
+    /// Whether callers' commands run (wired, and for a rejoined daemon, settled).
+    pub fn is_settled(&self) -> bool {
+        self.is_wired() && self.settled
     }
 
     /// Why the node stops, once it does.
@@ -432,6 +459,7 @@ impl Node {
         let wireup = match &self.wire {
             Wire::Collecting(_, at) => Some(*at),
             Wire::Waiting(at) if self.stopping.is_none() => *at,
+            Wire::Rejoining(at) if self.stopping.is_none() => Some(*at),
             _ => None,
         };
         let running = if self.stopping.is_none() {
@@ -463,6 +491,12 @@ impl Node {
             && at <= now
         {
             self.no_table_in_time(now);
+            return;
+        }
+        if let Wire::Rejoining(at) = self.wire
+            && at <= now
+        {
+            self.no_welcome_in_time(now);
             return;
         }
         if self.heartbeat_at.is_some_and(|at| at <= now) {

@@ -10,6 +10,8 @@ use std::collections::VecDeque;
 
 const TAG: Tag = crate::rml::TAG_USER_MIN;
 
+mod rejoin;
+
 /// A few wired nodes and the frames between them.
 struct Net {
     nodes: Vec<Node>,
@@ -384,6 +386,7 @@ fn the_node_reads_no_clock_and_draws_no_randomness() {
         ("reliable.rs", include_str!("reliable.rs")),
         ("collectives.rs", include_str!("collectives.rs")),
         ("wiring.rs", include_str!("wiring.rs")),
+        ("rejoin.rs", include_str!("rejoin.rs")),
         ("wireup.rs", include_str!("wireup.rs")),
         ("output.rs", include_str!("output.rs")),
     ];

@@ -26,6 +26,10 @@ impl Node {
             self.wired(now);
             return;
         };
+        if self.rejoin && self.me != 0 {
+            self.start_rejoin(now);
+            return;
+        }
         if self.me == 0 {
             let collector = wireup::WireupCollector::new(self.size, uri);
             self.wire = Wire::Collecting(collector, now + self.wireup_timeout);

@@ -621,7 +621,7 @@ impl EventLoop {
     /// connection becomes the link to `peer` (`oob::arbiter::admit`, the only place a
     /// simultaneous connect or a reconnection is resolved).
     fn on_authenticated(&mut self, tok: usize, peer: Rank, incarnation: u64) {
-        if self.node.is_failed(peer) {
+        if !self.node.may_link(peer, incarnation) {
             // It proved it is rank `peer`, which the DVM declared dead: admit it only to tell
             // it so (a dialler reads nothing before `Ready`), then hang up.
             self.admit_conn(tok);
@@ -687,7 +687,7 @@ impl EventLoop {
     }
 
     fn established(&mut self, tok: usize, peer: Rank, incarnation: u64) {
-        if self.node.is_failed(peer) {
+        if !self.node.may_link(peer, incarnation) {
             // It proved it is rank `peer`, which the DVM declared dead: it must not rejoin.
             self.tell_dead_and_close(tok, peer);
             return;

@@ -1,0 +1,181 @@
+//! Rejoin on the wire (issue "Rejoin and grow"): a daemon restarted under the rank of a dead
+//! one asks rank 0 to admit it; rank 0 welcomes it (or refuses, saying why), and tells it once
+//! every living daemon has learnt of its return. Sans-IO encode/decode; every decoder checks
+//! lengths and ranks and returns an error rather than panicking on hostile bytes.
+//!
+//! These four travel directly between the rejoining daemon and rank 0, on the connection the
+//! rejoining daemon dialled (it has no place in the tree until it is welcomed). The request's
+//! incarnation is the one its handshake proved (the header's `epoch`), so it is not repeated.
+//!
+//! Layouts (network byte order):
+//! - request (to rank 0): the daemon's contact URI (UTF-8, as in a wire-up report);
+//! - welcome: `u64 epoch` (the one its admission opens), `u64 op` (the broadcast operation that
+//!   announces it: it delivers the operations after it, none before), then the rank list of
+//!   every rank confirmed dead (see `notice.rs`);
+//! - refusal: `u8 reason` ([`Refusal`]);
+//! - settled: `u64 op` (the admission's operation, now delivered by every living daemon).
+
+use super::notice::NoticeError;
+use crate::Rank;
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// Runtime tag: a restarted daemon asks rank 0 to admit it under its rank.
+pub const TAG_REJOIN: u32 = 22;
+/// Runtime tag: rank 0 admitted the daemon ([`Welcome`]).
+pub const TAG_WELCOME: u32 = 23;
+/// Runtime tag: rank 0 refused the daemon ([`Refusal`]); it must stop.
+pub const TAG_REJOIN_REFUSED: u32 = 24;
+/// Runtime tag: every living daemon delivered the admission's operation: the rejoined daemon's
+/// own messages may go out (no daemon on their way still believes it dead).
+pub const TAG_SETTLED: u32 = 25;
+
+/// Rank 0's answer to a daemon it admitted back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Welcome {
+    /// The epoch the admission opens.
+    pub epoch: u64,
+    /// The broadcast operation that announces the admission to every daemon.
+    pub op: u64,
+    /// Every rank confirmed dead, ascending.
+    pub failed: Vec<Rank>,
+}
+
+/// Why rank 0 refused a daemon that asked to rejoin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The rank is alive in the DVM: a second daemon with its rank cannot join.
+    Alive = 1,
+    /// The daemon's incarnation is not newer than the one the DVM knows for its rank.
+    OldIncarnation = 2,
+    /// Rank 0 is still wiring up the DVM, or stopping.
+    NotReady = 3,
+    /// The request named another rank, or no usable contact.
+    BadRequest = 4,
+    /// Rank 0 admits at most `REJOIN_IN_PROGRESS_MAX` daemons at once.
+    Busy = 5,
+}
+
+impl Refusal {
+    /// The reason with wire value `v`.
+    pub fn from_wire(v: u8) -> Option<Refusal> {
+        Some(match v {
+            1 => Refusal::Alive,
+            2 => Refusal::OldIncarnation,
+            3 => Refusal::NotReady,
+            4 => Refusal::BadRequest,
+            5 => Refusal::Busy,
+            _ => return None,
+        })
+    }
+
+    /// Encoded as a refusal payload.
+    pub fn encode(self) -> Bytes {
+        Bytes::copy_from_slice(&[self as u8])
+    }
+
+    /// Decodes a refusal payload.
+    pub fn decode(p: &[u8]) -> Result<Refusal, NoticeError> {
+        match p {
+            [v] => Refusal::from_wire(*v).ok_or(NoticeError::Truncated),
+            [] => Err(NoticeError::Truncated),
+            [_, rest @ ..] => Err(NoticeError::Trailing(rest.len())),
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Refusal::Alive => "the rank is alive in the DVM (only a dead rank can rejoin)",
+            Refusal::OldIncarnation => {
+                "this daemon's incarnation is not newer than the one the DVM knows for its rank"
+            }
+            Refusal::NotReady => "rank 0 is not admitting daemons now (wire-up or shutdown)",
+            Refusal::BadRequest => "the request was malformed",
+            Refusal::Busy => "rank 0 is admitting as many daemons as it may at once; retry",
+        })
+    }
+}
+
+impl Welcome {
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::with_capacity(20 + 4 * self.failed.len());
+        b.put_u64(self.epoch);
+        b.put_u64(self.op);
+        b.put_slice(&super::notice::encode_ranks(&self.failed));
+        b.freeze()
+    }
+
+    pub fn decode(size: u32, p: &[u8]) -> Result<Welcome, NoticeError> {
+        let (e, rest) = p.split_first_chunk::<8>().ok_or(NoticeError::Truncated)?;
+        let (o, rest) = rest
+            .split_first_chunk::<8>()
+            .ok_or(NoticeError::Truncated)?;
+        let failed = super::notice::decode_ranks(size, rest)?;
+        Ok(Welcome {
+            epoch: u64::from_be_bytes(*e),
+            op: u64::from_be_bytes(*o),
+            failed,
+        })
+    }
+}
+
+/// Encodes a settled notice.
+pub fn encode_settled(op: u64) -> Bytes {
+    Bytes::copy_from_slice(&op.to_be_bytes())
+}
+
+/// Decodes a settled notice.
+pub fn decode_settled(p: &[u8]) -> Result<u64, NoticeError> {
+    let b: [u8; 8] = p.try_into().map_err(|_| NoticeError::Truncated)?;
+    Ok(u64::from_be_bytes(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn round_trips() {
+        let w = Welcome {
+            epoch: 3,
+            op: 17,
+            failed: vec![2, 6],
+        };
+        assert_eq!(Welcome::decode(8, &w.encode()), Ok(w));
+        for r in [
+            Refusal::Alive,
+            Refusal::OldIncarnation,
+            Refusal::NotReady,
+            Refusal::BadRequest,
+            Refusal::Busy,
+        ] {
+            assert_eq!(Refusal::decode(&r.encode()), Ok(r));
+        }
+        assert_eq!(decode_settled(&encode_settled(9)), Ok(9));
+        assert!(Refusal::decode(&[0]).is_err());
+        assert!(Refusal::decode(&[1, 1]).is_err());
+        assert_eq!(
+            Welcome::decode(
+                4,
+                &Welcome {
+                    epoch: 1,
+                    op: 1,
+                    failed: vec![5]
+                }
+                .encode()
+            ),
+            Err(NoticeError::BadRank { rank: 5, size: 4 })
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64), size in 1u32..100) {
+            let _ = Welcome::decode(size, &bytes);
+            let _ = Refusal::decode(&bytes);
+            let _ = decode_settled(&bytes);
+        }
+    }
+}

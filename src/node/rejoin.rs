@@ -1,0 +1,421 @@
+//! Rejoin (issue "Rejoin and grow"): a daemon restarted under the rank of a dead one is
+//! admitted back by rank 0 under its new incarnation, and every survivor puts it back into the
+//! tree in a new epoch (the un-repair, [`crate::routed::RoutingState::restore`]).
+//!
+//! # The flow
+//! 1. The restarted daemon (`NodeConfig::rejoin`) dials rank 0 and sends `Rejoin` with its new
+//!    contact; its handshake proved its rank and incarnation. Until it is welcomed it has no
+//!    place in the tree and holds its callers' commands (as before wire-up).
+//! 2. Rank 0 admits it if its rank is confirmed dead and the incarnation is newer than the
+//!    dead one's: a new epoch, the rank out of the failed set, and a fault confirmation (a
+//!    broadcast operation, so every daemon applies it once and in order) that names the
+//!    restored rank with its incarnation and contact. It answers `Welcome` (the epoch, the
+//!    operation's id, the failed set), or `Refused` with the reason.
+//! 3. Every survivor, delivering that operation, restores the rank: the tree it computes is
+//!    the one that would exist had the rank never failed ([`crate::routed`]); its children
+//!    move back from their adopters, the heir that held its slot moves back down, and the
+//!    collectives and RELM treat the changed neighbours as after a repair (`Sync`, link
+//!    updates). Frames of the dead incarnation are dropped (the header's incarnation); RELM's
+//!    state for the rank was purged when it died, so its chains start afresh.
+//! 4. The welcomed daemon takes the failed set, delivers broadcast operations after its
+//!    admission's (none before), and waits for its parent's `Sync`. Once rank 0's operation
+//!    completes (every living daemon delivered it, the new daemon included), rank 0 sends
+//!    `Settled`: the daemon reports [`super::Output::Wired`] and runs its callers' commands.
+//!    Holding them until then means no daemon on their way still believes it dead.
+//!
+//! # Stale news
+//! A report or an adoption notice carries its sender's epoch. A rank restored in a later epoch
+//! than that is the new incarnation, which the notice cannot be about: the death it names is
+//! ignored.
+//!
+//! # Bounds
+//! Rank 0 admits at most [`crate::limits::REJOIN_IN_PROGRESS_MAX`] daemons at once (not yet
+//! settled); more are refused `Busy` and may retry. A daemon that gets no answer within twice
+//! the wire-up timeout stops with a fatal error, as one that gets no contact table does.
+
+use super::{Node, Output, StopReason, Wire};
+use crate::Rank;
+use crate::faults::notice::{Confirmation, Restored, TAG_FAULT_CONFIRM};
+use crate::faults::rejoin::{
+    self, Refusal, TAG_REJOIN, TAG_REJOIN_REFUSED, TAG_SETTLED, TAG_WELCOME, Welcome,
+};
+use crate::grpcomm::{Allgather, GroupGather, Xcast};
+use crate::oob::header::Kind;
+use crate::rml::Message;
+use crate::routed::Scope;
+use bytes::Bytes;
+use std::time::Instant;
+
+/// Rank 0: a daemon it admitted back and has not told `Settled` yet.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Admitting {
+    pub incarnation: u64,
+    /// The broadcast operation that announced it.
+    pub op: u64,
+}
+
+impl Node {
+    /// A restarted daemon asks to rejoin: its request to rank 0, sent directly (it has no
+    /// place in the tree yet).
+    pub(super) fn start_rejoin(&mut self, now: Instant) {
+        let Some(uri) = self.uri.clone() else {
+            self.begin_stop(
+                now,
+                StopReason::Fatal("a daemon that rejoins needs its own contact".into()),
+            );
+            return;
+        };
+        log::info!(
+            "rank {}: asking rank 0 to admit this daemon back (incarnation {})",
+            self.me,
+            self.incarnation
+        );
+        self.wire = Wire::Rejoining(now + 2 * self.wireup_timeout);
+        let request = Bytes::from(uri.to_string());
+        let header = self.header(Kind::Msg, self.me, 0, TAG_REJOIN, request.len());
+        self.transmit(0, header, request, None);
+    }
+
+    /// Whether `frame` is a rejoin request for this daemon (rank 0), which passes the checks
+    /// that drop frames from failed ranks.
+    pub(super) fn is_rejoin_request(&self, from: Rank, kind: Kind, origin: Rank, tag: u32) -> bool {
+        self.me == 0 && kind == Kind::Msg && tag == TAG_REJOIN && origin == from
+    }
+
+    /// Whether `h`, from neighbour `from`, is an adoption notice of a newer incarnation of a
+    /// rank this daemon believes failed: a daemon admitted back whose restore has not reached
+    /// this daemon yet, adopting it.
+    pub(super) fn is_restored_adopter(&self, from: Rank, h: &crate::oob::header::Header) -> bool {
+        h.kind == Kind::Msg
+            && h.tag == crate::faults::notice::TAG_ADOPTED
+            && h.origin == from
+            && h.dst == self.me
+            && self.routing.is_failed(from)
+            && self.may_link(from, h.epoch)
+    }
+
+    /// The restores this daemon knows of, latest first (at most `REJOIN_IN_PROGRESS_MAX`), for
+    /// an adoption notice: its own, if it was admitted back, and those it applied.
+    pub(super) fn restores_known(&self) -> Vec<(Restored, u64)> {
+        let mut known: Vec<(Restored, u64)> = self
+            .restored_at
+            .iter()
+            .filter(|(r, _)| !self.routing.is_failed(**r))
+            .filter_map(|(&rank, &epoch)| {
+                let (incarnation, uri) = if rank == self.me {
+                    (self.incarnation, self.uri.clone()?)
+                } else {
+                    (
+                        *self.incarnations.get(&rank)?,
+                        self.contacts.get(rank)?.clone(),
+                    )
+                };
+                Some((
+                    Restored {
+                        rank,
+                        incarnation,
+                        uri,
+                    },
+                    epoch,
+                ))
+            })
+            .collect();
+        known.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.rank.cmp(&b.0.rank)));
+        known.truncate(crate::limits::REJOIN_IN_PROGRESS_MAX);
+        known
+    }
+
+    /// An adoption notice named restores: those this daemon has not applied (the rank failed
+    /// here, the incarnation newer than the dead one's) are applied now, in local scope; the
+    /// confirmation that follows finds them done.
+    pub(super) fn restore_from_notice(&mut self, now: Instant, restored: &[(Restored, u64)]) {
+        let fresh: Vec<(Restored, u64)> = restored
+            .iter()
+            .filter(|(r, _)| {
+                r.rank != self.me
+                    && self.routing.is_failed(r.rank)
+                    && self.may_link(r.rank, r.incarnation)
+            })
+            .cloned()
+            .collect();
+        if fresh.is_empty() {
+            return;
+        }
+        let ranks: Vec<Rank> = fresh.iter().map(|(r, _)| r.rank).collect();
+        // Rank 0 admitted them back in a later epoch than the one that confirmed them dead.
+        self.confirmed.retain(|r| !ranks.contains(r));
+        for (r, epoch) in &fresh {
+            self.incarnations.insert(r.rank, r.incarnation);
+            self.restored_at.insert(r.rank, *epoch);
+            self.unreported.remove(&r.rank);
+            self.contacts.replace(r.uri.clone());
+        }
+        match self.routing.restore(&ranks, Scope::Local, None) {
+            Ok(status) => {
+                log::info!(
+                    "rank {}: rank(s) {ranks:?} back (told by an adoption notice)",
+                    self.me
+                );
+                self.counters.rejoins += status.restored.len() as u64;
+                self.after_repair(now, status);
+            }
+            Err(e) => crate::bug!("rank {}: restore failed: {e}", self.me),
+        }
+    }
+
+    /// Whether a connection from `peer`, which proved `incarnation`, may stand. A rank this
+    /// daemon believes failed may connect only under a newer incarnation than the dead one's:
+    /// to ask rank 0 to rejoin, or to reach a neighbour that has not yet learnt of its return
+    /// (its frames are dropped until then). An older or the same incarnation is told it was
+    /// declared dead.
+    pub fn may_link(&self, peer: Rank, incarnation: u64) -> bool {
+        if !self.routing.is_failed(peer) {
+            return true;
+        }
+        let known = self
+            .incarnations
+            .get(&peer)
+            .copied()
+            .unwrap_or(self.incarnation_floor);
+        incarnation > known
+    }
+
+    /// Rank 0: rank `from`, incarnation `incarnation`, asks to be admitted back.
+    pub(super) fn on_rejoin_request(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        incarnation: u64,
+        payload: &Bytes,
+    ) {
+        let uri = match super::wireup::decode_report(from, payload) {
+            Ok(u) => u,
+            Err(e) => {
+                log::warn!("rank 0: bad rejoin request from rank {from}: {e}");
+                return self.refuse_rejoin(from, Refusal::BadRequest);
+            }
+        };
+        if !self.is_wired() || self.stopping.is_some() {
+            return self.refuse_rejoin(from, Refusal::NotReady);
+        }
+        if let Some(a) = self.admitting.get(&from).copied()
+            && a.incarnation == incarnation
+        {
+            // Asked again (its connection was replaced): the same answer.
+            self.send_welcome(from, a.op);
+            return;
+        }
+        if !self.routing.is_failed(from) {
+            log::warn!("rank 0: rank {from} asked to rejoin but is alive; refused");
+            return self.refuse_rejoin(from, Refusal::Alive);
+        }
+        if !self.may_link(from, incarnation) {
+            return self.refuse_rejoin(from, Refusal::OldIncarnation);
+        }
+        if self.admitting.len() >= crate::limits::REJOIN_IN_PROGRESS_MAX {
+            return self.refuse_rejoin(from, Refusal::Busy);
+        }
+        self.epoch += 1;
+        let epoch = self.epoch;
+        log::info!(
+            "rank 0: admitting rank {from} back (incarnation {incarnation}) in epoch {epoch}"
+        );
+        self.confirmed.retain(|r| *r != from);
+        let op = self.xcast.next_op();
+        let restored = Restored {
+            rank: from,
+            incarnation,
+            uri,
+        };
+        self.restore_ranks(now, std::slice::from_ref(&restored), epoch);
+        let c = Confirmation {
+            epoch,
+            failed: self.confirmed.clone(),
+            restored: vec![restored],
+        };
+        self.originate_runtime(TAG_FAULT_CONFIRM, c.encode());
+        self.admitting.insert(from, Admitting { incarnation, op });
+        self.send_welcome(from, op);
+    }
+
+    fn send_welcome(&mut self, to: Rank, op: u64) {
+        let w = Welcome {
+            epoch: self.epoch,
+            op,
+            failed: self.confirmed.clone(),
+        }
+        .encode();
+        let h = self.header(Kind::Msg, 0, to, TAG_WELCOME, w.len());
+        self.transmit(to, h, w, None);
+    }
+
+    /// Told directly on the connection the daemon made: it may be failed in this view.
+    fn refuse_rejoin(&mut self, to: Rank, why: Refusal) {
+        self.counters.rejoins_refused += 1;
+        log::warn!("rank 0: rank {to} may not rejoin: {why}");
+        let p = why.encode();
+        let header = self.header(Kind::Msg, 0, to, TAG_REJOIN_REFUSED, p.len());
+        self.out.push_back(Output::Transmit {
+            to,
+            header,
+            payload: p.into(),
+            token: None,
+        });
+    }
+
+    /// Every daemon: puts `restored` back into the tree in `epoch` (rank 0 when it admits;
+    /// the others when they deliver its confirmation).
+    pub(super) fn restore_ranks(&mut self, now: Instant, restored: &[Restored], epoch: u64) {
+        let ranks: Vec<Rank> = restored.iter().map(|r| r.rank).collect();
+        for r in restored {
+            self.incarnations.insert(r.rank, r.incarnation);
+            self.restored_at.insert(r.rank, epoch);
+            self.unreported.remove(&r.rank);
+            self.contacts.replace(r.uri.clone());
+        }
+        match self.routing.restore(&ranks, Scope::Global, Some(epoch)) {
+            // Restored already (told by an adoption notice): nothing changes.
+            Ok(status) if status.restored.is_empty() => {}
+            Ok(status) => {
+                self.counters.rejoins += status.restored.len() as u64;
+                self.after_repair(now, status);
+            }
+            Err(e) => crate::bug!("rank {}: restore failed: {e}", self.me),
+        }
+    }
+
+    /// Whether a notice of its sender's epoch `epoch` that names `rank` dead is stale: `rank`
+    /// was restored in a later epoch, so the notice is about its previous incarnation.
+    pub(super) fn is_stale_death(&self, rank: Rank, epoch: u64) -> bool {
+        self.restored_at.get(&rank).is_some_and(|at| *at > epoch)
+    }
+
+    /// The rejoining daemon: rank 0 admitted it.
+    pub(super) fn on_welcome(&mut self, now: Instant, msg: &Message) {
+        if msg.origin != 0 || !matches!(self.wire, Wire::Rejoining(_)) {
+            log::warn!(
+                "rank {}: unexpected welcome from rank {} ignored",
+                self.me,
+                msg.origin
+            );
+            return;
+        }
+        let w = match Welcome::decode(self.size, &msg.payload) {
+            Ok(w) if !w.failed.contains(&self.me) && !w.failed.contains(&0) => w,
+            Ok(_) => {
+                return self.begin_stop(
+                    now,
+                    StopReason::Fatal("rank 0's welcome lists this daemon or itself dead".into()),
+                );
+            }
+            Err(e) => {
+                return self.begin_stop(
+                    now,
+                    StopReason::Fatal(format!("unusable welcome from rank 0: {e}")),
+                );
+            }
+        };
+        log::info!(
+            "rank {}: admitted back in epoch {} (operation {}), {} rank(s) dead",
+            self.me,
+            w.epoch,
+            w.op,
+            w.failed.len()
+        );
+        self.epoch = w.epoch;
+        self.confirmed = w.failed.clone();
+        if let Err(e) = self.routing.fail(&w.failed, Scope::Global, Some(w.epoch)) {
+            return self.begin_stop(now, StopReason::Fatal(format!("bad welcome: {e}")));
+        }
+        // The cores start from this tree, as everyone's did at wire-up, except that the
+        // broadcast stream starts after the admission's operation and every neighbour is new.
+        let limits = super::xcast_limits(self.msg_max_bytes);
+        self.xcast = Xcast::rejoined(&self.routing, limits, w.op);
+        self.allgather = Allgather::new(&self.routing);
+        self.group = GroupGather::new(&self.routing);
+        self.wire = Wire::Wired;
+        self.settled = false;
+        self.restored_at.insert(self.me, w.epoch);
+        self.watch_neighbours(now);
+        if let Some(m) = &self.monitor {
+            self.heartbeat_at = Some(now + m.tick_every());
+        }
+        // Its neighbours' RELM state for it was purged when it died: link updates start its
+        // chains afresh on both sides.
+        let status = crate::routed::RecoveryStatus {
+            scope: Scope::Global,
+            newly_failed: Vec::new(),
+            restored: vec![self.me],
+            epoch: Some(w.epoch),
+            promoted: false,
+            demoted: false,
+            previous_parent: None,
+            new_parent: self.routing.parent(),
+            previous_children: Vec::new(),
+            new_children: self.routing.children().to_vec(),
+            previous_ancestors: Vec::new(),
+            new_ancestors: self.routing.ancestors().to_vec(),
+        };
+        let paths = super::reliable::Paths::new(&self.routing, &self.direct);
+        self.relm.handle_repair(now, &paths, &status);
+    }
+
+    /// The rejoining daemon: rank 0 refused it.
+    pub(super) fn on_rejoin_refused(&mut self, now: Instant, msg: &Message) {
+        if msg.origin != 0 || !matches!(self.wire, Wire::Rejoining(_)) {
+            return;
+        }
+        let why = match Refusal::decode(&msg.payload) {
+            Ok(r) => r.to_string(),
+            Err(e) => format!("(unreadable reason: {e})"),
+        };
+        let text = format!("rank 0 refused to admit this daemon back: {why}");
+        log::error!("rank {}: {text}", self.me);
+        self.begin_stop(now, StopReason::Fatal(text));
+    }
+
+    /// The rejoined daemon: every living daemon knows it is back.
+    pub(super) fn on_settled(&mut self, now: Instant, msg: &Message) {
+        if msg.origin != 0 || self.settled || !self.is_wired() {
+            return;
+        }
+        if let Err(e) = rejoin::decode_settled(&msg.payload) {
+            log::warn!("rank {}: bad settled notice: {e}", self.me);
+            return;
+        }
+        log::info!("rank {}: rejoined; every living daemon knows", self.me);
+        self.settled = true;
+        self.out.push_back(Output::Wired);
+        self.replay_prewire(now);
+    }
+
+    /// Rank 0: broadcast operation `op` completed; the daemons it announced are settled.
+    pub(super) fn rejoin_completed(&mut self, op: u64) {
+        let done: Vec<Rank> = self
+            .admitting
+            .iter()
+            .filter(|(_, a)| a.op <= op)
+            .map(|(r, _)| *r)
+            .collect();
+        for r in done {
+            self.admitting.remove(&r);
+            if self.routing.is_failed(r) {
+                continue;
+            }
+            let p = rejoin::encode_settled(op);
+            let h = self.header(Kind::Msg, 0, r, TAG_SETTLED, p.len());
+            self.transmit(r, h, p, None);
+        }
+    }
+
+    /// A rejoining daemon that got no answer within its deadline.
+    pub(super) fn no_welcome_in_time(&mut self, now: Instant) {
+        let why = format!(
+            "no answer from rank 0 to the rejoin request within {} ms (twice the wire-up \
+             timeout): check that rank 0 runs and that its contact is current",
+            2 * self.wireup_timeout.as_millis()
+        );
+        log::error!("rank {}: {why}", self.me);
+        self.begin_stop(now, StopReason::Fatal(why));
+    }
+}

@@ -1,0 +1,309 @@
+//! Rejoin (issue "Rejoin and grow") on the in-memory network: a daemon restarted under a dead
+//! rank is admitted back by rank 0, every survivor un-repairs to the tree that would exist had
+//! it never failed, and messages flow to and from the new incarnation; refusals are clear.
+
+use super::*;
+use crate::routed::RoutingState;
+
+fn uri(rank: Rank) -> ContactUri {
+    ContactUri {
+        dvm_id: "tbon".into(),
+        rank,
+        addrs: vec![format!("127.0.0.1:{}", 4000 + rank).parse().unwrap()],
+    }
+}
+
+/// Rank `r` dies: its frames stop, every living neighbour finds it unreachable, and the
+/// confirmations spread.
+fn kill(net: &mut Net, r: Rank) {
+    net.alive[r as usize] = false;
+    let now = net.now;
+    for n in 0..net.nodes.len() as Rank {
+        if net.alive[n as usize] && net.nodes[n as usize].is_neighbour(r) {
+            net.node(n).handle_unreachable(now, r, 5);
+            net.collect(n);
+        }
+    }
+    net.run();
+}
+
+/// A new process for rank `r` (incarnation `incarnation`) asks to rejoin.
+fn restart(net: &mut Net, r: Rank, incarnation: u64) {
+    let size = net.nodes.len() as u32;
+    let radix = net.nodes[0].routing().radix();
+    let cfg = NodeConfig {
+        heartbeat: None,
+        wired_at_start: false,
+        uri: Some(uri(r)),
+        hnp: Some(uri(0)),
+        incarnation,
+        rejoin: true,
+        ..NodeConfig::new(r, size, radix)
+    };
+    let mut n = Node::new(cfg).unwrap();
+    n.post(Peer::Any, TAG, true).unwrap();
+    n.start(net.now);
+    net.nodes[r as usize] = n;
+    net.alive[r as usize] = true;
+    net.collect(r);
+}
+
+fn send(net: &mut Net, from: Rank, to: Rank, reliable: bool, token: u64, text: &'static str) {
+    let now = net.now;
+    let payload = Bytes::from_static(text.as_bytes());
+    let c = if reliable {
+        Command::SendReliable {
+            dst: to,
+            tag: TAG,
+            payload,
+            token: Some(token),
+        }
+    } else {
+        Command::Send {
+            dst: to,
+            tag: TAG,
+            payload,
+            token: Some(token),
+            route: None,
+        }
+    };
+    net.node(from).handle_command(now, c).unwrap();
+    net.collect(from);
+}
+
+fn delivered(net: &Net, at: Rank, from: Rank, text: &str) -> usize {
+    net.delivered
+        .iter()
+        .filter(|(r, m)| *r == at && m.origin == from && m.payload == text.as_bytes())
+        .count()
+}
+
+/// Every living daemon's tree is the one with `failed` failed, computed afresh.
+fn assert_tree(net: &Net, failed: &[Rank]) {
+    let n = &net.nodes[0];
+    let mut fresh = RoutingState::new(n.routing().radix(), n.size(), 0).unwrap();
+    if !failed.is_empty() {
+        fresh
+            .fail(failed, crate::routed::Scope::Global, None)
+            .unwrap();
+    }
+    for r in 0..net.nodes.len() as Rank {
+        if !net.alive[r as usize] {
+            continue;
+        }
+        let want = fresh.as_seen_by(r).unwrap();
+        let got = net.nodes[r as usize].routing();
+        assert_eq!(got.parent(), want.parent(), "rank {r}'s parent");
+        assert_eq!(got.children(), want.children(), "rank {r}'s children");
+        assert_eq!(
+            got.failed().collect::<Vec<_>>(),
+            failed.to_vec(),
+            "rank {r}'s failed set"
+        );
+    }
+}
+
+/// An interior daemon dies (its heir takes its slot), restarts, is admitted back, and the tree
+/// is again the failure-free one; plain and reliable messages cross it both ways, a broadcast
+/// reaches it once, and it never delivers what was broadcast before its return.
+#[test]
+fn a_restarted_interior_daemon_takes_back_its_slot() {
+    // Radix 2, 15 daemons; rank 1 is interior, with two children.
+    let kids = RoutingState::new(2, 15, 1).unwrap().children().to_vec();
+    let (a, b) = (kids[0], kids[1]);
+    let mut net = Net::new(15, 2, |c| c.incarnation = 1);
+    kill(&mut net, 1);
+    assert_tree(&net, &[1]);
+    assert_eq!(net.nodes[0].epoch(), 1);
+    // A broadcast while it is dead: the new incarnation must never deliver it.
+    let now = net.now;
+    net.node(5)
+        .handle_command(
+            now,
+            Command::Broadcast {
+                tag: TAG,
+                payload: Bytes::from_static(b"before"),
+                token: Some(50),
+            },
+        )
+        .unwrap();
+    net.collect(5);
+    net.run();
+
+    restart(&mut net, 1, 2);
+    net.run();
+    assert!(net.nodes[1].is_wired(), "rank 1 was never welcomed");
+    assert!(
+        net.nodes[1].is_settled(),
+        "rank 1 was never settled: rank 0 completed {}, rank 1 expects {}, epochs {:?}",
+        net.nodes[0].xcast().completed(),
+        net.nodes[1].xcast().next_expected(),
+        net.nodes.iter().map(|n| n.epoch()).collect::<Vec<_>>()
+    );
+    assert_tree(&net, &[]);
+    assert_eq!(net.nodes[0].epoch(), 2);
+    assert_eq!(net.nodes[1].epoch(), 2);
+    assert_eq!(net.nodes[0].counters().rejoins, 1);
+    assert_eq!(delivered(&net, 1, 5, "before"), 0);
+
+    // Through its slot both ways, and from and to it.
+    send(&mut net, a, b, false, 1, "a to b");
+    send(&mut net, 9, 2, true, 2, "9 to 2");
+    send(&mut net, 1, 14, true, 3, "1 to 14");
+    send(&mut net, 14, 1, false, 4, "14 to 1");
+    send(&mut net, 8, 1, true, 5, "8 to 1");
+    net.run();
+    for (at, from, text) in [
+        (b, a, "a to b"),
+        (2, 9, "9 to 2"),
+        (14, 1, "1 to 14"),
+        (1, 14, "14 to 1"),
+        (1, 8, "8 to 1"),
+    ] {
+        assert_eq!(delivered(&net, at, from, text), 1, "{text}");
+    }
+    // The plain message between its children went through rank 1 again.
+    assert!(
+        net.seen
+            .iter()
+            .any(|(f, t, h)| *f == 1 && *t == b && h.kind == Kind::Msg && h.origin == a),
+        "rank 1 did not relay {a} -> {b}"
+    );
+
+    let now = net.now;
+    net.node(12)
+        .handle_command(
+            now,
+            Command::Broadcast {
+                tag: TAG,
+                payload: Bytes::from_static(b"after"),
+                token: Some(51),
+            },
+        )
+        .unwrap();
+    net.collect(12);
+    net.run();
+    for r in 0..15 {
+        assert_eq!(
+            delivered(&net, r, 12, "after"),
+            1,
+            "rank {r} and the broadcast"
+        );
+    }
+    assert!(
+        net.done
+            .iter()
+            .all(|(_, _, result)| result.is_ok() || result == &Err(SendError::NodeDown(1))),
+        "{:?}",
+        net.done
+    );
+}
+
+/// A frame of the dead incarnation that arrives after the new one was admitted is dropped.
+#[test]
+fn frames_of_the_dead_incarnation_are_dropped_after_a_rejoin() {
+    let mut net = Net::new(7, 2, |c| c.incarnation = 1);
+    kill(&mut net, 2);
+    restart(&mut net, 2, 9);
+    net.run();
+    assert!(net.nodes[2].is_settled());
+    let now = net.now;
+    let h = Header {
+        kind: Kind::Msg,
+        origin: 2,
+        dst: 0,
+        tag: TAG,
+        epoch: 1,
+        seq: 0,
+        len: 3,
+    };
+    net.node(0)
+        .handle_frame(now, 2, h, Bytes::from_static(b"old"))
+        .unwrap();
+    net.collect(0);
+    assert_eq!(delivered(&net, 0, 2, "old"), 0);
+    assert_eq!(net.nodes[0].counters().dropped_old_incarnation, 1);
+}
+
+/// Refusals: a rank that is alive, or an incarnation that is not newer than the dead one's,
+/// is refused with its reason and the daemon stops; nothing changes in the DVM.
+#[test]
+fn a_rejoin_is_refused_for_a_live_rank_or_an_old_incarnation() {
+    let mut net = Net::new(7, 2, |c| c.incarnation = 5);
+    // Rank 0 has heard from rank 3's first life (incarnation 5).
+    let now = net.now;
+    net.node(0).handle_link_up(now, 3, 5, false);
+    // Rank 4 is alive: a second daemon claiming it is refused.
+    let survivor = std::mem::replace(
+        &mut net.nodes[4],
+        Node::new(NodeConfig::new(4, 7, 2)).unwrap(),
+    );
+    restart(&mut net, 4, 6);
+    net.run();
+    let reason = stop_reason(&mut net.nodes[4]).or_else(|| {
+        net.stops
+            .iter()
+            .find(|(r, _)| *r == 4)
+            .map(|(_, s)| s.clone())
+    });
+    match reason {
+        Some(StopReason::Fatal(why)) => assert!(why.contains("alive"), "{why}"),
+        other => panic!("rank 4's impostor was not refused: {other:?}"),
+    }
+    net.nodes[4] = survivor;
+    assert_tree(&net, &[]);
+    assert_eq!(net.nodes[0].counters().rejoins_refused, 1);
+
+    // Rank 3 dies; a daemon with its old incarnation asks back.
+    kill(&mut net, 3);
+    restart(&mut net, 3, 5);
+    net.run();
+    match net
+        .stops
+        .iter()
+        .find(|(r, _)| *r == 3)
+        .map(|(_, s)| s.clone())
+    {
+        Some(StopReason::Fatal(why)) => assert!(why.contains("incarnation"), "{why}"),
+        other => panic!("rank 3's old incarnation was not refused: {other:?}"),
+    }
+    net.alive[3] = false;
+    assert_tree(&net, &[3]);
+    // The next incarnation is admitted.
+    restart(&mut net, 3, 7);
+    net.run();
+    assert!(net.nodes[3].is_settled());
+    assert_tree(&net, &[]);
+}
+
+/// News of the old incarnation's death that reaches rank 0 after the rejoin (a report sent in
+/// an earlier epoch) does not kill the new one.
+#[test]
+fn a_stale_report_does_not_fail_the_new_incarnation() {
+    let mut net = Net::new(7, 2, |c| c.incarnation = 1);
+    kill(&mut net, 5);
+    restart(&mut net, 5, 2);
+    net.run();
+    assert_tree(&net, &[]);
+    let stale = crate::faults::notice::Report {
+        epoch: 1,
+        failed: vec![5],
+    }
+    .encode();
+    let now = net.now;
+    net.node(0).on_report(now, 6, &stale);
+    net.collect(0);
+    net.run();
+    assert_tree(&net, &[]);
+    // A report from the current epoch is news.
+    let fresh = crate::faults::notice::Report {
+        epoch: 2,
+        failed: vec![5],
+    }
+    .encode();
+    net.alive[5] = false;
+    net.node(0).on_report(now, 6, &fresh);
+    net.collect(0);
+    net.run();
+    assert_tree(&net, &[5]);
+}
