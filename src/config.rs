@@ -355,6 +355,11 @@ settings! {
     /// other is looked up from rank 0 when first needed) or `full` (every rank's: no lookups,
     /// but N squared bytes at wire-up in all). See docs/wireup.md.
     contacts: crate::node::contacts::ContactsSetting = crate::node::contacts::ContactsSetting::Subtree, env "TBON_CONTACTS";
+    /// Start as a daemon restarted under the rank of a dead one: ask rank 0 to admit it back
+    /// (a new incarnation, a new epoch, its old place in the tree) instead of taking part in
+    /// wire-up. Refused, and the daemon stops saying why, if the rank is alive or rank 0 does
+    /// not answer within twice wireup_timeout_ms. Not for rank 0 (a DVM ends with its rank 0).
+    rejoin: bool = false, env "TBON_REJOIN";
     /// First reconnect delay in milliseconds after a lost connection; doubles per attempt.
     reconnect_base_ms: u64 = 50, env "TBON_RECONNECT_BASE_MS";
     /// Cap on the reconnect delay in milliseconds.

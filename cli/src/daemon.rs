@@ -311,6 +311,8 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
                     "parent": s.new_parent,
                     "children": s.new_children,
                     "promoted": s.promoted,
+                    "restored": s.restored,
+                    "demoted": s.demoted,
                 }});
                 println!("{line}");
             })

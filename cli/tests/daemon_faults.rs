@@ -1,6 +1,8 @@
 //! Faults with real `tbon daemon` processes: a SIGSTOPped daemon is found by heartbeats and
 //! declared dead; after SIGCONT it exits non-zero instead of rejoining; a SIGKILLed interior
-//! daemon is found by its lost connections. Survivors keep running and stop cleanly at the end.
+//! daemon is found by its lost connections. Both are then started again with `--rejoin` at
+//! once and take back their places (issue "Rejoin"); a live rank's impostor and rank 0 are
+//! refused. Everyone stops cleanly at the end.
 
 mod procs;
 
@@ -87,8 +89,81 @@ fn confirmed(seen: &[(usize, String)], rank: usize, epoch: u64) -> bool {
     })
 }
 
+/// Starts `tbon daemon` for `rank` (rank 0 writes `uri_file`, the others read it) with `extra`
+/// flags; its stdout lines go to `tx`, tagged with its rank.
+fn spawn(
+    rank: u32,
+    uri_file: &std::path::Path,
+    extra: &[&str],
+    tx: &mpsc::Sender<(usize, String)>,
+) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tbon"));
+    cmd.args([
+        "daemon",
+        "--rank",
+        &rank.to_string(),
+        "--size",
+        &SIZE.to_string(),
+    ])
+    .arg("--key-file")
+    .arg(key_file())
+    .args([
+        "--radix",
+        "2",
+        "--if-include",
+        "127.0.0.1/32",
+        "--ping-all",
+        "--print-faults",
+    ])
+    .args([
+        "--heartbeat-interval-ms",
+        "300",
+        "--heartbeat-timeout-ms",
+        "3000",
+    ])
+    .args(extra)
+    .env("RUST_LOG", "tbon=info")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    if rank == 0 && !extra.contains(&"--rejoin") {
+        cmd.arg("--uri-file").arg(uri_file);
+    } else {
+        cmd.arg("--hnp-file").arg(uri_file);
+    }
+    let mut child = cmd.spawn().expect("spawn tbon daemon");
+    let out = child.stdout.take().unwrap();
+    let out_tx = tx.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = out_tx.send((rank as usize, line));
+        }
+    });
+    // Stderr is drained (a full pipe would stall the daemon) and kept for the refusals.
+    let err = child.stderr.take().unwrap();
+    let tx = tx.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send((rank as usize, format!("stderr: {line}")));
+        }
+    });
+    child
+}
+
+/// Runs `tbon status` against the DVM; its text.
+fn status(uri_file: &std::path::Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
+        .args(["status", "--all", "--hnp-file"])
+        .arg(uri_file)
+        .arg("--key-file")
+        .arg(key_file())
+        .output()
+        .expect("run tbon status");
+    assert!(out.status.success(), "tbon status failed: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
-fn stopped_daemon_is_declared_dead_and_exits_on_resume_killed_one_is_repaired() {
+fn stopped_daemon_is_declared_dead_and_exits_on_resume_killed_one_is_repaired_both_rejoin() {
     let dir = std::env::temp_dir().join(format!("tbon-faults-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let uri_file = dir.join("hnp.uri");
@@ -96,47 +171,7 @@ fn stopped_daemon_is_declared_dead_and_exits_on_resume_killed_one_is_repaired() 
     let (tx, rx) = mpsc::channel();
     let mut dvm = Dvm(Vec::new());
     for rank in 0..SIZE {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tbon"));
-        cmd.args([
-            "daemon",
-            "--rank",
-            &rank.to_string(),
-            "--size",
-            &SIZE.to_string(),
-        ])
-        .arg("--key-file")
-        .arg(key_file())
-        .args([
-            "--radix",
-            "2",
-            "--if-include",
-            "127.0.0.1/32",
-            "--ping-all",
-            "--print-faults",
-        ])
-        .args([
-            "--heartbeat-interval-ms",
-            "300",
-            "--heartbeat-timeout-ms",
-            "3000",
-        ])
-        .env("RUST_LOG", "tbon=info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-        if rank == 0 {
-            cmd.arg("--uri-file").arg(&uri_file);
-        } else {
-            cmd.arg("--hnp-file").arg(&uri_file);
-        }
-        let mut child = cmd.spawn().expect("spawn tbon daemon");
-        let out = child.stdout.take().unwrap();
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send((rank as usize, line));
-            }
-        });
-        dvm.0.push(Some(child));
+        dvm.0.push(Some(spawn(rank, &uri_file, &[], &tx)));
     }
     let lines = Lines(rx);
     let mut seen = Vec::new();
@@ -173,9 +208,64 @@ fn stopped_daemon_is_declared_dead_and_exits_on_resume_killed_one_is_repaired() 
         assert!(dvm.running(r), "survivor {r} crashed");
     }
 
-    // SIGTERM to rank 0 stops the rest of the DVM cleanly.
+    // Both are started again with --rejoin, at once: rank 0 admits each under its new
+    // incarnation in an epoch of its own (3 and 4), and every survivor puts it back.
+    let admitted_from = seen.len();
+    dvm.0[1] = Some(spawn(1, &uri_file, &["--rejoin"], &tx));
+    dvm.0[2] = Some(spawn(2, &uri_file, &["--rejoin"], &tx));
+    lines.until("every survivor to restore ranks 1 and 2", &mut seen, |s| {
+        others
+            .iter()
+            .all(|r| confirmed(s, *r, 3) && confirmed(s, *r, 4))
+    });
+    for rank in [1, 2] {
+        lines.until("the rejoined daemon to settle", &mut seen, |s| {
+            s.iter()
+                .any(|(r, l)| *r == rank && l.contains("rejoined; every living daemon knows"))
+        });
+    }
+    let restored: Vec<&String> = seen[admitted_from..]
+        .iter()
+        .filter(|(r, l)| *r == 0 && l.contains("\"restored\":["))
+        .map(|(_, l)| l)
+        .collect();
+    assert!(
+        restored.iter().any(|l| l.contains("\"restored\":[1]"))
+            && restored.iter().any(|l| l.contains("\"restored\":[2]")),
+        "rank 0's fault lines: {restored:?}"
+    );
+    // The tree is whole again: every daemon answers from its own slot, the two restarted ones
+    // under their new incarnations, in epoch 4.
+    let view = status(&uri_file);
+    assert!(view.contains("answered 7, dead 0"), "{view}");
+    assert!(view.contains("epoch 4"), "{view}");
+
+    // A second daemon for a live rank is refused and exits 1 saying why; so is rank 0.
+    for (rank, why) in [(3, "alive"), (0, "rank 0 cannot rejoin")] {
+        let mut impostor = spawn(rank, &uri_file, &["--rejoin"], &tx);
+        let deadline = Instant::now() + HANG_GUARD;
+        let code = loop {
+            if let Some(st) = impostor.try_wait().unwrap() {
+                break st.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "rank {rank}'s impostor did not exit"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(code, Some(1), "rank {rank}'s impostor");
+        lines.until("the refusal's reason", &mut seen, |s| {
+            s.iter()
+                .any(|(r, l)| *r == rank as usize && l.starts_with("stderr:") && l.contains(why))
+        });
+    }
+    let view = status(&uri_file);
+    assert!(view.contains("answered 7, dead 0"), "{view}");
+
+    // SIGTERM to rank 0 stops the rest of the DVM cleanly, the rejoined daemons too.
     dvm.signal(0, Signal::SIGTERM);
-    for r in others {
+    for r in 1..SIZE as usize {
         assert_eq!(dvm.wait_exit(r), Some(0), "rank {r} did not stop cleanly");
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -80,6 +80,7 @@ fn non_default_value(name: &str) -> &'static str {
         "dvm_id" => "other.dvm",
         "ipv4" => "false",
         "insecure" => "true",
+        "rejoin" => "on",
         "key_file" => "/etc/tbon/job.key",
         "ipv6" => "yes",
         "port_range" => "20000-20100",

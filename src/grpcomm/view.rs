@@ -112,7 +112,7 @@ impl TreeView {
         change.new_children = children
             .iter()
             .copied()
-            .filter(|c| moved || !self.is_child(*c) || status.restored.contains(c))
+            .filter(|c| moved || !self.is_child(*c))
             .collect();
         self.parent = status.new_parent;
         self.children = children;

@@ -76,11 +76,12 @@ impl Node {
     pub(super) fn after_repair(&mut self, now: Instant, status: RecoveryStatus) {
         self.counters.repairs += 1;
         log::info!(
-            "rank {}: repaired ({:?} scope, epoch {:?}): failed {:?}, parent {:?} -> {:?}, children {:?} -> {:?}{}",
+            "rank {}: repaired ({:?} scope, epoch {:?}): failed {:?}, restored {:?}, parent {:?} -> {:?}, children {:?} -> {:?}{}",
             self.me,
             status.scope,
             status.epoch,
             status.newly_failed,
+            status.restored,
             status.previous_parent,
             status.new_parent,
             status.previous_children,

@@ -142,7 +142,7 @@ impl NodeConfig {
             direct: crate::direct::DirectConfig::from_config(c),
             contacts: c.contacts,
             client_uids: c.client_uid_list(),
-            rejoin: false,
+            rejoin: c.rejoin,
         }
     }
 }

@@ -58,6 +58,12 @@ impl Node {
     /// A restarted daemon asks to rejoin: its request to rank 0, sent directly (it has no
     /// place in the tree yet).
     pub(super) fn start_rejoin(&mut self, now: Instant) {
+        if self.me == 0 {
+            let why = "rank 0 cannot rejoin: a DVM ends with its rank 0 (start a new DVM)";
+            log::error!("{why}");
+            self.begin_stop(now, StopReason::Fatal(why.into()));
+            return;
+        }
         let Some(uri) = self.uri.clone() else {
             self.begin_stop(
                 now,
@@ -274,10 +280,11 @@ impl Node {
             self.contacts.replace(r.uri.clone());
         }
         match self.routing.restore(&ranks, Scope::Global, Some(epoch)) {
-            // Restored already (told by an adoption notice): nothing changes.
-            Ok(status) if status.restored.is_empty() => {}
-            Ok(status) => {
+            Ok(mut status) => {
                 self.counters.rejoins += status.restored.len() as u64;
+                // Like a confirmation of deaths already repaired here: the global repair names
+                // every rank it restores, even those an adoption notice restored first.
+                status.restored = ranks;
                 self.after_repair(now, status);
             }
             Err(e) => crate::bug!("rank {}: restore failed: {e}", self.me),

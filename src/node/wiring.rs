@@ -26,7 +26,7 @@ impl Node {
             self.wired(now);
             return;
         };
-        if self.rejoin && self.me != 0 {
+        if self.rejoin {
             self.start_rejoin(now);
             return;
         }

@@ -562,7 +562,7 @@ mod tests {
     #[test]
     fn header_errors_surface() {
         for (at, val, want) in [
-            (2usize, 10u8, WireError::BadVersion(10)),
+            (2usize, 11u8, WireError::BadVersion(11)),
             (3, 0, WireError::UnknownKind(0)),
             (37, 1, WireError::ReservedNonZero(0x0001_0000)),
         ] {

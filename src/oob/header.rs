@@ -232,7 +232,7 @@ mod tests {
     #[rustfmt::skip]
     const GOLDEN: [u8; HEADER_LEN] = [
         b'T', b'B',                                     // magic
-        9,                                              // version
+        10,                                             // version
         3,                                              // kind = Msg
         0x01, 0x02, 0x03, 0x04,                         // origin
         0x05, 0x06, 0x07, 0x08,                         // dst
@@ -267,7 +267,7 @@ mod tests {
         };
         #[rustfmt::skip]
         let want: [u8; HEADER_LEN] = [
-            0x54, 0x42, 0x09, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
+            0x54, 0x42, 0x0a, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
             0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5,
             0, 0, 0, 6, 0, 0, 0, 0,
         ];
@@ -308,8 +308,9 @@ mod tests {
         // Version 1 (before authentication), 2 (before the fault-tolerant collectives), 3
         // (before the handshake's `Ready`), 4 (before direct links), 5 (before status queries
         // and tools), 6 (before wire-up slices and contact lookups), 7 (before group
-        // collectives), 8 (before clients) and any future version are refused.
-        for v in [1, 2, 3, 4, 5, 6, 7, 8, 10] {
+        // collectives), 8 (before clients), 9 (before rejoin) and any future version are
+        // refused.
+        for v in [1, 2, 3, 4, 5, 6, 7, 8, 9, 11] {
             b[2] = v;
             assert_eq!(Header::decode(&b), Err(WireError::BadVersion(v)));
         }
