@@ -246,6 +246,13 @@ pub const CONTACT_CACHE_MAX: usize = 4_096;
 /// and the daemon may retry; it bounds rank 0's table of admissions in progress.
 pub const REJOIN_IN_PROGRESS_MAX: usize = 64;
 
+/// Restores a daemon passes on (the latest first) in each adoption notice, and rank 0 in each
+/// welcome (issue "Rejoin"): how a child that still believes a rank dead learns, from its new
+/// parent, that it was admitted back, before the confirmation (which only that parent can
+/// forward) reaches it. A child that missed more restores than this learns the older ones
+/// from the confirmations.
+pub const REJOIN_RESTORES_TOLD_MAX: usize = 256;
+
 /// Ranks asked for in one contact lookup (one message to rank 0). More wanted ranks wait for
 /// the next lookup, sent when the reply to this one arrives.
 pub const CONTACT_LOOKUP_BATCH_MAX: usize = 256;

@@ -11,7 +11,7 @@
 //! - adoption (to a new child, and to every child a parent offers the collectives' `Sync`):
 //!   `u64 epoch` (the sender's), the rank list of every failure the sender knows, the rank list
 //!   of the sender's ancestors (parent first), then the restored daemons the sender knows of
-//!   (at most `REJOIN_IN_PROGRESS_MAX`, the latest), each as in a confirmation followed by
+//!   (at most `REJOIN_RESTORES_TOLD_MAX`, the latest), each as in a confirmation followed by
 //!   `u64 epoch`, the epoch of its restore. A child learns a restore from its new parent
 //!   this way before the confirmation reaches it (which can only come through that parent).
 //!
@@ -103,7 +103,7 @@ pub struct Report {
     pub failed: Vec<Rank>,
 }
 
-fn put_ranks(b: &mut BytesMut, ranks: &[Rank]) {
+pub(crate) fn put_ranks(b: &mut BytesMut, ranks: &[Rank]) {
     b.put_u32(ranks.len() as u32);
     for r in ranks {
         b.put_u32(*r);
@@ -116,7 +116,7 @@ fn take_u32(p: &mut &[u8]) -> Result<u32, NoticeError> {
     Ok(u32::from_be_bytes(*h))
 }
 
-fn take_ranks(p: &mut &[u8], size: u32) -> Result<Vec<Rank>, NoticeError> {
+pub(crate) fn take_ranks(p: &mut &[u8], size: u32) -> Result<Vec<Rank>, NoticeError> {
     let count = take_u32(p)?;
     if count > size {
         return Err(NoticeError::BadRank { rank: count, size });
@@ -222,6 +222,31 @@ impl Restored {
     }
 }
 
+/// Restores with the epoch of each: `u32 count` (at most `REJOIN_RESTORES_TOLD_MAX`), then
+/// each restore followed by its `u64 epoch`.
+pub(crate) fn put_restores(b: &mut BytesMut, restores: &[(Restored, u64)]) {
+    b.put_u32(restores.len() as u32);
+    for (r, epoch) in restores {
+        r.put(b);
+        b.put_u64(*epoch);
+    }
+}
+
+/// Decodes what [`put_restores`] wrote.
+pub(crate) fn take_restores(p: &mut &[u8], size: u32) -> Result<Vec<(Restored, u64)>, NoticeError> {
+    let count = take_u32(p)?;
+    if count as usize > crate::limits::REJOIN_RESTORES_TOLD_MAX || count > size {
+        return Err(NoticeError::BadRank { rank: count, size });
+    }
+    let mut restored = Vec::new();
+    for _ in 0..count {
+        let r = Restored::take(p, size)?;
+        let at = take_u64(p)?;
+        restored.push((r, at));
+    }
+    Ok(restored)
+}
+
 impl Confirmation {
     pub fn encode(&self) -> Bytes {
         let mut b = BytesMut::with_capacity(16 + 4 * self.failed.len());
@@ -264,11 +289,7 @@ impl Adoption {
         b.put_u64(self.epoch);
         put_ranks(&mut b, &self.failed);
         put_ranks(&mut b, &self.ancestors);
-        b.put_u32(self.restored.len() as u32);
-        for (r, epoch) in &self.restored {
-            r.put(&mut b);
-            b.put_u64(*epoch);
-        }
+        put_restores(&mut b, &self.restored);
         b.freeze()
     }
 
@@ -276,16 +297,7 @@ impl Adoption {
         let epoch = take_u64(&mut p)?;
         let failed = take_ranks(&mut p, size)?;
         let ancestors = take_ranks(&mut p, size)?;
-        let count = take_u32(&mut p)?;
-        if count as usize > crate::limits::REJOIN_IN_PROGRESS_MAX {
-            return Err(NoticeError::BadRank { rank: count, size });
-        }
-        let mut restored = Vec::new();
-        for _ in 0..count {
-            let r = Restored::take(&mut p, size)?;
-            let at = take_u64(&mut p)?;
-            restored.push((r, at));
-        }
+        let restored = take_restores(&mut p, size)?;
         done(p)?;
         Ok(Adoption {
             epoch,

@@ -10,8 +10,10 @@
 //! Layouts (network byte order):
 //! - request (to rank 0): the daemon's contact URI (UTF-8, as in a wire-up report);
 //! - welcome: `u64 epoch` (the one its admission opens), `u64 op` (the broadcast operation that
-//!   announces it: it delivers the operations after it, none before), then the rank list of
-//!   every rank confirmed dead (see `notice.rs`);
+//!   announces it: it delivers the operations after it, none before), the rank list of every
+//!   rank confirmed dead, then the latest restores rank 0 knows with their epochs, as in an
+//!   adoption notice (see `notice.rs`): the welcomed daemon passes them on to its children,
+//!   who may still believe those ranks dead;
 //! - refusal: `u8 reason` ([`Refusal`]);
 //! - settled: `u64 op` (the admission's operation, now delivered by every living daemon).
 
@@ -38,6 +40,8 @@ pub struct Welcome {
     pub op: u64,
     /// Every rank confirmed dead, ascending.
     pub failed: Vec<Rank>,
+    /// The latest restores rank 0 knows, with the epoch of each.
+    pub restored: Vec<(super::notice::Restored, u64)>,
 }
 
 /// Why rank 0 refused a daemon that asked to rejoin.
@@ -99,23 +103,31 @@ impl std::fmt::Display for Refusal {
 
 impl Welcome {
     pub fn encode(&self) -> Bytes {
-        let mut b = BytesMut::with_capacity(20 + 4 * self.failed.len());
+        let mut b = BytesMut::with_capacity(24 + 4 * self.failed.len());
         b.put_u64(self.epoch);
         b.put_u64(self.op);
-        b.put_slice(&super::notice::encode_ranks(&self.failed));
+        super::notice::put_ranks(&mut b, &self.failed);
+        super::notice::put_restores(&mut b, &self.restored);
         b.freeze()
     }
 
-    pub fn decode(size: u32, p: &[u8]) -> Result<Welcome, NoticeError> {
+    pub fn decode(size: u32, mut p: &[u8]) -> Result<Welcome, NoticeError> {
         let (e, rest) = p.split_first_chunk::<8>().ok_or(NoticeError::Truncated)?;
         let (o, rest) = rest
             .split_first_chunk::<8>()
             .ok_or(NoticeError::Truncated)?;
-        let failed = super::notice::decode_ranks(size, rest)?;
+        let (epoch, op) = (u64::from_be_bytes(*e), u64::from_be_bytes(*o));
+        p = rest;
+        let failed = super::notice::take_ranks(&mut p, size)?;
+        let restored = super::notice::take_restores(&mut p, size)?;
+        if !p.is_empty() {
+            return Err(NoticeError::Trailing(p.len()));
+        }
         Ok(Welcome {
-            epoch: u64::from_be_bytes(*e),
-            op: u64::from_be_bytes(*o),
+            epoch,
+            op,
             failed,
+            restored,
         })
     }
 }
@@ -142,6 +154,14 @@ mod tests {
             epoch: 3,
             op: 17,
             failed: vec![2, 6],
+            restored: vec![(
+                crate::faults::notice::Restored {
+                    rank: 4,
+                    incarnation: 8,
+                    uri: "tbon.4;tcp://127.0.0.1:4004".parse().unwrap(),
+                },
+                2,
+            )],
         };
         assert_eq!(Welcome::decode(8, &w.encode()), Ok(w));
         for r in [
@@ -162,7 +182,8 @@ mod tests {
                 &Welcome {
                     epoch: 1,
                     op: 1,
-                    failed: vec![5]
+                    failed: vec![5],
+                    restored: Vec::new()
                 }
                 .encode()
             ),

@@ -240,20 +240,26 @@ impl Node {
             );
             return;
         }
-        let unknown: Vec<Rank> = c
+        // A rank an adoption notice told this daemon was admitted back in a later epoch than
+        // this confirmation's is alive, whatever this older news says.
+        let failed: Vec<Rank> = c
             .failed
+            .iter()
+            .copied()
+            .filter(|r| !self.is_stale_death(*r, c.epoch))
+            .collect();
+        let unknown: Vec<Rank> = failed
             .iter()
             .copied()
             .filter(|r| !self.routing.is_failed(*r))
             .collect();
-        let newly: Vec<Rank> = c
-            .failed
+        let newly: Vec<Rank> = failed
             .iter()
             .copied()
             .filter(|r| !self.confirmed.contains(r))
             .collect();
         self.epoch = c.epoch;
-        self.confirmed = c.failed;
+        self.confirmed = failed;
         if !c.restored.is_empty() {
             // Daemons admitted back: the un-repair first, then any failure it also brings.
             self.restore_ranks(now, &c.restored, c.epoch);

@@ -345,6 +345,11 @@ impl Node {
         self.me
     }
 
+    /// This daemon's incarnation (`NodeConfig::incarnation`).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
     /// The DVM's size.
     pub fn size(&self) -> u32 {
         self.size

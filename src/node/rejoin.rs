@@ -100,7 +100,7 @@ impl Node {
             && self.may_link(from, h.epoch)
     }
 
-    /// The restores this daemon knows of, latest first (at most `REJOIN_IN_PROGRESS_MAX`), for
+    /// The restores this daemon knows of, latest first (at most `REJOIN_RESTORES_TOLD_MAX`), for
     /// an adoption notice: its own, if it was admitted back, and those it applied.
     pub(super) fn restores_known(&self) -> Vec<(Restored, u64)> {
         let mut known: Vec<(Restored, u64)> = self
@@ -127,7 +127,7 @@ impl Node {
             })
             .collect();
         known.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.rank.cmp(&b.0.rank)));
-        known.truncate(crate::limits::REJOIN_IN_PROGRESS_MAX);
+        known.truncate(crate::limits::REJOIN_RESTORES_TOLD_MAX);
         known
     }
 
@@ -234,6 +234,7 @@ impl Node {
             uri,
         };
         self.restore_ranks(now, std::slice::from_ref(&restored), epoch);
+        debug_assert!(!self.routing.is_failed(from));
         let c = Confirmation {
             epoch,
             failed: self.confirmed.clone(),
@@ -249,6 +250,11 @@ impl Node {
             epoch: self.epoch,
             op,
             failed: self.confirmed.clone(),
+            restored: self
+                .restores_known()
+                .into_iter()
+                .filter(|(r, _)| r.rank != to)
+                .collect(),
         }
         .encode();
         let h = self.header(Kind::Msg, 0, to, TAG_WELCOME, w.len());
@@ -272,6 +278,16 @@ impl Node {
     /// Every daemon: puts `restored` back into the tree in `epoch` (rank 0 when it admits;
     /// the others when they deliver its confirmation).
     pub(super) fn restore_ranks(&mut self, now: Instant, restored: &[Restored], epoch: u64) {
+        // A rank this daemon has seen die again since (the same incarnation failed here after
+        // an adoption notice restored it) stays failed: the confirmation is older news than
+        // that death, which rank 0 will confirm next.
+        let restored: Vec<&Restored> = restored
+            .iter()
+            .filter(|r| !self.routing.is_failed(r.rank) || self.may_link(r.rank, r.incarnation))
+            .collect();
+        if restored.is_empty() {
+            return;
+        }
         let ranks: Vec<Rank> = restored.iter().map(|r| r.rank).collect();
         for r in restored {
             self.incarnations.insert(r.rank, r.incarnation);
@@ -331,6 +347,14 @@ impl Node {
         );
         self.epoch = w.epoch;
         self.confirmed = w.failed.clone();
+        // What it passes on to children that may still believe those ranks dead.
+        for (r, epoch) in &w.restored {
+            if r.rank != self.me && !w.failed.contains(&r.rank) {
+                self.incarnations.insert(r.rank, r.incarnation);
+                self.restored_at.insert(r.rank, *epoch);
+                self.contacts.replace(r.uri.clone());
+            }
+        }
         if let Err(e) = self.routing.fail(&w.failed, Scope::Global, Some(w.epoch)) {
             return self.begin_stop(now, StopReason::Fatal(format!("bad welcome: {e}")));
         }
@@ -365,6 +389,9 @@ impl Node {
         };
         let paths = super::reliable::Paths::new(&self.routing, &self.direct);
         self.relm.handle_repair(now, &paths, &status);
+        // Its fault handlers learn its place, and the driver its neighbours (a dead one is
+        // found when it cannot be reached).
+        self.out.push_back(Output::Repaired(Box::new(status)));
     }
 
     /// The rejoining daemon: rank 0 refused it.
@@ -398,6 +425,7 @@ impl Node {
 
     /// Rank 0: broadcast operation `op` completed; the daemons it announced are settled.
     pub(super) fn rejoin_completed(&mut self, op: u64) {
+        log::debug!("rank {}: broadcast {op} completed; admitting {:?}", self.me, self.admitting);
         let done: Vec<Rank> = self
             .admitting
             .iter()

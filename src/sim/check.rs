@@ -99,6 +99,22 @@ pub struct Checker {
 }
 
 impl Checker {
+    /// `rank` starts a new life (the `rejoin` kind): the reliable messages of every pair with
+    /// it are forgotten (its old life's sends never complete; sends to its old life ended
+    /// `NodeDown`), and so is its place in the broadcast stream (it starts after its
+    /// admission's operation, set when it is welcomed). A message of the old life posted
+    /// after this breaks `in-order`: nothing of a dead incarnation may reach anyone later.
+    pub fn forget_rank(&mut self, rank: Rank) {
+        self.sent.retain(|(o, d), _| *o != rank && *d != rank);
+        self.got.retain(|(o, d), _| *o != rank && *d != rank);
+        let completed = &self.completed;
+        self.tokens
+            .retain(|t, (o, _, _)| *o != rank || completed.contains(t));
+        self.last_op.remove(&rank);
+        // Its old life's broadcast requests never finish; the new life numbers from 1 again.
+        self.requests.retain(|(o, _), _| *o != rank);
+    }
+
     /// A reliable send was accepted.
     pub fn sent_reliable(&mut self, token: u64, origin: Rank, dst: Rank, seq: u64) {
         self.sent.entry((origin, dst)).or_default().push(seq);
@@ -194,7 +210,16 @@ impl Checker {
                     ));
                 }
             }
-            Err(SendError::NodeDown(r)) if *r == dst && crashed.contains(&dst) => {}
+            Err(SendError::NodeDown(r)) if *r == dst && crashed.contains(&dst) => {
+                // Never to be posted: not owed to a later life of `dst` either.
+                let posted = self
+                    .got
+                    .get(&(origin, dst))
+                    .is_some_and(|g| g.contains(&seq));
+                if !posted && let Some(s) = self.sent.get_mut(&(origin, dst)) {
+                    s.retain(|x| *x != seq);
+                }
+            }
             // The origin was declared dead and stopped before the send was acknowledged.
             Err(SendError::ShutDown) if crashed.contains(&origin) => {}
             Err(e) => {

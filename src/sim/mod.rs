@@ -111,6 +111,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             status: false,
             group: false,
             client: false,
+            rejoin: false,
             ..FaultKinds::ALL
         },
         found: "xcast: after a reconnection a parent rewound a child's stream to the child's \
@@ -138,6 +139,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             status: false,
             group: false,
             client: false,
+            rejoin: false,
         },
         found: "simulator (strangers' runs): a daemon that died with its dial proved and admitted \
                 by the peer stayed recorded as redialling for ever, so the run never went quiet",
@@ -161,6 +163,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             status: false,
             group: false,
             client: false,
+            rejoin: false,
         },
         found: "flow: a daemon not scheduled for longer than FLOW_STUCK_MS made its neighbours' \
                 queues towards it count as stuck, so they read on and filled those queues to \
@@ -186,6 +189,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             status: false,
             group: false,
             client: false,
+            rejoin: false,
         },
         found: "direct links: a daemon that could not dial its peer gave the link up alone; the \
                 peer went on sending reliable messages on it, and the acknowledgements went back \
@@ -212,6 +216,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             status: false,
             group: false,
             client: false,
+            rejoin: false,
         },
         found: "direct links (an overload run with short request times): a grant expired \
                 unswitched, the two daemons opened a new link on the same connection, and the \
@@ -239,6 +244,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             status: false,
             group: false,
             client: false,
+            rejoin: false,
         },
         found: "streams: a dropped connection lost a stream's chunks and its End came after on \
                 a new one; the consumer failed the stream (a protocol error: ended at 1530, \
@@ -263,6 +269,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             status: false,
             group: false,
             client: false,
+            rejoin: false,
         },
         found: "direct links: a request delayed past direct_request_ms was given up; the \
                 grant came later and the grantor wrote on the link at once, so the requester \
@@ -289,6 +296,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             status: false,
             group: false,
             client: false,
+            rejoin: false,
         },
         found: "direct links: the same race as seed 358 with a radix of 8, and a grant given \
                 up unswitched: the grantor must never read what the requester wrote on the \

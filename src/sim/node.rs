@@ -111,9 +111,62 @@ impl SimNode {
         now: Instant,
         wireup: Option<usize>,
     ) -> Result<SimNode, String> {
-        let (uri, hnp) = match wireup {
-            None => (None, None),
-            Some(bytes) => (Some(sim_uri(rank, bytes)), Some(sim_uri(0, bytes))),
+        Self::build(
+            rank,
+            size,
+            radix,
+            relm,
+            heartbeat,
+            (flow, direct),
+            now,
+            wireup,
+            None,
+        )
+    }
+
+    /// Daemon `rank` started again under incarnation `incarnation` (above 1) after its death:
+    /// it asks rank 0 to rejoin (issue "Rejoin"), as `tbon daemon --rejoin` does.
+    #[allow(clippy::too_many_arguments)]
+    pub fn restarted(
+        rank: Rank,
+        size: u32,
+        radix: u32,
+        relm: RelmConfig,
+        heartbeat: Option<(std::time::Duration, std::time::Duration)>,
+        (flow, direct): (crate::node::flow::FlowLimits, crate::direct::DirectConfig),
+        now: Instant,
+        incarnation: u64,
+    ) -> Result<SimNode, String> {
+        Self::build(
+            rank,
+            size,
+            radix,
+            relm,
+            heartbeat,
+            (flow, direct),
+            now,
+            None,
+            Some(incarnation),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        rank: Rank,
+        size: u32,
+        radix: u32,
+        relm: RelmConfig,
+        heartbeat: Option<(std::time::Duration, std::time::Duration)>,
+        (flow, direct): (crate::node::flow::FlowLimits, crate::direct::DirectConfig),
+        now: Instant,
+        wireup: Option<usize>,
+        rejoin: Option<u64>,
+    ) -> Result<SimNode, String> {
+        let (uri, hnp) = match (wireup, rejoin) {
+            (None, None) => (None, None),
+            // A rejoining daemon's contact goes into the restore (nothing dials it here).
+            (None, Some(_)) => (Some(sim_uri(rank, 32)), Some(sim_uri(0, 32))),
+            (Some(bytes), _) => (Some(sim_uri(rank, bytes)), Some(sim_uri(0, bytes))),
         };
         let cfg = NodeConfig {
             relm,
@@ -121,7 +174,9 @@ impl SimNode {
             // Without heartbeats the world's `Detect` events (a lost connection that cannot be
             // re-established) are the only detection.
             heartbeat,
-            wired_at_start: wireup.is_none(),
+            wired_at_start: wireup.is_none() && rejoin.is_none(),
+            rejoin: rejoin.is_some(),
+            incarnation: rejoin.unwrap_or(1),
             uri,
             hnp,
             // Longer than any simulated wire-up (every daemon reports), and its deadlines

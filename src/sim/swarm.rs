@@ -61,6 +61,12 @@ pub struct FaultKinds {
     /// random daemons (some sharing one) send numbered messages to each other at random
     /// times, and some exit, through the other faults of the run.
     pub client: bool,
+    /// Dead daemons (crashed, or fenced after being declared dead) are started again under
+    /// a new incarnation and rejoin (issue "Rejoin"): some twice at once, some die again while
+    /// being admitted, some too early (refused while their death is not yet confirmed, then
+    /// tried again). Such runs have no allgathers (collectives in flight across a rejoin are
+    /// the next step of that issue).
+    pub rejoin: bool,
 }
 
 impl FaultKinds {
@@ -80,6 +86,7 @@ impl FaultKinds {
         status: true,
         group: true,
         client: true,
+        rejoin: true,
     };
 
     /// Every kind the simulator had before group collectives: the seeds found with "all"
@@ -87,6 +94,7 @@ impl FaultKinds {
     pub const UNTIL_GROUPS: FaultKinds = FaultKinds {
         group: false,
         client: false,
+        rejoin: false,
         ..FaultKinds::ALL
     };
 
@@ -107,6 +115,7 @@ impl FaultKinds {
         status: false,
         group: false,
         client: false,
+        rejoin: false,
     };
 
     /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup,stranger,direct,overload`,
@@ -127,6 +136,7 @@ impl FaultKinds {
             status: false,
             group: false,
             client: false,
+            rejoin: false,
         };
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
@@ -146,9 +156,10 @@ impl FaultKinds {
                 "status" => k.status = true,
                 "group" => k.group = true,
                 "client" => k.client = true,
+                "rejoin" => k.rejoin = true,
                 other => {
                     return Err(format!(
-                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, group, client, all)"
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, group, client, rejoin, all)"
                     ));
                 }
             }
@@ -180,6 +191,7 @@ impl std::fmt::Display for FaultKinds {
             (self.status, "status"),
             (self.group, "group"),
             (self.client, "client"),
+            (self.rejoin, "rejoin"),
         ];
         let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {
@@ -229,6 +241,9 @@ pub enum Fault {
         at_us: u64,
         for_us: u64,
     },
+    /// A dead daemon is started again under a new incarnation and asks to rejoin (the
+    /// `rejoin` kind); if it is alive then, the world tries again a little later (a few times).
+    Restart { rank: Rank, at_us: u64 },
     /// Frames between two neighbours take `factor` times longer for a while.
     SlowLink {
         a: Rank,
@@ -628,6 +643,15 @@ impl Scenario {
         } else {
             (Vec::new(), Vec::new(), Vec::new())
         };
+        // Rejoin: a stream of its own.
+        let mut gathers = gathers;
+        if kinds.rejoin && capacity.is_none() {
+            let restarts = restart_plan(seed, size, safety_us, &faults);
+            if !restarts.is_empty() {
+                gathers = 0;
+            }
+            faults.extend(restarts);
+        }
         Scenario {
             groups,
             group_calls,
@@ -726,6 +750,48 @@ impl Scenario {
         v.dedup();
         v
     }
+}
+
+/// The `rejoin` kind's part of a scenario: restarts of the crashed ranks (most of them) some
+/// time after their crash, sometimes too early (their death not yet confirmed: refused, then
+/// tried again by the world) or twice close together; a restarted rank that dies again while
+/// it is admitted; and restarts of random ranks (fenced by a long stall or a partition, or
+/// alive: then the world lets it be).
+fn restart_plan(seed: u64, size: u32, safety_us: u64, faults: &[Fault]) -> Vec<Fault> {
+    let mut rng = Rng::new(seed ^ 0x2E10_1A00_0000_0000);
+    if size < 3 || !rng.chance(0.6) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for f in faults {
+        let Fault::Crash { rank, at_us } = *f else {
+            continue;
+        };
+        if !rng.chance(0.75) {
+            continue;
+        }
+        let at = at_us + rng.range(10_000, 3_000_000);
+        out.push(Fault::Restart { rank, at_us: at });
+        if rng.chance(0.2) {
+            // Dies again while it is admitted, or right after.
+            out.push(Fault::Crash {
+                rank,
+                at_us: at + rng.range(0, 50_000),
+            });
+            out.push(Fault::Restart {
+                rank,
+                at_us: at + rng.range(500_000, 2_000_000),
+            });
+        }
+    }
+    for _ in 0..rng.range(0, 2) {
+        let rank = rng.range(1, u64::from(size - 1)) as Rank;
+        out.push(Fault::Restart {
+            rank,
+            at_us: rng.range(safety_us / 4, safety_us),
+        });
+    }
+    out
 }
 
 /// The `direct` kind's part of a scenario: each daemon's direct-link settings, and cuts of

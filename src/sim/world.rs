@@ -30,6 +30,7 @@ mod groups;
 mod handshakes;
 mod held;
 mod links;
+mod rejoin;
 mod status;
 mod streams;
 mod sweep;
@@ -93,6 +94,12 @@ enum Ev {
     },
     Crash {
         rank: Rank,
+    },
+    /// A dead daemon starts again and asks to rejoin (`world/rejoin.rs`); `attempt` counts
+    /// the tries of one planned restart.
+    Restart {
+        rank: Rank,
+        attempt: u32,
     },
     Stall {
         rank: Rank,
@@ -310,6 +317,10 @@ pub struct World {
     status: status::StatusQueries,
     /// `tbon sim --sweep-radix`: the cost model and the times it reads (`sweep.rs`).
     sweep: Option<sweep::SweepState>,
+    /// RELM's settings of this run (a restarted daemon gets the same).
+    relm_cfg: RelmConfig,
+    /// The `rejoin` kind's restarts (`rejoin.rs`).
+    restarts: rejoin::Restarts,
 }
 
 impl World {
@@ -405,6 +416,8 @@ impl World {
             clients: clients::ClientApps::default(),
             status: Default::default(),
             sweep: None,
+            relm_cfg: cfg,
+            restarts: rejoin::Restarts::default(),
         };
         w.check.plain_order = w.scen.keeps_plain_order();
         if let Some(cap) = w.scen.capacity {
@@ -427,6 +440,9 @@ impl World {
         for f in self.scen.faults.clone() {
             match f {
                 Fault::Crash { rank, at_us } => self.push(at_us, Ev::Crash { rank }),
+                Fault::Restart { rank, at_us } => {
+                    self.push(at_us, Ev::Restart { rank, attempt: 0 })
+                }
                 Fault::Stall {
                     rank,
                     at_us,
@@ -871,6 +887,7 @@ impl World {
                 self.crashed.sort_unstable();
                 self.dies(rank);
             }
+            Ev::Restart { rank, attempt } => self.on_restart(rank, attempt)?,
             Ev::LinkDown { a, b, until_us } => {
                 self.drop_link(a, b, until_us);
             }
@@ -1058,6 +1075,7 @@ impl World {
         if self.held.keys().any(|(_, to)| *to == r) && self.living(r) {
             self.read_held(r)?;
         }
+        self.note_welcome(r);
         let Some(n) = self.nodes.get_mut(r as usize) else {
             return Ok(());
         };
@@ -1096,6 +1114,8 @@ impl World {
             }
         }
         let mut gone = self.gone();
+        // A send to a restarted rank's old life ended `NodeDown` whenever it completes.
+        gone.extend(self.restarts.lives.keys().copied());
         if stopped.is_some() {
             // What it sent and was still unacknowledged fails with `ShutDown`.
             gone.push(r);
@@ -1122,7 +1142,10 @@ impl World {
             Vec::new()
         } else {
             (0..self.alive.len())
-                .map(|x| self.living(x as Rank) && !self.declared.contains(&(x as Rank)))
+                .map(|x| {
+                    let x = x as Rank;
+                    self.living(x) && !self.declared.contains(&x) && !self.is_rejoining(x)
+                })
                 .collect()
         };
         for (request, op) in bcast_done {
@@ -1214,6 +1237,9 @@ impl World {
     /// Daemon `r` stopped. It must have been declared dead (it fences itself), or have lost
     /// rank 0 in a run where a living rank 0 can look lost (heartbeats: a stall, a partition).
     fn stopped(&mut self, r: Rank, reason: StopReason) -> Result<(), Violation> {
+        if self.rejoin_stopped(r, &reason) {
+            return Ok(());
+        }
         let ok = match &reason {
             StopReason::DeclaredDead(_) => self.declared.contains(&r),
             // Without heartbeats a daemon loses rank 0 only when its redials run out (link
@@ -1313,6 +1339,10 @@ fn target(ev: &Ev) -> Option<Rank> {
         Ev::WireDone { from, .. } => Some(*from),
         Ev::Recheck { node } => Some(*node),
         Ev::Status { asker, .. } => Some(*asker),
-        Ev::Crash { .. } | Ev::Stall { .. } | Ev::LinkDown { .. } | Ev::Partition { .. } => None,
+        Ev::Crash { .. }
+        | Ev::Restart { .. }
+        | Ev::Stall { .. }
+        | Ev::LinkDown { .. }
+        | Ev::Partition { .. } => None,
     }
 }

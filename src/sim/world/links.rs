@@ -100,11 +100,16 @@ impl World {
             // The peer's own redial got there first: this dial is the one resolved away.
             return Ok(());
         }
-        // The peer's handshake: if it knows this daemon is dead it says so and hangs up.
+        // The peer's handshake: if it knows this daemon is dead it says so and hangs up (not
+        // to a newer incarnation, which may be admitted back: `Node::may_link`).
+        let incarnation = self
+            .nodes
+            .get(node as usize)
+            .map_or(0, |n| n.node.incarnation());
         let told = self
             .nodes
             .get_mut(peer as usize)
-            .filter(|p| p.node.is_failed(node))
+            .filter(|p| !p.node.may_link(node, incarnation))
             .map(|p| p.node.declared_dead_frame(node));
         if let Some(h) = told {
             self.parked.remove(&(node, peer));
