@@ -18,6 +18,7 @@ fn header(len: usize) -> Header {
         epoch: 0,
         seq: 7,
         len: len as u32,
+        lives: 0,
     }
 }
 

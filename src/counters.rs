@@ -44,6 +44,9 @@ pub struct Counters {
     /// Ranks this daemon put back into the tree: daemons restarted under a dead rank and
     /// admitted again (issue "Rejoin").
     pub rejoins: u64,
+    /// Routed messages dropped because they were sent by, or for, another incarnation of their
+    /// origin or destination than the one this daemon knows (rejoin; see `Header::lives`).
+    pub dropped_other_life: u64,
     /// Rank 0: rejoin requests it refused (the rank alive, an old incarnation, too many at
     /// once, ...).
     pub rejoins_refused: u64,

@@ -76,6 +76,7 @@ fn hello_and_forged_auth(addr: std::net::SocketAddr, claims: u32, size: u32) {
         epoch: 0,
         seq: 0,
         len: 32,
+        lives: 0,
     };
     s.write_all(&auth.encode()).unwrap();
     s.write_all(&[0u8; 32]).unwrap();
@@ -143,6 +144,7 @@ fn hostile_connections_are_closed_and_the_dvm_keeps_serving() {
         epoch: 0,
         seq: 0,
         len: u32::MAX,
+        lives: 0,
     };
     expect_closed(addr, &huge.encode());
     // A wrong protocol version.

@@ -440,6 +440,7 @@ fn a_link_that_comes_back_gets_a_link_update_and_replays() {
         epoch: 0,
         seq: 0,
         len: 0,
+        lives: 0,
     };
     to_root.send(&report, &Bytes::from(me.to_string()));
     let others: Vec<_> = (1..3)
@@ -499,6 +500,7 @@ fn a_link_that_comes_back_gets_a_link_update_and_replays() {
             epoch: 0,
             seq: 0,
             len: p.len() as u32,
+            lives: 0,
         };
         (h, p)
     };

@@ -68,6 +68,7 @@ fn real_rank_0_with_fake_rank_1(cfg0: tbon::config::Config) -> (tbon::Daemon, Wi
         epoch: 0,
         seq: 0,
         len: 0,
+        lives: 0,
     };
     c1.send(&h, &report);
     let table = c1.recv().unwrap();
@@ -266,6 +267,7 @@ fn a_strangers_hello_claiming_the_peer_neither_blocks_nor_cancels_a_dial() {
         epoch: 0,
         seq: 0,
         len: 0,
+        lives: 0,
     };
     forged.send(&wrong, &Bytes::from(vec![0u8; 32]));
     assert!(forged.recv().is_none());

@@ -72,6 +72,7 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
         epoch: 0,
         seq: 0,
         len: 0,
+        lives: 0,
     };
     to_root.send(&report, &Bytes::from(me.to_string()));
     let others: Vec<_> = (1..3)
@@ -101,6 +102,7 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
                 epoch: 0,
                 seq: 0,
                 len: 0,
+                lives: 0,
             }
             .encode();
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {

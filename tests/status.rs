@@ -151,6 +151,7 @@ fn wrong_credentials_and_misbehaving_tools_are_refused() {
         epoch: 0,
         seq: 0,
         len: 0,
+        lives: 0,
     };
     w.send(&h, &bytes::Bytes::from_static(b"hello rank 1"));
     assert!(w.recv().is_none(), "the daemon closes the connection");

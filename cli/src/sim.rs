@@ -27,7 +27,8 @@ pub struct SimArgs {
     pub messages: u64,
     /// The kinds of fault seeds choose from (each seed picks its own mix): a comma-separated
     /// list of crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload,
-    /// status, group, client; or all.
+    /// status, group, client, rejoin; or all (every kind but rejoin, which is opt-in while it
+    /// is built).
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Stop at the first failing seed.

@@ -148,6 +148,7 @@ pub fn query(
         epoch: 0,
         seq: 0,
         len: query.len() as u32,
+        lives: 0,
     };
     write_frame(&mut stream, &header, &query).map_err(io)?;
     let deadline =

@@ -80,6 +80,8 @@ pub struct Confirmation {
 pub struct Restored {
     pub rank: Rank,
     pub incarnation: u64,
+    /// How many times rank 0 has admitted this rank back, this time included (`Header::lives`).
+    pub life: u16,
     pub uri: ContactUri,
 }
 
@@ -186,6 +188,7 @@ impl Restored {
         let uri = self.uri.to_string();
         b.put_u32(self.rank);
         b.put_u64(self.incarnation);
+        b.put_u16(self.life);
         // A contact longer than `CONTACT_URI_MAX_BYTES` (4 KiB) never parses, so never exists.
         b.put_u16(uri.len().min(usize::from(u16::MAX)) as u16);
         b.put_slice(uri.as_bytes());
@@ -197,6 +200,9 @@ impl Restored {
             return Err(NoticeError::BadRank { rank, size });
         }
         let incarnation = take_u64(p)?;
+        let (life, rest) = p.split_first_chunk::<2>().ok_or(NoticeError::Truncated)?;
+        let life = u16::from_be_bytes(*life);
+        *p = rest;
         let (l, rest) = p.split_first_chunk::<2>().ok_or(NoticeError::Truncated)?;
         let len = usize::from(u16::from_be_bytes(*l));
         if len > CONTACT_URI_MAX_BYTES {
@@ -217,6 +223,7 @@ impl Restored {
         Ok(Restored {
             rank,
             incarnation,
+            life,
             uri,
         })
     }
@@ -321,6 +328,7 @@ mod tests {
             restored: vec![Restored {
                 rank: 3,
                 incarnation: 99,
+                life: 1,
                 uri: "tbon.3;tcp://127.0.0.1:4000".parse().unwrap(),
             }],
         };
@@ -333,6 +341,7 @@ mod tests {
                 Restored {
                     rank: 4,
                     incarnation: 8,
+                    life: 1,
                     uri: "tbon.4;tcp://127.0.0.1:4004".parse().unwrap(),
                 },
                 2,

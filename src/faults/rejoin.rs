@@ -40,6 +40,8 @@ pub struct Welcome {
     pub op: u64,
     /// Every rank confirmed dead, ascending.
     pub failed: Vec<Rank>,
+    /// The welcomed daemon's life (`Header::lives`): how many times it was admitted back.
+    pub life: u16,
     /// The latest restores rank 0 knows, with the epoch of each.
     pub restored: Vec<(super::notice::Restored, u64)>,
 }
@@ -106,6 +108,7 @@ impl Welcome {
         let mut b = BytesMut::with_capacity(24 + 4 * self.failed.len());
         b.put_u64(self.epoch);
         b.put_u64(self.op);
+        b.put_u16(self.life);
         super::notice::put_ranks(&mut b, &self.failed);
         super::notice::put_restores(&mut b, &self.restored);
         b.freeze()
@@ -117,6 +120,10 @@ impl Welcome {
             .split_first_chunk::<8>()
             .ok_or(NoticeError::Truncated)?;
         let (epoch, op) = (u64::from_be_bytes(*e), u64::from_be_bytes(*o));
+        let (l, rest) = rest
+            .split_first_chunk::<2>()
+            .ok_or(NoticeError::Truncated)?;
+        let life = u16::from_be_bytes(*l);
         p = rest;
         let failed = super::notice::take_ranks(&mut p, size)?;
         let restored = super::notice::take_restores(&mut p, size)?;
@@ -127,6 +134,7 @@ impl Welcome {
             epoch,
             op,
             failed,
+            life,
             restored,
         })
     }
@@ -154,10 +162,12 @@ mod tests {
             epoch: 3,
             op: 17,
             failed: vec![2, 6],
+            life: 3,
             restored: vec![(
                 crate::faults::notice::Restored {
                     rank: 4,
                     incarnation: 8,
+                    life: 1,
                     uri: "tbon.4;tcp://127.0.0.1:4004".parse().unwrap(),
                 },
                 2,
@@ -183,6 +193,7 @@ mod tests {
                     epoch: 1,
                     op: 1,
                     failed: vec![5],
+                    life: 0,
                     restored: Vec::new()
                 }
                 .encode()

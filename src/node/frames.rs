@@ -37,7 +37,8 @@ impl Node {
             return Ok(());
         }
         // A frame from an older incarnation of its sender than one already seen is left over
-        // from before a restart: dropped and counted. A newer one is learnt.
+        // from before a restart: dropped and counted. A newer one is learnt only at first
+        // contact (`learn_incarnation`).
         let known = self
             .incarnations
             .get(&from)
@@ -65,6 +66,23 @@ impl Node {
         let routed = matches!(h.kind, Kind::Msg | Kind::RelmData | Kind::Relm);
         if h.origin >= self.size || (routed && h.dst >= self.size) {
             return Err(format!("frame names a rank beyond {}", self.size));
+        }
+        if !self.same_lives(&h) {
+            // Sent by or for another incarnation of its origin or destination (rejoin): what
+            // was meant for a dead daemon never reaches the one that took its rank, and the
+            // reverse. Reliable messages are sent again by their origin once it knows.
+            self.counters.dropped_other_life += 1;
+            log::debug!(
+                "rank {}: dropped a message {} -> {} of lives {} -> {} (known: {} -> {})",
+                self.me,
+                h.origin,
+                h.dst,
+                h.origin_life(),
+                h.dst_life(),
+                self.life_of(h.origin),
+                self.life_of(h.dst)
+            );
+            return Ok(());
         }
         match h.kind {
             Kind::Msg if h.dst == self.me => {
@@ -124,21 +142,19 @@ impl Node {
         }
     }
 
-    /// `peer` runs incarnation `incarnation` (or a newer one, if known). Nothing is stored for
-    /// an incarnation at the floor: every peer is known to be at least there.
+    /// `peer` runs incarnation `incarnation`: learnt at first contact only. Nothing is stored
+    /// for an incarnation at the floor: every peer is known to be at least there.
     ///
-    /// Not for a rank believed failed: the dead incarnation is kept until a restore names the
-    /// new one, so that only a newer incarnation may ask to rejoin ([`Node::may_link`]).
+    /// A later incarnation is learnt only from a restore (rejoin), never from the peer itself:
+    /// a newer one that shows up means the peer restarted, and until the DVM confirms its
+    /// death and its return, the incarnation that must not rejoin is the one known here
+    /// ([`Node::may_link`]); its frames are dropped meanwhile (lives).
     fn learn_incarnation(&mut self, peer: Rank, incarnation: u64) {
-        if self.routing.is_failed(peer) {
+        if self.routing.is_failed(peer) || self.incarnations.contains_key(&peer) {
             return;
         }
-        match self.incarnations.get_mut(&peer) {
-            Some(k) => *k = (*k).max(incarnation),
-            None if incarnation > self.incarnation_floor || self.incarnation_floor == 0 => {
-                self.incarnations.insert(peer, incarnation);
-            }
-            None => {}
+        if incarnation > self.incarnation_floor || self.incarnation_floor == 0 {
+            self.incarnations.insert(peer, incarnation);
         }
     }
 

@@ -208,6 +208,12 @@ pub struct Node {
     /// The epoch in which each rank was last restored (rejoin): older news of its death is
     /// about its previous incarnation. At most one entry per rank.
     restored_at: FxHashMap<Rank, u64>,
+    /// Each rank's life as this daemon knows it: how many times rank 0 admitted it back (no
+    /// entry: 0). Carried in every header (`Header::lives`); a routed message of another life
+    /// of its origin or destination is dropped.
+    lives: FxHashMap<Rank, u16>,
+    /// This daemon's own life (from rank 0's welcome; 0 for a daemon of the first wire-up).
+    my_life: u16,
     /// Rank 0: daemons admitted back and not yet told `Settled` (`REJOIN_IN_PROGRESS_MAX`).
     admitting: BTreeMap<Rank, rejoin::Admitting>,
     wireup_timeout: Duration,
@@ -306,6 +312,8 @@ impl Node {
             rejoin: cfg.rejoin,
             settled: true,
             restored_at: FxHashMap::default(),
+            lives: FxHashMap::default(),
+            my_life: 0,
             admitting: BTreeMap::new(),
             wireup_timeout: cfg.wireup_timeout,
             contacts,
@@ -550,6 +558,16 @@ impl Node {
             epoch: self.incarnation,
             seq: 0,
             len: len as u32,
+            lives: Header::lives_of(self.life_of(origin), self.life_of(dst)),
+        }
+    }
+
+    /// Rank `r`'s life as this daemon knows it (see `lives`).
+    fn life_of(&self, r: Rank) -> u16 {
+        if r == self.me {
+            self.my_life
+        } else {
+            self.lives.get(&r).copied().unwrap_or(0)
         }
     }
 

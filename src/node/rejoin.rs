@@ -88,6 +88,19 @@ impl Node {
         self.me == 0 && kind == Kind::Msg && tag == TAG_REJOIN && origin == from
     }
 
+    /// Whether a frame's lives are those this daemon knows: its origin's always, and its
+    /// destination's for a routed message or one addressed to this daemon. A frame of another
+    /// life was sent by, or for, another incarnation of that rank (rejoin). A daemon still
+    /// waiting for its welcome does not know its own life yet.
+    pub(super) fn same_lives(&self, h: &crate::oob::header::Header) -> bool {
+        if matches!(self.wire, Wire::Rejoining(_)) {
+            return true;
+        }
+        let routed = matches!(h.kind, Kind::Msg | Kind::RelmData);
+        h.origin_life() == self.life_of(h.origin)
+            && (!(routed || h.dst == self.me) || h.dst_life() == self.life_of(h.dst))
+    }
+
     /// Whether `h`, from neighbour `from`, is an adoption notice of a newer incarnation of a
     /// rank this daemon believes failed: a daemon admitted back whose restore has not reached
     /// this daemon yet, adopting it.
@@ -120,6 +133,7 @@ impl Node {
                     Restored {
                         rank,
                         incarnation,
+                        life: self.life_of(rank),
                         uri,
                     },
                     epoch,
@@ -152,6 +166,7 @@ impl Node {
         self.confirmed.retain(|r| !ranks.contains(r));
         for (r, epoch) in &fresh {
             self.incarnations.insert(r.rank, r.incarnation);
+            self.lives.insert(r.rank, r.life);
             self.restored_at.insert(r.rank, *epoch);
             self.unreported.remove(&r.rank);
             self.contacts.replace(r.uri.clone());
@@ -231,6 +246,7 @@ impl Node {
         let restored = Restored {
             rank: from,
             incarnation,
+            life: self.life_of(from).wrapping_add(1),
             uri,
         };
         self.restore_ranks(now, std::slice::from_ref(&restored), epoch);
@@ -250,6 +266,7 @@ impl Node {
             epoch: self.epoch,
             op,
             failed: self.confirmed.clone(),
+            life: self.life_of(to),
             restored: self
                 .restores_known()
                 .into_iter()
@@ -291,6 +308,7 @@ impl Node {
         let ranks: Vec<Rank> = restored.iter().map(|r| r.rank).collect();
         for r in restored {
             self.incarnations.insert(r.rank, r.incarnation);
+            self.lives.insert(r.rank, r.life);
             self.restored_at.insert(r.rank, epoch);
             self.unreported.remove(&r.rank);
             self.contacts.replace(r.uri.clone());
@@ -348,9 +366,11 @@ impl Node {
         self.epoch = w.epoch;
         self.confirmed = w.failed.clone();
         // What it passes on to children that may still believe those ranks dead.
+        self.my_life = w.life;
         for (r, epoch) in &w.restored {
             if r.rank != self.me && !w.failed.contains(&r.rank) {
                 self.incarnations.insert(r.rank, r.incarnation);
+                self.lives.insert(r.rank, r.life);
                 self.restored_at.insert(r.rank, *epoch);
                 self.contacts.replace(r.uri.clone());
             }
@@ -425,7 +445,11 @@ impl Node {
 
     /// Rank 0: broadcast operation `op` completed; the daemons it announced are settled.
     pub(super) fn rejoin_completed(&mut self, op: u64) {
-        log::debug!("rank {}: broadcast {op} completed; admitting {:?}", self.me, self.admitting);
+        log::debug!(
+            "rank {}: broadcast {op} completed; admitting {:?}",
+            self.me,
+            self.admitting
+        );
         let done: Vec<Rank> = self
             .admitting
             .iter()

@@ -270,6 +270,7 @@ fn frames_from_an_older_incarnation_are_dropped() {
         epoch: 5,
         seq: 0,
         len: 3,
+        lives: 0,
     };
     net.node(0)
         .handle_frame(now, 1, old, Bytes::from_static(b"old"))
@@ -314,6 +315,7 @@ fn a_frame_from_no_known_rank_is_refused() {
         epoch: 1,
         seq: 0,
         len: 0,
+        lives: 0,
     };
     let err = net
         .node(0)
@@ -450,6 +452,7 @@ fn a_contact_table_for_another_size_is_fatal() {
         epoch: 1,
         seq: 0,
         len: table.len() as u32,
+        lives: 0,
     };
     n.handle_frame(now, 0, h, table).unwrap();
     n.pump(now);

@@ -254,6 +254,7 @@ mod tests {
             epoch: 9,
             seq,
             len: len as u32,
+            lives: 0,
         }
     }
 
@@ -564,7 +565,6 @@ mod tests {
         for (at, val, want) in [
             (2usize, 11u8, WireError::BadVersion(11)),
             (3, 0, WireError::UnknownKind(0)),
-            (37, 1, WireError::ReservedNonZero(0x0001_0000)),
         ] {
             let mut b = hdr(Kind::Msg, 0, 0).encode();
             b[at] = val;

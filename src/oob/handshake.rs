@@ -427,6 +427,7 @@ impl Handshake {
             seq: 0,
             // Payload is at most 2 + 255 + 16 + 32 bytes.
             len: payload.len() as u32,
+            lives: 0,
         };
         self.out.push_back((header, payload));
     }
@@ -1241,7 +1242,7 @@ mod tests {
             flip in any::<(usize, u8)>(),
         ) {
             let kind = Kind::try_from(kind).expect("valid kind");
-            let header = Header { kind, origin, dst, tag: 0, epoch, seq: 0, len: payload.len() as u32 };
+            let header = Header { kind, origin, dst, tag: 0, epoch, seq: 0, len: payload.len() as u32, lives: 0 };
             let f = Frame { header, payload: Bytes::from(payload) };
             let _ = Handshake::accept(&cfg(5), fresh()).handle_frame(f.clone());
             let _ = Handshake::dial(&cfg(5), 2, fresh()).handle_frame(f);
@@ -1316,6 +1317,7 @@ mod tests {
                 epoch: 0,
                 seq: 0,
                 len: MAC_LEN as u32,
+                lives: 0,
             },
             payload: Bytes::from(vec![0u8; MAC_LEN]),
         };

@@ -11,8 +11,14 @@
 //! 16  8   epoch (u64)  sender's incarnation epoch
 //! 24  8   seq (u64)    per-link sequence number (RelmData: uid << 32 | prev uid)
 //! 32  4   len (u32)    payload length in bytes
-//! 36  4   reserved, must be zero
+//! 36  2   origin's life (u16)  how many times rank 0 admitted the origin back (rejoin)
+//! 38  2   dst's life (u16)     the destination's, as the sender knows it
 //! ```
+//!
+//! The lives make a daemon's incarnation part of every routed message's identity (issue
+//! "Rejoin"): a routed message (`Msg`, `RelmData`) whose origin's or destination's life is not
+//! the one the receiver knows was sent by, or for, another incarnation of that rank and is
+//! dropped.
 
 use std::fmt;
 
@@ -110,6 +116,9 @@ pub struct Header {
     pub epoch: u64,
     pub seq: u64,
     pub len: u32,
+    /// The origin's life (high 16 bits) and the destination's as the sender knows it (low
+    /// 16 bits); see [`Header::lives_of`].
+    pub lives: u32,
 }
 
 /// Why bytes from a peer are not a valid frame. Every variant means the connection is unusable:
@@ -122,8 +131,6 @@ pub enum WireError {
     BadVersion(u8),
     /// A kind byte no `Kind` has.
     UnknownKind(u8),
-    /// The reserved header field is not zero (a later protocol version may use it).
-    ReservedNonZero(u32),
     /// The header announces a payload longer than the receiver accepts.
     TooLarge { len: u32, max: u32 },
 }
@@ -141,9 +148,6 @@ impl fmt::Display for WireError {
                 "unsupported protocol version {v} (this daemon speaks version {PROTOCOL_VERSION})"
             ),
             WireError::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
-            WireError::ReservedNonZero(r) => {
-                write!(f, "reserved header field is {r:#010x}, must be zero")
-            }
             WireError::TooLarge { len, max } => write!(
                 f,
                 "frame payload of {len} bytes exceeds the maximum of {max} bytes"
@@ -169,7 +173,23 @@ fn be_u64(b: &[u8; HEADER_LEN], at: usize) -> u64 {
 }
 
 impl Header {
-    /// The 40 wire bytes of this header (reserved field zero).
+    /// The `lives` field of a message from an origin in life `origin` to a destination in life
+    /// `dst` (0 for a rank never admitted back).
+    pub fn lives_of(origin: u16, dst: u16) -> u32 {
+        (u32::from(origin) << 16) | u32::from(dst)
+    }
+
+    /// The origin's life this header carries.
+    pub fn origin_life(&self) -> u16 {
+        (self.lives >> 16) as u16
+    }
+
+    /// The destination's life this header carries.
+    pub fn dst_life(&self) -> u16 {
+        self.lives as u16
+    }
+
+    /// The 40 wire bytes of this header.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..2].copy_from_slice(&MAGIC);
@@ -181,11 +201,11 @@ impl Header {
         b[16..24].copy_from_slice(&self.epoch.to_be_bytes());
         b[24..32].copy_from_slice(&self.seq.to_be_bytes());
         b[32..36].copy_from_slice(&self.len.to_be_bytes());
-        // 36..40 reserved: zero.
+        b[36..40].copy_from_slice(&self.lives.to_be_bytes());
         b
     }
 
-    /// Parse 40 wire bytes. Checks, in this order: magic, version, kind, reserved == 0.
+    /// Parse 40 wire bytes. Checks, in this order: magic, version, kind.
     /// Does not check `len` against any maximum (the frame decoder does).
     pub fn decode(bytes: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
         // All indices below are constants within the fixed-size array.
@@ -197,10 +217,6 @@ impl Header {
             return Err(WireError::BadVersion(bytes[2]));
         }
         let kind = Kind::try_from(bytes[3])?;
-        let reserved = be_u32(bytes, 36);
-        if reserved != 0 {
-            return Err(WireError::ReservedNonZero(reserved));
-        }
         Ok(Header {
             kind,
             origin: be_u32(bytes, 4),
@@ -209,6 +225,7 @@ impl Header {
             epoch: be_u64(bytes, 16),
             seq: be_u64(bytes, 24),
             len: be_u32(bytes, 32),
+            lives: be_u32(bytes, 36),
         })
     }
 }
@@ -226,6 +243,7 @@ mod tests {
             epoch: 0x1112_1314_1516_1718,
             seq: 0x2122_2324_2526_2728,
             len: 0x3132_3334,
+            lives: 0x4142_4344,
         }
     }
 
@@ -240,7 +258,7 @@ mod tests {
         0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, // epoch
         0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x27, 0x28, // seq
         0x31, 0x32, 0x33, 0x34,                         // len
-        0, 0, 0, 0,                                     // reserved
+        0x41, 0x42, 0x43, 0x44,                         // lives: origin's, dst's
     ];
 
     #[test]
@@ -264,13 +282,15 @@ mod tests {
             epoch: 4,
             seq: 5,
             len: 6,
+            lives: Header::lives_of(1, 2),
         };
         #[rustfmt::skip]
         let want: [u8; HEADER_LEN] = [
             0x54, 0x42, 0x0a, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
             0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5,
-            0, 0, 0, 6, 0, 0, 0, 0,
+            0, 0, 0, 6, 0, 1, 0, 2,
         ];
+        assert_eq!((h.origin_life(), h.dst_life()), (1, 2));
         assert_eq!(h.encode(), want);
     }
 
@@ -326,16 +346,13 @@ mod tests {
     }
 
     #[test]
-    fn reserved_non_zero() {
-        let mut b = GOLDEN;
-        b[39] = 1;
-        assert_eq!(Header::decode(&b), Err(WireError::ReservedNonZero(1)));
-        let mut b = GOLDEN;
-        b[36] = 0x80;
-        assert_eq!(
-            Header::decode(&b),
-            Err(WireError::ReservedNonZero(0x8000_0000))
-        );
+    fn lives_split_in_halves() {
+        let h = Header {
+            lives: Header::lives_of(0xffff, 7),
+            ..sample()
+        };
+        assert_eq!((h.origin_life(), h.dst_life()), (0xffff, 7));
+        assert_eq!(Header::decode(&h.encode()), Ok(h));
     }
 
     #[test]

@@ -390,6 +390,7 @@ mod tests {
             epoch: 4,
             seq,
             len: 0,
+            lives: 0,
         }
     }
 

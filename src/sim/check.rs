@@ -96,6 +96,8 @@ pub struct Checker {
     pub got_result: HashSet<(Rank, u64)>,
     /// Allgather results delivered.
     pub gathers: u64,
+    /// Ranks started again (the `rejoin` kind).
+    pub restarted: HashSet<Rank>,
 }
 
 impl Checker {
@@ -105,6 +107,7 @@ impl Checker {
     /// admission's operation, set when it is welcomed). A message of the old life posted
     /// after this breaks `in-order`: nothing of a dead incarnation may reach anyone later.
     pub fn forget_rank(&mut self, rank: Rank) {
+        self.restarted.insert(rank);
         self.sent.retain(|(o, d), _| *o != rank && *d != rank);
         self.got.retain(|(o, d), _| *o != rank && *d != rank);
         let completed = &self.completed;
@@ -211,12 +214,16 @@ impl Checker {
                 }
             }
             Err(SendError::NodeDown(r)) if *r == dst && crashed.contains(&dst) => {
-                // Never to be posted: not owed to a later life of `dst` either.
+                // Never to be posted to a later life of a restarted `dst` (a fenced daemon
+                // may still post it before it stops).
                 let posted = self
                     .got
                     .get(&(origin, dst))
                     .is_some_and(|g| g.contains(&seq));
-                if !posted && let Some(s) = self.sent.get_mut(&(origin, dst)) {
+                if !posted
+                    && self.restarted.contains(&dst)
+                    && let Some(s) = self.sent.get_mut(&(origin, dst))
+                {
                     s.retain(|x| *x != seq);
                 }
             }

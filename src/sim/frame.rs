@@ -185,6 +185,7 @@ mod tests {
             epoch: 1,
             seq: 0,
             len: 3,
+            lives: 0,
         };
         assert_eq!(Frame::new(&h, Bytes::from_static(b"abc")).decode(), Ok(h));
         let short = Frame::new(&h, Bytes::from_static(b"ab")).decode();

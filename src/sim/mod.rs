@@ -338,6 +338,61 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
                 stream's idle time rightly failed the stream TimedOut before anyone declared \
                 it dead; the stream checker allowed that only with the producer gone",
     },
+    RegressionSeed {
+        seed: 229,
+        daemons: 5,
+        radix: 3,
+        faults: FaultKinds {
+            crash: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "rejoin: the world's handshake (as the driver's) told a restarted daemon, a newer incarnation, that it was declared dead; and a daemon learnt a peer's newer incarnation from its frames before the DVM confirmed the old one's death, then refused the new one as dead (incarnations now learnt at first contact or from a restore only)",
+    },
+    RegressionSeed {
+        seed: 3,
+        daemons: 11,
+        radix: 4,
+        faults: FaultKinds {
+            crash: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "rejoin: a restore confirmed after this daemon had seen the restored incarnation die again undid that death, parenting it to a dead daemon",
+    },
+    RegressionSeed {
+        seed: 32,
+        daemons: 35,
+        radix: 8,
+        faults: FaultKinds {
+            crash: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "rejoin: a fault confirmation older than a restore an adoption notice had brought failed the restored rank again for good",
+    },
+    RegressionSeed {
+        seed: 161,
+        daemons: 20,
+        radix: 8,
+        faults: FaultKinds {
+            crash: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "rejoin: a welcomed daemon did not know the restores before its admission, so a child that still believed a restored rank dead never reached its parent's view and its subtree's broadcasts stalled (the welcome carries rank 0's latest restores)",
+    },
+    RegressionSeed {
+        seed: 99,
+        daemons: 23,
+        radix: 3,
+        faults: FaultKinds {
+            crash: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "rejoin: a reliable message sent to a rank before its sender learnt of its death reached the daemon restarted under that rank (lives in every header now)",
+    },
 ];
 
 /// What to simulate.

@@ -70,7 +70,9 @@ pub struct FaultKinds {
 }
 
 impl FaultKinds {
-    /// Every kind.
+    /// Every kind but `rejoin`, which is opt-in (name it) while it is built: about 1.5% of
+    /// `crash,rejoin` seeds still fail (issue "Rejoin and grow"; the README says which), and
+    /// collectives in flight across a rejoin are not handled yet.
     pub const ALL: FaultKinds = FaultKinds {
         crash: true,
         link: true,
@@ -86,7 +88,26 @@ impl FaultKinds {
         status: true,
         group: true,
         client: true,
-        rejoin: true,
+        rejoin: false,
+    };
+
+    /// No kind at all (a base for spelling a seed's kinds out).
+    pub const NONE: FaultKinds = FaultKinds {
+        crash: false,
+        link: false,
+        stall: false,
+        partition: false,
+        delay: false,
+        stale: false,
+        dup: false,
+        stranger: false,
+        direct: false,
+        stream: false,
+        overload: false,
+        status: false,
+        group: false,
+        client: false,
+        rejoin: false,
     };
 
     /// Every kind the simulator had before group collectives: the seeds found with "all"

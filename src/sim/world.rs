@@ -91,6 +91,10 @@ enum Ev {
     Detect {
         node: Rank,
         dead: Rank,
+        /// `dead`'s restarts when the detection was planned (`rejoin.rs`): one of an earlier
+        /// life is moot while a later life runs (the connection it is about is gone; the new
+        /// life made its own).
+        life: u64,
     },
     Crash {
         rank: Rank,
@@ -867,8 +871,11 @@ impl World {
                     self.after(node)?;
                 }
             }
-            Ev::Detect { node, dead } => {
+            Ev::Detect { node, dead, life } => {
+                // Moot once `dead` runs again under a later life; not while it is dead (a
+                // refused restart died again: the death is still to be found).
                 if self.living(node)
+                    && (life == self.restarts.life(dead) || !self.living(dead))
                     && let Some(n) = self.nodes.get_mut(node as usize)
                 {
                     log::debug!("{} us: rank {node} detects {dead}", self.now_us);
@@ -1064,7 +1071,8 @@ impl World {
     fn detect_later(&mut self, node: Rank, dead: Rank) {
         let lat = self.scen.latency_us;
         let at = self.now_us + self.rng.range(lat, self.scen.detect_us_max.max(lat));
-        self.push(at, Ev::Detect { node, dead });
+        let life = self.restarts.life(dead);
+        self.push(at, Ev::Detect { node, dead, life });
     }
 
     /// After a daemon handled an input: check what it posted and completed, put its frames on

@@ -139,6 +139,7 @@ fn hello(dvm_id: &str, claim: u32, dst: u32, nonce: u64) -> Vec<u8> {
         epoch: 1,
         seq: 0,
         len: payload.len() as u32,
+        lives: 0,
     };
     let mut v = h.encode().to_vec();
     v.extend_from_slice(&payload);

@@ -156,6 +156,7 @@ impl EventLoop {
             epoch: 0,
             seq: 0,
             len: payload.len() as u32,
+            lives: 0,
         };
         if conn.push(header, payload, None).is_err() {
             self.tool_closes(tok, "a tool's answer did not fit its queue");

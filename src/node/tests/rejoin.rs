@@ -216,6 +216,7 @@ fn frames_of_the_dead_incarnation_are_dropped_after_a_rejoin() {
         epoch: 1,
         seq: 0,
         len: 3,
+        lives: 0,
     };
     net.node(0)
         .handle_frame(now, 2, h, Bytes::from_static(b"old"))

@@ -257,6 +257,7 @@ impl World {
                     epoch: 0,
                     seq: 0,
                     len: 32,
+                    lives: 0,
                 };
                 let payload = bytes::Bytes::from(vec![7u8; 32]);
                 conn.to_acceptor

@@ -233,6 +233,7 @@ impl World {
                 epoch: 1,
                 seq: 0,
                 len: 32,
+                lives: 0,
             };
             let payload = Bytes::from(vec![0x42; 32]);
             self.hs_send(id, true, Some(Frame { header, payload }));

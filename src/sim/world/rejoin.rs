@@ -10,11 +10,11 @@
 //! operation. A rejoin that rank 0 refuses (the death not yet confirmed, the rank alive) stops
 //! the new daemon; the world tries again a little later, a bounded number of times.
 
-use crate::sim::check::Violation;
-use crate::sim::node::SimNode;
 use super::{Ev, World};
 use crate::Rank;
 use crate::node::StopReason;
+use crate::sim::check::Violation;
+use crate::sim::node::SimNode;
 
 /// Tries per planned restart: a restart planned while the rank lives, or refused, is tried
 /// again [`RETRY_US`] later, at most this many times.
@@ -33,6 +33,13 @@ pub(super) struct Restarts {
     pub restarted: u64,
     /// Rejoins rank 0 refused.
     pub refused: u64,
+}
+
+impl Restarts {
+    /// How many times `rank` was started again.
+    pub fn life(&self, rank: Rank) -> u64 {
+        self.lives.get(&rank).copied().unwrap_or(0)
+    }
 }
 
 impl World {
@@ -62,9 +69,14 @@ impl World {
             std::time::Duration::from_micros(super::HEARTBEAT_INTERVAL_US),
             std::time::Duration::from_micros(super::HEARTBEAT_TIMEOUT_US),
         ));
-        let direct = self.scen.direct.get(rank as usize).copied().unwrap_or_else(|| {
-            crate::direct::DirectConfig::from_config(&crate::config::Config::default())
-        });
+        let direct = self
+            .scen
+            .direct
+            .get(rank as usize)
+            .copied()
+            .unwrap_or_else(|| {
+                crate::direct::DirectConfig::from_config(&crate::config::Config::default())
+            });
         let size = self.nodes.len() as u32;
         let node = SimNode::restarted(
             rank,
