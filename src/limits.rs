@@ -253,6 +253,12 @@ pub const REJOIN_IN_PROGRESS_MAX: usize = 64;
 /// from the confirmations.
 pub const REJOIN_RESTORES_TOLD_MAX: usize = 256;
 
+/// A rejoining daemon sends its request to rank 0 again this often until it is answered (an
+/// answer can be lost with a connection rank 0 closed, e.g. when it found the previous
+/// incarnation dead just then); rank 0 answers a repeated request as the first. Bounded by the
+/// rejoin's deadline (twice `wireup_timeout_ms`).
+pub const REJOIN_RETRY_MS: u64 = 1_000;
+
 /// Ranks asked for in one contact lookup (one message to rank 0). More wanted ranks wait for
 /// the next lookup, sent when the reply to this one arrives.
 pub const CONTACT_LOOKUP_BATCH_MAX: usize = 256;

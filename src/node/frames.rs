@@ -37,8 +37,10 @@ impl Node {
             return Ok(());
         }
         // A frame from an older incarnation of its sender than one already seen is left over
-        // from before a restart: dropped and counted. A newer one is learnt only at first
-        // contact (`learn_incarnation`).
+        // from before a restart: dropped and counted. Incarnations are learnt from the
+        // handshake (`handle_link_up`, first contact) and from restores, never from frames: a
+        // frame of a newer incarnation than known comes from a restart the DVM has not
+        // confirmed here yet, which must not become the incarnation refused later.
         let known = self
             .incarnations
             .get(&from)
@@ -53,7 +55,6 @@ impl Node {
             );
             return Ok(());
         }
-        self.learn_incarnation(from, h.epoch);
         if self.routing.is_failed(from) || self.routing.is_failed(h.origin) {
             self.counters.dropped_stale += 1;
             log::debug!(

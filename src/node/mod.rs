@@ -171,8 +171,9 @@ enum Wire {
     /// timeout before it sends the table) the daemon stops with a fatal error.
     Waiting(Option<Instant>),
     /// A restarted daemon waiting for rank 0's answer to its rejoin request until the deadline
-    /// (twice the wire-up timeout); commands are held as while `Waiting`.
-    Rejoining(Instant),
+    /// (twice the wire-up timeout), asking again at the second instant; commands are held as
+    /// while `Waiting`.
+    Rejoining(Instant, Instant),
     Wired,
 }
 
@@ -358,6 +359,12 @@ impl Node {
         self.incarnation
     }
 
+    /// The incarnation this daemon knows for `peer` (learnt at first contact or from a
+    /// restore), if any.
+    pub fn known_incarnation(&self, peer: Rank) -> Option<u64> {
+        self.incarnations.get(&peer).copied()
+    }
+
     /// The DVM's size.
     pub fn size(&self) -> u32 {
         self.size
@@ -472,7 +479,7 @@ impl Node {
         let wireup = match &self.wire {
             Wire::Collecting(_, at) => Some(*at),
             Wire::Waiting(at) if self.stopping.is_none() => *at,
-            Wire::Rejoining(at) if self.stopping.is_none() => Some(*at),
+            Wire::Rejoining(at, again) if self.stopping.is_none() => Some((*at).min(*again)),
             _ => None,
         };
         let running = if self.stopping.is_none() {
@@ -506,11 +513,14 @@ impl Node {
             self.no_table_in_time(now);
             return;
         }
-        if let Wire::Rejoining(at) = self.wire
-            && at <= now
-        {
-            self.no_welcome_in_time(now);
-            return;
+        if let Wire::Rejoining(at, again) = self.wire {
+            if at <= now {
+                self.no_welcome_in_time(now);
+                return;
+            }
+            if again <= now {
+                self.ask_rejoin(now, at);
+            }
         }
         if self.heartbeat_at.is_some_and(|at| at <= now) {
             self.heartbeat_tick(now, links);

@@ -64,19 +64,29 @@ impl Node {
             self.begin_stop(now, StopReason::Fatal(why.into()));
             return;
         }
-        let Some(uri) = self.uri.clone() else {
+        if self.uri.is_none() {
             self.begin_stop(
                 now,
                 StopReason::Fatal("a daemon that rejoins needs its own contact".into()),
             );
             return;
-        };
+        }
         log::info!(
             "rank {}: asking rank 0 to admit this daemon back (incarnation {})",
             self.me,
             self.incarnation
         );
-        self.wire = Wire::Rejoining(now + 2 * self.wireup_timeout);
+        self.ask_rejoin(now, now + 2 * self.wireup_timeout);
+    }
+
+    /// Sends (again) the rejoin request, and asks again after `REJOIN_RETRY_MS` until
+    /// `deadline`.
+    pub(super) fn ask_rejoin(&mut self, now: Instant, deadline: Instant) {
+        let again = now + std::time::Duration::from_millis(crate::limits::REJOIN_RETRY_MS);
+        self.wire = Wire::Rejoining(deadline, again);
+        let Some(uri) = self.uri.clone() else {
+            return;
+        };
         let request = Bytes::from(uri.to_string());
         let header = self.header(Kind::Msg, self.me, 0, TAG_REJOIN, request.len());
         self.transmit(0, header, request, None);
@@ -93,7 +103,7 @@ impl Node {
     /// life was sent by, or for, another incarnation of that rank (rejoin). A daemon still
     /// waiting for its welcome does not know its own life yet.
     pub(super) fn same_lives(&self, h: &crate::oob::header::Header) -> bool {
-        if matches!(self.wire, Wire::Rejoining(_)) {
+        if matches!(self.wire, Wire::Rejoining(..)) {
             return true;
         }
         let routed = matches!(h.kind, Kind::Msg | Kind::RelmData);
@@ -333,7 +343,7 @@ impl Node {
 
     /// The rejoining daemon: rank 0 admitted it.
     pub(super) fn on_welcome(&mut self, now: Instant, msg: &Message) {
-        if msg.origin != 0 || !matches!(self.wire, Wire::Rejoining(_)) {
+        if msg.origin != 0 || !matches!(self.wire, Wire::Rejoining(..)) {
             log::warn!(
                 "rank {}: unexpected welcome from rank {} ignored",
                 self.me,
@@ -416,7 +426,7 @@ impl Node {
 
     /// The rejoining daemon: rank 0 refused it.
     pub(super) fn on_rejoin_refused(&mut self, now: Instant, msg: &Message) {
-        if msg.origin != 0 || !matches!(self.wire, Wire::Rejoining(_)) {
+        if msg.origin != 0 || !matches!(self.wire, Wire::Rejoining(..)) {
             return;
         }
         let why = match Refusal::decode(&msg.payload) {

@@ -242,6 +242,8 @@ fn a_fault_report_passes_a_window_full_of_user_sends() {
 fn frames_from_an_older_incarnation_are_dropped() {
     let mut net = Net::new(2, 2, |c| c.incarnation = 10 + u64::from(c.rank));
     let now = net.now;
+    // The handshake proved rank 1's incarnation (what the driver reports at link-up).
+    net.node(0).handle_link_up(now, 1, 11, false);
     net.node(1)
         .handle_command(
             now,

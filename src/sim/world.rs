@@ -872,10 +872,8 @@ impl World {
                 }
             }
             Ev::Detect { node, dead, life } => {
-                // Moot once `dead` runs again under a later life; not while it is dead (a
-                // refused restart died again: the death is still to be found).
                 if self.living(node)
-                    && (life == self.restarts.life(dead) || !self.living(dead))
+                    && !self.moot_detection(node, dead, life)
                     && let Some(n) = self.nodes.get_mut(node as usize)
                 {
                     log::debug!("{} us: rank {node} detects {dead}", self.now_us);
@@ -953,6 +951,11 @@ impl World {
                 if !self.living(origin) {
                     return Ok(());
                 }
+                if self.is_rejoining(origin) || !self.settled(origin) {
+                    // Its application waits until it is wired (as `tbon daemon` does).
+                    self.push(self.now_us + 200_000, Ev::Broadcast { origin });
+                    return Ok(());
+                }
                 let seq = {
                     let s = self.pair_seq.entry((origin, u32::MAX)).or_insert(0);
                     *s += 1;
@@ -997,6 +1000,13 @@ impl World {
                 reliable,
             } => {
                 if !self.living(origin) {
+                    return Ok(());
+                }
+                if !self.settled(origin) {
+                    // A restarted daemon's application waits until it is wired (as
+                    // `tbon daemon` does): what it accepted earlier would be sent to whichever
+                    // life its destination has by then, which the checkers cannot tell.
+                    self.push_send(self.now_us + 200_000, origin, dst, reliable);
                     return Ok(());
                 }
                 // Flow control at the origin, as the driver's gate applies it: a send whose

@@ -145,6 +145,30 @@ impl World {
         }
     }
 
+    /// Whether `node`'s detection of `dead`, planned while `dead` was in its `life`-th life,
+    /// is moot: `dead` runs again under a later life and `node` knows that life (the
+    /// connection the detection is about is gone, and the new life made its own). Not while
+    /// `dead` is dead (a refused restart died again: the death is still to be found), nor
+    /// while `node` still believes in an earlier life (its link to that one is what broke).
+    pub(super) fn moot_detection(&self, node: Rank, dead: Rank, life: u64) -> bool {
+        if life == self.restarts.life(dead) || !self.living(dead) {
+            return false;
+        }
+        let running = self.nodes.get(dead as usize).map(|n| n.node.incarnation());
+        let known = self
+            .nodes
+            .get(node as usize)
+            .and_then(|n| n.node.known_incarnation(dead));
+        known.is_some() && known == running
+    }
+
+    /// Whether `r`'s commands run (wired and, if restarted, settled).
+    pub(super) fn settled(&self, r: Rank) -> bool {
+        self.nodes
+            .get(r as usize)
+            .is_some_and(|n| n.node.is_settled())
+    }
+
     /// Whether `r` is restarted and not yet welcomed (it takes no part in broadcasts yet).
     pub(super) fn is_rejoining(&self, r: Rank) -> bool {
         self.restarts.rejoining.contains_key(&r)
