@@ -101,10 +101,15 @@ impl Node {
     /// Whether a frame's lives are those this daemon knows: its origin's always, and its
     /// destination's for a routed message or one addressed to this daemon. A frame of another
     /// life was sent by, or for, another incarnation of that rank (rejoin). A daemon still
-    /// waiting for its welcome does not know its own life yet.
+    /// waiting for its welcome does not know its own life yet: it takes only rank 0's answer
+    /// (anything else reaching it was meant for its previous incarnation, by a daemon that
+    /// does not know of its death yet, e.g. over a port the restarted daemon listens on again).
     pub(super) fn same_lives(&self, h: &crate::oob::header::Header) -> bool {
         if matches!(self.wire, Wire::Rejoining(..)) {
-            return true;
+            return h.kind == Kind::Msg
+                && h.origin == 0
+                && h.dst == self.me
+                && matches!(h.tag, TAG_WELCOME | TAG_REJOIN_REFUSED);
         }
         let routed = matches!(h.kind, Kind::Msg | Kind::RelmData);
         h.origin_life() == self.life_of(h.origin)
