@@ -119,13 +119,19 @@ impl Node {
     /// Whether `h`, from neighbour `from`, is an adoption notice of a newer incarnation of a
     /// rank this daemon believes failed: a daemon admitted back whose restore has not reached
     /// this daemon yet, adopting it.
+    ///
+    /// Or of a later life of a rank this daemon believes alive: then the life it knows died
+    /// and was replaced, which the confirmations will say too, but only through the new tree.
     pub(super) fn is_restored_adopter(&self, from: Rank, h: &crate::oob::header::Header) -> bool {
         h.kind == Kind::Msg
             && h.tag == crate::faults::notice::TAG_ADOPTED
             && h.origin == from
             && h.dst == self.me
-            && self.routing.is_failed(from)
-            && self.may_link(from, h.epoch)
+            && if self.routing.is_failed(from) {
+                self.may_link(from, h.epoch)
+            } else {
+                h.origin_life() > self.life_of(from)
+            }
     }
 
     /// The restores this daemon knows of, latest first (at most `REJOIN_RESTORES_TOLD_MAX`), for
@@ -164,12 +170,32 @@ impl Node {
     /// here, the incarnation newer than the dead one's) are applied now, in local scope; the
     /// confirmation that follows finds them done.
     pub(super) fn restore_from_notice(&mut self, now: Instant, restored: &[(Restored, u64)]) {
+        // A later life of a rank believed alive: the life known here died (rank 0 admitted
+        // the next one only after confirming that death). Failed first, then restored.
+        let replaced: Vec<Rank> = restored
+            .iter()
+            .filter(|(r, _)| {
+                r.rank != self.me
+                    && r.rank != 0
+                    && !self.routing.is_failed(r.rank)
+                    && r.life > self.life_of(r.rank)
+            })
+            .map(|(r, _)| r.rank)
+            .collect();
+        if !replaced.is_empty() {
+            self.declare_failed(
+                now,
+                &replaced,
+                "an adoption notice names a later life of it",
+                false,
+            );
+        }
         let fresh: Vec<(Restored, u64)> = restored
             .iter()
             .filter(|(r, _)| {
                 r.rank != self.me
                     && self.routing.is_failed(r.rank)
-                    && self.may_link(r.rank, r.incarnation)
+                    && (self.may_link(r.rank, r.incarnation) || r.life > self.life_of(r.rank))
             })
             .cloned()
             .collect();
