@@ -124,7 +124,7 @@ mod tests {
         match name {
             "dvm_id" => "other.dvm",
             "ipv4" => "false",
-            "insecure" | "ipv6" => "true",
+            "insecure" | "ipv6" | "rejoin" => "true",
             "key_file" => "/etc/tbon/job.key",
             "port_range" => "20000-20100",
             "if_include" => "lo,10.0.0.0/8",

@@ -393,6 +393,39 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         },
         found: "rejoin: a reliable message sent to a rank before its sender learnt of its death reached the daemon restarted under that rank (lives in every header now)",
     },
+    RegressionSeed {
+        seed: 620,
+        daemons: 10,
+        radix: 4,
+        faults: FaultKinds {
+            crash: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "rejoin: a detection planned for a rank's earlier life was dropped as moot while the detecting daemon still believed in that life, so it kept a dead parent",
+    },
+    RegressionSeed {
+        seed: 777,
+        daemons: 38,
+        radix: 3,
+        faults: FaultKinds {
+            crash: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "rejoin: a daemon waiting for its welcome posted a message meant for its previous incarnation (it now takes only rank 0's answer)",
+    },
+    RegressionSeed {
+        seed: 385,
+        daemons: 26,
+        radix: 4,
+        faults: FaultKinds {
+            crash: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "rejoin: an adoption notice from a later life of a rank its child believed alive was dropped as of another life; the child kept the dead life as its parent",
+    },
 ];
 
 /// What to simulate.

@@ -70,7 +70,7 @@ pub struct FaultKinds {
 }
 
 impl FaultKinds {
-    /// Every kind but `rejoin`, which is opt-in (name it) while it is built: about 1.5% of
+    /// Every kind but `rejoin`, which is opt-in (name it) while it is built: a few
     /// `crash,rejoin` seeds still fail (issue "Rejoin and grow"; the README says which), and
     /// collectives in flight across a rejoin are not handled yet.
     pub const ALL: FaultKinds = FaultKinds {
