@@ -142,23 +142,7 @@ impl FaultKinds {
     /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup,stranger,direct,overload`,
     /// `all` or `none`).
     pub fn parse(list: &str) -> Result<FaultKinds, String> {
-        let mut k = FaultKinds {
-            crash: false,
-            link: false,
-            stall: false,
-            partition: false,
-            delay: false,
-            stale: false,
-            dup: false,
-            stranger: false,
-            direct: false,
-            stream: false,
-            overload: false,
-            status: false,
-            group: false,
-            client: false,
-            rejoin: false,
-        };
+        let mut k = FaultKinds::NONE;
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
                 "all" => k = FaultKinds::ALL,
