@@ -259,6 +259,13 @@ pub const REJOIN_RESTORES_TOLD_MAX: usize = 256;
 /// rejoin's deadline (twice `wireup_timeout_ms`).
 pub const REJOIN_RETRY_MS: u64 = 1_000;
 
+/// Frames a rejoining daemon keeps, unread, from daemons other than rank 0 while it waits for
+/// its welcome (its new parent's `Sync` can overtake rank 0's answer); read once it is
+/// welcomed (the lives check then drops what was meant for its previous incarnation). Beyond
+/// it the newest are dropped (counted `dropped_stale`): reliable traffic is sent again, and a
+/// neighbour offers `Sync` again at its next repair.
+pub const REJOIN_HELD_FRAMES_MAX: usize = 1_024;
+
 /// Ranks asked for in one contact lookup (one message to rank 0). More wanted ranks wait for
 /// the next lookup, sent when the reply to this one arrives.
 pub const CONTACT_LOOKUP_BATCH_MAX: usize = 256;

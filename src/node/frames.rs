@@ -68,6 +68,9 @@ impl Node {
         if h.origin >= self.size || (routed && h.dst >= self.size) {
             return Err(format!("frame names a rank beyond {}", self.size));
         }
+        if self.hold_until_welcome(from, h, &payload) {
+            return Ok(());
+        }
         if !self.same_lives(&h) {
             // Sent by or for another incarnation of its origin or destination (rejoin): what
             // was meant for a dead daemon never reaches the one that took its rank, and the

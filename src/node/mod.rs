@@ -215,6 +215,9 @@ pub struct Node {
     lives: FxHashMap<Rank, u16>,
     /// This daemon's own life (from rank 0's welcome; 0 for a daemon of the first wire-up).
     my_life: u16,
+    /// A rejoining daemon: frames from others than rank 0 that arrived before its welcome, in
+    /// order (`REJOIN_HELD_FRAMES_MAX`), read at the first pump after it.
+    rejoin_held: VecDeque<(Rank, Header, Bytes)>,
     /// Rank 0: daemons admitted back and not yet told `Settled` (`REJOIN_IN_PROGRESS_MAX`).
     admitting: BTreeMap<Rank, rejoin::Admitting>,
     wireup_timeout: Duration,
@@ -316,6 +319,7 @@ impl Node {
             lives: FxHashMap::default(),
             my_life: 0,
             admitting: BTreeMap::new(),
+            rejoin_held: VecDeque::new(),
             wireup_timeout: cfg.wireup_timeout,
             contacts,
             contacts_setting: cfg.contacts,
@@ -550,6 +554,7 @@ impl Node {
     /// Once per driver turn, after its inputs: self-sends are delivered, then the collectives'
     /// and RELM's frames, events and completions come out.
     pub fn pump(&mut self, now: Instant) {
+        self.read_held_since_rejoin(now);
         self.deliver_local(now);
         self.pump_grpcomm(now);
         self.pump_modex(now);

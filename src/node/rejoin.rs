@@ -98,6 +98,46 @@ impl Node {
         self.me == 0 && kind == Kind::Msg && tag == TAG_REJOIN && origin == from
     }
 
+    /// A rejoining daemon keeps what others than rank 0 send it before its welcome (bounded):
+    /// its new parent's `Sync` may overtake rank 0's answer, and would otherwise be lost.
+    /// Returns whether the frame was kept (or dropped at the bound).
+    pub(super) fn hold_until_welcome(
+        &mut self,
+        from: Rank,
+        h: crate::oob::header::Header,
+        payload: &Bytes,
+    ) -> bool {
+        if !matches!(self.wire, Wire::Rejoining(..)) || from == 0 {
+            return false;
+        }
+        if self.rejoin_held.len() >= crate::limits::REJOIN_HELD_FRAMES_MAX {
+            self.counters.dropped_stale += 1;
+        } else {
+            self.rejoin_held.push_back((from, h, payload.clone()));
+        }
+        true
+    }
+
+    /// Once welcomed: the frames kept while waiting are read, in order (those for the previous
+    /// incarnation are then dropped by the lives check).
+    pub(super) fn read_held_since_rejoin(&mut self, now: Instant) {
+        if self.rejoin_held.is_empty() || matches!(self.wire, Wire::Rejoining(..)) {
+            return;
+        }
+        let held = std::mem::take(&mut self.rejoin_held);
+        if !self.is_wired() {
+            return;
+        }
+        for (from, h, payload) in held {
+            if let Err(why) = self.handle_frame(now, from, h, payload) {
+                log::warn!(
+                    "rank {}: a frame rank {from} sent before the welcome is refused: {why}",
+                    self.me
+                );
+            }
+        }
+    }
+
     /// Whether a frame's lives are those this daemon knows: its origin's always, and its
     /// destination's for a routed message or one addressed to this daemon. A frame of another
     /// life was sent by, or for, another incarnation of that rank (rejoin). A daemon still

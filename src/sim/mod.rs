@@ -426,6 +426,17 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         },
         found: "rejoin: an adoption notice from a later life of a rank its child believed alive was dropped as of another life; the child kept the dead life as its parent",
     },
+    RegressionSeed {
+        seed: 201,
+        daemons: 33,
+        radix: 2,
+        faults: FaultKinds {
+            crash: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "rejoin: the new parent's Sync overtook rank 0's welcome and was dropped by the waiting daemon; nothing offered it again, and the subtree below never got the admission's broadcast (frames before the welcome are now kept and read after it)",
+    },
 ];
 
 /// What to simulate.
