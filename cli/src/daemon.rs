@@ -300,8 +300,7 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
     }
 
     if args.print_faults {
-        daemon
-            .on_fault(move |s| {
+        let registered = daemon.on_fault(move |s| {
                 let line = serde_json::json!({ "fault": {
                     "rank": rank,
                     "scope": match s.scope { tbon::Scope::Local => "local", tbon::Scope::Global => "global" },
@@ -315,8 +314,14 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
                     "demoted": s.demoted,
                 }});
                 println!("{line}");
-            })
-            .map_err(|e| e.to_string())?;
+            });
+        // A daemon that already stopped (a refused rejoin, say) exits with its own reason
+        // below, not with "the daemon is shut down" as a start-up error.
+        if let Err(e) = registered
+            && !daemon.is_stopped()
+        {
+            return Err(e.to_string());
+        }
     }
 
     if args.ping_all {

@@ -91,6 +91,8 @@ pub struct Adoption {
     /// The sender's epoch when it sent the notice.
     pub epoch: u64,
     pub failed: Vec<Rank>,
+    /// The life of each rank in `failed` as the sender knows it.
+    pub lives: Vec<u16>,
     pub ancestors: Vec<Rank>,
     /// Daemons the sender knows were admitted back, with the epoch of each restore.
     pub restored: Vec<(Restored, u64)>,
@@ -99,10 +101,29 @@ pub struct Adoption {
 /// A daemon's report of deaths it found, to rank 0.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
-    /// The sender's epoch when it found them: a rank restored in a later epoch is not the one
-    /// that died.
+    /// The sender's epoch when it found them.
     pub epoch: u64,
     pub failed: Vec<Rank>,
+    /// The life of each rank in `failed` as the sender knows it (`Header::lives`): a death of
+    /// an earlier life than rank 0 knows is old news.
+    pub lives: Vec<u16>,
+}
+
+/// `n` lives (`u16` each; 0 where `lives` is short).
+fn put_lives(b: &mut BytesMut, lives: &[u16], n: usize) {
+    for i in 0..n {
+        b.put_u16(lives.get(i).copied().unwrap_or(0));
+    }
+}
+
+fn take_lives(p: &mut &[u8], n: usize) -> Result<Vec<u16>, NoticeError> {
+    let mut out = Vec::with_capacity(n.min(p.len() / 2));
+    for _ in 0..n {
+        let (l, rest) = p.split_first_chunk::<2>().ok_or(NoticeError::Truncated)?;
+        *p = rest;
+        out.push(u16::from_be_bytes(*l));
+    }
+    Ok(out)
 }
 
 pub(crate) fn put_ranks(b: &mut BytesMut, ranks: &[Rank]) {
@@ -169,17 +190,23 @@ pub fn decode_ranks(size: u32, mut p: &[u8]) -> Result<Vec<Rank>, NoticeError> {
 
 impl Report {
     pub fn encode(&self) -> Bytes {
-        let mut b = BytesMut::with_capacity(12 + 4 * self.failed.len());
+        let mut b = BytesMut::with_capacity(12 + 6 * self.failed.len());
         b.put_u64(self.epoch);
         put_ranks(&mut b, &self.failed);
+        put_lives(&mut b, &self.lives, self.failed.len());
         b.freeze()
     }
 
     pub fn decode(size: u32, mut p: &[u8]) -> Result<Self, NoticeError> {
         let epoch = take_u64(&mut p)?;
         let failed = take_ranks(&mut p, size)?;
+        let lives = take_lives(&mut p, failed.len())?;
         done(p)?;
-        Ok(Report { epoch, failed })
+        Ok(Report {
+            epoch,
+            failed,
+            lives,
+        })
     }
 }
 
@@ -295,6 +322,7 @@ impl Adoption {
         let mut b = BytesMut::with_capacity(16 + 4 * (self.failed.len() + self.ancestors.len()));
         b.put_u64(self.epoch);
         put_ranks(&mut b, &self.failed);
+        put_lives(&mut b, &self.lives, self.failed.len());
         put_ranks(&mut b, &self.ancestors);
         put_restores(&mut b, &self.restored);
         b.freeze()
@@ -303,12 +331,14 @@ impl Adoption {
     pub fn decode(size: u32, mut p: &[u8]) -> Result<Self, NoticeError> {
         let epoch = take_u64(&mut p)?;
         let failed = take_ranks(&mut p, size)?;
+        let lives = take_lives(&mut p, failed.len())?;
         let ancestors = take_ranks(&mut p, size)?;
         let restored = take_restores(&mut p, size)?;
         done(p)?;
         Ok(Adoption {
             epoch,
             failed,
+            lives,
             ancestors,
             restored,
         })
@@ -336,6 +366,7 @@ mod tests {
         let a = Adoption {
             epoch: 2,
             failed: vec![3],
+            lives: vec![1],
             ancestors: vec![1, 0],
             restored: vec![(
                 Restored {
@@ -351,6 +382,7 @@ mod tests {
         let r = Report {
             epoch: 4,
             failed: vec![2, 4],
+            lives: vec![0, 3],
         };
         assert_eq!(Report::decode(8, &r.encode()), Ok(r));
         assert_eq!(decode_ranks(8, &encode_ranks(&[2, 4])), Ok(vec![2, 4]));

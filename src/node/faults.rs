@@ -130,9 +130,11 @@ impl Node {
     /// reach it only as confirmations, which are broadcast operations, which its new parent
     /// sends it only once they are synchronised. Queued before the `Sync`, on the same link.
     pub(super) fn tell_child(&mut self, c: Rank) {
+        let failed: Vec<Rank> = self.routing.failed().collect();
         let notice = Adoption {
             epoch: self.epoch,
-            failed: self.routing.failed().collect(),
+            lives: failed.iter().map(|r| self.life_of(*r)).collect(),
+            failed,
             ancestors: self.routing.ancestors().to_vec(),
             restored: self.restores_known(),
         }
@@ -157,6 +159,7 @@ impl Node {
         let ranks: Vec<Rank> = self.unreported.iter().copied().collect();
         let payload = notice::Report {
             epoch: self.epoch,
+            lives: ranks.iter().map(|r| self.life_of(*r)).collect(),
             failed: ranks.clone(),
         }
         .encode();
@@ -246,7 +249,7 @@ impl Node {
             .failed
             .iter()
             .copied()
-            .filter(|r| !self.is_stale_death(*r, c.epoch))
+            .filter(|r| !self.restored_after(*r, c.epoch))
             .collect();
         let unknown: Vec<Rank> = failed
             .iter()
@@ -282,8 +285,9 @@ impl Node {
                 let ranks: Vec<Rank> = report
                     .failed
                     .iter()
-                    .copied()
-                    .filter(|r| !self.is_stale_death(*r, report.epoch))
+                    .zip(&report.lives)
+                    .filter(|(r, life)| !self.is_stale_death(**r, **life))
+                    .map(|(r, _)| *r)
                     .collect();
                 log::info!("rank 0: rank {origin} reports {ranks:?} failed");
                 self.confirm(now, &ranks);
@@ -310,8 +314,9 @@ impl Node {
         let failed: Vec<Rank> = a
             .failed
             .iter()
-            .copied()
-            .filter(|r| !self.is_stale_death(*r, a.epoch))
+            .zip(&a.lives)
+            .filter(|(r, life)| !self.is_stale_death(**r, **life))
+            .map(|(r, _)| *r)
             .collect();
         // Reported on to rank 0: the adopter's own report may have died with a relay or with
         // the adopter, and rank 0 must hear of every death for the trees to agree (the

@@ -578,7 +578,7 @@ impl Node {
     }
 
     /// Rank `r`'s life as this daemon knows it (see `lives`).
-    fn life_of(&self, r: Rank) -> u16 {
+    pub(super) fn life_of(&self, r: Rank) -> u16 {
         if r == self.me {
             self.my_life
         } else {

@@ -406,9 +406,15 @@ impl Node {
         }
     }
 
-    /// Whether a notice of its sender's epoch `epoch` that names `rank` dead is stale: `rank`
-    /// was restored in a later epoch, so the notice is about its previous incarnation.
-    pub(super) fn is_stale_death(&self, rank: Rank, epoch: u64) -> bool {
+    /// Whether a report or notice that names `rank` dead in its life `life` is stale: this
+    /// daemon knows a later life of `rank`, so the death is of a previous incarnation.
+    pub(super) fn is_stale_death(&self, rank: Rank, life: u16) -> bool {
+        life < self.life_of(rank)
+    }
+
+    /// Whether `rank` was restored here in a later epoch than `epoch` (a confirmation of that
+    /// epoch that lists it dead is older news).
+    pub(super) fn restored_after(&self, rank: Rank, epoch: u64) -> bool {
         self.restored_at.get(&rank).is_some_and(|at| *at > epoch)
     }
 

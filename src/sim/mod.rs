@@ -437,6 +437,17 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         },
         found: "rejoin: the new parent's Sync overtook rank 0's welcome and was dropped by the waiting daemon; nothing offered it again, and the subtree below never got the admission's broadcast (frames before the welcome are now kept and read after it)",
     },
+    RegressionSeed {
+        seed: 1147,
+        daemons: 17,
+        radix: 2,
+        faults: FaultKinds {
+            crash: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "rejoin: a daemon that learnt a restore from an adoption notice (its epoch still older than the restore's) reported the new life's death, and rank 0 took it for news of the old life (reports and notices now carry each dead rank's life, not the sender's epoch)",
+    },
 ];
 
 /// What to simulate.

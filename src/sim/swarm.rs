@@ -70,9 +70,9 @@ pub struct FaultKinds {
 }
 
 impl FaultKinds {
-    /// Every kind but `rejoin`, which is opt-in (name it) while it is built: a few
-    /// `crash,rejoin` seeds still fail (issue "Rejoin and grow"; the README says which), and
-    /// collectives in flight across a rejoin are not handled yet.
+    /// Every kind but `rejoin`, which is opt-in (name it) while it is built: `crash,rejoin`
+    /// passes, but some seeds that mix it with link drops, stalls and partitions still fail
+    /// (issue "Rejoin and grow"), and collectives in flight across a rejoin are not handled yet.
     pub const ALL: FaultKinds = FaultKinds {
         crash: true,
         link: true,

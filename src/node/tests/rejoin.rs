@@ -289,6 +289,7 @@ fn a_stale_report_does_not_fail_the_new_incarnation() {
     let stale = crate::faults::notice::Report {
         epoch: 1,
         failed: vec![5],
+        lives: vec![0],
     }
     .encode();
     let now = net.now;
@@ -300,6 +301,7 @@ fn a_stale_report_does_not_fail_the_new_incarnation() {
     let fresh = crate::faults::notice::Report {
         epoch: 2,
         failed: vec![5],
+        lives: vec![1],
     }
     .encode();
     net.alive[5] = false;
