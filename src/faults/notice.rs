@@ -3,20 +3,21 @@
 //!
 //! Layouts (network byte order):
 //! - rank list: `u32 count`, then `count` x `u32 rank` (count at most the DVM size);
-//! - report (to rank 0): `u64 epoch` (the sender's, when it found them dead), then a rank list
-//!   of the ranks the sender found dead;
+//! - report (to rank 0): `u64 epoch` (the sender's, when it found them dead), a rank list of
+//!   the ranks the sender found dead, then `u16` per rank: its life as the sender knows it;
 //! - confirmation (a broadcast operation of rank 0): `u64 epoch`, then the rank list of every
 //!   rank confirmed dead so far, then `u32 count` daemons restored in this epoch (issue
 //!   "Rejoin"), each `u32 rank`, `u64 incarnation`, `u16 length` and its contact URI;
 //! - adoption (to a new child, and to every child a parent offers the collectives' `Sync`):
-//!   `u64 epoch` (the sender's), the rank list of every failure the sender knows, the rank list
-//!   of the sender's ancestors (parent first), then the restored daemons the sender knows of
+//!   `u64 epoch` (the sender's), the rank list of every failure the sender knows, `u16` per
+//!   failure (its life as the sender knows it), the rank list of the sender's ancestors (parent
+//!   first), then the restored daemons the sender knows of
 //!   (at most `REJOIN_RESTORES_TOLD_MAX`, the latest), each as in a confirmation followed by
 //!   `u64 epoch`, the epoch of its restore. A child learns a restore from its new parent
 //!   this way before the confirmation reaches it (which can only come through that parent).
 //!
-//! The epochs let a receiver tell a stale death from a current one: a rank restored in a later
-//! epoch than a notice's is the new incarnation, which that notice cannot be about.
+//! The lives let a receiver tell a stale death from a current one: a death of an earlier life
+//! of a rank than the receiver knows is about a previous incarnation, not the running one.
 
 use crate::Rank;
 use crate::limits::CONTACT_URI_MAX_BYTES;

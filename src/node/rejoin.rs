@@ -24,9 +24,10 @@
 //!    Holding them until then means no daemon on their way still believes it dead.
 //!
 //! # Stale news
-//! A report or an adoption notice carries its sender's epoch. A rank restored in a later epoch
-//! than that is the new incarnation, which the notice cannot be about: the death it names is
-//! ignored.
+//! A report or an adoption notice gives, for each rank it names dead, the rank's life as its
+//! sender knows it. A death of an earlier life than this daemon knows is about a previous
+//! incarnation, and is ignored. A confirmation whose failed set names a rank this daemon
+//! learnt was restored in a later epoch does not fail it again.
 //!
 //! # Bounds
 //! Rank 0 admits at most [`crate::limits::REJOIN_IN_PROGRESS_MAX`] daemons at once (not yet
