@@ -98,6 +98,14 @@ pub struct Checker {
     pub gathers: u64,
     /// Ranks started again (the `rejoin` kind).
     pub restarted: HashSet<Rank>,
+    /// (origin, dst) -> the highest reliable sequence number the origin's previous life sent
+    /// to `dst`: posted late at a `dst` that had not yet learnt of that life's death, it is
+    /// that life's message, not the new one's (still once, and only at the same life of
+    /// `dst`).
+    pub old_life_upto: HashMap<(Rank, Rank), u64>,
+    /// Reliable messages posted before a rank of their pair was started again: their
+    /// completions may come after the checkers forgot the pair.
+    pub posted_before: HashSet<(Rank, Rank, u64)>,
 }
 
 impl Checker {
@@ -108,6 +116,21 @@ impl Checker {
     /// after this breaks `in-order`: nothing of a dead incarnation may reach anyone later.
     pub fn forget_rank(&mut self, rank: Rank) {
         self.restarted.insert(rank);
+        // Nothing its previous life was sent may reach the new one; what its previous life
+        // sent may still be posted elsewhere, late.
+        self.old_life_upto.retain(|(_, d), _| *d != rank);
+        for ((o, d), sent) in &self.sent {
+            if *o == rank
+                && let Some(top) = sent.iter().max()
+            {
+                self.old_life_upto.insert((*o, *d), *top);
+            }
+        }
+        for ((o, d), got) in &self.got {
+            if *o == rank || *d == rank {
+                self.posted_before.extend(got.iter().map(|s| (*o, *d, *s)));
+            }
+        }
         self.sent.retain(|(o, d), _| *o != rank && *d != rank);
         self.got.retain(|(o, d), _| *o != rank && *d != rank);
         let completed = &self.completed;
@@ -162,6 +185,20 @@ impl Checker {
             return Err(v("integrity", format!("unexpected tag {}", m.tag)));
         }
         self.reliable_posted += 1;
+        if self
+            .old_life_upto
+            .get(&(origin, dst))
+            .is_some_and(|top| seq <= *top)
+        {
+            // A previous life's message, posted late (its origin's death not yet known here).
+            if !self.posted_before.insert((origin, dst, seq)) {
+                return Err(v(
+                    "exactly-once",
+                    format!("reliable {origin}->{dst} #{seq} (an earlier life's) posted twice"),
+                ));
+            }
+            return Ok(());
+        }
         let got = self.got.entry((origin, dst)).or_default();
         let sent = self.sent.get(&(origin, dst));
         if got.contains(&seq) {
@@ -205,7 +242,8 @@ impl Checker {
                 let posted = self
                     .got
                     .get(&(origin, dst))
-                    .is_some_and(|g| g.contains(&seq));
+                    .is_some_and(|g| g.contains(&seq))
+                    || self.posted_before.contains(&(origin, dst, seq));
                 if !posted {
                     return Err(v(
                         "completion",
