@@ -74,12 +74,25 @@ pub struct HarnessArgs {
     #[arg(long, value_enum, default_value = "mixed")]
     pub mode: Mode,
     /// Kill this many daemons with SIGKILL while traffic flows (interior ones unless
-    /// --kill-any), at times spread over the run. Ignored if --kill-at is given.
-    #[arg(long, default_value_t = 2)]
-    pub kill: usize,
+    /// --kill-any), at times spread over the run. Ignored if --kill-at is given. Default: 2,
+    /// or 0 with --restart or --restart-at.
+    #[arg(long)]
+    pub kill: Option<usize>,
     /// Kill these ranks at these times: RANK@SECONDS (since traffic started), comma separated.
     #[arg(long, value_delimiter = ',')]
     pub kill_at: Vec<String>,
+    /// Kill this many daemons with SIGKILL while traffic flows (chosen as --kill chooses, never
+    /// a --kill victim) and start each again with `--rejoin` once every survivor confirmed its
+    /// death (issue "Rejoin"): it must be admitted back into its slot, every survivor must
+    /// learn it, and it must carry the rest of the traffic. Every message between live
+    /// daemons sent after it rejoined is checked as between survivors. Ignored if
+    /// --restart-at is given.
+    #[arg(long, default_value_t = 0)]
+    pub restart: usize,
+    /// Restart these ranks (SIGKILL at these times, then `--rejoin`): RANK@SECONDS (since
+    /// traffic started), comma separated.
+    #[arg(long, value_delimiter = ',')]
+    pub restart_at: Vec<String>,
     /// Pick the --kill victims among interior daemons (those with children): the default.
     #[arg(long, conflicts_with = "kill_any")]
     pub kill_interior: bool,
@@ -170,6 +183,8 @@ pub enum FaultKind {
     Stop,
     /// The link of this host was cut (every daemon on it is a victim).
     Cut(u32),
+    /// SIGKILL, then the daemon is started again with `--rejoin`.
+    Restart,
 }
 
 /// One planned fault and what became of it.
@@ -183,6 +198,8 @@ pub struct Fault {
     /// For a stopped daemon: when SIGCONT was sent, and its exit code afterwards.
     pub resumed: bool,
     pub exit_after_resume: Option<Option<i32>>,
+    /// For a restart: CLOCK_MONOTONIC ns when the new daemon was started.
+    pub restarted_ns: Option<u64>,
 }
 
 fn parse_at(spec: &str) -> Result<(u32, f64), String> {
@@ -204,6 +221,7 @@ fn plan(args: &HarnessArgs, traffic_s: f64) -> Result<Vec<Fault>, String> {
         injected_ns: None,
         resumed: false,
         exit_after_resume: None,
+        restarted_ns: None,
     };
     let mut faults = Vec::new();
     for s in &args.cut {
@@ -222,40 +240,29 @@ fn plan(args: &HarnessArgs, traffic_s: f64) -> Result<Vec<Fault>, String> {
         let (r, t) = parse_at(s)?;
         faults.push(fault(r, t, FaultKind::Stop));
     }
+    let restarting = args.restart > 0 || !args.restart_at.is_empty();
+    let kills = args.kill.unwrap_or(if restarting { 0 } else { 2 });
+    let mut rng = Rng::new(args.seed ^ 0xfa17);
     if !args.kill_at.is_empty() {
         for s in &args.kill_at {
             let (r, t) = parse_at(s)?;
             faults.push(fault(r, t, FaultKind::Kill));
         }
-    } else if args.kill > 0 {
-        let shape = tbon::routed::radix::Shape::new(args.radix, n).map_err(|e| e.to_string())?;
-        let taken: BTreeSet<u32> = faults.iter().map(|f| f.rank).collect();
-        let mut pool: Vec<u32> = (1..n)
-            .filter(|r| !taken.contains(r))
-            .filter(|r| args.kill_any || shape.children(*r).next().is_some())
-            .collect();
-        if pool.len() < args.kill {
-            return Err(format!(
-                "--kill {}: only {} {} daemons to choose from (try more --daemons, a smaller --radix or --kill-any)",
-                args.kill,
-                pool.len(),
-                if args.kill_any {
-                    "non-root"
-                } else {
-                    "interior"
-                }
-            ));
-        }
-        let mut rng = Rng::new(args.seed ^ 0xfa17);
-        for i in 0..args.kill {
-            let r = pool.swap_remove(rng.below(pool.len() as u64) as usize);
-            // Spread over 25%..60% of the traffic: the repairs happen while traffic flows.
-            let frac = if args.kill == 1 {
-                0.3
-            } else {
-                0.25 + 0.35 * i as f64 / (args.kill - 1) as f64
-            };
+    } else {
+        // Spread over 25%..60% of the traffic: the repairs happen while traffic flows.
+        for (r, frac) in choose_victims(args, &faults, kills, 0.25, &mut rng)? {
             faults.push(fault(r, traffic_s * frac, FaultKind::Kill));
+        }
+    }
+    if !args.restart_at.is_empty() {
+        for s in &args.restart_at {
+            let (r, t) = parse_at(s)?;
+            faults.push(fault(r, t, FaultKind::Restart));
+        }
+    } else {
+        // Over 20%..55%: a restarted daemon has traffic left to carry.
+        for (r, frac) in choose_victims(args, &faults, args.restart, 0.2, &mut rng)? {
+            faults.push(fault(r, traffic_s * frac, FaultKind::Restart));
         }
     }
     let mut seen = BTreeSet::new();
@@ -273,6 +280,51 @@ fn plan(args: &HarnessArgs, traffic_s: f64) -> Result<Vec<Fault>, String> {
     }
     faults.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
     Ok(faults)
+}
+
+/// `count` victims for --kill or --restart, none already faulted, interior daemons unless
+/// --kill-any, with the fraction of the traffic at which each is hit (from `from`, spread over
+/// 35% of the traffic).
+fn choose_victims(
+    args: &HarnessArgs,
+    faults: &[Fault],
+    count: usize,
+    from: f64,
+    rng: &mut Rng,
+) -> Result<Vec<(u32, f64)>, String> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let n = args.daemons;
+    let shape = tbon::routed::radix::Shape::new(args.radix, n).map_err(|e| e.to_string())?;
+    let taken: BTreeSet<u32> = faults.iter().map(|f| f.rank).collect();
+    let mut pool: Vec<u32> = (1..n)
+        .filter(|r| !taken.contains(r))
+        .filter(|r| args.kill_any || shape.children(*r).next().is_some())
+        .collect();
+    if pool.len() < count {
+        return Err(format!(
+            "{count} daemons to kill or restart, but only {} {} daemons to choose from (try more \
+             --daemons, a smaller --radix or --kill-any)",
+            pool.len(),
+            if args.kill_any {
+                "non-root"
+            } else {
+                "interior"
+            }
+        ));
+    }
+    Ok((0..count)
+        .map(|i| {
+            let r = pool.swap_remove(rng.below(pool.len() as u64) as usize);
+            let frac = if count == 1 {
+                from + 0.05
+            } else {
+                from + 0.35 * i as f64 / (count - 1) as f64
+            };
+            (r, frac)
+        })
+        .collect())
 }
 
 /// The daemon processes; every one still running is SIGKILLed and reaped on drop (also on
@@ -334,7 +386,31 @@ fn spawn_all(
 /// The daemons' processes, by rank (None once reaped), and their ranks by pid.
 struct Procs(Vec<Option<Child>>, HashMap<i32, u32>);
 
+/// Sends every line `child` prints to `tx`, tagged with its rank, from a thread of its own.
+fn read_lines(child: &mut Child, rank: u32, tx: &mpsc::Sender<(u32, String)>) {
+    if let Some(out) = child.stdout.take() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send((rank, line)).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+}
+
 impl Procs {
+    /// Puts a restarted daemon in the place of `rank`'s killed one, which is reaped first.
+    fn replace(&mut self, rank: u32, child: Child) {
+        if let Some(mut old) = self.0[rank as usize].take() {
+            self.1.remove(&(old.id() as i32));
+            let _ = old.kill();
+            let _ = old.wait();
+        }
+        self.1.insert(child.id() as i32, rank);
+        self.0[rank as usize] = Some(child);
+    }
     fn signal(&self, rank: u32, sig: Signal) {
         if let Some(c) = &self.0[rank as usize] {
             let _ = kill(Pid::from_raw(c.id() as i32), sig);
@@ -420,6 +496,11 @@ pub struct Seen {
     pub flow: BTreeMap<u32, [u64; 10]>,
     /// (rank, scope is global, newly failed, epoch, mono_ns) of every fault line.
     pub faults: Vec<(u32, bool, Vec<u32>, u64, u64)>,
+    /// rank -> CLOCK_MONOTONIC ns its restarted daemon was wired (admitted and settled).
+    pub rewired: BTreeMap<u32, u64>,
+    /// (rank, ranks restored, mono_ns) of every fault line that restored ranks (a rejoin
+    /// learnt), the restarted daemon's own first line included.
+    pub restored: Vec<(u32, Vec<u32>, u64)>,
 }
 
 impl Seen {
@@ -428,8 +509,13 @@ impl Seen {
             return;
         };
         if let Some(w) = v.get("wired") {
-            self.wired
-                .insert(rank, w["mono_ns"].as_u64().unwrap_or_else(mono_ns));
+            let at = w["mono_ns"].as_u64().unwrap_or_else(mono_ns);
+            if self.wired.contains_key(&rank) {
+                // A restarted daemon: its first life's wire-up stays the run's.
+                self.rewired.insert(rank, at);
+                return;
+            }
+            self.wired.insert(rank, at);
             if let Some(u) = w["uri"].as_str() {
                 self.uris.insert(rank, u.to_string());
             }
@@ -465,21 +551,27 @@ impl Seen {
                 );
             }
         } else if let Some(f) = v.get("fault") {
-            let newly = f["newly_failed"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x.as_u64())
-                        .map(|x| x as u32)
-                        .collect()
-                })
-                .unwrap_or_default();
+            let ranks = |k: &str| -> Vec<u32> {
+                f[k].as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|x| x.as_u64())
+                            .map(|x| x as u32)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let at = f["mono_ns"].as_u64().unwrap_or_else(mono_ns);
+            let restored = ranks("restored");
+            if !restored.is_empty() {
+                self.restored.push((rank, restored, at));
+            }
             self.faults.push((
                 rank,
                 f["scope"] == "global",
-                newly,
+                ranks("newly_failed"),
                 f["epoch"].as_u64().unwrap_or(0),
-                f["mono_ns"].as_u64().unwrap_or_else(mono_ns),
+                at,
             ));
         }
     }
@@ -524,7 +616,18 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         .unwrap_or((args.duration * args.rate).round().max(1.0) as u64);
     let traffic_s = messages as f64 / args.rate;
     let mut faults = plan(&args, traffic_s)?;
-    let has_stop = faults.iter().any(|f| f.kind != FaultKind::Kill);
+    let has_stop = faults
+        .iter()
+        .any(|f| matches!(f.kind, FaultKind::Stop | FaultKind::Cut(_)));
+    if faults.iter().any(|f| f.kind == FaultKind::Restart)
+        && (matches!(args.pattern, Pattern::Stream | Pattern::Group) || args.clients_per_daemon > 0)
+    {
+        return Err(
+            "--restart and --restart-at check messages and broadcasts; they cannot be combined \
+             with --pattern stream or group, or with --clients-per-daemon yet"
+                .into(),
+        );
+    }
     let hb_interval = args.heartbeat_interval_ms.or(has_stop.then_some(300));
     let hb_timeout = args
         .heartbeat_timeout_ms
@@ -557,8 +660,12 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let _ = std::fs::remove_file(&key_file);
     tbon::driver::key::generate(&key_file)
         .map_err(|e| format!("cannot make the job key {}: {e}", key_file.display()))?;
-    let result_file = |r: u32| dir.join(format!("rank-{r}.res"));
-    let log_file = |r: u32| dir.join(format!("rank-{r}.log"));
+    // A restarted daemon's life 1 has files of its own.
+    let life_file = |r: u32, life: u64, ext: &str| match life {
+        0 => dir.join(format!("rank-{r}.{ext}")),
+        l => dir.join(format!("rank-{r}.life{l}.{ext}")),
+    };
+    let result_file = |r: u32| life_file(r, 0, "res");
 
     let bar = if args.quiet {
         indicatif::ProgressBar::hidden()
@@ -572,7 +679,10 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let (tx, rx) = mpsc::channel::<(u32, String)>();
     // Started from several threads: each spawn waits for its child's exec, and one thread
     // alone took 1.6 ms per daemon (3.3 s for 2,048) on this 2-core machine.
-    let spawn_one = |rank: u32| -> Result<Child, String> {
+    // `rejoin`: start the daemon again under `rank` with `--rejoin`, to send this many
+    // messages numbered from its life's base.
+    let spawn_life = |rank: u32, rejoin: Option<u64>| -> Result<Child, String> {
+        let life = u64::from(rejoin.is_some());
         let (mut cmd, subnet) = match &hosts {
             Some(h) => {
                 let mut c = Command::new("ip");
@@ -591,14 +701,17 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             .args(["--route", &args.route.to_string()])
             .args(["--if-include", subnet, "--print-faults"])
             .arg("--workload-out")
-            .arg(result_file(rank))
+            .arg(life_file(rank, life, "res"))
             .args([
                 "--workload-pattern",
                 &value_name(&args.pattern),
                 "--workload-mode",
                 &value_name(&args.mode),
             ])
-            .args(["--workload-messages", &messages.to_string()])
+            .args([
+                "--workload-messages",
+                &rejoin.unwrap_or(messages).to_string(),
+            ])
             .args(["--workload-rate", &args.rate.to_string()])
             .args(["--workload-payload", &args.payload.to_string()])
             .args(["--workload-seed", &args.seed.to_string()])
@@ -634,8 +747,15 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         } else {
             cmd.arg("--hnp-file").arg(&uri_file);
         }
-        let log = std::fs::File::create(log_file(rank))
-            .map_err(|e| format!("{}: {e}", log_file(rank).display()))?;
+        if rejoin.is_some() {
+            cmd.arg("--rejoin").args([
+                "--workload-seq-base",
+                &(life * super::workload::LIFE_SEQ_STRIDE).to_string(),
+            ]);
+        }
+        let log_path = life_file(rank, life, "log");
+        let log =
+            std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
         // `TBON_HARNESS_LOG` (a `RUST_LOG` filter) makes the daemons' logs more verbose.
         let filter = std::env::var("TBON_HARNESS_LOG").unwrap_or_else(|_| "tbon=warn".into());
         cmd.env("RUST_LOG", filter)
@@ -648,22 +768,13 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         cmd.spawn()
             .map_err(|e| format!("cannot start {} (rank {rank}): {e}", exe.display()))
     };
-    let children = spawn_all(n, &spawn_one);
+    let children = spawn_all(n, &|rank| spawn_life(rank, None));
     let mut procs = Procs(Vec::with_capacity(n as usize), HashMap::new());
     let mut spawn_error = None;
     for (rank, child) in (0..n).zip(children) {
         match child {
             Ok(mut child) => {
-                if let Some(out) = child.stdout.take() {
-                    let tx = tx.clone();
-                    std::thread::spawn(move || {
-                        for line in BufReader::new(out).lines().map_while(Result::ok) {
-                            if tx.send((rank, line)).is_err() {
-                                break;
-                            }
-                        }
-                    });
-                }
+                read_lines(&mut child, rank, &tx);
                 procs.1.insert(child.id() as i32, rank);
                 procs.0.push(Some(child));
             }
@@ -677,7 +788,8 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         // `procs` kills every daemon that did start when it is dropped.
         return Err(e);
     }
-    drop(tx);
+    // Kept for the daemons restarted later.
+    let restart_tx = tx;
 
     let deadline = started + Duration::from_secs(args.timeout);
     let mut seen = Seen::default();
@@ -744,7 +856,11 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             let fault = faults.iter_mut().find(|f| f.rank == rank);
             match fault {
                 Some(f) if f.kind == FaultKind::Kill => {}
-                Some(f) if f.injected_ns.is_some() => f.exit_after_resume = Some(code),
+                // The killed life of a daemon to restart (its new life is judged as any).
+                Some(f) if f.kind == FaultKind::Restart && f.restarted_ns.is_none() => {}
+                Some(f) if f.kind != FaultKind::Restart && f.injected_ns.is_some() => {
+                    f.exit_after_resume = Some(code)
+                }
                 _ if shutdown_sent => {
                     exits.insert(rank, code);
                 }
@@ -758,7 +874,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                 problems.push(format!(
                     "rank {r} exited on its own during {phase} ({}); its log: {}",
                     describe_exit(*code, signals.get(r)),
-                    tail(&log_file(*r))
+                    tail(&life_file(*r, life_now(&faults, *r), "log"))
                 ));
             }
             break;
@@ -792,7 +908,9 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                     let f = &faults[i];
                     if f.injected_ns.is_none() && since >= f.at_s {
                         match f.kind {
-                            FaultKind::Kill => procs.signal(f.rank, Signal::SIGKILL),
+                            FaultKind::Kill | FaultKind::Restart => {
+                                procs.signal(f.rank, Signal::SIGKILL)
+                            }
                             FaultKind::Stop => procs.signal(f.rank, Signal::SIGSTOP),
                             FaultKind::Cut(host) => {
                                 let already = faults
@@ -807,7 +925,32 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                         faults[i].injected_ns = Some(mono_ns());
                     }
                     let f = &faults[i];
-                    if f.kind == FaultKind::Kill || f.injected_ns.is_none() || f.resumed {
+                    if f.kind == FaultKind::Restart
+                        && f.injected_ns.is_some()
+                        && f.restarted_ns.is_none()
+                        && seen.confirmed_by(f.rank, &survivors)
+                    {
+                        // Started again once every survivor confirmed the death: the rank is
+                        // then failed at rank 0, which is what admits it. It sends what is
+                        // left of the schedule, at least a tenth of it.
+                        let left = messages
+                            .saturating_sub((since * args.rate) as u64)
+                            .max(messages / 10)
+                            .max(1);
+                        // Taken before the start: the new daemon may be admitted, and every
+                        // survivor told, before `spawn` returns here.
+                        let at = mono_ns();
+                        let mut child = spawn_life(f.rank, Some(left))?;
+                        read_lines(&mut child, f.rank, &restart_tx);
+                        procs.replace(f.rank, child);
+                        seen.progress.remove(&f.rank);
+                        faults[i].restarted_ns = Some(at);
+                        continue;
+                    }
+                    if matches!(f.kind, FaultKind::Kill | FaultKind::Restart)
+                        || f.injected_ns.is_none()
+                        || f.resumed
+                    {
                         continue;
                     }
                     // Resume (SIGCONT, or the link back up) once every survivor confirmed the
@@ -857,10 +1000,23 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                 let all_injected = faults.iter().all(|f| f.injected_ns.is_some());
                 let all_settled = faults.iter().all(|f| {
                     seen.confirmed_by(f.rank, &survivors)
-                        && (f.kind == FaultKind::Kill || f.exit_after_resume.is_some())
+                        && match f.kind {
+                            FaultKind::Kill => true,
+                            FaultKind::Restart => {
+                                f.restarted_ns.is_some() && seen.rewired.contains_key(&f.rank)
+                            }
+                            _ => f.exit_after_resume.is_some(),
+                        }
                 });
+                // Survivors, and restarted daemons in their new life.
                 let sending_done = survivors
                     .iter()
+                    .chain(
+                        faults
+                            .iter()
+                            .filter(|f| f.restarted_ns.is_some())
+                            .map(|f| &f.rank),
+                    )
                     .all(|r| seen.progress.get(r).is_some_and(|p| p.2));
                 if attacker.is_some() && Instant::now() >= next_sample {
                     next_sample = Instant::now() + Duration::from_millis(250);
@@ -936,13 +1092,31 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let survivors: BTreeSet<u32> = (0..n)
         .filter(|r| !victims.contains(r) && !crashed.contains_key(r))
         .collect();
-    for r in &survivors {
+    // Restarted daemons whose new life did not crash: they must stop cleanly too, and their
+    // new life's results are judged with the survivors' (check::Rejoined says how).
+    let mut rejoined: BTreeMap<u32, check::Rejoined> = BTreeMap::new();
+    for f in &faults {
+        if let (Some(killed_ns), Some(restarted_ns)) = (f.injected_ns, f.restarted_ns)
+            && !crashed.contains_key(&f.rank)
+        {
+            rejoined.insert(
+                f.rank,
+                check::Rejoined {
+                    seq_base: super::workload::LIFE_SEQ_STRIDE,
+                    killed_ns,
+                    restarted_ns,
+                    wired_ns: seen.rewired.get(&f.rank).copied(),
+                },
+            );
+        }
+    }
+    for r in survivors.iter().chain(rejoined.keys()) {
         match exits.get(r) {
             Some(Some(0)) => {}
             Some(code) => problems.push(format!(
                 "rank {r} did not stop cleanly after the DVM shutdown ({}); its log: {}",
                 describe_exit(*code, signals.get(r)),
-                tail(&log_file(*r))
+                tail(&life_file(*r, life_now(&faults, *r), "log"))
             )),
             None if shutdown_sent => problems.push(format!("rank {r} did not exit")),
             None => {}
@@ -967,6 +1141,9 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         for r in &survivors {
             results.insert(*r, super::workload::read_results(&result_file(*r))?);
         }
+        for r in rejoined.keys() {
+            results.insert(*r, super::workload::read_results(&life_file(*r, 1, "res"))?);
+        }
     }
     if let Some(p) = clock_check.as_ref().and_then(clocks::ClockCheck::problem) {
         problems.push(p);
@@ -977,6 +1154,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         faults: &faults,
         seen: &seen,
         survivors: &survivors,
+        rejoined: &rejoined,
         results: &results,
         spawn_ns,
         fit: &fit,
@@ -990,7 +1168,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         // Lines each daemon logged (its stderr): what the attack cost in logging.
         let log_lines: BTreeMap<u32, usize> = (0..n)
             .map(|r| {
-                let text = std::fs::read_to_string(log_file(r)).unwrap_or_default();
+                let text = std::fs::read_to_string(life_file(r, 0, "log")).unwrap_or_default();
                 (r, text.lines().count())
             })
             .collect();
@@ -1107,7 +1285,16 @@ fn attack_targets(seen: &Seen) -> Result<(Vec<attack::Target>, String), String> 
 
 /// Whether the victims of `f` must exit non-zero once resumed (stopped or cut off ones).
 pub fn resumable(f: &Fault) -> bool {
-    f.kind != FaultKind::Kill
+    matches!(f.kind, FaultKind::Stop | FaultKind::Cut(_))
+}
+
+/// The life of `rank`'s daemon now: 1 once the harness restarted it, else 0.
+fn life_now(faults: &[Fault], rank: u32) -> u64 {
+    u64::from(
+        faults
+            .iter()
+            .any(|f| f.rank == rank && f.restarted_ns.is_some()),
+    )
 }
 
 /// A size in bytes: a number, or one with a K, M or G suffix (binary: 4M is 4 MiB).

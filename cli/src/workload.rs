@@ -36,6 +36,9 @@ pub const HEADER_LEN: usize = 4 + 4 + 8 + 8 + 8;
 pub const MIN_PAYLOAD: usize = HEADER_LEN + 8;
 /// In mixed mode, one message in this many is a broadcast.
 pub const MIXED_BCAST_EVERY: u64 = 20;
+/// The sequence numbers of a restarted daemon's life `l` start at `l * LIFE_SEQ_STRIDE` (a
+/// multiple of the mixed mode's periods, so a life mixes its messages as the first did).
+pub const LIFE_SEQ_STRIDE: u64 = 1_000_000_000_000;
 
 /// Nanoseconds on CLOCK_MONOTONIC: the same clock in every process of this machine.
 pub fn mono_ns() -> u64 {
@@ -181,6 +184,11 @@ pub struct WorkloadArgs {
     pub workload_client_messages: u64,
     #[arg(long, hide = true)]
     pub workload_client_dir: Option<PathBuf>,
+    /// The first sequence number of this daemon's messages: 0, or for a daemon the harness
+    /// restarted with `--rejoin`, its life times [`LIFE_SEQ_STRIDE`], so that its messages
+    /// are told apart from those of the life that was killed.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub workload_seq_base: u64,
     /// Milliseconds between progress lines (the harness lengthens it for large DVMs).
     #[arg(long, hide = true, default_value_t = 250)]
     pub workload_progress_ms: u64,
@@ -598,7 +606,9 @@ impl Sender {
         // doubled when they stop (additive probing would be slower to find room again).
         let mut batch: usize = 1;
         let mut busy_seen = 0;
-        let mut seq = 0;
+        let base = args.workload_seq_base;
+        let end = base.saturating_add(args.workload_messages);
+        let mut seq = base;
         // Waits for completions (window full, or schedule done) grow while none arrives: at
         // 1 ms each, 2,048 daemons waiting through a slow wire-up woke 2 million times a
         // second and starved the machine.
@@ -636,13 +646,13 @@ impl Sender {
                 .load(Ordering::Relaxed)
                 .saturating_sub(self.completed.load(Ordering::Relaxed));
             let retrying = !lock_queue(&self.retry).is_empty();
-            if seq < args.workload_messages && (unfinished >= SEND_WINDOW_MAX || retrying) {
+            if seq < end && (unfinished >= SEND_WINDOW_MAX || retrying) {
                 // Enough offered and not yet accepted: wait for completions.
                 std::thread::sleep(Duration::from_millis(idle_ms));
                 idle_ms = (idle_ms * 2).min(RETRY_BACKOFF_MS_MAX);
                 continue;
             }
-            if seq == args.workload_messages {
+            if seq == end {
                 // Schedule done: wait for the last completions (a `Busy` one comes back).
                 if self.completed.load(Ordering::Relaxed) >= self.sent.load(Ordering::Relaxed) {
                     return;
@@ -651,7 +661,7 @@ impl Sender {
                 idle_ms = (idle_ms * 2).min(RETRY_BACKOFF_MS_MAX);
                 continue;
             }
-            let at = start + Duration::from_secs_f64(seq as f64 / rate);
+            let at = start + Duration::from_secs_f64((seq - base) as f64 / rate);
             if let Some(wait) = at.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }

@@ -8,6 +8,14 @@
 //! must arrive exactly once and in order. Duplicates, corruption and misdelivery always fail.
 //! Messages from or to a faulted daemon are counted separately and never checked.
 //!
+//! A daemon the harness restarted (`--restart`) counts as a survivor from its rejoin on: its
+//! new life's messages (numbered from [`Rejoined::seq_base`]) are checked as a survivor's, and
+//! messages to it sent once it was wired again (every living daemon had learnt its new life by
+//! then: rank 0 settles an admission only once every living daemon delivered it) are expected
+//! like any. Messages to it sent before are not checked, but if they arrive they must arrive
+//! once and in order. Its first life is a faulted daemon's. The fault window closes no earlier
+//! than the last rejoin.
+//!
 //! Reliable messages (RELM; `--mode reliable`, and one in four point-to-point messages in
 //! `mixed`) have no fault window: every one between survivors must arrive exactly once and in
 //! order per (origin, destination), however the faults fell.
@@ -25,12 +33,25 @@ use std::time::Duration;
 use super::super::workload::{DST_ALL, Results, TAG_BCAST, TAG_PLAIN, TAG_RELIABLE, is_reliable};
 use super::{Fault, FaultKind, HarnessArgs, Seen, value_name};
 
+/// A daemon the harness killed and started again, and its new life's times.
+pub struct Rejoined {
+    /// The first sequence number of its new life's messages.
+    pub seq_base: u64,
+    /// CLOCK_MONOTONIC ns: killed, started again, wired again (None: never).
+    pub killed_ns: u64,
+    pub restarted_ns: u64,
+    pub wired_ns: Option<u64>,
+}
+
 pub struct Input<'a> {
     pub args: &'a HarnessArgs,
     pub messages: u64,
     pub faults: &'a [Fault],
     pub seen: &'a Seen,
+    /// Daemons never faulted that stopped cleanly.
     pub survivors: &'a BTreeSet<u32>,
+    /// Daemons restarted, by rank (their results are their new life's).
+    pub rejoined: &'a BTreeMap<u32, Rejoined>,
     pub results: &'a BTreeMap<u32, Results>,
     pub spawn_ns: u64,
     /// What the run needed of the machine and what it had.
@@ -110,6 +131,8 @@ struct Counts {
     direct_links_evicted: u64,
     to_faulted: u64,
     from_faulted_delivered: u64,
+    /// Sent to a restarted daemon before it was wired again: not expected, yet delivered.
+    delivered_before_rejoin: u64,
 }
 
 fn ms(ns: u64) -> f64 {
@@ -131,6 +154,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
         faults,
         seen,
         survivors,
+        rejoined,
         results,
         spawn_ns,
         fit,
@@ -201,12 +225,80 @@ pub fn analyse(inp: Input<'_>) -> Report {
                 FaultKind::Kill => "SIGKILL".to_string(),
                 FaultKind::Stop => "SIGSTOP".to_string(),
                 FaultKind::Cut(h) => format!("cut host {h}:"),
+                FaultKind::Restart => "SIGKILL+rejoin".to_string(),
             },
             "at_s": t0.map(|t0| at.saturating_sub(t0) as f64 / 1e9),
             "detected_after_ms": detected.map(|t| ms(t.saturating_sub(at))),
             "repaired_everywhere_after_ms": repaired.map(|t| ms(t.saturating_sub(at))),
             "epoch": epoch,
             "resumed_exit_code": f.exit_after_resume.flatten(),
+        }));
+    }
+    // Rejoins: the window closes no earlier than the last (an un-repair moves children back,
+    // as a repair moves them away).
+    let mut rejoin_rows = Vec::new();
+    for (&r, j) in rejoined {
+        let end = j.wired_ns.unwrap_or(u64::MAX);
+        last_settled = Some(last_settled.map_or(end, |l: u64| l.max(end)));
+        let since = |t: u64| ms(t.saturating_sub(j.restarted_ns));
+        let admitted = seen
+            .faults
+            .iter()
+            .filter(|(fr, _, _, _, t)| *fr == r && *t >= j.restarted_ns)
+            .map(|x| x.4)
+            .min();
+        let mut learnt: BTreeMap<u32, u64> = BTreeMap::new();
+        for (who, ranks, t) in &seen.restored {
+            if survivors.contains(who) && ranks.contains(&r) && *t >= j.restarted_ns {
+                let e = learnt.entry(*who).or_insert(*t);
+                *e = (*e).min(*t);
+            }
+        }
+        let unaware: Vec<u32> = survivors
+            .iter()
+            .copied()
+            .filter(|w| !learnt.contains_key(w))
+            .collect();
+        if !unaware.is_empty() && j.wired_ns.is_some() {
+            problems.push(format!(
+                "rejoin of rank {r}: survivors {unaware:?} never learnt it"
+            ));
+        }
+        if j.wired_ns.is_none() {
+            problems.push(format!("rejoin of rank {r}: started again but never wired"));
+        }
+        let first_delivery = results
+            .get(&r)
+            .and_then(|res| res.received.iter().filter(|m| m.1 != r).map(|m| m.4).min());
+        // What its new life carried: messages of live daemons it received, and its own that
+        // others received.
+        let carried_in = results.get(&r).map_or(0, |res| {
+            res.received
+                .iter()
+                .filter(|m| m.1 != r && m.2 != u64::MAX)
+                .count()
+        });
+        let carried_out: usize = results
+            .iter()
+            .filter(|(d, _)| **d != r)
+            .map(|(_, res)| {
+                res.received
+                    .iter()
+                    .filter(|m| m.1 == r && m.2 != u64::MAX && m.2 >= j.seq_base)
+                    .count()
+            })
+            .sum();
+        rejoin_rows.push(serde_json::json!({
+            "received": carried_in,
+            "delivered_elsewhere": carried_out,
+            "rank": r,
+            "restarted_after_death_ms": ms(j.restarted_ns.saturating_sub(j.killed_ns)),
+            "admitted_after_ms": admitted.map(since),
+            "known_everywhere_after_ms": (unaware.is_empty())
+                .then(|| learnt.values().max().map(|t| since(*t)))
+                .flatten(),
+            "wired_after_ms": j.wired_ns.map(since),
+            "first_delivery_after_ms": first_delivery.map(since),
         }));
     }
     let first_fault = faults.iter().filter_map(|f| f.injected_ns).min();
@@ -217,6 +309,17 @@ pub fn analyse(inp: Input<'_>) -> Report {
     // Expected deliveries: (receiver) -> (tag, origin, seq) -> sent_ns.
     let mut c = Counts::default();
     let mut expected: HashMap<(u32, u32, u32, u64), u64> = HashMap::new();
+    // Sent to a restarted daemon before it was wired again: may arrive (once, in order).
+    let mut optional: BTreeSet<(u32, u32, u32, u64)> = BTreeSet::new();
+    let live: BTreeSet<u32> = survivors.iter().chain(rejoined.keys()).copied().collect();
+    let before_rejoin = |d: u32, t: u64| {
+        rejoined
+            .get(&d)
+            .is_some_and(|j| t < j.wired_ns.unwrap_or(u64::MAX))
+    };
+    let from_live = |origin: u32, seq: u64| {
+        survivors.contains(&origin) || rejoined.get(&origin).is_some_and(|j| seq >= j.seq_base)
+    };
     // Broadcasts whose completion was an error: not expected, yet not misdelivered if they
     // arrive (a daemon stopping under its broadcast).
     let mut not_sent: BTreeSet<(u32, u64)> = BTreeSet::new();
@@ -232,8 +335,12 @@ pub fn analyse(inp: Input<'_>) -> Report {
                     not_sent.insert((o, seq));
                     continue;
                 }
-                for &d in survivors {
-                    expected.insert((d, TAG_BCAST, o, seq), t);
+                for &d in &live {
+                    if before_rejoin(d, t) {
+                        optional.insert((d, TAG_BCAST, o, seq));
+                    } else {
+                        expected.insert((d, TAG_BCAST, o, seq), t);
+                    }
                 }
             } else {
                 let tag = if is_reliable(args.mode, seq) {
@@ -243,7 +350,10 @@ pub fn analyse(inp: Input<'_>) -> Report {
                     c.sent_plain += 1;
                     TAG_PLAIN
                 };
-                if survivors.contains(&dst) {
+                if before_rejoin(dst, t) {
+                    optional.insert((dst, tag, o, seq));
+                    c.to_faulted += 1;
+                } else if live.contains(&dst) {
                     expected.insert((dst, tag, o, seq), t);
                 } else {
                     c.to_faulted += 1;
@@ -272,8 +382,8 @@ pub fn analyse(inp: Input<'_>) -> Report {
     let mut latencies = Vec::new();
     let mut timeline = super::timeline::Timeline::new(t0.unwrap_or(first_send));
     let mut last_recv = 0u64;
-    // Each survivor's broadcasts of survivors, in delivery order.
-    let mut bcast_orders: Vec<Vec<(u32, u64)>> = Vec::new();
+    // Each live daemon's broadcasts of live daemons, in delivery order.
+    let mut bcast_orders: BTreeMap<u32, Vec<(u32, u64)>> = BTreeMap::new();
     for (&d, res) in results {
         // The order a receiver must see is the order its origin's accepted submissions went
         // in (a message refused `Busy` and sent again comes after those accepted meanwhile).
@@ -284,7 +394,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
                 c.corrupted += 1;
                 continue;
             }
-            if !survivors.contains(&origin) {
+            if !from_live(origin, seq) {
                 c.from_faulted_delivered += 1;
                 continue;
             }
@@ -292,7 +402,8 @@ pub fn analyse(inp: Input<'_>) -> Report {
             if tag == TAG_BCAST {
                 bcast_order.push((origin, seq));
             }
-            if !expected.contains_key(&key) {
+            let wanted = expected.contains_key(&key);
+            if !wanted && !optional.contains(&key) {
                 if !(tag == TAG_BCAST && not_sent.contains(&(origin, seq))) {
                     c.misdelivered += 1;
                 }
@@ -307,7 +418,11 @@ pub fn analyse(inp: Input<'_>) -> Report {
                 }
                 continue;
             }
-            c.delivered += 1;
+            if wanted {
+                c.delivered += 1;
+            } else {
+                c.delivered_before_rejoin += 1;
+            }
             latencies.push(t_recv.saturating_sub(t_sent));
             timeline.add(tag, t_recv, t_recv.saturating_sub(t_sent));
             last_recv = last_recv.max(t_recv);
@@ -330,12 +445,27 @@ pub fn analyse(inp: Input<'_>) -> Report {
             }
             *m = (*m).max(place);
         }
-        if survivors.contains(&d) {
-            bcast_orders.push(bcast_order);
+        if live.contains(&d) {
+            bcast_orders.insert(d, bcast_order);
         }
     }
-    if let Some(first) = bcast_orders.first() {
-        c.broadcast_order_differs = bcast_orders.iter().filter(|o| *o != first).count() as u64;
+    // A restarted daemon delivers the broadcasts from its admission on: its order must be the
+    // survivors' order of those it delivered.
+    let reference = survivors.iter().find_map(|d| bcast_orders.get(d));
+    if let Some(first) = reference {
+        c.broadcast_order_differs = bcast_orders
+            .iter()
+            .filter(|(d, o)| {
+                if rejoined.contains_key(d) {
+                    let had: BTreeSet<&(u32, u64)> = o.iter().collect();
+                    let filtered: Vec<&(u32, u64)> =
+                        first.iter().filter(|b| had.contains(b)).collect();
+                    filtered.len() != o.len() || filtered.iter().zip(o.iter()).any(|(a, b)| *a != b)
+                } else {
+                    *o != first
+                }
+            })
+            .count() as u64;
     }
     let mut lost_examples = Vec::new();
     for (key, &t) in &expected {
@@ -414,9 +544,17 @@ pub fn analyse(inp: Input<'_>) -> Report {
         "every fault repaired at every survivor".into(),
         !problems.iter().any(|p| p.starts_with("fault of")),
     ));
+    if !rejoined.is_empty() {
+        checks.push((
+            "every restarted daemon admitted, wired and learnt by every survivor".into(),
+            !problems.iter().any(|p| p.starts_with("rejoin of")),
+        ));
+    }
     checks.push((
         "no daemon crashed or hung; survivors stopped cleanly".into(),
-        problems.iter().all(|p| p.starts_with("fault of")),
+        problems
+            .iter()
+            .all(|p| p.starts_with("fault of") || p.starts_with("rejoin of")),
     ));
     let victims: BTreeSet<u32> = faults
         .iter()
@@ -555,8 +693,42 @@ pub fn analyse(inp: Input<'_>) -> Report {
             );
         }
     }
+    if !rejoin_rows.is_empty() {
+        let _ = writeln!(
+            t,
+            "\n  rejoin (after the restart)   restarted after death   admitted   known everywhere   wired   first delivery   in / out"
+        );
+        for row in &rejoin_rows {
+            let f = |k: &str| {
+                row[k]
+                    .as_f64()
+                    .map_or("-".to_string(), |v| format!("{v:.0} ms"))
+            };
+            let _ = writeln!(
+                t,
+                "  {:<28} {:<23} {:<10} {:<18} {:<7} {:<16} {} / {}",
+                format!("rank {}", row["rank"]),
+                f("restarted_after_death_ms"),
+                f("admitted_after_ms"),
+                f("known_everywhere_after_ms"),
+                f("wired_after_ms"),
+                f("first_delivery_after_ms"),
+                row["received"],
+                row["delivered_elsewhere"]
+            );
+        }
+    }
     if ran {
-        let _ = writeln!(t, "\n  messages among the {} survivors", survivors.len());
+        let _ = writeln!(
+            t,
+            "\n  messages among the {} survivors{}",
+            survivors.len(),
+            if rejoined.is_empty() {
+                String::new()
+            } else {
+                format!(" and {} rejoined daemons", rejoined.len())
+            }
+        );
         let row = |t: &mut String, k: &str, v: String| {
             let _ = writeln!(t, "  {k:<30} {v}");
         };
@@ -623,6 +795,16 @@ pub fn analyse(inp: Input<'_>) -> Report {
         };
         row(&mut t, "send errors", errs);
         row(&mut t, "sent to faulted daemons", c.to_faulted.to_string());
+        if !rejoined.is_empty() {
+            row(
+                &mut t,
+                "to a rejoining one, arrived",
+                format!(
+                    "{} (sent before it was wired again; not expected, none twice)",
+                    c.delivered_before_rejoin
+                ),
+            );
+        }
         row(
             &mut t,
             "delivered from faulted ones",
@@ -746,6 +928,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
         "fit": fit,
         "run_s": elapsed.as_secs_f64(),
         "faults": fault_rows,
+        "rejoins": rejoin_rows,
         "counts": c,
         "survivors": survivors.len(),
         "dead": (0..n).filter(|r| !survivors.contains(r)).collect::<Vec<u32>>(),

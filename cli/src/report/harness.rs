@@ -110,6 +110,42 @@ pub fn harness(run: &Value) -> String {
             |_, _| "",
         );
     }
+    let rejoins: Vec<Vec<String>> = list(&run["rejoins"])
+        .iter()
+        .map(|j| {
+            [
+                "rank",
+                "restarted_after_death_ms",
+                "admitted_after_ms",
+                "known_everywhere_after_ms",
+                "wired_after_ms",
+                "first_delivery_after_ms",
+                "received",
+                "delivered_elsewhere",
+            ]
+            .iter()
+            .map(|k| cell(&j[*k]))
+            .collect()
+        })
+        .collect();
+    if !rejoins.is_empty() {
+        p.heading(3, "Rejoins (times after the restart)");
+        p.table(
+            "rejoins",
+            &[
+                "rank",
+                "restarted after its death (ms)",
+                "admitted (ms)",
+                "known to every survivor (ms)",
+                "wired (ms)",
+                "first delivery (ms)",
+                "messages received",
+                "its messages delivered",
+            ],
+            &rejoins,
+            |_, _| "",
+        );
+    }
 
     if collected {
         delivery_charts(&mut p, run, &faults);
