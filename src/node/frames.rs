@@ -258,6 +258,13 @@ impl Node {
         if self.is_wired() {
             let cause = format!("unreachable after {attempts} connection attempts");
             self.declare_failed(now, &[peer], &cause, true);
+        } else if peer != 0 && matches!(self.wire, super::Wire::Rejoining(..)) {
+            // Waiting for its welcome, a daemon has no tree: only rank 0 matters, and the
+            // welcome names the dead (seed 5357: a neighbour's death seen then stopped it).
+            log::debug!(
+                "rank {}: rank {peer} unreachable while rejoining; ignored",
+                self.me
+            );
         } else if self.me != 0 && self.stopping.is_none() {
             log::error!(
                 "rank {}: cannot reach rank {peer} after {attempts} attempts",

@@ -379,9 +379,12 @@ impl Node {
     pub(super) fn restore_ranks(&mut self, now: Instant, restored: &[Restored], epoch: u64) {
         // A rank this daemon has seen die again since (the same incarnation failed here after
         // an adoption notice restored it) stays failed: the confirmation is older news than
-        // that death, which rank 0 will confirm next.
+        // that death, which rank 0 will confirm next. A restore of an earlier life than the
+        // one known here is older news too: a confirmation delayed behind the adoption notice
+        // of the rank's next return would take its life back (seed 20202).
         let restored: Vec<&Restored> = restored
             .iter()
+            .filter(|r| r.life >= self.life_of(r.rank))
             .filter(|r| !self.routing.is_failed(r.rank) || self.may_link(r.rank, r.incarnation))
             .collect();
         if restored.is_empty() {

@@ -448,6 +448,62 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         },
         found: "rejoin: a daemon that learnt a restore from an adoption notice (its epoch still older than the restore's) reported the new life's death, and rank 0 took it for news of the old life (reports and notices now carry each dead rank's life, not the sender's epoch)",
     },
+    RegressionSeed {
+        seed: 20202,
+        daemons: 23,
+        radix: 2,
+        faults: FaultKinds {
+            crash: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "rejoin: a confirmation of a rank's first return, delayed behind the adoption notice of its second, took the rank's life back to the first; the daemon then dropped every frame of the rank's live incarnation and its reliable messages ended Unreachable (a restore of an earlier life than the one known is now ignored)",
+    },
+    RegressionSeed {
+        seed: 27070,
+        daemons: 7,
+        radix: 3,
+        faults: FaultKinds {
+            crash: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "simulator: a restarted daemon, still waiting for its welcome, was handed its dead predecessor's detection of its parent and stopped with \"cannot reach rank 0\" (a detection is now moot once its detector restarted)",
+    },
+    RegressionSeed {
+        seed: 5094,
+        daemons: 14,
+        radix: 4,
+        faults: FaultKinds {
+            crash: true,
+            link: true,
+            stall: true,
+            partition: true,
+            delay: true,
+            stale: true,
+            dup: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "simulator: the run ended while a restarted daemon still waited for rank 0 (stalled) to answer, and the tree checker saw it alive but failed at rank 0 (a daemon rejoining is now work left)",
+    },
+    RegressionSeed {
+        seed: 5357,
+        daemons: 27,
+        radix: 4,
+        faults: FaultKinds {
+            crash: true,
+            link: true,
+            stall: true,
+            partition: true,
+            delay: true,
+            stale: true,
+            dup: true,
+            rejoin: true,
+            ..FaultKinds::NONE
+        },
+        found: "rejoin: a daemon waiting for its welcome stopped with \"cannot reach rank 0\" when a tree neighbour of its slot proved unreachable (only rank 0 matters before the welcome)",
+    },
 ];
 
 /// What to simulate.
