@@ -360,6 +360,11 @@ settings! {
     /// wire-up. Refused, and the daemon stops saying why, if the rank is alive or rank 0 does
     /// not answer within twice wireup_timeout_ms. Not for rank 0 (a DVM ends with its rank 0).
     rejoin: bool = false, env "TBON_REJOIN";
+    /// Daemons started with the DVM, ranks 0..initial_size; 0 means the whole size. The ranks
+    /// from initial_size to size are room to grow: rank 0's wire-up does not wait for them,
+    /// they are absent (failed, in epoch 0) until each joins as a restarted daemon rejoins
+    /// (`rejoin`, `tbon daemon --join`). Every daemon gets the same size (the capacity).
+    initial_size: u32 = 0, env "TBON_INITIAL_SIZE";
     /// First reconnect delay in milliseconds after a lost connection; doubles per attempt.
     reconnect_base_ms: u64 = 50, env "TBON_RECONNECT_BASE_MS";
     /// Cap on the reconnect delay in milliseconds.

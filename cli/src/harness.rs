@@ -75,7 +75,7 @@ pub struct HarnessArgs {
     pub mode: Mode,
     /// Kill this many daemons with SIGKILL while traffic flows (interior ones unless
     /// --kill-any), at times spread over the run. Ignored if --kill-at is given. Default: 2,
-    /// or 0 with --restart or --restart-at.
+    /// or 0 with --restart, --restart-at or --grow.
     #[arg(long)]
     pub kill: Option<usize>,
     /// Kill these ranks at these times: RANK@SECONDS (since traffic started), comma separated.
@@ -93,6 +93,14 @@ pub struct HarnessArgs {
     /// traffic started), comma separated.
     #[arg(long, value_delimiter = ',')]
     pub restart_at: Vec<String>,
+    /// Grow the DVM while traffic flows (issue "Rejoin and grow"): K@SECONDS starts K new
+    /// daemons, the next ranks after the last, that many seconds after traffic started, with
+    /// `--join`; comma separated. The DVM is started with room for them (every daemon gets
+    /// `--size` the daemons plus every K, and `--initial-size` the daemons). Each new daemon
+    /// must be admitted, learnt by every survivor and carry the rest of the traffic, checked
+    /// as a restarted daemon is.
+    #[arg(long, value_delimiter = ',')]
+    pub grow: Vec<String>,
     /// Pick the --kill victims among interior daemons (those with children): the default.
     #[arg(long, conflicts_with = "kill_any")]
     pub kill_interior: bool,
@@ -240,7 +248,7 @@ fn plan(args: &HarnessArgs, traffic_s: f64) -> Result<Vec<Fault>, String> {
         let (r, t) = parse_at(s)?;
         faults.push(fault(r, t, FaultKind::Stop));
     }
-    let restarting = args.restart > 0 || !args.restart_at.is_empty();
+    let restarting = args.restart > 0 || !args.restart_at.is_empty() || !args.grow.is_empty();
     let kills = args.kill.unwrap_or(if restarting { 0 } else { 2 });
     let mut rng = Rng::new(args.seed ^ 0xfa17);
     if !args.kill_at.is_empty() {
@@ -496,8 +504,11 @@ pub struct Seen {
     pub flow: BTreeMap<u32, [u64; 10]>,
     /// (rank, scope is global, newly failed, epoch, mono_ns) of every fault line.
     pub faults: Vec<(u32, bool, Vec<u32>, u64, u64)>,
-    /// rank -> CLOCK_MONOTONIC ns its restarted daemon was wired (admitted and settled).
+    /// rank -> CLOCK_MONOTONIC ns its restarted daemon, or the daemon of a rank the DVM grew
+    /// by, was wired (admitted and settled).
     pub rewired: BTreeMap<u32, u64>,
+    /// The daemons started with the DVM (ranks from here on are growth).
+    pub initial: u32,
     /// (rank, ranks restored, mono_ns) of every fault line that restored ranks (a rejoin
     /// learnt), the restarted daemon's own first line included.
     pub restored: Vec<(u32, Vec<u32>, u64)>,
@@ -510,8 +521,9 @@ impl Seen {
         };
         if let Some(w) = v.get("wired") {
             let at = w["mono_ns"].as_u64().unwrap_or_else(mono_ns);
-            if self.wired.contains_key(&rank) {
-                // A restarted daemon: its first life's wire-up stays the run's.
+            if self.wired.contains_key(&rank) || rank >= self.initial {
+                // A restarted daemon (its first life's wire-up stays the run's), or a rank
+                // the DVM grew by.
                 self.rewired.insert(rank, at);
                 return;
             }
@@ -616,15 +628,37 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         .unwrap_or((args.duration * args.rate).round().max(1.0) as u64);
     let traffic_s = messages as f64 / args.rate;
     let mut faults = plan(&args, traffic_s)?;
+    // Growth: (rank, seconds since traffic started, when it was started).
+    let mut grows: Vec<(u32, f64, Option<u64>)> = Vec::new();
+    for spec in &args.grow {
+        let (k, at) = spec
+            .split_once('@')
+            .ok_or_else(|| format!("--grow {spec:?}: expected K@SECONDS"))?;
+        let k: u32 = k
+            .trim()
+            .parse()
+            .map_err(|e| format!("--grow {spec:?}: {e}"))?;
+        let at: f64 = at
+            .trim()
+            .parse()
+            .map_err(|e| format!("--grow {spec:?}: {e}"))?;
+        for _ in 0..k {
+            grows.push((n + grows.len() as u32, at, None));
+        }
+    }
+    let capacity = n + grows.len() as u32;
+    if !grows.is_empty() && args.hosts > 0 {
+        return Err("--grow runs on loopback only; it cannot be combined with --hosts".into());
+    }
     let has_stop = faults
         .iter()
         .any(|f| matches!(f.kind, FaultKind::Stop | FaultKind::Cut(_)));
-    if faults.iter().any(|f| f.kind == FaultKind::Restart)
+    if (faults.iter().any(|f| f.kind == FaultKind::Restart) || !grows.is_empty())
         && (matches!(args.pattern, Pattern::Stream | Pattern::Group) || args.clients_per_daemon > 0)
     {
         return Err(
-            "--restart and --restart-at check messages and broadcasts; they cannot be combined \
-             with --pattern stream or group, or with --clients-per-daemon yet"
+            "--restart, --restart-at and --grow check messages and broadcasts; they cannot be \
+             combined with --pattern stream or group, or with --clients-per-daemon yet"
                 .into(),
         );
     }
@@ -679,10 +713,11 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let (tx, rx) = mpsc::channel::<(u32, String)>();
     // Started from several threads: each spawn waits for its child's exec, and one thread
     // alone took 1.6 ms per daemon (3.3 s for 2,048) on this 2-core machine.
-    // `rejoin`: start the daemon again under `rank` with `--rejoin`, to send this many
+    // `rejoin`: start the daemon (again) under `rank` with `--rejoin` (`--join` for a rank the
+    // DVM grows by), in its `life` (1 once restarted, 0 for a new rank), to send this many
     // messages numbered from its life's base.
-    let spawn_life = |rank: u32, rejoin: Option<u64>| -> Result<Child, String> {
-        let life = u64::from(rejoin.is_some());
+    let spawn_life = |rank: u32, rejoin: Option<(u64, u64)>| -> Result<Child, String> {
+        let life = rejoin.map_or(0, |(l, _)| l);
         let (mut cmd, subnet) = match &hosts {
             Some(h) => {
                 let mut c = Command::new("ip");
@@ -696,7 +731,8 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         cmd.arg("daemon")
             .arg("--key-file")
             .arg(&key_file)
-            .args(["--rank", &rank.to_string(), "--size", &n.to_string()])
+            .args(["--rank", &rank.to_string(), "--size", &capacity.to_string()])
+            .args(["--initial-size", &n.to_string()])
             .args(["--radix", &args.radix.to_string()])
             .args(["--route", &args.route.to_string()])
             .args(["--if-include", subnet, "--print-faults"])
@@ -710,7 +746,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             ])
             .args([
                 "--workload-messages",
-                &rejoin.unwrap_or(messages).to_string(),
+                &rejoin.map_or(messages, |(_, m)| m).to_string(),
             ])
             .args(["--workload-rate", &args.rate.to_string()])
             .args(["--workload-payload", &args.payload.to_string()])
@@ -769,7 +805,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             .map_err(|e| format!("cannot start {} (rank {rank}): {e}", exe.display()))
     };
     let children = spawn_all(n, &|rank| spawn_life(rank, None));
-    let mut procs = Procs(Vec::with_capacity(n as usize), HashMap::new());
+    let mut procs = Procs(Vec::with_capacity(capacity as usize), HashMap::new());
     let mut spawn_error = None;
     for (rank, child) in (0..n).zip(children) {
         match child {
@@ -788,11 +824,18 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         // `procs` kills every daemon that did start when it is dropped.
         return Err(e);
     }
-    // Kept for the daemons restarted later.
+    // The slots of the ranks the DVM grows by.
+    for _ in n..capacity {
+        procs.0.push(None);
+    }
+    // Kept for the daemons restarted, or added, later.
     let restart_tx = tx;
 
     let deadline = started + Duration::from_secs(args.timeout);
-    let mut seen = Seen::default();
+    let mut seen = Seen {
+        initial: n,
+        ..Seen::default()
+    };
     let mut problems: Vec<String> = Vec::new();
     // Ranks the harness killed or stopped, and ranks that exited on their own.
     let mut victims: BTreeSet<u32> = BTreeSet::new();
@@ -940,7 +983,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                         // Taken before the start: the new daemon may be admitted, and every
                         // survivor told, before `spawn` returns here.
                         let at = mono_ns();
-                        let mut child = spawn_life(f.rank, Some(left))?;
+                        let mut child = spawn_life(f.rank, Some((1, left)))?;
                         read_lines(&mut child, f.rank, &restart_tx);
                         procs.replace(f.rank, child);
                         seen.progress.remove(&f.rank);
@@ -980,6 +1023,19 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                         }
                     }
                 }
+                for g in grows.iter_mut() {
+                    if g.2.is_none() && since >= g.1 {
+                        let left = messages
+                            .saturating_sub((since * args.rate) as u64)
+                            .max(messages / 10)
+                            .max(1);
+                        let at = mono_ns();
+                        let mut child = spawn_life(g.0, Some((0, left)))?;
+                        read_lines(&mut child, g.0, &restart_tx);
+                        procs.replace(g.0, child);
+                        g.2 = Some(at);
+                    }
+                }
                 if client_kills.first().is_some_and(|at| since >= *at) {
                     client_kills.remove(0);
                     match kill_a_client(
@@ -997,7 +1053,10 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                         None => problems.push("no client was alive to kill".into()),
                     }
                 }
-                let all_injected = faults.iter().all(|f| f.injected_ns.is_some());
+                let all_injected = faults.iter().all(|f| f.injected_ns.is_some())
+                    && grows
+                        .iter()
+                        .all(|g| g.2.is_some() && seen.rewired.contains_key(&g.0));
                 let all_settled = faults.iter().all(|f| {
                     seen.confirmed_by(f.rank, &survivors)
                         && match f.kind {
@@ -1017,6 +1076,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                             .filter(|f| f.restarted_ns.is_some())
                             .map(|f| &f.rank),
                     )
+                    .chain(grows.iter().filter(|g| g.2.is_some()).map(|g| &g.0))
                     .all(|r| seen.progress.get(r).is_some_and(|p| p.2));
                 if attacker.is_some() && Instant::now() >= next_sample {
                     next_sample = Instant::now() + Duration::from_millis(250);
@@ -1106,6 +1166,23 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                     killed_ns,
                     restarted_ns,
                     wired_ns: seen.rewired.get(&f.rank).copied(),
+                    grown: false,
+                },
+            );
+        }
+    }
+    for &(rank, _, spawned) in &grows {
+        if let Some(at) = spawned
+            && !crashed.contains_key(&rank)
+        {
+            rejoined.insert(
+                rank,
+                check::Rejoined {
+                    seq_base: 0,
+                    killed_ns: at,
+                    restarted_ns: at,
+                    wired_ns: seen.rewired.get(&rank).copied(),
+                    grown: true,
                 },
             );
         }
@@ -1141,8 +1218,12 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         for r in &survivors {
             results.insert(*r, super::workload::read_results(&result_file(*r))?);
         }
-        for r in rejoined.keys() {
-            results.insert(*r, super::workload::read_results(&life_file(*r, 1, "res"))?);
+        for (r, j) in &rejoined {
+            let life = u64::from(!j.grown);
+            results.insert(
+                *r,
+                super::workload::read_results(&life_file(*r, life, "res"))?,
+            );
         }
     }
     if let Some(p) = clock_check.as_ref().and_then(clocks::ClockCheck::problem) {

@@ -51,6 +51,11 @@ impl Args for SettingFlags {
             if !default.is_empty() {
                 arg = arg.default_value(default);
             }
+            if s.name == "rejoin" {
+                // A rank of a grown DVM (beyond `initial_size`) joins the way a restarted
+                // daemon rejoins: the same admission by rank 0.
+                arg = arg.visible_alias("join");
+            }
             cmd = cmd.arg(arg);
         }
         cmd

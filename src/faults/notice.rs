@@ -111,13 +111,13 @@ pub struct Report {
 }
 
 /// `n` lives (`u16` each; 0 where `lives` is short).
-fn put_lives(b: &mut BytesMut, lives: &[u16], n: usize) {
+pub(crate) fn put_lives(b: &mut BytesMut, lives: &[u16], n: usize) {
     for i in 0..n {
         b.put_u16(lives.get(i).copied().unwrap_or(0));
     }
 }
 
-fn take_lives(p: &mut &[u8], n: usize) -> Result<Vec<u16>, NoticeError> {
+pub(crate) fn take_lives(p: &mut &[u8], n: usize) -> Result<Vec<u16>, NoticeError> {
     let mut out = Vec::with_capacity(n.min(p.len() / 2));
     for _ in 0..n {
         let (l, rest) = p.split_first_chunk::<2>().ok_or(NoticeError::Truncated)?;

@@ -40,6 +40,11 @@ pub struct Welcome {
     pub op: u64,
     /// Every rank confirmed dead, ascending.
     pub failed: Vec<Rank>,
+    /// The life of each rank in `failed` as rank 0 knows it: a daemon that passes on a death
+    /// it learnt here must name the life that died, or those who knew that life take the death
+    /// for older news (seed 205 of `grow`: a rank that joined, then died before another
+    /// joined).
+    pub lives: Vec<u16>,
     /// The welcomed daemon's life (`Header::lives`): how many times it was admitted back.
     pub life: u16,
     /// The latest restores rank 0 knows, with the epoch of each.
@@ -110,6 +115,7 @@ impl Welcome {
         b.put_u64(self.op);
         b.put_u16(self.life);
         super::notice::put_ranks(&mut b, &self.failed);
+        super::notice::put_lives(&mut b, &self.lives, self.failed.len());
         super::notice::put_restores(&mut b, &self.restored);
         b.freeze()
     }
@@ -126,6 +132,7 @@ impl Welcome {
         let life = u16::from_be_bytes(*l);
         p = rest;
         let failed = super::notice::take_ranks(&mut p, size)?;
+        let lives = super::notice::take_lives(&mut p, failed.len())?;
         let restored = super::notice::take_restores(&mut p, size)?;
         if !p.is_empty() {
             return Err(NoticeError::Trailing(p.len()));
@@ -134,6 +141,7 @@ impl Welcome {
             epoch,
             op,
             failed,
+            lives,
             life,
             restored,
         })
@@ -162,6 +170,7 @@ mod tests {
             epoch: 3,
             op: 17,
             failed: vec![2, 6],
+            lives: vec![0, 2],
             life: 3,
             restored: vec![(
                 crate::faults::notice::Restored {
@@ -193,6 +202,7 @@ mod tests {
                     epoch: 1,
                     op: 1,
                     failed: vec![5],
+                    lives: vec![0],
                     life: 0,
                     restored: Vec::new()
                 }

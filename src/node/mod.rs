@@ -106,6 +106,10 @@ pub struct NodeConfig {
     /// This daemon restarts under the rank of a dead one and asks rank 0 to admit it back
     /// instead of taking part in wire-up (issue "Rejoin"; see `rejoin.rs`). Needs `uri`.
     pub rejoin: bool,
+    /// Ranks started with the DVM (`initial_size`): rank 0's wire-up waits only for ranks below
+    /// it; the others are room to grow, absent (failed) until they join as a rejoin does.
+    /// Clamped to 1..=size.
+    pub initial_size: u32,
 }
 
 impl NodeConfig {
@@ -143,6 +147,11 @@ impl NodeConfig {
             contacts: c.contacts,
             client_uids: c.client_uid_list(),
             rejoin: c.rejoin,
+            initial_size: if c.initial_size == 0 {
+                size
+            } else {
+                c.initial_size.min(size)
+            },
         }
     }
 }
@@ -203,6 +212,8 @@ pub struct Node {
     wired_at_start: bool,
     /// Start by asking rank 0 to rejoin (`NodeConfig::rejoin`).
     rejoin: bool,
+    /// Ranks started with the DVM; the rest are room to grow (`NodeConfig::initial_size`).
+    initial_size: u32,
     /// Callers' commands may run: false for a rejoined daemon until rank 0 says every living
     /// daemon knows it is back (`rejoin.rs`).
     settled: bool,
@@ -314,6 +325,7 @@ impl Node {
             wire: Wire::Waiting(None),
             wired_at_start: cfg.wired_at_start,
             rejoin: cfg.rejoin,
+            initial_size: cfg.initial_size.clamp(1, cfg.size.max(1)),
             settled: true,
             restored_at: FxHashMap::default(),
             lives: FxHashMap::default(),

@@ -321,7 +321,12 @@ impl Node {
         self.epoch += 1;
         let epoch = self.epoch;
         log::info!(
-            "rank 0: admitting rank {from} back (incarnation {incarnation}) in epoch {epoch}"
+            "rank 0: admitting rank {from} {} (incarnation {incarnation}) in epoch {epoch}",
+            if self.life_of(from) == 0 && !self.incarnations.contains_key(&from) {
+                "(joining: room to grow)"
+            } else {
+                "back"
+            }
         );
         self.confirmed.retain(|r| *r != from);
         let op = self.xcast.next_op();
@@ -348,6 +353,7 @@ impl Node {
             epoch: self.epoch,
             op,
             failed: self.confirmed.clone(),
+            lives: self.confirmed.iter().map(|r| self.life_of(*r)).collect(),
             life: self.life_of(to),
             restored: self
                 .restores_known()
@@ -456,6 +462,11 @@ impl Node {
         );
         self.epoch = w.epoch;
         self.confirmed = w.failed.clone();
+        for (r, life) in w.failed.iter().zip(&w.lives) {
+            if *life > 0 {
+                self.lives.insert(*r, *life);
+            }
+        }
         // What it passes on to children that may still believe those ranks dead.
         self.my_life = w.life;
         for (r, epoch) in &w.restored {

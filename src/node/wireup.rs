@@ -85,26 +85,36 @@ pub fn decode_report(origin: Rank, payload: &[u8]) -> Result<ContactUri, WireupE
 /// Rank 0's collection of contact URIs.
 pub struct WireupCollector {
     contacts: Vec<Option<ContactUri>>,
+    /// Ranks below the initial size that have not reported.
     missing: usize,
+    initial: usize,
 }
 
 impl WireupCollector {
-    /// Starts collecting for a DVM of `size` daemons, knowing rank 0's own URI.
-    pub fn new(size: u32, own: ContactUri) -> Self {
+    /// Starts collecting for a DVM of `size` daemons of which the first `initial` are started
+    /// with it (the others are room to grow: absent unless they report in time), knowing rank
+    /// 0's own URI.
+    pub fn new(size: u32, initial: u32, own: ContactUri) -> Self {
         let mut contacts = vec![None; size as usize];
-        let mut missing = contacts.len();
+        let initial = (initial.clamp(1, size.max(1))) as usize;
+        let mut missing = initial.min(contacts.len());
         if let Some(slot) = contacts.get_mut(0) {
             *slot = Some(own);
             missing -= 1;
         }
-        WireupCollector { contacts, missing }
+        WireupCollector {
+            contacts,
+            missing,
+            initial,
+        }
     }
 
-    /// Records one report; returns whether every rank has now reported. A repeated report
-    /// replaces the earlier one.
+    /// Records one report; returns whether every rank of the initial size has now reported.
+    /// A repeated report replaces the earlier one.
     pub fn record(&mut self, uri: ContactUri) -> bool {
+        let counted = (uri.rank as usize) < self.initial;
         if let Some(slot) = self.contacts.get_mut(uri.rank as usize) {
-            if slot.is_none() {
+            if slot.is_none() && counted {
                 self.missing -= 1;
             }
             *slot = Some(uri);
@@ -267,7 +277,7 @@ mod tests {
 
     #[test]
     fn collector_lists_who_is_missing() {
-        let mut c = WireupCollector::new(3, uri(0, 1000));
+        let mut c = WireupCollector::new(3, 3, uri(0, 1000));
         assert!(!c.record(uri(2, 1002)));
         assert_eq!(c.missing(), vec![1]);
         assert!(c.record(uri(1, 1001)));

@@ -21,8 +21,17 @@ impl Node {
     pub fn start(&mut self, now: Instant) {
         self.started = Some(now);
         let Some(uri) = self.uri.clone().filter(|_| !self.wired_at_start) else {
-            // No addresses (the simulator): wired from the start.
+            // No addresses (the simulator): wired from the start, the ranks beyond the initial
+            // size absent as wire-up would leave them.
             self.wire = Wire::Wired;
+            if self.me < self.initial_size && self.initial_size < self.size {
+                let absent: Vec<Rank> = (self.initial_size..self.size).collect();
+                match self.routing.fail(&absent, Scope::Global, Some(self.epoch)) {
+                    Ok(status) => self.grpcomm_repair(&status),
+                    Err(e) => log::error!("rank {}: cannot mark absent ranks: {e}", self.me),
+                }
+                self.confirmed = absent;
+            }
             self.wired(now);
             return;
         };
@@ -31,7 +40,7 @@ impl Node {
             return;
         }
         if self.me == 0 {
-            let collector = wireup::WireupCollector::new(self.size, uri);
+            let collector = wireup::WireupCollector::new(self.size, self.initial_size, uri);
             self.wire = Wire::Collecting(collector, now + self.wireup_timeout);
             if self.size == 1 {
                 self.finish_wireup(now);
@@ -76,12 +85,26 @@ impl Node {
         for u in reported {
             self.contacts.own(u);
         }
-        if !missing.is_empty() {
-            log::warn!(
-                "rank 0: wire-up without {} daemon(s) that never reported: {:?}",
-                missing.len(),
-                missing
+        let absent = missing.iter().filter(|r| **r >= self.initial_size).count();
+        if absent > 0 {
+            log::info!(
+                "rank 0: ranks {}..{} are room to grow: absent until they join",
+                self.initial_size,
+                self.size
             );
+        }
+        if missing.len() > absent {
+            let lost: Vec<Rank> = missing
+                .iter()
+                .copied()
+                .filter(|r| *r < self.initial_size)
+                .collect();
+            log::warn!(
+                "rank 0: wire-up without {} daemon(s) that never reported: {lost:?}",
+                lost.len()
+            );
+        }
+        if !missing.is_empty() {
             match self.routing.fail(&missing, Scope::Global, Some(self.epoch)) {
                 Ok(status) => self.grpcomm_repair(&status),
                 Err(e) => log::error!("rank 0: cannot mark missing ranks failed: {e}"),

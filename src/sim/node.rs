@@ -110,6 +110,7 @@ impl SimNode {
         (flow, direct): (crate::node::flow::FlowLimits, crate::direct::DirectConfig),
         now: Instant,
         wireup: Option<usize>,
+        initial: u32,
     ) -> Result<SimNode, String> {
         Self::build(
             rank,
@@ -120,7 +121,7 @@ impl SimNode {
             (flow, direct),
             now,
             wireup,
-            None,
+            (None, initial),
         )
     }
 
@@ -146,7 +147,7 @@ impl SimNode {
             (flow, direct),
             now,
             None,
-            Some(incarnation),
+            (Some(incarnation), size),
         )
     }
 
@@ -160,7 +161,7 @@ impl SimNode {
         (flow, direct): (crate::node::flow::FlowLimits, crate::direct::DirectConfig),
         now: Instant,
         wireup: Option<usize>,
-        rejoin: Option<u64>,
+        (rejoin, initial): (Option<u64>, u32),
     ) -> Result<SimNode, String> {
         let (uri, hnp) = match (wireup, rejoin) {
             (None, None) => (None, None),
@@ -188,6 +189,7 @@ impl SimNode {
             incarnation_floor: 1,
             client_uids: vec![SIM_CLIENT_UID],
             flow,
+            initial_size: initial.clamp(1, size.max(1)),
             ..NodeConfig::new(rank, size, radix)
         };
         let mut node = Node::new(cfg).map_err(|e| e.to_string())?;

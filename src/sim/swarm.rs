@@ -67,6 +67,10 @@ pub struct FaultKinds {
     /// tried again). Such runs have no allgathers (collectives in flight across a rejoin are
     /// the next step of that issue).
     pub rejoin: bool,
+    /// The DVM starts with room to grow (issue "Rejoin and grow"): only ranks below a random
+    /// initial size run at first; the others are absent (failed from epoch 0) and most join
+    /// during the run as a restarted daemon rejoins. Such runs have no allgathers either.
+    pub grow: bool,
 }
 
 impl FaultKinds {
@@ -89,6 +93,7 @@ impl FaultKinds {
         group: true,
         client: true,
         rejoin: false,
+        grow: false,
     };
 
     /// No kind at all (a base for spelling a seed's kinds out).
@@ -108,6 +113,7 @@ impl FaultKinds {
         group: false,
         client: false,
         rejoin: false,
+        grow: false,
     };
 
     /// Every kind the simulator had before group collectives: the seeds found with "all"
@@ -116,6 +122,7 @@ impl FaultKinds {
         group: false,
         client: false,
         rejoin: false,
+        grow: false,
         ..FaultKinds::ALL
     };
 
@@ -137,6 +144,7 @@ impl FaultKinds {
         group: false,
         client: false,
         rejoin: false,
+        grow: false,
     };
 
     /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup,stranger,direct,overload`,
@@ -162,9 +170,10 @@ impl FaultKinds {
                 "group" => k.group = true,
                 "client" => k.client = true,
                 "rejoin" => k.rejoin = true,
+                "grow" => k.grow = true,
                 other => {
                     return Err(format!(
-                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, group, client, rejoin, all)"
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, group, client, rejoin, grow, all)"
                     ));
                 }
             }
@@ -197,6 +206,7 @@ impl std::fmt::Display for FaultKinds {
             (self.group, "group"),
             (self.client, "client"),
             (self.rejoin, "rejoin"),
+            (self.grow, "grow"),
         ];
         let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {
@@ -301,6 +311,9 @@ pub struct Scenario {
     pub broadcasts: u64,
     /// Allgathers every daemon contributes to (ids 1..=gathers).
     pub gathers: u64,
+    /// Ranks started with the DVM (`grow`: below the size; the others are absent until they
+    /// join by a `Fault::Restart`).
+    pub initial: u32,
     /// The safety phase (faults and traffic) lasts this long.
     pub safety_us: u64,
     /// RELM hop cache size for this run (swarm: small caches force replays from the origin).
@@ -657,6 +670,16 @@ impl Scenario {
             }
             faults.extend(restarts);
         }
+        // Grow: a stream of its own too.
+        let mut initial = size;
+        if kinds.grow && capacity.is_none() {
+            let (start, joins) = grow_plan(seed, size, safety_us);
+            if start < size {
+                initial = start;
+                gathers = 0;
+                faults.extend(joins);
+            }
+        }
         Scenario {
             groups,
             group_calls,
@@ -681,6 +704,7 @@ impl Scenario {
             flow,
             broadcasts,
             gathers,
+            initial,
             safety_us,
             cache_max,
             cache_ms,
@@ -705,6 +729,7 @@ impl Scenario {
             plain: 0,
             broadcasts: 0,
             gathers: 0,
+            initial: u32::MAX,
             safety_us: 0,
             cache_max: crate::limits::RELM_CACHE_MAX_DEFAULT,
             cache_ms: crate::limits::RELM_CACHE_MS_DEFAULT,
@@ -797,6 +822,26 @@ fn restart_plan(seed: u64, size: u32, safety_us: u64, faults: &[Fault]) -> Vec<F
         });
     }
     out
+}
+
+/// The `grow` kind's part of a scenario: the initial size (at least 2, at most all but one),
+/// and the joins of the absent ranks (most of them, at random times during the run; the rest
+/// stay absent).
+fn grow_plan(seed: u64, size: u32, safety_us: u64) -> (u32, Vec<Fault>) {
+    let mut rng = Rng::new(seed ^ 0x6E0B_0000_0000_0000);
+    if size < 4 || !rng.chance(0.7) {
+        return (size, Vec::new());
+    }
+    let initial = rng.range(2, u64::from(size - 1)) as u32;
+    let mut joins = Vec::new();
+    for rank in initial..size {
+        if !rng.chance(0.85) {
+            continue;
+        }
+        let at_us = rng.range(0, safety_us.max(1));
+        joins.push(Fault::Restart { rank, at_us });
+    }
+    (initial, joins)
 }
 
 /// The `direct` kind's part of a scenario: each daemon's direct-link settings, and cuts of

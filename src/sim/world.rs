@@ -382,10 +382,22 @@ impl World {
                 let direct = scen.direct.get(r as usize).copied().unwrap_or_else(|| {
                     crate::direct::DirectConfig::from_config(&crate::config::Config::default())
                 });
-                SimNode::new(r, size, radix, cfg, heartbeat, (flow, direct), base, wireup)
+                let initial = scen.initial.min(size);
+                SimNode::new(
+                    r,
+                    size,
+                    radix,
+                    cfg,
+                    heartbeat,
+                    (flow, direct),
+                    base,
+                    wireup,
+                    initial,
+                )
             })
             .collect::<Result<Vec<_>, _>>()?;
         let n = size as usize;
+        let scen_initial = scen.initial.min(size);
         log::debug!("seed {seed}: {scen:?}");
         let mut w = World {
             radix,
@@ -395,8 +407,9 @@ impl World {
             rng: Rng::new(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 1),
             scen,
             nodes,
-            alive: vec![true; n],
-            crashed: Vec::new(),
+            // Ranks beyond the initial size (`grow`) are absent until they join.
+            alive: (0..size).map(|r| r < scen_initial).collect(),
+            crashed: (scen_initial..size).collect(),
             stalled_until: vec![0; n],
             timer_at: vec![None; n],
             link_last: HashMap::new(),

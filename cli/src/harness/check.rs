@@ -41,6 +41,8 @@ pub struct Rejoined {
     pub killed_ns: u64,
     pub restarted_ns: u64,
     pub wired_ns: Option<u64>,
+    /// A rank the DVM grew by (`--grow`): started for the first time, never killed.
+    pub grown: bool,
 }
 
 pub struct Input<'a> {
@@ -289,10 +291,11 @@ pub fn analyse(inp: Input<'_>) -> Report {
             })
             .sum();
         rejoin_rows.push(serde_json::json!({
+            "grown": j.grown,
             "received": carried_in,
             "delivered_elsewhere": carried_out,
             "rank": r,
-            "restarted_after_death_ms": ms(j.restarted_ns.saturating_sub(j.killed_ns)),
+            "restarted_after_death_ms": (!j.grown).then(|| ms(j.restarted_ns.saturating_sub(j.killed_ns))),
             "admitted_after_ms": admitted.map(since),
             "known_everywhere_after_ms": (unaware.is_empty())
                 .then(|| learnt.values().max().map(|t| since(*t)))
@@ -696,7 +699,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
     if !rejoin_rows.is_empty() {
         let _ = writeln!(
             t,
-            "\n  rejoin (after the restart)   restarted after death   admitted   known everywhere   wired   first delivery   in / out"
+            "\n  rejoin or join (from start)  restarted after death   admitted   known everywhere   wired   first delivery   in / out"
         );
         for row in &rejoin_rows {
             let f = |k: &str| {
@@ -708,7 +711,11 @@ pub fn analyse(inp: Input<'_>) -> Report {
                 t,
                 "  {:<28} {:<23} {:<10} {:<18} {:<7} {:<16} {} / {}",
                 format!("rank {}", row["rank"]),
-                f("restarted_after_death_ms"),
+                if row["grown"] == true {
+                    "new rank (--grow)".to_string()
+                } else {
+                    f("restarted_after_death_ms")
+                },
                 f("admitted_after_ms"),
                 f("known_everywhere_after_ms"),
                 f("wired_after_ms"),
@@ -726,7 +733,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
             if rejoined.is_empty() {
                 String::new()
             } else {
-                format!(" and {} rejoined daemons", rejoined.len())
+                format!(" and {} restarted or new daemons", rejoined.len())
             }
         );
         let row = |t: &mut String, k: &str, v: String| {
