@@ -374,3 +374,42 @@ fn harness_restarted_daemons_rejoin_and_carry_traffic() {
     assert!(c["sent_broadcast"].as_u64().unwrap() > 0, "{c}");
     let _ = std::fs::remove_file(&json);
 }
+
+/// `--grow`: the DVM starts with room for three more daemons; they join while traffic flows
+/// (`--join`), are admitted, learnt by every survivor, and carry reliable traffic both ways.
+#[test]
+fn harness_grown_daemons_join_and_carry_traffic() {
+    let json = std::env::temp_dir().join(format!(
+        "tbon-harness-grow-test-{}.json",
+        std::process::id()
+    ));
+    let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
+        .args(["harness", "--daemons", "8", "--radix", "2"])
+        .args(["--messages", "400", "--rate", "100", "--mode", "reliable"])
+        .args(["--grow", "2@1,1@2", "--seed", "5"])
+        .args(["--quiet", "--timeout", "120"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run tbon harness");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["passed"], true);
+    let joins = report["rejoins"].as_array().unwrap();
+    assert_eq!(joins.len(), 3, "{joins:?}");
+    for j in joins {
+        assert_eq!(j["grown"], true, "{j}");
+        assert!(j["wired_after_ms"].as_f64().is_some(), "{j}");
+        assert!(j["received"].as_u64().unwrap() > 0, "{j}");
+        assert!(j["delivered_elsewhere"].as_u64().unwrap() > 0, "{j}");
+    }
+    assert_eq!(report["counts"]["lost_reliable"], 0);
+    let _ = std::fs::remove_file(&json);
+}

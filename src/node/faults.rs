@@ -108,6 +108,7 @@ impl Node {
             }
         }
         for r in &dead {
+            self.note_death(*r, self.life_of(*r));
             self.flow.forget(*r);
             self.paused_by.remove(r);
             self.admitting.remove(r);
@@ -133,7 +134,7 @@ impl Node {
         let failed: Vec<Rank> = self.routing.failed().collect();
         let notice = Adoption {
             epoch: self.epoch,
-            lives: failed.iter().map(|r| self.life_of(*r)).collect(),
+            lives: failed.iter().map(|r| self.dead_life(*r)).collect(),
             failed,
             ancestors: self.routing.ancestors().to_vec(),
             restored: self.restores_known(),
@@ -159,7 +160,7 @@ impl Node {
         let ranks: Vec<Rank> = self.unreported.iter().copied().collect();
         let payload = notice::Report {
             epoch: self.epoch,
-            lives: ranks.iter().map(|r| self.life_of(*r)).collect(),
+            lives: ranks.iter().map(|r| self.dead_life(*r)).collect(),
             failed: ranks.clone(),
         }
         .encode();
@@ -311,6 +312,11 @@ impl Node {
         // Restores first: the new parent may be a daemon admitted back that this daemon still
         // believes dead (the confirmation can only reach it through that parent).
         self.restore_from_notice(now, &a.restored);
+        // Every death named, even of a rank failed here already: a restore of that life
+        // arriving later is older news (grow seed 1114).
+        for (r, life) in a.failed.iter().zip(&a.lives) {
+            self.note_death(*r, *life);
+        }
         let failed: Vec<Rank> = a
             .failed
             .iter()

@@ -220,6 +220,9 @@ pub struct Node {
     /// The epoch in which each rank was last restored (rejoin): older news of its death is
     /// about its previous incarnation. At most one entry per rank.
     restored_at: FxHashMap<Rank, u64>,
+    /// The latest life of each rank known to have died (at most one entry per rank): a
+    /// restore of that life or an earlier one is older news than the death.
+    deaths: FxHashMap<Rank, u16>,
     /// Each rank's life as this daemon knows it: how many times rank 0 admitted it back (no
     /// entry: 0). Carried in every header (`Header::lives`); a routed message of another life
     /// of its origin or destination is dropped.
@@ -328,6 +331,7 @@ impl Node {
             initial_size: cfg.initial_size.clamp(1, cfg.size.max(1)),
             settled: true,
             restored_at: FxHashMap::default(),
+            deaths: FxHashMap::default(),
             lives: FxHashMap::default(),
             my_life: 0,
             admitting: BTreeMap::new(),

@@ -236,6 +236,7 @@ impl Node {
             .filter(|(r, _)| {
                 r.rank != self.me
                     && self.routing.is_failed(r.rank)
+                    && !self.restore_is_stale(r.rank, r.life)
                     && (self.may_link(r.rank, r.incarnation) || r.life > self.life_of(r.rank))
             })
             .cloned()
@@ -353,7 +354,7 @@ impl Node {
             epoch: self.epoch,
             op,
             failed: self.confirmed.clone(),
-            lives: self.confirmed.iter().map(|r| self.life_of(*r)).collect(),
+            lives: self.confirmed.iter().map(|r| self.dead_life(*r)).collect(),
             life: self.life_of(to),
             restored: self
                 .restores_known()
@@ -388,9 +389,22 @@ impl Node {
         // that death, which rank 0 will confirm next. A restore of an earlier life than the
         // one known here is older news too: a confirmation delayed behind the adoption notice
         // of the rank's next return would take its life back (seed 20202).
+        //
+        // A restore skipped because this daemon knows that life died must not leave its
+        // children behind: they deliver the same confirmation (forwarded before this daemon
+        // delivers it) and, not knowing of the death, apply it. Told the deaths this daemon
+        // knows, they fail the rank again and report it, and the views meet (grow seed 2336).
+        let stale = restored
+            .iter()
+            .any(|r| self.restore_is_stale(r.rank, r.life) && r.life >= self.life_of(r.rank));
+        if stale {
+            for c in self.routing.children().to_vec() {
+                self.tell_child(c);
+            }
+        }
         let restored: Vec<&Restored> = restored
             .iter()
-            .filter(|r| r.life >= self.life_of(r.rank))
+            .filter(|r| r.life >= self.life_of(r.rank) && !self.restore_is_stale(r.rank, r.life))
             .filter(|r| !self.routing.is_failed(r.rank) || self.may_link(r.rank, r.incarnation))
             .collect();
         if restored.is_empty() {
@@ -414,6 +428,27 @@ impl Node {
             }
             Err(e) => crate::bug!("rank {}: restore failed: {e}", self.me),
         }
+    }
+
+    /// Records that `rank` died in its life `life` (the latest such life is kept).
+    pub(super) fn note_death(&mut self, rank: Rank, life: u16) {
+        let d = self.deaths.entry(rank).or_insert(life);
+        *d = (*d).max(life);
+    }
+
+    /// The life of `rank` to name when passing on its death: the latest known to have died,
+    /// which may be later than the last life restored here (grow seed 2336: a daemon that
+    /// skipped a stale restore named the death as of life 0, and a child that had applied the
+    /// restore took it for older news).
+    pub(super) fn dead_life(&self, rank: Rank) -> u16 {
+        self.life_of(rank)
+            .max(self.deaths.get(&rank).copied().unwrap_or(0))
+    }
+
+    /// Whether a restore of `rank` in its life `life` is older news than a death known here:
+    /// the rank is failed here and that life (or a later one) is known to have died.
+    fn restore_is_stale(&self, rank: Rank, life: u16) -> bool {
+        self.routing.is_failed(rank) && self.deaths.get(&rank).is_some_and(|d| *d >= life)
     }
 
     /// Whether a report or notice that names `rank` dead in its life `life` is stale: this

@@ -526,6 +526,39 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         },
         found: "rejoin: a daemon waiting for its welcome stopped with \"cannot reach rank 0\" when a tree neighbour of its slot proved unreachable (only rank 0 matters before the welcome)",
     },
+    RegressionSeed {
+        seed: 205,
+        daemons: 29,
+        radix: 2,
+        faults: FaultKinds {
+            crash: true,
+            grow: true,
+            ..FaultKinds::NONE
+        },
+        found: "grow: a rank that joined and died was passed on by a later joiner as a death of life 0 (its welcome named the dead without their lives), and a daemon that knew life 1 ignored it as older news, so the subtree below it never synchronised again (the welcome now carries the lives of the dead)",
+    },
+    RegressionSeed {
+        seed: 1114,
+        daemons: 30,
+        radix: 3,
+        faults: FaultKinds {
+            crash: true,
+            grow: true,
+            ..FaultKinds::NONE
+        },
+        found: "grow: a daemon told of a joined rank's death while it still believed the rank absent later applied the confirmation of its join, and kept a dead rank alive (the latest life known to have died is now kept per rank, and a restore of it is older news)",
+    },
+    RegressionSeed {
+        seed: 2336,
+        daemons: 25,
+        radix: 2,
+        faults: FaultKinds {
+            crash: true,
+            grow: true,
+            ..FaultKinds::NONE
+        },
+        found: "grow: a daemon that skipped a stale restore named the death as of the last life it had restored (none), and its child, which had applied the restore, took the death for older news (deaths are now passed on with the latest life known to have died)",
+    },
 ];
 
 /// What to simulate.

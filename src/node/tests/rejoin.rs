@@ -310,3 +310,41 @@ fn a_stale_report_does_not_fail_the_new_incarnation() {
     net.run();
     assert_tree(&net, &[5]);
 }
+
+/// A DVM started with room to grow (`initial_size` 9 of 15): ranks 9 to 14 are absent from
+/// the start (failed in epoch 0, as wire-up leaves ranks that never reported); two of them join
+/// as a restarted daemon rejoins, the tree becomes the one with only the still-absent ranks
+/// failed, and plain and reliable messages flow to and from the new ranks.
+#[test]
+fn new_ranks_join_a_dvm_started_with_room_to_grow() {
+    let mut net = Net::new(15, 2, |c| c.initial_size = 9);
+    for r in 9..15 {
+        net.alive[r] = false;
+    }
+    net.run();
+    assert_tree(&net, &[9, 10, 11, 12, 13, 14]);
+    assert_eq!(net.nodes[0].epoch(), 0);
+    restart(&mut net, 12, 2);
+    net.run();
+    restart(&mut net, 9, 2);
+    net.run();
+    for r in [9, 12] {
+        assert!(net.nodes[r as usize].is_settled(), "rank {r} never settled");
+    }
+    assert_tree(&net, &[10, 11, 13, 14]);
+    assert_eq!(net.nodes[0].epoch(), 2);
+    assert_eq!(net.nodes[0].counters().rejoins, 2);
+    send(&mut net, 12, 3, true, 1, "12 to 3");
+    send(&mut net, 3, 12, true, 2, "3 to 12");
+    send(&mut net, 9, 12, false, 3, "9 to 12");
+    send(&mut net, 0, 9, false, 4, "0 to 9");
+    net.run();
+    for (at, from, text) in [
+        (3, 12, "12 to 3"),
+        (12, 3, "3 to 12"),
+        (12, 9, "9 to 12"),
+        (9, 0, "0 to 9"),
+    ] {
+        assert_eq!(delivered(&net, at, from, text), 1, "{text}");
+    }
+}
