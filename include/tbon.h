@@ -314,6 +314,8 @@ typedef enum {
   // Anything else (a contact table for another size, left out of wire-up, no table in time,
   // the event loop failed, ...); the text says why.
   TBON_STOP_FATAL = 6,
+  // This daemon left the DVM in order (`tbon_leave`): an orderly end.
+  TBON_STOP_LEFT = 7,
 } tbon_stop;
 
 // Which repair a fault handler reports.
@@ -924,6 +926,15 @@ tbon_rc tbon_stop_reason(tbon_daemon d, tbon_stop *reason, char *buf, size_t *le
 // `tbon_abort`). After `tbon_free` every call with the handle gives `TBON_ERR_BAD_HANDLE`.
 // Not from a callback.
 tbon_rc tbon_shutdown(tbon_daemon d);
+
+// Leaves the DVM in order (shrink): this daemon's own reliable messages are given a few
+// seconds to be acknowledged, then rank 0 confirms its departure to every daemon (their trees
+// are repaired around it, and it is not reported as a failure), and once every living daemon
+// knows, the daemon stops by itself with `TBON_STOP_LEFT` (`tbon_wait_stopped`, then
+// `tbon_stop_reason`). Returns at once. Sends and other commands give `TBON_ERR_SHUT_DOWN`
+// from now on. Errors: `TBON_ERR_NOT_PERMITTED` on rank 0 (shut the DVM down instead),
+// `TBON_ERR_BUSY` before wire-up, `TBON_ERR_SHUT_DOWN` when stopping or already leaving.
+tbon_rc tbon_leave(tbon_daemon d);
 
 // On rank 0: tells every daemon of the DVM to stop (a broadcast down the tree), then stops this
 // one as `tbon_shutdown` does. On other ranks: `tbon_shutdown`. Not from a callback.

@@ -44,6 +44,9 @@ pub struct Counters {
     /// Ranks this daemon put back into the tree: daemons restarted under a dead rank and
     /// admitted again (issue "Rejoin").
     pub rejoins: u64,
+    /// Ranks that left the DVM in order (`Handle::leave`) and that this daemon repaired around
+    /// (counted once each, at rank 0's confirmation).
+    pub departures: u64,
     /// Routed messages dropped because they were sent by, or for, another incarnation of their
     /// origin or destination than the one this daemon knows (rejoin; see `Header::lives`).
     pub dropped_other_life: u64,

@@ -260,6 +260,33 @@ impl fmt::Display for RegisterError {
 
 impl std::error::Error for RegisterError {}
 
+/// Why [`crate::Handle::leave`] refused: nothing was done, the daemon runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaveError {
+    /// Rank 0 cannot leave: a DVM ends with its rank 0 (`Handle::shutdown_dvm` ends it).
+    Rank0,
+    /// The daemon is not wired (or, rejoining, not yet settled): it has no place to leave.
+    NotWired,
+    /// The daemon is stopping, has stopped, or is already leaving.
+    ShutDown,
+}
+
+impl fmt::Display for LeaveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeaveError::Rank0 => write!(
+                f,
+                "rank 0 cannot leave: a DVM ends with its rank 0 (shut the DVM down instead)"
+            ),
+            LeaveError::NotWired => write!(f, "the daemon is not wired yet"),
+            LeaveError::ShutDown => write!(f, "the daemon is stopping or already leaving"),
+        }
+    }
+}
+
+impl std::error::Error for LeaveError {}
+
 /// Why a daemon could not start.
 #[derive(Debug)]
 #[non_exhaustive]

@@ -117,7 +117,7 @@ pub use driver::{
     ServiceHandler, StopReason, Stream, StreamItem, StreamReader, StreamRequest, StreamWriter,
     Subscription, start,
 };
-pub use error::{Limit, RecvError, RegisterError, SendError, StartError};
+pub use error::{LeaveError, Limit, RecvError, RegisterError, SendError, StartError};
 pub use grpcomm::{AllgatherResult, GroupError};
 pub use modex::GetError;
 pub use node::FenceMode;

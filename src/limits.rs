@@ -259,6 +259,16 @@ pub const REJOIN_RESTORES_TOLD_MAX: usize = 256;
 /// rejoin's deadline (twice `wireup_timeout_ms`).
 pub const REJOIN_RETRY_MS: u64 = 1_000;
 
+/// A daemon leaving in order (`Handle::leave`) first waits this long at most for its own
+/// reliable messages and broadcast requests to be acknowledged, then asks rank 0 regardless
+/// (what is still unacknowledged then completes `NodeDown` at the others, as for a death).
+pub const LEAVE_DRAIN_MS: u64 = 5_000;
+
+/// A leaving daemon that has not been told within this long (from its call) that every living
+/// daemon knows of its departure stops anyway, with a fatal reason: the others then find it
+/// gone as a failure.
+pub const LEAVE_WAIT_MS: u64 = 30_000;
+
 /// Frames a rejoining daemon keeps, unread, from daemons other than rank 0 while it waits for
 /// its welcome (its new parent's `Sync` can overtake rank 0's answer); read once it is
 /// welcomed (the lives check then drops what was meant for its previous incarnation). Beyond

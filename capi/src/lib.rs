@@ -275,6 +275,8 @@ pub enum tbon_stop {
     /// Anything else (a contact table for another size, left out of wire-up, no table in time,
     /// the event loop failed, ...); the text says why.
     TBON_STOP_FATAL = 6,
+    /// This daemon left the DVM in order (`tbon_leave`): an orderly end.
+    TBON_STOP_LEFT = 7,
 }
 
 /// A configuration: an id from `tbon_config_new`/`tbon_config_from_env`; 0 is never valid.
@@ -1354,6 +1356,7 @@ pub unsafe extern "C" fn tbon_stop_reason(
             Some(StopReason::Aborted) => tbon_stop::TBON_STOP_ABORTED,
             Some(StopReason::RootLost(_)) => tbon_stop::TBON_STOP_ROOT_LOST,
             Some(StopReason::DeclaredDead(_)) => tbon_stop::TBON_STOP_DECLARED_DEAD,
+            Some(StopReason::Left) => tbon_stop::TBON_STOP_LEFT,
             Some(_) => tbon_stop::TBON_STOP_FATAL,
         };
         // SAFETY: checked above.
@@ -1395,6 +1398,28 @@ fn stop_call(d: tbon_daemon, call: &str, f: impl FnOnce(&Handle)) -> Res {
 #[unsafe(no_mangle)]
 pub extern "C" fn tbon_shutdown(d: tbon_daemon) -> tbon_rc {
     guard(|| stop_call(d, "tbon_shutdown", Handle::shutdown))
+}
+
+/// Leaves the DVM in order (shrink): this daemon's own reliable messages are given a few
+/// seconds to be acknowledged, then rank 0 confirms its departure to every daemon (their trees
+/// are repaired around it, and it is not reported as a failure), and once every living daemon
+/// knows, the daemon stops by itself with `TBON_STOP_LEFT` (`tbon_wait_stopped`, then
+/// `tbon_stop_reason`). Returns at once. Sends and other commands give `TBON_ERR_SHUT_DOWN`
+/// from now on. Errors: `TBON_ERR_NOT_PERMITTED` on rank 0 (shut the DVM down instead),
+/// `TBON_ERR_BUSY` before wire-up, `TBON_ERR_SHUT_DOWN` when stopping or already leaving.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_leave(d: tbon_daemon) -> tbon_rc {
+    guard(|| {
+        let h = handle(d)?;
+        match h.leave() {
+            Ok(()) => Ok(()),
+            Err(e @ tbon::LeaveError::Rank0) => {
+                fail(tbon_rc::TBON_ERR_NOT_PERMITTED, e.to_string())
+            }
+            Err(e @ tbon::LeaveError::NotWired) => fail(tbon_rc::TBON_ERR_BUSY, e.to_string()),
+            Err(e) => fail(tbon_rc::TBON_ERR_SHUT_DOWN, e.to_string()),
+        }
+    })
 }
 
 /// On rank 0: tells every daemon of the DVM to stop (a broadcast down the tree), then stops this

@@ -268,6 +268,10 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, term.clone()).map_err(|e| e.to_string())?;
     }
+    // SIGUSR1: leave the DVM in order (shrink); the daemon exits 0 once every other knows.
+    let leave = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGUSR1, leave.clone())
+        .map_err(|e| e.to_string())?;
 
     if !args.client_job.is_empty() {
         let key = match &args.client_key_file {
@@ -312,6 +316,7 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
                     "promoted": s.promoted,
                     "restored": s.restored,
                     "demoted": s.demoted,
+                    "departed": s.departed,
                 }});
                 println!("{line}");
             });
@@ -389,6 +394,12 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
             println!("{}", w.progress_line(rank, counters.as_ref()));
             next_progress =
                 Instant::now() + Duration::from_millis(args.workload.workload_progress_ms.max(1));
+        }
+        if leave.swap(false, Ordering::SeqCst) {
+            match daemon.handle().leave() {
+                Ok(()) => log::info!("rank {rank}: SIGUSR1: leaving the DVM in order"),
+                Err(e) => log::warn!("rank {rank}: SIGUSR1: cannot leave: {e}"),
+            }
         }
         if term.load(Ordering::SeqCst) {
             log::info!("rank {rank}: signal received, stopping");

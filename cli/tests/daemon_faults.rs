@@ -2,7 +2,8 @@
 //! declared dead; after SIGCONT it exits non-zero instead of rejoining; a SIGKILLed interior
 //! daemon is found by its lost connections. Both are then started again with `--rejoin` at
 //! once and take back their places (issue "Rejoin"); a live rank's impostor and rank 0 are
-//! refused. Everyone stops cleanly at the end.
+//! refused. Then SIGUSR1 makes the rejoined interior daemon leave in order: it exits 0 and
+//! every other daemon reports it departed, not failed. Everyone stops cleanly at the end.
 
 mod procs;
 
@@ -149,8 +150,9 @@ fn spawn(
     child
 }
 
-/// Runs `tbon status` against the DVM; its text.
-fn status(uri_file: &std::path::Path) -> String {
+/// Runs `tbon status` against the DVM; its text. It must exit `code` (0: healthy, 1: a rank
+/// down, a departed one included).
+fn status_with(uri_file: &std::path::Path, code: i32) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
         .args(["status", "--all", "--hnp-file"])
         .arg(uri_file)
@@ -158,8 +160,12 @@ fn status(uri_file: &std::path::Path) -> String {
         .arg(key_file())
         .output()
         .expect("run tbon status");
-    assert!(out.status.success(), "tbon status failed: {out:?}");
+    assert_eq!(out.status.code(), Some(code), "tbon status: {out:?}");
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn status(uri_file: &std::path::Path) -> String {
+    status_with(uri_file, 0)
 }
 
 #[test]
@@ -263,9 +269,35 @@ fn stopped_daemon_is_declared_dead_and_exits_on_resume_killed_one_is_repaired_bo
     let view = status(&uri_file);
     assert!(view.contains("answered 7, dead 0"), "{view}");
 
-    // SIGTERM to rank 0 stops the rest of the DVM cleanly, the rejoined daemons too.
+    // SIGUSR1 makes rank 1 (interior, and rejoined above) leave in order: it exits 0, and
+    // every other daemon repairs around it in epoch 5, reporting it departed, never failed.
+    let left_from = seen.len();
+    dvm.signal(1, Signal::SIGUSR1);
+    assert_eq!(dvm.wait_exit(1), Some(0), "the leaving daemon's exit");
+    let others = [0, 2, 3, 4, 5, 6];
+    lines.until(
+        "every daemon to confirm rank 1's departure",
+        &mut seen,
+        |s| others.iter().all(|r| confirmed(s, *r, 5)),
+    );
+    for (r, l) in &seen[left_from..] {
+        if l.contains("\"fault\"") {
+            assert!(!l.contains("\"newly_failed\":[1]"), "rank {r}: {l}");
+        }
+    }
+    assert!(
+        others.iter().all(|o| seen[left_from..]
+            .iter()
+            .any(|(r, l)| r == o && l.contains("\"departed\":[1]"))),
+        "departures seen: {:?}",
+        &seen[left_from..]
+    );
+    let view = status_with(&uri_file, 1);
+    assert!(view.contains("answered 6, dead 1"), "{view}");
+
+    // SIGTERM to rank 0 stops the rest of the DVM cleanly, the rejoined daemon too.
     dvm.signal(0, Signal::SIGTERM);
-    for r in 1..SIZE as usize {
+    for r in (2..SIZE as usize).chain([0]) {
         assert_eq!(dvm.wait_exit(r), Some(0), "rank {r} did not stop cleanly");
     }
     let _ = std::fs::remove_dir_all(&dir);

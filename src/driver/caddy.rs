@@ -200,4 +200,6 @@ pub(crate) enum Caddy {
     ClientJobEnd {
         job: crate::clients::JobId,
     },
+    /// Leave the DVM in order (`Handle::leave`); the node's answer goes back on `reply`.
+    Leave(Sender<Result<(), crate::error::LeaveError>>),
 }

@@ -687,6 +687,10 @@ impl EventLoop {
                 }
             }
             Caddy::ClientJobClose { job } => self.node.client_close_job(job),
+            Caddy::Leave(tx) => {
+                let now = Instant::now();
+                let _ = tx.send(self.node.leave(now));
+            }
             Caddy::ClientJobEnd { job } => {
                 let locals = self.node.client_end_job(job);
                 self.disconnect_clients(&locals, &format!("job {job} ended"));
@@ -826,6 +830,9 @@ impl EventLoop {
             } => self.shared.unpost(peer, tag, post),
             Caddy::Counters(tx) => {
                 let _ = tx.send(self.snapshot());
+            }
+            Caddy::Leave(tx) => {
+                let _ = tx.send(Err(crate::error::LeaveError::ShutDown));
             }
             Caddy::Abort => self.close_all(),
             Caddy::Status { tx, .. } => {

@@ -980,6 +980,38 @@ impl Handle {
         self.shared.stop_and_join(false);
     }
 
+    /// Leaves the DVM in order (issue "Rejoin and grow": shrink): this daemon's callers'
+    /// commands are refused `ShutDown` from now on, its own reliable messages and broadcast
+    /// requests are given up to `limits::LEAVE_DRAIN_MS` to be acknowledged, then rank 0
+    /// confirms its departure to every daemon (their trees are repaired around it; their fault
+    /// handlers see it in `RecoveryStatus::departed`, not as a failure) and, once every living
+    /// daemon knows, tells it to stop: the daemon then stops with
+    /// [`crate::node::StopReason::Left`] (wait with [`Daemon::wait_stopped`]). Without that
+    /// word within `limits::LEAVE_WAIT_MS` it stops anyway, with a fatal reason. The rank may
+    /// come back later with `rejoin`. Returns at once.
+    ///
+    /// # Errors
+    /// [`crate::LeaveError::Rank0`] on rank 0 (shut the DVM down instead),
+    /// [`crate::LeaveError::NotWired`] before wire-up, [`crate::LeaveError::ShutDown`] when
+    /// stopping, stopped or already leaving (also when called from a callback while the command
+    /// channel is full).
+    pub fn leave(&self) -> Result<(), crate::error::LeaveError> {
+        use crate::error::LeaveError;
+        if self.shared.rank == 0 {
+            return Err(LeaveError::Rank0);
+        }
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.shared
+            .submit(Caddy::Leave(tx))
+            .map_err(|_| LeaveError::ShutDown)?;
+        if self.shared.on_loop_thread() {
+            // From a callback: the loop takes the request after this returns (a daemon not
+            // wired yet then only logs the refusal).
+            return Ok(());
+        }
+        rx.recv().unwrap_or(Err(LeaveError::ShutDown))
+    }
+
     /// Rank 0 only (on other ranks this is [`Handle::shutdown`]): tells every daemon to stop,
     /// with a broadcast (every daemon forwards it to its children before it stops), then stops
     /// this one once it has forwarded it too.

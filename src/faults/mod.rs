@@ -8,4 +8,5 @@ pub mod notice;
 
 pub use heartbeat::{HeartbeatMonitor, Tick};
 pub use notice::{Adoption, Confirmation, NoticeError, Report, Restored};
+pub mod leave;
 pub mod rejoin;

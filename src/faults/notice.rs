@@ -74,6 +74,9 @@ pub struct Confirmation {
     pub failed: Vec<Rank>,
     /// Daemons restarted under their rank and admitted again in this epoch (not in `failed`).
     pub restored: Vec<Restored>,
+    /// Ranks of `failed` that left in order in this epoch (`leave.rs`): repaired around as the
+    /// dead are, reported as departed.
+    pub departed: Vec<Rank>,
 }
 
 /// A daemon admitted back (issue "Rejoin"): its rank, its new incarnation and its new contact.
@@ -97,6 +100,9 @@ pub struct Adoption {
     pub ancestors: Vec<Rank>,
     /// Daemons the sender knows were admitted back, with the epoch of each restore.
     pub restored: Vec<(Restored, u64)>,
+    /// Ranks of `failed` that left in order (`leave.rs`): the child repairs around them
+    /// without reporting a failure.
+    pub departed: Vec<Rank>,
 }
 
 /// A daemon's report of deaths it found, to rank 0.
@@ -291,6 +297,7 @@ impl Confirmation {
         for r in &self.restored {
             r.put(&mut b);
         }
+        put_ranks(&mut b, &self.departed);
         b.freeze()
     }
 
@@ -309,11 +316,16 @@ impl Confirmation {
             }
             restored.push(r);
         }
+        let departed = take_ranks(&mut p, size)?;
+        if let Some(r) = departed.iter().find(|r| !failed.contains(r)) {
+            return Err(NoticeError::BadRank { rank: *r, size });
+        }
         done(p)?;
         Ok(Confirmation {
             epoch,
             failed,
             restored,
+            departed,
         })
     }
 }
@@ -326,6 +338,7 @@ impl Adoption {
         put_lives(&mut b, &self.lives, self.failed.len());
         put_ranks(&mut b, &self.ancestors);
         put_restores(&mut b, &self.restored);
+        put_ranks(&mut b, &self.departed);
         b.freeze()
     }
 
@@ -335,6 +348,10 @@ impl Adoption {
         let lives = take_lives(&mut p, failed.len())?;
         let ancestors = take_ranks(&mut p, size)?;
         let restored = take_restores(&mut p, size)?;
+        let departed = take_ranks(&mut p, size)?;
+        if let Some(r) = departed.iter().find(|r| !failed.contains(r)) {
+            return Err(NoticeError::BadRank { rank: *r, size });
+        }
         done(p)?;
         Ok(Adoption {
             epoch,
@@ -342,6 +359,7 @@ impl Adoption {
             lives,
             ancestors,
             restored,
+            departed,
         })
     }
 }
@@ -362,8 +380,17 @@ mod tests {
                 life: 1,
                 uri: "tbon.3;tcp://127.0.0.1:4000".parse().unwrap(),
             }],
+            departed: vec![5],
         };
         assert_eq!(Confirmation::decode(8, &c.encode()), Ok(c));
+        // A departed rank must be among the failed.
+        let odd = Confirmation {
+            epoch: 7,
+            failed: vec![1],
+            restored: Vec::new(),
+            departed: vec![2],
+        };
+        assert!(Confirmation::decode(8, &odd.encode()).is_err());
         let a = Adoption {
             epoch: 2,
             failed: vec![3],
@@ -378,6 +405,7 @@ mod tests {
                 },
                 2,
             )],
+            departed: vec![3],
         };
         assert_eq!(Adoption::decode(8, &a.encode()), Ok(a));
         let r = Report {
@@ -395,6 +423,7 @@ mod tests {
             epoch: 1,
             failed: vec![1, 5],
             restored: Vec::new(),
+            departed: Vec::new(),
         }
         .encode();
         for cut in 0..c.len() {

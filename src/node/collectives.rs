@@ -571,6 +571,7 @@ impl Node {
             // Rank 0's own notices have no entry: only user broadcasts are counted.
             XcastEvent::Completed { request, op } => {
                 self.rejoin_completed(op);
+                self.leave_completed(op);
                 if let Some(token) = self.bcast_tokens.remove(&request) {
                     self.counters.xcast_completed += 1;
                     self.broadcast_finished(token, Some(op), Ok(()));

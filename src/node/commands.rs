@@ -74,7 +74,7 @@ impl Node {
     /// An API call. `Err` is the caller's answer now (nothing was queued, no output will name
     /// its token); `Ok` means an output will finish it.
     pub fn handle_command(&mut self, now: Instant, c: Command) -> Result<(), SendError> {
-        if self.stopping.is_some() {
+        if self.stopping.is_some() || self.leaving.is_some() {
             return Err(SendError::ShutDown);
         }
         if !self.is_settled() && c.needs_wireup(self.me) {

@@ -36,6 +36,14 @@ impl Node {
         if self.stopping.is_some() || !self.is_wired() {
             return;
         }
+        if self.leaving.is_some() {
+            // Its neighbours stop talking to it as they repair around it: no failure of theirs.
+            log::debug!(
+                "rank {}: leaving; {ranks:?} not declared failed ({cause})",
+                self.me
+            );
+            return;
+        }
         let mut new: Vec<Rank> = ranks
             .iter()
             .copied()
@@ -50,7 +58,11 @@ impl Node {
             self.root_lost(now, cause);
             return;
         }
-        log::warn!("rank {}: rank(s) {new:?} failed: {cause}", self.me);
+        if new.iter().all(|r| self.departed.contains(r)) {
+            log::info!("rank {}: rank(s) {new:?} left in order ({cause})", self.me);
+        } else {
+            log::warn!("rank {}: rank(s) {new:?} failed: {cause}", self.me);
+        }
         let status = match self.routing.fail(&new, Scope::Local, None) {
             Ok(s) => s,
             Err(e) => {
@@ -121,6 +133,20 @@ impl Node {
         self.grpcomm_repair(&status);
         let paths = super::reliable::Paths::new(&self.routing, &self.direct);
         self.relm.handle_repair(now, &paths, &status);
+        // Ranks that left in order are repaired around like the dead, but reported apart.
+        let mut status = status;
+        if !self.departed.is_empty() {
+            let (gone, dead): (Vec<Rank>, Vec<Rank>) = status
+                .newly_failed
+                .iter()
+                .partition(|r| self.departed.contains(r));
+            if status.scope == Scope::Global {
+                // Counted once, at the confirmation (a local repair may come first).
+                self.counters.departures += gone.len() as u64;
+            }
+            status.newly_failed = dead;
+            status.departed = gone;
+        }
         self.out.push_back(Output::Repaired(Box::new(status)));
     }
 
@@ -138,6 +164,12 @@ impl Node {
             failed,
             ancestors: self.routing.ancestors().to_vec(),
             restored: self.restores_known(),
+            departed: self
+                .departed
+                .iter()
+                .copied()
+                .filter(|r| self.routing.is_failed(*r))
+                .collect(),
         }
         .encode();
         self.send(c, TAG_ADOPTED, notice, None);
@@ -192,6 +224,11 @@ impl Node {
 
     /// Rank 0: confirm deaths to every daemon with a new epoch (global scope).
     pub(super) fn confirm(&mut self, now: Instant, ranks: &[Rank]) {
+        self.confirm_with(now, ranks, &[]);
+    }
+
+    /// Rank 0: confirm `ranks` gone with a new epoch, of which `departed` left in order.
+    pub(super) fn confirm_with(&mut self, now: Instant, ranks: &[Rank], departed: &[Rank]) {
         let new: Vec<Rank> = ranks
             .iter()
             .copied()
@@ -220,6 +257,7 @@ impl Node {
             epoch: self.epoch,
             failed: self.confirmed.clone(),
             restored: Vec::new(),
+            departed: departed.to_vec(),
         };
         self.originate_runtime(TAG_FAULT_CONFIRM, c.encode());
     }
@@ -237,6 +275,11 @@ impl Node {
         if c.epoch <= self.epoch {
             return;
         }
+        if c.departed.contains(&self.me) && self.leaving.is_some() {
+            self.departure_confirmed(c.epoch);
+            return;
+        }
+        self.departed.extend(c.departed.iter().copied());
         if c.failed.contains(&self.me) || c.restored.iter().any(|r| r.rank == self.me) {
             self.declared_dead(
                 now,
@@ -312,6 +355,8 @@ impl Node {
         // Restores first: the new parent may be a daemon admitted back that this daemon still
         // believes dead (the confirmation can only reach it through that parent).
         self.restore_from_notice(now, &a.restored);
+        // Who left in order is repaired around without a failure reported.
+        self.departed.extend(a.departed.iter().copied());
         // Every death named, even of a rank failed here already: a restore of that life
         // arriving later is older news (grow seed 1114).
         for (r, life) in a.failed.iter().zip(&a.lives) {
@@ -361,6 +406,12 @@ impl Node {
     /// The DVM declared this daemon dead: it must not rejoin.
     pub(super) fn declared_dead(&mut self, now: Instant, why: &str) {
         if self.stopping.is_some() {
+            return;
+        }
+        if self.leaving.is_some() {
+            // The others repair around a leaving daemon as around a dead one, and say so when
+            // it reconnects: expected; it stops when rank 0 says every daemon knows.
+            log::info!("rank {}: leaving; {why}", self.me);
             return;
         }
         log::error!(

@@ -171,6 +171,10 @@ impl Node {
             crate::faults::rejoin::TAG_WELCOME => self.on_welcome(now, &msg),
             crate::faults::rejoin::TAG_REJOIN_REFUSED => self.on_rejoin_refused(now, &msg),
             crate::faults::rejoin::TAG_SETTLED => self.on_settled(now, &msg),
+            crate::faults::leave::TAG_LEAVE if self.me == 0 => {
+                self.on_leave_request(now, msg.origin)
+            }
+            crate::faults::leave::TAG_LEFT => self.on_left(now, msg.origin),
             TAG_DECLARED_DEAD => {
                 self.declared_dead(now, &format!("rank {} refused this daemon", msg.origin))
             }
@@ -236,7 +240,10 @@ impl Node {
         if self.stopping.is_none() {
             self.pump(now);
         }
+        // A leaving daemon redials nobody: its neighbours close their connections to it as
+        // they repair around it, and rank 0 dials it to say it may stop.
         self.stopping.is_none()
+            && self.leaving.is_none()
             && self.is_wired()
             && (peer == 0 || self.is_neighbour(peer))
             && !self.routing.is_failed(peer)

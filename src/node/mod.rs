@@ -30,6 +30,7 @@ mod direct;
 mod faults;
 pub mod flow;
 mod frames;
+mod leave;
 pub mod lookup;
 mod modex;
 mod output;
@@ -223,6 +224,12 @@ pub struct Node {
     /// The latest life of each rank known to have died (at most one entry per rank): a
     /// restore of that life or an earlier one is older news than the death.
     deaths: FxHashMap<Rank, u16>,
+    /// This daemon leaves in order (`leave.rs`).
+    leaving: Option<leave::Leaving>,
+    /// Ranks that left in order and have not come back: repaired around, reported as departed.
+    departed: std::collections::BTreeSet<Rank>,
+    /// Rank 0: departures whose confirmation (the broadcast operation) has not completed.
+    departing: BTreeMap<Rank, u64>,
     /// Each rank's life as this daemon knows it: how many times rank 0 admitted it back (no
     /// entry: 0). Carried in every header (`Header::lives`); a routed message of another life
     /// of its origin or destination is dropped.
@@ -332,6 +339,9 @@ impl Node {
             settled: true,
             restored_at: FxHashMap::default(),
             deaths: FxHashMap::default(),
+            leaving: None,
+            departed: std::collections::BTreeSet::new(),
+            departing: BTreeMap::new(),
             lives: FxHashMap::default(),
             my_life: 0,
             admitting: BTreeMap::new(),
@@ -510,9 +520,10 @@ impl Node {
                 self.streams.poll_timeout(),
                 self.status.poll_timeout(),
                 self.contacts.in_flight().map(|f| f.deadline),
+                self.leave_timeout(),
             ]
         } else {
-            [None; 6]
+            [None; 7]
         };
         [wireup].into_iter().chain(running).flatten().min()
     }
@@ -564,6 +575,7 @@ impl Node {
         if self.status.poll_timeout().is_some_and(|at| at <= now) {
             self.answer_due(now);
         }
+        self.pump_leave(now);
         self.streams_release(now);
     }
 
@@ -577,6 +589,7 @@ impl Node {
         self.pump_clients(now);
         self.pump_relm(now);
         self.pump_streams(now);
+        self.pump_leave(now);
     }
 
     /// A header for a frame this daemon sends now.

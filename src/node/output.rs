@@ -37,12 +37,18 @@ pub enum StopReason {
     /// Anything else that stops a daemon (a contact table for another size, left out of
     /// wire-up, no table in time, the event loop failed, ...); the text says why.
     Fatal(String),
+    /// This daemon left the DVM in order (`Handle::leave`): every living daemon knows it is
+    /// gone, and none reported it as a failure.
+    Left,
 }
 
 impl StopReason {
-    /// Whether this is an orderly end (`Requested` or `DvmShutdown`).
+    /// Whether this is an orderly end (`Requested`, `DvmShutdown` or `Left`).
     pub fn is_orderly(&self) -> bool {
-        matches!(self, StopReason::Requested | StopReason::DvmShutdown)
+        matches!(
+            self,
+            StopReason::Requested | StopReason::DvmShutdown | StopReason::Left
+        )
     }
 }
 
@@ -55,6 +61,7 @@ impl std::fmt::Display for StopReason {
             StopReason::RootLost(why) => write!(f, "lost rank 0: {why}"),
             StopReason::DeclaredDead(why) => write!(f, "declared dead by the DVM: {why}"),
             StopReason::Fatal(why) => write!(f, "fatal: {why}"),
+            StopReason::Left => f.write_str("left the DVM in order"),
         }
     }
 }

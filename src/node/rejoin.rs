@@ -248,6 +248,7 @@ impl Node {
         // Rank 0 admitted them back in a later epoch than the one that confirmed them dead.
         self.confirmed.retain(|r| !ranks.contains(r));
         for (r, epoch) in &fresh {
+            self.departed.remove(&r.rank);
             self.incarnations.insert(r.rank, r.incarnation);
             self.lives.insert(r.rank, r.life);
             self.restored_at.insert(r.rank, *epoch);
@@ -273,7 +274,9 @@ impl Node {
     /// (its frames are dropped until then). An older or the same incarnation is told it was
     /// declared dead.
     pub fn may_link(&self, peer: Rank, incarnation: u64) -> bool {
-        if !self.routing.is_failed(peer) {
+        // A rank that left in order is not fenced: rank 0 dials it to say it may stop, and
+        // its frames are dropped like any failed rank's.
+        if !self.routing.is_failed(peer) || self.departed.contains(&peer) {
             return true;
         }
         let known = self
@@ -343,6 +346,7 @@ impl Node {
             epoch,
             failed: self.confirmed.clone(),
             restored: vec![restored],
+            departed: Vec::new(),
         };
         self.originate_runtime(TAG_FAULT_CONFIRM, c.encode());
         self.admitting.insert(from, Admitting { incarnation, op });
@@ -412,6 +416,7 @@ impl Node {
         }
         let ranks: Vec<Rank> = restored.iter().map(|r| r.rank).collect();
         for r in restored {
+            self.departed.remove(&r.rank);
             self.incarnations.insert(r.rank, r.incarnation);
             self.lives.insert(r.rank, r.life);
             self.restored_at.insert(r.rank, epoch);
@@ -534,6 +539,7 @@ impl Node {
             scope: Scope::Global,
             newly_failed: Vec::new(),
             restored: vec![self.me],
+            departed: Vec::new(),
             epoch: Some(w.epoch),
             promoted: false,
             demoted: false,

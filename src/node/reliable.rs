@@ -34,8 +34,9 @@ const RUNTIME_TOKEN_MIN: u64 = 1 << 63;
 /// relay (a lost report could leave a death unconfirmed, and survivors with different trees);
 /// broadcast requests, and rank 0's dones and refusals, need reliability and per-origin order
 /// (the xcast core requires both).
-pub const RELIABLE_RUNTIME_TAGS: [Tag; 7] = [
+pub const RELIABLE_RUNTIME_TAGS: [Tag; 8] = [
     crate::faults::notice::TAG_FAULT_REPORT,
+    crate::faults::leave::TAG_LEAVE,
     TAG_XCAST_REQUEST,
     TAG_XCAST_DONE,
     crate::modex::wire::TAG_MODEX_REQUEST,

@@ -39,6 +39,9 @@ pub struct RecoveryStatus {
     /// Ranks put back into the tree, ascending ([`RoutingState::restore`]: a daemon restarted
     /// under its rank and admitted again); empty for a repair after failures.
     pub restored: Vec<Rank>,
+    /// Ranks that left the DVM in order (`Handle::leave`), ascending: the tree is repaired
+    /// around them as around the dead, but they are no failures and never in `newly_failed`.
+    pub departed: Vec<Rank>,
     /// The DVM epoch this repair brings (with `Global`: rank 0 numbers each confirmed set of
     /// deaths); `None` for a local repair.
     pub epoch: Option<u64>,
@@ -341,6 +344,7 @@ impl RoutingState {
             scope,
             newly_failed,
             restored,
+            departed: Vec::new(),
             epoch,
             promoted: alive && self.depth < previous_depth,
             demoted: alive && self.depth > previous_depth,
