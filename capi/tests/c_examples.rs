@@ -146,6 +146,11 @@ fn c_launch_forms_a_dvm_of_processes_through_a_uri_file() {
 }
 
 #[test]
+fn c_grow_joins_two_ranks_and_one_leaves_in_order() {
+    run_example("grow");
+}
+
+#[test]
 fn c_ring_passes_the_token_1000_times() {
     run_example("ring");
 }
