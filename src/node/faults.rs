@@ -36,8 +36,10 @@ impl Node {
         if self.stopping.is_some() || !self.is_wired() {
             return;
         }
-        if self.leaving.is_some() {
+        if self.departure_known() {
             // Its neighbours stop talking to it as they repair around it: no failure of theirs.
+            // (Before its departure is confirmed it follows repairs as any daemon does: its
+            // request and its last messages need a path to rank 0.)
             log::debug!(
                 "rank {}: leaving; {ranks:?} not declared failed ({cause})",
                 self.me

@@ -243,7 +243,7 @@ impl Node {
         // A leaving daemon redials nobody: its neighbours close their connections to it as
         // they repair around it, and rank 0 dials it to say it may stop.
         self.stopping.is_none()
-            && self.leaving.is_none()
+            && !self.departure_known()
             && self.is_wired()
             && (peer == 0 || self.is_neighbour(peer))
             && !self.routing.is_failed(peer)

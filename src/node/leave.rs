@@ -8,8 +8,9 @@
 //!    among the failed and among the `departed`. Every daemon repairs the tree around it as
 //!    around a death (its heir takes its slot, its children move) but reports it as departed
 //!    ([`crate::routed::RecoveryStatus::departed`]), never as failed. The leaving daemon keeps
-//!    relaying what still reaches it meanwhile, and stops detecting its neighbours (they stop
-//!    talking to it once they have repaired);
+//!    relaying what still reaches it meanwhile and follows repairs as any daemon does until the
+//!    confirmation reaches it too; from then on it stops detecting its neighbours and redials
+//!    nobody (they stop talking to it once they have repaired);
 //! 4. once every living daemon has delivered the confirmation (its broadcast operation
 //!    completed), nobody routes through the leaving daemon any more: rank 0 tells it
 //!    (`TAG_LEFT`) and it stops ([`super::StopReason::Left`], an orderly end).
@@ -71,6 +72,12 @@ impl Node {
     /// Whether this daemon is leaving (its callers' commands are refused).
     pub fn is_leaving(&self) -> bool {
         self.leaving.is_some()
+    }
+
+    /// Whether this daemon is leaving and its departure's confirmation reached it: its
+    /// neighbours are repairing around it, so it stops detecting them and redials nobody.
+    pub(super) fn departure_known(&self) -> bool {
+        self.leaving.is_some_and(|l| l.confirmed)
     }
 
     /// When the leave next needs attention (the drain's end, the deadline).

@@ -113,6 +113,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             client: false,
             rejoin: false,
             grow: false,
+            leave: false,
             ..FaultKinds::ALL
         },
         found: "xcast: after a reconnection a parent rewound a child's stream to the child's \
@@ -142,6 +143,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             client: false,
             rejoin: false,
             grow: false,
+            leave: false,
         },
         found: "simulator (strangers' runs): a daemon that died with its dial proved and admitted \
                 by the peer stayed recorded as redialling for ever, so the run never went quiet",
@@ -167,6 +169,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             client: false,
             rejoin: false,
             grow: false,
+            leave: false,
         },
         found: "flow: a daemon not scheduled for longer than FLOW_STUCK_MS made its neighbours' \
                 queues towards it count as stuck, so they read on and filled those queues to \
@@ -194,6 +197,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             client: false,
             rejoin: false,
             grow: false,
+            leave: false,
         },
         found: "direct links: a daemon that could not dial its peer gave the link up alone; the \
                 peer went on sending reliable messages on it, and the acknowledgements went back \
@@ -222,6 +226,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             client: false,
             rejoin: false,
             grow: false,
+            leave: false,
         },
         found: "direct links (an overload run with short request times): a grant expired \
                 unswitched, the two daemons opened a new link on the same connection, and the \
@@ -251,6 +256,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             client: false,
             rejoin: false,
             grow: false,
+            leave: false,
         },
         found: "streams: a dropped connection lost a stream's chunks and its End came after on \
                 a new one; the consumer failed the stream (a protocol error: ended at 1530, \
@@ -277,6 +283,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             client: false,
             rejoin: false,
             grow: false,
+            leave: false,
         },
         found: "direct links: a request delayed past direct_request_ms was given up; the \
                 grant came later and the grantor wrote on the link at once, so the requester \
@@ -305,6 +312,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             client: false,
             rejoin: false,
             grow: false,
+            leave: false,
         },
         found: "direct links: the same race as seed 358 with a radix of 8, and a grant given \
                 up unswitched: the grantor must never read what the requester wrote on the \
@@ -354,6 +362,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             crash: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: the world's handshake (as the driver's) told a restarted daemon, a newer incarnation, that it was declared dead; and a daemon learnt a peer's newer incarnation from its frames before the DVM confirmed the old one's death, then refused the new one as dead (incarnations now learnt at first contact or from a restore only)",
@@ -366,6 +375,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             crash: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a restore confirmed after this daemon had seen the restored incarnation die again undid that death, parenting it to a dead daemon",
@@ -378,6 +388,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             crash: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a fault confirmation older than a restore an adoption notice had brought failed the restored rank again for good",
@@ -390,6 +401,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             crash: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a welcomed daemon did not know the restores before its admission, so a child that still believed a restored rank dead never reached its parent's view and its subtree's broadcasts stalled (the welcome carries rank 0's latest restores)",
@@ -402,6 +414,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             crash: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a reliable message sent to a rank before its sender learnt of its death reached the daemon restarted under that rank (lives in every header now)",
@@ -414,6 +427,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             crash: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a detection planned for a rank's earlier life was dropped as moot while the detecting daemon still believed in that life, so it kept a dead parent",
@@ -426,6 +440,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             crash: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a daemon waiting for its welcome posted a message meant for its previous incarnation (it now takes only rank 0's answer)",
@@ -438,6 +453,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             crash: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: an adoption notice from a later life of a rank its child believed alive was dropped as of another life; the child kept the dead life as its parent",
@@ -450,6 +466,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             crash: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: the new parent's Sync overtook rank 0's welcome and was dropped by the waiting daemon; nothing offered it again, and the subtree below never got the admission's broadcast (frames before the welcome are now kept and read after it)",
@@ -462,6 +479,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             crash: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a daemon that learnt a restore from an adoption notice (its epoch still older than the restore's) reported the new life's death, and rank 0 took it for news of the old life (reports and notices now carry each dead rank's life, not the sender's epoch)",
@@ -474,6 +492,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             crash: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a confirmation of a rank's first return, delayed behind the adoption notice of its second, took the rank's life back to the first; the daemon then dropped every frame of the rank's live incarnation and its reliable messages ended Unreachable (a restore of an earlier life than the one known is now ignored)",
@@ -486,6 +505,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             crash: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "simulator: a restarted daemon, still waiting for its welcome, was handed its dead predecessor's detection of its parent and stopped with \"cannot reach rank 0\" (a detection is now moot once its detector restarted)",
@@ -504,6 +524,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             dup: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "simulator: the run ended while a restarted daemon still waited for rank 0 (stalled) to answer, and the tree checker saw it alive but failed at rank 0 (a daemon rejoining is now work left)",
@@ -522,6 +543,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             dup: true,
             rejoin: true,
             grow: false,
+            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a daemon waiting for its welcome stopped with \"cannot reach rank 0\" when a tree neighbour of its slot proved unreachable (only rank 0 matters before the welcome)",

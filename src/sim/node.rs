@@ -249,6 +249,16 @@ impl SimNode {
         self.node.xcast()
     }
 
+    /// The application asks its daemon to leave the DVM in order (refusals are ignored: a
+    /// daemon not settled, or already leaving, simply goes on).
+    pub fn leave(&mut self, now: Instant) {
+        self.tick(now);
+        if let Err(e) = self.node.leave(now) {
+            log::debug!("rank {}: leave refused: {e}", self.rank);
+        }
+        self.step(now);
+    }
+
     /// A plain send from the application.
     pub fn send_plain(&mut self, now: Instant, dst: Rank, tag: Tag, payload: Bytes) {
         let c = Command::Send {

@@ -71,6 +71,10 @@ pub struct FaultKinds {
     /// initial size run at first; the others are absent (failed from epoch 0) and most join
     /// during the run as a restarted daemon rejoins. Such runs have no allgathers either.
     pub grow: bool,
+    /// Daemons leave the DVM in order (`Node::leave`, shrink) at random times: every daemon
+    /// must repair around them with no failure reported, and they must stop `Left`. Such runs
+    /// have no allgathers either.
+    pub leave: bool,
 }
 
 impl FaultKinds {
@@ -94,6 +98,7 @@ impl FaultKinds {
         client: true,
         rejoin: false,
         grow: false,
+        leave: false,
     };
 
     /// No kind at all (a base for spelling a seed's kinds out).
@@ -114,6 +119,7 @@ impl FaultKinds {
         client: false,
         rejoin: false,
         grow: false,
+        leave: false,
     };
 
     /// Every kind the simulator had before group collectives: the seeds found with "all"
@@ -123,6 +129,7 @@ impl FaultKinds {
         client: false,
         rejoin: false,
         grow: false,
+        leave: false,
         ..FaultKinds::ALL
     };
 
@@ -145,6 +152,7 @@ impl FaultKinds {
         client: false,
         rejoin: false,
         grow: false,
+        leave: false,
     };
 
     /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup,stranger,direct,overload`,
@@ -171,9 +179,10 @@ impl FaultKinds {
                 "client" => k.client = true,
                 "rejoin" => k.rejoin = true,
                 "grow" => k.grow = true,
+                "leave" => k.leave = true,
                 other => {
                     return Err(format!(
-                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, group, client, rejoin, grow, all)"
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, group, client, rejoin, grow, leave, all)"
                     ));
                 }
             }
@@ -207,6 +216,7 @@ impl std::fmt::Display for FaultKinds {
             (self.client, "client"),
             (self.rejoin, "rejoin"),
             (self.grow, "grow"),
+            (self.leave, "leave"),
         ];
         let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {
@@ -259,6 +269,8 @@ pub enum Fault {
     /// A dead daemon is started again under a new incarnation and asks to rejoin (the
     /// `rejoin` kind); if it is alive then, the world tries again a little later (a few times).
     Restart { rank: Rank, at_us: u64 },
+    /// A daemon leaves the DVM in order (the `leave` kind).
+    Leave { rank: Rank, at_us: u64 },
     /// Frames between two neighbours take `factor` times longer for a while.
     SlowLink {
         a: Rank,
@@ -670,6 +682,14 @@ impl Scenario {
             }
             faults.extend(restarts);
         }
+        // Leave: a stream of its own.
+        if kinds.leave && capacity.is_none() {
+            let leaves = leave_plan(seed, size, safety_us);
+            if !leaves.is_empty() {
+                gathers = 0;
+            }
+            faults.extend(leaves);
+        }
         // Grow: a stream of its own too.
         let mut initial = size;
         if kinds.grow && capacity.is_none() {
@@ -822,6 +842,22 @@ fn restart_plan(seed: u64, size: u32, safety_us: u64, faults: &[Fault]) -> Vec<F
         });
     }
     out
+}
+
+/// The `leave` kind's part of a scenario: one or two ranks (never 0) leave in order at random
+/// times in the middle of the run.
+fn leave_plan(seed: u64, size: u32, safety_us: u64) -> Vec<Fault> {
+    let mut rng = Rng::new(seed ^ 0x1EA7_0000_0000_0000);
+    if size < 3 || !rng.chance(0.6) {
+        return Vec::new();
+    }
+    let count = rng.range(1, u64::from((size - 2).min(2)) + 1);
+    (0..count)
+        .map(|_| Fault::Leave {
+            rank: rng.range(1, u64::from(size - 1)) as Rank,
+            at_us: rng.range(safety_us / 8, (safety_us * 3 / 4).max(safety_us / 8 + 1)),
+        })
+        .collect()
 }
 
 /// The `grow` kind's part of a scenario: the initial size (at least 2, at most all but one),

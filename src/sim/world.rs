@@ -110,6 +110,10 @@ enum Ev {
         rank: Rank,
         attempt: u32,
     },
+    /// A daemon leaves in order (`Node::leave`).
+    Leave {
+        rank: Rank,
+    },
     Stall {
         rank: Rank,
         until_us: u64,
@@ -465,6 +469,7 @@ impl World {
                 Fault::Restart { rank, at_us } => {
                     self.push(at_us, Ev::Restart { rank, attempt: 0 })
                 }
+                Fault::Leave { rank, at_us } => self.push(at_us, Ev::Leave { rank }),
                 Fault::Stall {
                     rank,
                     at_us,
@@ -924,6 +929,15 @@ impl World {
                 self.dies(rank);
             }
             Ev::Restart { rank, attempt } => self.on_restart(rank, attempt)?,
+            Ev::Leave { rank } => {
+                if self.living(rank)
+                    && self.settled(rank)
+                    && let Some(n) = self.nodes.get_mut(rank as usize)
+                {
+                    n.leave(now);
+                    self.after(rank)?;
+                }
+            }
             Ev::LinkDown { a, b, until_us } => {
                 self.drop_link(a, b, until_us);
             }
@@ -979,7 +993,7 @@ impl World {
                 self.on_status(asker, budget_ms, all)?;
             }
             Ev::Broadcast { origin } => {
-                if !self.living(origin) {
+                if !self.living(origin) || self.leaving(origin) {
                     return Ok(());
                 }
                 if self.is_rejoining(origin) || !self.settled(origin) {
@@ -1012,7 +1026,7 @@ impl World {
             Ev::ClientSend { id, .. } => self.on_client_send(id)?,
             Ev::ClientExit { client, .. } => self.on_client_exit(client)?,
             Ev::Contribute { rank, id } => {
-                if !self.living(rank) {
+                if !self.living(rank) || self.leaving(rank) {
                     return Ok(());
                 }
                 if let Some(n) = self.nodes.get_mut(rank as usize)
@@ -1030,7 +1044,8 @@ impl World {
                 dst,
                 reliable,
             } => {
-                if !self.living(origin) {
+                // A leaving daemon's application sends nothing more (its daemon refuses).
+                if !self.living(origin) || self.leaving(origin) {
                     return Ok(());
                 }
                 if !self.settled(origin) {
@@ -1306,6 +1321,8 @@ impl World {
             // Without heartbeats a daemon loses rank 0 only when its redials run out (link
             // drops that outlast them): rank 0 then declared it dead in the same way.
             StopReason::RootLost(_) => self.scen.heartbeats || self.declared.contains(&r),
+            // Told by rank 0 once every living daemon had its departure.
+            StopReason::Left => self.nodes.first().is_some_and(|z| z.routing().is_failed(r)),
             _ => false,
         };
         if !ok {
@@ -1400,6 +1417,7 @@ fn target(ev: &Ev) -> Option<Rank> {
         Ev::WireDone { from, .. } => Some(*from),
         Ev::Recheck { node } => Some(*node),
         Ev::Status { asker, .. } => Some(*asker),
+        Ev::Leave { rank } => Some(*rank),
         Ev::Crash { .. }
         | Ev::Restart { .. }
         | Ev::Stall { .. }

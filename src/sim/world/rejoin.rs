@@ -162,6 +162,13 @@ impl World {
         known.is_some() && known == running
     }
 
+    /// Whether `r` is leaving in order (its application sends nothing more).
+    pub(super) fn leaving(&self, r: Rank) -> bool {
+        self.nodes
+            .get(r as usize)
+            .is_some_and(|n| n.node.is_leaving())
+    }
+
     /// Whether `r`'s commands run (wired and, if restarted, settled).
     pub(super) fn settled(&self, r: Rank) -> bool {
         self.nodes
