@@ -325,20 +325,16 @@ fn harness_clients_exchange_through_their_daemons_through_daemon_and_client_kill
     let _ = std::fs::remove_file(&json);
 }
 
-/// `--restart`: daemons killed while traffic flows are started again with `--rejoin`, are
-/// admitted back, learnt by every survivor, and carry traffic both ways; a plain kill at the
-/// same time is repaired as usual, and every check (reliable messages and broadcasts between
-/// live daemons, counted from each rejoin on) holds.
-#[test]
-fn harness_restarted_daemons_rejoin_and_carry_traffic() {
+/// Runs `tbon harness` with `args` (split at spaces; plus `--quiet`, `--timeout 120` and a JSON
+/// report); it must pass. Its JSON report.
+fn passing_run(name: &str, args: &str) -> serde_json::Value {
     let json = std::env::temp_dir().join(format!(
-        "tbon-harness-restart-test-{}.json",
+        "tbon-harness-{name}-test-{}.json",
         std::process::id()
     ));
     let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
-        .args(["harness", "--daemons", "12", "--radix", "2"])
-        .args(["--messages", "400", "--rate", "100", "--mode", "mixed"])
-        .args(["--restart", "2", "--kill", "1", "--seed", "3"])
+        .arg("harness")
+        .args(args.split(' '))
         .args(["--quiet", "--timeout", "120"])
         .arg("--json")
         .arg(&json)
@@ -353,7 +349,21 @@ fn harness_restarted_daemons_rejoin_and_carry_traffic() {
     );
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
     assert_eq!(report["passed"], true);
+    report
+}
+
+/// `--restart`: daemons killed while traffic flows are started again with `--rejoin`, are
+/// admitted back, learnt by every survivor, and carry traffic both ways; a plain kill at the
+/// same time is repaired as usual, and every check (reliable messages and broadcasts between
+/// live daemons, counted from each rejoin on) holds.
+#[test]
+fn harness_restarted_daemons_rejoin_and_carry_traffic() {
+    let report = passing_run(
+        "restart",
+        "--daemons 12 --radix 2 --messages 400 --rate 100 --mode mixed --restart 2 --kill 1 --seed 3",
+    );
     assert_eq!(report["faults"].as_array().unwrap().len(), 3);
     let rejoins = report["rejoins"].as_array().unwrap();
     assert_eq!(rejoins.len(), 2, "{rejoins:?}");
@@ -372,36 +382,16 @@ fn harness_restarted_daemons_rejoin_and_carry_traffic() {
     assert_eq!(c["lost_reliable"], 0, "{c}");
     assert_eq!(c["duplicated"], 0, "{c}");
     assert!(c["sent_broadcast"].as_u64().unwrap() > 0, "{c}");
-    let _ = std::fs::remove_file(&json);
 }
 
 /// `--grow`: the DVM starts with room for three more daemons; they join while traffic flows
 /// (`--join`), are admitted, learnt by every survivor, and carry reliable traffic both ways.
 #[test]
 fn harness_grown_daemons_join_and_carry_traffic() {
-    let json = std::env::temp_dir().join(format!(
-        "tbon-harness-grow-test-{}.json",
-        std::process::id()
-    ));
-    let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
-        .args(["harness", "--daemons", "8", "--radix", "2"])
-        .args(["--messages", "400", "--rate", "100", "--mode", "reliable"])
-        .args(["--grow", "2@1,1@2", "--seed", "5"])
-        .args(["--quiet", "--timeout", "120"])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run tbon harness");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let report = passing_run(
+        "grow",
+        "--daemons 8 --radix 2 --messages 400 --rate 100 --mode reliable --grow 2@1,1@2 --seed 5",
     );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(report["passed"], true);
     let joins = report["rejoins"].as_array().unwrap();
     assert_eq!(joins.len(), 3, "{joins:?}");
     for j in joins {
@@ -411,5 +401,4 @@ fn harness_grown_daemons_join_and_carry_traffic() {
         assert!(j["delivered_elsewhere"].as_u64().unwrap() > 0, "{j}");
     }
     assert_eq!(report["counts"]["lost_reliable"], 0);
-    let _ = std::fs::remove_file(&json);
 }

@@ -137,6 +137,11 @@ struct Counts {
     delivered_before_rejoin: u64,
 }
 
+/// A report cell of milliseconds (`-` when the JSON value is missing).
+fn ms_cell(v: &serde_json::Value) -> String {
+    v.as_f64().map_or("-".to_string(), |v| format!("{v:.0} ms"))
+}
+
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
@@ -657,11 +662,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
             "\n  fault                                        detected after   repaired everywhere after"
         );
         for row in &fault_rows {
-            let f = |k: &str| {
-                row[k]
-                    .as_f64()
-                    .map_or("-".to_string(), |v| format!("{v:.0} ms"))
-            };
+            let f = |k: &str| ms_cell(&row[k]);
             let mut what = format!(
                 "{} rank {} at {}",
                 row["kind"].as_str().unwrap_or("-"),
@@ -702,11 +703,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
             "\n  rejoin or join (from start)  restarted after death   admitted   known everywhere   wired   first delivery   in / out"
         );
         for row in &rejoin_rows {
-            let f = |k: &str| {
-                row[k]
-                    .as_f64()
-                    .map_or("-".to_string(), |v| format!("{v:.0} ms"))
-            };
+            let f = |k: &str| ms_cell(&row[k]);
             let _ = writeln!(
                 t,
                 "  {:<28} {:<23} {:<10} {:<18} {:<7} {:<16} {} / {}",
