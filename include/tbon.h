@@ -649,6 +649,12 @@ typedef struct {
   uint64_t modex_fetches;
   uint64_t modex_served;
   uint64_t modex_evicted;
+  // Rejoin and grow: ranks this daemon put back into its tree (restarted daemons admitted
+  // again, new ranks joined), ranks it repaired around that left in order (`tbon_leave`),
+  // and frames it dropped as sent by or for another life of a rank than the one it knows.
+  uint64_t rejoins;
+  uint64_t departures;
+  uint64_t dropped_other_life;
 } tbon_counters;
 
 // A client process's connection to its daemon: an id from `tbon_client_connect` or

@@ -529,6 +529,12 @@ pub struct tbon_counters {
     pub modex_fetches: u64,
     pub modex_served: u64,
     pub modex_evicted: u64,
+    /// Rejoin and grow: ranks this daemon put back into its tree (restarted daemons admitted
+    /// again, new ranks joined), ranks it repaired around that left in order (`tbon_leave`),
+    /// and frames it dropped as sent by or for another life of a rank than the one it knows.
+    pub rejoins: u64,
+    pub departures: u64,
+    pub dropped_other_life: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -641,6 +647,9 @@ impl From<&Counters> for tbon_counters {
             modex_fetches: c.modex_fetches,
             modex_served: c.modex_served,
             modex_evicted: c.modex_evicted,
+            rejoins: c.rejoins,
+            departures: c.departures,
+            dropped_other_life: c.dropped_other_life,
         }
     }
 }

@@ -5,9 +5,9 @@
  * 0 says the DVM is wired (a marker file), it starts ranks 4 and 5 with "rejoin" set: they join
  * the running DVM, each sends a greeting to rank 0 and to rank 1, which wait for them. Then
  * rank 5 leaves in order (tbon_leave): it must stop with TBON_STOP_LEFT. Once it has exited,
- * the parent tells rank 0 (another marker file), and rank 0 shuts the DVM down; every other
- * daemon checks that it stopped for that reason. Prints "grow: ok" and exits 0, or exits
- * non-zero.
+ * the parent tells rank 0 (another marker file); rank 0 checks its counters (2 joins, 1
+ * departure) and shuts the DVM down; every other daemon checks that it stopped for that
+ * reason. Prints "grow: ok" and exits 0, or exits non-zero.
  *
  * Build and run like ring.c (see README.md, "Using tbon from C"); TBON_KEY_FILE names the
  * job key, read by every child.
@@ -122,6 +122,13 @@ static int daemon_main(uint32_t rank, const char *rendezvous) {
     if (rank == 0) {
         if (wait_marker("left") != 0) {
             fprintf(stderr, "rank 0: rank %d never left\n", CAPACITY - 1);
+            bad = 1;
+        }
+        /* Rank 0 admitted both new ranks and confirmed one departure (not a failure). */
+        tbon_counters c;
+        if (tbon_counters_get(d, &c) != TBON_OK || c.rejoins != 2 || c.departures != 1) {
+            fprintf(stderr, "rank 0: counters: %llu rejoins, %llu departures\n",
+                    (unsigned long long)c.rejoins, (unsigned long long)c.departures);
             bad = 1;
         }
         tbon_shutdown_dvm(d);
