@@ -265,8 +265,8 @@ pub const REJOIN_RETRY_MS: u64 = 1_000;
 pub const LEAVE_DRAIN_MS: u64 = 5_000;
 
 /// A leaving daemon that has not been told within this long (from its call) that every living
-/// daemon knows of its departure stops anyway, with a fatal reason: the others then find it
-/// gone as a failure.
+/// daemon knows of its departure stops anyway: as a departure if rank 0's confirmation reached
+/// it, else with a fatal reason (the others then find it gone as a failure).
 pub const LEAVE_WAIT_MS: u64 = 30_000;
 
 /// Frames a rejoining daemon keeps, unread, from daemons other than rank 0 while it waits for

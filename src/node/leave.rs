@@ -15,7 +15,9 @@
 //!    completed), nobody routes through the leaving daemon any more: rank 0 tells it
 //!    (`TAG_LEFT`) and it stops ([`super::StopReason::Left`], an orderly end).
 //!
-//! Without that answer within `LEAVE_WAIT_MS` it stops anyway, with a fatal reason. A rank that
+//! Without that answer within `LEAVE_WAIT_MS` it stops anyway: with `Left` if its departure's
+//! confirmation reached it (the broadcast is still on its way to some daemons, which will have
+//! it as a departure all the same), with a fatal reason if not. A rank that
 //! left is failed in everyone's tree, so it may come back later as a restarted daemon does
 //! (`rejoin`).
 
@@ -96,6 +98,19 @@ impl Node {
             return;
         };
         if self.stopping.is_some() {
+            return;
+        }
+        if now >= l.deadline && l.confirmed {
+            // Rank 0 confirmed the departure; its broadcast is still on its way to some
+            // daemons (a partition, a stalled daemon): they will have it as a departure all
+            // the same. Stopping now is still an orderly leave.
+            log::warn!(
+                "rank {}: not every daemon delivered the departure within {} ms; stopping \
+                 anyway (rank 0 confirmed it)",
+                self.me,
+                crate::limits::LEAVE_WAIT_MS
+            );
+            self.begin_stop(now, StopReason::Left);
             return;
         }
         if now >= l.deadline {
