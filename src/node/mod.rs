@@ -109,7 +109,7 @@ pub struct NodeConfig {
     pub rejoin: bool,
     /// Ranks started with the DVM (`initial_size`): rank 0's wire-up waits only for ranks below
     /// it; the others are room to grow, absent (failed) until they join as a rejoin does.
-    /// Clamped to 1..=size.
+    /// 0 (or anything above the size) means the whole size.
     pub initial_size: u32,
 }
 
@@ -148,11 +148,7 @@ impl NodeConfig {
             contacts: c.contacts,
             client_uids: c.client_uid_list(),
             rejoin: c.rejoin,
-            initial_size: if c.initial_size == 0 {
-                size
-            } else {
-                c.initial_size.min(size)
-            },
+            initial_size: c.initial_size,
         }
     }
 }
@@ -335,7 +331,10 @@ impl Node {
             wire: Wire::Waiting(None),
             wired_at_start: cfg.wired_at_start,
             rejoin: cfg.rejoin,
-            initial_size: cfg.initial_size.clamp(1, cfg.size.max(1)),
+            initial_size: match cfg.initial_size {
+                0 => cfg.size,
+                n => n.min(cfg.size),
+            },
             settled: true,
             restored_at: FxHashMap::default(),
             deaths: FxHashMap::default(),

@@ -398,17 +398,17 @@ impl Node {
         // children behind: they deliver the same confirmation (forwarded before this daemon
         // delivers it) and, not knowing of the death, apply it. Told the deaths this daemon
         // knows, they fail the rank again and report it, and the views meet (grow seed 2336).
-        let stale = restored
+        let (stale, current): (Vec<&Restored>, Vec<&Restored>) = restored
             .iter()
-            .any(|r| self.restore_is_stale(r.rank, r.life) && r.life >= self.life_of(r.rank));
-        if stale {
+            .filter(|r| r.life >= self.life_of(r.rank))
+            .partition(|r| self.restore_is_stale(r.rank, r.life));
+        if !stale.is_empty() {
             for c in self.routing.children().to_vec() {
                 self.tell_child(c);
             }
         }
-        let restored: Vec<&Restored> = restored
-            .iter()
-            .filter(|r| r.life >= self.life_of(r.rank) && !self.restore_is_stale(r.rank, r.life))
+        let restored: Vec<&Restored> = current
+            .into_iter()
             .filter(|r| !self.routing.is_failed(r.rank) || self.may_link(r.rank, r.incarnation))
             .collect();
         if restored.is_empty() {

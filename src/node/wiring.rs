@@ -24,13 +24,9 @@ impl Node {
             // No addresses (the simulator): wired from the start, the ranks beyond the initial
             // size absent as wire-up would leave them.
             self.wire = Wire::Wired;
-            if self.me < self.initial_size && self.initial_size < self.size {
+            if self.me < self.initial_size {
                 let absent: Vec<Rank> = (self.initial_size..self.size).collect();
-                match self.routing.fail(&absent, Scope::Global, Some(self.epoch)) {
-                    Ok(status) => self.grpcomm_repair(&status),
-                    Err(e) => log::error!("rank {}: cannot mark absent ranks: {e}", self.me),
-                }
-                self.confirmed = absent;
+                self.fail_missing(&absent);
             }
             self.wired(now);
             return;
@@ -104,13 +100,7 @@ impl Node {
                 lost.len()
             );
         }
-        if !missing.is_empty() {
-            match self.routing.fail(&missing, Scope::Global, Some(self.epoch)) {
-                Ok(status) => self.grpcomm_repair(&status),
-                Err(e) => log::error!("rank 0: cannot mark missing ranks failed: {e}"),
-            }
-            self.confirmed = missing.clone();
-        }
+        self.fail_missing(&missing);
         self.wire = Wire::Wired;
         log::info!(
             "rank 0: wire-up complete, {} daemons",
@@ -119,6 +109,19 @@ impl Node {
         // Down the repaired tree, before anything the held commands send.
         self.send_slices(&missing);
         self.wired(now);
+    }
+
+    /// The ranks that never reported at wire-up (or, with room to grow, are absent) are failed
+    /// in epoch 0, with no repair to report: the tree every daemon starts from.
+    fn fail_missing(&mut self, missing: &[Rank]) {
+        if missing.is_empty() {
+            return;
+        }
+        match self.routing.fail(missing, Scope::Global, Some(self.epoch)) {
+            Ok(status) => self.grpcomm_repair(&status),
+            Err(e) => log::error!("rank {}: cannot fail the missing ranks: {e}", self.me),
+        }
+        self.confirmed = missing.to_vec();
     }
 
     /// This daemon's slice of the contact table arrived: applied (the failures it lists, then
@@ -159,16 +162,10 @@ impl Node {
             self.begin_stop(now, StopReason::Fatal("left out of wire-up".into()));
             return;
         }
-        if !missing.is_empty() {
-            match self.routing.fail(&missing, Scope::Global, Some(self.epoch)) {
-                Ok(status) => self.grpcomm_repair(&status),
-                Err(e) => log::error!("rank {}: bad failed list in contact table: {e}", self.me),
-            }
-        }
+        self.fail_missing(&missing);
         for u in slice.entries {
             self.contacts.own(u);
         }
-        self.confirmed = missing.clone();
         self.wire = Wire::Wired;
         self.send_slices(&missing);
         log::info!(

@@ -112,8 +112,6 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             group: false,
             client: false,
             rejoin: false,
-            grow: false,
-            leave: false,
             ..FaultKinds::ALL
         },
         found: "xcast: after a reconnection a parent rewound a child's stream to the child's \
@@ -361,8 +359,6 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             crash: true,
             rejoin: true,
-            grow: false,
-            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: the world's handshake (as the driver's) told a restarted daemon, a newer incarnation, that it was declared dead; and a daemon learnt a peer's newer incarnation from its frames before the DVM confirmed the old one's death, then refused the new one as dead (incarnations now learnt at first contact or from a restore only)",
@@ -374,8 +370,6 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             crash: true,
             rejoin: true,
-            grow: false,
-            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a restore confirmed after this daemon had seen the restored incarnation die again undid that death, parenting it to a dead daemon",
@@ -387,8 +381,6 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             crash: true,
             rejoin: true,
-            grow: false,
-            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a fault confirmation older than a restore an adoption notice had brought failed the restored rank again for good",
@@ -400,8 +392,6 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             crash: true,
             rejoin: true,
-            grow: false,
-            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a welcomed daemon did not know the restores before its admission, so a child that still believed a restored rank dead never reached its parent's view and its subtree's broadcasts stalled (the welcome carries rank 0's latest restores)",
@@ -413,8 +403,6 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             crash: true,
             rejoin: true,
-            grow: false,
-            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a reliable message sent to a rank before its sender learnt of its death reached the daemon restarted under that rank (lives in every header now)",
@@ -426,8 +414,6 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             crash: true,
             rejoin: true,
-            grow: false,
-            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a detection planned for a rank's earlier life was dropped as moot while the detecting daemon still believed in that life, so it kept a dead parent",
@@ -439,8 +425,6 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             crash: true,
             rejoin: true,
-            grow: false,
-            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a daemon waiting for its welcome posted a message meant for its previous incarnation (it now takes only rank 0's answer)",
@@ -452,8 +436,6 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             crash: true,
             rejoin: true,
-            grow: false,
-            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: an adoption notice from a later life of a rank its child believed alive was dropped as of another life; the child kept the dead life as its parent",
@@ -465,8 +447,6 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             crash: true,
             rejoin: true,
-            grow: false,
-            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: the new parent's Sync overtook rank 0's welcome and was dropped by the waiting daemon; nothing offered it again, and the subtree below never got the admission's broadcast (frames before the welcome are now kept and read after it)",
@@ -478,8 +458,6 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             crash: true,
             rejoin: true,
-            grow: false,
-            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a daemon that learnt a restore from an adoption notice (its epoch still older than the restore's) reported the new life's death, and rank 0 took it for news of the old life (reports and notices now carry each dead rank's life, not the sender's epoch)",
@@ -491,8 +469,6 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             crash: true,
             rejoin: true,
-            grow: false,
-            leave: false,
             ..FaultKinds::NONE
         },
         found: "rejoin: a confirmation of a rank's first return, delayed behind the adoption notice of its second, took the rank's life back to the first; the daemon then dropped every frame of the rank's live incarnation and its reliable messages ended Unreachable (a restore of an earlier life than the one known is now ignored)",
@@ -504,8 +480,6 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         faults: FaultKinds {
             crash: true,
             rejoin: true,
-            grow: false,
-            leave: false,
             ..FaultKinds::NONE
         },
         found: "simulator: a restarted daemon, still waiting for its welcome, was handed its dead predecessor's detection of its parent and stopped with \"cannot reach rank 0\" (a detection is now moot once its detector restarted)",
@@ -514,38 +488,14 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         seed: 5094,
         daemons: 14,
         radix: 4,
-        faults: FaultKinds {
-            crash: true,
-            link: true,
-            stall: true,
-            partition: true,
-            delay: true,
-            stale: true,
-            dup: true,
-            rejoin: true,
-            grow: false,
-            leave: false,
-            ..FaultKinds::NONE
-        },
+        faults: REJOIN_MIXED,
         found: "simulator: the run ended while a restarted daemon still waited for rank 0 (stalled) to answer, and the tree checker saw it alive but failed at rank 0 (a daemon rejoining is now work left)",
     },
     RegressionSeed {
         seed: 5357,
         daemons: 27,
         radix: 4,
-        faults: FaultKinds {
-            crash: true,
-            link: true,
-            stall: true,
-            partition: true,
-            delay: true,
-            stale: true,
-            dup: true,
-            rejoin: true,
-            grow: false,
-            leave: false,
-            ..FaultKinds::NONE
-        },
+        faults: REJOIN_MIXED,
         found: "rejoin: a daemon waiting for its welcome stopped with \"cannot reach rank 0\" when a tree neighbour of its slot proved unreachable (only rank 0 matters before the welcome)",
     },
     RegressionSeed {
@@ -582,6 +532,19 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         found: "grow: a daemon that skipped a stale restore named the death as of the last life it had restored (none), and its child, which had applied the restore, took the death for older news (deaths are now passed on with the latest life known to have died)",
     },
 ];
+
+/// The kinds of the rejoin seeds found mixed with link, stall, partition, delay, stale and dup.
+const REJOIN_MIXED: FaultKinds = FaultKinds {
+    crash: true,
+    link: true,
+    stall: true,
+    partition: true,
+    delay: true,
+    stale: true,
+    dup: true,
+    rejoin: true,
+    ..FaultKinds::NONE
+};
 
 /// What to simulate.
 #[derive(Debug, Clone, Copy)]

@@ -189,7 +189,7 @@ impl SimNode {
             incarnation_floor: 1,
             client_uids: vec![SIM_CLIENT_UID],
             flow,
-            initial_size: initial.clamp(1, size.max(1)),
+            initial_size: initial,
             ..NodeConfig::new(rank, size, radix)
         };
         let mut node = Node::new(cfg).map_err(|e| e.to_string())?;
