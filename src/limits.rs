@@ -434,6 +434,25 @@ pub const ALLGATHER_MAX_BYTES: usize = 16 * 1024 * 1024;
 /// and counts against [`ALLGATHER_TRACKED_MAX`]. Ids must never be reused.
 pub const ALLGATHER_FINISHED_MEMORY: usize = 4 * ALLGATHER_TRACKED_MAX;
 
+/// Allgather results a daemon keeps to answer a contribution that arrives after it finished
+/// the collective (a returned daemon whose new life contributes after the result's broadcast,
+/// which it never receives; or a child re-sending to a new parent). The oldest is dropped first;
+/// a late contribution that finds none is answered "lost": a daemon in its first life ignores
+/// that (the broadcast brings it the result), a returned one ends its contribution with
+/// `SendError::ResultLost` instead of hanging.
+pub const ALLGATHER_RESULTS_CACHED_MAX: usize = 16;
+
+/// Bytes of the cached allgather results ([`ALLGATHER_RESULTS_CACHED_MAX`]) together; a result
+/// larger than this alone is not cached.
+pub const ALLGATHER_RESULTS_CACHED_BYTES: usize = 32 * 1024 * 1024;
+
+/// Allgather messages a daemon has queued beyond its contributions and `Sync`s (excuses passed
+/// down, answers to late contributions) and the driver has not yet taken. The driver drains
+/// them after every input, so the bound is only reached if it stops draining; then the oldest
+/// is dropped and logged (`AllgatherStats::answers_dropped`): an excuse is offered again at the
+/// next repair or reconnection, a late contribution is answered when it is re-sent.
+pub const ALLGATHER_QUEUED_MAX: usize = 1_024;
+
 /// Members of one group ([`crate::Group`]): above any DVM size, so a job may span every
 /// daemon; a larger set is refused when the group is made (`GroupError::TooManyMembers`).
 pub const GROUP_MEMBERS_MAX: usize = 1 << 20;

@@ -26,18 +26,47 @@
 //! `Sync{digest}`, and the child re-sends its finished contributions once it reaches that view
 //! (remembering the offer until then, [`GRPCOMM_PENDING_SYNCS_MAX`]).
 //!
+//! # Rejoins
+//! A daemon that returns (rejoin, or a new rank joining a DVM started with room to grow) has a
+//! new life that knows nothing of the collectives in flight, and its application may never
+//! contribute to them. So a collective does not wait for a rank's own contribution in a later
+//! life once the rank died or returned while the collective was in flight:
+//! - every daemon that holds a collective when a repair restores a rank marks the rank
+//!   *excused* in it, as it does a rank reported excluded from below that lives in its view
+//!   (it died and returned); contributions carry their excused ranks up;
+//! - a daemon that holds a collective with a living excused rank passes an `Excuse` down to
+//!   every child it still waits for, each of which does the same, so the news reaches the
+//!   returned daemon wherever it was learnt;
+//! - an excused daemon without its own contribution sends its subtree's once complete, listing
+//!   itself as excluded; if its application contributes later, it sends again (entries are
+//!   idempotent), and the result includes it if that reaches rank 0 first.
+//!
+//! The rule as a caller sees it: *a collective waits for a rank that returned only if it started
+//! after the return was known everywhere it was held.* Collectives started later include the
+//! returned rank like any other.
+//!
+//! A new life also misses the broadcasts made before its admission, results included. So a
+//! daemon answers a contribution for a collective it has finished with an `Outcome`: the result
+//! from its bounded cache ([`ALLGATHER_RESULTS_CACHED_MAX`]), or "unknown". The receiver passes
+//! the result on to the children it heard from. A daemon in its first life ignores "unknown"
+//! (the broadcast reaches it); a returned one ends its collective with
+//! [`AllgatherEvent::AllgatherLost`].
+//!
 //! # Bounds
 //! [`ALLGATHER_INFLIGHT_MAX`] own contributions without a result (`TooMany`),
 //! [`ALLGATHER_TRACKED_MAX`] collectives with state (contributions for more are dropped),
 //! [`ALLGATHER_MAX_BYTES`] gathered per collective (the collective overflows: every daemon gets
-//! a result with `overflowed` set), [`ALLGATHER_FINISHED_MEMORY`] finished ids remembered.
+//! a result with `overflowed` set), [`ALLGATHER_FINISHED_MEMORY`] finished ids remembered,
+//! [`ALLGATHER_RESULTS_CACHED_MAX`] results kept ([`ALLGATHER_RESULTS_CACHED_BYTES`]),
+//! [`ALLGATHER_QUEUED_MAX`] excuses and answers queued.
 use super::Transmit;
 use super::gathering::{ENTRY_OVERHEAD, Gathering};
 use super::view::TreeView;
 use super::wire::{AllgatherMsg, AllgatherResult, Contribution, WireError};
 use crate::Rank;
 use crate::limits::{
-    ALLGATHER_FINISHED_MEMORY, ALLGATHER_INFLIGHT_MAX, ALLGATHER_MAX_BYTES, ALLGATHER_TRACKED_MAX,
+    ALLGATHER_FINISHED_MEMORY, ALLGATHER_INFLIGHT_MAX, ALLGATHER_MAX_BYTES, ALLGATHER_QUEUED_MAX,
+    ALLGATHER_RESULTS_CACHED_BYTES, ALLGATHER_RESULTS_CACHED_MAX, ALLGATHER_TRACKED_MAX,
     GRPCOMM_PENDING_SYNCS_MAX,
 };
 use crate::routed::{RecoveryStatus, RoutingState};
@@ -57,6 +86,9 @@ pub enum AllgatherEvent {
     /// The result of collective `result.id` arrived here: the collective is over for this
     /// daemon (for a barrier: every living daemon has entered it).
     AllgatherDone { result: AllgatherResult },
+    /// A returned daemon only: collective `id`, which it contributed to, finished before its
+    /// return, and no daemon it asked still has the result (see the module documentation).
+    AllgatherLost { id: u64 },
 }
 
 /// Why [`Allgather::contribute`] refused. Nothing was recorded.
@@ -108,6 +140,14 @@ pub struct AllgatherStats {
     pub overflowed: u64,
     /// Results for a collective already finished here.
     pub duplicate_results: u64,
+    /// `Excuse` messages sent down.
+    pub excuses_sent: u64,
+    /// Late contributions answered with the result from the cache.
+    pub answered_late: u64,
+    /// Late contributions answered "unknown" (the result no longer cached).
+    pub answered_lost: u64,
+    /// Excuses or answers dropped at [`ALLGATHER_QUEUED_MAX`].
+    pub answers_dropped: u64,
 }
 
 /// One collective at one daemon.
@@ -122,6 +162,8 @@ struct Collective {
     sent: Option<(Rank, u64)>,
     /// Rank 0: the result has been emitted.
     result_emitted: bool,
+    /// Per child: (view digest, excused ranks) at the last `Excuse` sent to it.
+    excuses_sent: BTreeMap<Rank, (u64, usize)>,
 }
 
 /// One daemon's allgather core. See the module documentation for the protocol and
@@ -143,6 +185,15 @@ pub struct Allgather {
     pending_syncs: VecDeque<(Rank, u64)>,
     /// Collectives whose contribution may be due to the parent.
     dirty: BTreeSet<u64>,
+    /// Excuses and outcomes to send, oldest first ([`ALLGATHER_QUEUED_MAX`]).
+    queued: VecDeque<Transmit<AllgatherMsg>>,
+    /// Recent results, oldest first, and their accounted bytes
+    /// ([`ALLGATHER_RESULTS_CACHED_MAX`], [`ALLGATHER_RESULTS_CACHED_BYTES`]).
+    results: VecDeque<(AllgatherResult, usize)>,
+    results_bytes: usize,
+    /// This daemon returned (rejoined or joined): broadcasts before its admission never reach
+    /// it, so an "unknown" outcome ends its collective.
+    returned: bool,
     events: VecDeque<AllgatherEvent>,
     stats: AllgatherStats,
 }
@@ -161,8 +212,21 @@ impl Allgather {
             synced: BTreeMap::new(),
             pending_syncs: VecDeque::new(),
             dirty: BTreeSet::new(),
+            queued: VecDeque::new(),
+            results: VecDeque::new(),
+            results_bytes: 0,
+            returned: false,
             events: VecDeque::new(),
             stats: AllgatherStats::default(),
+        }
+    }
+
+    /// The core of a daemon that returned (rejoined, or joined a DVM started with room to
+    /// grow) into the tree `routing` describes: see the module documentation, "Rejoins".
+    pub fn rejoined(routing: &RoutingState) -> Self {
+        Allgather {
+            returned: true,
+            ..Allgather::new(routing)
         }
     }
 
@@ -209,6 +273,8 @@ impl Allgather {
         let me = self.view.me;
         let c = self.collectives.entry(id).or_default();
         c.own = true;
+        // Sent already if this daemon was excused: send again, now with its entry.
+        c.sent = None;
         c.data.add_entry(me, data);
         if c.data.check_overflow(&format_args!("allgather {id}")) {
             self.stats.overflowed += 1;
@@ -239,6 +305,8 @@ impl Allgather {
                     self.remember_sync(from, digest);
                 }
             }
+            AllgatherMsg::Excuse { id, ranks } => self.on_excuse(from, id, ranks),
+            AllgatherMsg::Outcome { id, result } => self.on_outcome(from, id, result),
         }
     }
 
@@ -269,6 +337,13 @@ impl Allgather {
             self.local = self.local.saturating_sub(1);
         }
         self.dirty.remove(&id);
+        self.remember_finished(id);
+        self.cache(&result);
+        self.events
+            .push_back(AllgatherEvent::AllgatherDone { result });
+    }
+
+    fn remember_finished(&mut self, id: u64) {
         if self.finished.len() >= ALLGATHER_FINISHED_MEMORY
             && let Some(old) = self.finished.pop_front()
         {
@@ -276,8 +351,29 @@ impl Allgather {
         }
         self.finished.push_back(id);
         self.finished_set.insert(id);
-        self.events
-            .push_back(AllgatherEvent::AllgatherDone { result });
+    }
+
+    /// Keeps `result` to answer late contributions (bounded, oldest dropped first).
+    fn cache(&mut self, result: &AllgatherResult) {
+        let bytes = result
+            .contributions
+            .iter()
+            .map(|(_, b)| b.len().saturating_add(ENTRY_OVERHEAD))
+            .sum::<usize>()
+            .saturating_add(4 * result.excluded.len());
+        if bytes > ALLGATHER_RESULTS_CACHED_BYTES {
+            return;
+        }
+        while self.results.len() >= ALLGATHER_RESULTS_CACHED_MAX
+            || self.results_bytes.saturating_add(bytes) > ALLGATHER_RESULTS_CACHED_BYTES
+        {
+            let Some((_, old)) = self.results.pop_front() else {
+                break;
+            };
+            self.results_bytes = self.results_bytes.saturating_sub(old);
+        }
+        self.results_bytes = self.results_bytes.saturating_add(bytes);
+        self.results.push_back((result.clone(), bytes));
     }
 
     /// Follow a repair of this daemon's routing state (every status, in order).
@@ -307,6 +403,12 @@ impl Allgather {
         let digest = view.digest;
         let mut wanted: BTreeSet<Rank> = BTreeSet::new();
         for (&id, c) in self.collectives.iter_mut() {
+            // A rank back in the tree: this collective does not wait for its new life.
+            for &r in &status.restored {
+                c.data.add_excused(r);
+            }
+            c.excuses_sent
+                .retain(|r, _| view.is_child(*r) && !change.new_children.contains(r));
             c.data
                 .follow_repair(&mut c.complete, view, &change.new_children, &mut wanted);
             if change.new_upstream {
@@ -352,11 +454,17 @@ impl Allgather {
                 }
             }
         }
-        if self.view.is_child(peer)
-            && let Some(d) = self.synced.remove(&peer)
-            && d == self.view.digest
-        {
-            self.queue_sync(peer);
+        if self.view.is_child(peer) {
+            for (&id, c) in self.collectives.iter_mut() {
+                if c.excuses_sent.remove(&peer).is_some() {
+                    self.dirty.insert(id);
+                }
+            }
+            if let Some(d) = self.synced.remove(&peer)
+                && d == self.view.digest
+            {
+                self.queue_sync(peer);
+            }
         }
     }
 
@@ -365,42 +473,105 @@ impl Allgather {
         if self.view.dead {
             return None;
         }
-        while let Some((to, digest)) = self.syncs.pop_front() {
-            if self.view.is_child(to) {
-                return Some(Transmit {
-                    to,
-                    msg: AllgatherMsg::Sync { digest },
-                });
+        loop {
+            if let Some(t) = self.queued.pop_front() {
+                return Some(t);
+            }
+            while let Some((to, digest)) = self.syncs.pop_front() {
+                if self.view.is_child(to) {
+                    return Some(Transmit {
+                        to,
+                        msg: AllgatherMsg::Sync { digest },
+                    });
+                }
+            }
+            let id = self.dirty.pop_first()?;
+            self.queue_excuses(id);
+            if let Some(t) = self.contribution_due(id) {
+                return Some(t);
             }
         }
+    }
+
+    /// Passes collective `id`'s living excused ranks down to every child it still waits for
+    /// and has not told them under this view (a returned daemon: to every such child).
+    fn queue_excuses(&mut self, id: u64) {
+        let Some(c) = self.collectives.get_mut(&id) else {
+            return;
+        };
+        let view = &self.view;
+        let living: Vec<Rank> = c
+            .data
+            .excused
+            .iter()
+            .copied()
+            .filter(|r| *r != view.me && !view.failed.contains(r))
+            .collect();
+        // A returned daemon asks even with nobody to excuse: a child that finished the
+        // collective before the return answers with the result this daemon never got.
+        if living.is_empty() && !self.returned {
+            return;
+        }
+        let mark = (view.digest, c.data.excused.len());
+        for &child in &view.children {
+            if c.complete.contains(&child) || c.excuses_sent.get(&child) == Some(&mark) {
+                continue;
+            }
+            c.excuses_sent.insert(child, mark);
+            log::trace!("rank {}: allgather {id}: excuse {living:?} to {child}", view.me);
+            self.stats.excuses_sent += 1;
+            push_bounded(
+                &mut self.queued,
+                &mut self.stats,
+                Transmit {
+                    to: child,
+                    msg: AllgatherMsg::Excuse {
+                        id,
+                        ranks: living.clone(),
+                    },
+                },
+            );
+        }
+    }
+
+    /// Collective `id`'s contribution to the parent, if it is due.
+    fn contribution_due(&mut self, id: u64) -> Option<Transmit<AllgatherMsg>> {
         let parent = self.view.parent?;
-        while let Some(id) = self.dirty.pop_first() {
-            let Some(c) = self.collectives.get_mut(&id) else {
-                continue;
-            };
-            let ready = c.own
-                && c.sent.map(|(p, _)| p) != Some(parent)
-                && self.view.children.iter().all(|r| c.complete.contains(r));
-            if !ready {
-                continue;
-            }
-            c.sent = Some((parent, self.view.digest));
-            let msg = Contribution {
-                id,
-                digest: self.view.digest,
-                overflowed: c.data.overflowed,
-                entries: c.data.entry_list(),
-                excluded: c
-                    .data
-                    .excluded_list(self.view.failed.iter().copied(), |_| true),
-            };
-            self.stats.sent += 1;
-            return Some(Transmit {
-                to: parent,
-                msg: AllgatherMsg::Contribution(msg),
-            });
+        let me = self.view.me;
+        let c = self.collectives.get_mut(&id)?;
+        let ready = (c.own || c.data.excused.contains(&me))
+            && c.sent.map(|(p, _)| p) != Some(parent)
+            && self.view.children.iter().all(|r| c.complete.contains(r));
+        if !ready {
+            return None;
         }
-        None
+        c.sent = Some((parent, self.view.digest));
+        let mut excluded = c
+            .data
+            .excluded_list(self.view.failed.iter().copied(), |_| true);
+        if !c.own && !c.data.overflowed && !excluded.contains(&me) {
+            excluded.push(me);
+            excluded.sort_unstable();
+        }
+        let msg = Contribution {
+            id,
+            digest: self.view.digest,
+            overflowed: c.data.overflowed,
+            entries: c.data.entry_list(),
+            excluded,
+            excused: c.data.excused.iter().copied().collect(),
+        };
+        self.stats.sent += 1;
+        log::trace!(
+            "rank {me}: allgather {id}: contribution to {parent} ({} entries, own {}, excused {:?})",
+            msg.entries.len(),
+            c.own,
+            msg.excused
+        );
+        Some(Transmit {
+            to: parent,
+            msg: AllgatherMsg::Contribution(msg),
+        })
     }
 
     /// The next event, or `None`.
@@ -418,6 +589,9 @@ impl Allgather {
         self.stats.received += 1;
         if self.finished_set.contains(&id) {
             self.stats.late += 1;
+            if self.view.is_child(from) {
+                self.answer_late(from, id);
+            }
             return;
         }
         if !self.collectives.contains_key(&id) && self.collectives.len() >= ALLGATHER_TRACKED_MAX {
@@ -429,6 +603,15 @@ impl Allgather {
         let is_child = self.view.is_child(from);
         let same_view = msg.digest == self.view.digest;
         let c = self.collectives.entry(id).or_default();
+        for &r in &msg.excluded {
+            // Failed where it was reported, living here: it died and returned.
+            if !self.view.failed.contains(&r) {
+                c.data.add_excused(r);
+            }
+        }
+        for r in msg.excused {
+            c.data.add_excused(r);
+        }
         c.data.merge(me, msg.overflowed, msg.entries, msg.excluded);
         c.data.hear(from, msg.digest);
         if c.data.check_overflow(&format_args!("allgather {id}")) {
@@ -450,6 +633,105 @@ impl Allgather {
         }
         self.dirty.insert(id);
         self.check_root(id);
+    }
+
+    /// The parent's word that collective `id` does not wait for `ranks` in their new lives.
+    fn on_excuse(&mut self, from: Rank, id: u64, ranks: Vec<Rank>) {
+        if Some(from) != self.view.parent {
+            return;
+        }
+        if self.finished_set.contains(&id) {
+            // The parent waits for a collective this daemon finished: it returned after the
+            // result's broadcast.
+            self.answer_late(from, id);
+            return;
+        }
+        if !self.collectives.contains_key(&id) && self.collectives.len() >= ALLGATHER_TRACKED_MAX {
+            self.stats.dropped_untracked += 1;
+            log::warn!("allgather: too many collectives; dropped an excuse for {id}");
+            return;
+        }
+        let c = self.collectives.entry(id).or_default();
+        let mut news = false;
+        for r in ranks {
+            news |= c.data.add_excused(r);
+        }
+        if news {
+            self.dirty.insert(id);
+        }
+    }
+
+    /// The answer of the parent to a contribution, or of a child to an excuse, for a
+    /// collective it had finished.
+    fn on_outcome(&mut self, from: Rank, id: u64, result: Option<AllgatherResult>) {
+        if (Some(from) != self.view.parent && !self.view.is_child(from))
+            || self.finished_set.contains(&id)
+        {
+            return;
+        }
+        let Some(c) = self.collectives.get(&id) else {
+            return;
+        };
+        if result.is_none() && !self.returned {
+            // The broadcast brings it.
+            return;
+        }
+        let own = c.own;
+        let heard: Vec<Rank> = c
+            .data
+            .heard
+            .keys()
+            .copied()
+            .filter(|r| self.view.is_child(*r))
+            .collect();
+        for child in heard {
+            push_bounded(
+                &mut self.queued,
+                &mut self.stats,
+                Transmit {
+                    to: child,
+                    msg: AllgatherMsg::Outcome {
+                        id,
+                        result: result.clone(),
+                    },
+                },
+            );
+        }
+        match result {
+            Some(result) => self.handle_result(result),
+            None => {
+                self.collectives.remove(&id);
+                self.dirty.remove(&id);
+                if own {
+                    self.local = self.local.saturating_sub(1);
+                    self.events.push_back(AllgatherEvent::AllgatherLost { id });
+                }
+                self.remember_finished(id);
+            }
+        }
+    }
+
+    /// Answers `to`'s contribution or excuse for finished collective `id` from the cache.
+    fn answer_late(&mut self, to: Rank, id: u64) {
+        log::trace!("rank {}: allgather {id}: late from {to}", self.view.me);
+        let result = self
+            .results
+            .iter()
+            .find(|(r, _)| r.id == id)
+            .map(|(r, _)| r.clone());
+        if result.is_some() {
+            self.stats.answered_late += 1;
+        } else {
+            self.stats.answered_lost += 1;
+        }
+        push_bounded(
+            &mut self.queued,
+            &mut self.stats,
+            Transmit {
+                to,
+                msg: AllgatherMsg::Outcome { id, result },
+            },
+        );
     }
 
     /// Ask `child` to re-send under this daemon's view (once per view).
@@ -506,7 +788,7 @@ impl Allgather {
                 .filter(|r| !c.data.entries.contains_key(r))
                 .collect();
             for r in &excluded {
-                if !self.view.failed.contains(r) {
+                if !self.view.failed.contains(r) && !c.data.excused.contains(r) {
                     log::error!("allgather {id}: rank {r} is living but did not contribute");
                 }
             }
@@ -520,4 +802,22 @@ impl Allgather {
         self.events
             .push_back(AllgatherEvent::ResultReady { result });
     }
+}
+
+/// Queues `t`, dropping (and logging) the oldest at [`ALLGATHER_QUEUED_MAX`].
+fn push_bounded(
+    queued: &mut VecDeque<Transmit<AllgatherMsg>>,
+    stats: &mut AllgatherStats,
+    t: Transmit<AllgatherMsg>,
+) {
+    if queued.len() >= ALLGATHER_QUEUED_MAX
+        && let Some(old) = queued.pop_front()
+    {
+        stats.answers_dropped += 1;
+        log::warn!(
+            "allgather: too many messages queued; dropped one to rank {}",
+            old.to
+        );
+    }
+    queued.push_back(t);
 }

@@ -20,6 +20,9 @@ pub(crate) struct Gathering {
     pub entries: BTreeMap<Rank, Bytes>,
     /// Failed ranks without an entry, as reported from below.
     pub excluded: BTreeSet<Rank>,
+    /// Ranks not waited for in a later life: they died or returned while the collective was
+    /// in flight (here or where it was reported from). Only grows; kept through an overflow.
+    pub excused: BTreeSet<Rank>,
     /// Accounted bytes (see [`ALLGATHER_MAX_BYTES`]).
     bytes: usize,
     pub overflowed: bool,
@@ -76,6 +79,15 @@ impl Gathering {
         }
     }
 
+    /// `rank` is not waited for in a later life; `true` if that is news.
+    pub fn add_excused(&mut self, rank: Rank) -> bool {
+        if !self.excused.insert(rank) {
+            return false;
+        }
+        self.bytes = self.bytes.saturating_add(EXCLUDED_OVERHEAD);
+        true
+    }
+
     pub fn hear(&mut self, from: Rank, digest: u64) {
         if self.heard.insert(from, digest).is_none() {
             self.bytes = self.bytes.saturating_add(HEARD_OVERHEAD);
@@ -97,7 +109,11 @@ impl Gathering {
         self.overflowed = true;
         self.entries.clear();
         self.excluded.clear();
-        self.bytes = self.heard.len().saturating_mul(HEARD_OVERHEAD);
+        self.bytes = self
+            .heard
+            .len()
+            .saturating_mul(HEARD_OVERHEAD)
+            .saturating_add(self.excused.len().saturating_mul(EXCLUDED_OVERHEAD));
     }
 
     /// Follows a repair (the view already moved): `complete` keeps the children that are

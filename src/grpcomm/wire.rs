@@ -13,15 +13,19 @@
 //! | 5 | xcast `Resume` | `u64 from`, `u64 digest` |
 //! | 6 | xcast `Done` | `u64 request`, `u64 op` |
 //! | 7 | xcast `Refused` | `u64 request` |
-//! | 16 | allgather `Contribution` | `u64 id`, `u64 digest`, `u8 flags`, entries, excluded |
+//! | 16 | allgather `Contribution` | `u64 id`, `u64 digest`, `u8 flags`, entries, excluded, excused |
 //! | 17 | allgather `Sync` | `u64 digest` |
 //! | 18 | allgather result | `u64 id`, `u8 flags`, entries, excluded |
+//! | 19 | allgather `Excuse` | `u64 id`, excused |
+//! | 20 | allgather `Outcome` | `u64 id`, `u8 known`, then (if `known` is 1) a kind-18 result of the same id |
 //! | 32-34 | group collectives | see `wire/group.rs` |
 //!
 //! - entries: `u32 count`, then `count` x (`u32 rank`, `u32 len`, `len` bytes), ranks strictly
 //!   ascending;
 //! - excluded: `u32 count`, then `count` x `u32 rank`, strictly ascending, none of them among
 //!   the entries;
+//! - excused: `u32 count`, then `count` x `u32 rank`, strictly ascending (ranks a collective
+//!   does not wait for in a later life: see `super::allgather`, "Rejoins");
 //! - flags: bit 0 = overflowed (then there are no entries); the other bits must be zero.
 //!
 //! Operation ids and request ids start at 1; 0 is refused. `Request` and `Op` are written as a
@@ -42,6 +46,8 @@ const KIND_REFUSED: u8 = 7;
 const KIND_CONTRIBUTION: u8 = 16;
 const KIND_AG_SYNC: u8 = 17;
 const KIND_RESULT: u8 = 18;
+const KIND_EXCUSE: u8 = 19;
+const KIND_OUTCOME: u8 = 20;
 
 const FLAG_OVERFLOWED: u8 = 1;
 
@@ -141,6 +147,9 @@ pub struct Contribution {
     pub entries: Vec<(Rank, Bytes)>,
     /// Failed ranks the sender knows that have no entry, strictly ascending.
     pub excluded: Vec<Rank>,
+    /// Ranks the collective does not wait for in a later life (they died or returned while it
+    /// was in flight), strictly ascending.
+    pub excused: Vec<Rank>,
 }
 
 /// The allgather's messages (the result travels by xcast, see [`AllgatherResult`]).
@@ -150,6 +159,15 @@ pub enum AllgatherMsg {
     Contribution(Contribution),
     /// Parent to child: "re-send your finished contributions under view `digest`".
     Sync { digest: u64 },
+    /// Parent to child: collective `id` does not wait for these ranks' own contributions (they
+    /// returned while it was in flight); passed down towards them.
+    Excuse { id: u64, ranks: Vec<Rank> },
+    /// Parent to child: the answer to a contribution for a collective the parent has finished:
+    /// its result, or `None` when the parent no longer has it.
+    Outcome {
+        id: u64,
+        result: Option<AllgatherResult>,
+    },
 }
 
 /// The outcome of one allgather, built by rank 0 and broadcast with xcast.
@@ -228,6 +246,14 @@ pub(crate) fn put_entries(b: &mut BytesMut, entries: &[(Rank, Bytes)], excluded:
     }
     b.put_u32(u32::try_from(excluded.len()).unwrap_or(u32::MAX));
     for rank in excluded {
+        b.put_u32(*rank);
+    }
+}
+
+/// A list of distinct ranks: `u32 count`, then the ranks.
+fn put_ranks(b: &mut BytesMut, ranks: &[Rank]) {
+    b.put_u32(u32::try_from(ranks.len()).unwrap_or(u32::MAX));
+    for rank in ranks {
         b.put_u32(*rank);
     }
 }
@@ -361,12 +387,33 @@ impl AllgatherMsg {
     pub fn encode(&self) -> Bytes {
         match self {
             AllgatherMsg::Contribution(c) => {
-                let mut b = BytesMut::with_capacity(18 + entries_len(&c.entries, &c.excluded));
+                let mut b = BytesMut::with_capacity(
+                    22 + entries_len(&c.entries, &c.excluded) + 4 * c.excused.len(),
+                );
                 b.put_u8(KIND_CONTRIBUTION);
                 b.put_u64(c.id);
                 b.put_u64(c.digest);
                 b.put_u8(if c.overflowed { FLAG_OVERFLOWED } else { 0 });
                 put_entries(&mut b, &c.entries, &c.excluded);
+                put_ranks(&mut b, &c.excused);
+                b.freeze()
+            }
+            AllgatherMsg::Excuse { id, ranks } => {
+                let mut b = BytesMut::with_capacity(13 + 4 * ranks.len());
+                b.put_u8(KIND_EXCUSE);
+                b.put_u64(*id);
+                put_ranks(&mut b, ranks);
+                b.freeze()
+            }
+            AllgatherMsg::Outcome { id, result } => {
+                let body = result.as_ref().map(AllgatherResult::encode);
+                let mut b = BytesMut::with_capacity(10 + body.as_ref().map_or(0, Bytes::len));
+                b.put_u8(KIND_OUTCOME);
+                b.put_u64(*id);
+                b.put_u8(u8::from(body.is_some()));
+                if let Some(body) = body {
+                    b.put_slice(&body);
+                }
                 b.freeze()
             }
             AllgatherMsg::Sync { digest } => {
@@ -387,15 +434,37 @@ impl AllgatherMsg {
                 let digest = r.u64()?;
                 let overflowed = r.flags()?;
                 let (entries, excluded) = r.entries(size, overflowed)?;
+                let excused = r.ranks(size)?;
                 AllgatherMsg::Contribution(Contribution {
                     id,
                     digest,
                     overflowed,
                     entries,
                     excluded,
+                    excused,
                 })
             }
             KIND_AG_SYNC => AllgatherMsg::Sync { digest: r.u64()? },
+            KIND_EXCUSE => AllgatherMsg::Excuse {
+                id: r.u64()?,
+                ranks: r.ranks(size)?,
+            },
+            KIND_OUTCOME => {
+                let id = r.u64()?;
+                let result = match r.u8()? {
+                    0 => None,
+                    1 => {
+                        let rest = r.bytes(r.remaining())?;
+                        let result = AllgatherResult::decode(size, rest)?;
+                        if result.id != id {
+                            return Err(WireError::Invalid("outcome of another collective"));
+                        }
+                        Some(result)
+                    }
+                    _ => return Err(WireError::Invalid("unknown outcome flag")),
+                };
+                AllgatherMsg::Outcome { id, result }
+            }
             other => return Err(WireError::UnknownKind(other)),
         };
         r.finish()?;
@@ -510,6 +579,17 @@ impl Reader {
         }
         *last = Some(rank);
         Ok(rank)
+    }
+
+    /// A list of ranks, strictly ascending, each below `size`.
+    fn ranks(&mut self, size: u32) -> Result<Vec<Rank>, WireError> {
+        let n = self.count(size, 4)?;
+        let mut ranks = Vec::with_capacity(n);
+        let mut last = None;
+        for _ in 0..n {
+            ranks.push(self.ascending(size, &mut last)?);
+        }
+        Ok(ranks)
     }
 
     /// An entries list then an excluded list (see the module header). An overflowed message

@@ -410,6 +410,7 @@ impl Node {
                 overflowed: true,
                 entries: Vec::new(),
                 excluded: Vec::new(),
+                excused: c.excused.clone(),
             })
             .encode();
         }
@@ -678,6 +679,13 @@ impl Node {
                 self.out.push_back(Output::AllgatherDone {
                     id: result.id,
                     result: Ok(result),
+                });
+            }
+            AllgatherEvent::AllgatherLost { id } => {
+                self.gathering.remove(&id);
+                self.out.push_back(Output::AllgatherDone {
+                    id,
+                    result: Err(SendError::ResultLost),
                 });
             }
         }

@@ -524,7 +524,7 @@ impl Node {
         // broadcast stream starts after the admission's operation and every neighbour is new.
         let limits = super::xcast_limits(self.msg_max_bytes);
         self.xcast = Xcast::rejoined(&self.routing, limits, w.op);
-        self.allgather = Allgather::new(&self.routing);
+        self.allgather = Allgather::rejoined(&self.routing);
         self.group = GroupGather::new(&self.routing);
         self.wire = Wire::Wired;
         self.settled = false;

@@ -92,8 +92,10 @@ pub struct Checker {
     pub requests: HashMap<(Rank, u64), bool>,
     /// Allgather id -> the result as first seen.
     pub results: HashMap<u64, AllgatherResult>,
-    /// (rank, id) results delivered.
+    /// (rank, id) results delivered (to the rank's current life).
     pub got_result: HashSet<(Rank, u64)>,
+    /// (rank, id) allgathers that ended `ResultLost` (at a restarted rank's current life).
+    pub lost_result: HashSet<(Rank, u64)>,
     /// Allgather results delivered.
     pub gathers: u64,
     /// Ranks started again (the `rejoin` kind).
@@ -137,6 +139,9 @@ impl Checker {
         self.tokens
             .retain(|t, (o, _, _)| *o != rank || completed.contains(t));
         self.last_op.remove(&rank);
+        // Its new life contributes to the allgathers again and gets their results afresh.
+        self.got_result.retain(|(r, _)| *r != rank);
+        self.lost_result.retain(|(r, _)| *r != rank);
         // Its old life's broadcast requests never finish; the new life numbers from 1 again.
         self.requests.retain(|(o, _), _| *o != rank);
     }
@@ -353,10 +358,27 @@ impl Checker {
         Ok(())
     }
 
+    /// `at`'s allgather `id` ended `ResultLost`: only a restarted rank's, and only once.
+    pub fn gather_lost(&mut self, at: Rank, id: u64) -> Result<(), Violation> {
+        if !self.restarted.contains(&at) {
+            return Err(v(
+                "allgather",
+                format!("rank {at}: allgather {id} lost in a first life"),
+            ));
+        }
+        if self.got_result.contains(&(at, id)) || !self.lost_result.insert((at, id)) {
+            return Err(v(
+                "allgather",
+                format!("rank {at}: allgather {id} ended twice"),
+            ));
+        }
+        Ok(())
+    }
+
     /// `at` got an allgather result.
     pub fn gathered(&mut self, at: Rank, g: &AllgatherResult, size: u32) -> Result<(), Violation> {
         self.gathers += 1;
-        if !self.got_result.insert((at, g.id)) {
+        if self.lost_result.contains(&(at, g.id)) || !self.got_result.insert((at, g.id)) {
             return Err(v(
                 "allgather",
                 format!("rank {at}: result of {} delivered twice", g.id),
@@ -428,7 +450,9 @@ impl Checker {
                 ));
             }
             for id in 1..=gathers {
-                if !self.got_result.contains(&(n.rank, id)) {
+                if !self.got_result.contains(&(n.rank, id))
+                    && !self.lost_result.contains(&(n.rank, id))
+                {
                     return Err(v(
                         "allgather",
                         format!("rank {} never got the result of {id}", n.rank),
@@ -451,7 +475,8 @@ impl Checker {
                 let _ = r;
             }
             for x in &g.excluded {
-                if living(*x) {
+                // A restarted rank is excused from what was in flight at its return.
+                if living(*x) && !self.restarted.contains(x) {
                     return Err(v(
                         "allgather",
                         format!("result of {}: living rank {x} excluded", g.id),

@@ -142,6 +142,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            return_gathers: false,
         },
         found: "simulator (strangers' runs): a daemon that died with its dial proved and admitted \
                 by the peer stayed recorded as redialling for ever, so the run never went quiet",
@@ -168,6 +169,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            return_gathers: false,
         },
         found: "flow: a daemon not scheduled for longer than FLOW_STUCK_MS made its neighbours' \
                 queues towards it count as stuck, so they read on and filled those queues to \
@@ -196,6 +198,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            return_gathers: false,
         },
         found: "direct links: a daemon that could not dial its peer gave the link up alone; the \
                 peer went on sending reliable messages on it, and the acknowledgements went back \
@@ -225,6 +228,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            return_gathers: false,
         },
         found: "direct links (an overload run with short request times): a grant expired \
                 unswitched, the two daemons opened a new link on the same connection, and the \
@@ -255,6 +259,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            return_gathers: false,
         },
         found: "streams: a dropped connection lost a stream's chunks and its End came after on \
                 a new one; the consumer failed the stream (a protocol error: ended at 1530, \
@@ -282,6 +287,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            return_gathers: false,
         },
         found: "direct links: a request delayed past direct_request_ms was given up; the \
                 grant came later and the grantor wrote on the link at once, so the requester \
@@ -311,6 +317,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            return_gathers: false,
         },
         found: "direct links: the same race as seed 358 with a radix of 8, and a grant given \
                 up unswitched: the grantor must never read what the requester wrote on the \

@@ -64,6 +64,8 @@ pub struct SimNode {
     pub bcast_done: Vec<(u64, Option<u64>)>,
     /// Allgather results delivered here.
     pub gathered: Vec<AllgatherResult>,
+    /// Allgathers that ended `ResultLost` here (a returned daemon's, finished before it).
+    pub gather_lost: Vec<u64>,
     /// Group collectives ended here: (token, outcome).
     pub group_done: Vec<(u64, Result<AllgatherResult, SendError>)>,
     /// Data-exchange gets answered here: (token, answer).
@@ -215,6 +217,7 @@ impl SimNode {
             bcasts: Vec::new(),
             bcast_done: Vec::new(),
             gathered: Vec::new(),
+            gather_lost: Vec::new(),
             group_done: Vec::new(),
             got: Vec::new(),
             client_events: Vec::new(),
@@ -559,6 +562,7 @@ impl SimNode {
                 Output::AllgatherDone { id, result } => match result {
                     Ok(r) => self.gathered.push(r),
                     Err(SendError::ShutDown) if self.node.stopping().is_some() => {}
+                    Err(SendError::ResultLost) => self.gather_lost.push(id),
                     Err(e) => self.errors.push(format!("allgather {id} failed: {e}")),
                 },
                 Output::GroupDone { token, result } => self.group_done.push((token, result)),

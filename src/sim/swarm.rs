@@ -64,17 +64,20 @@ pub struct FaultKinds {
     /// Dead daemons (crashed, or fenced after being declared dead) are started again under
     /// a new incarnation and rejoin (issue "Rejoin"): some twice at once, some die again while
     /// being admitted, some too early (refused while their death is not yet confirmed, then
-    /// tried again). Such runs have no allgathers (collectives in flight across a rejoin are
-    /// the next step of that issue).
+    /// tried again). A restarted daemon's application contributes again to every allgather
+    /// of the run (see `return_gathers`).
     pub rejoin: bool,
     /// The DVM starts with room to grow (issue "Rejoin and grow"): only ranks below a random
     /// initial size run at first; the others are absent (failed from epoch 0) and most join
-    /// during the run as a restarted daemon rejoins. Such runs have no allgathers either.
+    /// during the run as a restarted daemon rejoins.
     pub grow: bool,
     /// Daemons leave the DVM in order (`Node::leave`, shrink) at random times: every daemon
-    /// must repair around them with no failure reported, and they must stop `Left`. Such runs
-    /// have no allgathers either.
+    /// must repair around them with no failure reported, and they must stop `Left`.
     pub leave: bool,
+    /// Not a kind one names: allgathers run in seeds that restart, grow or leave too (set by
+    /// [`FaultKinds::parse`] and in `ALL`). Off in the regression seeds found before they did,
+    /// which so keep exactly their scenarios.
+    pub return_gathers: bool,
 }
 
 impl FaultKinds {
@@ -99,6 +102,7 @@ impl FaultKinds {
         rejoin: false,
         grow: false,
         leave: false,
+        return_gathers: true,
     };
 
     /// No kind at all (a base for spelling a seed's kinds out).
@@ -120,6 +124,7 @@ impl FaultKinds {
         rejoin: false,
         grow: false,
         leave: false,
+        return_gathers: false,
     };
 
     /// Every kind the simulator had before group collectives: the seeds found with "all"
@@ -153,6 +158,7 @@ impl FaultKinds {
         rejoin: false,
         grow: false,
         leave: false,
+        return_gathers: false,
     };
 
     /// Parses a comma-separated list (`crash,link,stall,partition,delay,stale,dup,stranger,direct,overload`,
@@ -187,6 +193,7 @@ impl FaultKinds {
                 }
             }
         }
+        k.return_gathers = true;
         Ok(k)
     }
 
@@ -677,7 +684,7 @@ impl Scenario {
         let mut gathers = gathers;
         if kinds.rejoin && capacity.is_none() {
             let restarts = restart_plan(seed, size, safety_us, &faults);
-            if !restarts.is_empty() {
+            if !restarts.is_empty() && !kinds.return_gathers {
                 gathers = 0;
             }
             faults.extend(restarts);
@@ -685,7 +692,7 @@ impl Scenario {
         // Leave: a stream of its own.
         if kinds.leave && capacity.is_none() {
             let leaves = leave_plan(seed, size, safety_us);
-            if !leaves.is_empty() {
+            if !leaves.is_empty() && !kinds.return_gathers {
                 gathers = 0;
             }
             faults.extend(leaves);
@@ -696,7 +703,9 @@ impl Scenario {
             let (start, joins) = grow_plan(seed, size, safety_us);
             if start < size {
                 initial = start;
-                gathers = 0;
+                if !kinds.return_gathers {
+                    gathers = 0;
+                }
                 faults.extend(joins);
             }
         }

@@ -334,6 +334,8 @@ pub struct World {
     relm_cfg: RelmConfig,
     /// The `rejoin` kind's restarts (`rejoin.rs`).
     restarts: rejoin::Restarts,
+    /// (rank, allgather id) contributed to by the rank's current life.
+    contributed: HashSet<(Rank, u64)>,
 }
 
 impl World {
@@ -444,6 +446,7 @@ impl World {
             sweep: None,
             relm_cfg: cfg,
             restarts: rejoin::Restarts::default(),
+            contributed: HashSet::new(),
         };
         w.check.plain_order = w.scen.keeps_plain_order();
         if let Some(cap) = w.scen.capacity {
@@ -1026,9 +1029,22 @@ impl World {
             Ev::ClientSend { id, .. } => self.on_client_send(id)?,
             Ev::ClientExit { client, .. } => self.on_client_exit(client)?,
             Ev::Contribute { rank, id } => {
-                if !self.living(rank) || self.leaving(rank) {
+                // An application contributes once per life, and not to a collective whose result
+                // it already has.
+                if !self.living(rank)
+                    || self.leaving(rank)
+                    || self.contributed.contains(&(rank, id))
+                    || self.check.got_result.contains(&(rank, id))
+                    || self.check.lost_result.contains(&(rank, id))
+                {
                     return Ok(());
                 }
+                if !self.settled(rank) {
+                    // A restarted daemon's application waits until it is wired.
+                    self.push(self.now_us + 200_000, Ev::Contribute { rank, id });
+                    return Ok(());
+                }
+                self.contributed.insert((rank, id));
                 if let Some(n) = self.nodes.get_mut(rank as usize)
                     && let Err(e) = n.contribute(now, id, check::contribution(rank, id))
                 {
@@ -1163,6 +1179,7 @@ impl World {
         let bcasts = std::mem::take(&mut n.bcasts);
         let bcast_done = std::mem::take(&mut n.bcast_done);
         let gathered = std::mem::take(&mut n.gathered);
+        let gather_lost = std::mem::take(&mut n.gather_lost);
         let group_done = std::mem::take(&mut n.group_done);
         let got = std::mem::take(&mut n.got);
         let client_events = std::mem::take(&mut n.client_events);
@@ -1229,6 +1246,9 @@ impl World {
         }
         for g in &gathered {
             self.check.gathered(r, g, self.nodes.len() as u32)?;
+        }
+        for id in gather_lost {
+            self.check.gather_lost(r, id)?;
         }
         // Fences that ended make gets, whose outputs are taken once this input's are out.
         let groups_acted =

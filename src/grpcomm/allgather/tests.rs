@@ -70,6 +70,7 @@ fn a_subtree_is_sent_once_complete_and_duplicates_are_idempotent() {
         overflowed: false,
         entries: vec![(3, Bytes::from_static(b"three"))],
         excluded: vec![],
+        excused: vec![],
     };
     one.handle_msg(3, AllgatherMsg::Contribution(from3.clone()));
     one.handle_msg(3, AllgatherMsg::Contribution(from3));
@@ -87,6 +88,7 @@ fn a_subtree_is_sent_once_complete_and_duplicates_are_idempotent() {
                     (3, Bytes::from_static(b"three"))
                 ],
                 excluded: vec![],
+                excused: vec![],
             })
         }]
     );
@@ -106,6 +108,7 @@ fn rank_zero_names_the_ranks_that_failed_before_contributing() {
             overflowed: false,
             entries: vec![(1, Bytes::new()), (3, Bytes::new())],
             excluded: vec![],
+            excused: vec![],
         }),
     );
     assert!(ready(&events(&mut zero)).is_empty());
@@ -129,6 +132,7 @@ fn a_contribution_under_another_view_is_not_counted_until_resent() {
         overflowed: false,
         entries: vec![(1, Bytes::new())],
         excluded: vec![],
+        excused: vec![],
     };
     zero.handle_msg(1, AllgatherMsg::Contribution(stale));
     zero.handle_msg(
@@ -139,6 +143,7 @@ fn a_contribution_under_another_view_is_not_counted_until_resent() {
             overflowed: false,
             entries: vec![(2, Bytes::new())],
             excluded: vec![],
+            excused: vec![],
         }),
     );
     assert!(ready(&events(&mut zero)).is_empty());
@@ -179,6 +184,7 @@ fn a_link_that_lost_messages_is_restated() {
             overflowed: false,
             entries: vec![(2, Bytes::new())],
             excluded: vec![],
+            excused: vec![],
         }),
     );
     one.barrier(4).unwrap();
@@ -205,6 +211,7 @@ fn a_link_that_lost_messages_is_restated() {
             overflowed: false,
             entries: vec![(1, Bytes::new())],
             excluded: vec![],
+            excused: vec![],
         }),
     );
     let digest = zero.view.digest;
@@ -264,6 +271,7 @@ fn bounds_are_errors_or_overflow() {
             overflowed: false,
             entries: vec![],
             excluded: vec![],
+            excused: vec![],
         }),
     );
     assert_eq!(zero.stats().late, 1);

@@ -35,6 +35,7 @@ fn allgather_samples() -> Vec<AllgatherMsg> {
             overflowed: false,
             entries: vec![(0, Bytes::from_static(b"a")), (2, Bytes::new())],
             excluded: vec![1, 3],
+            excused: vec![5],
         }),
         AllgatherMsg::Contribution(Contribution {
             id: 0,
@@ -42,8 +43,21 @@ fn allgather_samples() -> Vec<AllgatherMsg> {
             overflowed: true,
             entries: vec![],
             excluded: vec![],
+            excused: vec![],
         }),
         AllgatherMsg::Sync { digest: 5 },
+        AllgatherMsg::Excuse {
+            id: 7,
+            ranks: vec![2, 6],
+        },
+        AllgatherMsg::Outcome {
+            id: 4,
+            result: Some(result_sample()),
+        },
+        AllgatherMsg::Outcome {
+            id: 9,
+            result: None,
+        },
     ]
 }
 
@@ -79,14 +93,25 @@ fn documented_layouts() {
         overflowed: false,
         entries: vec![(3, Bytes::from_static(b"z"))],
         excluded: vec![4],
+        excused: vec![5],
     });
     assert_eq!(
         c.encode().as_ref(),
         [
             16, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0,
-            1, b'z', 0, 0, 0, 1, 0, 0, 0, 4
+            1, b'z', 0, 0, 0, 1, 0, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 5
         ]
     );
+    let e = AllgatherMsg::Excuse {
+        id: 1,
+        ranks: vec![3],
+    };
+    assert_eq!(
+        e.encode().as_ref(),
+        [19, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 3]
+    );
+    let lost = AllgatherMsg::Outcome { id: 2, result: None };
+    assert_eq!(lost.encode().as_ref(), [20, 0, 0, 0, 0, 0, 0, 0, 2, 0]);
 }
 
 #[test]
@@ -150,6 +175,7 @@ fn bad_fields_are_errors() {
             overflowed,
             entries,
             excluded,
+            excused: vec![],
         })
         .encode()
     };

@@ -124,6 +124,13 @@ impl World {
         self.redialing.retain(|(a, b)| *a != rank && *b != rank);
         self.conn_lost.retain(|(a, b)| *a != rank && *b != rank);
         self.check.forget_rank(rank);
+        // Its application knows nothing of the allgathers: it contributes to each again (those
+        // finished before its return end with their result or `ResultLost`).
+        self.contributed.retain(|(r, _)| *r != rank);
+        for id in 1..=self.scen.gathers {
+            let at = self.now_us + self.rng.range(0, self.scen.safety_us / 4 + 1);
+            self.push(at, Ev::Contribute { rank, id });
+        }
         self.restarts.rejoining.insert(rank, attempt);
         self.restarts.restarted += 1;
         self.after(rank)
