@@ -254,7 +254,8 @@ typedef enum {
   // Groups: this daemon, the broadcast's root, or the rank a `tbon_get` asks, is not a
   // member of the group.
   TBON_ERR_NOT_MEMBER = 22,
-  // Groups: the collective ended without its result at this member (after a repair, every
+  // Collectives: the collective ended without its result at this member (after a repair,
+  // or on a daemon that rejoined for a collective finished before it was admitted, every
   // daemon its late contribution reached had already forgotten the result; the other
   // members may have it).
   TBON_ERR_RESULT_LOST = 23,
@@ -420,7 +421,9 @@ typedef struct {
 // bytes they point to, are valid only during the call. Otherwise the arrays are NULL and the
 // counts 0: `TBON_ERR_TOO_LARGE` (the gathered bytes exceeded the bound: the collective
 // overflowed everywhere), `TBON_ERR_DUPLICATE` (this daemon already used `id`),
-// `TBON_ERR_BUSY` (too many collectives in flight here), `TBON_ERR_SHUT_DOWN`.
+// `TBON_ERR_BUSY` (too many collectives in flight here), `TBON_ERR_RESULT_LOST` (only on a
+// daemon that rejoined or joined, for a collective that finished before it was admitted and
+// whose result no daemon it asked still had), `TBON_ERR_SHUT_DOWN`.
 typedef void (*tbon_allgather_cb)(tbon_rc rc,
                                   uint64_t id,
                                   const tbon_contribution *contributions,

@@ -47,9 +47,11 @@ pub enum SendError {
     /// API misuse: this daemon (the rank given) is not a member of the group it called a group
     /// collective on.
     NotMember(Rank),
-    /// A group collective ended without its result: the result was forgotten by every daemon
-    /// this member's late contribution reached (after a repair, beyond the bounded caches of
-    /// recent results, `limits::GROUP_RESULTS_CACHED_MAX`). The other members may have it.
+    /// A collective ended without its result: the result was forgotten by every daemon this
+    /// member's late contribution reached (after a repair, beyond the bounded caches of recent
+    /// results, `limits::GROUP_RESULTS_CACHED_MAX`). The other members may have it. For the
+    /// DVM-wide allgather and barrier, only on a daemon that rejoined or joined, for a
+    /// collective finished before its admission (`limits::ALLGATHER_RESULTS_CACHED_MAX`).
     ResultLost,
     /// The members of a group called different collectives under one number (another kind,
     /// another broadcast root or another fence mode): every member ends it with this. The
@@ -108,8 +110,8 @@ impl fmt::Display for SendError {
             ),
             SendError::ResultLost => write!(
                 f,
-                "the group collective's result was lost after a repair (no daemon on the way \
-                 still held it)"
+                "the collective's result was lost after a repair or a rejoin (no daemon on the \
+                 way still held it)"
             ),
         }
     }

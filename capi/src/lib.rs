@@ -104,7 +104,8 @@ pub enum tbon_rc {
     /// Groups: this daemon, the broadcast's root, or the rank a `tbon_get` asks, is not a
     /// member of the group.
     TBON_ERR_NOT_MEMBER = 22,
-    /// Groups: the collective ended without its result at this member (after a repair, every
+    /// Collectives: the collective ended without its result at this member (after a repair,
+    /// or on a daemon that rejoined for a collective finished before it was admitted, every
     /// daemon its late contribution reached had already forgotten the result; the other
     /// members may have it).
     TBON_ERR_RESULT_LOST = 23,
@@ -980,7 +981,7 @@ pub extern "C" fn tbon_strerror(rc: c_int) -> *const c_char {
         20 => c"the stream was idle too long",
         21 => c"the credential was refused",
         22 => c"not a member of the group",
-        23 => c"the group collective's result was lost",
+        23 => c"the collective's result was lost",
         24 => c"no such key",
         25 => c"the group's members called different collectives",
         26 => c"no such client",
@@ -1833,7 +1834,9 @@ pub struct tbon_contribution {
 /// bytes they point to, are valid only during the call. Otherwise the arrays are NULL and the
 /// counts 0: `TBON_ERR_TOO_LARGE` (the gathered bytes exceeded the bound: the collective
 /// overflowed everywhere), `TBON_ERR_DUPLICATE` (this daemon already used `id`),
-/// `TBON_ERR_BUSY` (too many collectives in flight here), `TBON_ERR_SHUT_DOWN`.
+/// `TBON_ERR_BUSY` (too many collectives in flight here), `TBON_ERR_RESULT_LOST` (only on a
+/// daemon that rejoined or joined, for a collective that finished before it was admitted and
+/// whose result no daemon it asked still had), `TBON_ERR_SHUT_DOWN`.
 pub type tbon_allgather_cb = Option<
     unsafe extern "C" fn(
         rc: tbon_rc,

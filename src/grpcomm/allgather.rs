@@ -518,7 +518,10 @@ impl Allgather {
                 continue;
             }
             c.excuses_sent.insert(child, mark);
-            log::trace!("rank {}: allgather {id}: excuse {living:?} to {child}", view.me);
+            log::trace!(
+                "rank {}: allgather {id}: excuse {living:?} to {child}",
+                view.me
+            );
             self.stats.excuses_sent += 1;
             push_bounded(
                 &mut self.queued,

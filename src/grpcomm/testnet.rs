@@ -439,6 +439,9 @@ impl Sim {
                         self.results_to_send.push_back(result.encode());
                     }
                     AllgatherEvent::AllgatherDone { result } => node.ag_done.push(result),
+                    AllgatherEvent::AllgatherLost { id } => {
+                        panic!("rank {r}: allgather {id} lost in a first life")
+                    }
                 }
             }
             if r == 0 && !self.results_to_send.is_empty() {

@@ -326,7 +326,7 @@ impl Node {
         let epoch = self.epoch;
         log::info!(
             "rank 0: admitting rank {from} {} (incarnation {incarnation}) in epoch {epoch}",
-            if self.life_of(from) == 0 && !self.incarnations.contains_key(&from) {
+            if self.life_of(from) == 0 && from >= self.initial_size {
                 "(joining: room to grow)"
             } else {
                 "back"

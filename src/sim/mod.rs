@@ -538,6 +538,18 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         },
         found: "grow: a daemon that skipped a stale restore named the death as of the last life it had restored (none), and its child, which had applied the restore, took the death for older news (deaths are now passed on with the latest life known to have died)",
     },
+    RegressionSeed {
+        seed: 178,
+        daemons: 11,
+        radix: 4,
+        faults: FaultKinds {
+            crash: true,
+            rejoin: true,
+            return_gathers: true,
+            ..FaultKinds::NONE
+        },
+        found: "rejoin: a returned daemon whose application contributed to an allgather finished before its return waited for ever for its child, which had the result and sent nothing (a returned daemon now asks the children it waits for, and one that finished answers with the result)",
+    },
 ];
 
 /// The kinds of the rejoin seeds found mixed with link, stall, partition, delay, stale and dup.

@@ -254,6 +254,7 @@ fn bounds_are_errors_or_overflow() {
                     vec![]
                 },
                 excluded: vec![],
+                excused: vec![],
             }),
         );
     }
@@ -463,4 +464,142 @@ fn sim_staggered_crash_during_repair() {
         Repairs::Staggered,
         true,
     );
+}
+
+/// Delivers every transmit of `from` to its destination among `cores` (by rank), until no
+/// core has anything left to send.
+fn exchange(cores: &mut [(Rank, &mut Allgather)]) {
+    for _ in 0..100 {
+        let mut moved = false;
+        for i in 0..cores.len() {
+            let from = cores[i].0;
+            let out = transmits(cores[i].1);
+            for t in out {
+                moved = true;
+                if let Some((_, dst)) = cores.iter_mut().find(|(r, _)| *r == t.to) {
+                    dst.handle_msg(from, t.msg);
+                }
+            }
+        }
+        if !moved {
+            return;
+        }
+    }
+    panic!("the cores never went quiet");
+}
+
+fn routing(radix: u32, size: u32, me: Rank) -> RoutingState {
+    RoutingState::new(radix, size, 0)
+        .unwrap()
+        .as_seen_by(me)
+        .unwrap()
+}
+
+#[test]
+fn a_returned_rank_is_excused_from_what_was_in_flight() {
+    // Ranks 0, 1, 2 (radix 2): rank 1 dies while collective 7 is in flight and returns.
+    let mut r0 = routing(2, 3, 0);
+    let mut r2 = routing(2, 3, 2);
+    let mut a0 = Allgather::new(&r0);
+    let mut a2 = Allgather::new(&r2);
+    a2.contribute(7, data(2, 7)).unwrap();
+    exchange(&mut [(0, &mut a0), (2, &mut a2)]);
+    for (state, core) in [(&mut r0, &mut a0), (&mut r2, &mut a2)] {
+        let status = state.fail(&[1], Scope::Global, Some(1)).unwrap();
+        core.handle_repair(&status);
+        let status = state.restore(&[1], Scope::Global, Some(2)).unwrap();
+        core.handle_repair(&status);
+    }
+    // Its new life knows nothing of collective 7, and its application never contributes.
+    let mut a1 = Allgather::rejoined(&routing(2, 3, 1));
+    a0.contribute(7, data(0, 7)).unwrap();
+    exchange(&mut [(0, &mut a0), (1, &mut a1), (2, &mut a2)]);
+    let results = ready(&events(&mut a0));
+    assert_eq!(results.len(), 1, "rank 0 waited for the returned rank");
+    assert_eq!(results[0].excluded, vec![1]);
+    assert_eq!(results[0].ranks().collect::<Vec<_>>(), vec![0, 2]);
+    assert!(a0.stats().excuses_sent >= 1);
+    // A collective started after the return waits for it.
+    a0.contribute(8, data(0, 8)).unwrap();
+    a2.contribute(8, data(2, 8)).unwrap();
+    exchange(&mut [(0, &mut a0), (1, &mut a1), (2, &mut a2)]);
+    assert!(ready(&events(&mut a0)).is_empty());
+    a1.contribute(8, data(1, 8)).unwrap();
+    exchange(&mut [(0, &mut a0), (1, &mut a1), (2, &mut a2)]);
+    let results = ready(&events(&mut a0));
+    assert_eq!(results.len(), 1);
+    assert!(results[0].excluded.is_empty());
+}
+
+#[test]
+fn a_returned_rank_gets_a_result_it_missed_from_its_parent_or_its_child() {
+    // Ranks 0..7 (radix 2): 0 -> 1, 2; 1 -> 3, 4; 3 -> 7. Collective 5 finished everywhere
+    // before rank 1 and rank 3 returned; their applications contribute again.
+    let result = AllgatherResult {
+        id: 5,
+        overflowed: false,
+        contributions: (0..8).map(|r| (r, data(r, 5))).collect(),
+        excluded: vec![],
+    };
+    let mut a0 = Allgather::new(&routing(2, 8, 0));
+    let mut a7 = Allgather::new(&routing(2, 8, 7));
+    for core in [&mut a0, &mut a7] {
+        core.handle_result(result.clone());
+        events(core);
+    }
+    let mut a3 = Allgather::rejoined(&routing(2, 8, 3));
+    // Rank 3 asks its child 7, which answers from its cache.
+    a3.contribute(5, data(3, 5)).unwrap();
+    exchange(&mut [(3, &mut a3), (7, &mut a7)]);
+    let done = events(&mut a3);
+    assert!(
+        matches!(&done[..], [AllgatherEvent::AllgatherDone { result: r }] if *r == result),
+        "{done:?}"
+    );
+    // Rank 1 (a leaf here: rank 4 never contributed) sends up; rank 0 answers it late.
+    let mut leaf = Allgather::rejoined(&routing(2, 2, 1));
+    let mut root = Allgather::new(&routing(2, 2, 0));
+    root.handle_result(AllgatherResult {
+        id: 5,
+        overflowed: false,
+        contributions: vec![(0, data(0, 5)), (1, data(1, 5))],
+        excluded: vec![],
+    });
+    events(&mut root);
+    leaf.contribute(5, data(1, 5)).unwrap();
+    exchange(&mut [(0, &mut root), (1, &mut leaf)]);
+    assert!(matches!(
+        &events(&mut leaf)[..],
+        [AllgatherEvent::AllgatherDone { .. }]
+    ));
+    assert_eq!(root.stats().answered_late, 1);
+    // A result no longer cached: the returned daemon's collective is lost, not hung.
+    for id in 100..100 + ALLGATHER_RESULTS_CACHED_MAX as u64 {
+        root.handle_result(AllgatherResult {
+            id,
+            ..AllgatherResult::default()
+        });
+    }
+    root.handle_result(AllgatherResult {
+        id: 6,
+        ..AllgatherResult::default()
+    });
+    for id in 200..200 + ALLGATHER_RESULTS_CACHED_MAX as u64 {
+        root.handle_result(AllgatherResult {
+            id,
+            ..AllgatherResult::default()
+        });
+    }
+    events(&mut root);
+    leaf.contribute(6, data(1, 6)).unwrap();
+    exchange(&mut [(0, &mut root), (1, &mut leaf)]);
+    assert_eq!(
+        events(&mut leaf),
+        vec![AllgatherEvent::AllgatherLost { id: 6 }]
+    );
+    // A daemon in its first life waits for the broadcast instead.
+    let mut first = Allgather::new(&routing(2, 2, 1));
+    first.contribute(6, data(1, 6)).unwrap();
+    exchange(&mut [(0, &mut root), (1, &mut first)]);
+    assert!(events(&mut first).is_empty());
 }

@@ -110,7 +110,10 @@ fn documented_layouts() {
         e.encode().as_ref(),
         [19, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 3]
     );
-    let lost = AllgatherMsg::Outcome { id: 2, result: None };
+    let lost = AllgatherMsg::Outcome {
+        id: 2,
+        result: None,
+    };
     assert_eq!(lost.encode().as_ref(), [20, 0, 0, 0, 0, 0, 0, 0, 2, 0]);
 }
 
@@ -264,4 +267,31 @@ proptest! {
             let _ = AllgatherResult::decode(size, short);
         }
     }
+}
+
+#[test]
+fn an_outcome_must_carry_its_own_collective() {
+    let mut frame = AllgatherMsg::Outcome {
+        id: 4,
+        result: Some(result_sample()),
+    }
+    .encode()
+    .to_vec();
+    // The id in front says 5, the result inside says 4.
+    frame[8] = 5;
+    assert_eq!(
+        AllgatherMsg::decode(8, Bytes::from(frame)),
+        Err(WireError::Invalid("outcome of another collective"))
+    );
+    let mut flag = AllgatherMsg::Outcome {
+        id: 4,
+        result: None,
+    }
+    .encode()
+    .to_vec();
+    flag[9] = 2;
+    assert_eq!(
+        AllgatherMsg::decode(8, Bytes::from(flag)),
+        Err(WireError::Invalid("unknown outcome flag"))
+    );
 }
