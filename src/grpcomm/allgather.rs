@@ -50,7 +50,10 @@
 //! from its bounded cache ([`ALLGATHER_RESULTS_CACHED_MAX`]), or "unknown". The receiver passes
 //! the result on to the children it heard from. A daemon in its first life ignores "unknown"
 //! (the broadcast reaches it); a returned one ends its collective with
-//! [`AllgatherEvent::AllgatherLost`].
+//! [`AllgatherEvent::AllgatherLost`]. A late contribution is answered whoever sent it (a daemon
+//! whose repair made this one its parent before this one's did); an `Excuse` with no ranks is
+//! how a returned daemon asks the children it waits for, and a child that gets the result only
+//! later (from below, or by the broadcast) then passes it up to the parent that asked.
 //!
 //! # Bounds
 //! [`ALLGATHER_INFLIGHT_MAX`] own contributions without a result (`TooMany`),
@@ -164,6 +167,9 @@ struct Collective {
     result_emitted: bool,
     /// Per child: (view digest, excused ranks) at the last `Excuse` sent to it.
     excuses_sent: BTreeMap<Rank, (u64, usize)>,
+    /// The parent sent an `Excuse`: it waits for this daemon, and may have returned after
+    /// the result's broadcast, so the result goes to it too once it arrives here.
+    asked: bool,
 }
 
 /// One daemon's allgather core. See the module documentation for the protocol and
@@ -331,10 +337,25 @@ impl Allgather {
             self.stats.duplicate_results += 1;
             return;
         }
-        if let Some(c) = self.collectives.remove(&id)
-            && c.own
-        {
-            self.local = self.local.saturating_sub(1);
+        if let Some(c) = self.collectives.remove(&id) {
+            if c.own {
+                self.local = self.local.saturating_sub(1);
+            }
+            if c.asked
+                && let Some(parent) = self.view.parent
+            {
+                push_bounded(
+                    &mut self.queued,
+                    &mut self.stats,
+                    Transmit {
+                        to: parent,
+                        msg: AllgatherMsg::Outcome {
+                            id,
+                            result: Some(result.clone()),
+                        },
+                    },
+                );
+            }
         }
         self.dirty.remove(&id);
         self.remember_finished(id);
@@ -399,6 +420,12 @@ impl Allgather {
         if self.view.dead {
             return;
         }
+        if change.view_changed {
+            // A digest recurs when a rank returns (the failed set is back to an earlier one):
+            // a `Sync` sent under an earlier view of the same digest must not stop this view's
+            // (seed 12098).
+            self.synced.clear();
+        }
         let view = &self.view;
         let digest = view.digest;
         let mut wanted: BTreeSet<Rank> = BTreeSet::new();
@@ -406,6 +433,11 @@ impl Allgather {
             // A rank back in the tree: this collective does not wait for its new life.
             for &r in &status.restored {
                 c.data.add_excused(r);
+            }
+            if change.view_changed {
+                // A digest recurs when a rank returns (the failed set is back to an earlier
+                // one): what was told under it before is not news of this view.
+                c.excuses_sent.clear();
             }
             c.excuses_sent
                 .retain(|r, _| view.is_child(*r) && !change.new_children.contains(r));
@@ -592,9 +624,9 @@ impl Allgather {
         self.stats.received += 1;
         if self.finished_set.contains(&id) {
             self.stats.late += 1;
-            if self.view.is_child(from) {
-                self.answer_late(from, id);
-            }
+            // Whoever sent it (a child, or a daemon whose repair made this one its parent
+            // first) may never get the broadcast: it answers only its parent's or child's.
+            self.answer_late(from, id);
             return;
         }
         if !self.collectives.contains_key(&id) && self.collectives.len() >= ALLGATHER_TRACKED_MAX {
@@ -620,6 +652,9 @@ impl Allgather {
         if c.data.check_overflow(&format_args!("allgather {id}")) {
             self.stats.overflowed += 1;
         }
+        log::trace!(
+            "rank {me}: allgather {id}: from {from} (child {is_child}, same view {same_view})"
+        );
         let mut want_sync = false;
         if is_child {
             if same_view {
@@ -655,6 +690,7 @@ impl Allgather {
             return;
         }
         let c = self.collectives.entry(id).or_default();
+        c.asked = true;
         let mut news = false;
         for r in ranks {
             news |= c.data.add_excused(r);
@@ -667,6 +703,13 @@ impl Allgather {
     /// The answer of the parent to a contribution, or of a child to an excuse, for a
     /// collective it had finished.
     fn on_outcome(&mut self, from: Rank, id: u64, result: Option<AllgatherResult>) {
+        log::trace!(
+            "rank {}: allgather {id}: outcome from {from} (known {}, returned {}, tracked {})",
+            self.view.me,
+            result.is_some(),
+            self.returned,
+            self.collectives.contains_key(&id)
+        );
         if (Some(from) != self.view.parent && !self.view.is_child(from))
             || self.finished_set.contains(&id)
         {
@@ -703,7 +746,18 @@ impl Allgather {
         match result {
             Some(result) => self.handle_result(result),
             None => {
-                self.collectives.remove(&id);
+                if self.collectives.remove(&id).is_some_and(|c| c.asked)
+                    && let Some(parent) = self.view.parent
+                {
+                    push_bounded(
+                        &mut self.queued,
+                        &mut self.stats,
+                        Transmit {
+                            to: parent,
+                            msg: AllgatherMsg::Outcome { id, result: None },
+                        },
+                    );
+                }
                 self.dirty.remove(&id);
                 if own {
                     self.local = self.local.saturating_sub(1);
@@ -777,6 +831,15 @@ impl Allgather {
         };
         if !c.own || c.result_emitted || !self.view.children.iter().all(|r| c.complete.contains(r))
         {
+            log::trace!(
+                "rank 0: allgather {id}: waiting (own {}, missing {:?})",
+                c.own,
+                self.view
+                    .children
+                    .iter()
+                    .filter(|r| !c.complete.contains(r))
+                    .collect::<Vec<_>>()
+            );
             return;
         }
         c.result_emitted = true;

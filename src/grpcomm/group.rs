@@ -326,6 +326,11 @@ impl GroupGather {
         if self.view.dead {
             return;
         }
+        if change.view_changed {
+            // A digest recurs when a rank returns: a `Sync` sent under an earlier view of the
+            // same digest must not stop this view's.
+            self.synced.clear();
+        }
         let view = &self.view;
         let digest = view.digest;
         let mut wanted: BTreeSet<Rank> = BTreeSet::new();

@@ -550,6 +550,46 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         },
         found: "rejoin: a returned daemon whose application contributed to an allgather finished before its return waited for ever for its child, which had the result and sent nothing (a returned daemon now asks the children it waits for, and one that finished answers with the result)",
     },
+    RegressionSeed {
+        seed: 12098,
+        daemons: 26,
+        radix: 8,
+        faults: FaultKinds {
+            return_gathers: true,
+            ..REJOIN_MIXED
+        },
+        found: "rejoin: a rank's return brought the failed set, and so the view digest, back to an earlier one; a parent that had sent its child a Sync under that digest before sent none for the new view, and the child's contribution made under the view between stayed uncounted (what was sent under a digest is forgotten at every view change)",
+    },
+    RegressionSeed {
+        seed: 10332,
+        daemons: 15,
+        radix: 2,
+        faults: FaultKinds {
+            crash: true,
+            link: true,
+            stall: true,
+            partition: true,
+            delay: true,
+            stale: true,
+            dup: true,
+            grow: true,
+            return_gathers: true,
+            ..FaultKinds::NONE
+        },
+        found: "grow: a joined daemon asked its child (also joined) for an allgather's result; the child, unfinished then, got the result later from its own child and passed it only down, so the parent waited for ever (a daemon whose parent asked now sends it the result when it arrives)",
+    },
+    RegressionSeed {
+        seed: 1124,
+        daemons: 14,
+        radix: 8,
+        faults: FaultKinds {
+            crash: true,
+            grow: true,
+            return_gathers: true,
+            ..FaultKinds::NONE
+        },
+        found: "grow: a joined daemon whose parent died sent its allgather contribution to rank 0 before rank 0 knew it as a child; rank 0 had finished the collective and did not answer a stranger, and the joined daemon, which had missed the result's broadcast, waited for ever (late contributions are now answered whoever sends them)",
+    },
 ];
 
 /// The kinds of the rejoin seeds found mixed with link, stall, partition, delay, stale and dup.
