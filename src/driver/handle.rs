@@ -578,6 +578,11 @@ impl Handle {
     /// must contribute once to each collective; several may be in flight, each with its own
     /// caller-chosen id, which must never be reused (nor shared with a barrier). Faults are
     /// tolerated: a daemon that dies before its contribution reached the tree is excluded.
+    /// A daemon that returns (rejoins, or joins a DVM started with room to grow) is not waited
+    /// for by the collectives in flight at its return (the result lists it as excluded unless
+    /// its new contribution got in first); those started after include it. If its application
+    /// calls a collective that finished before, `done` gets that result, or `ResultLost` when
+    /// no daemon it can ask still has it.
     ///
     /// `done` runs once on the loop thread with the result: every contribution ordered by rank
     /// ([`AllgatherResult::contributions`], [`AllgatherResult::get`]) and the excluded (dead)
@@ -585,7 +590,7 @@ impl Handle {
     /// gathered bytes exceed `limits::ALLGATHER_MAX_BYTES` somewhere, the result has
     /// `overflowed` set and no contributions. Errors passed to `done`: `DuplicateId` (this
     /// daemon already used `id`), `Busy` (`limits::ALLGATHER_INFLIGHT_MAX` collectives in
-    /// flight here), `ShutDown`. Returned at once: `TooLarge` (a contribution above
+    /// flight here), `ResultLost` (above), `ShutDown`. Returned at once: `TooLarge` (a contribution above
     /// `ALLGATHER_MAX_BYTES` less 8), `ShutDown`; then `done` is not called.
     pub fn allgather(
         &self,

@@ -181,6 +181,9 @@ pub struct Allgather {
     /// Finished ids, oldest first, and the same as a set.
     finished: VecDeque<u64>,
     finished_set: BTreeSet<u64>,
+    /// A returned daemon: finished ids its application had not contributed to (the result
+    /// came first); a contribution to one gets the result from the cache.
+    unclaimed: BTreeSet<u64>,
     /// Collectives this daemon contributed to and has no result for.
     local: usize,
     /// `Sync` to send: (child, digest).
@@ -213,6 +216,7 @@ impl Allgather {
             collectives: BTreeMap::new(),
             finished: VecDeque::new(),
             finished_set: BTreeSet::new(),
+            unclaimed: BTreeSet::new(),
             local: 0,
             syncs: VecDeque::new(),
             synced: BTreeMap::new(),
@@ -247,7 +251,9 @@ impl Allgather {
     }
 
     /// Contribute `data` to collective `id`. Every living daemon must contribute once to every
-    /// collective; the result arrives as [`AllgatherEvent::AllgatherDone`].
+    /// collective; the result arrives as [`AllgatherEvent::AllgatherDone`]. On a daemon that
+    /// returned, a contribution to a collective whose result already arrived here gets that
+    /// result (or [`AllgatherEvent::AllgatherLost`] if no longer cached).
     ///
     /// Fails, recording nothing, with [`AllgatherError::AlreadyContributed`],
     /// [`AllgatherError::Finished`], [`AllgatherError::TooLarge`], [`AllgatherError::TooMany`]
@@ -257,7 +263,18 @@ impl Allgather {
             return Err(AllgatherError::Dead);
         }
         if self.finished_set.contains(&id) {
-            return Err(AllgatherError::Finished);
+            if !self.unclaimed.remove(&id) {
+                return Err(AllgatherError::Finished);
+            }
+            // A returned daemon whose application learns of a collective after its result.
+            let cached = self.results.iter().find(|(r, _)| r.id == id);
+            self.events.push_back(match cached {
+                Some((result, _)) => AllgatherEvent::AllgatherDone {
+                    result: result.clone(),
+                },
+                None => AllgatherEvent::AllgatherLost { id },
+            });
+            return Ok(());
         }
         if data.len().saturating_add(ENTRY_OVERHEAD) > ALLGATHER_MAX_BYTES {
             return Err(AllgatherError::TooLarge {
@@ -337,7 +354,11 @@ impl Allgather {
             self.stats.duplicate_results += 1;
             return;
         }
-        if let Some(c) = self.collectives.remove(&id) {
+        let c = self.collectives.remove(&id);
+        if self.returned && !c.as_ref().is_some_and(|c| c.own) {
+            self.unclaimed.insert(id);
+        }
+        if let Some(c) = c {
             if c.own {
                 self.local = self.local.saturating_sub(1);
             }
@@ -369,6 +390,7 @@ impl Allgather {
             && let Some(old) = self.finished.pop_front()
         {
             self.finished_set.remove(&old);
+            self.unclaimed.remove(&old);
         }
         self.finished.push_back(id);
         self.finished_set.insert(id);
@@ -762,6 +784,8 @@ impl Allgather {
                 if own {
                     self.local = self.local.saturating_sub(1);
                     self.events.push_back(AllgatherEvent::AllgatherLost { id });
+                } else {
+                    self.unclaimed.insert(id);
                 }
                 self.remember_finished(id);
             }

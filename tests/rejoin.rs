@@ -1,0 +1,120 @@
+//! Rejoin in live in-process DVMs (loopback): a daemon "crashes" by `Handle::abort` and a new
+//! one is started under its rank with `rejoin` set. Checks what the collectives deliver across
+//! the return (issue "Rejoin and grow"). Waits poll for a state, with a hang guard only.
+
+mod common;
+
+use bytes::Bytes;
+use common::{HANG_GUARD, loopback_config, start_dvm};
+use std::time::{Duration, Instant};
+use tbon::config::Config;
+use tbon::{Daemon, Rank};
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < HANG_GUARD, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn failed_at(d: &Daemon) -> Vec<u32> {
+    d.counters().map(|c| c.failed).unwrap_or_default()
+}
+
+/// Kills `rank`, waits until every survivor has it failed, and starts it again with `rejoin`.
+fn kill_and_restart(dvm: &mut [Daemon], rank: Rank, cfg: &Config) {
+    dvm[rank as usize].abort();
+    for d in dvm.iter().filter(|d| d.rank() != rank) {
+        wait_for("the death known everywhere", || {
+            failed_at(d).contains(&rank)
+        });
+    }
+    let uri = dvm[0].contact_uri().to_string();
+    let size = dvm.len() as u32;
+    let again = tbon::start(
+        Config {
+            rejoin: true,
+            ..cfg.clone()
+        },
+        rank,
+        size,
+        Some(&uri),
+    )
+    .expect("restart");
+    assert!(again.wait_wired(HANG_GUARD), "rank {rank} was not admitted");
+    dvm[rank as usize] = again;
+    for d in dvm.iter() {
+        wait_for("the return known everywhere", || {
+            !failed_at(d).contains(&rank)
+        });
+    }
+}
+
+#[test]
+fn an_allgather_in_flight_across_a_rejoin_completes_without_the_new_life() {
+    // Radix 2, 7 daemons: rank 1 is interior (children 3 and 4).
+    let cfg = loopback_config(2);
+    let mut dvm = start_dvm(7, &cfg);
+    let data = |r: Rank, id: u64| Bytes::from(format!("{r}/{id}"));
+    // Collective 1 is in flight: every daemon but rank 6 contributes, rank 1 included.
+    let (tx, rx) = crossbeam_channel::unbounded();
+    for d in dvm.iter().filter(|d| d.rank() != 6) {
+        let tx = tx.clone();
+        let me = d.rank();
+        d.allgather(1, data(me, 1), move |r| tx.send((me, r)).unwrap())
+            .unwrap();
+    }
+    kill_and_restart(&mut dvm, 1, &cfg);
+    // Rank 6 contributes after the return: collective 1 does not wait for rank 1's new life,
+    // whose application knows nothing of it.
+    let tx6 = tx.clone();
+    dvm[6]
+        .allgather(1, data(6, 1), move |r| tx6.send((6, r)).unwrap())
+        .unwrap();
+    let mut results = Vec::new();
+    while results.len() < 6 {
+        let (at, r) = rx.recv_timeout(HANG_GUARD).expect("a result");
+        match r {
+            Ok(r) => results.push((at, r)),
+            // The old life's call ended with it.
+            Err(tbon::SendError::ShutDown) if at == 1 => {}
+            Err(e) => panic!("rank {at}: collective 1: {e}"),
+        }
+    }
+    for (at, r) in &results {
+        assert_ne!(*at, 1, "only the old life of rank 1 contributed");
+        // Rank 1's old life contributed, and died: its entry may or may not have got in.
+        let ranks: Vec<Rank> = r.ranks().collect();
+        for x in [0, 2, 3, 4, 5, 6] {
+            assert!(ranks.contains(&x), "rank {at}: {x} missing from {ranks:?}");
+        }
+        assert_eq!(r, &results[0].1, "every daemon gets the same result");
+    }
+    // A collective started after the return waits for the new life and includes it.
+    for d in dvm.iter().filter(|d| d.rank() != 1) {
+        let tx = tx.clone();
+        let me = d.rank();
+        d.allgather(2, data(me, 2), move |r| tx.send((me, r)).unwrap())
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        rx.try_recv().is_err(),
+        "collective 2 finished without rank 1"
+    );
+    let got = dvm[1].allgather_wait(2, data(1, 2), HANG_GUARD).unwrap();
+    assert_eq!(got.ranks().collect::<Vec<_>>(), (0..7).collect::<Vec<_>>());
+    assert_eq!(got.get(1), Some(&data(1, 2)));
+    for _ in 0..6 {
+        let (_, r) = rx.recv_timeout(HANG_GUARD).expect("a result");
+        assert_eq!(r.unwrap(), got);
+    }
+    // The new life contributes to collective 1, finished before its return: it gets the result
+    // from a neighbour, not a hang.
+    let late = dvm[1].allgather_wait(1, data(1, 1), HANG_GUARD).unwrap();
+    assert_eq!(late, results[0].1);
+    for d in &dvm {
+        d.shutdown();
+    }
+}
