@@ -3,9 +3,9 @@
  * The parent plays the launcher. It starts 4 daemons as processes in a DVM with room for 6
  * (every daemon gets size 6 and "initial_size" 4: ranks 4 and 5 are absent at first). Once rank
  * 0 says the DVM is wired (a marker file), it starts ranks 4 and 5 with "rejoin" set: they join
- * the running DVM, each sends a greeting to rank 0 and to rank 1, which wait for them. Then
- * rank 5 leaves in order (tbon_leave): it must stop with TBON_STOP_LEFT. Once it has exited,
- * the parent tells rank 0 (another marker file); rank 0 checks its counters (2 joins, 1
+ * the running DVM, each sends a greeting to rank 0 and to rank 1, which wait for them. All six
+ * enter a barrier. Then rank 5 leaves in order (tbon_leave): it must stop with
+ * TBON_STOP_LEFT. Once it has exited, the parent tells rank 0 (another marker file); rank 0 checks its counters (2 joins, 1
  * departure) and shuts the DVM down; every other daemon checks that it stopped for that
  * reason. Prints "grow: ok" and exits 0, or exits non-zero.
  *
@@ -109,6 +109,13 @@ static int daemon_main(uint32_t rank, const char *rendezvous) {
                 bad = 1;
             }
         }
+    }
+    /* A barrier of all six: ranks 2 and 3 may enter it before the joins are known (then it
+     * does not wait for the new ranks, whose entry returns its result), ranks 0 and 1 enter
+     * after both greetings; every entry returns TBON_OK. */
+    if (!bad && tbon_barrier(d, 1, TIMEOUT_MS) != TBON_OK) {
+        fprintf(stderr, "rank %u: barrier: %s\n", rank, tbon_last_error());
+        bad = 1;
     }
     tbon_stop expected = TBON_STOP_DVM_SHUTDOWN;
     if (rank == CAPACITY - 1 && !bad) {
