@@ -5,9 +5,9 @@
  * 0 says the DVM is wired (a marker file), it starts ranks 4 and 5 with "rejoin" set: they join
  * the running DVM, each sends a greeting to rank 0 and to rank 1, which wait for them. All six
  * enter a barrier. Then rank 5 leaves in order (tbon_leave): it must stop with
- * TBON_STOP_LEFT. Once it has exited, the parent tells rank 0 (another marker file); rank 0 checks its counters (2 joins, 1
- * departure) and shuts the DVM down; every other daemon checks that it stopped for that
- * reason. Prints "grow: ok" and exits 0, or exits non-zero.
+ * TBON_STOP_LEFT. Once it has exited, the parent tells rank 0 (another marker file); rank 0
+ * checks its counters (2 joins, 1 departure) and shuts the DVM down; every other daemon checks
+ * that it stopped for that reason. Prints "grow: ok" and exits 0, or exits non-zero.
  *
  * Build and run like ring.c (see README.md, "Using tbon from C"); TBON_KEY_FILE names the
  * job key, read by every child.
