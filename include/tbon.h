@@ -356,6 +356,10 @@ typedef enum {
   // Outside the subtree of the daemon asked (a daemon other than rank 0 answers for its
   // subtree only).
   TBON_RANK_NOT_COVERED = 6,
+  // It left the DVM in order (`tbon_leave`): not a fault.
+  TBON_RANK_DEPARTED = 7,
+  // Room to grow (`initial_size`) that has not joined: not a fault.
+  TBON_RANK_ABSENT = 8,
 } tbon_rank_state;
 
 // How a fence exchanges the data (`tbon_fence`, `tbon_fence_cb`, which take it as an `int`).
@@ -752,6 +756,9 @@ typedef struct {
   uint8_t truncated;
   // 1 when the daemons' views of the tree differed (a repair under way): ask again.
   uint8_t views_differ;
+  // Ranks that left in order, and ranks of the room to grow not joined (neither is dead).
+  uint32_t departed;
+  uint32_t absent;
 } tbon_status_counts;
 
 // The writer of one stream a service answers: an id valid from the service callback's

@@ -37,6 +37,10 @@ pub enum tbon_rank_state {
     /// Outside the subtree of the daemon asked (a daemon other than rank 0 answers for its
     /// subtree only).
     TBON_RANK_NOT_COVERED = 6,
+    /// It left the DVM in order (`tbon_leave`): not a fault.
+    TBON_RANK_DEPARTED = 7,
+    /// Room to grow (`initial_size`) that has not joined: not a fault.
+    TBON_RANK_ABSENT = 8,
 }
 
 /// The counts of a status (`tbon_status_summary`).
@@ -60,6 +64,9 @@ pub struct tbon_status_counts {
     pub truncated: u8,
     /// 1 when the daemons' views of the tree differed (a repair under way): ask again.
     pub views_differ: u8,
+    /// Ranks that left in order, and ranks of the room to grow not joined (neither is dead).
+    pub departed: u32,
+    pub absent: u32,
 }
 
 pub(super) struct StatusEntry {
@@ -224,6 +231,8 @@ pub unsafe extern "C" fn tbon_status_summary(
                 elapsed_us: e.report.elapsed_us,
                 truncated: u8::from(e.report.truncated),
                 views_differ: u8::from(e.view.views_differ),
+                departed: n(RankState::Departed),
+                absent: n(RankState::Absent),
             }
         })?;
         // SAFETY: checked above.
@@ -261,6 +270,8 @@ pub unsafe extern "C" fn tbon_status_rank(
                 Some(RankState::NoAnswer) => tbon_rank_state::TBON_RANK_NO_ANSWER,
                 Some(RankState::Unknown) => tbon_rank_state::TBON_RANK_UNKNOWN,
                 Some(RankState::Unreached) => tbon_rank_state::TBON_RANK_UNREACHED,
+                Some(RankState::Departed) => tbon_rank_state::TBON_RANK_DEPARTED,
+                Some(RankState::Absent) => tbon_rank_state::TBON_RANK_ABSENT,
                 // A state added to the library after this table: the closest C knows.
                 Some(_) => tbon_rank_state::TBON_RANK_UNKNOWN,
             })

@@ -161,7 +161,7 @@ pub fn run(args: StatusArgs) -> Result<i32, String> {
             Ok(()) => {}
         }
         shown += 1;
-        let healthy = v.all_answered() && report.failed.is_empty();
+        let healthy = v.healthy();
         let Some(every) = interval else {
             return Ok(if healthy { 0 } else { 1 });
         };
@@ -278,13 +278,21 @@ fn text(report: &Report, v: &View, took: Duration) -> String {
     let answered = v.count(RankState::Alive) + v.count(RankState::Healthy);
     let _ = writeln!(
         out,
-        "answered {answered}, dead {}, no answer {}, unknown {}{}",
+        "answered {answered}, dead {}, no answer {}, unknown {}{}{}{}",
         v.count(RankState::Dead),
         v.count(RankState::NoAnswer),
         v.count(RankState::Unknown),
         match v.count(RankState::Unreached) {
             0 => String::new(),
             n => format!(", unreached {n}"),
+        },
+        match v.count(RankState::Departed) {
+            0 => String::new(),
+            n => format!(", departed {n}"),
+        },
+        match v.count(RankState::Absent) {
+            0 => String::new(),
+            n => format!(", absent {n}"),
         }
     );
     for (state, what) in [
@@ -292,6 +300,8 @@ fn text(report: &Report, v: &View, took: Duration) -> String {
         (RankState::NoAnswer, "no answer (suspected)"),
         (RankState::Unknown, "unknown (below a silent daemon)"),
         (RankState::Unreached, "unreached"),
+        (RankState::Departed, "departed (left in order)"),
+        (RankState::Absent, "absent (room to grow, not joined)"),
     ] {
         let r = v.ranks_in(state);
         if !r.is_empty() {
@@ -475,6 +485,7 @@ fn dot(report: &Report, v: &View) -> String {
         let colour = match r.state {
             RankState::Alive | RankState::Healthy => "palegreen",
             RankState::Dead => "red",
+            RankState::Departed | RankState::Absent => "white",
             RankState::NoAnswer => "orange",
             _ => "lightgrey",
         };

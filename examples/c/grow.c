@@ -82,8 +82,19 @@ static int daemon_main(uint32_t rank, const char *rendezvous) {
         fprintf(stderr, "rank %u: not wired\n", rank);
         bad = 1;
     }
-    if (rank == 0 && !bad)
+    if (rank == 0 && !bad) {
+        /* Before the joins, ranks 4 and 5 are absent (room to grow), not dead. */
+        tbon_status st = 0;
+        tbon_status_counts n;
+        if (tbon_status_get(d, 5000, 0, &st) != TBON_OK ||
+            tbon_status_summary(st, &n) != TBON_OK || n.absent != 2 || n.dead != 0 ||
+            n.answered != INITIAL) {
+            fprintf(stderr, "rank 0: status before the joins: %s\n", tbon_last_error());
+            bad = 1;
+        }
+        tbon_status_free(st);
         touch("wired");
+    }
     if (joining && !bad) {
         char hello[64];
         snprintf(hello, sizeof hello, "rank %u joined", rank);

@@ -56,6 +56,12 @@ pub(super) struct Admitting {
 }
 
 impl Node {
+    /// Whether `r` is room to grow that no admission has brought in yet (absent since epoch
+    /// 0): `tbon status` shows it absent, not dead.
+    pub(super) fn never_joined(&self, r: Rank) -> bool {
+        r >= self.initial_size && self.life_of(r) == 0 && self.routing.is_failed(r)
+    }
+
     /// A restarted daemon asks to rejoin: its request to rank 0, sent directly (it has no
     /// place in the tree yet).
     pub(super) fn start_rejoin(&mut self, now: Instant) {

@@ -206,12 +206,25 @@ impl Node {
                 self.send(rank, TAG_STATUS, answer, None);
             }
             Asker::Local { token } => {
+                let failed: Vec<Rank> = self.routing.failed().collect();
+                let departed = failed
+                    .iter()
+                    .copied()
+                    .filter(|r| self.departed.contains(r))
+                    .collect();
+                let absent = failed
+                    .iter()
+                    .copied()
+                    .filter(|r| self.never_joined(*r))
+                    .collect();
                 let report = Report {
                     from: self.me,
                     size: self.size,
                     radix: self.routing.radix(),
                     epoch: self.epoch,
-                    failed: self.routing.failed().collect(),
+                    failed,
+                    departed,
+                    absent,
                     elapsed_us: u64::try_from(held.as_micros()).unwrap_or(u64::MAX),
                     truncated,
                     parts,

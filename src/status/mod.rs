@@ -262,8 +262,15 @@ pub struct Report {
     pub radix: u32,
     /// The DVM epoch at the gathering daemon.
     pub epoch: u64,
-    /// The ranks the gathering daemon knows have failed, ascending.
+    /// The ranks the gathering daemon knows have failed, ascending (every rank not in the tree:
+    /// the dead, and those below in `departed` and `absent`).
     pub failed: Vec<Rank>,
+    /// Of `failed`, the ranks that left in order (`Handle::leave`) and have not come back,
+    /// ascending: not a fault.
+    pub departed: Vec<Rank>,
+    /// Of `failed`, the ranks of a DVM started with room to grow that have never joined
+    /// (`initial_size` and above, never admitted), ascending: not a fault.
+    pub absent: Vec<Rank>,
     /// From the query's arrival to the answer, at the gathering daemon.
     pub elapsed_us: u64,
     /// Some detail was dropped to keep within the bound ([`Part::Elided`]).

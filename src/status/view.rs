@@ -25,6 +25,11 @@ pub enum RankState {
     Unknown,
     /// Alive in the tree, but no answer covers it (a view that changed during the query).
     Unreached,
+    /// It left the DVM in order (`Handle::leave`): out of the tree, not a fault.
+    Departed,
+    /// Room to grow that has not joined yet (a DVM started with `initial_size` below its
+    /// size): out of the tree, not a fault.
+    Absent,
 }
 
 impl RankState {
@@ -37,6 +42,8 @@ impl RankState {
             RankState::NoAnswer => "no-answer",
             RankState::Unknown => "unknown",
             RankState::Unreached => "unreached",
+            RankState::Departed => "departed",
+            RankState::Absent => "absent",
         }
     }
 }
@@ -83,14 +90,25 @@ impl View {
             .collect()
     }
 
-    /// Whether every covered rank that is not dead answered.
+    /// Whether every covered rank that is in the tree answered (the dead, the departed and
+    /// the absent are not asked).
     pub fn all_answered(&self) -> bool {
         self.ranks.iter().all(|r| {
             matches!(
                 r.state,
-                RankState::Alive | RankState::Healthy | RankState::Dead
+                RankState::Alive
+                    | RankState::Healthy
+                    | RankState::Dead
+                    | RankState::Departed
+                    | RankState::Absent
             )
         })
+    }
+
+    /// Whether every covered rank in the tree answered and none is dead: the departed and the
+    /// absent are no fault (`tbon status` exits 0).
+    pub fn healthy(&self) -> bool {
+        self.all_answered() && self.count(RankState::Dead) == 0
     }
 }
 
@@ -103,6 +121,10 @@ pub struct Json<'a> {
     pub answered: usize,
     /// Ranks known dead.
     pub dead: Vec<Rank>,
+    /// Ranks that left in order.
+    pub departed: Vec<Rank>,
+    /// Ranks of the room to grow that have not joined.
+    pub absent: Vec<Rank>,
     /// Ranks that did not answer within the budget.
     pub no_answer: Vec<Rank>,
     /// Ranks under a silent daemon: not known.
@@ -137,6 +159,8 @@ impl<'a> Json<'a> {
         Json {
             answered: v.count(RankState::Alive) + v.count(RankState::Healthy),
             dead: v.ranks_in(RankState::Dead),
+            departed: v.ranks_in(RankState::Departed),
+            absent: v.ranks_in(RankState::Absent),
             no_answer: v.ranks_in(RankState::NoAnswer),
             unknown: v.ranks_in(RankState::Unknown),
             unreached: v.ranks_in(RankState::Unreached),
@@ -185,6 +209,16 @@ pub fn view(report: &Report) -> Result<View, TreeError> {
     for f in &report.failed {
         if let Some(s) = state.get_mut(*f as usize) {
             *s = Some(RankState::Dead);
+        }
+    }
+    for (list, to) in [
+        (&report.departed, RankState::Departed),
+        (&report.absent, RankState::Absent),
+    ] {
+        for f in list {
+            if let Some(s @ Some(RankState::Dead)) = state.get_mut(*f as usize) {
+                *s = Some(to);
+            }
         }
     }
     let mut views_differ = false;
@@ -287,6 +321,8 @@ mod tests {
             radix: 2,
             epoch: 1,
             failed: vec![5],
+            departed: vec![],
+            absent: vec![],
             elapsed_us: 1,
             truncated: false,
             parts: vec![

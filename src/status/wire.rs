@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | 1 | `Query` | id (u64), budget in ms (u32), all (u8 0/1), the asker's DVM epoch (u64), its failed count (u32), the asker's wall clock when it sent the query (i64 ns since the Unix epoch; `i64::MIN`: none) |
 //! | 2 | `Answer` | id (u64), held in µs (u32), the answerer's wall clock when the query arrived and when it answered (i64 ns each; `i64::MIN`: none), truncated (u8), parts (u32 count, then each part) |
-//! | 3 | `Report` (to a tool) | from (u32), size (u32), radix (u32), epoch (u64), elapsed µs (u64), truncated (u8), failed ranks (u32 count, u32 each), parts |
+//! | 3 | `Report` (to a tool) | from (u32), size (u32), radix (u32), epoch (u64), elapsed µs (u64), truncated (u8), failed ranks (u32 count, u32 each), of them the departed and the absent (two lists alike, each ascending and among the failed), parts |
 //! | 4 | `Refused` (to a tool) | reason (u16 length, UTF-8) |
 //!
 //! A part starts with its own kind byte: 1 daemon (rank, incarnation u64, epoch u64, parent,
@@ -136,9 +136,11 @@ impl Msg {
                 b.put_u64(r.epoch);
                 b.put_u64(r.elapsed_us);
                 b.put_u8(u8::from(r.truncated));
-                put_len(&mut b, r.failed.len());
-                for f in &r.failed {
-                    b.put_u32(*f);
+                for list in [&r.failed, &r.departed, &r.absent] {
+                    put_len(&mut b, list.len());
+                    for f in list {
+                        b.put_u32(*f);
+                    }
                 }
                 put_parts(&mut b, &r.parts);
             }
@@ -204,6 +206,24 @@ impl Msg {
                 for _ in 0..n {
                     failed.push(r.rank(size)?);
                 }
+                let mut sorted = failed.clone();
+                sorted.sort_unstable();
+                let mut subsets = [Vec::new(), Vec::new()];
+                for list in &mut subsets {
+                    let n = r.count(size as usize)?;
+                    let mut last = None;
+                    for _ in 0..n {
+                        let rank = r.rank(size)?;
+                        if last.is_some_and(|l| rank <= l) || sorted.binary_search(&rank).is_err() {
+                            return Err(StatusWireError(
+                                "departed or absent ranks not ascending among the failed",
+                            ));
+                        }
+                        last = Some(rank);
+                        list.push(rank);
+                    }
+                }
+                let [departed, absent] = subsets;
                 let parts = r.parts(size)?;
                 Msg::Report(Report {
                     from,
@@ -211,6 +231,8 @@ impl Msg {
                     radix,
                     epoch,
                     failed,
+                    departed,
+                    absent,
                     elapsed_us,
                     truncated,
                     parts,
@@ -561,7 +583,9 @@ mod tests {
                 size: 8,
                 radix: 2,
                 epoch: 3,
-                failed: vec![6],
+                failed: vec![5, 6, 7],
+                departed: vec![5],
+                absent: vec![6, 7],
                 elapsed_us: 500,
                 truncated: false,
                 parts: parts.clone(),
