@@ -16,7 +16,8 @@
  *   tbon_commit, then tbon_fence (TBON_FENCE_FULL: every member's data to every member;
  *   TBON_FENCE_DIRECT: only synchronise, fetch on first get) or tbon_fence_cb, then tbon_get
  *   (into the caller's buffer) or tbon_get_cb; tbon_forget_group when the job is over
- *   tbon_on_fault, tbon_counters_get, tbon_rank, tbon_size
+ *   tbon_on_fault (or tbon_on_repair: also rejoins, joins and departures), tbon_counters_get,
+ *   tbon_rank, tbon_size
  *   streams (README "Streams"): tbon_serve (a service; its callback writes with
  *   tbon_writer_write or tbon_writer_write_nocopy and ends with tbon_writer_finish /
  *   tbon_writer_fail), tbon_fetch then
@@ -456,6 +457,29 @@ typedef void (*tbon_fault_cb)(const uint32_t *failed,
                               tbon_scope scope,
                               uint64_t epoch,
                               void *user);
+
+// One repair of a daemon's tree, as `tbon_on_repair` hands it over: the pointers are valid
+// during the call only (copy what you keep); each list is ascending, NULL when empty.
+typedef struct {
+  // Ranks newly known to have failed (as `tbon_fault_cb` gets them).
+  const uint32_t *failed;
+  size_t nfailed;
+  // Ranks back in the tree: daemons restarted under their rank (rejoin), or new ranks of a
+  // DVM started with room to grow (join).
+  const uint32_t *restored;
+  size_t nrestored;
+  // Ranks that left in order (`tbon_leave`): repaired around, not failures.
+  const uint32_t *departed;
+  size_t ndeparted;
+  // `TBON_SCOPE_LOCAL` or `TBON_SCOPE_GLOBAL`, as for `tbon_fault_cb`.
+  tbon_scope scope;
+  // The DVM epoch the repair carries, 0 when it carries none (local repairs).
+  uint64_t epoch;
+} tbon_repair;
+
+// Repair handler (`tbon_on_repair`): called on the loop thread after every repair of this
+// daemon's tree, with what changed (`repair` valid during the call only).
+typedef void (*tbon_repair_cb)(const tbon_repair *repair, void *user);
 
 // A snapshot of one daemon's counters (`tbon_counters`), counts since it started.
 typedef struct {
@@ -1133,6 +1157,11 @@ tbon_rc tbon_recv_blocking(tbon_daemon d,
 // Registers a fault handler (see `tbon_fault_cb`); handlers run in registration order, after
 // tbon has re-routed or failed what was queued for the dead ranks. `cb` must not be NULL.
 tbon_rc tbon_on_fault(tbon_daemon d, tbon_fault_cb cb, void *user);
+
+// Registers a repair handler (see `tbon_repair_cb`): like `tbon_on_fault`, and it also tells
+// the ranks back in the tree (rejoined or joined) and those that left in order. Handlers of
+// both kinds run in registration order. `TBON_ERR_BAD_PARAM` if `cb` is NULL.
+tbon_rc tbon_on_repair(tbon_daemon d, tbon_repair_cb cb, void *user);
 
 // Fills `*out` with a snapshot of this daemon's counters (a round trip to the loop thread).
 // Not from a callback (`TBON_ERR_BUSY`).

@@ -32,6 +32,7 @@ unsafe extern "C" fn on_got(
 }
 unsafe extern "C" fn on_recv(_: u32, _: u32, _: *const u8, _: usize, _: *mut c_void) {}
 unsafe extern "C" fn on_fault(_: *const u32, _: usize, _: tbon_scope, _: u64, _: *mut c_void) {}
+unsafe extern "C" fn on_repair(_: *const tbon_repair, _: *mut c_void) {}
 unsafe extern "C" fn on_stream(_: *const u8, _: usize, _: *const tbon_stream_end, _: *mut c_void) {}
 unsafe extern "C" fn on_serve(
     _: tbon_writer,
@@ -182,6 +183,7 @@ fn every_call(d: tbon_daemon) -> Vec<(&'static str, tbon_rc)> {
             ),
         ));
         out.push(("on_fault", tbon_on_fault(d, Some(on_fault), null_mut())));
+        out.push(("on_repair", tbon_on_repair(d, Some(on_repair), null_mut())));
         out.push(("counters_get", tbon_counters_get(d, &mut counters)));
         out.push(("status_get", tbon_status_get(d, 100, 0, &mut status)));
         out.push((

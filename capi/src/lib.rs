@@ -329,6 +329,32 @@ pub type tbon_fault_cb = Option<
     ),
 >;
 
+/// One repair of a daemon's tree, as `tbon_on_repair` hands it over: the pointers are valid
+/// during the call only (copy what you keep); each list is ascending, NULL when empty.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tbon_repair {
+    /// Ranks newly known to have failed (as `tbon_fault_cb` gets them).
+    pub failed: *const u32,
+    pub nfailed: usize,
+    /// Ranks back in the tree: daemons restarted under their rank (rejoin), or new ranks of a
+    /// DVM started with room to grow (join).
+    pub restored: *const u32,
+    pub nrestored: usize,
+    /// Ranks that left in order (`tbon_leave`): repaired around, not failures.
+    pub departed: *const u32,
+    pub ndeparted: usize,
+    /// `TBON_SCOPE_LOCAL` or `TBON_SCOPE_GLOBAL`, as for `tbon_fault_cb`.
+    pub scope: tbon_scope,
+    /// The DVM epoch the repair carries, 0 when it carries none (local repairs).
+    pub epoch: u64,
+}
+
+/// Repair handler (`tbon_on_repair`): called on the loop thread after every repair of this
+/// daemon's tree, with what changed (`repair` valid during the call only).
+pub type tbon_repair_cb =
+    Option<unsafe extern "C" fn(repair: *const tbon_repair, user: *mut c_void)>;
+
 /// A snapshot of one daemon's counters (`tbon_counters`), counts since it started.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -2134,6 +2160,49 @@ pub extern "C" fn tbon_on_fault(d: tbon_daemon, cb: tbon_fault_cb, user: *mut c_
                     user.get(),
                 )
             }
+        })?;
+        Ok(())
+    })
+}
+
+/// Registers a repair handler (see `tbon_repair_cb`): like `tbon_on_fault`, and it also tells
+/// the ranks back in the tree (rejoined or joined) and those that left in order. Handlers of
+/// both kinds run in registration order. `TBON_ERR_BAD_PARAM` if `cb` is NULL.
+#[unsafe(no_mangle)]
+pub extern "C" fn tbon_on_repair(d: tbon_daemon, cb: tbon_repair_cb, user: *mut c_void) -> tbon_rc {
+    guard(|| {
+        let Some(cb) = cb else {
+            return fail(tbon_rc::TBON_ERR_BAD_PARAM, "cb is NULL");
+        };
+        let h = handle(d)?;
+        let user = UserPtr(user);
+        h.on_fault(move |s: &RecoveryStatus| {
+            let _scope = CallbackScope::enter();
+            let list = |v: &[u32]| {
+                if v.is_empty() {
+                    (std::ptr::null(), 0)
+                } else {
+                    (v.as_ptr(), v.len())
+                }
+            };
+            let (failed, nfailed) = list(&s.newly_failed);
+            let (restored, nrestored) = list(&s.restored);
+            let (departed, ndeparted) = list(&s.departed);
+            let repair = tbon_repair {
+                failed,
+                nfailed,
+                restored,
+                nrestored,
+                departed,
+                ndeparted,
+                scope: match s.scope {
+                    Scope::Local => tbon_scope::TBON_SCOPE_LOCAL,
+                    Scope::Global => tbon_scope::TBON_SCOPE_GLOBAL,
+                },
+                epoch: s.epoch.unwrap_or(0),
+            };
+            // SAFETY: the caller's function; `repair` and the lists are alive for the call.
+            unsafe { cb(&repair, user.get()) }
         })?;
         Ok(())
     })

@@ -7,7 +7,8 @@
  * enter a barrier. Then rank 5 leaves in order (tbon_leave): it must stop with
  * TBON_STOP_LEFT. Once it has exited, the parent tells rank 0 (another marker file); rank 0
  * checks its counters (2 joins, 1 departure) and shuts the DVM down; every other daemon checks
- * that it stopped for that reason. Prints "grow: ok" and exits 0, or exits non-zero.
+ * that it stopped for that reason, and rank 1 that its repair handler (tbon_on_repair) saw
+ * both joins and the departure, and no failure. Prints "grow: ok" and exits 0, or exits non-zero.
  *
  * Build and run like ring.c (see README.md, "Using tbon from C"); TBON_KEY_FILE names the
  * job key, read by every child.
@@ -55,6 +56,18 @@ static void touch(const char *name) {
 }
 
 /* One daemon's life: 0 if everything it checked was right. */
+/* What rank 1's repair handler saw in global repairs (read after its loop stopped). */
+static unsigned joins_seen, departures_seen, failures_seen;
+
+static void on_repair(const tbon_repair *r, void *user) {
+    (void)user;
+    if (r->scope != TBON_SCOPE_GLOBAL)
+        return;
+    joins_seen += (unsigned)r->nrestored;
+    departures_seen += (unsigned)r->ndeparted;
+    failures_seen += (unsigned)r->nfailed;
+}
+
 static int daemon_main(uint32_t rank, const char *rendezvous) {
     int joining = rank >= INITIAL;
     tbon_config cfg;
@@ -77,6 +90,10 @@ static int daemon_main(uint32_t rank, const char *rendezvous) {
         return 1;
     }
     int bad = 0;
+    if (rank == 1 && tbon_on_repair(d, on_repair, NULL) != TBON_OK) {
+        fprintf(stderr, "rank 1: tbon_on_repair: %s\n", tbon_last_error());
+        bad = 1;
+    }
     /* A joining daemon is wired once every living daemon knows it joined. */
     if (tbon_wait_wired(d, TIMEOUT_MS) != TBON_OK) {
         fprintf(stderr, "rank %u: not wired\n", rank);
@@ -161,6 +178,11 @@ static int daemon_main(uint32_t rank, const char *rendezvous) {
     if (why != expected) {
         fprintf(stderr, "rank %u: stopped for reason %d, not %d\n", rank, (int)why,
                 (int)expected);
+        bad = 1;
+    }
+    if (rank == 1 && (joins_seen != 2 || departures_seen != 1 || failures_seen != 0)) {
+        fprintf(stderr, "rank 1: repairs: %u joins, %u departures, %u failures\n", joins_seen,
+                departures_seen, failures_seen);
         bad = 1;
     }
     tbon_free(d);
