@@ -24,6 +24,9 @@ pub(super) struct ClientApps {
     names: Vec<Option<ClientName>>,
     /// Clients that exited.
     exited: HashSet<usize>,
+    /// Clients whose daemon was restarted (rejoin): they died with its old life, and the new
+    /// life knows none of their names.
+    lost: HashSet<usize>,
     /// Next number per (sender, receiver), and the next expected at the receiver.
     next: HashMap<(usize, usize), u64>,
     expected: HashMap<(usize, usize), u64>,
@@ -85,7 +88,22 @@ impl World {
 
     fn client_connected(&self, i: usize) -> Option<ClientName> {
         let name = self.clients.names.get(i).copied().flatten()?;
-        (!self.clients.exited.contains(&i) && self.living(name.rank)).then_some(name)
+        (!self.clients.exited.contains(&i)
+            && !self.clients.lost.contains(&i)
+            && self.living(name.rank))
+        .then_some(name)
+    }
+
+    /// `rank` starts a new life: its clients are gone with the old one, and their sends with
+    /// them.
+    pub(super) fn clients_lost_with(&mut self, rank: Rank) {
+        for (i, n) in self.clients.names.iter().enumerate() {
+            if n.is_some_and(|n| n.rank == rank) {
+                self.clients.lost.insert(i);
+            }
+        }
+        let lost = &self.clients.lost;
+        self.clients.pending.retain(|_, (from, ..)| !lost.contains(from));
     }
 
     /// The scenario's send number `id` is made.
@@ -190,8 +208,12 @@ impl World {
                         }
                         Err(ClientError::NodeDown(d)) => {
                             dst.map(|x| x.rank) == Some(*d)
-                                && (!self.living(*d) || self.declared.contains(d))
+                                && (!self.living(*d)
+                                    || self.declared.contains(d)
+                                    || self.clients.lost.contains(&t))
                         }
+                        // The receiver's daemon restarted: its new life never knew the name.
+                        Err(ClientError::UnknownClient(_)) => self.clients.lost.contains(&t),
                         Err(ClientError::ClientGone(_)) => self.clients.exited.contains(&t),
                         Err(_) => false,
                     };

@@ -98,7 +98,10 @@ impl World {
             1 + life
         );
         if let Some(slot) = self.nodes.get_mut(rank as usize) {
+            // The same host: the new life reads the clock the old one did (the `status` kind).
+            let clock = slot.clock;
             *slot = node;
+            slot.clock = clock;
         }
         if let Some(a) = self.alive.get_mut(rank as usize) {
             *a = true;
@@ -124,6 +127,8 @@ impl World {
         self.redialing.retain(|(a, b)| *a != rank && *b != rank);
         self.conn_lost.retain(|(a, b)| *a != rank && *b != rank);
         self.check.forget_rank(rank);
+        self.clients_lost_with(rank);
+        self.status_restarted(rank);
         // Its application knows nothing of the allgathers: it contributes to each again (those
         // finished before its return end with their result or `ResultLost`).
         self.contributed.retain(|(r, _)| *r != rank);

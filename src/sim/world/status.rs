@@ -148,6 +148,15 @@ impl World {
     }
 
     /// The reports daemon `r` produced.
+    /// `rank` starts a new life: its old life's queries died with it, and its new life may
+    /// answer the others' (it was dead when they were asked, it is not now).
+    pub(super) fn status_restarted(&mut self, rank: Rank) {
+        self.status.asked.retain(|_, a| a.asker != rank);
+        for a in self.status.asked.values_mut() {
+            a.dead_before.retain(|r| *r != rank);
+        }
+    }
+
     pub(super) fn status_reports(
         &mut self,
         r: Rank,
