@@ -50,8 +50,10 @@
 //! from its bounded cache ([`ALLGATHER_RESULTS_CACHED_MAX`]), or "unknown". The receiver passes
 //! the result on to the children it heard from. A daemon in its first life ignores "unknown"
 //! (the broadcast reaches it); a returned one ends its collective with
-//! [`AllgatherEvent::AllgatherLost`]. A late contribution is answered whoever sent it (a daemon
-//! whose repair made this one its parent before this one's did); an `Excuse` with no ranks is
+//! [`AllgatherEvent::AllgatherLost`]. A late contribution from a returned daemon (its flag says
+//! so) is answered whoever sent it (a daemon whose repair made this one its parent before this
+//! one's did); one from a first life is not (the broadcast brings it the result). An `Excuse`
+//! with no ranks is
 //! how a returned daemon asks the children it waits for, and a child that gets the result only
 //! later (from below, or by the broadcast) then passes it up to the parent that asked.
 //!
@@ -617,6 +619,7 @@ impl Allgather {
             entries: c.data.entry_list(),
             excluded,
             excused: c.data.excused.iter().copied().collect(),
+            returned: self.returned,
         };
         self.stats.sent += 1;
         log::trace!(
@@ -646,9 +649,12 @@ impl Allgather {
         self.stats.received += 1;
         if self.finished_set.contains(&id) {
             self.stats.late += 1;
-            // Whoever sent it (a child, or a daemon whose repair made this one its parent
-            // first) may never get the broadcast: it answers only its parent's or child's.
-            self.answer_late(from, id);
+            // A sender that returned may never get the broadcast; whoever it is (a child, or a
+            // daemon whose repair made this one its parent first), it takes the answer from
+            // its parent or a child only. A first life gets the broadcast: no answer.
+            if msg.returned {
+                self.answer_late(from, id);
+            }
             return;
         }
         if !self.collectives.contains_key(&id) && self.collectives.len() >= ALLGATHER_TRACKED_MAX {

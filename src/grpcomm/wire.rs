@@ -26,7 +26,8 @@
 //!   the entries;
 //! - excused: `u32 count`, then `count` x `u32 rank`, strictly ascending (ranks a collective
 //!   does not wait for in a later life: see `super::allgather`, "Rejoins");
-//! - flags: bit 0 = overflowed (then there are no entries); the other bits must be zero.
+//! - flags: bit 0 = overflowed (then there are no entries); in a `Contribution`, bit 1 = the
+//!   sender returned (rejoined or joined); the other bits must be zero.
 //!
 //! Operation ids and request ids start at 1; 0 is refused. `Request` and `Op` are written as a
 //! header plus the caller's payload ([`XcastMsg::encode_parts`]), so the driver can send the
@@ -50,6 +51,8 @@ const KIND_EXCUSE: u8 = 19;
 const KIND_OUTCOME: u8 = 20;
 
 const FLAG_OVERFLOWED: u8 = 1;
+/// A contribution's sender returned (rejoined or joined).
+const FLAG_RETURNED: u8 = 2;
 
 /// Bytes an `Op` adds in front of its payload (kind, op, originator, request, tag, length): a
 /// broadcast payload can be at most this much below the frame maximum.
@@ -150,6 +153,9 @@ pub struct Contribution {
     /// Ranks the collective does not wait for in a later life (they died or returned while it
     /// was in flight), strictly ascending.
     pub excused: Vec<Rank>,
+    /// The sender returned (rejoined or joined): it may have missed the result's broadcast, so
+    /// a receiver that finished the collective answers it with the result.
+    pub returned: bool,
 }
 
 /// The allgather's messages (the result travels by xcast, see [`AllgatherResult`]).
@@ -393,7 +399,10 @@ impl AllgatherMsg {
                 b.put_u8(KIND_CONTRIBUTION);
                 b.put_u64(c.id);
                 b.put_u64(c.digest);
-                b.put_u8(if c.overflowed { FLAG_OVERFLOWED } else { 0 });
+                b.put_u8(
+                    if c.overflowed { FLAG_OVERFLOWED } else { 0 }
+                        | if c.returned { FLAG_RETURNED } else { 0 },
+                );
                 put_entries(&mut b, &c.entries, &c.excluded);
                 put_ranks(&mut b, &c.excused);
                 b.freeze()
@@ -432,7 +441,12 @@ impl AllgatherMsg {
             KIND_CONTRIBUTION => {
                 let id = r.u64()?;
                 let digest = r.u64()?;
-                let overflowed = r.flags()?;
+                let flags = r.u8()?;
+                if flags & !(FLAG_OVERFLOWED | FLAG_RETURNED) != 0 {
+                    return Err(WireError::Invalid("unknown flags"));
+                }
+                let overflowed = flags & FLAG_OVERFLOWED != 0;
+                let returned = flags & FLAG_RETURNED != 0;
                 let (entries, excluded) = r.entries(size, overflowed)?;
                 let excused = r.ranks(size)?;
                 AllgatherMsg::Contribution(Contribution {
@@ -442,6 +456,7 @@ impl AllgatherMsg {
                     entries,
                     excluded,
                     excused,
+                    returned,
                 })
             }
             KIND_AG_SYNC => AllgatherMsg::Sync { digest: r.u64()? },

@@ -411,6 +411,7 @@ impl Node {
                 entries: Vec::new(),
                 excluded: Vec::new(),
                 excused: c.excused.clone(),
+                returned: c.returned,
             })
             .encode();
         }

@@ -71,6 +71,7 @@ fn a_subtree_is_sent_once_complete_and_duplicates_are_idempotent() {
         entries: vec![(3, Bytes::from_static(b"three"))],
         excluded: vec![],
         excused: vec![],
+        returned: false,
     };
     one.handle_msg(3, AllgatherMsg::Contribution(from3.clone()));
     one.handle_msg(3, AllgatherMsg::Contribution(from3));
@@ -89,6 +90,7 @@ fn a_subtree_is_sent_once_complete_and_duplicates_are_idempotent() {
                 ],
                 excluded: vec![],
                 excused: vec![],
+                returned: false,
             })
         }]
     );
@@ -109,6 +111,7 @@ fn rank_zero_names_the_ranks_that_failed_before_contributing() {
             entries: vec![(1, Bytes::new()), (3, Bytes::new())],
             excluded: vec![],
             excused: vec![],
+            returned: false,
         }),
     );
     assert!(ready(&events(&mut zero)).is_empty());
@@ -133,6 +136,7 @@ fn a_contribution_under_another_view_is_not_counted_until_resent() {
         entries: vec![(1, Bytes::new())],
         excluded: vec![],
         excused: vec![],
+        returned: false,
     };
     zero.handle_msg(1, AllgatherMsg::Contribution(stale));
     zero.handle_msg(
@@ -144,6 +148,7 @@ fn a_contribution_under_another_view_is_not_counted_until_resent() {
             entries: vec![(2, Bytes::new())],
             excluded: vec![],
             excused: vec![],
+            returned: false,
         }),
     );
     assert!(ready(&events(&mut zero)).is_empty());
@@ -185,6 +190,7 @@ fn a_link_that_lost_messages_is_restated() {
             entries: vec![(2, Bytes::new())],
             excluded: vec![],
             excused: vec![],
+            returned: false,
         }),
     );
     one.barrier(4).unwrap();
@@ -212,6 +218,7 @@ fn a_link_that_lost_messages_is_restated() {
             entries: vec![(1, Bytes::new())],
             excluded: vec![],
             excused: vec![],
+            returned: false,
         }),
     );
     let digest = zero.view.digest;
@@ -255,6 +262,7 @@ fn bounds_are_errors_or_overflow() {
                 },
                 excluded: vec![],
                 excused: vec![],
+                returned: false,
             }),
         );
     }
@@ -273,6 +281,7 @@ fn bounds_are_errors_or_overflow() {
             entries: vec![],
             excluded: vec![],
             excused: vec![],
+            returned: false,
         }),
     );
     assert_eq!(zero.stats().late, 1);

@@ -36,6 +36,7 @@ fn allgather_samples() -> Vec<AllgatherMsg> {
             entries: vec![(0, Bytes::from_static(b"a")), (2, Bytes::new())],
             excluded: vec![1, 3],
             excused: vec![5],
+            returned: true,
         }),
         AllgatherMsg::Contribution(Contribution {
             id: 0,
@@ -44,6 +45,7 @@ fn allgather_samples() -> Vec<AllgatherMsg> {
             entries: vec![],
             excluded: vec![],
             excused: vec![],
+            returned: false,
         }),
         AllgatherMsg::Sync { digest: 5 },
         AllgatherMsg::Excuse {
@@ -94,6 +96,7 @@ fn documented_layouts() {
         entries: vec![(3, Bytes::from_static(b"z"))],
         excluded: vec![4],
         excused: vec![5],
+        returned: false,
     });
     assert_eq!(
         c.encode().as_ref(),
@@ -179,6 +182,7 @@ fn bad_fields_are_errors() {
             entries,
             excluded,
             excused: vec![],
+            returned: false,
         })
         .encode()
     };
@@ -194,7 +198,7 @@ fn bad_fields_are_errors() {
         ));
     }
     let mut flags = allgather_samples().remove(0).encode().to_vec();
-    flags[17] = 2;
+    flags[17] = 4;
     assert_eq!(
         AllgatherMsg::decode(8, Bytes::from(flags)),
         Err(WireError::Invalid("unknown flags"))

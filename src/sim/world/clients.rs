@@ -103,7 +103,9 @@ impl World {
             }
         }
         let lost = &self.clients.lost;
-        self.clients.pending.retain(|_, (from, ..)| !lost.contains(from));
+        self.clients
+            .pending
+            .retain(|_, (from, ..)| !lost.contains(from));
     }
 
     /// The scenario's send number `id` is made.
