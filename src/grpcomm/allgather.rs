@@ -53,9 +53,9 @@
 //! [`AllgatherEvent::AllgatherLost`]. A late contribution from a returned daemon (its flag says
 //! so) is answered whoever sent it (a daemon whose repair made this one its parent before this
 //! one's did); one from a first life is not (the broadcast brings it the result). An `Excuse`
-//! with no ranks is
-//! how a returned daemon asks the children it waits for, and a child that gets the result only
-//! later (from below, or by the broadcast) then passes it up to the parent that asked.
+//! with no ranks is how a returned daemon asks the children it waits for, and a child that gets
+//! the result only later (from below, or by the broadcast) then passes it up to the parent that
+//! asked.
 //!
 //! # Bounds
 //! [`ALLGATHER_INFLIGHT_MAX`] own contributions without a result (`TooMany`),
