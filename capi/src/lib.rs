@@ -2142,27 +2142,36 @@ pub extern "C" fn tbon_on_fault(d: tbon_daemon, cb: tbon_fault_cb, user: *mut c_
         let Some(cb) = cb else {
             return fail(tbon_rc::TBON_ERR_BAD_PARAM, "cb is NULL");
         };
-        let h = handle(d)?;
         let user = UserPtr(user);
-        h.on_fault(move |s: &RecoveryStatus| {
-            let _scope = CallbackScope::enter();
-            let scope = match s.scope {
-                Scope::Local => tbon_scope::TBON_SCOPE_LOCAL,
-                Scope::Global => tbon_scope::TBON_SCOPE_GLOBAL,
-            };
+        on_repairs(d, move |s| {
             // SAFETY: the caller's function; the slice is alive for the call.
             unsafe {
                 cb(
                     s.newly_failed.as_ptr(),
                     s.newly_failed.len(),
-                    scope,
+                    c_scope(s.scope),
                     s.epoch.unwrap_or(0),
                     user.get(),
                 )
             }
-        })?;
-        Ok(())
+        })
     })
+}
+
+/// Registers `f` to run (as a callback, on the loop thread) after every repair of `d`'s tree.
+fn on_repairs(d: tbon_daemon, mut f: impl FnMut(&RecoveryStatus) + Send + 'static) -> Res {
+    handle(d)?.on_fault(move |s: &RecoveryStatus| {
+        let _scope = CallbackScope::enter();
+        f(s)
+    })?;
+    Ok(())
+}
+
+fn c_scope(scope: Scope) -> tbon_scope {
+    match scope {
+        Scope::Local => tbon_scope::TBON_SCOPE_LOCAL,
+        Scope::Global => tbon_scope::TBON_SCOPE_GLOBAL,
+    }
 }
 
 /// Registers a repair handler (see `tbon_repair_cb`): like `tbon_on_fault`, and it also tells
@@ -2174,10 +2183,8 @@ pub extern "C" fn tbon_on_repair(d: tbon_daemon, cb: tbon_repair_cb, user: *mut 
         let Some(cb) = cb else {
             return fail(tbon_rc::TBON_ERR_BAD_PARAM, "cb is NULL");
         };
-        let h = handle(d)?;
         let user = UserPtr(user);
-        h.on_fault(move |s: &RecoveryStatus| {
-            let _scope = CallbackScope::enter();
+        on_repairs(d, move |s| {
             let list = |v: &[u32]| {
                 if v.is_empty() {
                     (std::ptr::null(), 0)
@@ -2195,16 +2202,12 @@ pub extern "C" fn tbon_on_repair(d: tbon_daemon, cb: tbon_repair_cb, user: *mut 
                 nrestored,
                 departed,
                 ndeparted,
-                scope: match s.scope {
-                    Scope::Local => tbon_scope::TBON_SCOPE_LOCAL,
-                    Scope::Global => tbon_scope::TBON_SCOPE_GLOBAL,
-                },
+                scope: c_scope(s.scope),
                 epoch: s.epoch.unwrap_or(0),
             };
             // SAFETY: the caller's function; `repair` and the lists are alive for the call.
             unsafe { cb(&repair, user.get()) }
-        })?;
-        Ok(())
+        })
     })
 }
 

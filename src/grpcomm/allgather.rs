@@ -364,20 +364,8 @@ impl Allgather {
             if c.own {
                 self.local = self.local.saturating_sub(1);
             }
-            if c.asked
-                && let Some(parent) = self.view.parent
-            {
-                push_bounded(
-                    &mut self.queued,
-                    &mut self.stats,
-                    Transmit {
-                        to: parent,
-                        msg: AllgatherMsg::Outcome {
-                            id,
-                            result: Some(result.clone()),
-                        },
-                    },
-                );
+            if c.asked {
+                self.tell_parent(id, Some(result.clone()));
             }
         }
         self.dirty.remove(&id);
@@ -385,6 +373,20 @@ impl Allgather {
         self.cache(&result);
         self.events
             .push_back(AllgatherEvent::AllgatherDone { result });
+    }
+
+    /// Passes the outcome of `id` to the parent, which asked for it (`Excuse`).
+    fn tell_parent(&mut self, id: u64, result: Option<AllgatherResult>) {
+        if let Some(parent) = self.view.parent {
+            push_bounded(
+                &mut self.queued,
+                &mut self.stats,
+                Transmit {
+                    to: parent,
+                    msg: AllgatherMsg::Outcome { id, result },
+                },
+            );
+        }
     }
 
     fn remember_finished(&mut self, id: u64) {
@@ -774,17 +776,8 @@ impl Allgather {
         match result {
             Some(result) => self.handle_result(result),
             None => {
-                if self.collectives.remove(&id).is_some_and(|c| c.asked)
-                    && let Some(parent) = self.view.parent
-                {
-                    push_bounded(
-                        &mut self.queued,
-                        &mut self.stats,
-                        Transmit {
-                            to: parent,
-                            msg: AllgatherMsg::Outcome { id, result: None },
-                        },
-                    );
+                if self.collectives.remove(&id).is_some_and(|c| c.asked) {
+                    self.tell_parent(id, None);
                 }
                 self.dirty.remove(&id);
                 if own {

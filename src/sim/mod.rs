@@ -564,17 +564,12 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         seed: 10332,
         daemons: 15,
         radix: 2,
+        // REJOIN_MIXED's faults, with grow instead of rejoin.
         faults: FaultKinds {
-            crash: true,
-            link: true,
-            stall: true,
-            partition: true,
-            delay: true,
-            stale: true,
-            dup: true,
+            rejoin: false,
             grow: true,
             return_gathers: true,
-            ..FaultKinds::NONE
+            ..REJOIN_MIXED
         },
         found: "grow: a joined daemon asked its child (also joined) for an allgather's result; the child, unfinished then, got the result later from its own child and passed it only down, so the parent waited for ever (a daemon whose parent asked now sends it the result when it arrives)",
     },
