@@ -118,3 +118,89 @@ fn an_allgather_in_flight_across_a_rejoin_completes_without_the_new_life() {
         d.shutdown();
     }
 }
+
+#[test]
+fn a_dvm_started_with_room_to_grow_shows_absent_ranks_and_tells_the_joins() {
+    // Room for 5, 3 started: ranks 3 and 4 are absent (not dead) until they join.
+    let cfg = Config {
+        initial_size: 3,
+        ..loopback_config(2)
+    };
+    let size = 5;
+    let root = tbon::start(cfg.clone(), 0, size, None).expect("start rank 0");
+    let uri = root.contact_uri().to_string();
+    let mut dvm = vec![root];
+    for r in 1..3 {
+        dvm.push(tbon::start(cfg.clone(), r, size, Some(&uri)).expect("start"));
+    }
+    for d in &dvm {
+        assert!(
+            d.wait_wired(HANG_GUARD),
+            "rank {} did not wire up",
+            d.rank()
+        );
+    }
+    let report = dvm[0].status(2000, true).unwrap();
+    let view = tbon::status::view::view(&report).unwrap();
+    assert_eq!(report.absent, vec![3, 4]);
+    assert_eq!(
+        view.ranks_in(tbon::status::view::RankState::Absent),
+        vec![3, 4]
+    );
+    assert!(view.healthy(), "absent ranks are no fault: {view:?}");
+    // Rank 1's repair handler hears of each join as a restore, never as a failure.
+    let (tx, rx) = crossbeam_channel::unbounded();
+    dvm[1]
+        .on_fault(move |s| {
+            if s.scope == tbon::Scope::Global {
+                tx.send((s.restored.clone(), s.newly_failed.clone()))
+                    .unwrap();
+            }
+        })
+        .unwrap();
+    for r in 3..size {
+        let d = tbon::start(
+            Config {
+                rejoin: true,
+                ..cfg.clone()
+            },
+            r,
+            size,
+            Some(&uri),
+        )
+        .expect("join");
+        assert!(d.wait_wired(HANG_GUARD), "rank {r} did not join");
+        dvm.push(d);
+    }
+    let mut joined = Vec::new();
+    while joined.len() < 2 {
+        let (restored, failed) = rx.recv_timeout(HANG_GUARD).expect("a repair");
+        assert!(
+            failed.is_empty(),
+            "a join reported as a failure: {failed:?}"
+        );
+        joined.extend(restored);
+    }
+    joined.sort_unstable();
+    assert_eq!(joined, vec![3, 4]);
+    wait_for("every daemon to know both joins", || {
+        dvm.iter().all(|d| failed_at(d).is_empty())
+    });
+    let report = dvm[0].status(2000, true).unwrap();
+    assert!(report.absent.is_empty() && report.failed.is_empty());
+    // A barrier started after the joins includes the new ranks.
+    let waiters: Vec<_> = dvm
+        .iter()
+        .map(|d| {
+            let h = d.handle();
+            std::thread::spawn(move || h.barrier_wait(1, HANG_GUARD))
+        })
+        .collect();
+    for w in waiters {
+        let r = w.join().unwrap().expect("barrier");
+        assert!(r.excluded.is_empty(), "{r:?}");
+    }
+    for d in &dvm {
+        d.shutdown();
+    }
+}
