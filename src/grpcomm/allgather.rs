@@ -32,8 +32,9 @@
 //! contribute to them. So a collective does not wait for a rank's own contribution in a later
 //! life once the rank died or returned while the collective was in flight:
 //! - every daemon that holds a collective when a repair restores a rank marks the rank
-//!   *excused* in it, as it does a rank reported excluded from below that lives in its view
-//!   (it died and returned); contributions carry their excused ranks up;
+//!   *excused* in it, and sends its contribution again if it had sent it; contributions carry
+//!   their excused ranks up (a rank merely listed as excluded from below is not excused: it
+//!   may only be suspected there, and alive);
 //! - a daemon that holds a collective with a living excused rank passes an `Excuse` down to
 //!   every child it still waits for, each of which does the same, so the news reaches the
 //!   returned daemon wherever it was learnt;
@@ -456,9 +457,14 @@ impl Allgather {
         let digest = view.digest;
         let mut wanted: BTreeSet<Rank> = BTreeSet::new();
         for (&id, c) in self.collectives.iter_mut() {
-            // A rank back in the tree: this collective does not wait for its new life.
+            // A rank back in the tree: this collective does not wait for its new life. Tell the
+            // parent too (send again), so that the daemons above learn it.
+            let mut news = false;
             for &r in &status.restored {
-                c.data.add_excused(r);
+                news |= c.data.add_excused(r);
+            }
+            if news {
+                c.sent = None;
             }
             if change.view_changed {
                 // A digest recurs when a rank returns (the failed set is back to an earlier
@@ -668,12 +674,9 @@ impl Allgather {
         let is_child = self.view.is_child(from);
         let same_view = msg.digest == self.view.digest;
         let c = self.collectives.entry(id).or_default();
-        for &r in &msg.excluded {
-            // Failed where it was reported, living here: it died and returned.
-            if !self.view.failed.contains(&r) {
-                c.data.add_excused(r);
-            }
-        }
+        // Not from `excluded`: a rank listed there may be only suspected below (a local repair
+        // rank 0 never confirms) and alive (seed 20748). A sender that learns of a return
+        // sends its contribution again with the rank excused.
         for r in msg.excused {
             c.data.add_excused(r);
         }

@@ -585,6 +585,33 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         },
         found: "grow: a joined daemon whose parent died sent its allgather contribution to rank 0 before rank 0 knew it as a child; rank 0 had finished the collective and did not answer a stranger, and the joined daemon, which had missed the result's broadcast, waited for ever (late contributions are now answered whoever sends them)",
     },
+    RegressionSeed {
+        seed: 20748,
+        daemons: 13,
+        radix: 2,
+        // Spelled out: `all` when it was found (a kind added to `ALL` later must not change it).
+        faults: FaultKinds {
+            crash: true,
+            link: true,
+            stall: true,
+            partition: true,
+            delay: true,
+            stale: true,
+            dup: true,
+            stranger: true,
+            direct: true,
+            stream: true,
+            overload: true,
+            status: true,
+            group: true,
+            client: true,
+            rejoin: false,
+            grow: false,
+            leave: false,
+            return_gathers: true,
+        },
+        found: "allgather: a rank listed as excluded by a child that only suspected it (a local repair rank 0 never confirmed) was taken for a rank that had died and returned, excused, and left out of the result while alive (only restores excuse a rank now; a daemon that learns of one sends its contribution again)",
+    },
 ];
 
 /// The kinds of the rejoin seeds found mixed with link, stall, partition, delay, stale and dup.
