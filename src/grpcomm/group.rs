@@ -34,6 +34,31 @@
 //!   towards the parent every unfinished contribution is sent again; towards a child a `Sync`
 //!   makes the child re-send its own, which pulls any result it missed.
 //!
+//! # Returns
+//! A member that returns (rejoin, or a rank joining a DVM started with room to grow) is a
+//! member again, of every group that names its rank, with the allgather's rule (see
+//! [`super::allgather`], "Rejoins"): *a group collective waits for a returned member only if
+//! it started after the return was known everywhere it was held.*
+//! - Every daemon holding a collective when a repair restores one of its members marks the
+//!   member *excused* in it, and sends its contribution again if it had sent it; contributions
+//!   carry their excused members up.
+//! - A daemon holding a collective with a living excused member passes an `Excuse` down to
+//!   every interested child it still waits for, which does the same, so the news reaches the
+//!   returned daemon wherever it was learnt. An excused member without its own contribution
+//!   sends its subtree's, and is excluded unless its own reaches rank 0 first (its application
+//!   may contribute later: it is sent again, entries being idempotent).
+//! - A child that has already finished the collective answers an `Excuse` with `Have`.
+//! - A returned daemon may finish, as a relay, a collective its application has not called
+//!   yet; when the application calls it, it gets the cached result (or
+//!   [`GroupFailure::Lost`]). A returned member's calls of collectives finished before its
+//!   return get their result the same way, pulled from the first daemon on the way up that
+//!   still has it.
+//!
+//! An embedder whose returned daemon does not take part in a job's group again (it lost the
+//! job) must not leave the group's members waiting for it: they form the job's group anew
+//! without that rank (another [`super::members::GroupId`]), as they would after a failure they
+//! do not want to carry on through. See `docs/architecture.md`, "Groups across a return".
+//!
 //! # Bounds
 //! [`crate::limits::GROUP_INFLIGHT_MAX`] own contributions without a result (`TooMany`, the
 //! only refusal of an own contribution); [`crate::limits::GROUP_TRACKED_MAX`] more collectives
@@ -132,6 +157,8 @@ pub struct GroupStats {
     pub duplicate_results: u64,
     /// Results sent to children (forwarded or answered).
     pub results_sent: u64,
+    /// `Excuse` messages sent down.
+    pub excuses_sent: u64,
 }
 
 /// One collective at one daemon.
@@ -151,6 +178,8 @@ struct Pending {
     /// Neighbours that told this daemon they hold the outcome (`Have`): as children they
     /// count as complete.
     have: BTreeSet<Rank>,
+    /// Per child: (view digest, excused members) at the last `Excuse` sent to it.
+    excuses_sent: BTreeMap<Rank, (u64, usize)>,
 }
 
 /// A result kept to answer late contributions.
@@ -185,6 +214,12 @@ pub struct GroupGather {
     out: VecDeque<Transmit<GroupMsg>>,
     events: VecDeque<GroupEvent>,
     stats: GroupStats,
+    /// This daemon returned (rejoined or joined): it may finish a collective as a relay before
+    /// its application calls it.
+    returned: bool,
+    /// A returned daemon: finished collectives of which it is a member and to which its
+    /// application had not contributed; a call of one gets the cached result.
+    unclaimed: BTreeSet<(u128, u64)>,
 }
 
 impl GroupGather {
@@ -205,6 +240,17 @@ impl GroupGather {
             out: VecDeque::new(),
             events: VecDeque::new(),
             stats: GroupStats::default(),
+            returned: false,
+            unclaimed: BTreeSet::new(),
+        }
+    }
+
+    /// The core of a daemon that returned (rejoined, or joined a DVM started with room to
+    /// grow) into the tree `routing` describes: see the module documentation, "Returns".
+    pub fn rejoined(routing: &RoutingState) -> Self {
+        GroupGather {
+            returned: true,
+            ..GroupGather::new(routing)
         }
     }
 
@@ -241,8 +287,19 @@ impl GroupGather {
         if !op.group.contains(self.view.me) {
             return Err(GroupContributeError::NotMember);
         }
-        if self.finished_set.contains(&op.finished_key()) {
-            return Err(GroupContributeError::Finished);
+        let key = op.finished_key();
+        if self.finished_set.contains(&key) {
+            if !self.unclaimed.remove(&key) {
+                return Err(GroupContributeError::Finished);
+            }
+            // A returned daemon's application calls a collective this daemon finished as a
+            // relay: the cached result, or lost.
+            let result = match self.cache.iter().find(|c| c.op == op) {
+                Some(c) => Ok(result_of(&op, &c.data)),
+                None => Err(GroupFailure::Lost),
+            };
+            self.events.push_back(GroupEvent::Done { op, result });
+            return Ok(());
         }
         if data.len().saturating_add(ENTRY_OVERHEAD) > ALLGATHER_MAX_BYTES {
             return Err(GroupContributeError::TooLarge {
@@ -262,6 +319,8 @@ impl GroupGather {
         let p = self.pending.entry(op.clone()).or_default();
         p.member = true;
         p.own = true;
+        // Sent already if this member was excused: send again, now with its entry.
+        p.sent = None;
         p.data.add_entry(me, data);
         if p.data.check_overflow(&Named(&op)) {
             self.stats.overflowed += 1;
@@ -301,6 +360,7 @@ impl GroupGather {
                 }
             }
             GroupMsg::Have { op } => self.on_have(from, op),
+            GroupMsg::Excuse { op, ranks } => self.on_excuse(from, op, ranks),
         }
     }
 
@@ -335,6 +395,22 @@ impl GroupGather {
         let digest = view.digest;
         let mut wanted: BTreeSet<Rank> = BTreeSet::new();
         for (op, p) in self.pending.iter_mut() {
+            // A member back in the tree: this collective does not wait for its new life. Tell
+            // the parent too (send again), so that the daemons above learn it.
+            let mut news = false;
+            for &r in status.restored.iter().filter(|r| op.group.contains(**r)) {
+                news |= p.data.add_excused(r);
+            }
+            if news {
+                p.sent = None;
+            }
+            if change.view_changed {
+                // A digest recurs when a rank returns: what was told under it before is not
+                // news of this view.
+                p.excuses_sent.clear();
+            }
+            p.excuses_sent
+                .retain(|r, _| view.is_child(*r) && !change.new_children.contains(r));
             p.data
                 .follow_repair(&mut p.complete, view, &change.new_children, &mut wanted);
             if change.new_upstream {
@@ -382,6 +458,11 @@ impl GroupGather {
             self.announce_results();
         }
         if self.view.is_child(peer) {
+            for (op, p) in self.pending.iter_mut() {
+                if p.excuses_sent.remove(&peer).is_some() {
+                    self.dirty.insert(op.clone());
+                }
+            }
             self.synced.remove(&peer);
             self.queue_sync(peer);
         }
@@ -405,6 +486,7 @@ impl GroupGather {
                 }
             }
             let op = self.dirty.pop_first()?;
+            self.queue_excuses(routing, &op);
             self.evaluate(routing, op);
         }
     }
@@ -423,10 +505,11 @@ impl GroupGather {
         let finished = self.finished_set.contains(&op.finished_key());
         match self.pending.get(op) {
             Some(p) => format!(
-                "pending member={} own={} complete={:?} have={:?} sent={:?} interested={:?} \
-                 parent={:?} children={:?} digest={}",
+                "pending member={} own={} excused={:?} complete={:?} have={:?} sent={:?} \
+                 interested={:?} parent={:?} children={:?} digest={}",
                 p.member,
                 p.own,
+                p.data.excused,
                 p.complete,
                 p.have,
                 p.sent,
@@ -461,6 +544,10 @@ impl GroupGather {
         let member = op.group.contains(me);
         let p = self.pending.entry(op.clone()).or_default();
         p.member = member;
+        // Not from `excluded`: a member listed there may be only suspected below, and alive.
+        for r in data.excused {
+            p.data.add_excused(r);
+        }
         p.data
             .merge(me, data.overflowed, data.entries, data.excluded);
         p.data.hear(from, digest);
@@ -500,6 +587,81 @@ impl GroupGather {
         p.member = member;
         p.have.insert(from);
         self.dirty.insert(op);
+    }
+
+    /// The parent's word that `op` does not wait for `ranks` in their new lives. A child that
+    /// has finished `op` says so (`Have`): the parent returned after its result went down.
+    fn on_excuse(&mut self, from: Rank, op: GroupOp, ranks: Vec<Rank>) {
+        if Some(from) != self.view.parent {
+            return;
+        }
+        if self.finished_set.contains(&op.finished_key()) {
+            self.out.push_back(Transmit {
+                to: from,
+                msg: GroupMsg::Have { op },
+            });
+            return;
+        }
+        if !self.pending.contains_key(&op) && self.relayed() >= GROUP_TRACKED_MAX {
+            self.stats.dropped_untracked += 1;
+            log::warn!(
+                "group collectives: too many in flight; dropped an excuse for {}",
+                Named(&op)
+            );
+            return;
+        }
+        let member = op.group.contains(self.view.me);
+        let p = self.pending.entry(op.clone()).or_default();
+        p.member = member;
+        let mut news = false;
+        for r in ranks {
+            news |= p.data.add_excused(r);
+        }
+        if news {
+            self.dirty.insert(op);
+        }
+    }
+
+    /// Passes `op`'s living excused members down to every interested child it still waits for
+    /// and has not told them under this view.
+    fn queue_excuses(&mut self, routing: &RoutingState, op: &GroupOp) {
+        let Some(p) = self.pending.get_mut(op) else {
+            return;
+        };
+        let view = &self.view;
+        let living: Vec<Rank> = p
+            .data
+            .excused
+            .iter()
+            .copied()
+            .filter(|r| *r != view.me && !view.failed.contains(r))
+            .collect();
+        if living.is_empty() {
+            return;
+        }
+        let mark = (view.digest, p.data.excused.len());
+        for child in interested(routing, op) {
+            if p.complete.contains(&child)
+                || p.have.contains(&child)
+                || p.excuses_sent.get(&child) == Some(&mark)
+            {
+                continue;
+            }
+            p.excuses_sent.insert(child, mark);
+            log::trace!(
+                "rank {}: {}: excuse {living:?} to {child}",
+                view.me,
+                Named(op)
+            );
+            self.stats.excuses_sent += 1;
+            self.out.push_back(Transmit {
+                to: child,
+                msg: GroupMsg::Excuse {
+                    op: op.clone(),
+                    ranks: living.clone(),
+                },
+            });
+        }
     }
 
     /// Tell the parent which outcomes this daemon holds (after its parent changed, or the
@@ -555,7 +717,7 @@ impl GroupGather {
         let Some(p) = self.pending.get_mut(&op) else {
             return;
         };
-        if p.member && !p.own {
+        if p.member && !p.own && !p.data.excused.contains(&me) {
             return;
         }
         if p.interested.as_ref().is_none_or(|(d, _)| *d != digest) {
@@ -583,7 +745,7 @@ impl GroupGather {
                     .filter(|r| !p.data.entries.contains_key(r))
                     .collect();
                 for r in &excluded {
-                    if !failed.contains(r) {
+                    if !failed.contains(r) && !p.data.excused.contains(r) {
                         log::error!(
                             "{}: member {r} is living but did not contribute",
                             Named(&op)
@@ -594,6 +756,7 @@ impl GroupGather {
                     overflowed: false,
                     entries: p.data.entry_list(),
                     excluded,
+                    excused: Vec::new(),
                 }
             };
             self.finish(routing, op, false, data);
@@ -613,6 +776,7 @@ impl GroupGather {
             excluded: p
                 .data
                 .excluded_list(failed.iter().copied(), |r| group.contains(r)),
+            excused: p.data.excused.iter().copied().collect(),
         };
         self.stats.sent += 1;
         self.out.push_back(Transmit {
@@ -633,31 +797,31 @@ impl GroupGather {
             recipients.sort_unstable();
             recipients.dedup();
         }
-        if let Some(p) = removed
-            && p.own
-        {
-            self.local = self.local.saturating_sub(1);
-            let result = if lost {
-                Err(GroupFailure::Lost)
-            } else {
-                Ok(AllgatherResult {
-                    id: op.seq,
-                    overflowed: data.overflowed,
-                    contributions: data.entries.clone(),
-                    excluded: data.excluded.clone(),
-                })
-            };
-            self.events.push_back(GroupEvent::Done {
-                op: op.clone(),
-                result,
-            });
+        let key = op.finished_key();
+        match removed {
+            Some(p) if p.own => {
+                self.local = self.local.saturating_sub(1);
+                let result = if lost {
+                    Err(GroupFailure::Lost)
+                } else {
+                    Ok(result_of(&op, &data))
+                };
+                self.events.push_back(GroupEvent::Done {
+                    op: op.clone(),
+                    result,
+                });
+            }
+            _ if self.returned && op.group.contains(self.view.me) => {
+                self.unclaimed.insert(key);
+            }
+            _ => {}
         }
         self.dirty.remove(&op);
-        let key = op.finished_key();
         if self.finished.len() >= GROUP_FINISHED_MEMORY
             && let Some(old) = self.finished.pop_front()
         {
             self.finished_set.remove(&old);
+            self.unclaimed.remove(&old);
         }
         self.finished.push_back(key);
         self.finished_set.insert(key);
@@ -729,6 +893,16 @@ impl GroupGather {
             log::warn!("group collectives: forgot the Sync offer of rank {old} (too many pending)");
         }
         self.pending_syncs.push_back((from, digest));
+    }
+}
+
+/// The result a member gets from `data` (a result's data: no excused list).
+fn result_of(op: &GroupOp, data: &GroupData) -> AllgatherResult {
+    AllgatherResult {
+        id: op.seq,
+        overflowed: data.overflowed,
+        contributions: data.entries.clone(),
+        excluded: data.excluded.clone(),
     }
 }
 

@@ -496,10 +496,14 @@ impl Node {
                 ..GroupData::default()
             };
             let smaller = match t.msg {
-                GroupMsg::Contribution { op, digest, .. } => GroupMsg::Contribution {
+                // The excused members go up even so: the daemons above must not wait for them.
+                GroupMsg::Contribution { op, digest, data } => GroupMsg::Contribution {
                     op,
                     digest,
-                    data: overflowed,
+                    data: GroupData {
+                        excused: data.excused,
+                        ..overflowed
+                    },
                 },
                 GroupMsg::Result { op, lost, .. } => GroupMsg::Result {
                     op,

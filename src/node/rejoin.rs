@@ -531,7 +531,7 @@ impl Node {
         let limits = super::xcast_limits(self.msg_max_bytes);
         self.xcast = Xcast::rejoined(&self.routing, limits, w.op);
         self.allgather = Allgather::rejoined(&self.routing);
-        self.group = GroupGather::new(&self.routing);
+        self.group = GroupGather::rejoined(&self.routing);
         self.wire = Wire::Wired;
         self.settled = false;
         self.restored_at.insert(self.me, w.epoch);

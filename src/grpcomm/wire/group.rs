@@ -2,21 +2,22 @@
 //!
 //! | kind | message | layout after the kind byte |
 //! |---|---|---|
-//! | 32 | group `Contribution` | op, `u64 digest`, `u8 flags`, entries, excluded |
+//! | 32 | group `Contribution` | op, `u64 digest`, `u8 flags`, entries, excluded, excused |
 //! | 33 | group `Result` | op, `u8 flags`, entries, excluded |
 //! | 34 | group `Sync` | `u64 digest` |
 //! | 35 | group `Have` | op |
+//! | 36 | group `Excuse` | op, excused |
 //!
 //! - op: `u64 context`, `u32 runs`, `runs` x (`u32 first`, `u32 count`), `u64 seq`. The runs
 //!   are the member set in canonical form: ascending, `count >= 1`, below the DVM size, and no
 //!   two runs touch (`first` is above the previous run's end), so one member set has exactly
 //!   one encoding;
-//! - entries and excluded as for the allgather (see [`super`]); every rank among them must be
-//!   a member;
+//! - entries, excluded and excused as for the allgather (see [`super`]); every rank among them
+//!   must be a member;
 //! - flags: bit 0 = overflowed (no entries), bit 1 (results only) = lost: the result was
 //!   forgotten before this late contribution reached a daemon that had it (no entries, no
 //!   excluded); the other bits must be zero.
-use super::{Reader, WireError, entries_len, put_entries};
+use super::{Reader, WireError, entries_len, put_entries, put_ranks};
 use crate::Rank;
 use crate::grpcomm::members::{GroupId, GroupOp};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -25,6 +26,7 @@ const KIND_CONTRIBUTION: u8 = 32;
 const KIND_RESULT: u8 = 33;
 const KIND_SYNC: u8 = 34;
 const KIND_HAVE: u8 = 35;
+const KIND_EXCUSE: u8 = 36;
 
 /// The first kind byte of a group message (the node dispatches on it).
 pub const GROUP_KIND_MIN: u8 = KIND_CONTRIBUTION;
@@ -41,6 +43,9 @@ pub struct GroupData {
     pub entries: Vec<(Rank, Bytes)>,
     /// Failed members without an entry, strictly ascending.
     pub excluded: Vec<Rank>,
+    /// Contributions only (empty in results): members this collective does not wait for in a
+    /// later life (they returned while it was in flight), strictly ascending.
+    pub excused: Vec<Rank>,
 }
 
 /// A group collective's messages, all between tree neighbours.
@@ -64,6 +69,10 @@ pub enum GroupMsg {
     /// Child to a new parent: "I hold the outcome of `op`; my subtree needs nothing more"
     /// (its members got it from the parent it had before).
     Have { op: GroupOp },
+    /// Parent to child: "`op` does not wait for these members' own contributions in their new
+    /// lives" (they returned while it was in flight; see the module documentation of
+    /// [`crate::grpcomm::GroupGather`]).
+    Excuse { op: GroupOp, ranks: Vec<Rank> },
 }
 
 fn put_op(b: &mut BytesMut, op: &GroupOp) {
@@ -81,13 +90,16 @@ impl GroupMsg {
         match self {
             GroupMsg::Contribution { op, digest, data } => {
                 let mut b = BytesMut::with_capacity(
-                    10 + op_len(op) + entries_len(&data.entries, &data.excluded),
+                    14 + op_len(op)
+                        + entries_len(&data.entries, &data.excluded)
+                        + 4 * data.excused.len(),
                 );
                 b.put_u8(KIND_CONTRIBUTION);
                 put_op(&mut b, op);
                 b.put_u64(*digest);
                 b.put_u8(if data.overflowed { FLAG_OVERFLOWED } else { 0 });
                 put_entries(&mut b, &data.entries, &data.excluded);
+                put_ranks(&mut b, &data.excused);
                 b.freeze()
             }
             GroupMsg::Result { op, lost, data } => {
@@ -119,6 +131,13 @@ impl GroupMsg {
                 put_op(&mut b, op);
                 b.freeze()
             }
+            GroupMsg::Excuse { op, ranks } => {
+                let mut b = BytesMut::with_capacity(5 + op_len(op) + 4 * ranks.len());
+                b.put_u8(KIND_EXCUSE);
+                put_op(&mut b, op);
+                put_ranks(&mut b, ranks);
+                b.freeze()
+            }
         }
     }
 
@@ -134,7 +153,8 @@ impl GroupMsg {
                     FLAG_OVERFLOWED => true,
                     _ => return Err(WireError::Invalid("unknown flags")),
                 };
-                let data = read_gathered(&mut r, size, &op, overflowed)?;
+                let mut data = read_gathered(&mut r, size, &op, overflowed)?;
+                data.excused = read_members(&mut r, size, &op)?;
                 GroupMsg::Contribution { op, digest, data }
             }
             KIND_RESULT => {
@@ -154,6 +174,11 @@ impl GroupMsg {
             KIND_HAVE => GroupMsg::Have {
                 op: read_op(&mut r, size)?,
             },
+            KIND_EXCUSE => {
+                let op = read_op(&mut r, size)?;
+                let ranks = read_members(&mut r, size, &op)?;
+                GroupMsg::Excuse { op, ranks }
+            }
             other => return Err(WireError::UnknownKind(other)),
         };
         r.finish()?;
@@ -166,6 +191,15 @@ fn read_op(r: &mut Reader, size: u32) -> Result<GroupOp, WireError> {
     r.skip(took)?;
     let seq = r.u64()?;
     Ok(GroupOp { group, seq })
+}
+
+/// A list of ranks (`u32 count`, ascending ranks), each a member of `op`'s group.
+fn read_members(r: &mut Reader, size: u32, op: &GroupOp) -> Result<Vec<Rank>, WireError> {
+    let ranks = r.ranks(size)?;
+    if ranks.iter().any(|rank| !op.group.contains(*rank)) {
+        return Err(WireError::Invalid("an excused rank outside the group"));
+    }
+    Ok(ranks)
 }
 
 fn read_gathered(
@@ -187,6 +221,7 @@ fn read_gathered(
         overflowed,
         entries,
         excluded,
+        excused: Vec::new(),
     })
 }
 
@@ -207,8 +242,26 @@ mod tests {
             overflowed: false,
             entries: vec![(1, Bytes::from_static(b"a")), (7, Bytes::new())],
             excluded: vec![3],
+            excused: vec![],
+        };
+        let excusing = GroupData {
+            excused: vec![2, 10],
+            ..data.clone()
         };
         for msg in [
+            GroupMsg::Contribution {
+                op: op(),
+                digest: 6,
+                data: excusing,
+            },
+            GroupMsg::Excuse {
+                op: op(),
+                ranks: vec![1, 7],
+            },
+            GroupMsg::Excuse {
+                op: op(),
+                ranks: vec![],
+            },
             GroupMsg::Contribution {
                 op: op(),
                 digest: 5,

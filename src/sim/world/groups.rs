@@ -8,6 +8,13 @@
 //! every endpoint got is right, and a get fails only with `NodeDown` of a dead member; by the
 //! end every living member that called a collective has its result, every get of a living
 //! member is answered, and no daemon keeps group or fetch state.
+//!
+//! Across a return (the `rejoin` and `grow` kinds): a restarted member's application knows
+//! nothing of its groups' collectives, so it calls each of them again (committing its endpoint
+//! again at its first call). What a return allows: a returned member excluded from a result, a
+//! returned member's call ending `ResultLost` (the result was forgotten before its late call
+//! reached a daemon that had it), and a get of a returned member's endpoint answered
+//! `NotFound` (its new life has not committed yet).
 
 use super::World;
 use crate::Rank;
@@ -68,6 +75,32 @@ impl World {
         Some(GroupOp { group, seq })
     }
 
+    /// Member `rank` started again: its new life calls each collective of its groups again,
+    /// at random times over the next quarter of the safety margin. What the old life called,
+    /// got, committed and asked for is forgotten (its outcomes never come).
+    pub(super) fn groups_restarted(&mut self, rank: Rank) {
+        self.groups.committed.retain(|(r, _)| *r != rank);
+        self.groups.called.retain(|(r, ..)| *r != rank);
+        self.groups.got.retain(|(r, ..)| *r != rank);
+        self.groups.tokens.retain(|_, (.., m)| *m != rank);
+        self.groups.gets.retain(|_, (asker, ..)| *asker != rank);
+        let mut calls = Vec::new();
+        for (group, (_, members, count)) in self.scen.groups.iter().enumerate() {
+            if members.contains(&rank) {
+                calls.extend((0..*count).map(|seq| (group, seq)));
+            }
+        }
+        for (group, seq) in calls {
+            let at = self.now_us + self.rng.range(0, self.scen.safety_us / 4 + 1);
+            self.push(at, super::Ev::GroupCall { group, seq, rank });
+        }
+    }
+
+    /// Whether `rank` was ever started again (a return).
+    fn returned(&self, rank: Rank) -> bool {
+        self.restarts.life(rank) > 0
+    }
+
     /// Member `rank` calls collective `seq` of group `group`.
     pub(super) fn on_group_call(
         &mut self,
@@ -75,7 +108,15 @@ impl World {
         seq: u64,
         rank: Rank,
     ) -> Result<(), Violation> {
-        if !self.living(rank) {
+        if !self.living(rank) || self.groups.called.contains(&(rank, group, seq)) {
+            return Ok(());
+        }
+        if !self.settled(rank) {
+            // A restarted daemon's application waits until it is wired.
+            self.push(
+                self.now_us + 200_000,
+                super::Ev::GroupCall { group, seq, rank },
+            );
             return Ok(());
         }
         let Some(op) = self.group_op(group, seq) else {
@@ -150,6 +191,10 @@ impl World {
             let result = match outcome {
                 Ok(result) => result,
                 Err(SendError::ShutDown) if stopping => continue,
+                Err(SendError::ResultLost) if self.returned(r) => {
+                    self.groups.got.insert((r, group, seq));
+                    continue;
+                }
                 Err(e) => {
                     return Err(v(format!(
                         "rank {r}: collective {seq} of group {group} failed: {e}"
@@ -211,6 +256,8 @@ impl World {
             match answer {
                 Ok(value) if value == endpoint(group, owner) => self.groups.endpoints_got += 1,
                 Err(GetError::NodeDown(x)) if x == owner => self.groups.node_down.push(owner),
+                // A returned member's new life may not have committed yet.
+                Err(GetError::NotFound) if self.returned(owner) => {}
                 // A daemon that stops (declared dead, or cut off from rank 0) ends its gets.
                 Err(GetError::ShutDown)
                     if self
@@ -290,14 +337,19 @@ impl World {
             }
         }
         for ((group, seq), result) in &self.groups.results {
-            if let Some(x) = result.excluded.iter().find(|x| counted(**x)) {
+            if let Some(x) = result
+                .excluded
+                .iter()
+                .find(|x| counted(**x) && !self.returned(**x))
+            {
                 return Err(v(format!(
                     "collective {seq} of group {group} excluded living member {x}"
                 )));
             }
         }
         for x in &self.groups.node_down {
-            if counted(*x) {
+            // A returned member's earlier life may have been down when asked.
+            if counted(*x) && !self.returned(*x) {
                 return Err(v(format!("a get said living rank {x} was down")));
             }
         }

@@ -136,6 +136,7 @@ impl World {
             let at = self.now_us + self.rng.range(0, self.scen.safety_us / 4 + 1);
             self.push(at, Ev::Contribute { rank, id });
         }
+        self.groups_restarted(rank);
         self.restarts.rejoining.insert(rank, attempt);
         self.restarts.restarted += 1;
         self.after(rank)
