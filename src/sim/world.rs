@@ -644,6 +644,33 @@ impl World {
         let deadline = self.scen.safety_us + LIVENESS_US;
         while let Some(Reverse((at, ..))) = self.queue.peek() {
             if *at > deadline {
+                let unquiet: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .filter(|n| self.living(n.rank))
+                    .map(|n| {
+                        format!(
+                            "{}: relm idle {} retained {} outstanding {} direct {} groups {} \
+                             fetches {}",
+                            n.rank,
+                            n.relm().is_idle(),
+                            n.xcast().retained(),
+                            n.xcast().outstanding(),
+                            n.node.direct_held(),
+                            n.node.group_tracked(),
+                            n.node.modex_fetching()
+                        )
+                    })
+                    .collect();
+                log::debug!(
+                    "still busy: rejoining {:?}, status pending {}, streams open {}, wires empty \
+                     {}, daemons {unquiet:?}",
+                    self.restarts.rejoining,
+                    self.status_pending(),
+                    self.streams
+                        .open_at(|r| self.living(r) && !self.declared.contains(&r)),
+                    self.wires.as_ref().is_none_or(capacity::Wires::is_empty)
+                );
                 log::debug!(
                     "still busy: {} work events, held {:?}, redials {:?}, parked {:?}",
                     self.busy,

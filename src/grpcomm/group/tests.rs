@@ -2,6 +2,7 @@ use super::*;
 use crate::grpcomm::members::GroupId;
 use crate::grpcomm::testnet::{Repairs, Rng, Sim};
 use crate::grpcomm::xcast::tests::{Fault, inject};
+use crate::routed::Scope;
 
 fn op(context: u64, members: &[Rank], seq: u64) -> GroupOp {
     GroupOp {
@@ -375,4 +376,87 @@ fn sim_crash_during_repair() {
 #[test]
 fn sim_staggered_random_crashes() {
     batch("staggered", Fault::Random, Repairs::Staggered, true);
+}
+
+/// Delivers every message among `cores` (each with its routing) until none is left.
+fn exchange(cores: &mut [(&RoutingState, &mut GroupGather)]) {
+    for _ in 0..64 {
+        let mut sent = Vec::new();
+        for (state, core) in cores.iter_mut() {
+            let from = state.me();
+            sent.extend(transmits(core, state).into_iter().map(|t| (from, t)));
+        }
+        if sent.is_empty() {
+            return;
+        }
+        for (from, t) in sent {
+            if let Some((state, core)) = cores.iter_mut().find(|(s, _)| s.me() == t.to) {
+                core.handle_msg(state, from, t.msg);
+            }
+        }
+    }
+    panic!("the cores never went quiet");
+}
+
+#[test]
+fn a_returned_member_is_excused_from_what_was_in_flight_even_as_a_relay() {
+    // Radix 2, size 4: 0 -> {1, 2}, 1 -> {3}. Group {0, 1, 3}: rank 1 dies while collective 0
+    // is in flight and returns; its new life relays for rank 3 but its application never
+    // calls collective 0.
+    let mut r0 = routing(2, 4, 0);
+    let mut r3 = routing(2, 4, 3);
+    assert_eq!(routing(2, 4, 1).children(), &[3]);
+    let o = op(4, &[0, 1, 3], 0);
+    let mut zero = GroupGather::new(&r0);
+    let mut three = GroupGather::new(&r3);
+    zero.contribute(o.clone(), Bytes::from_static(b"0"))
+        .unwrap();
+    for (state, core) in [(&mut r0, &mut zero), (&mut r3, &mut three)] {
+        let status = state.fail(&[1], Scope::Global, Some(1)).unwrap();
+        core.handle_repair(&status);
+        let status = state.restore(&[1], Scope::Global, Some(2)).unwrap();
+        core.handle_repair(&status);
+    }
+    // Rank 3 calls after the return: only rank 0 knows that collective 0 was in flight then,
+    // and its `Excuse` must reach rank 1 for rank 1 to send rank 3's entry without its own.
+    three
+        .contribute(o.clone(), Bytes::from_static(b"3"))
+        .unwrap();
+    let r1 = routing(2, 4, 1);
+    let mut one = GroupGather::rejoined(&r1);
+    exchange(&mut [(&r0, &mut zero), (&r1, &mut one), (&r3, &mut three)]);
+    let done = events(&mut zero);
+    let result = match &done[..] {
+        [GroupEvent::Done { result: Ok(r), .. }] => r.clone(),
+        other => panic!("rank 0 waited for the returned member: {other:?}"),
+    };
+    assert_eq!(result.excluded, vec![1]);
+    assert_eq!(result.ranks().collect::<Vec<_>>(), vec![0, 3]);
+    assert!(zero.stats().excuses_sent >= 1);
+    assert!(
+        matches!(&events(&mut three)[..], [GroupEvent::Done { result: Ok(r), .. }] if *r == result)
+    );
+    // Its application calls collective 0 later: the result its daemon relayed.
+    one.contribute(o.clone(), Bytes::from_static(b"1")).unwrap();
+    assert!(
+        matches!(&events(&mut one)[..], [GroupEvent::Done { result: Ok(r), .. }] if *r == result)
+    );
+    assert_eq!(
+        one.contribute(o.clone(), Bytes::new()),
+        Err(GroupContributeError::Finished)
+    );
+    // A collective started after the return waits for the returned member.
+    let next = op(4, &[0, 1, 3], 1);
+    zero.contribute(next.clone(), Bytes::new()).unwrap();
+    three.contribute(next.clone(), Bytes::new()).unwrap();
+    exchange(&mut [(&r0, &mut zero), (&r1, &mut one), (&r3, &mut three)]);
+    assert!(events(&mut zero).is_empty(), "{}", zero.describe(&next));
+    one.contribute(next.clone(), Bytes::new()).unwrap();
+    exchange(&mut [(&r0, &mut zero), (&r1, &mut one), (&r3, &mut three)]);
+    assert!(
+        matches!(&events(&mut zero)[..], [GroupEvent::Done { result: Ok(r), .. }] if r.excluded.is_empty())
+    );
+    for core in [&zero, &one, &three] {
+        assert_eq!(core.tracked(), 0);
+    }
 }

@@ -339,6 +339,7 @@ mod tests {
                 overflowed: false,
                 entries: vec![(2, Bytes::from_static(b"xy"))],
                 excluded: vec![7],
+                excused: vec![1],
             },
         }
         .encode();

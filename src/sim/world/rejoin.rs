@@ -137,6 +137,7 @@ impl World {
             self.push(at, Ev::Contribute { rank, id });
         }
         self.groups_restarted(rank);
+        self.streams_restarted(rank);
         self.restarts.rejoining.insert(rank, attempt);
         self.restarts.restarted += 1;
         self.after(rank)

@@ -50,6 +50,13 @@ fn v(detail: String) -> Violation {
 }
 
 impl World {
+    /// `rank` started again: its old life's streams, as consumer and as producer, are gone
+    /// with it (a producer's consumers see it die; the new life knows none of them).
+    pub(super) fn streams_restarted(&mut self, rank: Rank) {
+        self.streams.consuming.retain(|_, (c, ..)| *c != rank);
+        self.streams.producing.retain(|(p, ..), _| *p != rank);
+    }
+
     /// The scenario's fetch number `id` starts at its consumer.
     pub(super) fn on_fetch(&mut self, id: u64) -> Result<(), Violation> {
         let Some(&(consumer, producer, len, window, _)) = self.scen.streams.get(id as usize) else {
@@ -186,7 +193,11 @@ impl World {
                     let Some((_, producer, len, got)) = self.streams.consuming.remove(&id) else {
                         return Err(v(format!("rank {r}: end of unknown stream {id}")));
                     };
-                    let gone = self.gone();
+                    let mut gone = self.gone();
+                    // A producer that returned died in an earlier life.
+                    if self.restarts.life(producer) > 0 {
+                        gone.push(producer);
+                    }
                     match result {
                         Ok(()) if got == len => self.streams.finished += 1,
                         Ok(()) => {
