@@ -272,6 +272,15 @@ impl Node {
                 "rank {}: rank {peer} unreachable while rejoining; ignored",
                 self.me
             );
+        } else if matches!(self.wire, super::Wire::Rejoining(..)) {
+            // Rank 0 out of reach for a while (a partition, a switch restarting): the request
+            // goes again every `REJOIN_RETRY_MS`, which dials again, until the rejoin's
+            // deadline says no answer came (seed 2569 of `all,rejoin`).
+            log::warn!(
+                "rank {}: rank 0 unreachable after {attempts} attempts while rejoining; asking \
+                 again until the rejoin's deadline",
+                self.me
+            );
         } else if self.me != 0 && self.stopping.is_none() {
             log::error!(
                 "rank {}: cannot reach rank {peer} after {attempts} attempts",

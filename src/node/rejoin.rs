@@ -153,10 +153,16 @@ impl Node {
     /// does not know of its death yet, e.g. over a port the restarted daemon listens on again).
     pub(super) fn same_lives(&self, h: &crate::oob::header::Header) -> bool {
         if matches!(self.wire, Wire::Rejoining(..)) {
+            // Rank 0 also says "declared dead" on this daemon's own connection when it admitted
+            // this incarnation, lost it before it settled and declared it dead again (its
+            // welcome lost with a connection): it stops at once instead of at its deadline.
             return h.kind == Kind::Msg
                 && h.origin == 0
                 && h.dst == self.me
-                && matches!(h.tag, TAG_WELCOME | TAG_REJOIN_REFUSED);
+                && matches!(
+                    h.tag,
+                    TAG_WELCOME | TAG_REJOIN_REFUSED | crate::faults::notice::TAG_DECLARED_DEAD
+                );
         }
         let routed = matches!(h.kind, Kind::Msg | Kind::RelmData);
         h.origin_life() == self.life_of(h.origin)

@@ -108,7 +108,16 @@ impl World {
         seq: u64,
         rank: Rank,
     ) -> Result<(), Violation> {
-        if !self.living(rank) || self.groups.called.contains(&(rank, group, seq)) {
+        // A leaving daemon's application calls nothing more (its groups exclude it once it has
+        // departed).
+        if !self.living(rank)
+            || self.leaving(rank)
+            || self
+                .nodes
+                .get(rank as usize)
+                .is_some_and(|n| n.node.stopping().is_some())
+            || self.groups.called.contains(&(rank, group, seq))
+        {
             return Ok(());
         }
         if !self.settled(rank) {

@@ -195,18 +195,24 @@ impl World {
         self.restarts.rejoining.contains_key(&r)
     }
 
-    /// Daemon `r` stopped while rejoining: a refusal is allowed (the restart came too early);
-    /// the world tries again. Returns whether the stop was such a refusal.
+    /// Daemon `r` stopped while rejoining: a refusal (the restart came too early) or no answer
+    /// within the rejoin's deadline is allowed; the world tries again. Returns whether the stop was such a refusal.
     pub(super) fn rejoin_stopped(&mut self, r: Rank, reason: &StopReason) -> bool {
         let Some(attempt) = self.restarts.rejoining.get(&r).copied() else {
             return false;
         };
-        let StopReason::Fatal(why) = reason else {
-            return false;
+        // Refused (the death not yet confirmed), declared dead before it settled (admitted,
+        // then lost), or no answer in time (rank 0 out of reach, or its answer lost with the
+        // connection it took): the operator starts it again.
+        let why = match reason {
+            StopReason::Fatal(why)
+                if why.contains("refused to admit") || why.contains("no answer from rank 0") =>
+            {
+                why
+            }
+            StopReason::DeclaredDead(why) => why,
+            _ => return false,
         };
-        if !why.contains("refused to admit") {
-            return false;
-        }
         log::debug!("{} us: rank {r}'s rejoin refused: {why}", self.now_us);
         self.restarts.refused += 1;
         self.restarts.rejoining.remove(&r);
