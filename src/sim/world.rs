@@ -1124,10 +1124,12 @@ impl World {
                 if reliable {
                     let token = self.next_token;
                     self.next_token += 1;
-                    if n.send_reliable(now, dst, TAG_RELIABLE, payload, token)
-                        .is_ok()
-                    {
-                        self.check.sent_reliable(token, origin, dst, seq);
+                    match n.send_reliable(now, dst, TAG_RELIABLE, payload, token) {
+                        Ok(()) => self.check.sent_reliable(token, origin, dst, seq),
+                        Err(e) => log::debug!(
+                            "{} us: reliable {origin}->{dst} #{seq} refused: {e}",
+                            self.now_us
+                        ),
                     }
                 } else {
                     self.check.plain_sent += 1;
