@@ -612,7 +612,61 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         },
         found: "allgather: a rank listed as excluded by a child that only suspected it (a local repair rank 0 never confirmed) was taken for a rank that had died and returned, excused, and left out of the result while alive (only restores excuse a rank now; a daemon that learns of one sends its contribution again)",
     },
+    RegressionSeed {
+        seed: 164,
+        daemons: 20,
+        radix: 2,
+        faults: ALL_REJOIN,
+        found: "groups: a member restarted after its call time never called the group's first collective, and rank 0 waited for its new life for ever (members restored while a group collective is held are excused, as in the allgather)",
+    },
+    RegressionSeed {
+        seed: 2569,
+        daemons: 17,
+        radix: 3,
+        faults: ALL_REJOIN,
+        found: "rejoin: a rejoining daemon whose dial to rank 0 failed once (a link down) stopped as if rank 0 were lost, and stayed a rejoin in progress for ever (it now asks again until its deadline)",
+    },
+    RegressionSeed {
+        seed: 2822,
+        daemons: 3,
+        radix: 3,
+        faults: ALL_REJOIN,
+        found: "rejoin: rank 0's welcome was lost with a connection, rank 0 declared the admitted incarnation dead again, and the daemon waited 240 s for an answer its handshake had already refused (it now stops at the \"declared dead\" and is started again)",
+    },
+    RegressionSeed {
+        seed: 146,
+        daemons: 4,
+        radix: 3,
+        faults: FaultKinds {
+            grow: true,
+            ..ALL_REJOIN
+        },
+        found: "checker: a reliable message to a joined daemon ended NodeDown when the daemon was declared dead during a stall, and the still-running life posted it afterwards; the checker had taken it out of the pair's sequence for good (it takes its place again)",
+    },
 ];
+
+/// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to
+/// `ALL` later must not change them).
+const ALL_REJOIN: FaultKinds = FaultKinds {
+    crash: true,
+    link: true,
+    stall: true,
+    partition: true,
+    delay: true,
+    stale: true,
+    dup: true,
+    stranger: true,
+    direct: true,
+    stream: true,
+    overload: true,
+    status: true,
+    group: true,
+    client: true,
+    rejoin: true,
+    grow: false,
+    leave: false,
+    return_gathers: true,
+};
 
 /// The kinds of the rejoin seeds found mixed with link, stall, partition, delay, stale and dup.
 const REJOIN_MIXED: FaultKinds = FaultKinds {
