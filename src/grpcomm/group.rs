@@ -342,9 +342,21 @@ impl GroupGather {
             GroupMsg::Result { op, lost, data } => {
                 if self.finished_set.contains(&op.finished_key()) {
                     self.stats.duplicate_results += 1;
-                } else {
-                    self.finish(routing, op, lost, data);
+                    return;
                 }
+                // From a former parent, after this daemon's parent changed: the new one may
+                // wait for this subtree, and this daemon's contribution (if its application
+                // calls later) is answered here; tell it (seed 1256 of `all,rejoin,grow`).
+                if let Some(parent) = self.view.parent
+                    && parent != from
+                    && !lost
+                {
+                    self.out.push_back(Transmit {
+                        to: parent,
+                        msg: GroupMsg::Have { op: op.clone() },
+                    });
+                }
+                self.finish(routing, op, lost, data);
             }
             // Unlike the allgather's, answered at once under any view (it pulls outcomes,
             // which a finished parent answers whatever the view), and answered again when this
@@ -718,6 +730,7 @@ impl GroupGather {
             return;
         };
         if p.member && !p.own && !p.data.excused.contains(&me) {
+            log::trace!("rank {me}: {}: waiting for its own call", Named(&op));
             return;
         }
         if p.interested.as_ref().is_none_or(|(d, _)| *d != digest) {
@@ -728,6 +741,16 @@ impl GroupGather {
                 .all(|c| p.complete.contains(c) || p.have.contains(c))
         });
         if !ready {
+            log::trace!(
+                "rank {me}: {}: waiting (own {}, interested {:?}, complete {:?}, have {:?}, \
+                 excused {:?})",
+                Named(&op),
+                p.own,
+                p.interested,
+                p.complete,
+                p.have,
+                p.data.excused
+            );
             return;
         }
         if me == 0 {
@@ -797,6 +820,12 @@ impl GroupGather {
             recipients.sort_unstable();
             recipients.dedup();
         }
+        log::trace!(
+            "rank {}: {}: finished (lost {lost}, own {}), result to {recipients:?}",
+            self.view.me,
+            Named(&op),
+            removed.as_ref().is_some_and(|p| p.own)
+        );
         let key = op.finished_key();
         match removed {
             Some(p) if p.own => {

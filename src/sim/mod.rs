@@ -643,6 +643,26 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         },
         found: "checker: a reliable message to a joined daemon ended NodeDown when the daemon was declared dead during a stall, and the still-running life posted it afterwards; the checker had taken it out of the pair's sequence for good (it takes its place again)",
     },
+    RegressionSeed {
+        seed: 1256,
+        daemons: 35,
+        radix: 2,
+        faults: FaultKinds {
+            grow: true,
+            ..ALL_REJOIN
+        },
+        found: "groups: a joined daemon got two group results from its former parent after a later joiner had become its parent, which then waited for its subtree for ever (a result from a daemon other than the parent is now announced to the parent with `Have`)",
+    },
+    RegressionSeed {
+        seed: 90,
+        daemons: 38,
+        radix: 2,
+        faults: FaultKinds {
+            grow: true,
+            ..ALL_REJOIN
+        },
+        found: "simulator: a daemon that crashed while being admitted, and was never started again, stayed a rejoin in progress, so the run never went quiet",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to
