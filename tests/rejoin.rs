@@ -204,3 +204,80 @@ fn a_dvm_started_with_room_to_grow_shows_absent_ranks_and_tells_the_joins() {
         d.shutdown();
     }
 }
+
+#[test]
+fn a_group_collective_in_flight_across_a_rejoin_completes_and_the_next_waits_for_the_new_life() {
+    // Radix 2, 7 daemons: rank 1 is interior (children 3 and 4). Job 9 runs on ranks 1, 3, 4
+    // and 6; rank 1 relays for 3 and 4.
+    let cfg = loopback_config(2);
+    let mut dvm = start_dvm(7, &cfg);
+    let members = [1, 3, 4, 6];
+    // Each daemon has its own `Group` value (clones share the numbering).
+    let job = |_: Rank| tbon::Group::new(9, members).unwrap();
+    let mut groups: Vec<Option<tbon::Group>> = (0..7)
+        .map(|r| members.contains(&r).then(|| job(r)))
+        .collect();
+    let data = |r: Rank| Bytes::from(format!("job 9 at {r}"));
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let call = |dvm: &[Daemon],
+                groups: &[Option<tbon::Group>],
+                r: Rank,
+                tx: &crossbeam_channel::Sender<_>| {
+        let tx = tx.clone();
+        let g = groups[r as usize].as_ref().unwrap();
+        dvm[r as usize]
+            .group_allgather(g, data(r), move |res| tx.send((r, res)).unwrap())
+            .unwrap();
+    };
+    // Collective 0 is in flight: ranks 1 and 3 call it, then rank 1 dies and returns.
+    call(&dvm, &groups, 1, &tx);
+    call(&dvm, &groups, 3, &tx);
+    kill_and_restart(&mut dvm, 1, &cfg);
+    // Ranks 4 and 6 call after the return: it does not wait for rank 1's new life, whose
+    // application knows nothing of it.
+    call(&dvm, &groups, 4, &tx);
+    call(&dvm, &groups, 6, &tx);
+    let mut results = Vec::new();
+    while results.len() < 3 {
+        let (at, r) = rx.recv_timeout(HANG_GUARD).expect("a result");
+        match r {
+            Ok(r) => results.push((at, r)),
+            // The old life's call ended with it.
+            Err(tbon::SendError::ShutDown) if at == 1 => {}
+            Err(e) => panic!("rank {at}: job 9's collective 0: {e}"),
+        }
+    }
+    for (at, r) in &results {
+        assert_ne!(*at, 1);
+        let ranks: Vec<Rank> = r.ranks().collect();
+        for x in [3, 4, 6] {
+            assert!(ranks.contains(&x), "rank {at}: {x} missing from {ranks:?}");
+        }
+        assert_eq!(r, &results[0].1, "every member gets the same result");
+    }
+    // The new life's application joins the job afresh: its first call is collective 0, and
+    // it gets the result its daemon relayed.
+    groups[1] = Some(job(1));
+    call(&dvm, &groups, 1, &tx);
+    let (at, r) = rx.recv_timeout(HANG_GUARD).expect("the new life's result");
+    assert_eq!(at, 1);
+    assert_eq!(r.expect("collective 0 at the new life"), results[0].1);
+    // Collective 1, started after the return, waits for the new life and includes it.
+    for r in [3, 4, 6] {
+        call(&dvm, &groups, r, &tx);
+    }
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "collective 1 finished without the returned member"
+    );
+    call(&dvm, &groups, 1, &tx);
+    for _ in 0..4 {
+        let (at, r) = rx.recv_timeout(HANG_GUARD).expect("collective 1");
+        let r = r.unwrap_or_else(|e| panic!("rank {at}: collective 1: {e}"));
+        assert_eq!(r.ranks().collect::<Vec<_>>(), vec![1, 3, 4, 6]);
+        assert!(r.excluded.is_empty());
+    }
+    for d in &dvm {
+        d.shutdown();
+    }
+}
