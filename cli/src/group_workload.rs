@@ -249,7 +249,14 @@ fn run_one(
             match h.get_wait(group, m, "ep", COLLECTIVE_GUARD) {
                 Ok(v) if v == endpoint(seed, context, m) => {}
                 Ok(_) => c.outcome = "wrong-bytes".into(),
+                // `NotFound`: a member restarted (`--restart`) whose new life has not committed
+                // yet. Both are listed with the excluded, which must be victims.
                 Err(tbon::GetError::NodeDown(x)) if x == m => {
+                    if !c.excluded.contains(&m) {
+                        c.excluded.push(m);
+                    }
+                }
+                Err(tbon::GetError::NotFound) => {
                     if !c.excluded.contains(&m) {
                         c.excluded.push(m);
                     }

@@ -653,14 +653,19 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let has_stop = faults
         .iter()
         .any(|f| matches!(f.kind, FaultKind::Stop | FaultKind::Cut(_)));
-    if (faults.iter().any(|f| f.kind == FaultKind::Restart) || !grows.is_empty())
-        && (matches!(args.pattern, Pattern::Stream | Pattern::Group) || args.clients_per_daemon > 0)
+    let restarts = faults.iter().any(|f| f.kind == FaultKind::Restart);
+    if (restarts || !grows.is_empty())
+        && (args.pattern == Pattern::Stream || args.clients_per_daemon > 0)
     {
         return Err(
-            "--restart, --restart-at and --grow check messages and broadcasts; they cannot be \
-             combined with --pattern stream or group, or with --clients-per-daemon yet"
+            "--restart, --restart-at and --grow check messages, broadcasts and (--restart) \
+             group collectives; they cannot be combined with --pattern stream or with \
+             --clients-per-daemon yet"
                 .into(),
         );
+    }
+    if !grows.is_empty() && args.pattern == Pattern::Group {
+        return Err("--grow cannot be combined with --pattern group yet".into());
     }
     let hb_interval = args.heartbeat_interval_ms.or(has_stop.then_some(300));
     let hb_timeout = args

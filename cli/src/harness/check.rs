@@ -586,9 +586,11 @@ pub fn analyse(inp: Input<'_>) -> Report {
         }
     }
     let grouping = args.pattern == super::super::workload::Pattern::Group;
+    let returned: BTreeSet<u32> = rejoined.keys().copied().collect();
     let (gc, group_examples) = super::check_groups::judge(
         results,
         &victims,
+        &returned,
         (args.seed, n, args.group_size, args.group_rounds),
     );
     if ran && grouping {
@@ -874,8 +876,9 @@ pub fn analyse(inp: Input<'_>) -> Report {
     if grouping {
         let _ = writeln!(
             t,
-            "  {:<30} {} groups of {}, {} collectives, {} outcomes at survivors: {} ok, {} \
-             broadcasts whose root was killed, {} victims excluded, {} wrong",
+            "  {:<30} {} groups of {}, {} collectives, {} outcomes at survivors and \
+             restarted members: {} ok, {} broadcasts whose root was killed, {} results lost at \
+             restarted members, {} victims excluded, {} wrong",
             "group collectives",
             gc.groups,
             args.group_size,
@@ -883,6 +886,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
             gc.outcomes,
             gc.ok,
             gc.root_died,
+            gc.returned_lost,
             gc.excluded_victims,
             gc.wrong
         );

@@ -4,7 +4,12 @@
 //! survivor. A fence's outcome is `ok` when every member's endpoint read back right; members
 //! whose get said `NodeDown` are listed with the excluded, and must be victims (members may
 //! differ there: a member killed after one fetched its data and before another did). Victims'
-//! collectives are not judged: they wrote no results.
+//! collectives are not judged: they wrote no results. A victim restarted with `--restart`
+//! (returned) is judged by its new life's results, which call every collective from the
+//! first: each must end `ok` with the survivors' result, or `result-lost` (finished before the
+//! return and no longer cached on the way); survivors may exclude it, and a get of its data may
+//! find nothing until its new life commits (`docs/architecture.md`, "Groups across a
+//! return").
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,6 +27,8 @@ pub struct GroupCounts {
     pub ok: u64,
     /// Broadcasts ended `root-died` at a member because their root was a victim.
     pub root_died: u64,
+    /// Outcomes at restarted members ended `result-lost`.
+    pub returned_lost: u64,
     /// Results that excluded a victim (its contribution never reached the tree).
     pub excluded_victims: u64,
     /// Outcomes that are wrong (each is a failure of the run): a missing or failed outcome,
@@ -34,6 +41,7 @@ pub struct GroupCounts {
 pub fn judge(
     results: &BTreeMap<u32, Results>,
     victims: &BTreeSet<u32>,
+    returned: &BTreeSet<u32>,
     (seed, size, group_size, rounds): (u64, u32, u32, u64),
 ) -> (GroupCounts, Vec<String>) {
     let mut c = GroupCounts::default();
@@ -51,7 +59,10 @@ pub fn judge(
             c.collectives += 1;
             let (what, root) = kind(seq, members);
             let mut digest: Option<u64> = None;
-            for m in members.iter().filter(|m| !victims.contains(m)) {
+            for m in members
+                .iter()
+                .filter(|m| !victims.contains(m) || returned.contains(m))
+            {
                 c.outcomes += 1;
                 let got: Option<&Collected> = results.get(m).and_then(|r| {
                     r.groups
@@ -70,6 +81,10 @@ pub fn judge(
                     "ok" => c.ok += 1,
                     "root-died" if root_victim => {
                         c.root_died += 1;
+                        continue;
+                    }
+                    "result-lost" if returned.contains(m) => {
+                        c.returned_lost += 1;
                         continue;
                     }
                     other => {
