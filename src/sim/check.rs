@@ -233,8 +233,8 @@ impl Checker {
                     "reliable {origin}->{dst}: posted #{seq} after {:?}, expected {expected:?} \
                      (sent {:?}, posted {:?})",
                     got.last(),
-                    sent.map(|s| &s[s.len().saturating_sub(8)..]),
-                    &got[got.len().saturating_sub(8)..]
+                    sent.and_then(|s| s.get(s.len().saturating_sub(8)..)),
+                    got.get(got.len().saturating_sub(8)..)
                 ),
             ));
         }

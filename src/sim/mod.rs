@@ -112,6 +112,8 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             group: false,
             client: false,
             rejoin: false,
+            grow: false,
+            leave: false,
             ..FaultKinds::ALL
         },
         found: "xcast: after a reconnection a parent rewound a child's stream to the child's \
