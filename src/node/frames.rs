@@ -175,6 +175,13 @@ impl Node {
                 self.on_leave_request(now, msg.origin)
             }
             crate::faults::leave::TAG_LEFT => self.on_left(now, msg.origin),
+            TAG_DECLARED_DEAD if msg.origin == 0 && self.leaving.is_some() => {
+                // Rank 0 says "left" to a daemon whose departure it confirmed: this one failed
+                // (a stall outlasted the heartbeat timeout) before its request got there.
+                let why = "rank 0 declared this daemon dead before its departure was confirmed";
+                log::error!("rank {}: {why}; exiting", self.me);
+                self.begin_stop(now, super::StopReason::DeclaredDead(why.into()));
+            }
             TAG_DECLARED_DEAD => {
                 self.declared_dead(now, &format!("rank {} refused this daemon", msg.origin))
             }
@@ -294,8 +301,15 @@ impl Node {
     }
 
     /// The frame that tells rank `peer`, which this daemon knows failed and which just proved
-    /// its identity on a new connection, that the DVM declared it dead.
+    /// its identity on a new connection, that the DVM declared it dead. Rank 0 tells a rank
+    /// whose departure (an orderly leave) every living daemon knows that it left instead: its
+    /// own word of that may have been lost while the leaving daemon stalled (seed 402 of
+    /// `crash,link,stall,partition,delay,stale,dup,leave`). The payload is empty either way.
     pub fn declared_dead_frame(&mut self, peer: Rank) -> Header {
+        if self.me == 0 && self.departed.contains(&peer) {
+            log::info!("rank 0: rank {peer}, which left, reconnected; telling it it left");
+            return self.header(Kind::Msg, 0, peer, crate::faults::leave::TAG_LEFT, 0);
+        }
         self.counters.dropped_stale += 1;
         log::warn!(
             "rank {}: rank {peer}, declared dead, tried to reconnect; telling it to exit",
