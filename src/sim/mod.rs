@@ -665,6 +665,17 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         },
         found: "simulator: a daemon that crashed while being admitted, and was never started again, stayed a rejoin in progress, so the run never went quiet",
     },
+    RegressionSeed {
+        seed: 402,
+        daemons: 13,
+        radix: 3,
+        faults: FaultKinds {
+            rejoin: false,
+            leave: true,
+            ..REJOIN_MIXED
+        },
+        found: "leave: a leaving daemon stalled past the heartbeat timeout before its request reached rank 0; declared dead, it ignored every refusal as a leaving daemon and stopped 30 s later with a fatal error (rank 0's refusal now says left or declared dead, and it stops at once)",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to

@@ -71,3 +71,36 @@ fn an_interior_daemon_leaves_in_order() {
             .any(|(r, m)| *r == kids[1] && m.payload == b"across".as_slice())
     );
 }
+
+#[test]
+fn rank_0_tells_a_reconnecting_leaver_whether_it_left_or_was_declared_dead() {
+    // Rank 1 leaves; once gone, a reconnection is answered "left", not "declared dead" (its
+    // own word of the departure may have been lost while it stalled).
+    let mut net = Net::new(7, 2, |c| c.incarnation = 1);
+    let now = net.now;
+    net.node(1).leave(now).unwrap();
+    net.collect(1);
+    net.run();
+    let h = net.node(0).declared_dead_frame(1);
+    assert_eq!(h.tag, crate::faults::leave::TAG_LEFT);
+    // Rank 2 asks to leave too, but is declared dead (a stall) before its request reaches
+    // rank 0: rank 0's answer to its reconnection is "declared dead", and the leaving daemon
+    // stops at once as declared dead instead of waiting out `LEAVE_WAIT_MS`.
+    net.node(2).leave(now).unwrap();
+    let h = {
+        let zero = net.node(0);
+        let status = zero
+            .routing
+            .fail(&[2], crate::routed::Scope::Global, Some(9))
+            .unwrap();
+        assert!(status.newly_failed.contains(&2));
+        zero.declared_dead_frame(2)
+    };
+    assert_eq!(h.tag, crate::faults::notice::TAG_DECLARED_DEAD);
+    let now = net.now;
+    net.node(2).handle_frame(now, 0, h, Bytes::new()).unwrap();
+    assert!(
+        matches!(stop_reason(net.node(2)), Some(StopReason::DeclaredDead(_))),
+        "rank 2 must stop as declared dead"
+    );
+}
