@@ -27,8 +27,7 @@ pub struct SimArgs {
     pub messages: u64,
     /// The kinds of fault seeds choose from (each seed picks its own mix): a comma-separated
     /// list of crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload,
-    /// status, group, client, rejoin, grow, leave; or all (every kind but leave, which is opt-in
-    /// while it is built).
+    /// status, group, client, rejoin, grow, leave; or all (every kind).
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Stop at the first failing seed.
