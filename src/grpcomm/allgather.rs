@@ -457,22 +457,12 @@ impl Allgather {
         let digest = view.digest;
         let mut wanted: BTreeSet<Rank> = BTreeSet::new();
         for (&id, c) in self.collectives.iter_mut() {
-            // A rank back in the tree: this collective does not wait for its new life. Tell the
-            // parent too (send again), so that the daemons above learn it.
-            let mut news = false;
-            for &r in &status.restored {
-                news |= c.data.add_excused(r);
-            }
-            if news {
+            let back = status.restored.iter().copied();
+            if c.data
+                .follow_restores(back, &mut c.excuses_sent, view, &change)
+            {
                 c.sent = None;
             }
-            if change.view_changed {
-                // A digest recurs when a rank returns (the failed set is back to an earlier
-                // one): what was told under it before is not news of this view.
-                c.excuses_sent.clear();
-            }
-            c.excuses_sent
-                .retain(|r, _| view.is_child(*r) && !change.new_children.contains(r));
             c.data
                 .follow_repair(&mut c.complete, view, &change.new_children, &mut wanted);
             if change.new_upstream {

@@ -88,6 +88,31 @@ impl Gathering {
         true
     }
 
+    /// Follows a repair's restores (`restored`: those that concern this collective) and view
+    /// change: a rank back in the tree is excused (this collective does not wait for its new
+    /// life), and the `Excuse` marks per child (`excuses_sent`) are forgotten for children that
+    /// are new or gone and, at a view change, for all (a digest recurs when a rank returns:
+    /// what was told under it before is not news of this view). Returns whether an excused
+    /// rank is news, so the contribution must go to the parent again for the daemons above to
+    /// learn it.
+    pub fn follow_restores(
+        &mut self,
+        restored: impl Iterator<Item = Rank>,
+        excuses_sent: &mut BTreeMap<Rank, (u64, usize)>,
+        view: &super::view::TreeView,
+        change: &super::view::Change,
+    ) -> bool {
+        let mut news = false;
+        for r in restored {
+            news |= self.add_excused(r);
+        }
+        if change.view_changed {
+            excuses_sent.clear();
+        }
+        excuses_sent.retain(|r, _| view.is_child(*r) && !change.new_children.contains(r));
+        news
+    }
+
     pub fn hear(&mut self, from: Rank, digest: u64) {
         if self.heard.insert(from, digest).is_none() {
             self.bytes = self.bytes.saturating_add(HEARD_OVERHEAD);

@@ -407,22 +407,16 @@ impl GroupGather {
         let digest = view.digest;
         let mut wanted: BTreeSet<Rank> = BTreeSet::new();
         for (op, p) in self.pending.iter_mut() {
-            // A member back in the tree: this collective does not wait for its new life. Tell
-            // the parent too (send again), so that the daemons above learn it.
-            let mut news = false;
-            for &r in status.restored.iter().filter(|r| op.group.contains(**r)) {
-                news |= p.data.add_excused(r);
-            }
-            if news {
+            let members_back = status
+                .restored
+                .iter()
+                .copied()
+                .filter(|r| op.group.contains(*r));
+            if p.data
+                .follow_restores(members_back, &mut p.excuses_sent, view, &change)
+            {
                 p.sent = None;
             }
-            if change.view_changed {
-                // A digest recurs when a rank returns: what was told under it before is not
-                // news of this view.
-                p.excuses_sent.clear();
-            }
-            p.excuses_sent
-                .retain(|r, _| view.is_child(*r) && !change.new_children.contains(r));
             p.data
                 .follow_repair(&mut p.complete, view, &change.new_children, &mut wanted);
             if change.new_upstream {

@@ -591,26 +591,10 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         seed: 20748,
         daemons: 13,
         radix: 2,
-        // Spelled out: `all` when it was found (a kind added to `ALL` later must not change it).
+        // `all` when it was found, before rejoin joined it.
         faults: FaultKinds {
-            crash: true,
-            link: true,
-            stall: true,
-            partition: true,
-            delay: true,
-            stale: true,
-            dup: true,
-            stranger: true,
-            direct: true,
-            stream: true,
-            overload: true,
-            status: true,
-            group: true,
-            client: true,
             rejoin: false,
-            grow: false,
-            leave: false,
-            return_gathers: true,
+            ..ALL_REJOIN
         },
         found: "allgather: a rank listed as excluded by a child that only suspected it (a local repair rank 0 never confirmed) was taken for a rank that had died and returned, excused, and left out of the result while alive (only restores excuse a rank now; a daemon that learns of one sends its contribution again)",
     },
