@@ -554,13 +554,7 @@ impl Allgather {
             return;
         };
         let view = &self.view;
-        let living: Vec<Rank> = c
-            .data
-            .excused
-            .iter()
-            .copied()
-            .filter(|r| *r != view.me && !view.failed.contains(r))
-            .collect();
+        let living = c.data.living_excused(view);
         // A returned daemon asks even with nobody to excuse: a child that finished the
         // collective before the return answers with the result this daemon never got.
         if living.is_empty() && !self.returned {

@@ -113,6 +113,15 @@ impl Gathering {
         news
     }
 
+    /// The excused ranks an `Excuse` names: living in `view`, and not its daemon.
+    pub fn living_excused(&self, view: &super::view::TreeView) -> Vec<Rank> {
+        self.excused
+            .iter()
+            .copied()
+            .filter(|r| *r != view.me && !view.failed.contains(r))
+            .collect()
+    }
+
     pub fn hear(&mut self, from: Rank, digest: u64) {
         if self.heard.insert(from, digest).is_none() {
             self.bytes = self.bytes.saturating_add(HEARD_OVERHEAD);

@@ -635,13 +635,7 @@ impl GroupGather {
             return;
         };
         let view = &self.view;
-        let living: Vec<Rank> = p
-            .data
-            .excused
-            .iter()
-            .copied()
-            .filter(|r| *r != view.me && !view.failed.contains(r))
-            .collect();
+        let living = p.data.living_excused(view);
         if living.is_empty() {
             return;
         }
