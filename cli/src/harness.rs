@@ -658,14 +658,11 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         && (args.pattern == Pattern::Stream || args.clients_per_daemon > 0)
     {
         return Err(
-            "--restart, --restart-at and --grow check messages, broadcasts and (--restart) \
-             group collectives; they cannot be combined with --pattern stream or with \
+            "--restart, --restart-at and --grow check messages, broadcasts and group \
+             collectives; they cannot be combined with --pattern stream or with \
              --clients-per-daemon yet"
                 .into(),
         );
-    }
-    if !grows.is_empty() && args.pattern == Pattern::Group {
-        return Err("--grow cannot be combined with --pattern group yet".into());
     }
     let hb_interval = args.heartbeat_interval_ms.or(has_stop.then_some(300));
     let hb_timeout = args
@@ -1236,6 +1233,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     }
     let input = check::Input {
         args: &args,
+        capacity,
         messages,
         faults: &faults,
         seen: &seen,

@@ -47,6 +47,9 @@ pub struct Rejoined {
 
 pub struct Input<'a> {
     pub args: &'a HarnessArgs,
+    /// The DVM's size with room to grow (`--daemons` plus the `--grow` ranks): the size every
+    /// daemon runs with, from which the group pattern draws its groups.
+    pub capacity: u32,
     pub messages: u64,
     pub faults: &'a [Fault],
     pub seen: &'a Seen,
@@ -157,6 +160,7 @@ pub(super) fn percentile(sorted: &[u64], p: f64) -> u64 {
 pub fn analyse(inp: Input<'_>) -> Report {
     let Input {
         args,
+        capacity,
         messages,
         faults,
         seen,
@@ -591,7 +595,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
         results,
         &victims,
         &returned,
-        (args.seed, n, args.group_size, args.group_rounds),
+        (args.seed, capacity, args.group_size, args.group_rounds),
     );
     if ran && grouping {
         checks.push((
@@ -878,7 +882,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
             t,
             "  {:<30} {} groups of {}, {} collectives, {} outcomes at survivors and \
              restarted members: {} ok, {} broadcasts whose root was killed, {} results lost at \
-             restarted members, {} victims excluded, {} wrong",
+             restarted members, {} dead, restarted or absent members excluded, {} wrong",
             "group collectives",
             gc.groups,
             args.group_size,

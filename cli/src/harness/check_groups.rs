@@ -4,12 +4,12 @@
 //! survivor. A fence's outcome is `ok` when every member's endpoint read back right; members
 //! whose get said `NodeDown` are listed with the excluded, and must be victims (members may
 //! differ there: a member killed after one fetched its data and before another did). Victims'
-//! collectives are not judged: they wrote no results. A victim restarted with `--restart`
-//! (returned) is judged by its new life's results, which call every collective from the
-//! first: each must end `ok` with the survivors' result, or `result-lost` (finished before the
-//! return and no longer cached on the way); survivors may exclude it, and a get of its data may
-//! find nothing until its new life commits (`docs/architecture.md`, "Groups across a
-//! return").
+//! collectives are not judged: they wrote no results. A victim restarted with `--restart`, or
+//! a rank that joined with `--grow` (returned), is judged by its new life's results, which call
+//! every collective from the first: each must end `ok` with the survivors' result, or
+//! `result-lost` (finished before the return and no longer cached on the way); survivors may
+//! exclude it (it was dead or absent when the collective ran), and a get of its data may find
+//! nothing until its new life commits (`docs/architecture.md`, "Groups across a return").
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -95,7 +95,11 @@ pub fn judge(
                         continue;
                     }
                 }
-                if let Some(x) = got.excluded.iter().find(|x| !victims.contains(x)) {
+                if let Some(x) = got
+                    .excluded
+                    .iter()
+                    .find(|x| !victims.contains(x) && !returned.contains(x))
+                {
                     wrong(
                         &mut c,
                         format!("{what} {seq} of group {index}: survivor {x} excluded"),
