@@ -536,20 +536,12 @@ impl GroupGather {
             self.answer_late(from, &op);
             return;
         }
-        if !self.pending.contains_key(&op) && self.relayed() >= GROUP_TRACKED_MAX {
-            self.stats.dropped_untracked += 1;
-            log::warn!(
-                "group collectives: too many in flight; dropped a contribution to {}",
-                Named(&op)
-            );
-            return;
-        }
         let me = self.view.me;
         let is_child = self.view.is_child(from);
         let same_view = digest == self.view.digest;
-        let member = op.group.contains(me);
-        let p = self.pending.entry(op.clone()).or_default();
-        p.member = member;
+        let Some(p) = self.open(&op, "a contribution") else {
+            return;
+        };
         // Not from `excluded`: a member listed there may be only suspected below, and alive.
         for r in data.excused {
             p.data.add_excused(r);
@@ -557,9 +549,7 @@ impl GroupGather {
         p.data
             .merge(me, data.overflowed, data.entries, data.excluded);
         p.data.hear(from, digest);
-        if p.data.check_overflow(&Named(&op)) {
-            self.stats.overflowed += 1;
-        }
+        let overflowed = p.data.check_overflow(&Named(&op));
         let mut want_sync = false;
         if is_child {
             if same_view {
@@ -567,6 +557,9 @@ impl GroupGather {
             } else if !p.complete.contains(&from) {
                 want_sync = true;
             }
+        }
+        if overflowed {
+            self.stats.overflowed += 1;
         }
         if !same_view {
             self.stats.other_view += 1;
@@ -577,6 +570,24 @@ impl GroupGather {
         self.dirty.insert(op);
     }
 
+    /// The state of `op` for a neighbour's message (`what`, for the log), opened if need be;
+    /// `None` (the message dropped, logged and counted) when that would pass
+    /// [`GROUP_TRACKED_MAX`] collectives relayed here.
+    fn open(&mut self, op: &GroupOp, what: &str) -> Option<&mut Pending> {
+        if !self.pending.contains_key(op) && self.relayed() >= GROUP_TRACKED_MAX {
+            self.stats.dropped_untracked += 1;
+            log::warn!(
+                "group collectives: too many in flight; dropped {what} for {}",
+                Named(op)
+            );
+            return None;
+        }
+        let member = op.group.contains(self.view.me);
+        let p = self.pending.entry(op.clone()).or_default();
+        p.member = member;
+        Some(p)
+    }
+
     /// A neighbour holds the outcome of `op`. A daemon that has not finished `op` stops
     /// waiting for it (the state is opened if need be: what this daemon then sends up is
     /// answered with the result by the first daemon on the way that has it).
@@ -584,13 +595,9 @@ impl GroupGather {
         if self.finished_set.contains(&op.finished_key()) {
             return;
         }
-        if !self.pending.contains_key(&op) && self.relayed() >= GROUP_TRACKED_MAX {
-            self.stats.dropped_untracked += 1;
+        let Some(p) = self.open(&op, "a word that a neighbour has the result") else {
             return;
-        }
-        let member = op.group.contains(self.view.me);
-        let p = self.pending.entry(op.clone()).or_default();
-        p.member = member;
+        };
         p.have.insert(from);
         self.dirty.insert(op);
     }
@@ -608,17 +615,9 @@ impl GroupGather {
             });
             return;
         }
-        if !self.pending.contains_key(&op) && self.relayed() >= GROUP_TRACKED_MAX {
-            self.stats.dropped_untracked += 1;
-            log::warn!(
-                "group collectives: too many in flight; dropped an excuse for {}",
-                Named(&op)
-            );
+        let Some(p) = self.open(&op, "an excuse") else {
             return;
-        }
-        let member = op.group.contains(self.view.me);
-        let p = self.pending.entry(op.clone()).or_default();
-        p.member = member;
+        };
         let mut news = false;
         for r in ranks {
             news |= p.data.add_excused(r);
