@@ -32,7 +32,7 @@ fn wire(payload: usize, n: usize) -> Vec<u8> {
     let mut out = Vec::new();
     while !q.is_empty() {
         let mut iov = [IoSlice::new(&[]); 64];
-        let k = q.io_slices(&mut iov);
+        let k = q.io_slices(&mut iov, true);
         let mut w = 0;
         for s in &iov[..k] {
             out.extend_from_slice(s);
@@ -64,7 +64,7 @@ fn benches(c: &mut Criterion) {
                 }
                 while !q.is_empty() {
                     let mut iov = [IoSlice::new(&[]); 64];
-                    let k = q.io_slices(&mut iov);
+                    let k = q.io_slices(&mut iov, true);
                     let w: usize = iov[..k].iter().map(|s| s.len()).sum();
                     q.advance(w);
                 }

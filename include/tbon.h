@@ -686,6 +686,16 @@ typedef struct {
   uint64_t rejoins;
   uint64_t departures;
   uint64_t dropped_other_life;
+  // Link sessions (a broken connection between two living daemons loses nothing):
+  // connections on which frames written before a break were written again, those frames,
+  // frames that came again and were dropped as already here, frames given up because the
+  // neighbour refused the session (a frame of it broke the protocol there), and
+  // resumptions past frames never received (cannot happen between correct peers).
+  uint64_t link_resumes;
+  uint64_t link_frames_resent;
+  uint64_t link_duplicates_dropped;
+  uint64_t link_frames_given_up;
+  uint64_t link_gaps;
 } tbon_counters;
 
 // A client process's connection to its daemon: an id from `tbon_client_connect` or

@@ -339,6 +339,14 @@ settings! {
     /// Bytes queued per peer connection before sends are refused with back-pressure. At least
     /// msg_max_bytes.
     send_queue_max_bytes: usize = limits::SEND_QUEUE_MAX_BYTES_DEFAULT, env "TBON_SEND_QUEUE_MAX_BYTES";
+    /// Link sessions: bytes a daemon keeps per neighbour, written and not yet acknowledged, to
+    /// write again if the connection breaks while both live. At the bound it writes no more to
+    /// that neighbour until acknowledgements come (back-pressure; nothing dropped). At least
+    /// 524288 (twice the acknowledgement step).
+    link_resend_max_bytes: usize = limits::LINK_RESEND_MAX_BYTES_DEFAULT, env "TBON_LINK_RESEND_MAX_BYTES";
+    /// Link sessions: milliseconds a receiver waits before acknowledging frames when fewer
+    /// than 1024 frames and 256 KiB arrived since its last acknowledgement. 1..=60000.
+    link_ack_ms: u64 = limits::LINK_ACK_MS_DEFAULT, env "TBON_LINK_ACK_MS";
     /// Messages held for receives not posted yet; at the bound the oldest is dropped with a
     /// warning (PRRTE: unbounded).
     unmatched_max: usize = limits::UNMATCHED_MAX_DEFAULT, env "TBON_UNMATCHED_MAX";
@@ -759,6 +767,19 @@ impl Config {
                     format!("must be 1..={}", limits::RELM_COUNT_CEILING),
                 ));
             }
+        }
+        if self.link_resend_max_bytes < 2 * limits::LINK_ACK_BYTES {
+            return Err(ConfigError::invalid(
+                "link_resend_max_bytes",
+                format!(
+                    "must be at least {}: below twice the acknowledgement step a sender waits \
+                     for the acknowledgement timer at every step",
+                    2 * limits::LINK_ACK_BYTES
+                ),
+            ));
+        }
+        if self.link_ack_ms == 0 || self.link_ack_ms > 60_000 {
+            return Err(ConfigError::invalid("link_ack_ms", "must be 1..=60000"));
         }
         if self.direct_links_max == 0 || self.direct_links_max > limits::DIRECT_LINKS_MAX_MAX {
             return Err(ConfigError::invalid(

@@ -27,6 +27,20 @@ pub struct Counters {
     pub contact_lookups: u64,
     /// Outgoing connection attempts that were retried.
     pub reconnects: u64,
+    /// Link sessions: new connections to a living neighbour on which frames written before a
+    /// break were written again.
+    pub link_resumes: u64,
+    /// Link sessions: frames written again after a break (not confirmed on the old connection).
+    pub link_frames_resent: u64,
+    /// Link sessions: frames that arrived again after a break and were dropped (they had
+    /// arrived before it).
+    pub link_duplicates_dropped: u64,
+    /// Link sessions: frames written and never confirmed that were given up because the
+    /// neighbour no longer held the session (a frame of it broke the protocol there).
+    pub link_frames_given_up: u64,
+    /// Link sessions: resumptions that skipped frames this daemon never had (cannot happen
+    /// between correct peers; logged).
+    pub link_gaps: u64,
     /// Commands received from other threads.
     pub commands: u64,
     /// Wake-up system calls paid to rouse the loop (at most one per command; far fewer in bursts).

@@ -59,6 +59,7 @@ fn real_rank_0_with_fake_rank_1(cfg0: tbon::config::Config) -> (tbon::Daemon, Wi
     };
     let mut c1 = Wire::dial(uri_addr(real.contact_uri()));
     c1.join(&mut Handshake::dial(&cfg(1), 0, common::nonce()));
+    c1.start_session(1, 0);
     let report = Bytes::from(fake_uri.to_string());
     let h = Header {
         kind: Kind::Msg,
@@ -149,6 +150,7 @@ fn lower_real_rank_keeps_the_connection_the_higher_rank_dialled() {
     // ...and dials rank 0 itself: a simultaneous connect with both proofs sent.
     let mut c3 = Wire::dial(real_addr);
     c3.join(&mut Handshake::dial(&cfg(1), 0, common::nonce()));
+    c3.start_session(1, 0);
 
     // The connection rank 1 dialled wins: it carries traffic...
     real.send(1, 100, "which connection?").unwrap();
@@ -184,6 +186,7 @@ fn higher_real_rank_refuses_the_lower_ranks_dial() {
     // Its own dial, once admitted, carries the wire-up report.
     assert!(acceptor.admit());
     c1.send_all(&mut acceptor);
+    c1.start_session(0, 1);
     let report = c1.recv().unwrap();
     assert_eq!(
         (report.header.kind, report.header.origin, report.header.tag),
@@ -202,6 +205,7 @@ fn an_unproven_dial_gives_way_to_a_proved_one() {
     // The fake dials rank 1 and proves itself: admitted, and rank 1's own dial is closed.
     let mut c2 = Wire::dial(uri_addr(real.contact_uri()));
     c2.join(&mut Handshake::dial(&cfg(0), 1, common::nonce()));
+    c2.start_session(0, 1);
     let report = next_message(&mut c2);
     assert_eq!(
         (report.header.origin, report.header.tag),
@@ -255,6 +259,7 @@ fn a_strangers_hello_claiming_the_peer_neither_blocks_nor_cancels_a_dial() {
     ));
     assert!(acceptor.admit());
     c2.send_all(&mut acceptor);
+    c2.start_session(1, 0);
     real.send(1, 100, "over the dial").unwrap();
     let m = next_message(&mut c2);
     assert_eq!(&m.payload[..], b"over the dial");

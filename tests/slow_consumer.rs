@@ -59,6 +59,7 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
     let mut to_root = Wire::dial(root_addr);
     let mut hs = Handshake::dial(&hs_cfg, 0, common::nonce());
     to_root.join(&mut hs);
+    to_root.start_session(3, 0);
     let me = ContactUri {
         dvm_id: cfg.dvm_id.clone(),
         rank: 3,
@@ -84,6 +85,7 @@ fn a_peer_that_stops_reading_is_contained_then_declared_failed() {
     let mut from_parent = Wire::new(s);
     let mut acc = Handshake::accept(&hs_cfg, common::nonce());
     from_parent.accept_dial(&mut acc);
+    from_parent.start_session(3, 1);
     assert!(root.wait_wired(HANG_GUARD));
     let (one, two) = (&others[0], &others[1]);
     assert!(one.wait_wired(HANG_GUARD) && two.wait_wired(HANG_GUARD));

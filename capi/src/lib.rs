@@ -562,6 +562,16 @@ pub struct tbon_counters {
     pub rejoins: u64,
     pub departures: u64,
     pub dropped_other_life: u64,
+    /// Link sessions (a broken connection between two living daemons loses nothing):
+    /// connections on which frames written before a break were written again, those frames,
+    /// frames that came again and were dropped as already here, frames given up because the
+    /// neighbour refused the session (a frame of it broke the protocol there), and
+    /// resumptions past frames never received (cannot happen between correct peers).
+    pub link_resumes: u64,
+    pub link_frames_resent: u64,
+    pub link_duplicates_dropped: u64,
+    pub link_frames_given_up: u64,
+    pub link_gaps: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -677,6 +687,11 @@ impl From<&Counters> for tbon_counters {
             rejoins: c.rejoins,
             departures: c.departures,
             dropped_other_life: c.dropped_other_life,
+            link_resumes: c.link_resumes,
+            link_frames_resent: c.link_frames_resent,
+            link_duplicates_dropped: c.link_duplicates_dropped,
+            link_frames_given_up: c.link_frames_given_up,
+            link_gaps: c.link_gaps,
         }
     }
 }

@@ -6,8 +6,10 @@ use crate::Rank;
 use crate::limits;
 use crate::oob::frame::FrameDecoder;
 use crate::oob::handshake::Handshake;
+use crate::oob::header::HEADER_LEN;
 use crate::oob::header::{Header, Kind};
 use crate::oob::send_queue::{Payload, QueueFull, SendQueue};
+use crate::oob::session::{Control, Inbound, Outbound, SessionError, is_session_kind};
 use mio::net::TcpStream;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
@@ -26,6 +28,27 @@ pub(crate) enum ConnState {
         since: std::time::Instant,
         asking: bool,
     },
+}
+
+/// One neighbour's link session as the driver keeps it (`oob::session`): in the established
+/// connection while there is one, in the neighbour's `Link` between connections.
+pub(crate) struct LinkSession {
+    /// The neighbour's incarnation it is for: another means another life, and a new session.
+    pub incarnation: u64,
+    pub out: Outbound<(Header, Payload)>,
+    pub inb: Inbound,
+}
+
+impl LinkSession {
+    /// A new link's session; `first_session` unique among this daemon's links (see
+    /// `Outbound::new`).
+    pub(crate) fn new(incarnation: u64, resend_max_bytes: usize, first_session: u64) -> Self {
+        LinkSession {
+            incarnation,
+            out: Outbound::new(resend_max_bytes, first_session),
+            inb: Inbound::default(),
+        }
+    }
 }
 
 pub(crate) struct Conn {
@@ -51,6 +74,10 @@ pub(crate) struct Conn {
     /// Its refusal was already logged and counted (a handshake refused, timed out or
     /// evicted): closing it must not count it again.
     pub refused: bool,
+    /// The link session, while this is the established connection to a daemon.
+    pub session: Option<Box<LinkSession>>,
+    /// The peer's `Start` arrived and the session resumed: session frames may be queued.
+    session_ready: bool,
     next_seq: u64,
 }
 
@@ -79,6 +106,8 @@ impl Conn {
             completions: VecDeque::new(),
             last_progress: std::time::Instant::now(),
             refused: false,
+            session: None,
+            session_ready: false,
             next_seq: 0,
         }
     }
@@ -105,11 +134,11 @@ impl Conn {
         payload: impl Into<Payload>,
         done: Option<Completion>,
     ) -> Result<(), (QueueFull, Option<Completion>)> {
-        // RELM's frames carry their uids in `seq`; handshake frames carry zero (`docs/wire.md`,
-        // and the handshake refuses anything else).
+        // RELM's frames carry their uids in `seq`, link controls their count; handshake frames
+        // carry zero (`docs/wire.md`, and the handshake refuses anything else).
         if !matches!(
             header.kind,
-            Kind::RelmData | Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::Ready
+            Kind::RelmData | Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::Ready | Kind::Link
         ) {
             header.seq = self.next_seq;
         }
@@ -126,17 +155,76 @@ impl Conn {
         }
     }
 
+    /// Opens the link session on this newly established connection: writes its `Start` (what
+    /// this side holds of the peer's session). Session frames wait in the link until the
+    /// peer's `Start` arrives ([`resume_session`](Self::resume_session)).
+    pub(crate) fn open_session(&mut self, mut session: Box<LinkSession>, me: Rank, peer: Rank) {
+        let start = session.inb.connection_up();
+        self.queue
+            .push_unbounded(&start.header(me, peer), bytes::Bytes::new());
+        self.completions.push_back(None);
+        self.session = Some(session);
+        self.session_ready = false;
+    }
+
+    /// The peer's `Start`: writes the `Resume`, then the frames written before and not held by
+    /// the peer, again (whatever the queue's bound: they were accepted once). Returns how many
+    /// were written again and how many unconfirmed frames were given up (the peer holds
+    /// another session). Session frames may be queued from now on.
+    pub(crate) fn resume_session(
+        &mut self,
+        peer_session: u64,
+        count: u64,
+        me: Rank,
+        peer: Rank,
+    ) -> Result<(usize, usize), SessionError> {
+        if self.session_ready {
+            return Err(SessionError::OutOfOrder("a second Start on one connection"));
+        }
+        let Some(session) = self.session.as_mut() else {
+            return Err(SessionError::OutOfOrder(
+                "a link Start on a connection without a session",
+            ));
+        };
+        let (resume, again, dropped) = session.out.handle_peer_start(peer_session, count)?;
+        self.queue
+            .push_unbounded(&resume.header(me, peer), bytes::Bytes::new());
+        self.completions.push_back(None);
+        let mut resent = 0;
+        for (header, payload) in again {
+            self.queue.push_unbounded(&header, payload);
+            self.completions.push_back(None);
+            resent += 1;
+        }
+        self.session_ready = true;
+        Ok((resent, dropped))
+    }
+
+    /// Whether frames may be queued here: not on a daemon's connection whose session waits for
+    /// the peer's `Start` (they wait in the link meanwhile).
+    pub(crate) fn takes_frames(&self) -> bool {
+        self.session.is_none() || self.session_ready
+    }
+
+    /// Queues `control` to write at the next frame boundary, ahead of unwritten frames.
+    pub(crate) fn set_control(&mut self, control: Control, me: Rank, peer: Rank) {
+        self.queue.set_control(control.header(me, peer).encode());
+    }
+
     /// Writes as much of the queue as the socket takes, many frames per `writev`, and collects
     /// the completions of the frames fully written. Returns `true` when it stopped at its bound
     /// of writes with the socket still writable: the caller must flush again next turn, as no
     /// writable event will come. `WouldBlock` is not an error (the writable event resumes it).
     pub(crate) fn flush(&mut self, completed: &mut Vec<Option<Completion>>) -> io::Result<bool> {
         for _ in 0..limits::WRITES_PER_FLUSH_MAX {
-            if self.queue.is_empty() {
+            if self.queue.is_empty() && !self.queue.has_control() {
                 return Ok(false);
             }
+            // At the session's bound only control frames go until acknowledgements come (an
+            // acknowledgement flushes the connection again).
+            let data = !self.session.as_ref().is_some_and(|s| s.out.at_bound());
             let mut iov = [IoSlice::new(&[]); limits::IOV_MAX_SLICES];
-            let n = self.queue.io_slices(&mut iov);
+            let n = self.queue.io_slices(&mut iov, data);
             if n == 0 {
                 return Ok(false);
             }
@@ -151,24 +239,44 @@ impl Conn {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
-            let frames = self.queue.advance(written);
+            let frames = match self.session.as_mut() {
+                Some(session) => self.queue.advance_with(written, |header, payload| {
+                    if is_session_kind(header.kind) {
+                        let len = HEADER_LEN + payload.len();
+                        session.out.written((header, payload), len);
+                    }
+                }),
+                None => self.queue.advance(written),
+            };
             for _ in 0..frames {
                 completed.push(self.completions.pop_front().flatten());
             }
         }
-        Ok(!self.queue.is_empty())
+        let held = self.session.as_ref().is_some_and(|s| s.out.at_bound());
+        Ok((!self.queue.is_empty() && !held) || self.queue.has_control())
     }
 
     /// Takes back the frames not yet started, with their completions, so they can be sent on
     /// another connection. The completion of a frame cut off mid-write is returned separately:
-    /// that frame is lost with the connection.
+    /// that frame is lost with the connection, unless the link session keeps it (then it goes
+    /// again, whole, on the next connection, and the third value is true: its completion is
+    /// the caller's to give `Ok`).
     #[allow(clippy::type_complexity)]
     pub(crate) fn take_unsent(
         &mut self,
     ) -> (
         Vec<(Header, Payload, Option<Completion>)>,
         Vec<Option<Completion>>,
+        bool,
     ) {
+        let mut kept = false;
+        if let Some(session) = self.session.as_mut()
+            && let Some((header, payload, len)) = self.queue.started()
+            && is_session_kind(header.kind)
+        {
+            session.out.written((header, payload), len);
+            kept = true;
+        }
         let frames = self.queue.drain_unsent();
         let keep = self.completions.len().saturating_sub(frames.len());
         let tail = self.completions.split_off(keep);
@@ -178,6 +286,6 @@ impl Conn {
             .zip(tail)
             .map(|((h, p), d)| (h, p, d))
             .collect();
-        (unsent, lost)
+        (unsent, lost, kept)
     }
 }

@@ -116,6 +116,13 @@ pub(crate) struct EventLoop {
     /// Neighbours whose collective frames were dropped at a full queue: re-stated once it
     /// drains (at most one entry per neighbour).
     grpcomm_resync: FxHashSet<Rank>,
+    /// A `TimerKind::LinkAck` is armed (at most one at a time).
+    link_ack_armed: bool,
+    /// Link sessions made so far: the next one's numbers start at this plus one, shifted 32.
+    link_sessions: u64,
+    /// What this daemon holds of the sessions of peers whose links were removed (taken for
+    /// dead), with the peer's incarnation: at most one entry per rank of the DVM.
+    link_inbound: FxHashMap<Rank, (u64, crate::oob::session::Inbound)>,
     /// Accepted connections still in their handshake, bounded per source and in total.
     pending: PendingHandshakes,
     /// Refusal log lines, at a bounded rate per reason.
@@ -197,6 +204,9 @@ impl EventLoop {
             stopping: None,
             close_after_peers: false,
             grpcomm_resync: FxHashSet::default(),
+            link_ack_armed: false,
+            link_sessions: 0,
+            link_inbound: FxHashMap::default(),
             pending: PendingHandshakes::new(
                 limits::PENDING_HANDSHAKES_PER_SOURCE_MAX,
                 limits::PENDING_HANDSHAKES_MAX,
@@ -342,6 +352,7 @@ impl EventLoop {
                 Output::Heartbeat { to, header } => {
                     if let Some(tok) = self.links.get(&to).and_then(|l| l.conn)
                         && let Some(conn) = self.conns.get_mut(tok)
+                        && conn.takes_frames()
                         && conn.push(header, bytes::Bytes::new(), None).is_ok()
                     {
                         self.mark_dirty(tok);
@@ -471,6 +482,12 @@ impl EventLoop {
         let Some(link) = self.links.get_mut(&peer) else {
             return;
         };
+        // What the link wrote and did not see confirmed is given up with it, as before link
+        // sessions: written again on a later link it would arrive behind the frames that take
+        // the tree from now on.
+        if let Some(session) = link.session.as_mut() {
+            session.out.reset();
+        }
         link.pending_bytes = 0;
         let frames: Vec<links::Pending> = link.pending.drain(..).collect();
         for p in frames {
@@ -936,6 +953,7 @@ impl EventLoop {
                     self.accept_retry.retain(|i| *i != index);
                     self.accept(index);
                 }
+                TimerKind::LinkAck => self.link_ack_timer(),
                 TimerKind::Linger => {
                     log::debug!("rank {}: linger over; dropping unsent frames", self.me);
                     self.close_all();

@@ -120,6 +120,9 @@ impl Node {
             Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::Ready => {
                 Err("handshake frame on an established connection".into())
             }
+            // The driver takes its links' sessions; the node never sees one (the simulator's
+            // links have no sessions of their own).
+            Kind::Link => Err("link control frame handed to the node".into()),
         }
     }
 

@@ -563,7 +563,7 @@ mod tests {
     #[test]
     fn header_errors_surface() {
         for (at, val, want) in [
-            (2usize, 11u8, WireError::BadVersion(11)),
+            (2usize, 12u8, WireError::BadVersion(12)),
             (3, 0, WireError::UnknownKind(0)),
         ] {
             let mut b = hdr(Kind::Msg, 0, 0).encode();

@@ -781,7 +781,7 @@ mod tests {
         let mut wire = Vec::new();
         while !q.is_empty() {
             let mut iov = [IoSlice::new(&[]); 8];
-            let n = q.io_slices(&mut iov);
+            let n = q.io_slices(&mut iov, true);
             let before = wire.len();
             for s in &iov[..n] {
                 wire.extend_from_slice(s);

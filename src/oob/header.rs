@@ -29,7 +29,7 @@ pub const HEADER_LEN: usize = 40;
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"TB";
 /// The wire protocol version this code speaks; a header with any other version is refused.
-pub const PROTOCOL_VERSION: u8 = 10;
+pub const PROTOCOL_VERSION: u8 = 11;
 
 /// What a frame is. The numeric values are the wire encoding and never change meaning.
 #[repr(u8)]
@@ -62,11 +62,15 @@ pub enum Kind {
     /// The handshake's fourth frame: the acceptor admits the dialler's connection as the link
     /// between the two (empty payload). The dialler sends no data frame before it.
     Ready = 10,
+    /// A link session's control between two neighbours (`oob::session`: `Start` on every new
+    /// connection, cumulative `Ack`), no payload: origin = sender, dst = the neighbour, `tag`
+    /// which control, `epoch` the session, `seq` the count. Never routed, never counted.
+    Link = 11,
 }
 
 impl Kind {
     /// Every kind, in wire order.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Hello,
         Kind::HelloAck,
         Kind::Msg,
@@ -77,6 +81,7 @@ impl Kind {
         Kind::Relm,
         Kind::Grpcomm,
         Kind::Ready,
+        Kind::Link,
     ];
 }
 
@@ -101,6 +106,7 @@ impl TryFrom<u8> for Kind {
             8 => Ok(Kind::Relm),
             9 => Ok(Kind::Grpcomm),
             10 => Ok(Kind::Ready),
+            11 => Ok(Kind::Link),
             other => Err(WireError::UnknownKind(other)),
         }
     }
@@ -250,7 +256,7 @@ mod tests {
     #[rustfmt::skip]
     const GOLDEN: [u8; HEADER_LEN] = [
         b'T', b'B',                                     // magic
-        10,                                             // version
+        11,                                             // version
         3,                                              // kind = Msg
         0x01, 0x02, 0x03, 0x04,                         // origin
         0x05, 0x06, 0x07, 0x08,                         // dst
@@ -286,7 +292,7 @@ mod tests {
         };
         #[rustfmt::skip]
         let want: [u8; HEADER_LEN] = [
-            0x54, 0x42, 0x0a, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
+            0x54, 0x42, 0x0b, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
             0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5,
             0, 0, 0, 6, 0, 1, 0, 2,
         ];
@@ -309,7 +315,8 @@ mod tests {
         assert_eq!(Kind::try_from(7), Ok(Kind::RelmData));
         assert_eq!(Kind::try_from(8), Ok(Kind::Relm));
         assert_eq!(Kind::try_from(9), Ok(Kind::Grpcomm));
-        assert_eq!(Kind::try_from(11), Err(WireError::UnknownKind(11)));
+        assert_eq!(Kind::try_from(11), Ok(Kind::Link));
+        assert_eq!(Kind::try_from(12), Err(WireError::UnknownKind(12)));
         assert_eq!(Kind::try_from(255), Err(WireError::UnknownKind(255)));
         assert_eq!(u8::from(Kind::Hello), 1);
         assert_eq!(u8::from(Kind::Heartbeat), 5);
@@ -328,9 +335,9 @@ mod tests {
         // Version 1 (before authentication), 2 (before the fault-tolerant collectives), 3
         // (before the handshake's `Ready`), 4 (before direct links), 5 (before status queries
         // and tools), 6 (before wire-up slices and contact lookups), 7 (before group
-        // collectives), 8 (before clients), 9 (before rejoin) and any future version are
-        // refused.
-        for v in [1, 2, 3, 4, 5, 6, 7, 8, 9, 11] {
+        // collectives), 8 (before clients), 9 (before rejoin), 10 (before link sessions) and
+        // any future version are refused.
+        for v in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12] {
             b[2] = v;
             assert_eq!(Header::decode(&b), Err(WireError::BadVersion(v)));
         }

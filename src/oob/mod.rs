@@ -9,6 +9,7 @@ pub mod handshake;
 pub mod header;
 pub mod interfaces;
 pub mod send_queue;
+pub mod session;
 pub mod uri;
 
 pub use frame::{Frame, FrameDecoder};

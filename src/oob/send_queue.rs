@@ -11,7 +11,7 @@
 //! coalesced like a small payload when it is small; the body is referenced as-is, never copied,
 //! unless the whole payload is small enough to coalesce.
 //!
-//! Driver loop: `let n = q.io_slices(&mut iov); let w = sock.write_vectored(&iov[..n])?;
+//! Driver loop: `let n = q.io_slices(&mut iov, true); let w = sock.write_vectored(&iov[..n])?;
 //! q.advance(w);` until the socket would block or the queue is empty.
 
 use std::collections::VecDeque;
@@ -152,6 +152,11 @@ pub struct SendQueue {
     /// small frames then packs without allocating or faulting in fresh pages. Given back by
     /// [`release_idle`](Self::release_idle).
     spare: Option<BytesMut>,
+    /// A header-only control frame written at the next frame boundary, ahead of the frames
+    /// still unwritten (see [`set_control`](Self::set_control)), with its bytes written.
+    control: Option<([u8; HEADER_LEN], usize)>,
+    /// The next control frame, while one is partly written.
+    control_next: Option<[u8; HEADER_LEN]>,
 }
 
 impl SendQueue {
@@ -166,6 +171,8 @@ impl SendQueue {
             queued: 0,
             max_bytes,
             spare: None,
+            control: None,
+            control_next: None,
         }
     }
 
@@ -187,6 +194,15 @@ impl SendQueue {
                 max: self.max_bytes,
             });
         }
+        self.push_unbounded(header, payload);
+        Ok(())
+    }
+
+    /// Queues one frame whatever the bound: for frames written once already and written again
+    /// on a new connection (`oob::session`), which were accepted under their own bound.
+    pub fn push_unbounded(&mut self, header: &Header, payload: impl Into<Payload>) {
+        let payload = payload.into();
+        let wire_len = HEADER_LEN + payload.len();
         let len = u32::try_from(payload.len()).unwrap_or_else(|_| {
             log::error!(
                 "payload of {} bytes cannot be framed; the header will be wrong",
@@ -216,7 +232,27 @@ impl SendQueue {
             wire_len,
         });
         self.queued += wire_len;
-        Ok(())
+    }
+
+    /// Writes a header-only control frame (`encoded`) at the next frame boundary, ahead of the
+    /// frames still unwritten, and even when [`io_slices`](Self::io_slices) is asked for no
+    /// data. A control frame not yet started is replaced (the latest counts: link
+    /// acknowledgements are cumulative); one partly written is finished first.
+    pub fn set_control(&mut self, encoded: [u8; HEADER_LEN]) {
+        match &mut self.control {
+            Some((_, off)) if *off > 0 => self.control_next = Some(encoded),
+            slot => *slot = Some((encoded, 0)),
+        }
+    }
+
+    /// Whether a control frame waits to be written.
+    pub fn has_control(&self) -> bool {
+        self.control.is_some()
+    }
+
+    /// Whether the control frame goes before the data: it waits for a frame boundary.
+    fn control_first(&self) -> bool {
+        self.control.is_some() && self.frame_off == 0
     }
 
     /// Copies `parts` to the end of the last shared buffer (a new one if the last segment is
@@ -240,11 +276,44 @@ impl SendQueue {
     /// Fill `out` with slices covering the unwritten bytes in order, at most `out.len()` of
     /// them (pass `limits::IOV_MAX_SLICES`); returns how many were filled. Pass
     /// `&out[..n]` to `write_vectored`, then call [`advance`](Self::advance) with its result.
-    pub fn io_slices<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
+    ///
+    /// With `data` false only a control frame is offered (see
+    /// [`set_control`](Self::set_control)), after the rest of a partly written frame (a frame
+    /// once started is always finished, so a control frame can follow). While a control
+    /// frame waits behind a partly written frame, the slices end with that frame, so the
+    /// control goes next.
+    pub fn io_slices<'a>(&'a self, out: &mut [IoSlice<'a>], data: bool) -> usize {
         let mut filled = 0;
+        let control_now = self.control_first();
+        if control_now
+            && let Some((c, off)) = &self.control
+            && let Some(slot) = out.get_mut(0)
+        {
+            *slot = IoSlice::new(c.get(*off..).unwrap_or(&[]));
+            filled = 1;
+        }
+        let rest_of_front = || {
+            self.frames
+                .front()
+                .map_or(0, |f| f.wire_len.saturating_sub(self.frame_off))
+        };
+        let mut budget = if control_now {
+            // Data goes behind the control frame only when data is wanted.
+            if data { usize::MAX } else { 0 }
+        } else if self.frame_off > 0 && (!data || self.control.is_some()) {
+            // Finish the started frame, and no more: held back, or a control frame next.
+            rest_of_front()
+        } else if data {
+            usize::MAX
+        } else {
+            0
+        };
+        if budget == 0 {
+            return filled;
+        }
         let mut skip = self.seg_off;
         for seg in &self.segs {
-            if filled == out.len() {
+            if filled == out.len() || budget == 0 {
                 break;
             }
             let bytes = seg.bytes().get(skip..).unwrap_or(&[]);
@@ -252,6 +321,8 @@ impl SendQueue {
             if bytes.is_empty() {
                 continue;
             }
+            let bytes = bytes.get(..budget.min(bytes.len())).unwrap_or(bytes);
+            budget = budget.saturating_sub(bytes.len());
             if let Some(slot) = out.get_mut(filled) {
                 *slot = IoSlice::new(bytes);
                 filled += 1;
@@ -264,6 +335,23 @@ impl SendQueue {
     /// frames are now completely written. `n` beyond the queued bytes is a driver bug: it is
     /// clamped and logged.
     pub fn advance(&mut self, n: usize) -> usize {
+        self.advance_with(n, |_, _| {})
+    }
+
+    /// [`advance`](Self::advance), handing each completely written frame (its header, `len`
+    /// set, and payload) to `written`, in order. Control frames are not handed over.
+    pub fn advance_with(&mut self, n: usize, mut written: impl FnMut(Header, Payload)) -> usize {
+        let mut n = n;
+        if self.control_first()
+            && let Some((_, off)) = &mut self.control
+        {
+            let take = n.min(HEADER_LEN.saturating_sub(*off));
+            *off += take;
+            n -= take;
+            if *off >= HEADER_LEN {
+                self.control = self.control_next.take().map(|c| (c, 0));
+            }
+        }
         if n > self.queued {
             log::error!(
                 "SendQueue::advance({n}) exceeds the {} queued bytes",
@@ -300,7 +388,9 @@ impl SendQueue {
             let rest = f.wire_len.saturating_sub(self.frame_off);
             if left >= rest {
                 left -= rest;
-                self.frames.pop_front();
+                if let Some(f) = self.frames.pop_front() {
+                    written(f.header, f.payload);
+                }
                 self.frame_off = 0;
                 done += 1;
             } else {
@@ -341,6 +431,19 @@ impl SendQueue {
     /// The bound given to [`new`](Self::new).
     pub fn max_bytes(&self) -> usize {
         self.max_bytes
+    }
+
+    /// The partly written front frame, for a connection that broke: its header and payload,
+    /// with its wire length. The caller then drains the rest with
+    /// [`drain_unsent`](Self::drain_unsent) and drops this queue (its byte segments still
+    /// hold the started frame).
+    pub fn started(&self) -> Option<(Header, Payload, usize)> {
+        if self.frame_off == 0 {
+            return None;
+        }
+        self.frames
+            .front()
+            .map(|f| (f.header, f.payload.clone(), f.wire_len))
     }
 
     /// Remove and return, in order, every frame of which no byte has been written (for
@@ -462,7 +565,7 @@ mod tests {
         let mut i = 0;
         while !q.is_empty() {
             let mut slots = vec![IoSlice::new(&[]); iov];
-            let n = q.io_slices(&mut slots);
+            let n = q.io_slices(&mut slots, true);
             assert!(n > 0);
             let avail: Vec<u8> = slots[..n].iter().flat_map(|s| s.iter().copied()).collect();
             let w = step(i).min(avail.len()).max(1);
@@ -522,7 +625,7 @@ mod tests {
             q.push(&hdr(i), payload(i as usize, 10)).expect("room");
         }
         let mut slots = vec![IoSlice::new(&[]); 64];
-        assert_eq!(q.io_slices(&mut slots), 1);
+        assert_eq!(q.io_slices(&mut slots, true), 1);
         assert_eq!(slots[0].len(), 100 * (HEADER_LEN + 10));
     }
 
@@ -602,7 +705,7 @@ mod tests {
         assert!(q.is_empty());
         assert_eq!(q.queued_bytes(), 0);
         let mut slots = vec![IoSlice::new(&[]); 4];
-        assert_eq!(q.io_slices(&mut slots), 0);
+        assert_eq!(q.io_slices(&mut slots, true), 0);
     }
 
     #[test]
@@ -671,7 +774,7 @@ mod tests {
         q.push(&hdr(1), Payload::two(payload(2, 29), body.clone()))
             .expect("room");
         let mut slots = vec![IoSlice::new(&[]); 64];
-        let n = q.io_slices(&mut slots);
+        let n = q.io_slices(&mut slots, true);
         // header + head packed, then the body, twice: the body slices point into `body`.
         assert_eq!(n, 4);
         assert_eq!(slots[0].len(), HEADER_LEN + 29);
@@ -706,6 +809,72 @@ mod tests {
             let end = if partial { ends[complete] } else { written };
             let (out, _) = write_all(&mut q, 64, |_| usize::MAX);
             assert_eq!(out, stream[written..end].to_vec(), "written {written}");
+        }
+    }
+
+    /// A control frame set at any point of a stream of mixed frames goes out whole at the next
+    /// frame boundary, the frames around it unchanged and handed over in order; with `data`
+    /// false only the control frame is offered.
+    #[test]
+    fn a_control_frame_goes_at_the_next_frame_boundary() {
+        let ctl = Header {
+            kind: Kind::Link,
+            ..hdr(77)
+        }
+        .encode();
+        let mut reference = SendQueue::new(1 << 20);
+        let (stream, frames) = fill(&mut reference);
+        let mut ends = vec![0];
+        let mut at = 0;
+        for (h, _) in &frames {
+            at += HEADER_LEN + h.len as usize;
+            ends.push(at);
+        }
+        for written in 0..stream.len() {
+            for step in [13usize, 300, usize::MAX] {
+                let mut q = SendQueue::new(1 << 20);
+                fill(&mut q);
+                assert_eq!(
+                    q.advance(written),
+                    ends.iter().filter(|&&e| e > 0 && e <= written).count()
+                );
+                q.set_control(ctl);
+                // While data is held back: the rest of a started frame, else the control.
+                let boundary = *ends.iter().find(|&&e| e >= written).expect("an end");
+                let mut slots = vec![IoSlice::new(&[]); 64];
+                let n = q.io_slices(&mut slots, false);
+                let held: Vec<u8> = slots[..n].iter().flat_map(|s| s.iter().copied()).collect();
+                if boundary == written {
+                    assert_eq!(held, ctl.to_vec(), "written {written}");
+                } else {
+                    assert_eq!(
+                        held,
+                        stream[written..boundary].to_vec(),
+                        "written {written}"
+                    );
+                }
+                let mut out = Vec::new();
+                let mut handed = Vec::new();
+                while !q.is_empty() || q.has_control() {
+                    let mut slots = vec![IoSlice::new(&[]); 8];
+                    let n = q.io_slices(&mut slots, true);
+                    assert!(n > 0);
+                    let avail: Vec<u8> =
+                        slots[..n].iter().flat_map(|s| s.iter().copied()).collect();
+                    let w = step.min(avail.len());
+                    out.extend_from_slice(&avail[..w]);
+                    q.advance_with(w, |h, p| handed.push((h, p)));
+                }
+                let mut expect = stream[written..boundary].to_vec();
+                expect.extend_from_slice(&ctl);
+                expect.extend_from_slice(&stream[boundary..]);
+                assert_eq!(out, expect, "written {written}, step {step}");
+                let first = ends
+                    .iter()
+                    .position(|&e| e > written)
+                    .map_or(frames.len(), |i| i - 1);
+                assert_eq!(handed, frames[first..].to_vec(), "written {written}");
+            }
         }
     }
 }

@@ -5,7 +5,8 @@ use super::HANG_GUARD;
 use bytes::Bytes;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use tbon::oob::{Frame, FrameDecoder, Handshake, HandshakeEvent, Header};
+use tbon::oob::session::Control;
+use tbon::oob::{Frame, FrameDecoder, Handshake, HandshakeEvent, Header, Kind};
 
 /// One end of a connection driven by the test.
 pub struct Wire {
@@ -77,10 +78,33 @@ impl Wire {
         self.send_all(acc);
     }
 
-    /// The next frame, or `None` once the peer closed the connection.
+    /// Starts this end's link session (`tbon::oob::session`) as a daemon's end of a new
+    /// connection does: a `Start` (it holds nothing of the daemon's session, so the daemon
+    /// begins a session from 0 and writes its frames once it reads this), then a `Resume` of
+    /// a new session of its own (each connection a new one: a scripted end keeps nothing to
+    /// write again), before any other frame.
+    pub fn start_session(&mut self, me: u32, peer: u32) {
+        static SESSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let start = Control::Start {
+            session: 0,
+            count: 0,
+        };
+        self.send(&start.header(me, peer), &Bytes::new());
+        let resume = Control::Resume {
+            session: SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            first: 0,
+        };
+        self.send(&resume.header(me, peer), &Bytes::new());
+    }
+
+    /// The next frame, or `None` once the peer closed the connection. The daemon's link
+    /// session controls (its `Start`, its acknowledgements) are read and skipped.
     pub fn recv(&mut self) -> Option<Frame> {
         loop {
             if let Some(f) = self.decoder.next_frame().unwrap() {
+                if f.header.kind == Kind::Link {
+                    continue;
+                }
                 return Some(f);
             }
             let space = self.decoder.read_space();

@@ -3,7 +3,7 @@
 //! connection is lost. Which peer to dial, and what a loss means, the node decides.
 
 use super::super::caddy::Completion;
-use super::super::conn::{Conn, ConnState};
+use super::super::conn::{Conn, ConnState, LinkSession};
 use super::super::log_limit::{Refusal, Summary};
 use super::super::timers::TimerKind;
 use super::{EventLoop, complete};
@@ -13,8 +13,9 @@ use crate::limits;
 use crate::oob::arbiter::{Admission, DialPhase, LinkDialler, admit};
 use crate::oob::frame::Frame;
 use crate::oob::handshake::{Handshake, HandshakeError, HandshakeEvent, TOOL_RANK};
-use crate::oob::header::{Header, Kind};
+use crate::oob::header::{HEADER_LEN, Header, Kind};
 use crate::oob::send_queue::Payload;
+use crate::oob::session::{Control, SessionError, Started};
 use bytes::Bytes;
 use mio::net::TcpStream;
 use mio::{Interest, Token};
@@ -49,6 +50,9 @@ pub(super) struct Link {
     /// Its contact was asked of the node ([`Node::want_contact`]); the dial waits for the
     /// answer.
     pub awaiting_contact: bool,
+    /// The link session between connections (`oob::session`); the established connection
+    /// holds it while there is one.
+    pub session: Option<Box<LinkSession>>,
 }
 
 impl EventLoop {
@@ -63,6 +67,7 @@ impl EventLoop {
         let link = self.links.entry(peer).or_default();
         if let Some(tok) = link.conn
             && let Some(conn) = self.conns.get_mut(tok)
+            && conn.takes_frames()
         {
             return match conn.push(header, payload, done) {
                 Ok(()) => {
@@ -590,6 +595,37 @@ impl EventLoop {
             self.protocol_error(tok, "a frame on a connection with no known rank");
             return;
         };
+        if frame.header.kind == Kind::Link {
+            self.on_link_control(tok, from, &frame);
+            return;
+        }
+        if let Some(session) = conn.session.as_mut() {
+            match session.inb.accept(HEADER_LEN + frame.payload.len()) {
+                Ok(true) => {
+                    if session.inb.ack_due() {
+                        if let Some(ack) = session.inb.poll_ack() {
+                            conn.set_control(ack, self.me, from);
+                            self.mark_dirty(tok);
+                        }
+                    } else if !self.link_ack_armed {
+                        self.link_ack_armed = true;
+                        self.timers.arm(
+                            self.now + Duration::from_millis(self.cfg.link_ack_ms),
+                            TimerKind::LinkAck,
+                        );
+                    }
+                }
+                Ok(false) => {
+                    // Written again after a break, and already here before it.
+                    self.node.counters_mut().link_duplicates_dropped += 1;
+                    return;
+                }
+                Err(e) => {
+                    self.protocol_error(tok, &e.to_string());
+                    return;
+                }
+            }
+        }
         if frame.header.tag == crate::status::TAG_STATUS && frame.header.kind == Kind::Msg {
             // A clock sample's receipt: read the wall clock now, after the frame arrived.
             self.node
@@ -600,6 +636,92 @@ impl EventLoop {
             .handle_frame(self.now, from, frame.header, frame.payload)
         {
             self.protocol_error(tok, &why);
+        }
+    }
+
+    /// A link session's control frame from `from` on connection `tok`.
+    fn on_link_control(&mut self, tok: usize, from: Rank, frame: &Frame) {
+        let me = self.me;
+        let control = match Control::decode(&frame.header, frame.payload.len()) {
+            Ok(c) => c,
+            Err(e) => return self.protocol_error(tok, &e.to_string()),
+        };
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        match control {
+            Control::Start { session, count } => {
+                match conn.resume_session(session, count, me, from) {
+                    Ok((resent, dropped)) => {
+                        let counters = self.node.counters_mut();
+                        if resent > 0 {
+                            counters.link_resumes += 1;
+                            counters.link_frames_resent += resent as u64;
+                            log::debug!(
+                                "rank {me}: rank {from}: {resent} frames written again on the new connection"
+                            );
+                        }
+                        if dropped > 0 {
+                            counters.link_frames_given_up += dropped as u64;
+                            log::warn!(
+                                "rank {me}: rank {from} holds none of our link session; {dropped} frames it did not confirm are lost"
+                            );
+                        }
+                        self.release_pending(tok, from);
+                    }
+                    Err(e) => self.protocol_error(tok, &e.to_string()),
+                }
+            }
+            Control::Resume { session, first } => {
+                let result = match conn.session.as_mut() {
+                    Some(s) => s.inb.handle_resume(session, first),
+                    None => Err(SessionError::OutOfOrder(
+                        "a link Resume on a connection without a session",
+                    )),
+                };
+                match result {
+                    Ok(Started::Gap { lost }) => {
+                        self.node.counters_mut().link_gaps += 1;
+                        log::warn!(
+                            "rank {me}: rank {from} resumed our link {lost} frames past what arrived; they are lost"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(e) => self.protocol_error(tok, &e.to_string()),
+                }
+            }
+            Control::Ack { session, count } => {
+                let result = match conn.session.as_mut() {
+                    Some(s) => s.out.handle_ack(session, count),
+                    None => Err(SessionError::OutOfOrder(
+                        "a link Ack on a connection without a session",
+                    )),
+                };
+                match result {
+                    // Room again under the session's bound: what is held back may go.
+                    Ok(released) if released > 0 && !conn.queue.is_empty() => self.mark_dirty(tok),
+                    Ok(_) => {}
+                    Err(e) => self.protocol_error(tok, &e.to_string()),
+                }
+            }
+        }
+    }
+
+    /// Acknowledges, on every established connection, the frames that arrived since its last
+    /// acknowledgement (`link_ack_ms` after the first unacknowledged one).
+    pub(super) fn link_ack_timer(&mut self) {
+        self.link_ack_armed = false;
+        let me = self.me;
+        let mut dirty = Vec::new();
+        for (tok, conn) in self.conns.iter_mut() {
+            let Some(peer) = conn.peer else { continue };
+            if let Some(ack) = conn.session.as_mut().and_then(|s| s.inb.poll_ack()) {
+                conn.set_control(ack, me, peer);
+                dirty.push(tok);
+            }
+        }
+        for tok in dirty {
+            self.mark_dirty(tok);
         }
     }
 
@@ -654,6 +776,7 @@ impl EventLoop {
                 if probe_link && let Some(t) = self.links.get(&peer).and_then(|l| l.conn) {
                     let h = self.node.probe_frame(peer);
                     if let Some(conn) = self.conns.get_mut(t)
+                        && conn.takes_frames()
                         && conn.push(h, Bytes::new(), None).is_ok()
                     {
                         self.mark_dirty(t);
@@ -723,6 +846,54 @@ impl EventLoop {
         link.attempt = 0;
         link.probe = false;
         link.redial_armed = false;
+        // The link session: its `Start` goes first; once the peer's arrives, the `Resume`, what
+        // the last connection to this life of the peer wrote and the peer does not hold, then
+        // what waited (`release_pending`).
+        let resend_max = self.cfg.link_resend_max_bytes;
+        let mut session = match link.session.take() {
+            Some(s) => s,
+            None => {
+                // A link removed (its peer declared dead, departed) and made again must not
+                // reuse a session number the peer may still hold.
+                self.link_sessions = self.link_sessions.wrapping_add(1);
+                let mut s = Box::new(LinkSession::new(
+                    incarnation,
+                    resend_max,
+                    self.link_sessions << 32,
+                ));
+                if let Some((life, inb)) = self.link_inbound.remove(&peer)
+                    && life == incarnation
+                {
+                    s.inb = inb;
+                }
+                s
+            }
+        };
+        if session.incarnation != incarnation {
+            // Another life of the peer: what the last one did not confirm died with it.
+            let dropped = session.out.reset();
+            session.inb.reset();
+            session.incarnation = incarnation;
+            if dropped > 0 {
+                log::debug!(
+                    "rank {}: rank {peer} came back as another life; {dropped} unconfirmed frames to the old one given up",
+                    self.me
+                );
+            }
+        }
+        conn.open_session(session, self.me, peer);
+        self.mark_dirty(tok);
+        self.node
+            .handle_link_up(Instant::now(), peer, incarnation, relink);
+        self.carry_out();
+    }
+
+    /// The link's waiting frames go into its connection, now that its session resumed.
+    fn release_pending(&mut self, tok: usize, peer: Rank) {
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
+        let link = self.links.entry(peer).or_default();
         link.pending_bytes = 0;
         let pending: Vec<Pending> = link.pending.drain(..).collect();
         let mut refused = Vec::new();
@@ -739,9 +910,6 @@ impl EventLoop {
             self.queue_full(peer, done);
         }
         self.mark_dirty(tok);
-        self.node
-            .handle_link_up(Instant::now(), peer, incarnation, relink);
-        self.carry_out();
     }
 
     pub(super) fn protocol_error(&mut self, tok: usize, why: &str) {
@@ -750,6 +918,11 @@ impl EventLoop {
             return;
         }
         self.node.counters_mut().protocol_errors += 1;
+        if let Some(session) = self.conns.get_mut(tok).and_then(|c| c.session.as_mut()) {
+            // Refuse the peer's session: our next `Start` says so, and the peer gives up what it did not see confirmed rather than write the offending
+            // frame again (`oob::session`).
+            session.inb.refuse();
+        }
         if let Some(c) = self.conns.get(tok) {
             let who = c
                 .peer
@@ -869,9 +1042,17 @@ impl EventLoop {
             self.close(tok, None);
             return;
         };
-        let (unsent, lost) = conn.take_unsent();
-        for done in lost {
-            complete(done, Err(SendError::Unreachable(peer)));
+        let (unsent, cut, kept) = conn.take_unsent();
+        for done in cut {
+            // A frame cut off mid-write goes again whole if the link session kept it.
+            complete(
+                done,
+                if kept {
+                    Ok(())
+                } else {
+                    Err(SendError::Unreachable(peer))
+                },
+            );
         }
         self.close(tok, None);
         let link = self.links.entry(peer).or_default();
@@ -908,6 +1089,13 @@ impl EventLoop {
         let err = err.unwrap_or(SendError::ShutDown);
         for done in conn.completions.drain(..) {
             complete(done, Err(err.clone()));
+        }
+        if let Some(session) = conn.session.take()
+            && let Some(p) = conn.peer
+        {
+            // Kept for the next connection to this life of the peer (dropped with the link
+            // when the peer is declared dead).
+            self.links.entry(p).or_default().session = Some(session);
         }
         if let Some(p) = conn.peer.or(conn.dialled).or(conn.claimed)
             && let Some(link) = self.links.get_mut(&p)
@@ -1052,7 +1240,7 @@ impl EventLoop {
                 .collect();
             for t in toks {
                 if let Some(conn) = self.conns.get_mut(t) {
-                    let (unsent, lost) = conn.take_unsent();
+                    let (unsent, lost, _) = conn.take_unsent();
                     for done in lost {
                         complete(done, Err(SendError::NodeDown(*r)));
                     }
@@ -1066,6 +1254,13 @@ impl EventLoop {
             }
             if let Some(mut link) = self.links.remove(r) {
                 frames.extend(link.pending.drain(..));
+                // What this daemon holds of the peer's session outlives the link: a rank
+                // taken for dead may still be talking (a join in progress, a stall), and
+                // its next connection must not be able to write frames here twice.
+                if let Some(session) = link.session.take() {
+                    self.link_inbound
+                        .insert(*r, (session.incarnation, session.inb));
+                }
             }
         }
         frames
@@ -1076,6 +1271,13 @@ impl EventLoop {
     fn tell_dead_and_close(&mut self, tok: usize, peer: Rank) {
         let h = self.node.declared_dead_frame(peer);
         if let Some(conn) = self.conns.get_mut(tok) {
+            // The dialler's end is established: its session wants a `Resume` before any
+            // frame (session 0 is no real session's number).
+            let start = Control::Resume {
+                session: 0,
+                first: 0,
+            };
+            let _ = conn.push(start.header(self.me, peer), Bytes::new(), None);
             let _ = conn.push(h, Bytes::new(), None);
             let mut done = Vec::new();
             // One tiny frame on a fresh socket; if the kernel does not take it now, the peer
