@@ -12,6 +12,7 @@ mod check_groups;
 mod check_streams;
 mod clocks;
 mod net;
+mod reset;
 mod scale;
 mod timeline;
 
@@ -121,6 +122,12 @@ pub struct HarnessArgs {
     /// survivor confirmed them dead the link comes back, and they must exit non-zero.
     #[arg(long, value_delimiter = ',', requires = "hosts")]
     pub cut: Vec<String>,
+    /// Destroy every TCP connection of these living daemons at these times (`ss -K`):
+    /// RANK@SECONDS, comma separated; loopback only. Not a fault: both ends live, so no daemon
+    /// may be declared dead and no message, plain ones included, may be lost, duplicated or
+    /// reordered (link sessions). Needs root and a kernel that can destroy sockets.
+    #[arg(long, value_delimiter = ',', conflicts_with = "hosts")]
+    pub reset: Vec<String>,
     /// Passed to the daemons (default 300 with --stop or --cut, else the daemon default).
     #[arg(long)]
     pub heartbeat_interval_ms: Option<u64>,
@@ -500,8 +507,9 @@ pub struct Seen {
     /// sends refused `Busy` by flow control, relayed frames dropped at a full queue.
     /// Per rank, from its latest progress line: flow control (congestions, sends refused,
     /// frames dropped), then direct links (requests, grants, denials, links opened,
-    /// fallbacks, messages on links, links evicted).
-    pub flow: BTreeMap<u32, [u64; 10]>,
+    /// fallbacks, messages on links, links evicted), then link sessions (resumptions, frames
+    /// written again, duplicates dropped, frames given up).
+    pub flow: BTreeMap<u32, [u64; 14]>,
     /// (rank, scope is global, newly failed, epoch, mono_ns) of every fault line.
     pub faults: Vec<(u32, bool, Vec<u32>, u64, u64)>,
     /// rank -> CLOCK_MONOTONIC ns its restarted daemon, or the daemon of a rank the DVM grew
@@ -559,6 +567,10 @@ impl Seen {
                         n("direct_fallbacks"),
                         n("direct_messages"),
                         n("direct_links_evicted"),
+                        n("link_resumes"),
+                        n("link_frames_resent"),
+                        n("link_duplicates_dropped"),
+                        n("link_frames_given_up"),
                     ],
                 );
             }
@@ -628,6 +640,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         .unwrap_or((args.duration * args.rate).round().max(1.0) as u64);
     let traffic_s = messages as f64 / args.rate;
     let mut faults = plan(&args, traffic_s)?;
+    let mut resets = reset::plan(&args.reset, n)?;
     // Growth: (rank, seconds since traffic started, when it was started).
     let mut grows: Vec<(u32, f64, Option<u64>)> = Vec::new();
     for spec in &args.grow {
@@ -1038,6 +1051,21 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                         g.2 = Some(at);
                     }
                 }
+                for r in resets.iter_mut() {
+                    if r.destroyed.is_none() && since >= r.at_s {
+                        let done = procs
+                            .pid(r.rank)
+                            .ok_or_else(|| format!("--reset: rank {} is not running", r.rank))
+                            .and_then(reset::reset_connections);
+                        match done {
+                            Ok(k) => r.destroyed = Some(k),
+                            Err(e) => {
+                                problems.push(format!("--reset of rank {}: {e}", r.rank));
+                                r.destroyed = Some(0);
+                            }
+                        }
+                    }
+                }
                 if client_kills.first().is_some_and(|at| since >= *at) {
                     client_kills.remove(0);
                     match kill_a_client(
@@ -1262,6 +1290,10 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     if let Some(c) = &clock_check {
         let (text, json) = c.render();
         report.add_section("clocks", &text, json);
+    }
+    if !resets.is_empty() {
+        let (text, json) = reset::render(&resets);
+        report.add_section("resets", &text, json);
     }
     if let Some((cc, _)) = &client_judgement {
         let text = format!(

@@ -502,6 +502,10 @@ impl Workload {
                 "direct_fallbacks": c.direct.fallbacks,
                 "direct_links_evicted": c.direct.links_evicted,
                 "direct_messages": c.direct.direct_messages,
+                "link_resumes": c.link_resumes,
+                "link_frames_resent": c.link_frames_resent,
+                "link_duplicates_dropped": c.link_duplicates_dropped,
+                "link_frames_given_up": c.link_frames_given_up,
             })),
         }})
         .to_string()

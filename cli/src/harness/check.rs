@@ -134,6 +134,12 @@ struct Counts {
     direct_fallbacks: u64,
     direct_messages: u64,
     direct_links_evicted: u64,
+    /// Link sessions, summed likewise: new connections that wrote frames again, those frames,
+    /// copies dropped by receivers, frames given up (a session refused).
+    link_resumes: u64,
+    link_frames_resent: u64,
+    link_duplicates_dropped: u64,
+    link_frames_given_up: u64,
     to_faulted: u64,
     from_faulted_delivered: u64,
     /// Sent to a restarted daemon before it was wired again: not expected, yet delivered.
@@ -388,6 +394,10 @@ pub fn analyse(inp: Input<'_>) -> Report {
         c.direct_fallbacks += f[7];
         c.direct_messages += f[8];
         c.direct_links_evicted += f[9];
+        c.link_resumes += f[10];
+        c.link_frames_resent += f[11];
+        c.link_duplicates_dropped += f[12];
+        c.link_frames_given_up += f[13];
     }
     c.expected = expected.len() as u64;
     let mut got: HashMap<(u32, u32, u32, u64), u32> = HashMap::new();
@@ -861,6 +871,17 @@ pub fn analyse(inp: Input<'_>) -> Report {
                 c.direct_links_evicted,
                 c.direct_fallbacks,
                 c.direct_messages
+            ),
+        );
+        row(
+            &mut t,
+            "link sessions",
+            format!(
+                "{} connections resumed, {} frames written again, {} copies dropped, {} given up",
+                c.link_resumes,
+                c.link_frames_resent,
+                c.link_duplicates_dropped,
+                c.link_frames_given_up
             ),
         );
     }
