@@ -342,11 +342,14 @@ settings! {
     /// Link sessions: bytes a daemon keeps per neighbour, written and not yet acknowledged, to
     /// write again if the connection breaks while both live. At the bound it writes no more to
     /// that neighbour until acknowledgements come (back-pressure; nothing dropped). At least
-    /// 524288 (twice the acknowledgement step).
+    /// 1048576.
     link_resend_max_bytes: usize = limits::LINK_RESEND_MAX_BYTES_DEFAULT, env "TBON_LINK_RESEND_MAX_BYTES";
-    /// Link sessions: milliseconds a receiver waits before acknowledging frames when fewer
-    /// than 1024 frames and 256 KiB arrived since its last acknowledgement. 1..=60000.
-    link_ack_ms: u64 = limits::LINK_ACK_MS_DEFAULT, env "TBON_LINK_ACK_MS";
+    /// Link sessions: keep what was written to a neighbour until it is acknowledged, to write
+    /// it again after a break (true), or only count and acknowledge it (false: a broken
+    /// connection between two living daemons loses what was in flight, as plain TCP does, and
+    /// holding nothing costs less memory and time per frame). Daemons with either value work
+    /// together; each decides for what it sends.
+    link_resend: bool = true, env "TBON_LINK_RESEND";
     /// Messages held for receives not posted yet; at the bound the oldest is dropped with a
     /// warning (PRRTE: unbounded).
     unmatched_max: usize = limits::UNMATCHED_MAX_DEFAULT, env "TBON_UNMATCHED_MAX";
@@ -768,18 +771,15 @@ impl Config {
                 ));
             }
         }
-        if self.link_resend_max_bytes < 2 * limits::LINK_ACK_BYTES {
+        if self.link_resend_max_bytes < limits::LINK_RESEND_MIN_BYTES {
             return Err(ConfigError::invalid(
                 "link_resend_max_bytes",
                 format!(
-                    "must be at least {}: below twice the acknowledgement step a sender waits \
-                     for the acknowledgement timer at every step",
-                    2 * limits::LINK_ACK_BYTES
+                    "must be at least {} (a socket's worth: below it a sender waits for \
+                     acknowledgements at every read of its peer)",
+                    limits::LINK_RESEND_MIN_BYTES
                 ),
             ));
-        }
-        if self.link_ack_ms == 0 || self.link_ack_ms > 60_000 {
-            return Err(ConfigError::invalid("link_ack_ms", "must be 1..=60000"));
         }
         if self.direct_links_max == 0 || self.direct_links_max > limits::DIRECT_LINKS_MAX_MAX {
             return Err(ConfigError::invalid(

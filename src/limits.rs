@@ -196,24 +196,17 @@ pub const MSG_MAX_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 /// above it is refused by `Config::validate`.
 pub const MSG_MAX_BYTES_CEILING: u64 = u32::MAX as u64;
 
-/// Link sessions (`oob::session`): a receiver acknowledges once this many frames arrived since
-/// its last acknowledgement (or [`LINK_ACK_BYTES`], or `link_ack_ms`, whichever comes first).
-pub const LINK_ACK_FRAMES: u64 = 1_024;
-
-/// Link sessions: a receiver acknowledges once this many bytes arrived since its last
-/// acknowledgement.
-pub const LINK_ACK_BYTES: usize = 256 * 1024;
-
-/// Default milliseconds a receiver waits before acknowledging frames that did not reach
-/// [`LINK_ACK_FRAMES`] or [`LINK_ACK_BYTES`]. Setting: `link_ack_ms`.
-pub const LINK_ACK_MS_DEFAULT: u64 = 20;
+/// Link sessions (`oob::session`): the least `link_resend_max_bytes` accepted. A receiver
+/// acknowledges every read batch (at most `FRAMES_PER_READ_MAX` frames, `READ_CHUNK_BYTES`
+/// at a time), so a sender needs room for about a socket's worth in flight.
+pub const LINK_RESEND_MIN_BYTES: usize = 1024 * 1024;
 
 /// Default bound on the bytes a daemon keeps per neighbour, written and not yet acknowledged,
 /// to write again after a broken connection (`oob::session::Outbound`). At the bound it writes
 /// no more to that neighbour (control frames excepted) until acknowledgements come: the
 /// frames stay queued, the queue's level rises and flow control pushes back on the senders;
-/// nothing is dropped. Acknowledgements come every [`LINK_ACK_BYTES`], so the bound is only
-/// met by a neighbour that does not read. Setting: `link_resend_max_bytes`.
+/// nothing is dropped. Acknowledgements come with every batch the neighbour reads, so the
+/// bound is only met by a neighbour that does not read. Setting: `link_resend_max_bytes`.
 pub const LINK_RESEND_MAX_BYTES_DEFAULT: usize = 32 * 1024 * 1024;
 
 /// Default bound on the bytes queued for one peer's connection and not yet written (PRRTE's send

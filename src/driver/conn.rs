@@ -42,10 +42,15 @@ pub(crate) struct LinkSession {
 impl LinkSession {
     /// A new link's session; `first_session` unique among this daemon's links (see
     /// `Outbound::new`).
-    pub(crate) fn new(incarnation: u64, resend_max_bytes: usize, first_session: u64) -> Self {
+    pub(crate) fn new(
+        incarnation: u64,
+        resend_max_bytes: usize,
+        first_session: u64,
+        keep: bool,
+    ) -> Self {
         LinkSession {
             incarnation,
-            out: Outbound::new(resend_max_bytes, first_session),
+            out: Outbound::new(resend_max_bytes, first_session, keep),
             inb: Inbound::default(),
         }
     }

@@ -116,8 +116,6 @@ pub(crate) struct EventLoop {
     /// Neighbours whose collective frames were dropped at a full queue: re-stated once it
     /// drains (at most one entry per neighbour).
     grpcomm_resync: FxHashSet<Rank>,
-    /// A `TimerKind::LinkAck` is armed (at most one at a time).
-    link_ack_armed: bool,
     /// Link sessions made so far: the next one's numbers start at this plus one, shifted 32.
     link_sessions: u64,
     /// What this daemon holds of the sessions of peers whose links were removed (taken for
@@ -204,7 +202,6 @@ impl EventLoop {
             stopping: None,
             close_after_peers: false,
             grpcomm_resync: FxHashSet::default(),
-            link_ack_armed: false,
             link_sessions: 0,
             link_inbound: FxHashMap::default(),
             pending: PendingHandshakes::new(
@@ -953,7 +950,6 @@ impl EventLoop {
                     self.accept_retry.retain(|i| *i != index);
                     self.accept(index);
                 }
-                TimerKind::LinkAck => self.link_ack_timer(),
                 TimerKind::Linger => {
                     log::debug!("rank {}: linger over; dropping unsent frames", self.me);
                     self.close_all();

@@ -17,8 +17,6 @@ pub(crate) enum TimerKind {
     Linger,
     /// Accept on this listener again after `accept` failed (at most one armed per listener).
     AcceptRetry { index: usize },
-    /// Acknowledge what arrived on the link sessions since their last acknowledgement.
-    LinkAck,
     /// The node's next deadline (`Node::poll_timeout`: wire-up, heartbeats, RELM): a new one
     /// is armed only when none at or before it is.
     Node,

@@ -21,8 +21,10 @@
 //!   socket). On the peer's `Start` for its session it writes again every frame the peer does
 //!   not hold, then what waited.
 //! - **Receiver** ([`Inbound`]): counts the session frames after each `Resume`; a frame whose
-//!   number it already has is a duplicate and is dropped. It acknowledges at
-//!   `LINK_ACK_FRAMES`/`LINK_ACK_BYTES` received or when the driver's `link_ack_ms` timer fires.
+//!   number it already has is a duplicate and is dropped. The driver acknowledges
+//!   ([`Inbound::poll_ack`]) after every batch it reads: the acknowledgement rides in the same
+//!   write as the turn's own frames, and the sender lets go of kept frames within a round trip
+//!   (kept frames pin the buffers they share, the receive buffer of a relay among them).
 //! - **A new session** starts when the peer's `Start` says [`REFUSED`]: a frame of the session
 //!   broke the protocol there, and written again it would break it again. (A `Start` naming
 //!   another session means the peer never saw this one's `Resume`: it holds none of its frames,
@@ -40,7 +42,6 @@ use std::fmt;
 
 use super::header::{Header, Kind};
 use crate::Rank;
-use crate::limits;
 
 /// `Header::tag` of a `Kind::Link` frame: which control it is.
 const TAG_START: u32 = 1;
@@ -162,6 +163,11 @@ pub struct Outbound<F> {
     unacked: VecDeque<(F, usize)>,
     unacked_bytes: usize,
     max_bytes: usize,
+    /// Whether written frames are kept to write again; without, they are only counted
+    /// (`unkept`), and a break gives up what the peer did not get.
+    keep: bool,
+    /// Frames written and not kept, not yet confirmed.
+    unkept: u64,
 }
 
 impl<F> Outbound<F> {
@@ -169,22 +175,35 @@ impl<F> Outbound<F> {
     /// [`at_bound`](Self::at_bound). `first_session` must differ from every session number
     /// this daemon's life gave the same peer before (a receiver that still holds an earlier
     /// session of this sender would otherwise take the new one for it): the driver hands out
-    /// `n << 32` for its n-th link, and a session's resets count up from there.
-    pub fn new(max_bytes: usize, first_session: u64) -> Self {
+    /// `n << 32` for its n-th link, and a session's resets count up from there. With `keep`
+    /// false nothing is kept, only counted: the receiver's side works as ever, but a break
+    /// gives up what the peer did not get (the `link_resend` setting).
+    pub fn new(max_bytes: usize, first_session: u64, keep: bool) -> Self {
         Outbound {
             session: first_session.clamp(1, REFUSED - 1),
             acked: 0,
             unacked: VecDeque::new(),
             unacked_bytes: 0,
             max_bytes: max_bytes.max(1),
+            keep,
+            unkept: 0,
         }
     }
 
     /// A session frame of `bytes` wire bytes was written (or started: a frame cut off by a
     /// broken connection counts as written, it goes again whole).
     pub fn written(&mut self, frame: F, bytes: usize) {
+        if !self.keep {
+            self.unkept += 1;
+            return;
+        }
         self.unacked_bytes = self.unacked_bytes.saturating_add(bytes);
         self.unacked.push_back((frame, bytes));
+    }
+
+    /// Frames of this session written so far.
+    fn sent(&self) -> u64 {
+        self.acked + self.unacked.len() as u64 + self.unkept
     }
 
     /// The receiver confirmed the first `count` frames of `session`: they are released. An
@@ -194,15 +213,19 @@ impl<F> Outbound<F> {
         if session != self.session || count <= self.acked {
             return Ok(0);
         }
-        let sent = self.acked + self.unacked.len() as u64;
+        let sent = self.sent();
         if count > sent {
             return Err(SessionError::AckBeyondSent { count, sent });
         }
         let release = (count - self.acked) as usize;
-        for _ in 0..release {
-            if let Some((_, b)) = self.unacked.pop_front() {
-                self.unacked_bytes = self.unacked_bytes.saturating_sub(b);
+        if self.keep {
+            for _ in 0..release {
+                if let Some((_, b)) = self.unacked.pop_front() {
+                    self.unacked_bytes = self.unacked_bytes.saturating_sub(b);
+                }
             }
+        } else {
+            self.unkept = self.unkept.saturating_sub(release as u64);
         }
         self.acked = count;
         Ok(release)
@@ -240,6 +263,10 @@ impl<F> Outbound<F> {
                 });
             }
             self.handle_ack(session, count)?;
+            if self.unkept > 0 {
+                // Not kept, so not to be written again: a new session, past the loss.
+                dropped = self.reset();
+            }
         }
         self.unacked_bytes = 0;
         let resume = Control::Resume {
@@ -253,7 +280,7 @@ impl<F> Outbound<F> {
     /// frames now take another route). The next connection starts a new session from 0.
     /// Returns how many frames were given up.
     pub fn reset(&mut self) -> usize {
-        let dropped = self.unacked.len();
+        let dropped = self.unacked.len() + std::mem::take(&mut self.unkept) as usize;
         self.unacked.clear();
         self.unacked_bytes = 0;
         self.acked = 0;
@@ -261,9 +288,9 @@ impl<F> Outbound<F> {
         dropped
     }
 
-    /// Written frames not yet confirmed.
+    /// Written frames not yet confirmed (kept or not).
     pub fn unacked_frames(&self) -> usize {
-        self.unacked.len()
+        self.unacked.len() + self.unkept as usize
     }
 
     /// Their wire bytes.
@@ -295,7 +322,6 @@ pub struct Inbound {
     started: bool,
     /// The session was refused: the next `Start` says so.
     refused: bool,
-    bytes_since_ack: usize,
 }
 
 /// What [`Inbound::handle_start`] found.
@@ -318,7 +344,6 @@ impl Inbound {
         self.skip = 0;
         // What is counted is about to be said: nothing is left to acknowledge.
         self.acked = self.count;
-        self.bytes_since_ack = 0;
         let session = if std::mem::take(&mut self.refused) {
             REFUSED
         } else {
@@ -343,7 +368,6 @@ impl Inbound {
             self.session = Some(session);
             self.count = first;
             self.acked = first;
-            self.bytes_since_ack = 0;
             return Ok(Started::New);
         }
         if first > self.count {
@@ -358,9 +382,8 @@ impl Inbound {
         })
     }
 
-    /// A session frame of `bytes` wire bytes arrived: `Ok(true)` to take it, `Ok(false)` for a
-    /// duplicate to drop.
-    pub fn accept(&mut self, bytes: usize) -> Result<bool, SessionError> {
+    /// A session frame arrived: `Ok(true)` to take it, `Ok(false)` for a duplicate to drop.
+    pub fn accept(&mut self) -> Result<bool, SessionError> {
         if !self.started {
             return Err(SessionError::OutOfOrder("a frame before the link's Resume"));
         }
@@ -369,14 +392,7 @@ impl Inbound {
             return Ok(false);
         }
         self.count += 1;
-        self.bytes_since_ack = self.bytes_since_ack.saturating_add(bytes);
         Ok(true)
-    }
-
-    /// Whether enough arrived since the last acknowledgement to send one now.
-    pub fn ack_due(&self) -> bool {
-        self.count.saturating_sub(self.acked) >= limits::LINK_ACK_FRAMES
-            || self.bytes_since_ack >= limits::LINK_ACK_BYTES
     }
 
     /// Whether frames arrived that were not acknowledged yet (the timer's question).
@@ -391,7 +407,6 @@ impl Inbound {
             return None;
         }
         self.acked = self.count;
-        self.bytes_since_ack = 0;
         Some(Control::Ack {
             session,
             count: self.count,

@@ -131,6 +131,7 @@ pub fn run(args: BenchArgs) -> Res<i32> {
     if want("rate") {
         out["rate"] = b.rates()?;
         out["reliable_rate"] = Value::Array(std::mem::take(&mut b.reliable_rows));
+        out["link_resend_rate"] = Value::Array(std::mem::take(&mut b.link_rows));
     }
     if want("pingpong") {
         out["pingpong"] = b.pingpong()?;
@@ -214,6 +215,11 @@ struct Bench {
     quick: bool,
     /// Reliable-versus-plain rate rows, filled by `rates`.
     reliable_rows: Vec<Value>,
+    /// Plain sends with link sessions keeping frames (`link_resend`, the default) against
+    /// only counting them, filled by `rates`.
+    link_rows: Vec<Value>,
+    /// The daemons' `link_resend` setting for the runs being made.
+    link_resend: bool,
     /// Payload sizes of the rate part.
     payloads: Vec<usize>,
     /// The scale part's sizes and radixes (0: the default radix).
@@ -234,6 +240,8 @@ impl Bench {
             runs: 0,
             quick,
             reliable_rows: Vec::new(),
+            link_rows: Vec::new(),
+            link_resend: true,
             payloads: vec![64, 4096, 65_536, 1 << 20],
             repeat: 3,
             scale_sizes: vec![16, 64, 256],
@@ -266,6 +274,10 @@ impl Bench {
             .arg("--dir")
             .arg(&a.dir)
             .env("RUST_LOG", "error")
+            .env(
+                "TBON_LINK_RESEND",
+                if self.link_resend { "true" } else { "false" },
+            )
             .stdin(Stdio::null())
             .stdout(if piped { Stdio::piped() } else { Stdio::null() });
         c.spawn().map_err(ctx("spawn bench process"))
@@ -480,6 +492,36 @@ impl Bench {
                 });
                 eprintln!("{row}");
                 self.reliable_rows.push(row);
+            }
+        }
+        // Link sessions: what keeping written frames for a resend costs plain sends (the
+        // receivers count and acknowledge either way).
+        for relays in [0, 1] {
+            for payload in [64usize, 1 << 20] {
+                if !self.payloads.contains(&payload) {
+                    continue;
+                }
+                let rate = |v: &Value| {
+                    v["msgs"].as_f64().unwrap_or(0.0) / v["secs"].as_f64().unwrap_or(1.0)
+                };
+                let (mut kept, mut counted) = (Vec::new(), Vec::new());
+                for _ in 0..self.repeat {
+                    kept.push(rate(&self.tbon_rate(relays, payload, Mode::Plain)?));
+                    self.link_resend = false;
+                    let r = self.tbon_rate(relays, payload, Mode::Plain);
+                    self.link_resend = true;
+                    counted.push(rate(&r?));
+                }
+                let (km, cm) = (median(&kept), median(&counted));
+                let row = json!({
+                    "relays": relays, "payload": payload,
+                    "resend_msgs_per_s": km, "no_resend_msgs_per_s": cm,
+                    "ratio": km / cm.max(1e-9),
+                    "runs": {"resend": kept, "no_resend": counted},
+                    "load": loadavg(),
+                });
+                eprintln!("{row}");
+                self.link_rows.push(row);
             }
         }
         Ok(Value::Array(rows))
@@ -782,6 +824,23 @@ fn print_tables(out: &Value) {
                 size_name(r["payload"].as_u64().unwrap_or(0)),
                 f("plain_msgs_per_s"),
                 f("reliable_msgs_per_s"),
+                100.0 * f("ratio"),
+            );
+        }
+    }
+    if let Some(rows) = out["link_resend_rate"].as_array().filter(|r| !r.is_empty()) {
+        println!(
+            "\n| link sessions: route | payload | keeping frames (default) msg/s | counting only (link_resend = false) msg/s | keeping/counting |"
+        );
+        println!("|---|---|---|---|---|");
+        for r in rows {
+            let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+            println!(
+                "| {} relays | {} | {:.3e} | {:.3e} | {:.0}% |",
+                r["relays"],
+                size_name(r["payload"].as_u64().unwrap_or(0)),
+                f("resend_msgs_per_s"),
+                f("no_resend_msgs_per_s"),
                 100.0 * f("ratio"),
             );
         }

@@ -30,8 +30,11 @@ const RELIABLE_WINDOW: u64 = 2_048;
 const BATCH_LEN: u64 = 256;
 
 /// The DVM's job key lives beside its URI; rank 0 makes it before publishing the URI.
+/// `TBON_LINK_RESEND` (set by the orchestrator for the link-session rows) is honoured.
 fn config(radix: u32, key_file: &std::path::Path, route: RouteSetting) -> Config {
+    let link_resend = std::env::var("TBON_LINK_RESEND").map_or(true, |v| v != "false");
     Config {
+        link_resend,
         radix,
         route,
         if_include: vec!["127.0.0.1/32".to_string()],

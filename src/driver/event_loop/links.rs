@@ -13,7 +13,7 @@ use crate::limits;
 use crate::oob::arbiter::{Admission, DialPhase, LinkDialler, admit};
 use crate::oob::frame::Frame;
 use crate::oob::handshake::{Handshake, HandshakeError, HandshakeEvent, TOOL_RANK};
-use crate::oob::header::{HEADER_LEN, Header, Kind};
+use crate::oob::header::{Header, Kind};
 use crate::oob::send_queue::Payload;
 use crate::oob::session::{Control, SessionError, Started};
 use bytes::Bytes;
@@ -519,6 +519,17 @@ impl EventLoop {
                 }
                 self.on_frame(tok, f);
             }
+            // The link session acknowledges each batch at once: the control frame goes out
+            // with this turn's writes, and the peer lets go of what it kept within a round
+            // trip (kept frames pin their buffers, the decoder's among them).
+            if let Some(conn) = self.conns.get_mut(tok)
+                && conn.generation == generation
+                && let Some(peer) = conn.peer
+                && let Some(ack) = conn.session.as_mut().and_then(|s| s.inb.poll_ack())
+            {
+                conn.set_control(ack, self.me, peer);
+                self.mark_dirty(tok);
+            }
             // What the batch made the node want, in order (once per batch, not per frame:
             // measured cheaper), and the queue levels that leaves (flow control).
             self.carry_out();
@@ -600,21 +611,9 @@ impl EventLoop {
             return;
         }
         if let Some(session) = conn.session.as_mut() {
-            match session.inb.accept(HEADER_LEN + frame.payload.len()) {
-                Ok(true) => {
-                    if session.inb.ack_due() {
-                        if let Some(ack) = session.inb.poll_ack() {
-                            conn.set_control(ack, self.me, from);
-                            self.mark_dirty(tok);
-                        }
-                    } else if !self.link_ack_armed {
-                        self.link_ack_armed = true;
-                        self.timers.arm(
-                            self.now + Duration::from_millis(self.cfg.link_ack_ms),
-                            TimerKind::LinkAck,
-                        );
-                    }
-                }
+            match session.inb.accept() {
+                // Acknowledged once the batch it came in is read (`on_readable`).
+                Ok(true) => {}
                 Ok(false) => {
                     // Written again after a break, and already here before it.
                     self.node.counters_mut().link_duplicates_dropped += 1;
@@ -704,24 +703,6 @@ impl EventLoop {
                     Err(e) => self.protocol_error(tok, &e.to_string()),
                 }
             }
-        }
-    }
-
-    /// Acknowledges, on every established connection, the frames that arrived since its last
-    /// acknowledgement (`link_ack_ms` after the first unacknowledged one).
-    pub(super) fn link_ack_timer(&mut self) {
-        self.link_ack_armed = false;
-        let me = self.me;
-        let mut dirty = Vec::new();
-        for (tok, conn) in self.conns.iter_mut() {
-            let Some(peer) = conn.peer else { continue };
-            if let Some(ack) = conn.session.as_mut().and_then(|s| s.inb.poll_ack()) {
-                conn.set_control(ack, me, peer);
-                dirty.push(tok);
-            }
-        }
-        for tok in dirty {
-            self.mark_dirty(tok);
         }
     }
 
@@ -860,6 +841,7 @@ impl EventLoop {
                     incarnation,
                     resend_max,
                     self.link_sessions << 32,
+                    self.cfg.link_resend,
                 ));
                 if let Some((life, inb)) = self.link_inbound.remove(&peer)
                     && life == incarnation
