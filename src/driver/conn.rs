@@ -205,6 +205,13 @@ impl Conn {
         Ok((resent, dropped))
     }
 
+    /// Whether the link session holds writes back until the peer's acknowledgements come: the
+    /// connection must then be read whatever flow control says, or its queue and the peer's
+    /// acknowledgements would wait for each other for ever.
+    pub(crate) fn awaits_acks(&self) -> bool {
+        self.session.as_ref().is_some_and(|s| s.out.at_bound())
+    }
+
     /// Whether frames may be queued here: not on a daemon's connection whose session waits for
     /// the peer's `Start` (they wait in the link meanwhile).
     pub(crate) fn takes_frames(&self) -> bool {

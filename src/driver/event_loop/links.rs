@@ -451,6 +451,7 @@ impl EventLoop {
             // them in the socket (TCP pushes back on the sender) until the node says so.
             if let Some(p) = conn.peer.filter(|_| conn.is_established())
                 && !self.node.may_read(self.now, p)
+                && !conn.awaits_acks()
             {
                 self.readable_again.remove(&tok);
                 self.paused.insert(tok);
@@ -1138,7 +1139,7 @@ impl EventLoop {
                 return false;
             };
             match conn.peer.filter(|_| conn.is_established()) {
-                Some(p) if !node.may_read(now, p) => true,
+                Some(p) if !node.may_read(now, p) && !conn.awaits_acks() => true,
                 _ => {
                     resume.push(tok);
                     false
