@@ -469,62 +469,70 @@ impl Bench {
             }
         }
         // Reliable sends (RELM) beside plain ones, same layout: the cost of the guarantee.
-        for relays in [0, 3] {
-            for payload in [64usize, 65_536] {
-                if !self.payloads.contains(&payload) {
-                    continue;
-                }
-                let rate = |v: &Value| {
-                    v["msgs"].as_f64().unwrap_or(0.0) / v["secs"].as_f64().unwrap_or(1.0)
-                };
-                let (mut plain, mut rel) = (Vec::new(), Vec::new());
-                for _ in 0..self.repeat {
-                    plain.push(rate(&self.tbon_rate(relays, payload, Mode::Plain)?));
-                    rel.push(rate(&self.tbon_rate(relays, payload, Mode::Reliable)?));
-                }
-                let (pm, rm) = (median(&plain), median(&rel));
-                let row = json!({
-                    "relays": relays, "payload": payload,
-                    "plain_msgs_per_s": pm, "reliable_msgs_per_s": rm,
-                    "ratio": rm / pm.max(1e-9),
-                    "runs": {"plain": plain, "reliable": rel},
-                    "load": loadavg(),
-                });
-                eprintln!("{row}");
-                self.reliable_rows.push(row);
-            }
+        for (relays, payload, plain, rel) in self.paired(&[0, 3], &[64, 65_536], |b, r, p| {
+            b.tbon_rate(r, p, Mode::Reliable)
+        })? {
+            let (pm, rm) = (median(&plain), median(&rel));
+            let row = json!({
+                "relays": relays, "payload": payload,
+                "plain_msgs_per_s": pm, "reliable_msgs_per_s": rm,
+                "ratio": rm / pm.max(1e-9),
+                "runs": {"plain": plain, "reliable": rel},
+                "load": loadavg(),
+            });
+            eprintln!("{row}");
+            self.reliable_rows.push(row);
         }
         // Link sessions: what keeping written frames for a resend costs plain sends (the
         // receivers count and acknowledge either way).
-        for relays in [0, 1] {
-            for payload in [64usize, 1 << 20] {
+        for (relays, payload, kept, counted) in
+            self.paired(&[0, 1], &[64, 1 << 20], |b, r, p| {
+                b.link_resend = false;
+                let v = b.tbon_rate(r, p, Mode::Plain);
+                b.link_resend = true;
+                v
+            })?
+        {
+            let (km, cm) = (median(&kept), median(&counted));
+            let row = json!({
+                "relays": relays, "payload": payload,
+                "resend_msgs_per_s": km, "no_resend_msgs_per_s": cm,
+                "ratio": km / cm.max(1e-9),
+                "runs": {"resend": kept, "no_resend": counted},
+                "load": loadavg(),
+            });
+            eprintln!("{row}");
+            self.link_rows.push(row);
+        }
+        Ok(Value::Array(rows))
+    }
+
+    /// For each route and payload of the rate part: `--repeat` alternating runs of plain sends
+    /// and of `other`, as message rates.
+    #[allow(clippy::type_complexity)]
+    fn paired(
+        &mut self,
+        routes: &[u32],
+        payloads: &[usize],
+        other: impl Fn(&mut Self, u32, usize) -> Res<Value>,
+    ) -> Res<Vec<(u32, usize, Vec<f64>, Vec<f64>)>> {
+        let rate =
+            |v: &Value| v["msgs"].as_f64().unwrap_or(0.0) / v["secs"].as_f64().unwrap_or(1.0);
+        let mut out = Vec::new();
+        for &relays in routes {
+            for &payload in payloads {
                 if !self.payloads.contains(&payload) {
                     continue;
                 }
-                let rate = |v: &Value| {
-                    v["msgs"].as_f64().unwrap_or(0.0) / v["secs"].as_f64().unwrap_or(1.0)
-                };
-                let (mut kept, mut counted) = (Vec::new(), Vec::new());
+                let (mut plain, mut second) = (Vec::new(), Vec::new());
                 for _ in 0..self.repeat {
-                    kept.push(rate(&self.tbon_rate(relays, payload, Mode::Plain)?));
-                    self.link_resend = false;
-                    let r = self.tbon_rate(relays, payload, Mode::Plain);
-                    self.link_resend = true;
-                    counted.push(rate(&r?));
+                    plain.push(rate(&self.tbon_rate(relays, payload, Mode::Plain)?));
+                    second.push(rate(&other(self, relays, payload)?));
                 }
-                let (km, cm) = (median(&kept), median(&counted));
-                let row = json!({
-                    "relays": relays, "payload": payload,
-                    "resend_msgs_per_s": km, "no_resend_msgs_per_s": cm,
-                    "ratio": km / cm.max(1e-9),
-                    "runs": {"resend": kept, "no_resend": counted},
-                    "load": loadavg(),
-                });
-                eprintln!("{row}");
-                self.link_rows.push(row);
+                out.push((relays, payload, plain, second));
             }
         }
-        Ok(Value::Array(rows))
+        Ok(out)
     }
 
     /// Three alternating tbon / mio runs (the machine is shared and noisy); the run with the
