@@ -930,6 +930,17 @@ tbon_rc tbon_launch(tbon_config cfg,
 // `*len` 0, to ask the size) nothing is copied and `TBON_ERR_TOO_LARGE` is returned.
 tbon_rc tbon_contact_uri(tbon_daemon d, char *buf, size_t *len);
 
+// Stores in `*count` how many addresses this daemon listens on and publishes (one per interface
+// address its `if_include`/`if_exclude`/`ipv4`/`ipv6` settings allow; on a node with several
+// networks, one per network), for `tbon_address`.
+tbon_rc tbon_address_count(tbon_daemon d, size_t *count);
+
+// Copies address `index` (0 to `tbon_address_count` - 1, in the contact URI's order) as text,
+// `IP:PORT` or `[IPv6]:PORT`, NUL-terminated, into `buf`. `*len` is the size of `buf` on entry
+// and the size needed on return (too small, or NULL with `*len` 0: `TBON_ERR_TOO_LARGE`,
+// nothing copied). An index beyond the last is `TBON_ERR_BAD_PARAM`.
+tbon_rc tbon_address(tbon_daemon d, size_t index, char *buf, size_t *len);
+
 // Stores this daemon's rank in `*out`.
 tbon_rc tbon_rank(tbon_daemon d, uint32_t *out);
 

@@ -1299,6 +1299,48 @@ pub unsafe extern "C" fn tbon_contact_uri(
     })
 }
 
+/// Stores in `*count` how many addresses this daemon listens on and publishes (one per interface
+/// address its `if_include`/`if_exclude`/`ipv4`/`ipv6` settings allow; on a node with several
+/// networks, one per network), for `tbon_address`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_address_count(d: tbon_daemon, count: *mut usize) -> tbon_rc {
+    guard(|| {
+        non_null(count, "count")?;
+        let n = handle(d)?.addresses().len();
+        // SAFETY: checked above.
+        unsafe { put(count, n) };
+        Ok(())
+    })
+}
+
+/// Copies address `index` (0 to `tbon_address_count` - 1, in the contact URI's order) as text,
+/// `IP:PORT` or `[IPv6]:PORT`, NUL-terminated, into `buf`. `*len` is the size of `buf` on entry
+/// and the size needed on return (too small, or NULL with `*len` 0: `TBON_ERR_TOO_LARGE`,
+/// nothing copied). An index beyond the last is `TBON_ERR_BAD_PARAM`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tbon_address(
+    d: tbon_daemon,
+    index: usize,
+    buf: *mut c_char,
+    len: *mut usize,
+) -> tbon_rc {
+    guard(|| {
+        non_null(len, "len")?;
+        let addrs = handle(d)?.addresses();
+        let Some(a) = addrs.get(index) else {
+            return fail(
+                tbon_rc::TBON_ERR_BAD_PARAM,
+                format!(
+                    "address index {index}: this daemon has {} addresses",
+                    addrs.len()
+                ),
+            );
+        };
+        // SAFETY: `len` checked above; `buf` and `*len` are the caller's promise.
+        unsafe { put_text(buf, len, &a.to_string(), "the address") }
+    })
+}
+
 /// Stores this daemon's rank in `*out`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tbon_rank(d: tbon_daemon, out: *mut u32) -> tbon_rc {

@@ -125,6 +125,17 @@ int main(void) {
     size_t small = 4;
     CHECK(tbon_contact_uri(ranks[0].d, uri, &small) == TBON_ERR_TOO_LARGE && small == len,
           "short URI buffer");
+    /* Its addresses, one per network it listens on (here loopback only). */
+    size_t naddr = 0;
+    CHECK_RC(tbon_address_count(ranks[0].d, &naddr));
+    CHECK(naddr >= 1, "%zu addresses", naddr);
+    char addr[64];
+    size_t alen = sizeof addr;
+    CHECK_RC(tbon_address(ranks[0].d, 0, addr, &alen));
+    CHECK(strncmp(addr, "127.0.0.1:", 10) == 0 && strstr(uri, addr + 10) != NULL,
+          "address %s not in %s", addr, uri);
+    alen = sizeof addr;
+    CHECK(tbon_address(ranks[0].d, naddr, addr, &alen) == TBON_ERR_BAD_PARAM, "index past the end");
     for (uint32_t r = 1; r < N; r++)
         CHECK_RC(tbon_start(cfg, r, N, uri, &ranks[r].d));
     CHECK_RC(tbon_config_free(cfg));

@@ -239,6 +239,18 @@ impl Handle {
         &self.shared.uri
     }
 
+    /// The addresses this daemon listens on and publishes, one per interface address its
+    /// `if_include`/`if_exclude`/`ipv4`/`ipv6` settings allow, all on one port, in its contact
+    /// URI's order (a peer dials them in turn, one per attempt). On a node with several
+    /// networks, that is one per network.
+    pub fn addresses(&self) -> Vec<std::net::SocketAddr> {
+        self.shared
+            .uri
+            .parse::<crate::oob::uri::ContactUri>()
+            .map(|u| u.addrs)
+            .unwrap_or_default()
+    }
+
     /// Flow control at the origin: a send whose next hop is congested is refused at once, and
     /// so is one that would put more than its share of bytes in the command channel. On `Ok`
     /// the bytes are reserved: the caller submits the send or gives them back.
