@@ -308,7 +308,7 @@ impl<F> Outbound<F> {
 /// has, and what it has acknowledged.
 #[derive(Debug, Default)]
 pub struct Inbound {
-    /// The sender's session, once a `Start` named it.
+    /// The sender's session, once a `Resume` named it.
     session: Option<u64>,
     /// Frames of the session received.
     count: u64,
@@ -324,7 +324,7 @@ pub struct Inbound {
     refused: bool,
 }
 
-/// What [`Inbound::handle_start`] found.
+/// What [`Inbound::handle_resume`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Started {
     /// A new session: counting from its first frame.
