@@ -696,6 +696,8 @@ typedef struct {
   uint64_t link_duplicates_dropped;
   uint64_t link_frames_given_up;
   uint64_t link_gaps;
+  // Connections closed as stalled and dialled again at the peer's next address (failover).
+  uint64_t link_failovers;
 } tbon_counters;
 
 // A client process's connection to its daemon: an id from `tbon_client_connect` or

@@ -350,6 +350,13 @@ settings! {
     /// holding nothing costs less memory and time per frame). Daemons with either value work
     /// together; each decides for what it sends.
     link_resend: bool = true, env "TBON_LINK_RESEND";
+    /// Failover: a connection to a peer on which frames have waited for confirmation this
+    /// many milliseconds with nothing heard back is taken as stalled (its network failed under
+    /// it): it is closed and the peer dialled at its next address, and the link session writes
+    /// again what was not confirmed. Capped at half of heartbeat_timeout_ms, so a failover
+    /// has time to complete before the peer could be taken for dead. 0: off (a stalled
+    /// connection then waits for TCP or the heartbeat timeout).
+    link_stall_ms: u64 = limits::LINK_STALL_MS_DEFAULT, env "TBON_LINK_STALL_MS";
     /// Messages held for receives not posted yet; at the bound the oldest is dropped with a
     /// warning (PRRTE: unbounded).
     unmatched_max: usize = limits::UNMATCHED_MAX_DEFAULT, env "TBON_UNMATCHED_MAX";

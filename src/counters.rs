@@ -38,6 +38,9 @@ pub struct Counters {
     /// Link sessions: frames written and never confirmed that were given up because the
     /// neighbour no longer held the session (a frame of it broke the protocol there).
     pub link_frames_given_up: u64,
+    /// Failover: connections closed as stalled (frames waiting for confirmation, nothing heard
+    /// back for `link_stall_ms`) and dialled again at the peer's next address.
+    pub link_failovers: u64,
     /// Link sessions: resumptions that skipped frames this daemon never had (cannot happen
     /// between correct peers; logged).
     pub link_gaps: u64,

@@ -201,6 +201,12 @@ pub const MSG_MAX_BYTES_CEILING: u64 = u32::MAX as u64;
 /// at a time), so a sender needs room for about a socket's worth in flight.
 pub const LINK_RESEND_MIN_BYTES: usize = 1024 * 1024;
 
+/// Default `link_stall_ms`: frames waiting this long for confirmation with nothing heard back
+/// make a connection stalled, and the link fails over to the peer's next address
+/// (`oob::stall`). Well above a round trip and a loaded turn; a third of the default heartbeat
+/// timeout, so a failover completes long before a living peer could be taken for dead.
+pub const LINK_STALL_MS_DEFAULT: u64 = 3_000;
+
 /// Default bound on the bytes a daemon keeps per neighbour, written and not yet acknowledged,
 /// to write again after a broken connection (`oob::session::Outbound`). At the bound it writes
 /// no more to that neighbour (control frames excepted) until acknowledgements come: the

@@ -572,6 +572,8 @@ pub struct tbon_counters {
     pub link_duplicates_dropped: u64,
     pub link_frames_given_up: u64,
     pub link_gaps: u64,
+    /// Connections closed as stalled and dialled again at the peer's next address (failover).
+    pub link_failovers: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -692,6 +694,7 @@ impl From<&Counters> for tbon_counters {
             link_duplicates_dropped: c.link_duplicates_dropped,
             link_frames_given_up: c.link_frames_given_up,
             link_gaps: c.link_gaps,
+            link_failovers: c.link_failovers,
         }
     }
 }

@@ -12,6 +12,7 @@ mod check_groups;
 mod check_streams;
 mod clocks;
 mod net;
+mod nic_cut;
 mod reset;
 mod scale;
 mod timeline;
@@ -122,6 +123,17 @@ pub struct HarnessArgs {
     /// survivor confirmed them dead the link comes back, and they must exit non-zero.
     #[arg(long, value_delimiter = ',', requires = "hosts")]
     pub cut: Vec<String>,
+    /// Networks per emulated host (needs --hosts): network k is 10.(77+k).0.0/16 on a bridge
+    /// of its own, and every daemon listens on all of them. --cut takes all of a host's down.
+    #[arg(long, default_value_t = 1, requires = "hosts")]
+    pub nics: u32,
+    /// Take one network of the host of these ranks down at these times: RANK:NIC@SECONDS,
+    /// comma separated (needs --hosts and --nics 2 or more). Not a fault: the daemons on that
+    /// host live on over their other networks, so their links fail over (`link_stall_ms`); no
+    /// daemon may be declared dead and no message, plain ones included, may be lost,
+    /// duplicated or reordered.
+    #[arg(long, value_delimiter = ',', requires = "hosts")]
+    pub cut_nic: Vec<String>,
     /// Destroy every TCP connection of these living daemons at these times (`ss -K`):
     /// RANK@SECONDS, comma separated; loopback only. Not a fault: both ends live, so no daemon
     /// may be declared dead and no message, plain ones included, may be lost, duplicated or
@@ -509,7 +521,7 @@ pub struct Seen {
     /// frames dropped), then direct links (requests, grants, denials, links opened,
     /// fallbacks, messages on links, links evicted), then link sessions (resumptions, frames
     /// written again, duplicates dropped, frames given up).
-    pub flow: BTreeMap<u32, [u64; 14]>,
+    pub flow: BTreeMap<u32, [u64; 15]>,
     /// (rank, scope is global, newly failed, epoch, mono_ns) of every fault line.
     pub faults: Vec<(u32, bool, Vec<u32>, u64, u64)>,
     /// rank -> CLOCK_MONOTONIC ns its restarted daemon, or the daemon of a rank the DVM grew
@@ -571,6 +583,7 @@ impl Seen {
                         n("link_frames_resent"),
                         n("link_duplicates_dropped"),
                         n("link_frames_given_up"),
+                        n("link_failovers"),
                     ],
                 );
             }
@@ -641,6 +654,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let traffic_s = messages as f64 / args.rate;
     let mut faults = plan(&args, traffic_s)?;
     let mut resets = reset::plan(&args.reset, n)?;
+    let mut nic_cuts = nic_cut::plan(&args.cut_nic, n, args.hosts, args.nics)?;
     // Growth: (rank, seconds since traffic started, when it was started).
     let mut grows: Vec<(u32, f64, Option<u64>)> = Vec::new();
     for spec in &args.grow {
@@ -694,7 +708,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let hosts = match args.hosts {
         0 => None,
         h if h > n => return Err("--hosts cannot exceed --daemons".into()),
-        h => Some(net::Hosts::create(h)?),
+        h => Some(net::Hosts::create(h, args.nics)?),
     };
     // Before anything is started: the open-file limit raised, and a run that cannot fit
     // refused with the reason.
@@ -739,9 +753,9 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                 c.args(["netns", "exec"])
                     .arg(h.namespace(net::host_of(args.hosts, rank, n)))
                     .arg(&exe);
-                (c, net::Hosts::SUBNET)
+                (c, h.subnets())
             }
-            None => (Command::new(&exe), "127.0.0.1/32"),
+            None => (Command::new(&exe), "127.0.0.1/32".to_string()),
         };
         cmd.arg("daemon")
             .arg("--key-file")
@@ -750,7 +764,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
             .args(["--initial-size", &n.to_string()])
             .args(["--radix", &args.radix.to_string()])
             .args(["--route", &args.route.to_string()])
-            .args(["--if-include", subnet, "--print-faults"])
+            .args(["--if-include", &subnet, "--print-faults"])
             .arg("--workload-out")
             .arg(life_file(rank, life, "res"))
             .args([
@@ -1051,6 +1065,14 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                         g.2 = Some(at);
                     }
                 }
+                for c in nic_cuts.iter_mut() {
+                    if !c.done && since >= c.at_s {
+                        c.done = true;
+                        if let Some(h) = &hosts {
+                            h.set_nic(c.host, c.nic, false)?;
+                        }
+                    }
+                }
                 for r in resets.iter_mut() {
                     if r.destroyed.is_none() && since >= r.at_s {
                         let done = procs
@@ -1294,6 +1316,10 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     if !resets.is_empty() {
         let (text, json) = reset::render(&resets);
         report.add_section("resets", &text, json);
+    }
+    if !nic_cuts.is_empty() {
+        let (text, json) = nic_cut::render(&nic_cuts);
+        report.add_section("network cuts", &text, json);
     }
     if let Some((cc, _)) = &client_judgement {
         let text = format!(

@@ -506,6 +506,7 @@ impl Workload {
                 "link_frames_resent": c.link_frames_resent,
                 "link_duplicates_dropped": c.link_duplicates_dropped,
                 "link_frames_given_up": c.link_frames_given_up,
+                "link_failovers": c.link_failovers,
             })),
         }})
         .to_string()

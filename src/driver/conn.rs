@@ -10,6 +10,7 @@ use crate::oob::header::HEADER_LEN;
 use crate::oob::header::{Header, Kind};
 use crate::oob::send_queue::{Payload, QueueFull, SendQueue};
 use crate::oob::session::{Control, Inbound, Outbound, SessionError, is_session_kind};
+use crate::oob::stall::StallWatch;
 use mio::net::TcpStream;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
@@ -81,6 +82,9 @@ pub(crate) struct Conn {
     pub refused: bool,
     /// The link session, while this is the established connection to a daemon.
     pub session: Option<Box<LinkSession>>,
+    /// When the peer was last heard on it, and whether its frames wait in silence
+    /// (`oob::stall`).
+    pub watch: StallWatch,
     /// The peer's `Start` arrived and the session resumed: session frames may be queued.
     session_ready: bool,
     next_seq: u64,
@@ -112,6 +116,7 @@ impl Conn {
             last_progress: std::time::Instant::now(),
             refused: false,
             session: None,
+            watch: StallWatch::new(std::time::Instant::now()),
             session_ready: false,
             next_seq: 0,
         }

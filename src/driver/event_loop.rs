@@ -11,6 +11,7 @@
 //! `event_loop/links.rs` holds the connections (dial, accept, handshake, read, write, loss).
 
 pub(crate) mod clients;
+mod failover;
 mod links;
 mod streams;
 mod tools;
@@ -64,6 +65,9 @@ pub(crate) struct EventLoop {
     /// Every protocol decision of this daemon.
     node: Node,
     listeners: Vec<TcpListener>,
+    /// The networks of the addresses this daemon listens on: a peer's addresses on one of
+    /// them are tried first (`oob::interfaces::order_by_reach`).
+    networks: Vec<crate::oob::interfaces::Cidr>,
     conns: Slab<Conn>,
     next_generation: u64,
     links: FxHashMap<Rank, Link>,
@@ -165,6 +169,7 @@ impl EventLoop {
         cfg: Config,
         node: Node,
         listeners: Vec<TcpListener>,
+        networks: Vec<crate::oob::interfaces::Cidr>,
         hs_cfg: HandshakeConfig,
         client_listener: Option<(mio::net::UnixListener, std::path::PathBuf)>,
     ) -> Self {
@@ -177,6 +182,7 @@ impl EventLoop {
             hs_cfg,
             node,
             listeners,
+            networks,
             conns: Slab::new(),
             next_generation: 0,
             links: FxHashMap::default(),
@@ -240,6 +246,7 @@ impl EventLoop {
         self.register_client_listener()?;
         self.node.start(self.now);
         self.carry_out();
+        self.arm_link_watch();
         let mut events = Events::with_capacity(limits::POLL_EVENTS_MAX);
         loop {
             let drained_all = self.drain_commands();
@@ -930,10 +937,7 @@ impl EventLoop {
                     let link = self.links.entry(rank).or_default();
                     if link.redial_armed && link.attempt == attempt {
                         link.redial_armed = false;
-                        if (!link.pending.is_empty() || link.probe)
-                            && link.conn.is_none()
-                            && link.dialing.is_none()
-                        {
+                        if link.wanted() && link.conn.is_none() && link.dialing.is_none() {
                             self.dial(rank);
                         }
                     }
@@ -949,6 +953,10 @@ impl EventLoop {
                 TimerKind::AcceptRetry { index } => {
                     self.accept_retry.retain(|i| *i != index);
                     self.accept(index);
+                }
+                TimerKind::LinkWatch => {
+                    self.watch_links();
+                    self.arm_link_watch();
                 }
                 TimerKind::Linger => {
                     log::debug!("rank {}: linger over; dropping unsent frames", self.me);

@@ -5,7 +5,7 @@
 use crate::config::{Config, ConfigError};
 use crate::error::StartError;
 use crate::limits;
-use crate::oob::interfaces::select_addresses;
+use crate::oob::interfaces::{Cidr, select_networks};
 use mio::net::TcpListener;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::net::{IpAddr, SocketAddr};
@@ -21,19 +21,27 @@ fn interface_setting(cfg: &Config) -> &'static str {
     }
 }
 
+/// What [`bind`] made: the listeners, the addresses to publish, and their networks.
+pub(crate) struct Bound {
+    pub listeners: Vec<TcpListener>,
+    pub addrs: Vec<SocketAddr>,
+    pub networks: Vec<Cidr>,
+}
+
 /// Binds the listeners and returns them with the addresses to publish (the selected interface
-/// addresses with the bound port). One listener per selected address, all on one port: a
+/// addresses with the bound port) and their networks (for `oob::interfaces::order_by_reach`). One listener per selected address, all on one port: a
 /// daemon listens only where the interface settings (`if_include`, `if_exclude`, `ipv4`,
 /// `ipv6`) say, never on the wildcard address, so a connection to any other local address is
 /// refused by the kernel.
-pub(crate) fn bind(cfg: &Config) -> Result<(Vec<TcpListener>, Vec<SocketAddr>), StartError> {
-    let ips =
-        select_addresses(&cfg.if_include, &cfg.if_exclude, cfg.ipv4, cfg.ipv6).map_err(|e| {
+pub(crate) fn bind(cfg: &Config) -> Result<Bound, StartError> {
+    let networks =
+        select_networks(&cfg.if_include, &cfg.if_exclude, cfg.ipv4, cfg.ipv6).map_err(|e| {
             ConfigError::Invalid {
                 setting: interface_setting(cfg),
                 reason: e.to_string(),
             }
         })?;
+    let ips: Vec<IpAddr> = networks.iter().map(|n| n.addr).collect();
     if ips.is_empty() {
         return Err(ConfigError::Invalid {
             setting: interface_setting(cfg),
@@ -54,7 +62,11 @@ pub(crate) fn bind(cfg: &Config) -> Result<(Vec<TcpListener>, Vec<SocketAddr>), 
         match bind_port(port, &ips) {
             Ok((listeners, port)) => {
                 let addrs = ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect();
-                return Ok((listeners, addrs));
+                return Ok(Bound {
+                    listeners,
+                    addrs,
+                    networks,
+                });
             }
             Err(e) => last_err = Some(e),
         }

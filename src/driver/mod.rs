@@ -91,7 +91,11 @@ pub fn start(
         Some(uri)
     };
     let key = key::load(&config, rank)?;
-    let (listeners, addrs) = listen::bind(&config)?;
+    let listen::Bound {
+        listeners,
+        addrs,
+        networks,
+    } = listen::bind(&config)?;
     let client_listener = match config.client_socket.as_deref() {
         Some(p) => Some(event_loop::clients::bind(p)?),
         None => None,
@@ -153,6 +157,7 @@ pub fn start(
         config,
         node,
         listeners,
+        networks,
         hs_cfg,
         client_listener,
     );

@@ -17,6 +17,8 @@ pub(crate) enum TimerKind {
     Linger,
     /// Accept on this listener again after `accept` failed (at most one armed per listener).
     AcceptRetry { index: usize },
+    /// Look for stalled connections (`event_loop/failover.rs`): one armed at a time.
+    LinkWatch,
     /// The node's next deadline (`Node::poll_timeout`: wire-up, heartbeats, RELM): a new one
     /// is armed only when none at or before it is.
     Node,
@@ -30,7 +32,7 @@ pub(crate) struct Timers {
 
 impl Timers {
     /// Arms a timer. The heap's size is bounded by the callers: at most one handshake timer per
-    /// connection, one redial timer per peer, one linger timer, node timers only
+    /// connection, one redial timer per peer, one linger timer, one link watch, node timers only
     /// earlier than every armed one (stale ones are popped as their deadlines pass).
     pub(crate) fn arm(&mut self, at: Instant, kind: TimerKind) {
         self.seq += 1;

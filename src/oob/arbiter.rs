@@ -17,7 +17,7 @@
 //! | its own dial, proof not yet sent | admit, close the dial (the peer never saw its proof) |
 //! | its own dial, proof sent, and the peer is the higher rank | admit, close the dial |
 //! | its own dial, proof sent, and it is the higher rank | refuse (the peer admits that dial) |
-//! | a link it dialled, and it is the higher rank | refuse (the leftover of a simultaneous connect), and probe the link |
+//! | a link it dialled, heard recently, and it is the higher rank | refuse (the leftover of a simultaneous connect), and probe the link |
 //! | any other link | admit, replace the link (the peer dialled again: it lost the link) |
 //!
 //! Both sides apply the same rule to the same facts, so they agree: when two proofs cross,
@@ -34,6 +34,10 @@ use crate::Rank;
 pub enum LinkDialler {
     /// This daemon dialled it.
     Here,
+    /// This daemon dialled it, and has heard nothing on it for half the stall time
+    /// (`oob::stall`): the peer dialling again has given it up (a failover), so it is no
+    /// leftover of a simultaneous connect, which was heard during its handshake a moment ago.
+    HereQuiet,
     /// The peer dialled it (this daemon admitted it).
     There,
 }

@@ -5,7 +5,7 @@
 //! ([`select_from`]); [`select_addresses`] feeds it the host's interfaces via `getifaddrs`.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 
 use nix::net::if_::InterfaceFlags;
@@ -140,6 +140,8 @@ impl IfSpec {
 pub struct IfAddr {
     pub name: String,
     pub ip: IpAddr,
+    /// The length of its network's prefix (from the netmask; all bits when none is given).
+    pub prefix: u8,
     pub loopback: bool,
 }
 
@@ -240,9 +242,21 @@ pub fn local_interfaces() -> Result<Vec<IfAddr>, InterfaceError> {
             continue; // link-layer and other families
         };
         let loopback = ifa.flags.contains(InterfaceFlags::IFF_LOOPBACK) || ip.is_loopback();
+        let prefix = ifa
+            .netmask
+            .and_then(|m| {
+                m.as_sockaddr_in()
+                    .map(|v4| u32::from(v4.ip()).leading_ones() as u8)
+                    .or_else(|| {
+                        m.as_sockaddr_in6()
+                            .map(|v6| u128::from(v6.ip()).leading_ones() as u8)
+                    })
+            })
+            .unwrap_or(if ip.is_ipv4() { 32 } else { 128 });
         out.push(IfAddr {
             name: ifa.interface_name,
             ip,
+            prefix,
             loopback,
         });
     }
@@ -258,10 +272,49 @@ pub fn select_addresses(
     ipv4: bool,
     ipv6: bool,
 ) -> Result<Vec<IpAddr>, InterfaceError> {
+    Ok(select_networks(include, exclude, ipv4, ipv6)?
+        .into_iter()
+        .map(|c| c.addr)
+        .collect())
+}
+
+/// [`select_addresses`] with each address's network (its interface's netmask), in the same
+/// order: what [`order_by_reach`] compares a peer's addresses with.
+pub fn select_networks(
+    include: &[String],
+    exclude: &[String],
+    ipv4: bool,
+    ipv6: bool,
+) -> Result<Vec<Cidr>, InterfaceError> {
     let addrs = local_interfaces()?;
     let chosen = select_from(&addrs, include, exclude, ipv4, ipv6)?;
     log::debug!("interfaces: {addrs:?}; selected {chosen:?}");
-    Ok(chosen)
+    Ok(networks_of(&addrs, &chosen))
+}
+
+/// The network of each address in `chosen`, as its interface in `addrs` gives it (an address
+/// not found there is a network of its own: all bits significant).
+pub fn networks_of(addrs: &[IfAddr], chosen: &[IpAddr]) -> Vec<Cidr> {
+    chosen
+        .iter()
+        .map(|ip| {
+            let prefix = addrs
+                .iter()
+                .find(|a| a.ip == *ip)
+                .map_or(if ip.is_ipv4() { 32 } else { 128 }, |a| a.prefix);
+            Cidr { addr: *ip, prefix }
+        })
+        .collect()
+}
+
+/// A peer's addresses in the order to try them (ORTE's rule): first those on a network this
+/// daemon has an address on (reached without a router), then the others (routed), each group
+/// in the peer's order. The first is the address a link uses; the others are its alternates.
+pub fn order_by_reach(peer: &[SocketAddr], local: &[Cidr]) -> Vec<SocketAddr> {
+    let direct = |a: &SocketAddr| local.iter().any(|n| n.contains(a.ip()));
+    let mut out: Vec<SocketAddr> = peer.iter().filter(|a| direct(a)).copied().collect();
+    out.extend(peer.iter().filter(|a| !direct(a)));
+    out
 }
 
 #[cfg(test)]

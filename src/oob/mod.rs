@@ -10,6 +10,7 @@ pub mod header;
 pub mod interfaces;
 pub mod send_queue;
 pub mod session;
+pub mod stall;
 pub mod uri;
 
 pub use frame::{Frame, FrameDecoder};

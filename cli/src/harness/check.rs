@@ -140,6 +140,8 @@ struct Counts {
     link_frames_resent: u64,
     link_duplicates_dropped: u64,
     link_frames_given_up: u64,
+    /// Connections closed as stalled and dialled again at another address (failover).
+    link_failovers: u64,
     to_faulted: u64,
     from_faulted_delivered: u64,
     /// Sent to a restarted daemon before it was wired again: not expected, yet delivered.
@@ -398,6 +400,7 @@ pub fn analyse(inp: Input<'_>) -> Report {
         c.link_frames_resent += f[11];
         c.link_duplicates_dropped += f[12];
         c.link_frames_given_up += f[13];
+        c.link_failovers += f[14];
     }
     c.expected = expected.len() as u64;
     let mut got: HashMap<(u32, u32, u32, u64), u32> = HashMap::new();
@@ -877,11 +880,12 @@ pub fn analyse(inp: Input<'_>) -> Report {
             &mut t,
             "link sessions",
             format!(
-                "{} connections resumed, {} frames written again, {} copies dropped, {} given up",
+                "{} connections resumed, {} frames written again, {} copies dropped, {} given up, {} failovers",
                 c.link_resumes,
                 c.link_frames_resent,
                 c.link_duplicates_dropped,
-                c.link_frames_given_up
+                c.link_frames_given_up,
+                c.link_failovers
             ),
         );
     }

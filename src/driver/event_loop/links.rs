@@ -53,6 +53,24 @@ pub(super) struct Link {
     /// The link session between connections (`oob::session`); the established connection
     /// holds it while there is one.
     pub session: Option<Box<LinkSession>>,
+    /// Which of the peer's addresses (in `order_by_reach`'s order) the link uses: the one
+    /// its last connection came over; a dial tries it first, then the others in turn.
+    pub addr_index: usize,
+    /// Connections to this peer given up as stalled, and dialled again elsewhere.
+    pub failovers: u64,
+}
+
+impl Link {
+    /// Whether a connection to this peer is wanted: frames wait for one, the link is probed,
+    /// or its session holds frames written and not confirmed.
+    pub fn wanted(&self) -> bool {
+        !self.pending.is_empty()
+            || self.probe
+            || self
+                .session
+                .as_ref()
+                .is_some_and(|s| s.out.unacked_frames() > 0)
+    }
 }
 
 impl EventLoop {
@@ -141,14 +159,21 @@ impl EventLoop {
         }
     }
 
+    /// The peer's addresses in the order a dial tries them: those on a network of ours first.
+    pub(super) fn peer_addrs(&self, peer: Rank) -> Vec<SocketAddr> {
+        self.node.contact(peer).map_or_else(Vec::new, |c| {
+            crate::oob::interfaces::order_by_reach(&c.addrs, &self.networks)
+        })
+    }
+
     pub(super) fn dial(&mut self, peer: Rank) {
-        let addrs: Vec<SocketAddr> = self
-            .node
-            .contact(peer)
-            .map(|c| c.addrs.clone())
-            .unwrap_or_default();
-        let attempt = self.links.get(&peer).map_or(0, |l| l.attempt);
-        let Some(addr) = addrs.get(attempt as usize % addrs.len().max(1)).copied() else {
+        let addrs = self.peer_addrs(peer);
+        let (attempt, first) = self
+            .links
+            .get(&peer)
+            .map_or((0, 0), |l| (l.attempt as usize, l.addr_index));
+        let at = first.wrapping_add(attempt) % addrs.len().max(1);
+        let Some(addr) = addrs.get(at).copied() else {
             // Not from wire-up: the node looks it up (the answer comes as an output; what
             // waits for `peer` stays queued meanwhile).
             log::debug!(
@@ -175,6 +200,19 @@ impl EventLoop {
         log::debug!("rank {}: dialling rank {peer} at {addr}", self.me);
     }
 
+    /// Dials `peer` if its link session holds frames written and not confirmed (a connection
+    /// broke or stalled under them): they are written again on the new connection.
+    pub(super) fn ensure_dial_for_session(&mut self, peer: Rank) {
+        let waiting = self
+            .links
+            .get(&peer)
+            .and_then(|l| l.session.as_ref())
+            .is_some_and(|s| s.out.unacked_frames() > 0);
+        if waiting && self.stopping.is_none() && self.node.stopping().is_none() {
+            self.ensure_dial(peer);
+        }
+    }
+
     /// The node answered a contact lookup for `peer`: dialled now if something waits for it,
     /// or (no contact to be had) unreachable.
     pub(super) fn contact_answered(&mut self, peer: Rank, known: bool) {
@@ -184,8 +222,7 @@ impl EventLoop {
         if !std::mem::take(&mut link.awaiting_contact) {
             return;
         }
-        let wanted = !link.pending.is_empty() || link.probe;
-        if known && wanted {
+        if known && link.wanted() {
             self.ensure_dial(peer);
         } else if !known {
             log::warn!("rank {}: no contact to be had for rank {peer}", self.me);
@@ -198,7 +235,7 @@ impl EventLoop {
         let link = self.links.entry(peer).or_default();
         link.dialing = None;
         link.attempt += 1;
-        if link.pending.is_empty() && !link.probe {
+        if !link.wanted() {
             link.attempt = 0;
             return;
         }
@@ -498,6 +535,7 @@ impl EventLoop {
                     }
                     Ok(n) => {
                         conn.decoder.commit(n);
+                        conn.watch.handle_heard(self.now);
                         if let Some(p) = conn.peer.filter(|_| conn.is_established()) {
                             self.node.handle_heard(self.now, p);
                         }
@@ -732,12 +770,16 @@ impl EventLoop {
             self.tell_dead_and_close(tok, peer);
             return;
         }
+        let quiet = Duration::from_millis(self.link_stall_ms() / 2);
+        let now = self.now;
         let link = self.links.entry(peer).or_default();
         let link_dialler = link.conn.and_then(|t| self.conns.get(t)).map(|c| {
-            if c.dialled.is_some() {
-                LinkDialler::Here
-            } else {
+            if c.dialled.is_none() {
                 LinkDialler::There
+            } else if !quiet.is_zero() && c.watch.is_quiet(now, quiet) {
+                LinkDialler::HereQuiet
+            } else {
+                LinkDialler::Here
             }
         });
         let dial_tok = link.dialing;
@@ -820,9 +862,20 @@ impl EventLoop {
         conn.peer = Some(peer);
         conn.decoder.set_max_payload(msg_max);
         log::debug!("rank {}: connected to rank {peer} ({})", self.me, conn.addr);
+        conn.watch.handle_heard(self.now);
+        let remote = conn.addr;
+        let addrs = self.peer_addrs(peer);
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
         let link = self.links.entry(peer).or_default();
         if link.dialing == Some(tok) {
             link.dialing = None;
+        }
+        // The address it came over is the one to try first next time (an accepted
+        // connection's source address is the peer's address on that network).
+        if let Some(i) = addrs.iter().position(|a| a.ip() == remote.ip()) {
+            link.addr_index = i;
         }
         link.conn = Some(tok);
         link.attempt = 0;
@@ -972,6 +1025,7 @@ impl EventLoop {
                 if watch || !link.pending.is_empty() {
                     self.ensure_dial(p);
                 }
+                self.ensure_dial_for_session(p);
                 return;
             }
             self.close(tok, None);

@@ -537,4 +537,10 @@ fn the_rule_table() {
     assert_eq!(admit(3, 8, Some(Here), None), admit_(false, true));
     assert_eq!(admit(8, 3, Some(There), None), admit_(false, true));
     assert_eq!(admit(3, 8, Some(There), None), admit_(false, true));
+    // A quiet link the peer dials again: it gave the link up (a failover); replaced whoever wins.
+    assert_eq!(admit(8, 3, Some(HereQuiet), None), admit_(false, true));
+    assert_eq!(
+        admit(8, 3, Some(HereQuiet), Some(ProofSent)),
+        admit_(true, true)
+    );
 }

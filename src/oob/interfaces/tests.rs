@@ -65,6 +65,7 @@ fn host() -> Vec<IfAddr> {
     let a = |name: &str, s: &str, loopback| IfAddr {
         name: name.into(),
         ip: ip(s),
+        prefix: if ip(s).is_ipv4() { 24 } else { 64 },
         loopback,
     };
     vec![
@@ -175,4 +176,42 @@ fn this_host_has_an_address() {
     if let Ok(lo) = select_addresses(&strs(&["127.0.0.0/8"]), &[], true, false) {
         assert!(lo.iter().all(|a| a.is_loopback()));
     }
+}
+
+#[test]
+fn networks_carry_their_interfaces_prefix() {
+    let nets = networks_of(
+        &host(),
+        &[ip("10.1.2.3"), ip("2001:db8::3"), ip("192.0.2.9")],
+    );
+    assert_eq!(nets[0], "10.1.2.3/24".parse::<Cidr>().unwrap());
+    assert_eq!(nets[1], "2001:db8::3/64".parse::<Cidr>().unwrap());
+    // Not an interface's: a network of its own.
+    assert_eq!(nets[2], "192.0.2.9/32".parse::<Cidr>().unwrap());
+}
+
+#[test]
+fn a_peers_addresses_on_a_shared_network_come_first() {
+    let sa = |s: &str| -> SocketAddr { s.parse().unwrap() };
+    let local: Vec<Cidr> = vec![
+        "10.78.0.5/16".parse().unwrap(),
+        "fd00::5/64".parse().unwrap(),
+    ];
+    let peer = [
+        sa("192.0.2.1:7000"),
+        sa("10.77.0.2:7000"),
+        sa("[fd00::9]:7000"),
+        sa("10.78.0.2:7000"),
+    ];
+    assert_eq!(
+        order_by_reach(&peer, &local),
+        vec![
+            sa("[fd00::9]:7000"),
+            sa("10.78.0.2:7000"),
+            sa("192.0.2.1:7000"),
+            sa("10.77.0.2:7000"),
+        ]
+    );
+    // Nothing shared: the peer's own order.
+    assert_eq!(order_by_reach(&peer, &[]), peer.to_vec());
 }

@@ -1,0 +1,123 @@
+//! `tbon harness --hosts N --nics K --cut-nic RANK:NIC@SECONDS`: one network of the host of a
+//! living daemon goes down while traffic flows (its end of that network's veth pair). The
+//! daemons on it still reach everyone over their other networks, so it is not a fault: links
+//! over the cut network stall, fail over to another address (`link_stall_ms`), and the link
+//! sessions write again what the stalled connections did not deliver. No daemon may be
+//! declared dead and no message, plain ones included, may be lost, duplicated or reordered.
+
+use super::net;
+
+/// One planned network cut and what became of it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NicCut {
+    pub rank: u32,
+    pub host: u32,
+    pub nic: u32,
+    pub at_s: f64,
+    pub done: bool,
+}
+
+/// `RANK:NIC@SECONDS` specs, in time order. Refused: a rank beyond the daemons, a network the
+/// hosts do not have, or a cut that leaves a host no network (that is `--cut`, a host failure).
+pub fn plan(specs: &[String], n: u32, hosts: u32, nics: u32) -> Result<Vec<NicCut>, String> {
+    let mut cuts: Vec<NicCut> = Vec::new();
+    for spec in specs {
+        let bad = |why: &str| format!("--cut-nic {spec:?}: {why}");
+        let (rn, t) = spec
+            .split_once('@')
+            .ok_or_else(|| bad("expected RANK:NIC@SECONDS"))?;
+        let (r, k) = rn
+            .split_once(':')
+            .ok_or_else(|| bad("expected RANK:NIC@SECONDS"))?;
+        let rank: u32 = r.trim().parse().map_err(|e| bad(&format!("rank: {e}")))?;
+        let nic: u32 = k.trim().parse().map_err(|e| bad(&format!("NIC: {e}")))?;
+        let at_s: f64 = t.trim().parse().map_err(|e| bad(&format!("time: {e}")))?;
+        if rank >= n {
+            return Err(bad(&format!("no rank {rank} among {n} daemons")));
+        }
+        if nic >= nics {
+            return Err(bad(&format!("the hosts have networks 0 to {}", nics - 1)));
+        }
+        if at_s.is_nan() || at_s < 0.0 {
+            return Err(bad("a time of at least 0 seconds"));
+        }
+        let host = net::host_of(hosts, rank, n);
+        cuts.push(NicCut {
+            rank,
+            host,
+            nic,
+            at_s,
+            done: false,
+        });
+        let mut left: Vec<u32> = (0..nics).collect();
+        left.retain(|k| !cuts.iter().any(|c| c.host == host && c.nic == *k));
+        if left.is_empty() {
+            return Err(bad(
+                "that cuts every network of the host: a host failure, which is --cut",
+            ));
+        }
+    }
+    // Two cut hosts with no network left in common cannot reach each other: a partition,
+    // which heartbeats rightly take for a failure.
+    let left = |h: u32| -> Vec<u32> {
+        (0..nics)
+            .filter(|k| !cuts.iter().any(|c| c.host == h && c.nic == *k))
+            .collect()
+    };
+    for a in &cuts {
+        for b in &cuts {
+            let (la, lb) = (left(a.host), left(b.host));
+            if a.host < b.host && !la.iter().any(|k| lb.contains(k)) {
+                return Err(format!(
+                    "--cut-nic: hosts {} and {} (ranks {} and {}) would have no network in \
+                     common: a partition, not a network cut",
+                    a.host, b.host, a.rank, b.rank
+                ));
+            }
+        }
+    }
+    cuts.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    Ok(cuts)
+}
+
+/// The report's section: which networks went down, as text and JSON.
+pub fn render(cuts: &[NicCut]) -> (String, serde_json::Value) {
+    let mut text = String::from(
+        "\n  network cuts (one network of a host down; its daemons live on over the others; not faults):",
+    );
+    for c in cuts {
+        text.push_str(&format!(
+            " network {} of host {} (rank {}) at {:.1} s{};",
+            c.nic,
+            c.host,
+            c.rank,
+            c.at_s,
+            if c.done { "" } else { " (never done)" }
+        ));
+    }
+    text.push('\n');
+    (text, serde_json::to_value(cuts).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_are_checked() {
+        let c = plan(&["5:0@2".into(), "2:0@1.5".into()], 8, 4, 2).unwrap();
+        assert_eq!((c[0].rank, c[0].nic, c[0].host), (2, 0, 1));
+        assert_eq!((c[1].rank, c[1].nic, c[1].host), (5, 0, 2));
+        assert!(plan(&["8:0@1".into()], 8, 4, 2).is_err());
+        assert!(plan(&["2:2@1".into()], 8, 4, 2).is_err());
+        assert!(plan(&["2@1".into()], 8, 4, 2).is_err());
+        assert!(plan(&["2:0@-1".into()], 8, 4, 2).is_err());
+        // Both networks of host 1 (ranks 2 and 3): a host failure.
+        assert!(plan(&["2:0@1".into(), "3:1@2".into()], 8, 4, 2).is_err());
+        // Network 0 of host 1 and network 1 of host 2: they share none.
+        assert!(plan(&["2:0@1".into(), "5:1@2".into()], 8, 4, 2).is_err());
+        assert!(plan(&["2:0@1".into(), "5:0@2".into()], 8, 4, 2).is_ok());
+        // One network of a one-network host: the same.
+        assert!(plan(&["2:0@1".into()], 8, 4, 1).is_err());
+    }
+}

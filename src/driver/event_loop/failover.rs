@@ -1,0 +1,92 @@
+//! Failover: a connection to a living peer that has stalled (`oob::stall`) is closed and the
+//! peer dialled at its next address, before the heartbeat timeout could take it for dead; the
+//! link session (`oob::session`) then writes again what the stalled connection did not
+//! deliver.
+//!
+//! Timing, with the defaults: a stall is seen `link_stall_ms` (3 s) after frames began to wait
+//! in silence, late by at most a watch tick (a quarter of it). The dial of the next address
+//! then takes a round trip and a handshake when that network works; a dial that fails tries
+//! the next address at once and backs off as any redial does. The heartbeat timeout (10 s)
+//! still decides whether the peer lives: the stall time is capped at half of it so that a
+//! failover has the other half to complete.
+
+use super::super::timers::TimerKind;
+use super::EventLoop;
+use crate::Rank;
+use std::time::{Duration, Instant};
+
+impl EventLoop {
+    /// The stall time in force: `link_stall_ms`, at most half the heartbeat timeout; 0 is off.
+    pub(super) fn link_stall_ms(&self) -> u64 {
+        self.cfg
+            .link_stall_ms
+            .min(self.cfg.heartbeat_timeout_ms / 2)
+    }
+
+    /// Arms the next watch tick (a quarter of the stall time), unless failover is off.
+    pub(super) fn arm_link_watch(&mut self) {
+        let stall = self.link_stall_ms();
+        if stall > 0 {
+            let at = Instant::now() + Duration::from_millis((stall / 4).max(1));
+            self.timers.arm(at, TimerKind::LinkWatch);
+        }
+    }
+
+    /// A watch tick: every established connection with frames waiting in silence for the
+    /// stall time fails over.
+    pub(super) fn watch_links(&mut self) {
+        if self.stopping.is_some() || self.node.stopping().is_some() {
+            return;
+        }
+        let stall = Duration::from_millis(self.link_stall_ms());
+        let now = self.now;
+        let mut stalled = Vec::new();
+        for (tok, conn) in self.conns.iter_mut() {
+            let Some(peer) = conn.peer.filter(|_| conn.is_established()) else {
+                continue;
+            };
+            let waiting = conn
+                .session
+                .as_ref()
+                .is_some_and(|s| s.out.unacked_frames() > 0);
+            if conn.watch.poll_stalled(now, waiting, stall) {
+                stalled.push((tok, peer));
+            }
+        }
+        for (tok, peer) in stalled {
+            self.fail_over(tok, peer, stall);
+        }
+    }
+
+    /// Closes the stalled connection `tok` to `peer` and dials the peer's next address: the
+    /// frames it did not confirm wait in the link session for the new connection.
+    fn fail_over(&mut self, tok: usize, peer: Rank, stall: Duration) {
+        let Some(conn) = self.conns.get(tok) else {
+            return;
+        };
+        let from = conn.addr;
+        let waiting = conn.session.as_ref().map_or(0, |s| s.out.unacked_frames());
+        let addrs = self.peer_addrs(peer);
+        let link = self.links.entry(peer).or_default();
+        link.failovers += 1;
+        if let Some(i) = addrs.iter().position(|a| a.ip() == from.ip()) {
+            link.addr_index = i + 1;
+        } else {
+            link.addr_index = link.addr_index.wrapping_add(1);
+        }
+        let next = addrs
+            .get(link.addr_index % addrs.len().max(1))
+            .map_or_else(|| "its address".to_string(), ToString::to_string);
+        self.node.counters_mut().link_failovers += 1;
+        log::info!(
+            "rank {}: connection to rank {peer} over {from} stalled ({} ms without a byte back, \
+             {waiting} frames unconfirmed); failing over to {next}",
+            self.me,
+            stall.as_millis()
+        );
+        self.lost(tok, "stalled");
+        // `lost` redials a tree neighbour, or a peer with frames waiting; frames the stalled
+        // connection wrote and nobody confirmed wait too.
+        self.ensure_dial_for_session(peer);
+    }
+}
