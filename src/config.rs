@@ -333,6 +333,12 @@ settings! {
     /// Comma list of interface names or CIDRs not to use; empty = none. Exclusive with
     /// if_include.
     if_exclude: Vec<String>, env "TBON_IF_EXCLUDE";
+    /// Comma list of CIDRs (10.78.0.0/16) of the networks that carry bulk traffic, where a
+    /// node has several: a direct link (and the streams and messages on it) dials a peer's
+    /// addresses in them first; a tree link (control: heartbeats, repairs, collectives,
+    /// relayed messages) dials them last. Empty: no preference (same network first, then the
+    /// peer's order). A failover may still take a link to a network of the other kind.
+    bulk_networks: Vec<String>, env "TBON_BULK_NETWORKS";
     /// Largest message payload in bytes (PRRTE: 100 MB). Larger sends are refused; a larger
     /// incoming frame closes that connection. At most 4294967295 (32-bit length on the wire).
     msg_max_bytes: u64 = limits::MSG_MAX_BYTES_DEFAULT, env "TBON_MSG_MAX_BYTES";
@@ -694,6 +700,19 @@ impl Config {
                     reason: e.to_string(),
                 })?;
             }
+        }
+        for entry in self.bulk_networks.iter().filter(|e| !e.trim().is_empty()) {
+            entry
+                .trim()
+                .parse::<crate::oob::interfaces::Cidr>()
+                .map_err(|e| ConfigError::BadValue {
+                    setting: "bulk_networks",
+                    value: entry.clone(),
+                    reason: format!(
+                        "{e} (a CIDR or an address: a peer's address is matched, not a local \
+                         interface name)"
+                    ),
+                })?;
         }
         if self.msg_max_bytes == 0 || self.msg_max_bytes > limits::MSG_MAX_BYTES_CEILING {
             return Err(ConfigError::invalid(

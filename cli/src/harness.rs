@@ -1319,7 +1319,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     }
     if !nic_cuts.is_empty() {
         let (text, json) = nic_cut::render(&nic_cuts);
-        report.add_section("network cuts", &text, json);
+        report.add_section("network_cuts", &text, json);
     }
     if let Some((cc, _)) = &client_judgement {
         let text = format!(

@@ -134,6 +134,7 @@ mod tests {
             "port_range" => "20000-20100",
             "if_include" => "lo,10.0.0.0/8",
             "if_exclude" => "eth9",
+            "bulk_networks" => "10.78.0.0/16",
             "route" => "auto",
             "contacts" => "full",
             _ => "7",

@@ -87,6 +87,7 @@ fn non_default_value(name: &str) -> &'static str {
         "port_range" => "20000-20100",
         "if_include" => "lo, 10.0.0.0/8",
         "if_exclude" => "eth9",
+        "bulk_networks" => "10.78.0.0/16",
         "route" => "auto",
         "contacts" => "full",
         _ => "7",
@@ -186,6 +187,12 @@ fn validate_catches_each_problem() {
     assert_eq!(
         invalid(&[("port_range", "5-6"), ("port", "80")]),
         "port_range"
+    );
+    // A peer's address is matched: an interface name cannot be.
+    assert_eq!(invalid(&[("bulk_networks", "eth1")]), "bulk_networks");
+    assert_eq!(
+        invalid(&[("bulk_networks", "10.0.0.0/99")]),
+        "bulk_networks"
     );
     assert_eq!(invalid(&[("msg_max_bytes", "0")]), "msg_max_bytes");
     assert_eq!(invalid(&[("msg_max_bytes", "4294967296")]), "msg_max_bytes");

@@ -68,6 +68,9 @@ pub(crate) struct EventLoop {
     /// The networks of the addresses this daemon listens on: a peer's addresses on one of
     /// them are tried first (`oob::interfaces::order_by_reach`).
     networks: Vec<crate::oob::interfaces::Cidr>,
+    /// The `bulk_networks` setting: direct links dial a peer's addresses in them first, tree
+    /// links last.
+    bulk_networks: Vec<crate::oob::interfaces::Cidr>,
     conns: Slab<Conn>,
     next_generation: u64,
     links: FxHashMap<Rank, Link>,
@@ -173,6 +176,12 @@ impl EventLoop {
         hs_cfg: HandshakeConfig,
         client_listener: Option<(mio::net::UnixListener, std::path::PathBuf)>,
     ) -> Self {
+        // Validated by `Config::validate`: every entry is a CIDR.
+        let bulk_networks = cfg
+            .bulk_networks
+            .iter()
+            .filter_map(|e| e.trim().parse().ok())
+            .collect();
         EventLoop {
             poll,
             shared,
@@ -183,6 +192,7 @@ impl EventLoop {
             node,
             listeners,
             networks,
+            bulk_networks,
             conns: Slab::new(),
             next_generation: 0,
             links: FxHashMap::default(),

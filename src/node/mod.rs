@@ -445,6 +445,13 @@ impl Node {
     }
 
     /// Whether `r` is a tree neighbour (parent or child) now.
+    /// Whether a link to `r` is a bulk link for the `bulk_networks` setting: a direct link, or
+    /// any other link beside the tree (a tree neighbour's link, and rank 0's for lookups and
+    /// wire-up, carry control traffic).
+    pub fn carries_bulk(&self, r: Rank) -> bool {
+        self.direct.is_direct(r) || (!self.is_neighbour(r) && r != 0)
+    }
+
     pub fn is_neighbour(&self, r: Rank) -> bool {
         self.routing.parent() == Some(r) || self.routing.children().contains(&r)
     }

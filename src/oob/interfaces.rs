@@ -307,6 +307,16 @@ pub fn networks_of(addrs: &[IfAddr], chosen: &[IpAddr]) -> Vec<Cidr> {
         .collect()
 }
 
+/// `addrs` with those in one of `nets` moved to the front (`first`) or to the back, each part
+/// in its order: the `bulk_networks` setting's preference (bulk links dial those networks
+/// first, control links last).
+pub fn prefer(addrs: &[SocketAddr], nets: &[Cidr], first: bool) -> Vec<SocketAddr> {
+    let inside = |a: &&SocketAddr| nets.iter().any(|n| n.contains(a.ip())) == first;
+    let mut out: Vec<SocketAddr> = addrs.iter().filter(inside).copied().collect();
+    out.extend(addrs.iter().filter(|a| !inside(a)));
+    out
+}
+
 /// A peer's addresses in the order to try them (ORTE's rule): first those on a network this
 /// daemon has an address on (reached without a router), then the others (routed), each group
 /// in the peer's order. The first is the address a link uses; the others are its alternates.

@@ -540,10 +540,17 @@ impl Bench {
     fn pingpong(&mut self) -> Res<Value> {
         let mut t_runs = Vec::new();
         let mut r_runs = Vec::new();
+        // Link sessions' cost on the round trip: the same tbon run with daemons that only
+        // count and acknowledge (`link_resend = false`), alternating with the others.
+        let mut counted = Vec::new();
         for _ in 0..3 {
             let (t, r) = self.pingpong_once()?;
             t_runs.push(t);
             r_runs.push(r);
+            self.link_resend = false;
+            let c = self.tbon_pingpong((2, 1, 0), None);
+            self.link_resend = true;
+            counted.push(c?);
         }
         let median = |mut v: Vec<Value>| {
             v.sort_by(|a, b| {
@@ -552,11 +559,13 @@ impl Bench {
             });
             v.get(1).cloned().unwrap_or(Value::Null)
         };
-        let (t, r) = (median(t_runs), median(r_runs));
+        let (t, r, c) = (median(t_runs), median(r_runs), median(counted));
+        let p50 = |v: &Value| v["p50_us"].as_f64().unwrap_or(0.0);
         let row = json!({
             "payload": 64, "tbon": t, "mio": r,
-            "p50_ratio": t["p50_us"].as_f64().unwrap_or(0.0)
-                / r["p50_us"].as_f64().unwrap_or(1.0).max(1e-9),
+            "p50_ratio": p50(&t) / p50(&r).max(1e-9),
+            "no_resend": c,
+            "link_resend_p50_ratio": p50(&t) / p50(&c).max(1e-9),
             "load": loadavg(),
         });
         eprintln!("{row}");
@@ -946,6 +955,15 @@ fn print_tables(out: &Value) {
             "p50 tbon/mio: {:.2}x",
             pp["p50_ratio"].as_f64().unwrap_or(0.0)
         );
+        if let Some(r) = pp["link_resend_p50_ratio"].as_f64() {
+            println!(
+                "link sessions: p50 keeping frames (default) {:.1} µs, counting only \
+                 (link_resend = false) {:.1} µs: {:.2}x",
+                pp["tbon"]["p50_us"].as_f64().unwrap_or(0.0),
+                pp["no_resend"]["p50_us"].as_f64().unwrap_or(0.0),
+                r
+            );
+        }
     }
     if let Some(rows) = out["scale"].as_array() {
         println!(

@@ -159,10 +159,18 @@ impl EventLoop {
         }
     }
 
-    /// The peer's addresses in the order a dial tries them: those on a network of ours first.
+    /// The peer's addresses in the order a dial tries them: for a tree link (control
+    /// traffic) the `bulk_networks` last, for any other (a direct link: bulk) first; within
+    /// each part those on a network of ours first.
     pub(super) fn peer_addrs(&self, peer: Rank) -> Vec<SocketAddr> {
+        use crate::oob::interfaces::{order_by_reach, prefer};
         self.node.contact(peer).map_or_else(Vec::new, |c| {
-            crate::oob::interfaces::order_by_reach(&c.addrs, &self.networks)
+            let reach = order_by_reach(&c.addrs, &self.networks);
+            if self.bulk_networks.is_empty() {
+                return reach;
+            }
+            let bulk = self.node.carries_bulk(peer);
+            prefer(&reach, &self.bulk_networks, bulk)
         })
     }
 

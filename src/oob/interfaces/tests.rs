@@ -214,4 +214,25 @@ fn a_peers_addresses_on_a_shared_network_come_first() {
     );
     // Nothing shared: the peer's own order.
     assert_eq!(order_by_reach(&peer, &[]), peer.to_vec());
+    // The bulk networks first (a direct link), or last (a tree link).
+    let bulk: Vec<Cidr> = vec!["10.77.0.0/16".parse().unwrap()];
+    assert_eq!(
+        prefer(&peer, &bulk, true),
+        vec![
+            sa("10.77.0.2:7000"),
+            sa("192.0.2.1:7000"),
+            sa("[fd00::9]:7000"),
+            sa("10.78.0.2:7000"),
+        ]
+    );
+    assert_eq!(
+        prefer(&peer, &bulk, false),
+        vec![
+            sa("192.0.2.1:7000"),
+            sa("[fd00::9]:7000"),
+            sa("10.78.0.2:7000"),
+            sa("10.77.0.2:7000"),
+        ]
+    );
+    assert_eq!(prefer(&peer, &[], false), peer.to_vec());
 }

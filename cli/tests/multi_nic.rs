@@ -1,0 +1,114 @@
+//! Several networks per host (issue "Several networks"): `tbon harness --hosts 4 --nics 2` runs
+//! 8 `tbon daemon` processes in 4 network namespaces, each joined to two bridges (two
+//! subnets). Cutting network 0 of two hosts while plain messages flow is not a fault: the
+//! links over it stall, fail over to network 1, and their link sessions write again what the
+//! stalled connections held, so every message arrives once and in order and no daemon is
+//! declared dead. Cutting both networks of a host is a host failure, found and repaired.
+//! Needs root and network namespaces; skips, saying why, where they are not available.
+
+use std::process::Command;
+
+/// Whether this machine lets us make network namespaces (root, `ip`); the reason if not.
+fn namespaces_unavailable() -> Option<String> {
+    let name = format!("tbonprobe{}", std::process::id());
+    match Command::new("ip").args(["netns", "add", &name]).output() {
+        Ok(o) if o.status.success() => {
+            let _ = Command::new("ip").args(["netns", "del", &name]).output();
+            None
+        }
+        Ok(o) => Some(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+        Err(e) => Some(format!("cannot run ip: {e}")),
+    }
+}
+
+fn harness(args: &[&str], json: &std::path::Path) -> (serde_json::Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
+        .args(["harness", "--hosts", "4", "--daemons", "8", "--nics", "2"])
+        .args(args)
+        .args(["--quiet", "--timeout", "120", "--json"])
+        .arg(json)
+        .output()
+        .expect("run tbon harness");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(json).expect("the report was written"))
+            .expect("the report is JSON");
+    let _ = std::fs::remove_file(json);
+    (report, stdout)
+}
+
+#[test]
+fn a_network_cut_under_plain_traffic_fails_over_and_loses_nothing() {
+    if let Some(why) = namespaces_unavailable() {
+        eprintln!("skipped: network namespaces are not available here ({why})");
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("tbon-multi-nic-{}.json", std::process::id()));
+    // Ranks 2 and 5 are on hosts 1 and 2 (two daemons per host); both keep network 1.
+    let (report, stdout) = harness(
+        &[
+            "--mode",
+            "plain",
+            "--kill",
+            "0",
+            "--duration",
+            "7",
+            "--rate",
+            "200",
+            "--cut-nic",
+            "2:0@1,5:0@2",
+        ],
+        &json,
+    );
+    assert!(stdout.starts_with("PASS"), "{stdout}");
+    let counts = &report["counts"];
+    // Strict: no fault window, so not one plain message lost, duplicated or reordered.
+    assert_eq!(counts["expected"], counts["delivered"], "{counts}");
+    assert_eq!(counts["lost_in_fault_window"], 0, "{counts}");
+    assert_eq!(counts["duplicated"], 0, "{counts}");
+    assert_eq!(counts["reordered_in_fault_window"], 0, "{counts}");
+    assert_eq!(report["faults"].as_array().map_or(0, Vec::len), 0);
+    assert!(
+        counts["link_failovers"].as_u64().unwrap_or(0) > 0,
+        "the cut links failed over: {counts}"
+    );
+    let cuts = report["network_cuts"]
+        .as_array()
+        .expect("the cuts are reported");
+    assert_eq!(cuts.len(), 2);
+    assert!(cuts.iter().all(|c| c["done"] == true), "{cuts:?}");
+}
+
+#[test]
+fn cutting_every_network_of_a_host_is_a_host_failure() {
+    if let Some(why) = namespaces_unavailable() {
+        eprintln!("skipped: network namespaces are not available here ({why})");
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("tbon-multi-nic-cut-{}.json", std::process::id()));
+    // Host 2 (ranks 4 and 5) loses both networks: found by heartbeats and repaired.
+    let (report, stdout) = harness(
+        &[
+            "--mode",
+            "plain",
+            "--kill",
+            "0",
+            "--duration",
+            "4",
+            "--rate",
+            "100",
+            "--cut",
+            "4@1",
+        ],
+        &json,
+    );
+    assert!(stdout.starts_with("PASS"), "{stdout}");
+    let faults = report["faults"].as_array().expect("faults reported");
+    assert_eq!(faults.len(), 2, "both daemons of the host: {faults:?}");
+}
