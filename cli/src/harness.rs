@@ -873,6 +873,8 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let mut phase = "wire-up";
     let mut drain_since: Option<(Instant, u64)> = None;
     let mut clock_check: Option<clocks::ClockCheck> = None;
+    let mut failed_over: Result<Vec<nic_cut::FailedOver>, String> =
+        Err("not asked (the run ended before its drain)".into());
     let mut shutdown_sent = false;
     let mut exits: BTreeMap<u32, Option<i32>> = BTreeMap::new();
     let mut signals: BTreeMap<u32, i32> = BTreeMap::new();
@@ -1172,6 +1174,17 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                                     &key_file,
                                     procs.alive(),
                                 ));
+                                if let (Some(h), false) = (&hosts, nic_cuts.is_empty()) {
+                                    failed_over = match seen.uris.get(&0) {
+                                        Some(uri) => nic_cut::links_failed_over(
+                                            &exe,
+                                            &h.namespace(net::host_of(args.hosts, 0, n)),
+                                            uri,
+                                            &key_file,
+                                        ),
+                                        None => Err("rank 0 never said where it listens".into()),
+                                    };
+                                }
                                 procs.signal(0, Signal::SIGTERM);
                                 shutdown_sent = true;
                             }
@@ -1318,7 +1331,7 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         report.add_section("resets", &text, json);
     }
     if !nic_cuts.is_empty() {
-        let (text, json) = nic_cut::render(&nic_cuts);
+        let (text, json) = nic_cut::render(&nic_cuts, &failed_over);
         report.add_section("network_cuts", &text, json);
     }
     if let Some((cc, _)) = &client_judgement {

@@ -373,6 +373,27 @@ fn text(report: &Report, v: &View, took: Duration) -> String {
                 .filter(|l| l.queued_bytes > 0)
                 .map(|l| format!("{}:{}B", l.peer, l.queued_bytes))
                 .collect();
+            // Which network each link uses, and its failovers, where a link failed over.
+            let failed_over: Vec<String> = d
+                .links
+                .iter()
+                .filter(|l| l.failovers > 0)
+                .map(|l| {
+                    let via = l
+                        .address
+                        .map_or_else(|| "-".to_string(), |a| a.ip().to_string());
+                    format!("{} via {via} after {} failovers", l.peer, l.failovers)
+                })
+                .collect();
+
+            let mut queued_text = if queued.is_empty() {
+                String::new()
+            } else {
+                format!(", queued {}", queued.join(" "))
+            };
+            if !failed_over.is_empty() {
+                queued_text.push_str(&format!(", links {}", failed_over.join("; ")));
+            }
             let problems = problem::names(d.problems);
             let c = &d.counters;
             let _ = writeln!(
@@ -387,11 +408,7 @@ fn text(report: &Report, v: &View, took: Duration) -> String {
                 } else {
                     format!(", rtt {}", rtts.join(" "))
                 },
-                if queued.is_empty() {
-                    String::new()
-                } else {
-                    format!(", queued {}", queued.join(" "))
-                },
+                queued_text,
                 if problems.is_empty() {
                     String::new()
                 } else {

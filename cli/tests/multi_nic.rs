@@ -78,11 +78,21 @@ fn a_network_cut_under_plain_traffic_fails_over_and_loses_nothing() {
         counts["link_failovers"].as_u64().unwrap_or(0) > 0,
         "the cut links failed over: {counts}"
     );
-    let cuts = report["network_cuts"]
+    let cuts = report["network_cuts"]["cuts"]
         .as_array()
         .expect("the cuts are reported");
     assert_eq!(cuts.len(), 2);
     assert!(cuts.iter().all(|c| c["done"] == true), "{cuts:?}");
+    // `tbon status` after the traffic: the links that failed over now use network 1
+    // (10.78.0.0/16), and say so.
+    let links = report["network_cuts"]["links_failed_over"]
+        .as_array()
+        .unwrap_or_else(|| panic!("tbon status answered: {}", report["network_cuts"]));
+    assert!(!links.is_empty(), "{}", report["network_cuts"]);
+    for l in links {
+        let address = l["address"].as_str().unwrap_or("");
+        assert!(address.starts_with("10.78."), "{l}");
+    }
 }
 
 #[test]

@@ -215,6 +215,24 @@ impl Node {
         }
     }
 
+    /// The transport's link to `peer` now uses the peer's `address` (`None`: no connection),
+    /// and has failed over `failovers` times: shown in status reports (`LinkStatus`).
+    pub fn handle_link_path(
+        &mut self,
+        peer: Rank,
+        address: Option<std::net::SocketAddr>,
+        failovers: u64,
+    ) {
+        if peer >= self.size {
+            return;
+        }
+        if address.is_none() && failovers == 0 {
+            self.link_paths.remove(&peer);
+        } else {
+            self.link_paths.insert(peer, (address, failovers));
+        }
+    }
+
     /// A connection with `peer` was established (handshake done), `incarnation` being the one
     /// it proved. `relink`: it replaces one that was lost, so frames in flight on the old one
     /// may be gone (RELM and the collectives re-state what the peer may have missed).

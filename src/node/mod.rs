@@ -288,6 +288,10 @@ pub struct Node {
     incarnation_floor: u64,
     /// Status queries in progress here (`crate::status`).
     status: crate::status::gather::Gathers,
+    /// What the transport says of each link it holds (`handle_link_path`): the peer's address
+    /// in use (none while it has no connection) and its failovers, for status reports. At most
+    /// one entry per rank of the DVM; removed once the link has neither.
+    link_paths: FxHashMap<Rank, (Option<std::net::SocketAddr>, u64)>,
     /// When [`Node::start`] ran (the uptime a status reports).
     started: Option<Instant>,
     /// The driver's last wall-clock reading: (when, ns since the Unix epoch).
@@ -370,6 +374,7 @@ impl Node {
             streams: streams::Streams::default(),
             paused_by: FxHashMap::default(),
             status: Default::default(),
+            link_paths: Default::default(),
             started: None,
             wall: None,
             out: VecDeque::new(),

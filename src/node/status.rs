@@ -259,6 +259,8 @@ impl Node {
                 peer,
                 rtt_us: None,
                 queued_bytes: self.flow.level(peer) as u64,
+                address: self.link_paths.get(&peer).and_then(|p| p.0),
+                failovers: self.link_paths.get(&peer).map_or(0, |p| p.1),
             })
             .collect();
         DaemonStatus {

@@ -371,6 +371,8 @@ mod tests {
                     peer: *c,
                     rtt_us: None,
                     queued_bytes: 0,
+                    address: None,
+                    failovers: 0,
                 })
                 .collect(),
             counters: StatusCounters {

@@ -98,6 +98,12 @@ pub struct LinkStatus {
     pub rtt_us: Option<u32>,
     /// Bytes waiting in the send queue towards `peer` when last reported by the transport.
     pub queued_bytes: u64,
+    /// The peer's address the link's connection uses (which of its networks), or `None`
+    /// while it has none established.
+    pub address: Option<std::net::SocketAddr>,
+    /// Connections to `peer` closed as stalled and dialled again at another of its
+    /// addresses (failovers) since this daemon started.
+    pub failovers: u64,
 }
 
 /// A daemon's counters, as a status carries them (a subset of [`crate::Counters`]).

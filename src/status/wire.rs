@@ -24,6 +24,7 @@ use crate::limits::{
 };
 use bytes::{BufMut, Bytes, BytesMut};
 use std::fmt;
+use std::net::SocketAddr;
 
 const NONE: u32 = u32::MAX;
 
@@ -81,6 +82,16 @@ impl fmt::Display for StatusWireError {
 
 impl std::error::Error for StatusWireError {}
 
+/// Encoded bytes of one link of a daemon part: peer, round trip, queue, address, failovers.
+fn link_len(l: &LinkStatus) -> usize {
+    let address = match l.address {
+        None => 1,
+        Some(SocketAddr::V4(_)) => 1 + 4 + 2,
+        Some(SocketAddr::V6(_)) => 1 + 16 + 2,
+    };
+    4 + 4 + 8 + address + 8
+}
+
 /// Encoded bytes of one part (for the answer's size bound).
 pub fn part_len(p: &Part) -> usize {
     const COUNTERS: usize = 13 * 8;
@@ -97,7 +108,7 @@ pub fn part_len(p: &Part) -> usize {
                 + 4
                 + 4 * d.children.len()
                 + 4
-                + 16 * d.links.len()
+                + d.links.iter().map(link_len).sum::<usize>()
                 + COUNTERS
                 + 16
         }
@@ -266,6 +277,23 @@ fn put_opt(b: &mut BytesMut, v: Option<u32>) {
     b.put_u32(v.unwrap_or(NONE));
 }
 
+/// An address: a family byte (0 none, 4, 6), its octets, its port.
+fn put_addr(b: &mut BytesMut, v: Option<SocketAddr>) {
+    match v {
+        None => b.put_u8(0),
+        Some(SocketAddr::V4(a)) => {
+            b.put_u8(4);
+            b.put_slice(&a.ip().octets());
+            b.put_u16(a.port());
+        }
+        Some(SocketAddr::V6(a)) => {
+            b.put_u8(6);
+            b.put_slice(&a.ip().octets());
+            b.put_u16(a.port());
+        }
+    }
+}
+
 fn put_ns(b: &mut BytesMut, v: Option<i64>) {
     b.put_i64(v.unwrap_or(i64::MIN));
 }
@@ -313,6 +341,8 @@ fn put_parts(b: &mut BytesMut, parts: &[Part]) {
                     b.put_u32(l.peer);
                     put_opt(b, l.rtt_us);
                     b.put_u64(l.queued_bytes);
+                    put_addr(b, l.address);
+                    b.put_u64(l.failovers);
                 }
                 put_counters(b, &d.counters);
                 put_ns(b, d.clock_offset_ns);
@@ -405,6 +435,21 @@ impl<'a> Reader<'a> {
         Ok(Some(i64::from_be_bytes(self.array()?)).filter(|v| *v != i64::MIN))
     }
 
+    fn addr(&mut self) -> Result<Option<SocketAddr>, StatusWireError> {
+        Ok(match self.u8()? {
+            0 => None,
+            4 => {
+                let ip: [u8; 4] = self.array()?;
+                Some(SocketAddr::from((ip, self.u16()?)))
+            }
+            6 => {
+                let ip: [u8; 16] = self.array()?;
+                Some(SocketAddr::from((ip, self.u16()?)))
+            }
+            _ => return Err(StatusWireError("an address of no known family")),
+        })
+    }
+
     fn opt(&mut self) -> Result<Option<u32>, StatusWireError> {
         Ok(Some(self.u32()?).filter(|v| *v != NONE))
     }
@@ -464,6 +509,8 @@ impl<'a> Reader<'a> {
                             peer: self.rank(size)?,
                             rtt_us: self.opt()?,
                             queued_bytes: self.u64()?,
+                            address: self.addr()?,
+                            failovers: self.u64()?,
                         });
                     }
                     Part::Daemon(Box::new(DaemonStatus {
@@ -526,11 +573,15 @@ mod tests {
                     peer: 3,
                     rtt_us: Some(80),
                     queued_bytes: 0,
+                    address: Some("10.78.0.3:7000".parse().unwrap()),
+                    failovers: 2,
                 },
                 LinkStatus {
                     peer: 0,
                     rtt_us: None,
                     queued_bytes: 1 << 20,
+                    address: Some("[fd00::1]:7001".parse().unwrap()),
+                    failovers: 0,
                 },
             ],
             counters: StatusCounters {

@@ -6,6 +6,63 @@
 //! declared dead and no message, plain ones included, may be lost, duplicated or reordered.
 
 use super::net;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// A link that failed over, as `tbon status` showed it after the traffic.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FailedOver {
+    pub rank: u32,
+    pub peer: u32,
+    /// The peer's address the link used then.
+    pub address: Option<String>,
+    pub failovers: u64,
+}
+
+/// Asks the DVM, from namespace `ns` (where rank 0 is reachable), for every daemon's links
+/// (`tbon status --all --format json`), and returns those that failed over.
+pub fn links_failed_over(
+    exe: &Path,
+    ns: &str,
+    uri: &str,
+    key_file: &Path,
+) -> Result<Vec<FailedOver>, String> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(exe)
+        .args(["status", "--hnp", uri, "--all", "--format", "json"])
+        .arg("--key-file")
+        .arg(key_file)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run tbon status: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "tbon status: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("tbon status printed no JSON: {e}"))?;
+    let mut found = Vec::new();
+    for part in v["report"]["parts"].as_array().into_iter().flatten() {
+        let Some(rank) = part["rank"].as_u64() else {
+            continue;
+        };
+        for l in part["links"].as_array().into_iter().flatten() {
+            let failovers = l["failovers"].as_u64().unwrap_or(0);
+            if failovers > 0 {
+                found.push(FailedOver {
+                    rank: rank as u32,
+                    peer: l["peer"].as_u64().unwrap_or(0) as u32,
+                    address: l["address"].as_str().map(str::to_string),
+                    failovers,
+                });
+            }
+        }
+    }
+    Ok(found)
+}
 
 /// One planned network cut and what became of it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -80,8 +137,12 @@ pub fn plan(specs: &[String], n: u32, hosts: u32, nics: u32) -> Result<Vec<NicCu
     Ok(cuts)
 }
 
-/// The report's section: which networks went down, as text and JSON.
-pub fn render(cuts: &[NicCut]) -> (String, serde_json::Value) {
+/// The report's section: which networks went down, and which links failed over (from `tbon
+/// status`, or why it could not say), as text and JSON.
+pub fn render(
+    cuts: &[NicCut],
+    links: &Result<Vec<FailedOver>, String>,
+) -> (String, serde_json::Value) {
     let mut text = String::from(
         "\n  network cuts (one network of a host down; its daemons live on over the others; not faults):",
     );
@@ -95,8 +156,31 @@ pub fn render(cuts: &[NicCut]) -> (String, serde_json::Value) {
             if c.done { "" } else { " (never done)" }
         ));
     }
+    match links {
+        Ok(l) => {
+            text.push_str("\n  links that failed over (tbon status):");
+            for f in l {
+                text.push_str(&format!(
+                    " {} to {} via {} ({}x);",
+                    f.rank,
+                    f.peer,
+                    f.address.as_deref().unwrap_or("-"),
+                    f.failovers
+                ));
+            }
+            if l.is_empty() {
+                text.push_str(" none");
+            }
+        }
+        Err(e) => text.push_str(&format!("\n  links that failed over: unknown ({e})")),
+    }
     text.push('\n');
-    (text, serde_json::to_value(cuts).unwrap_or_default())
+    let json = serde_json::json!({
+        "cuts": cuts,
+        "links_failed_over": links.as_ref().ok(),
+        "status_error": links.as_ref().err(),
+    });
+    (text, json)
 }
 
 #[cfg(test)]

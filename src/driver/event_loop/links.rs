@@ -926,6 +926,8 @@ impl EventLoop {
             }
         }
         conn.open_session(session, self.me, peer);
+        let failovers = self.links.get(&peer).map_or(0, |l| l.failovers);
+        self.node.handle_link_path(peer, Some(remote), failovers);
         self.mark_dirty(tok);
         self.node
             .handle_link_up(Instant::now(), peer, incarnation, relink);
@@ -1147,6 +1149,7 @@ impl EventLoop {
         {
             if link.conn == Some(tok) {
                 link.conn = None;
+                self.node.handle_link_path(p, None, link.failovers);
             }
             if link.dialing == Some(tok) {
                 link.dialing = None;
