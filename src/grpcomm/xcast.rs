@@ -596,7 +596,9 @@ impl Xcast {
     /// behind everyone else's, and its acks are never counted).
     ///
     /// Children that are gone stop counting; new children are offered `Sync`; a new parent is
-    /// waited for (its `Sync`). If this daemon itself is among the failed, the core drops its
+    /// told at once where this daemon stands (an unasked `Resume`, which a parent already
+    /// streaming to it restarts from and a parent behind ignores), and its `Sync` is answered
+    /// when it comes. If this daemon itself is among the failed, the core drops its
     /// state and ignores everything from then on. Rank 0 drops completion notices for failed
     /// originators.
     pub fn handle_repair(&mut self, status: &RecoveryStatus) {
@@ -638,9 +640,15 @@ impl Xcast {
         self.pending_syncs.retain(|(r, _)| !view.failed.contains(r));
         self.pump_at = 0;
         if change.new_upstream {
-            // The new parent sends nothing until this daemon answers its `Sync`.
-            self.up.synced = false;
-            self.up.resume_now = false;
+            // The new parent sends nothing until this daemon answers its `Sync`; but this
+            // daemon says where it stands at once (an unasked `Resume` under its new view). A
+            // parent that already streams to it (it was this daemon's parent before a
+            // passing view, in which it took the operations this daemon dropped as not its
+            // parent's: seed 35 of `all` with link sessions) restarts the stream there; one
+            // whose view matches opens the session; one behind ignores it and offers `Sync`
+            // once it catches up, as before.
+            self.up.synced = true;
+            self.up.resume_now = true;
             self.up.requested = None;
             self.up.awaiting = None;
         }

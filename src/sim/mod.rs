@@ -660,6 +660,20 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         },
         found: "leave: a leaving daemon stalled past the heartbeat timeout before its request reached rank 0; declared dead, it ignored every refusal as a leaving daemon and stopped 30 s later with a fatal error (rank 0's refusal now says left or declared dead, and it stops at once)",
     },
+    RegressionSeed {
+        seed: 35,
+        daemons: 27,
+        radix: 2,
+        faults: FaultKinds::ALL,
+        found: "xcast (found once the simulator ran link sessions): a child whose parent went 9 -> 25 -> 9 in two repairs dropped the operations 9 streamed meanwhile as not its parent's, then waited for a `Sync` that 9, whose view never changed, had no reason to send; every broadcast stalled (a child now says where it stands to each new parent at once: an unasked `Resume`)",
+    },
+    RegressionSeed {
+        seed: 2825,
+        daemons: 4,
+        radix: 8,
+        faults: FaultKinds::ALL,
+        found: "simulator: the frames waiting for a direct connection that could not be made were dropped before the node's fallback could move them to the tree (the driver lets the node decide first); 8 plain messages lost, found by the link-sessions checker",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to

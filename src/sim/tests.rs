@@ -70,6 +70,8 @@ fn batch(n: u64, opts: Options) -> RunStats {
             Ok(s) => {
                 sum.fenced += s.fenced;
                 sum.link_drops += s.link_drops;
+                sum.link_resent += s.link_resent;
+                sum.link_duplicates += s.link_duplicates;
                 sum.stale_dropped += s.stale_dropped;
                 sum.reliable_posted += s.reliable_posted;
                 sum.duplicated += s.duplicated;
@@ -110,12 +112,14 @@ fn fault_kinds_parse_and_print_back() {
     assert!(FaultKinds::parse("crash,meteor").is_err());
 }
 
-/// Connections between living daemons drop and come back: no death is declared, nothing
-/// reliable is lost (the checkers), and the drops did happen.
+/// Connections between living daemons drop and come back: no death is declared, nothing is
+/// lost, plain messages included (the link sessions write again what a dropped connection
+/// took: the `link-sessions` checker), and the drops did happen.
 #[test]
 fn dropped_connections_between_live_daemons_lose_nothing() {
     let s = batch(60, kinds("link"));
     assert!(s.link_drops > 0, "no connection was dropped");
+    assert!(s.link_resent > 0, "no frame was written again");
     assert_eq!(s.fenced, 0, "a live daemon was declared dead");
 }
 

@@ -31,6 +31,7 @@ mod handshakes;
 mod held;
 mod links;
 mod rejoin;
+mod sessions;
 mod status;
 mod streams;
 mod sweep;
@@ -62,6 +63,15 @@ enum Ev {
         generation: u64,
         /// A heartbeat (kept out of the count of work still to do).
         heartbeat: bool,
+        /// Written into its link's session (`sessions.rs`); false for the seed's stale and
+        /// duplicate copies, which stand for leftovers of other connections.
+        counted: bool,
+    },
+    /// `to`'s acknowledgement of `from`'s link session reaches `from`.
+    LinkAck {
+        from: Rank,
+        to: Rank,
+        generation: u64,
     },
     /// The connection between `a` and `b` drops and stays unusable until `until_us`.
     LinkDown {
@@ -220,6 +230,10 @@ pub struct RunStats {
     pub fenced: u32,
     /// Connections dropped between living daemons (link faults, partitions).
     pub link_drops: u64,
+    /// Link sessions: frames written again on a new connection.
+    pub link_resent: u64,
+    /// Link sessions: copies receivers dropped (they had them before the drop).
+    pub link_duplicates: u64,
     /// Stale frames (an earlier incarnation of their sender) the daemons dropped.
     pub stale_dropped: u64,
     /// RELM and collective frames delivered twice.
@@ -321,6 +335,8 @@ pub struct World {
     wires: Option<capacity::Wires>,
     /// Frames a daemon may not read yet, per direction (runs without the capacity model).
     held: HashMap<(Rank, Rank), held::Held>,
+    /// The link sessions of every direction (`sessions.rs`).
+    sessions: sessions::Sessions,
     /// (daemon, peer) whose direct link was seen closing (its sends were chased).
     closing_seen: HashSet<(Rank, Rank)>,
     /// The `stream` kind's applications.
@@ -438,6 +454,7 @@ impl World {
             hs: None,
             wires: None,
             held: HashMap::new(),
+            sessions: sessions::Sessions::default(),
             closing_seen: HashSet::new(),
             streams: streams::StreamApps::default(),
             groups: groups::GroupApps::default(),
@@ -717,6 +734,9 @@ impl World {
             self.stats.dropped_queue_full = w.dropped;
             self.check_overload(w.dropped)?;
         }
+        self.check_sessions()?;
+        self.stats.link_resent = self.sessions.resent;
+        self.stats.link_duplicates = self.sessions.duplicates;
         let mut gone = self.crashed.clone();
         gone.extend(&self.fenced);
         gone.sort_unstable();
@@ -893,6 +913,7 @@ impl World {
                 frame,
                 generation,
                 heartbeat,
+                counted,
             } => {
                 // A connection to or from a dead daemon is gone, with whatever it carried; so
                 // is a connection that dropped since the frame was sent.
@@ -909,7 +930,11 @@ impl World {
                 {
                     return Ok(());
                 }
-                if self.wires.is_none() && !self.read_or_hold(from, to, &frame, generation) {
+                if self.wires.is_none() && !self.read_or_hold(from, to, &frame, generation, counted)
+                {
+                    return Ok(());
+                }
+                if counted && !self.session_read(from, to)? {
                     return Ok(());
                 }
                 if let Some(n) = self.nodes.get_mut(to as usize) {
@@ -917,6 +942,11 @@ impl World {
                 }
                 self.after(to)?;
             }
+            Ev::LinkAck {
+                from,
+                to,
+                generation,
+            } => self.on_link_ack(from, to, generation)?,
             Ev::WireDone { from, to } => self.on_wire_done(from, to)?,
             Ev::Recheck { node } => self.on_recheck(node)?,
             Ev::Timer { node } => {
@@ -1458,6 +1488,7 @@ fn is_work(ev: &Ev) -> bool {
     match ev {
         Ev::Timer { .. } | Ev::Recheck { .. } => false,
         Ev::Frame { heartbeat, .. } => !heartbeat,
+        Ev::LinkAck { .. } => false,
         Ev::Hs { node, .. } | Ev::HsTimeout { node, .. } => node.is_some(),
         _ => true,
     }
@@ -1466,6 +1497,7 @@ fn is_work(ev: &Ev) -> bool {
 fn target(ev: &Ev) -> Option<Rank> {
     match ev {
         Ev::Frame { to, .. } => Some(*to),
+        Ev::LinkAck { from, .. } => Some(*from),
         Ev::Timer { node } | Ev::Detect { node, .. } => Some(*node),
         Ev::LinkLost { node, .. } | Ev::Redial { node, .. } => Some(*node),
         Ev::Send { origin, .. } | Ev::Broadcast { origin } => Some(*origin),

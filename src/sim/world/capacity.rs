@@ -257,6 +257,11 @@ impl World {
                 if generation != self.generation(f, node) || !self.living(f) {
                     continue;
                 }
+                // The capacity model's runs have no stale or duplicate copies: every frame is
+                // its session's.
+                if !self.session_read(f, node)? {
+                    continue;
+                }
                 if let Some(n) = self.nodes.get_mut(node as usize) {
                     n.handle_frame(now, f, frame);
                 }

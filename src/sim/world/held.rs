@@ -9,8 +9,8 @@ use crate::sim::check::Violation;
 use crate::sim::frame::Frame;
 use std::collections::VecDeque;
 
-/// Frames held for one direction: (frame, connection generation).
-pub(super) type Held = VecDeque<(Frame, u64)>;
+/// Frames held for one direction: (frame, connection generation, counted in its session).
+pub(super) type Held = VecDeque<(Frame, u64, bool)>;
 
 impl World {
     /// A frame arrived at `to` from `from`: true if `to` reads it now, false if it waits
@@ -21,6 +21,7 @@ impl World {
         to: Rank,
         frame: &Frame,
         generation: u64,
+        counted: bool,
     ) -> bool {
         let now = self.now();
         let behind = self.held.get(&(from, to)).is_some_and(|q| !q.is_empty());
@@ -34,7 +35,7 @@ impl World {
         self.held
             .entry((from, to))
             .or_default()
-            .push_back((frame.clone(), generation));
+            .push_back((frame.clone(), generation, counted));
         self.stats.held_frames += 1;
         false
     }
@@ -61,7 +62,7 @@ impl World {
                     .get(node as usize)
                     .is_some_and(|n| n.node.may_read(now, f))
                 {
-                    let Some((frame, generation)) =
+                    let Some((frame, generation, counted)) =
                         self.held.get_mut(&(f, node)).and_then(VecDeque::pop_front)
                     else {
                         break;
@@ -69,6 +70,9 @@ impl World {
                     read = true;
                     // Gone with its connection, or with its sender.
                     if generation != self.generation(f, node) || !self.living(f) {
+                        continue;
+                    }
+                    if counted && !self.session_read(f, node)? {
                         continue;
                     }
                     if let Some(n) = self.nodes.get_mut(node as usize) {

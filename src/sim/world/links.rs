@@ -88,12 +88,16 @@ impl World {
                 return Ok(());
             }
             self.redialing.remove(&(node, peer));
-            self.parked.remove(&(node, peer));
             if let Some(n) = self.nodes.get_mut(node as usize) {
                 log::debug!("{} us: rank {node} cannot reach {peer}", self.now_us);
                 n.detect(now, peer);
             }
-            return self.after(node);
+            // As the driver does: the node decides first (a direct link that cannot be made
+            // falls back, and what waited for it takes the tree: `fall_back`); what is left
+            // was for a rank now taken for dead.
+            let after = self.after(node);
+            self.parked.remove(&(node, peer));
+            return after;
         }
         self.redialing.remove(&(node, peer));
         if !self.conn_lost.contains(&Self::pair(node, peer)) {
@@ -138,6 +142,13 @@ impl World {
                 n.link_up(now, b);
             }
         }
+        // The link sessions first: what the last connection did not deliver goes again, in
+        // order, ahead of what waited for this one.
+        for (a, b, frames) in self.sessions_resume(node, peer)? {
+            for f in frames {
+                self.transmit(a, b, f, false);
+            }
+        }
         for (a, b) in [(node, peer), (peer, node)] {
             let frames = self.parked.remove(&(a, b)).unwrap_or_default();
             for f in frames {
@@ -153,6 +164,9 @@ impl World {
     /// As the driver does, the connection (if `peer` is no tree neighbour of `node`'s) closes:
     /// what either end had not read on it is lost, and `peer` sees it lost.
     pub(super) fn fall_back(&mut self, node: Rank, peer: Rank) {
+        // Its frames take the tree from now on: written again later on a new link, they would
+        // arrive behind those (the driver resets the session likewise).
+        self.session_reset(node, peer);
         let neighbour = self
             .nodes
             .get(node as usize)
@@ -200,6 +214,8 @@ impl World {
     /// The frame crosses the link: its latency (and the seed's slow windows, stale copies and
     /// duplicates), in order with the link's earlier frames.
     pub(super) fn travel(&mut self, from: Rank, to: Rank, frame: Frame, heartbeat: bool) {
+        // It leaves the sender: its link session keeps it until acknowledged.
+        self.session_written(from, to, &frame);
         let lat =
             self.scen.latency_us + self.rng.range(0, self.scen.jitter_us) + self.spread(from, to);
         // Overlapping slow windows do not compound: the slowest one applies.
@@ -228,6 +244,7 @@ impl World {
                         frame: stale,
                         generation,
                         heartbeat: false,
+                        counted: false,
                     },
                 );
             }
@@ -256,6 +273,7 @@ impl World {
                     frame: frame.clone(),
                     generation,
                     heartbeat,
+                    counted: false,
                 },
             );
         }
@@ -267,6 +285,7 @@ impl World {
                 frame,
                 generation,
                 heartbeat,
+                counted: true,
             },
         );
     }
