@@ -85,6 +85,10 @@ pub(crate) struct Conn {
     /// When the peer was last heard on it, and whether its frames wait in silence
     /// (`oob::stall`).
     pub watch: StallWatch,
+    /// Bytes read since the last acknowledgement of the peer's session, and whether one is
+    /// due (waiting for a frame to ride on, or `LINK_ACK_DELAY_MS`).
+    pub read_since_ack: usize,
+    pub ack_due: bool,
     /// The peer's `Start` arrived and the session resumed: session frames may be queued.
     session_ready: bool,
     next_seq: u64,
@@ -117,6 +121,8 @@ impl Conn {
             refused: false,
             session: None,
             watch: StallWatch::new(std::time::Instant::now()),
+            read_since_ack: 0,
+            ack_due: false,
             session_ready: false,
             next_seq: 0,
         }
@@ -221,6 +227,20 @@ impl Conn {
     /// the peer's `Start` (they wait in the link meanwhile).
     pub(crate) fn takes_frames(&self) -> bool {
         self.session.is_none() || self.session_ready
+    }
+
+    /// Queues the acknowledgement of what was read of the peer's session, if any, to write at
+    /// the next frame boundary. Returns whether there was one.
+    pub(crate) fn ack_now(&mut self, me: Rank, peer: Rank) -> bool {
+        self.ack_due = false;
+        self.read_since_ack = 0;
+        match self.session.as_mut().and_then(|s| s.inb.poll_ack()) {
+            Some(ack) => {
+                self.set_control(ack, me, peer);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Queues `control` to write at the next frame boundary, ahead of unwritten frames.

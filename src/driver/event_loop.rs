@@ -125,6 +125,10 @@ pub(crate) struct EventLoop {
     grpcomm_resync: FxHashSet<Rank>,
     /// Link sessions made so far: the next one's numbers start at this plus one, shifted 32.
     link_sessions: u64,
+    /// Connections with a link-session acknowledgement due (`Conn::ack_due`; at most one
+    /// entry per connection), and whether the `LinkAck` timer is armed for them.
+    acks_due: Vec<usize>,
+    ack_timer_armed: bool,
     /// What this daemon holds of the sessions of peers whose links were removed (taken for
     /// dead), with the peer's incarnation: at most one entry per rank of the DVM.
     link_inbound: FxHashMap<Rank, (u64, crate::oob::session::Inbound)>,
@@ -220,6 +224,8 @@ impl EventLoop {
             grpcomm_resync: FxHashSet::default(),
             link_sessions: 0,
             link_inbound: FxHashMap::default(),
+            acks_due: Vec::new(),
+            ack_timer_armed: false,
             pending: PendingHandshakes::new(
                 limits::PENDING_HANDSHAKES_PER_SOURCE_MAX,
                 limits::PENDING_HANDSHAKES_MAX,
@@ -968,6 +974,7 @@ impl EventLoop {
                     self.watch_links();
                     self.arm_link_watch();
                 }
+                TimerKind::LinkAck => self.acks_due_now(),
                 TimerKind::Linger => {
                     log::debug!("rank {}: linger over; dropping unsent frames", self.me);
                     self.close_all();

@@ -19,6 +19,9 @@ pub(crate) enum TimerKind {
     AcceptRetry { index: usize },
     /// Look for stalled connections (`event_loop/failover.rs`): one armed at a time.
     LinkWatch,
+    /// Write the link-session acknowledgements still due (`LINK_ACK_DELAY_MS`): one armed at
+    /// a time.
+    LinkAck,
     /// The node's next deadline (`Node::poll_timeout`: wire-up, heartbeats, RELM): a new one
     /// is armed only when none at or before it is.
     Node,
@@ -32,7 +35,7 @@ pub(crate) struct Timers {
 
 impl Timers {
     /// Arms a timer. The heap's size is bounded by the callers: at most one handshake timer per
-    /// connection, one redial timer per peer, one linger timer, one link watch, node timers only
+    /// connection, one redial timer per peer, one linger timer, one link watch, one acknowledgement delay, node timers only
     /// earlier than every armed one (stale ones are popped as their deadlines pass).
     pub(crate) fn arm(&mut self, at: Instant, kind: TimerKind) {
         self.seq += 1;

@@ -208,6 +208,21 @@ impl EventLoop {
         log::debug!("rank {}: dialling rank {peer} at {addr}", self.me);
     }
 
+    /// The acknowledgement delay ran out: every acknowledgement still due goes alone.
+    pub(super) fn acks_due_now(&mut self) {
+        self.ack_timer_armed = false;
+        let me = self.me;
+        for tok in std::mem::take(&mut self.acks_due) {
+            if let Some(conn) = self.conns.get_mut(tok)
+                && conn.ack_due
+                && let Some(peer) = conn.peer
+                && conn.ack_now(me, peer)
+            {
+                self.mark_dirty(tok);
+            }
+        }
+    }
+
     /// Dials `peer` if its link session holds frames written and not confirmed (a connection
     /// broke or stalled under them): they are written again on the new connection.
     pub(super) fn ensure_dial_for_session(&mut self, peer: Rank) {
@@ -544,6 +559,7 @@ impl EventLoop {
                     Ok(n) => {
                         conn.decoder.commit(n);
                         conn.watch.handle_heard(self.now);
+                        conn.read_since_ack = conn.read_since_ack.saturating_add(n);
                         if let Some(p) = conn.peer.filter(|_| conn.is_established()) {
                             self.node.handle_heard(self.now, p);
                         }
@@ -566,16 +582,30 @@ impl EventLoop {
                 }
                 self.on_frame(tok, f);
             }
-            // The link session acknowledges each batch at once: the control frame goes out
+            // The link session acknowledges a large batch at once (the control frame goes out
             // with this turn's writes, and the peer lets go of what it kept within a round
-            // trip (kept frames pin their buffers, the decoder's among them).
+            // trip: kept frames pin their buffers, the decoder's among them); a small one
+            // rides on the next frame to the peer, or goes after `LINK_ACK_DELAY_MS`.
             if let Some(conn) = self.conns.get_mut(tok)
                 && conn.generation == generation
                 && let Some(peer) = conn.peer
-                && let Some(ack) = conn.session.as_mut().and_then(|s| s.inb.poll_ack())
+                && conn.session.as_ref().is_some_and(|s| s.inb.unacked())
             {
-                conn.set_control(ack, self.me, peer);
-                self.mark_dirty(tok);
+                if conn.read_since_ack >= limits::LINK_ACK_PROMPT_BYTES {
+                    if conn.ack_now(self.me, peer) {
+                        self.mark_dirty(tok);
+                    }
+                } else if !conn.ack_due {
+                    conn.ack_due = true;
+                    self.acks_due.push(tok);
+                    if !self.ack_timer_armed {
+                        self.ack_timer_armed = true;
+                        self.timers.arm(
+                            self.now + Duration::from_millis(limits::LINK_ACK_DELAY_MS),
+                            TimerKind::LinkAck,
+                        );
+                    }
+                }
             }
             // What the batch made the node want, in order (once per batch, not per frame:
             // measured cheaper), and the queue levels that leaves (flow control).
@@ -1227,6 +1257,13 @@ impl EventLoop {
             };
             if matches!(conn.state, ConnState::Connecting) {
                 continue;
+            }
+            // A due acknowledgement rides on what this flush writes.
+            if conn.ack_due
+                && !conn.queue.is_empty()
+                && let Some(peer) = conn.peer
+            {
+                conn.ack_now(self.me, peer);
             }
             let flushed = conn.flush(&mut completed);
             if let Some(p) = conn.peer.filter(|_| conn.is_established()) {
