@@ -8,6 +8,8 @@
 
 use std::process::Command;
 
+mod procs;
+
 /// Whether this machine lets us make network namespaces (root, `ip`); the reason if not.
 fn namespaces_unavailable() -> Option<String> {
     let name = format!("tbonprobe{}", std::process::id());
@@ -21,42 +23,34 @@ fn namespaces_unavailable() -> Option<String> {
     }
 }
 
-fn harness(args: &[&str], json: &std::path::Path) -> (serde_json::Value, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
-        .args(["harness", "--hosts", "4", "--daemons", "8", "--nics", "2"])
-        .args(args)
-        .args(["--quiet", "--timeout", "120", "--json"])
-        .arg(json)
-        .output()
-        .expect("run tbon harness");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout: {stdout}\nstderr: {stderr}"
-    );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(json).expect("the report was written"))
-            .expect("the report is JSON");
-    let _ = std::fs::remove_file(json);
-    (report, stdout)
+/// `tbon harness` on 4 emulated hosts with 2 networks each, 8 daemons, plus `args`: its
+/// report (it must pass), or `None` (said why) where network namespaces cannot be made.
+fn multi_nic_run(name: &str, args: &[&str]) -> Option<serde_json::Value> {
+    if let Some(why) = namespaces_unavailable() {
+        eprintln!("skipped: network namespaces are not available here ({why})");
+        return None;
+    }
+    let mut all = vec![
+        "--hosts",
+        "4",
+        "--daemons",
+        "8",
+        "--nics",
+        "2",
+        "--mode",
+        "plain",
+    ];
+    all.extend(["--kill", "0", "--timeout", "120"]);
+    all.extend(args);
+    Some(procs::harness_report(name, &all).0)
 }
 
 #[test]
 fn a_network_cut_under_plain_traffic_fails_over_and_loses_nothing() {
-    if let Some(why) = namespaces_unavailable() {
-        eprintln!("skipped: network namespaces are not available here ({why})");
-        return;
-    }
-    let json = std::env::temp_dir().join(format!("tbon-multi-nic-{}.json", std::process::id()));
     // Ranks 2 and 5 are on hosts 1 and 2 (two daemons per host); both keep network 1.
-    let (report, stdout) = harness(
+    let Some(report) = multi_nic_run(
+        "multi-nic",
         &[
-            "--mode",
-            "plain",
-            "--kill",
-            "0",
             "--duration",
             "7",
             "--rate",
@@ -64,9 +58,9 @@ fn a_network_cut_under_plain_traffic_fails_over_and_loses_nothing() {
             "--cut-nic",
             "2:0@1,5:0@2",
         ],
-        &json,
-    );
-    assert!(stdout.starts_with("PASS"), "{stdout}");
+    ) else {
+        return;
+    };
     let counts = &report["counts"];
     // Strict: no fault window, so not one plain message lost, duplicated or reordered.
     assert_eq!(counts["expected"], counts["delivered"], "{counts}");
@@ -97,28 +91,13 @@ fn a_network_cut_under_plain_traffic_fails_over_and_loses_nothing() {
 
 #[test]
 fn cutting_every_network_of_a_host_is_a_host_failure() {
-    if let Some(why) = namespaces_unavailable() {
-        eprintln!("skipped: network namespaces are not available here ({why})");
-        return;
-    }
-    let json = std::env::temp_dir().join(format!("tbon-multi-nic-cut-{}.json", std::process::id()));
     // Host 2 (ranks 4 and 5) loses both networks: found by heartbeats and repaired.
-    let (report, stdout) = harness(
-        &[
-            "--mode",
-            "plain",
-            "--kill",
-            "0",
-            "--duration",
-            "4",
-            "--rate",
-            "100",
-            "--cut",
-            "4@1",
-        ],
-        &json,
-    );
-    assert!(stdout.starts_with("PASS"), "{stdout}");
+    let Some(report) = multi_nic_run(
+        "multi-nic-cut",
+        &["--duration", "4", "--rate", "100", "--cut", "4@1"],
+    ) else {
+        return;
+    };
     let faults = report["faults"].as_array().expect("faults reported");
     assert_eq!(faults.len(), 2, "both daemons of the host: {faults:?}");
 }
