@@ -64,12 +64,14 @@ impl Link {
     /// Whether a connection to this peer is wanted: frames wait for one, the link is probed,
     /// or its session holds frames written and not confirmed.
     pub fn wanted(&self) -> bool {
-        !self.pending.is_empty()
-            || self.probe
-            || self
-                .session
-                .as_ref()
-                .is_some_and(|s| s.out.unacked_frames() > 0)
+        !self.pending.is_empty() || self.probe || self.holds_unconfirmed()
+    }
+
+    /// Whether its session, between connections, holds frames written and not confirmed.
+    pub fn holds_unconfirmed(&self) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(|s| s.out.unacked_frames() > 0)
     }
 }
 
@@ -226,11 +228,7 @@ impl EventLoop {
     /// Dials `peer` if its link session holds frames written and not confirmed (a connection
     /// broke or stalled under them): they are written again on the new connection.
     pub(super) fn ensure_dial_for_session(&mut self, peer: Rank) {
-        let waiting = self
-            .links
-            .get(&peer)
-            .and_then(|l| l.session.as_ref())
-            .is_some_and(|s| s.out.unacked_frames() > 0);
+        let waiting = self.links.get(&peer).is_some_and(Link::holds_unconfirmed);
         if waiting && self.stopping.is_none() && self.node.stopping().is_none() {
             self.ensure_dial(peer);
         }
