@@ -227,6 +227,22 @@ pub const LINK_ACK_DELAY_MS: u64 = 5;
 /// bound is only met by a neighbour that does not read. Setting: `link_resend_max_bytes`.
 pub const LINK_RESEND_MAX_BYTES_DEFAULT: usize = 32 * 1024 * 1024;
 
+/// Link sessions: packing buffers of small frames (`oob::send_queue`, at most
+/// `SEND_COALESCE_BUFFER_BYTES` each, about 64 KiB) that acknowledgements let go and a link
+/// keeps to pack into again (`oob::session::Runs`). A steady stream lets several go at once;
+/// keeping them saves freeing and faulting in fresh pages for the next ones.
+///
+/// At the bound: a buffer let go is freed. An idle link keeps none (given back once a second).
+pub const LINK_KEPT_SPARES_MAX: usize = 16;
+
+/// Link sessions: small frames written and not yet acknowledged are copied, encoded, into runs
+/// of at most this many bytes (`oob::session::Runs`); a run is let go, and its buffer reused,
+/// once every frame in it is acknowledged.
+///
+/// At the bound: a new run is started. Between the runs a session holds and the one spare it
+/// keeps, the memory stays under `link_resend_max_bytes` plus two runs.
+pub const LINK_KEPT_RUN_BYTES: usize = 64 * 1024;
+
 /// Default bound on the bytes queued for one peer's connection and not yet written (PRRTE's send
 /// queues are unbounded). At the bound a send is refused with a back-pressure error; nothing
 /// queued is dropped. Must be at least `msg_max_bytes` so that one maximal message fits.

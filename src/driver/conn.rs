@@ -6,10 +6,9 @@ use crate::Rank;
 use crate::limits;
 use crate::oob::frame::FrameDecoder;
 use crate::oob::handshake::Handshake;
-use crate::oob::header::HEADER_LEN;
 use crate::oob::header::{Header, Kind};
-use crate::oob::send_queue::{Payload, QueueFull, SendQueue};
-use crate::oob::session::{Control, Inbound, Outbound, SessionError, is_session_kind};
+use crate::oob::send_queue::{Payload, QueueFull, SendQueue, Written};
+use crate::oob::session::{Control, Inbound, Outbound, Runs, SessionError, is_session_kind};
 use crate::oob::stall::StallWatch;
 use mio::net::TcpStream;
 use std::collections::VecDeque;
@@ -36,7 +35,7 @@ pub(crate) enum ConnState {
 pub(crate) struct LinkSession {
     /// The neighbour's incarnation it is for: another means another life, and a new session.
     pub incarnation: u64,
-    pub out: Outbound<(Header, Payload)>,
+    pub out: Outbound<Runs>,
     pub inb: Inbound,
 }
 
@@ -207,7 +206,7 @@ impl Conn {
             .push_unbounded(&resume.header(me, peer), bytes::Bytes::new());
         self.completions.push_back(None);
         let mut resent = 0;
-        for (header, payload) in again {
+        for (header, payload) in again.flat_map(|w| w.into_frames(0)) {
             self.queue.push_unbounded(&header, payload);
             self.completions.push_back(None);
             resent += 1;
@@ -277,12 +276,19 @@ impl Conn {
                 Err(e) => return Err(e),
             };
             let frames = match self.session.as_mut() {
-                Some(session) => self.queue.advance_with(written, |header, payload| {
-                    if is_session_kind(header.kind) {
-                        let len = HEADER_LEN + payload.len();
-                        session.out.written((header, payload), len);
+                Some(session) => {
+                    let frames = self.queue.advance_with(written, |w| {
+                        let len = w.wire_len();
+                        session.out.written(w, len);
+                    });
+                    // A packing buffer the session let go is packed into again.
+                    if self.queue.wants_spare()
+                        && let Some(buf) = session.out.store_mut().take_spare()
+                    {
+                        self.queue.offer_spare(buf);
                     }
-                }),
+                    frames
+                }
                 None => self.queue.advance(written),
             };
             for _ in 0..frames {
@@ -307,12 +313,18 @@ impl Conn {
         bool,
     ) {
         let mut kept = false;
-        if let Some(session) = self.session.as_mut()
-            && let Some((header, payload, len)) = self.queue.started()
-            && is_session_kind(header.kind)
-        {
-            session.out.written((header, payload), len);
-            kept = true;
+        if let Some(session) = self.session.as_mut() {
+            // What of the front packing buffer was written, then the frame cut off.
+            if let Some(w) = self.queue.written_in_front() {
+                let len = w.wire_len();
+                session.out.written(w, len);
+            }
+            if let Some((header, payload, len)) = self.queue.started()
+                && is_session_kind(header.kind)
+            {
+                session.out.written(Written::Frame(header, payload), len);
+                kept = true;
+            }
         }
         let frames = self.queue.drain_unsent();
         let keep = self.completions.len().saturating_sub(frames.len());

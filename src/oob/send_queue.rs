@@ -7,12 +7,15 @@
 //! rather than two per frame.
 //!
 //! A payload may come in two parts ([`Payload::two`]): a short head (a collective message's own
-//! header) and a shared body (a broadcast's payload, one `Bytes` for every child). The head is
-//! coalesced like a small payload when it is small; the body is referenced as-is, never copied,
-//! unless the whole payload is small enough to coalesce.
+//! header) and a shared body (a broadcast's payload, one `Bytes` for every child). Both are
+//! referenced as-is, never copied, unless the whole payload is small enough to coalesce: a
+//! packing buffer holds whole frames only.
 //!
 //! Driver loop: `let n = q.io_slices(&mut iov, true); let w = sock.write_vectored(&iov[..n])?;
-//! q.advance(w);` until the socket would block or the queue is empty.
+//! q.advance(w);` until the socket would block or the queue is empty. A caller that keeps what
+//! it wrote (a link session) calls [`advance_with`](SendQueue::advance_with) instead and is
+//! handed each written stretch as a [`Written`]: a packing buffer is handed over whole once
+//! written, not copied, so keeping small frames costs no copy.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -21,6 +24,7 @@ use std::io::IoSlice;
 use bytes::{Bytes, BytesMut};
 
 use super::header::{HEADER_LEN, Header};
+use super::session::is_session_kind;
 use crate::limits::{SEND_COALESCE_BUFFER_BYTES, SEND_COALESCE_MAX_PAYLOAD};
 
 /// A packing buffer grows past `SEND_COALESCE_BUFFER_BYTES` by at most one frame, and doubles
@@ -109,14 +113,111 @@ impl From<Bytes> for Payload {
     }
 }
 
+/// A stretch of the queue completely written, handed to [`SendQueue::advance_with`]'s caller
+/// in the order written. Only session frames (`oob::session::is_session_kind`) are handed
+/// over.
+#[derive(Debug, Clone)]
+pub enum Written {
+    /// One frame, by reference: its header (`len` set) and payload.
+    Frame(Header, Payload),
+    /// `frames` small frames, header then payload each, back to back, as written.
+    Packed { bytes: Bytes, frames: usize },
+}
+
+impl Written {
+    /// How many frames it is.
+    pub fn frames(&self) -> usize {
+        match self {
+            Written::Frame(..) => 1,
+            Written::Packed { frames, .. } => *frames,
+        }
+    }
+
+    /// Its bytes on the wire.
+    pub fn wire_len(&self) -> usize {
+        match self {
+            Written::Frame(_, p) => HEADER_LEN + p.len(),
+            Written::Packed { bytes, .. } => bytes.len(),
+        }
+    }
+
+    /// Its frames one by one, the first `skip` left out. A packed stretch holds only what the
+    /// queue encoded, so a header that does not read back is a bug; it ends the stretch (what
+    /// follows cannot be framed).
+    pub fn into_frames(self, skip: usize) -> Vec<(Header, Payload)> {
+        match self {
+            Written::Frame(header, payload) if skip == 0 => vec![(header, payload)],
+            Written::Frame(..) => Vec::new(),
+            Written::Packed { bytes, frames } => {
+                let mut out = Vec::with_capacity(frames.saturating_sub(skip));
+                let mut at = 0;
+                for i in 0..frames {
+                    let Some((header, end)) = packed_frame_at(&bytes, at) else {
+                        crate::bug!(
+                            "frame {i} of {frames} of a written stretch does not read back"
+                        );
+                        break;
+                    };
+                    if i >= skip {
+                        out.push((header, Payload::from(bytes.slice(at + HEADER_LEN..end))));
+                    }
+                    at = end;
+                }
+                out
+            }
+        }
+    }
+
+    /// The same stretch without its first `skip` frames (`None` when nothing is left).
+    pub fn skip(self, skip: usize) -> Option<Written> {
+        if skip == 0 {
+            return Some(self);
+        }
+        match self {
+            Written::Frame(..) => None,
+            Written::Packed { bytes, frames } => {
+                let mut at = 0;
+                for i in 0..skip.min(frames) {
+                    let Some((_, end)) = packed_frame_at(&bytes, at) else {
+                        crate::bug!(
+                            "frame {i} of {frames} of a written stretch does not read back"
+                        );
+                        return None;
+                    };
+                    at = end;
+                }
+                (skip < frames).then(|| Written::Packed {
+                    bytes: bytes.slice(at..),
+                    frames: frames - skip,
+                })
+            }
+        }
+    }
+}
+
+/// The header of the packed frame starting at `at`, and where the frame ends.
+fn packed_frame_at(bytes: &[u8], at: usize) -> Option<(Header, usize)> {
+    let raw = bytes.get(at..at.checked_add(HEADER_LEN)?)?;
+    let header = Header::decode(<&[u8; HEADER_LEN]>::try_from(raw).ok()?).ok()?;
+    let end = at
+        .checked_add(HEADER_LEN)?
+        .checked_add(header.len as usize)?;
+    (end <= bytes.len()).then_some((header, end))
+}
+
 /// A contiguous run of bytes to write.
 #[derive(Debug)]
 enum Seg {
     Header([u8; HEADER_LEN]),
     Payload(Bytes),
-    /// Several small frames, header and payload each, back to back. Only the last segment of the
-    /// queue is ever appended to.
-    Packed(BytesMut),
+    /// Several small frames, header and payload each, back to back: whole frames only, all
+    /// session frames or none (`session`). Only the last segment of the queue is ever appended
+    /// to.
+    Packed {
+        buf: BytesMut,
+        frames: usize,
+        session: bool,
+    },
 }
 
 impl Seg {
@@ -124,7 +225,7 @@ impl Seg {
         match self {
             Seg::Header(h) => h,
             Seg::Payload(p) => p,
-            Seg::Packed(b) => b,
+            Seg::Packed { buf, .. } => buf,
         }
     }
 }
@@ -134,6 +235,8 @@ struct QueuedFrame {
     header: Header,
     payload: Payload,
     wire_len: usize,
+    /// Written from a packing buffer (whole, in one `Seg::Packed`).
+    packed: bool,
 }
 
 /// Frames waiting to be written to one peer, in order, bounded in bytes.
@@ -152,6 +255,13 @@ pub struct SendQueue {
     /// small frames then packs without allocating or faulting in fresh pages. Given back by
     /// [`release_idle`](Self::release_idle).
     spare: Option<BytesMut>,
+    /// Frames of the front packing buffer completely written; the buffer is handed over (or
+    /// reused) once all of its frames are.
+    packed_done: usize,
+    /// The capacity of the last packing buffer written: a new one without a spare starts at
+    /// it, so a stream whose written buffers are handed over (and come back only when
+    /// acknowledged) does not grow each new one from nothing.
+    packed_cap: usize,
     /// A header-only control frame written at the next frame boundary, ahead of the frames
     /// still unwritten (see [`set_control`](Self::set_control)), with its bytes written.
     control: Option<([u8; HEADER_LEN], usize)>,
@@ -171,6 +281,8 @@ impl SendQueue {
             queued: 0,
             max_bytes,
             spare: None,
+            packed_done: 0,
+            packed_cap: 0,
             control: None,
             control_next: None,
         }
@@ -213,12 +325,9 @@ impl SendQueue {
         let header = Header { len, ..*header };
         let encoded = header.encode();
         let (head, body) = (&payload.head, &payload.body);
-        if payload.len() <= SEND_COALESCE_MAX_PAYLOAD {
-            self.pack(&[&encoded, head, body]);
-        } else if head.len() <= SEND_COALESCE_MAX_PAYLOAD && !body.is_empty() {
-            // A small head travels with the header; the large body is referenced.
-            self.pack(&[&encoded, head]);
-            self.segs.push_back(Seg::Payload(body.clone()));
+        let packed = payload.len() <= SEND_COALESCE_MAX_PAYLOAD;
+        if packed {
+            self.pack(&[&encoded, head, body], is_session_kind(header.kind));
         } else {
             self.segs.push_back(Seg::Header(encoded));
             self.segs.push_back(Seg::Payload(head.clone()));
@@ -230,6 +339,7 @@ impl SendQueue {
             header,
             payload,
             wire_len,
+            packed,
         });
         self.queued += wire_len;
     }
@@ -255,22 +365,52 @@ impl SendQueue {
         self.control.is_some() && self.frame_off == 0
     }
 
-    /// Copies `parts` to the end of the last shared buffer (a new one if the last segment is
-    /// not a buffer or is full).
-    fn pack(&mut self, parts: &[&[u8]]) {
+    /// Copies one frame's `parts` to the end of the last shared buffer (a new one if the last
+    /// segment is not a buffer, is full, or holds the other class of frame: `session`).
+    fn pack(&mut self, parts: &[&[u8]], session: bool) {
         let append = match self.segs.back() {
-            Some(Seg::Packed(b)) => b.len() < SEND_COALESCE_BUFFER_BYTES,
+            Some(Seg::Packed {
+                buf, session: s, ..
+            }) => buf.len() < SEND_COALESCE_BUFFER_BYTES && *s == session,
             _ => false,
         };
         if !append {
-            let buf = self.spare.take().unwrap_or_default();
-            self.segs.push_back(Seg::Packed(buf));
+            let cap = self.packed_cap.min(SPARE_MAX_BYTES);
+            let buf = self
+                .spare
+                .take()
+                .unwrap_or_else(|| BytesMut::with_capacity(cap));
+            self.segs.push_back(Seg::Packed {
+                buf,
+                frames: 0,
+                session,
+            });
         }
-        if let Some(Seg::Packed(b)) = self.segs.back_mut() {
+        if let Some(Seg::Packed { buf, frames, .. }) = self.segs.back_mut() {
             for p in parts {
-                b.extend_from_slice(p);
+                buf.extend_from_slice(p);
             }
+            *frames += 1;
         }
+    }
+
+    /// Takes `buf` as the next packing buffer if none is kept (a caller that was handed
+    /// packing buffers gives them back once it lets them go).
+    pub fn offer_spare(&mut self, mut buf: BytesMut) {
+        if self.spare.is_none() && buf.capacity() <= SPARE_MAX_BYTES {
+            buf.clear();
+            self.spare = Some(buf);
+        }
+    }
+
+    /// Whether the queue keeps no packing buffer for reuse.
+    pub fn wants_spare(&self) -> bool {
+        self.spare.is_none()
+    }
+
+    /// Keeps `buf` for reuse, or frees it.
+    fn recycle(&mut self, buf: BytesMut) {
+        self.offer_spare(buf);
     }
 
     /// Fill `out` with slices covering the unwritten bytes in order, at most `out.len()` of
@@ -335,12 +475,17 @@ impl SendQueue {
     /// frames are now completely written. `n` beyond the queued bytes is a driver bug: it is
     /// clamped and logged.
     pub fn advance(&mut self, n: usize) -> usize {
-        self.advance_with(n, |_, _| {})
+        self.advance_inner(n, None)
     }
 
-    /// [`advance`](Self::advance), handing each completely written frame (its header, `len`
-    /// set, and payload) to `written`, in order. Control frames are not handed over.
-    pub fn advance_with(&mut self, n: usize, mut written: impl FnMut(Header, Payload)) -> usize {
+    /// [`advance`](Self::advance), handing what was completely written to `written`, in
+    /// order: each packing buffer once all its frames are written, and each other frame once
+    /// written. Only session frames are handed over (control and handshake frames are not).
+    pub fn advance_with(&mut self, n: usize, mut written: impl FnMut(Written)) -> usize {
+        self.advance_inner(n, Some(&mut written))
+    }
+
+    fn advance_inner(&mut self, n: usize, mut written: Option<&mut dyn FnMut(Written)>) -> usize {
         let mut n = n;
         if self.control_first()
             && let Some((_, off)) = &mut self.control
@@ -361,18 +506,23 @@ impl SendQueue {
         let n = n.min(self.queued);
         self.queued -= n;
 
+        // Packing buffers written to their end, in order: each is handed over (or reused)
+        // when the last of its frames is counted below, in the same call.
+        let mut popped: VecDeque<(BytesMut, usize, bool)> = VecDeque::new();
         let mut left = n;
         while left > 0 {
             let Some(seg) = self.segs.front() else { break };
             let rest = seg.bytes().len().saturating_sub(self.seg_off);
             if left >= rest {
                 left -= rest;
-                if let Some(Seg::Packed(mut b)) = self.segs.pop_front()
-                    && self.spare.is_none()
-                    && b.capacity() <= SPARE_MAX_BYTES
+                if let Some(Seg::Packed {
+                    buf,
+                    frames,
+                    session,
+                }) = self.segs.pop_front()
                 {
-                    b.clear();
-                    self.spare = Some(b);
+                    self.packed_cap = buf.capacity();
+                    popped.push_back((buf, frames, session));
                 }
                 self.seg_off = 0;
             } else {
@@ -389,7 +539,25 @@ impl SendQueue {
             if left >= rest {
                 left -= rest;
                 if let Some(f) = self.frames.pop_front() {
-                    written(f.header, f.payload);
+                    if f.packed {
+                        self.packed_done += 1;
+                        if popped.front().is_some_and(|p| p.1 <= self.packed_done)
+                            && let Some((buf, frames, session)) = popped.pop_front()
+                        {
+                            self.packed_done = 0;
+                            match written.as_mut() {
+                                Some(w) if session => w(Written::Packed {
+                                    bytes: buf.freeze(),
+                                    frames,
+                                }),
+                                _ => self.recycle(buf),
+                            }
+                        }
+                    } else if let Some(w) = written.as_mut()
+                        && is_session_kind(f.header.kind)
+                    {
+                        w(Written::Frame(f.header, f.payload));
+                    }
                 }
                 self.frame_off = 0;
                 done += 1;
@@ -398,7 +566,33 @@ impl SendQueue {
                 left = 0;
             }
         }
+        for (buf, frames, _) in popped {
+            crate::bug!("a written packing buffer's {frames} frames were not all counted");
+            self.recycle(buf);
+        }
         done
+    }
+
+    /// For a connection that broke: the frames of the front packing buffer already written
+    /// (their buffer is still queued), as one copied stretch, if they are session frames. The
+    /// caller then takes [`started`](Self::started) and drains the rest.
+    pub fn written_in_front(&self) -> Option<Written> {
+        if self.packed_done == 0 {
+            return None;
+        }
+        let Some(Seg::Packed {
+            buf, session: true, ..
+        }) = self.segs.front()
+        else {
+            return None;
+        };
+        // The front frame, if started, is the first one not written.
+        let end = self.seg_off.saturating_sub(self.frame_off);
+        let bytes = Bytes::copy_from_slice(buf.get(..end)?);
+        Some(Written::Packed {
+            bytes,
+            frames: self.packed_done,
+        })
     }
 
     /// Gives back the spare packing buffer while nothing is queued (an idle connection keeps no
@@ -453,6 +647,7 @@ impl SendQueue {
         let keep = usize::from(self.frame_off > 0);
         let unsent: Vec<QueuedFrame> = self.frames.drain(keep.min(self.frames.len())..).collect();
         let mut remove: usize = unsent.iter().map(|f| f.wire_len).sum();
+        let mut unsent_packed = unsent.iter().filter(|f| f.packed).count();
         self.queued -= remove.min(self.queued);
         // The unsent frames are a suffix of the byte stream, ending on a frame boundary.
         while remove > 0 {
@@ -463,9 +658,14 @@ impl SendQueue {
             let seg_len = seg.bytes().len();
             if seg_len <= remove && !front_started {
                 remove -= seg_len;
-                self.segs.pop_back();
-            } else if let Seg::Packed(b) = seg {
-                b.truncate(seg_len.saturating_sub(remove));
+                if let Some(Seg::Packed { frames, .. }) = self.segs.pop_back() {
+                    unsent_packed = unsent_packed.saturating_sub(frames);
+                }
+            } else if let Seg::Packed { buf, frames, .. } = seg {
+                // The unsent frames it holds are its last ones.
+                buf.truncate(seg_len.saturating_sub(remove));
+                *frames = frames.saturating_sub(unsent_packed);
+                unsent_packed = 0;
                 remove = 0;
             } else {
                 log::error!("SendQueue::drain_unsent: segment boundary mismatch");
@@ -474,6 +674,7 @@ impl SendQueue {
         }
         if self.segs.is_empty() {
             self.seg_off = 0;
+            self.packed_done = 0;
         }
         unsent.into_iter().map(|f| (f.header, f.payload)).collect()
     }
@@ -586,7 +787,7 @@ mod tests {
                     .expect("room");
             }
             let ptr = match q.segs.back() {
-                Some(Seg::Packed(b)) => b.as_ptr(),
+                Some(Seg::Packed { buf, .. }) => buf.as_ptr(),
                 other => panic!("expected a packed segment, got {other:?}"),
             };
             if let Some(k) = kept {
@@ -708,6 +909,77 @@ mod tests {
         assert_eq!(q.io_slices(&mut slots, true), 0);
     }
 
+    /// A connection that breaks at any byte: what was handed over as written, what of the
+    /// front packing buffer was written, the frame cut off and the frames never started are,
+    /// together, every frame once and in order (what a link session keeps and writes again).
+    #[test]
+    fn a_break_at_every_offset_accounts_for_every_frame_once() {
+        for fill_with in [fill, fill_parts] {
+            let (stream, frames) = fill_with(&mut SendQueue::new(1 << 20));
+            let frames: Vec<_> = frames.iter().map(|(h, p)| (*h, p.to_bytes())).collect();
+            for written in 0..=stream.len() {
+                for step in [7usize, 100, usize::MAX] {
+                    let mut q = SendQueue::new(1 << 20);
+                    fill_with(&mut q);
+                    let mut got = Vec::new();
+                    let mut left = written;
+                    while left > 0 {
+                        let w = step.min(left);
+                        q.advance_with(w, |wr| got.extend(wr.into_frames(0)));
+                        left -= w;
+                    }
+                    if let Some(wr) = q.written_in_front() {
+                        got.extend(wr.into_frames(0));
+                    }
+                    if let Some((h, p, len)) = q.started() {
+                        assert_eq!(len, HEADER_LEN + p.len());
+                        got.push((h, p));
+                    }
+                    got.extend(q.drain_unsent());
+                    let got: Vec<_> = got.into_iter().map(|(h, p)| (h, p.to_bytes())).collect();
+                    assert_eq!(got, frames, "written {written}, step {step}");
+                }
+            }
+        }
+    }
+
+    /// A written stretch without its first frames is the rest of it, at every cut.
+    #[test]
+    fn a_written_stretch_skips_whole_frames() {
+        let mut q = SendQueue::new(1 << 20);
+        let mut sent = Vec::new();
+        for i in 0..50u64 {
+            let p = payload(i as usize, (i as usize * 7) % 200);
+            let h = Header {
+                len: p.len() as u32,
+                ..hdr(i)
+            };
+            q.push(&h, p.clone()).expect("room");
+            sent.push((h, p));
+        }
+        let mut stretches = Vec::new();
+        q.advance_with(q.queued_bytes(), |w| stretches.push(w));
+        assert_eq!(stretches.len(), 1, "one packing buffer");
+        let whole = stretches.pop().expect("one");
+        assert_eq!(whole.frames(), 50);
+        for skip in 0..=51 {
+            let rest = whole.clone().skip(skip);
+            let want = &sent[skip.min(50)..];
+            match rest {
+                None => assert!(want.is_empty(), "skip {skip}"),
+                Some(r) => {
+                    assert_eq!(r.frames(), want.len());
+                    let got: Vec<_> = r
+                        .into_frames(0)
+                        .into_iter()
+                        .map(|(h, p)| (h, p.to_bytes()))
+                        .collect();
+                    assert_eq!(got, want.to_vec(), "skip {skip}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn drain_unsent_at_every_offset_keeps_partial_frame() {
         let mut q = SendQueue::new(1 << 20);
@@ -775,10 +1047,12 @@ mod tests {
             .expect("room");
         let mut slots = vec![IoSlice::new(&[]); 64];
         let n = q.io_slices(&mut slots, true);
-        // header + head packed, then the body, twice: the body slices point into `body`.
-        assert_eq!(n, 4);
-        assert_eq!(slots[0].len(), HEADER_LEN + 29);
-        for s in [&slots[1], &slots[3]] {
+        // Header, head, body, twice (a packing buffer holds whole frames only): the body
+        // slices point into `body`.
+        assert_eq!(n, 6);
+        assert_eq!(slots[0].len(), HEADER_LEN);
+        assert_eq!(slots[1].len(), 29);
+        for s in [&slots[2], &slots[5]] {
             assert_eq!(s.as_ptr(), body.as_ptr());
             assert_eq!(s.len(), 5000);
         }
@@ -834,8 +1108,9 @@ mod tests {
             for step in [13usize, 300, usize::MAX] {
                 let mut q = SendQueue::new(1 << 20);
                 fill(&mut q);
+                let mut handed = Vec::new();
                 assert_eq!(
-                    q.advance(written),
+                    q.advance_with(written, |w| handed.extend(w.into_frames(0))),
                     ends.iter().filter(|&&e| e > 0 && e <= written).count()
                 );
                 q.set_control(ctl);
@@ -854,7 +1129,6 @@ mod tests {
                     );
                 }
                 let mut out = Vec::new();
-                let mut handed = Vec::new();
                 while !q.is_empty() || q.has_control() {
                     let mut slots = vec![IoSlice::new(&[]); 8];
                     let n = q.io_slices(&mut slots, true);
@@ -863,17 +1137,17 @@ mod tests {
                         slots[..n].iter().flat_map(|s| s.iter().copied()).collect();
                     let w = step.min(avail.len());
                     out.extend_from_slice(&avail[..w]);
-                    q.advance_with(w, |h, p| handed.push((h, p)));
+                    q.advance_with(w, |wr| handed.extend(wr.into_frames(0)));
                 }
                 let mut expect = stream[written..boundary].to_vec();
                 expect.extend_from_slice(&ctl);
                 expect.extend_from_slice(&stream[boundary..]);
                 assert_eq!(out, expect, "written {written}, step {step}");
-                let first = ends
-                    .iter()
-                    .position(|&e| e > written)
-                    .map_or(frames.len(), |i| i - 1);
-                assert_eq!(handed, frames[first..].to_vec(), "written {written}");
+                // Every frame, each once, in order (a packing buffer once all of it is
+                // written).
+                let handed: Vec<_> = handed.into_iter().map(|(h, p)| (h, p.to_bytes())).collect();
+                let frames: Vec<_> = frames.iter().map(|(h, p)| (*h, p.to_bytes())).collect();
+                assert_eq!(handed, frames, "written {written}");
             }
         }
     }

@@ -39,11 +39,16 @@
 //! session only has to cover the bytes a broken connection leaves in kernel buffers and on the
 //! wire. Nothing here touches a socket; the driver moves frames in and out.
 
-use std::collections::VecDeque;
 use std::fmt;
 
 use super::header::{Header, Kind};
 use crate::Rank;
+
+mod keep;
+mod runs;
+
+pub use keep::{Each, Keep};
+pub use runs::Runs;
 
 /// `Header::tag` of a `Kind::Link` frame: which control it is.
 const TAG_START: u32 = 1;
@@ -155,14 +160,15 @@ pub fn is_session_kind(kind: Kind) -> bool {
     )
 }
 
-/// The sending side of one direction of a pair: frames written and not yet acknowledged. `F`
-/// is the driver's frame (a header and its payload) or the simulator's.
+/// The sending side of one direction of a pair: frames written and not yet acknowledged, kept
+/// in `K` (the driver's [`Runs`], the simulator's [`Each`]).
 #[derive(Debug)]
-pub struct Outbound<F> {
+pub struct Outbound<K> {
     session: u64,
     /// Frames of this session the receiver confirmed.
     acked: u64,
-    unacked: VecDeque<(F, usize)>,
+    unacked: K,
+    /// Wire bytes `unacked` holds (as it counts them: see [`Keep`]).
     unacked_bytes: usize,
     max_bytes: usize,
     /// Whether written frames are kept to write again; without, they are only counted
@@ -172,7 +178,7 @@ pub struct Outbound<F> {
     unkept: u64,
 }
 
-impl<F> Outbound<F> {
+impl<K: Keep + Default> Outbound<K> {
     /// A first session; at most `max_bytes` (at least 1) written and unacknowledged before
     /// [`at_bound`](Self::at_bound). `first_session` must differ from every session number
     /// this daemon's life gave the same peer before (a receiver that still holds an earlier
@@ -184,7 +190,7 @@ impl<F> Outbound<F> {
         Outbound {
             session: first_session.clamp(1, REFUSED - 1),
             acked: 0,
-            unacked: VecDeque::new(),
+            unacked: K::default(),
             unacked_bytes: 0,
             max_bytes: max_bytes.max(1),
             keep,
@@ -192,20 +198,21 @@ impl<F> Outbound<F> {
         }
     }
 
-    /// A session frame of `bytes` wire bytes was written (or started: a frame cut off by a
-    /// broken connection counts as written, it goes again whole).
-    pub fn written(&mut self, frame: F, bytes: usize) {
+    /// Session frames of `bytes` wire bytes were written (or started: a frame cut off by a
+    /// broken connection counts as written, it goes again whole): `frame` is one frame, or
+    /// several for a store that keeps them as one ([`Keep::count`]).
+    pub fn written(&mut self, frame: K::Frame, bytes: usize) {
         if !self.keep {
-            self.unkept += 1;
+            self.unkept += K::count(&frame) as u64;
             return;
         }
         self.unacked_bytes = self.unacked_bytes.saturating_add(bytes);
-        self.unacked.push_back((frame, bytes));
+        self.unacked.keep(frame, bytes);
     }
 
     /// Frames of this session written so far.
     fn sent(&self) -> u64 {
-        self.acked + self.unacked.len() as u64 + self.unkept
+        self.acked + self.unacked.frames() as u64 + self.unkept
     }
 
     /// The receiver confirmed the first `count` frames of `session`: they are released. An
@@ -221,11 +228,8 @@ impl<F> Outbound<F> {
         }
         let release = (count - self.acked) as usize;
         if self.keep {
-            for _ in 0..release {
-                if let Some((_, b)) = self.unacked.pop_front() {
-                    self.unacked_bytes = self.unacked_bytes.saturating_sub(b);
-                }
-            }
+            let freed = self.unacked.release(release);
+            self.unacked_bytes = self.unacked_bytes.saturating_sub(freed);
         } else {
             self.unkept = self.unkept.saturating_sub(release as u64);
         }
@@ -250,7 +254,7 @@ impl<F> Outbound<F> {
         &mut self,
         session: u64,
         count: u64,
-    ) -> Result<(Control, impl Iterator<Item = F> + '_, usize), SessionError> {
+    ) -> Result<(Control, impl Iterator<Item = K::Frame> + '_, usize), SessionError> {
         let mut dropped = 0;
         if session == REFUSED || (session != self.session && self.acked > 0) {
             // Refused, or forgotten: a peer that confirmed frames of this session and now names
@@ -275,14 +279,14 @@ impl<F> Outbound<F> {
             session: self.session,
             first: self.acked,
         };
-        Ok((resume, self.unacked.drain(..).map(|(f, _)| f), dropped))
+        Ok((resume, self.unacked.drain(), dropped))
     }
 
     /// Ends the session: what was not confirmed is given up (the peer's life ended, or its
     /// frames now take another route). The next connection starts a new session from 0.
     /// Returns how many frames were given up.
     pub fn reset(&mut self) -> usize {
-        let dropped = self.unacked.len() + std::mem::take(&mut self.unkept) as usize;
+        let dropped = self.unacked.frames() + std::mem::take(&mut self.unkept) as usize;
         self.unacked.clear();
         self.unacked_bytes = 0;
         self.acked = 0;
@@ -292,7 +296,7 @@ impl<F> Outbound<F> {
 
     /// Written frames not yet confirmed (kept or not).
     pub fn unacked_frames(&self) -> usize {
-        self.unacked.len() + self.unkept as usize
+        self.unacked.frames() + self.unkept as usize
     }
 
     /// Their wire bytes.
@@ -303,6 +307,11 @@ impl<F> Outbound<F> {
     /// The session number.
     pub fn session(&self) -> u64 {
         self.session
+    }
+
+    /// The store of kept frames.
+    pub fn store_mut(&mut self) -> &mut K {
+        &mut self.unacked
     }
 }
 

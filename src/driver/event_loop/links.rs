@@ -1447,6 +1447,9 @@ impl EventLoop {
             if conn.is_established() {
                 conn.decoder.release_idle();
                 conn.queue.release_idle();
+                if let Some(session) = conn.session.as_mut() {
+                    session.out.store_mut().release_idle();
+                }
             }
         }
         if self.readable_again.is_empty() && self.readable_again.capacity() > 1024 {

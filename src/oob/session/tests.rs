@@ -3,11 +3,12 @@
 
 use super::*;
 use proptest::prelude::*;
+use std::collections::VecDeque;
 
 /// One direction of a pair: the sender's session, the frames on the current connection not
 /// yet read, and the receiver's session with what it took.
 struct Pair {
-    out: Outbound<u64>,
+    out: Outbound<Each<u64>>,
     inb: Inbound,
     /// On the connection, in order: `Some(frame)` or `None` for the `Start`.
     wire: VecDeque<Option<u64>>,
@@ -196,7 +197,7 @@ fn the_bound_holds_frames_back_until_acknowledged() {
 
 #[test]
 fn bad_controls_are_errors() {
-    let mut out: Outbound<u64> = Outbound::new(1000, 1, true);
+    let mut out: Outbound<Each<u64>> = Outbound::new(1000, 1, true);
     out.written(7, 10);
     assert_eq!(
         out.handle_ack(1, 2),
@@ -216,7 +217,7 @@ fn bad_controls_are_errors() {
         Err(SessionError::OutOfOrder(_))
     ));
     // A Start holding more than was written, or less than it acknowledged.
-    let mut out: Outbound<u64> = Outbound::new(1000, 1, true);
+    let mut out: Outbound<Each<u64>> = Outbound::new(1000, 1, true);
     out.written(1, 10);
     out.written(2, 10);
     assert!(out.handle_peer_start(1, 3).is_err());

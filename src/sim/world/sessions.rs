@@ -10,7 +10,7 @@
 
 use super::{Ev, World};
 use crate::Rank;
-use crate::oob::session::{Control, Inbound, Outbound};
+use crate::oob::session::{Control, Each, Inbound, Outbound};
 use crate::sim::check::Violation;
 use crate::sim::frame::Frame;
 use crate::sim::swarm::Fault;
@@ -35,7 +35,7 @@ pub(super) struct Sessions {
 struct Direction {
     /// The sender's and the receiver's lives it is for.
     lives: (u64, u64),
-    out: Outbound<Frame>,
+    out: Outbound<Each<Frame>>,
     inb: Inbound,
 }
 
