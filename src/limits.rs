@@ -156,6 +156,19 @@ pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Reached: the rest of the frame is read by further reads into the same allocation.
 pub const READ_LARGE_STEP_BYTES: usize = 256 * 1024;
 
+/// Read allocations a connection's decoder keeps to read into again once every frame read
+/// into them is gone (`oob::frame`). A payload shares the allocation it was read into, and a
+/// relay's link session keeps the frames it forwarded until acknowledged: without these the
+/// decoder would take fresh memory (faulted in and zeroed by the kernel) for every large frame.
+///
+/// At the bound (this many, or `READ_POOL_BYTES_MAX` in all): the oldest is let go (freed
+/// once its frames are). An idle connection keeps none (given back once a second).
+pub const READ_POOL_MAX: usize = 8;
+
+/// The bytes of read allocations a connection's decoder keeps for reuse, in all (see
+/// `READ_POOL_MAX`). A larger allocation is never kept.
+pub const READ_POOL_BYTES_MAX: usize = 8 * 1024 * 1024;
+
 /// Most `IoSlice`s the driver passes to one `writev` (Linux `IOV_MAX` is 1024).
 ///
 /// At the bound: the rest of the send queue is written by the next `writev`; nothing is lost.

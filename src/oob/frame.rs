@@ -5,12 +5,14 @@
 //! allocation. Consequence the consumer must know: a payload keeps the read chunk it was read into
 //! alive (at most [`READ_CHUNK_BYTES`] for small frames; a large frame gets an allocation of its
 //! own). Code that keeps many small payloads for a long time should copy them
-//! (`Bytes::copy_from_slice`).
+//! (`Bytes::copy_from_slice`). An allocation that frames still share when the decoder needs
+//! room is kept (a few, bounded by `limits::READ_POOL_MAX` and `READ_POOL_BYTES_MAX`) and read
+//! into again once they are gone, rather than fresh memory each time.
 
 use bytes::{Buf, Bytes, BytesMut};
 
 use super::header::{HEADER_LEN, Header, WireError};
-use crate::limits::{READ_CHUNK_BYTES, READ_LARGE_STEP_BYTES};
+use crate::limits::{READ_CHUNK_BYTES, READ_LARGE_STEP_BYTES, READ_POOL_BYTES_MAX, READ_POOL_MAX};
 
 /// One complete frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +38,12 @@ pub struct FrameDecoder {
     /// The ordinary size of one read's region: [`READ_CHUNK_BYTES`], or less for a connection
     /// still in its handshake (`limits::HANDSHAKE_READ_CHUNK_BYTES`).
     chunk: usize,
+    /// The size of the allocation `buf` is a view of (0: none).
+    region_bytes: usize,
+    /// Views of earlier allocations, with their sizes, whose frames may still be alive: once
+    /// they are gone, an allocation is read into again instead of a fresh one (at most
+    /// `READ_POOL_MAX`).
+    pool: Vec<(BytesMut, usize)>,
 }
 
 impl FrameDecoder {
@@ -56,6 +64,8 @@ impl FrameDecoder {
             pending: None,
             poisoned: None,
             chunk: chunk.max(HEADER_LEN),
+            region_bytes: 0,
+            pool: Vec::new(),
         }
     }
 
@@ -74,16 +84,55 @@ impl FrameDecoder {
     /// not keep a whole read region); the next [`read_space`](Self::read_space) allocates
     /// again. True if memory was released.
     pub fn release_idle(&mut self) -> bool {
-        if self.filled > 0 || self.pending.is_some() || self.buf.capacity() == 0 {
+        if self.filled > 0 || self.pending.is_some() {
             return false;
         }
+        let pooled = !self.pool.is_empty();
+        self.pool = Vec::new();
+        if self.buf.capacity() == 0 {
+            return pooled;
+        }
         self.buf = BytesMut::new();
+        self.region_bytes = 0;
         true
     }
 
-    /// Bytes this decoder holds allocated (received and spare), for memory accounting.
+    /// Bytes this decoder holds allocated (received and spare, and the allocations it keeps
+    /// for reuse), for memory accounting.
     pub fn capacity(&self) -> usize {
-        self.buf.capacity()
+        self.buf.capacity() + self.pool.iter().map(|(_, size)| size).sum::<usize>()
+    }
+
+    /// Moves the received bytes to another allocation of at least `need` bytes, when the
+    /// current one cannot grow in place because frames read into it are still alive (a relay's
+    /// link session keeps the frames it forwarded until acknowledged): an earlier allocation
+    /// whose frames are all gone if there is one, else a fresh one. The current allocation is
+    /// kept in the pool in turn.
+    fn move_to_new_region(&mut self, need: usize) {
+        let filled = self.filled.min(self.buf.len());
+        let reused = self
+            .pool
+            .iter_mut()
+            .position(|(p, size)| *size >= need && p.try_reclaim(need));
+        let (mut region, size) = match reused {
+            Some(i) => self.pool.swap_remove(i),
+            None => (BytesMut::with_capacity(need), need),
+        };
+        region.clear();
+        region.extend_from_slice(self.buf.get(..filled).unwrap_or(&[]));
+        let old = std::mem::replace(&mut self.buf, region);
+        let old_size = std::mem::replace(&mut self.region_bytes, size);
+        if old_size == 0 || old_size > READ_POOL_BYTES_MAX {
+            return;
+        }
+        let mut pooled: usize = self.pool.iter().map(|(_, size)| size).sum();
+        while !self.pool.is_empty()
+            && (self.pool.len() >= READ_POOL_MAX || pooled + old_size > READ_POOL_BYTES_MAX)
+        {
+            let (_, size) = self.pool.remove(0);
+            pooled -= size;
+        }
+        self.pool.push((old, old_size));
     }
 
     /// Change the largest payload accepted. Applies to the frame in progress too: if its header
@@ -121,7 +170,16 @@ impl FrameDecoder {
         if self.buf.len().saturating_sub(self.filled) < want {
             // Drop the stale spare room first so `reserve` only moves received bytes.
             self.buf.truncate(self.filled);
-            self.buf.reserve(reserve);
+            if !self.buf.try_reclaim(reserve) {
+                let need = self.filled + reserve;
+                if self.region_bytes >= need {
+                    // Large enough, so shared: frames read into it are alive.
+                    self.move_to_new_region(need);
+                } else {
+                    self.buf.reserve(reserve);
+                    self.region_bytes = self.buf.capacity();
+                }
+            }
             self.buf.resize(self.filled + want, 0);
         }
         // `filled <= buf.len()` always holds (commit clamps); an empty slice otherwise.
@@ -164,6 +222,9 @@ impl FrameDecoder {
         self.buf.truncate(self.filled);
         self.buf.extend_from_slice(bytes);
         self.filled = self.buf.len();
+        // `extend_from_slice` may have moved it: its size is no longer known, so it is not
+        // kept for reuse.
+        self.region_bytes = 0;
     }
 
     /// The next complete frame, `Ok(None)` if more bytes are needed.
@@ -181,6 +242,8 @@ impl FrameDecoder {
             Err(e) => {
                 self.poisoned = Some(e.clone());
                 self.buf = BytesMut::new();
+                self.region_bytes = 0;
+                self.pool = Vec::new();
                 self.filled = 0;
                 self.pending = None;
                 Err(e)
@@ -473,6 +536,58 @@ mod tests {
             assert_eq!(out.len(), frames.len());
             assert!(d.buf.capacity() <= 4 * READ_CHUNK_BYTES + 70_000);
         }
+    }
+
+    /// Reads `frames` large frames through `read_space`/`commit` in reads of at most `step`
+    /// bytes, keeping each payload alive while `alive` later ones arrive (as a relay's link
+    /// session does until acknowledged). Returns each payload's address and the largest
+    /// `capacity()` seen.
+    fn read_large(frames: u64, len: usize, alive: usize, step: usize) -> (Vec<usize>, usize) {
+        let mut d = FrameDecoder::new(4 << 20);
+        let mut kept = std::collections::VecDeque::new();
+        let (mut addrs, mut cap) = (Vec::new(), 0);
+        for i in 0..frames {
+            let mut bytes = hdr(Kind::Msg, i, len).encode().to_vec();
+            bytes.extend(std::iter::repeat_n(i as u8, len));
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let space = d.read_space();
+                let n = space.len().min(rest.len()).min(step);
+                space[..n].copy_from_slice(&rest[..n]);
+                d.commit(n);
+                rest = &rest[n..];
+                cap = cap.max(d.capacity());
+                while let Some(f) = d.next_frame().expect("well formed") {
+                    assert!(f.payload.iter().all(|&b| b == f.header.seq as u8));
+                    addrs.push(f.payload.as_ptr() as usize);
+                    kept.push_back(f.payload);
+                    if kept.len() > alive {
+                        kept.pop_front();
+                    }
+                }
+            }
+        }
+        (addrs, cap)
+    }
+
+    #[test]
+    fn large_frames_kept_alive_are_read_into_reused_allocations() {
+        let (addrs, cap) = read_large(40, 1 << 20, 3, 300_000);
+        let distinct: std::collections::HashSet<_> = addrs.iter().collect();
+        // Three alive and one being read: a handful of allocations serve all forty frames.
+        assert!(distinct.len() <= 6, "{} allocations", distinct.len());
+        assert!(cap <= READ_POOL_BYTES_MAX + (2 << 20), "capacity {cap}");
+    }
+
+    #[test]
+    fn the_pool_is_bounded_when_every_frame_stays_alive() {
+        let (addrs, cap) = read_large(30, 1 << 20, usize::MAX, 1 << 20);
+        assert_eq!(addrs.len(), 30);
+        assert!(cap <= READ_POOL_BYTES_MAX + (2 << 20), "capacity {cap}");
+        let mut d = FrameDecoder::new(1 << 20);
+        d.read_space();
+        assert!(d.release_idle());
+        assert_eq!(d.capacity(), 0);
     }
 
     #[test]
