@@ -22,11 +22,12 @@
 //!   not hold, then what waited.
 //! - **Receiver** ([`Inbound`]): counts the session frames after each `Resume`; a frame whose
 //!   number it already has is a duplicate and is dropped. The driver acknowledges
-//!   ([`Inbound::poll_ack`]) a batch it reads at once once 64 KiB arrived since the last
-//!   acknowledgement (`limits::LINK_ACK_PROMPT_BYTES`), riding in the same write as the turn's
-//!   own frames, so the sender lets go of kept frames within a round trip (kept frames pin the
-//!   buffers they share, the receive buffer of a relay among them); a smaller batch's rides on
-//!   the next frame to the peer, or goes alone after `limits::LINK_ACK_DELAY_MS`.
+//!   ([`Inbound::poll_ack`]) a batch it reads at once once 256 KiB arrived since the last
+//!   acknowledgement (`limits::LINK_ACK_PROMPT_BYTES`) or when it holds a large frame
+//!   (`LINK_ACK_PROMPT_FRAME_BYTES`: a kept large frame pins the allocation a relay read it
+//!   into), riding in the same write as the turn's own frames, so the sender lets go of kept
+//!   frames within a round trip; a smaller batch's rides on the next frame to the peer, or goes
+//!   alone after `limits::LINK_ACK_DELAY_MS`.
 //! - **A new session** starts when the peer's `Start` says [`REFUSED`]: a frame of the session
 //!   broke the protocol there, and written again it would break it again. (A `Start` naming
 //!   another session means the peer never saw this one's `Resume`: it holds none of its frames,

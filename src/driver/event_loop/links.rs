@@ -573,6 +573,9 @@ impl EventLoop {
                 continue;
             }
             let mut gone = false;
+            let large = frames
+                .iter()
+                .any(|f| f.payload.len() >= limits::LINK_ACK_PROMPT_FRAME_BYTES);
             for f in frames.drain(..) {
                 if !self.alive(tok, generation) {
                     gone = true;
@@ -580,16 +583,17 @@ impl EventLoop {
                 }
                 self.on_frame(tok, f);
             }
-            // The link session acknowledges a large batch at once (the control frame goes out
-            // with this turn's writes, and the peer lets go of what it kept within a round
-            // trip: kept frames pin their buffers, the decoder's among them); a small one
-            // rides on the next frame to the peer, or goes after `LINK_ACK_DELAY_MS`.
+            // The link session acknowledges a large batch, or one with a large frame, at once
+            // (the control frame goes out with this turn's writes, and the peer lets go of
+            // what it kept within a round trip: a kept large frame pins the allocation it was
+            // read into at a relay); a small one rides on the next frame to the peer, or goes
+            // after `LINK_ACK_DELAY_MS`.
             if let Some(conn) = self.conns.get_mut(tok)
                 && conn.generation == generation
                 && let Some(peer) = conn.peer
                 && conn.session.as_ref().is_some_and(|s| s.inb.unacked())
             {
-                if conn.read_since_ack >= limits::LINK_ACK_PROMPT_BYTES {
+                if large || conn.read_since_ack >= limits::LINK_ACK_PROMPT_BYTES {
                     if conn.ack_now(self.me, peer) {
                         self.mark_dirty(tok);
                     }
