@@ -258,6 +258,9 @@ pub struct SendQueue {
     /// Frames of the front packing buffer completely written; the buffer is handed over (or
     /// reused) once all of its frames are.
     packed_done: usize,
+    /// Packing buffers written to their end in one `advance`, until their last frames are
+    /// counted (kept to save an allocation per call).
+    popped: VecDeque<(BytesMut, usize, bool)>,
     /// The capacity of the last packing buffer written: a new one without a spare starts at
     /// it, so a stream whose written buffers are handed over (and come back only when
     /// acknowledged) does not grow each new one from nothing.
@@ -283,6 +286,7 @@ impl SendQueue {
             spare: None,
             packed_done: 0,
             packed_cap: 0,
+            popped: VecDeque::new(),
             control: None,
             control_next: None,
         }
@@ -508,7 +512,7 @@ impl SendQueue {
 
         // Packing buffers written to their end, in order: each is handed over (or reused)
         // when the last of its frames is counted below, in the same call.
-        let mut popped: VecDeque<(BytesMut, usize, bool)> = VecDeque::new();
+        let mut popped = std::mem::take(&mut self.popped);
         let mut left = n;
         while left > 0 {
             let Some(seg) = self.segs.front() else { break };
@@ -566,10 +570,11 @@ impl SendQueue {
                 left = 0;
             }
         }
-        for (buf, frames, _) in popped {
+        for (buf, frames, _) in popped.drain(..) {
             crate::bug!("a written packing buffer's {frames} frames were not all counted");
             self.recycle(buf);
         }
+        self.popped = popped;
         done
     }
 
