@@ -260,11 +260,14 @@ pub fn analyse(inp: Input<'_>) -> Report {
         let end = j.wired_ns.unwrap_or(u64::MAX);
         last_settled = Some(last_settled.map_or(end, |l: u64| l.max(end)));
         let since = |t: u64| ms(t.saturating_sub(j.restarted_ns));
+        // Admitted: rank 0, which admits a returning daemon, reports it restored. (The new
+        // life's own first report is no sign of it: a life welcomed into a view with nobody
+        // failed reports nothing until the next fault.)
         let admitted = seen
-            .faults
+            .restored
             .iter()
-            .filter(|(fr, _, _, _, t)| *fr == r && *t >= j.restarted_ns)
-            .map(|x| x.4)
+            .filter(|(who, ranks, t)| *who == 0 && ranks.contains(&r) && *t >= j.restarted_ns)
+            .map(|x| x.2)
             .min();
         let mut learnt: BTreeMap<u32, u64> = BTreeMap::new();
         for (who, ranks, t) in &seen.restored {
