@@ -37,10 +37,11 @@ impl Runs {
     /// Gives back the let-go packing buffers while nothing is kept (an idle link keeps no
     /// memory). True if memory was released.
     pub fn release_idle(&mut self) -> bool {
-        if self.frames > 0 || self.spares.is_empty() {
+        if self.frames > 0 || (self.spares.is_empty() && self.runs.capacity() == 0) {
             return false;
         }
         self.spares = Vec::new();
+        self.runs = VecDeque::new();
         true
     }
 }
