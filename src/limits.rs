@@ -6,11 +6,13 @@
 /// Commands that may wait in a daemon's command channel. At the bound, a caller on another
 /// thread blocks until the loop catches up (back-pressure); a caller on the loop thread (inside a
 /// callback) gets `SendError::Busy` instead of a deadlock. The channel's slots are allocated up
-/// front (about 72 bytes each): 65,536 made an idle daemon 9 MiB resident, 8,192 0.6 MiB (an
-/// idle daemon's RssAnon 1,116 KiB); 4,096 (one turn's `COMMANDS_PER_TURN_MAX`) brings it under
-/// 1 MiB. A caller with many small messages uses `Handle::send_batch` (up to `SEND_BATCH_MAX`
-/// messages in one slot) rather than a deep channel.
-pub const COMMAND_QUEUE_MAX: usize = 4_096;
+/// front (96 bytes each, the largest command and its stamp): 65,536 made an idle daemon 9 MiB
+/// resident, 8,192 0.6 MiB; at 4,096 an idle daemon's RssAnon was 1,104 KiB by 2026-11-27 (the
+/// commands had grown), at 2,048 912 KiB, with the 64 B one-call-per-message rate unchanged
+/// within this machine's noise (4.5M msg/s between neighbours). A caller with many small
+/// messages uses `Handle::send_batch` (up to `SEND_BATCH_MAX` messages in one slot) rather than
+/// a deep channel.
+pub const COMMAND_QUEUE_MAX: usize = 2_048;
 
 /// Messages a `Batch` holds (`Handle::send_batch`). At the bound, `Batch::push` returns `Busy`:
 /// the caller sends the batch and pushes again. A batch counts as this many commands against
