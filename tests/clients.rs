@@ -326,8 +326,19 @@ fn a_flooding_client_meets_back_pressure_and_a_slow_reader_loses_nothing() {
         tx.send(m).unwrap();
     })
     .unwrap();
-    for _ in 0..sent {
-        let m = rx.recv_timeout(HANG_GUARD).expect("every message");
+    for got in 0..sent {
+        let Ok(m) = rx.recv_timeout(HANG_GUARD) else {
+            // Say where the rest stopped: the daemons' counters and links.
+            let seen: Vec<String> = dvm
+                .iter()
+                .map(|d| format!("{:#?}", d.handle().counters()))
+                .collect();
+            panic!(
+                "every message: {got} of {sent} arrived, {} in flight at the sender; {}",
+                fast.in_flight(),
+                seen.join("\n")
+            );
+        };
         assert_eq!(m.payload.len(), payload.len());
     }
     // The send that timed out may have gone (if it waited for its result, not for room).
@@ -335,6 +346,46 @@ fn a_flooding_client_meets_back_pressure_and_a_slow_reader_loses_nothing() {
         assert_eq!(m.payload.len(), payload.len());
     }
     assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+}
+
+#[test]
+fn a_receive_posted_while_the_reader_waits_for_room_gets_the_message_it_waits_with() {
+    // The receiver's library holds CLIENT_UNMATCHED_MAX messages and its reader waits with
+    // one more for room. A receive posted then must get that one too, in its place: it was
+    // once held behind the receive, where nothing would ever take it.
+    let (dvm, _dir) = dvm(2, "room");
+    let cred = dvm[1].handle().client_job(1, &[]).unwrap();
+    let (sender, reader) = (connect(&cred), connect(&cred));
+    let total = tbon::limits::CLIENT_UNMATCHED_MAX + 1;
+    for i in 0..total {
+        let n = u32::try_from(i).unwrap();
+        sender
+            .send(reader.name(), TAG, n.to_le_bytes().to_vec(), |r| {
+                r.expect("queued for the reader")
+            })
+            .unwrap();
+    }
+    // Every message is queued for the reader once the daemon delivered them all; the reader
+    // then takes the last one from its socket and waits for room with it.
+    let deadline = std::time::Instant::now() + HANG_GUARD;
+    while dvm[1].handle().counters().unwrap().clients.delivered < total as u64 {
+        assert!(std::time::Instant::now() < deadline, "never delivered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (tx, rx) = mpsc::channel::<ClientMessage>();
+    reader
+        .recv_cb(Some(sender.name()), Some(TAG), true, move |m| {
+            tx.send(m).unwrap();
+        })
+        .unwrap();
+    for i in 0..total {
+        let m = rx
+            .recv_timeout(HANG_GUARD)
+            .unwrap_or_else(|_| panic!("message {i} of {total} never came"));
+        let n = u32::try_from(i).unwrap();
+        assert_eq!(&m.payload[..], &n.to_le_bytes()[..], "in order");
+    }
 }
 
 #[test]

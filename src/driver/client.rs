@@ -446,6 +446,9 @@ impl Client {
                     cb: Some(cb),
                     backlog: VecDeque::new(),
                 });
+                // A reader waiting for room matches its message again.
+                drop(st);
+                self.inner.cv.notify_all();
             }
             return Ok(ClientReceiveId(id));
         }
@@ -483,6 +486,9 @@ impl Client {
             }
             st = lock(&self.inner.state);
         }
+        // A reader waiting for room matches its message again.
+        drop(st);
+        self.inner.cv.notify_all();
         Ok(ClientReceiveId(id))
     }
 
@@ -689,19 +695,27 @@ fn on_frame(inner: &Inner, f: ToClient) -> Result<(), String> {
         ToClient::Deliver { from, tag, payload } => {
             let m = ClientMessage { from, tag, payload };
             let mut st = lock(&inner.state);
-            // As the daemons' matching: a receive naming the sender before one for any sender,
-            // then the first posted.
-            let pos = st
-                .posted
-                .iter()
-                .position(|p| p.from.is_some() && matches(&m, p.from, p.tag))
-                .or_else(|| st.posted.iter().position(|p| matches(&m, p.from, p.tag)));
-            let Some(pos) = pos else {
-                // No receive: held, within its bound (the reader waits for room: the daemon
-                // then holds what follows, and back-pressure reaches the senders).
-                while st.unmatched.len() >= CLIENT_UNMATCHED_MAX && !st.closed {
-                    st = inner.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            let pos = loop {
+                // As the daemons' matching: a receive naming the sender before one for any
+                // sender, then the first posted.
+                let pos = st
+                    .posted
+                    .iter()
+                    .position(|p| p.from.is_some() && matches(&m, p.from, p.tag))
+                    .or_else(|| st.posted.iter().position(|p| matches(&m, p.from, p.tag)));
+                if pos.is_some() {
+                    break pos;
                 }
+                // No receive: held, within its bound (the reader waits for room: the daemon
+                // then holds what follows, and back-pressure reaches the senders). A receive
+                // posted during the wait is matched again: held, the message would wait
+                // behind it for ever.
+                if st.unmatched.len() < CLIENT_UNMATCHED_MAX || st.closed {
+                    break None;
+                }
+                st = inner.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            };
+            let Some(pos) = pos else {
                 st.unmatched.push_back(m);
                 drop(st);
                 inner.cv.notify_all();
