@@ -53,6 +53,18 @@ pub const FRAME_BATCHES_PER_EVENT_MAX: usize = 64;
 /// on its next writable event or turn.
 pub const WRITES_PER_FLUSH_MAX: usize = 64;
 
+/// Bulk frames (a stream's data, `node::lane`) wait in a line of their own at each connection
+/// and are handed to its send queue only while it holds less than this: a control frame then
+/// waits behind at most about this much bulk data, plus the frame being written (a chunk is
+/// up to `STREAM_CHUNK_MAX`). The bulk line is bounded by `send_queue_max_bytes` as the send
+/// queue is: beyond it a bulk frame is refused as any frame is (back-pressure to its sender;
+/// streams release data only towards a hop that is not congested, so they rarely meet it).
+pub const BULK_FEED_BYTES: usize = 64 * 1024;
+/// Control frames cannot starve the bulk line: once this many bytes were written on a
+/// connection without a bulk frame being handed to its send queue, one is handed over
+/// whatever the queue holds (bulk keeps at least about a fifth of a saturated link).
+pub const BULK_SHARE_BYTES: usize = 1024 * 1024;
+
 /// Connections accepted per listener event; the rest are accepted next turn.
 pub const ACCEPTS_PER_EVENT_MAX: usize = 64;
 

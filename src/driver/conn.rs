@@ -1,9 +1,11 @@
 //! One TCP connection as the loop sees it: the socket, its incremental frame decoder, its
-//! bounded send queue (with the completions of the frames in it), and its handshake state.
+//! bounded send queue (with the completions of the frames in it) and the bulk line behind it
+//! (`node::lane`), and its handshake state.
 
 use super::caddy::Completion;
 use crate::Rank;
 use crate::limits;
+use crate::node::lane::{Lane, lane};
 use crate::oob::frame::FrameDecoder;
 use crate::oob::handshake::Handshake;
 use crate::oob::header::{Header, Kind};
@@ -72,6 +74,22 @@ pub(crate) struct Conn {
     pub queue: SendQueue,
     /// One entry per frame in `queue`, in the same order.
     pub completions: VecDeque<Option<Completion>>,
+    /// The bulk line (`node::lane`): frames handed to `queue` while it holds less than
+    /// `limits::BULK_FEED_BYTES`, their link sequence numbers stamped then.
+    bulk: VecDeque<(Header, Payload, Option<Completion>)>,
+    /// Wire bytes in `bulk`.
+    bulk_bytes: usize,
+    /// Bulk frames handed to `queue` and not yet written: (their number among the frames
+    /// queued on this connection, wire bytes), and those bytes in all. Flow control counts them
+    /// as bulk (`Flow::handle_levels`).
+    fed: VecDeque<(u64, usize)>,
+    fed_bytes: usize,
+    /// Frames of `queue` written (or taken back) since the connection began.
+    frames_done: u64,
+    /// Bytes written since a bulk frame was last handed to `queue`: past
+    /// `limits::BULK_SHARE_BYTES` one goes whatever `queue` holds, so a steady flow of
+    /// control frames cannot starve a stream.
+    written_since_feed: usize,
     /// When the socket last accepted bytes, or when the queue last went from empty to
     /// non-empty: a queue that is not empty and has not moved for long means a peer that does
     /// not read.
@@ -116,6 +134,12 @@ impl Conn {
             ),
             queue: SendQueue::new(send_queue_max_bytes),
             completions: VecDeque::new(),
+            bulk: VecDeque::new(),
+            bulk_bytes: 0,
+            fed: VecDeque::new(),
+            fed_bytes: 0,
+            frames_done: 0,
+            written_since_feed: 0,
             last_progress: std::time::Instant::now(),
             refused: false,
             session: None,
@@ -140,13 +164,50 @@ impl Conn {
         )
     }
 
-    /// Queues one frame, stamping the link's next sequence number (except on a `RelmData`
-    /// frame, whose `seq` carries the message's uids). On `QueueFull` the completion is handed
-    /// back so the caller can fail it.
+    /// Queues one frame in its lane (`node::lane`): a control frame in the send queue, ahead
+    /// of the bulk line; a bulk frame (or a marker that finds bulk frames waiting) at the end
+    /// of the bulk line. Each line is bounded by the send queue's bound. On `QueueFull` the
+    /// completion is handed back so the caller can fail it.
     pub(crate) fn push(
         &mut self,
-        mut header: Header,
+        header: Header,
         payload: impl Into<Payload>,
+        done: Option<Completion>,
+    ) -> Result<(), (QueueFull, Option<Completion>)> {
+        let payload = payload.into();
+        let bulk = match lane(&header, payload.head()) {
+            Lane::Control => false,
+            Lane::Bulk => true,
+            Lane::Marker => !self.bulk.is_empty(),
+        };
+        if !bulk {
+            return self.push_now(header, payload, done);
+        }
+        let len = crate::oob::HEADER_LEN + payload.len();
+        let max = self.queue.max_bytes();
+        if !self.bulk.is_empty() && self.bulk_bytes + len > max {
+            let full = QueueFull {
+                queued: self.bulk_bytes,
+                frame: len,
+                max,
+            };
+            return Err((full, done));
+        }
+        if self.is_drained() {
+            self.last_progress = std::time::Instant::now();
+        }
+        self.bulk_bytes += len;
+        self.bulk.push_back((header, payload, done));
+        self.feed_bulk();
+        Ok(())
+    }
+
+    /// Queues one frame in the send queue, stamping the link's next sequence number (except
+    /// on a `RelmData` frame, whose `seq` carries the message's uids).
+    fn push_now(
+        &mut self,
+        mut header: Header,
+        payload: Payload,
         done: Option<Completion>,
     ) -> Result<(), (QueueFull, Option<Completion>)> {
         // RELM's frames carry their uids in `seq`, link controls their count; handshake frames
@@ -157,7 +218,7 @@ impl Conn {
         ) {
             header.seq = self.next_seq;
         }
-        if self.queue.is_empty() {
+        if self.is_drained() {
             self.last_progress = std::time::Instant::now();
         }
         match self.queue.push(&header, payload) {
@@ -168,6 +229,56 @@ impl Conn {
             }
             Err(e) => Err((e, done)),
         }
+    }
+
+    /// Hands bulk frames to the send queue while it holds less than `BULK_FEED_BYTES`, and
+    /// one whatever it holds once `BULK_SHARE_BYTES` were written without one.
+    fn feed_bulk(&mut self) {
+        while self.queue.queued_bytes() < limits::BULK_FEED_BYTES
+            || self.written_since_feed >= limits::BULK_SHARE_BYTES
+        {
+            let Some((header, payload, done)) = self.bulk.pop_front() else {
+                return;
+            };
+            self.written_since_feed = 0;
+            self.bulk_bytes = self
+                .bulk_bytes
+                .saturating_sub(crate::oob::HEADER_LEN + payload.len());
+            let len = crate::oob::HEADER_LEN + payload.len();
+            self.fed
+                .push_back((self.frames_done + self.completions.len() as u64, len));
+            self.fed_bytes += len;
+            // Accepted once against the bound: the queue takes it whatever its level.
+            let mut header = header;
+            header.seq = self.next_seq;
+            self.next_seq += 1;
+            self.queue.push_unbounded(&header, payload);
+            self.completions.push_back(done);
+        }
+    }
+
+    /// Bytes waiting to be written: the send queue's and the bulk line's (what flow control
+    /// reads).
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.queue.queued_bytes() + self.bulk_bytes
+    }
+
+    /// Bulk bytes waiting to be written: the bulk line's and those handed to the send queue.
+    pub(crate) fn bulk_bytes(&self) -> usize {
+        self.bulk_bytes + self.fed_bytes
+    }
+
+    /// Gives back the send queue's idle buffers and an empty bulk line's allocation.
+    pub(crate) fn release_idle(&mut self) {
+        self.queue.release_idle();
+        if self.bulk.is_empty() {
+            self.bulk = VecDeque::new();
+        }
+    }
+
+    /// Whether nothing waits to be written, in either line.
+    pub(crate) fn is_drained(&self) -> bool {
+        self.queue.is_empty() && self.bulk.is_empty()
     }
 
     /// Opens the link session on this newly established connection: writes its `Start` (what
@@ -253,6 +364,7 @@ impl Conn {
     /// writable event will come. `WouldBlock` is not an error (the writable event resumes it).
     pub(crate) fn flush(&mut self, completed: &mut Vec<Option<Completion>>) -> io::Result<bool> {
         for _ in 0..limits::WRITES_PER_FLUSH_MAX {
+            self.feed_bulk();
             if self.queue.is_empty() && !self.queue.has_control() {
                 return Ok(false);
             }
@@ -269,6 +381,7 @@ impl Conn {
                 Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
                 Ok(w) => {
                     self.last_progress = std::time::Instant::now();
+                    self.written_since_feed = self.written_since_feed.saturating_add(w);
                     w
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
@@ -294,9 +407,16 @@ impl Conn {
             for _ in 0..frames {
                 completed.push(self.completions.pop_front().flatten());
             }
+            self.frames_done += frames as u64;
+            while let Some(&(at, len)) = self.fed.front()
+                && at < self.frames_done
+            {
+                self.fed.pop_front();
+                self.fed_bytes = self.fed_bytes.saturating_sub(len);
+            }
         }
         let held = self.session.as_ref().is_some_and(|s| s.out.at_bound());
-        Ok((!self.queue.is_empty() && !held) || self.queue.has_control())
+        Ok((!self.is_drained() && !held) || self.queue.has_control())
     }
 
     /// Takes back the frames not yet started, with their completions, so they can be sent on
@@ -330,11 +450,201 @@ impl Conn {
         let keep = self.completions.len().saturating_sub(frames.len());
         let tail = self.completions.split_off(keep);
         let lost: Vec<_> = self.completions.drain(..).collect();
+        let bulk = std::mem::take(&mut self.bulk);
+        self.bulk_bytes = 0;
+        self.fed.clear();
+        self.fed_bytes = 0;
+        self.frames_done += (lost.len() + tail.len()) as u64;
         let unsent = frames
             .into_iter()
             .zip(tail)
             .map(|((h, p), d)| (h, p, d))
+            .chain(bulk)
             .collect();
         (unsent, lost, kept)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::wire::StreamMsg;
+    use bytes::Bytes;
+    use std::io::Read;
+
+    /// A connection on a loopback socket and the peer's end (blocking, to read what it wrote).
+    fn pair() -> (Conn, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let out = std::net::TcpStream::connect(addr).unwrap();
+        let (peer, _) = l.accept().unwrap();
+        out.set_nonblocking(true).unwrap();
+        let conn = Conn::new(
+            TcpStream::from_std(out),
+            addr,
+            ConnState::Established,
+            Some(2),
+            0,
+            64 << 20,
+        );
+        (conn, peer)
+    }
+
+    fn header(tag: u32, len: usize) -> Header {
+        Header {
+            kind: Kind::Msg,
+            origin: 1,
+            dst: 2,
+            tag,
+            epoch: 0,
+            seq: 0,
+            len: len as u32,
+            lives: 0,
+        }
+    }
+
+    fn push(c: &mut Conn, tag: u32, payload: Bytes) {
+        let h = header(tag, payload.len());
+        assert!(c.push(h, payload, None).is_ok());
+    }
+
+    /// A chunk of a stream: `Data` at `offset` with `len` bytes.
+    fn chunk(offset: u64, len: usize) -> Bytes {
+        StreamMsg::Data {
+            offset,
+            digest: 0,
+            bytes: Bytes::from(vec![7u8; len]),
+        }
+        .encode(1)
+    }
+
+    /// Flushes everything and reads it back at the peer: (tag, payload) in wire order, and
+    /// the link sequence numbers.
+    fn written(c: &mut Conn, peer: &mut std::net::TcpStream) -> Vec<(u32, Bytes, u64)> {
+        let mut dec = FrameDecoder::new(1 << 24);
+        let mut got = Vec::new();
+        let mut done = Vec::new();
+        peer.set_read_timeout(Some(std::time::Duration::from_millis(200)))
+            .unwrap();
+        loop {
+            let _ = c.flush(&mut done).unwrap();
+            let buf = dec.read_space();
+            match peer.read(buf) {
+                Ok(0) => break,
+                Ok(n) => dec.commit(n),
+                Err(_) if c.is_drained() => break,
+                Err(_) => continue,
+            }
+            while let Some(f) = dec.next_frame().unwrap() {
+                got.push((f.header.tag, f.payload, f.header.seq));
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn messages_overtake_waiting_stream_chunks_and_markers_keep_their_place() {
+        let (mut c, mut peer) = pair();
+        let (stream, direct) = (crate::node::TAG_STREAM, crate::direct::TAG_DIRECT);
+        let chunk_len = limits::STREAM_CHUNK_MAX;
+        // The first chunk goes to the send queue at once; the next two wait in the bulk line.
+        for i in 0..3 {
+            push(&mut c, stream, chunk(i * chunk_len as u64, chunk_len));
+        }
+        assert!(c.bulk_bytes() > 2 * chunk_len);
+        push(&mut c, 100, Bytes::from_static(b"message 1"));
+        // A drain marker stays behind the chunks that wait; a credit does not.
+        push(&mut c, direct, Bytes::from_static(b"\x05marker"));
+        push(&mut c, stream, StreamMsg::Credit { upto: 9 }.encode(4));
+        push(&mut c, 100, Bytes::from_static(b"message 2"));
+        let queued = c.queued_bytes();
+        let got = written(&mut c, &mut peer);
+        let order: Vec<(u32, usize)> = got.iter().map(|(t, p, _)| (*t, p.len())).collect();
+        let data = chunk(0, chunk_len).len();
+        assert_eq!(
+            order,
+            vec![
+                (stream, data),
+                (100, 9),
+                (stream, 17),
+                (100, 9),
+                (stream, data),
+                (stream, data),
+                (direct, 7)
+            ]
+        );
+        // Link sequence numbers follow the wire's order: stamped when a frame enters the
+        // send queue.
+        let seqs: Vec<u64> = got.iter().map(|g| g.2).collect();
+        assert_eq!(seqs, (0..7).collect::<Vec<u64>>());
+        assert!(queued > 0 && c.queued_bytes() == 0 && c.bulk_bytes() == 0);
+    }
+
+    #[test]
+    fn a_lost_connection_gives_back_every_waiting_frame_once_control_first() {
+        let (mut c, _peer) = pair();
+        let stream = crate::node::TAG_STREAM;
+        for i in 0..3 {
+            push(&mut c, stream, chunk(i, 1000));
+        }
+        push(&mut c, 100, Bytes::from_static(b"m"));
+        // Nothing written: the first chunk and the message in the send queue, two chunks in
+        // the bulk line (the first fed because the queue was below the feed mark, then the
+        // next too: 1 KiB chunks).
+        let (unsent, lost, kept) = c.take_unsent();
+        assert!(lost.is_empty() && !kept);
+        assert_eq!(unsent.len(), 4);
+        let tags: Vec<u32> = unsent.iter().map(|u| u.0.tag).collect();
+        assert_eq!(tags.iter().filter(|&&t| t == stream).count(), 3);
+        assert_eq!(c.queued_bytes(), 0);
+        assert_eq!(c.bulk_bytes(), 0);
+        assert!(c.is_drained());
+    }
+
+    #[test]
+    fn control_traffic_cannot_starve_the_bulk_line() {
+        let (mut c, mut peer) = pair();
+        // Small socket buffers: each flush writes little, and the send queue never drains.
+        socket2::SockRef::from(&c.stream)
+            .set_send_buffer_size(64 * 1024)
+            .unwrap();
+        socket2::SockRef::from(&peer)
+            .set_recv_buffer_size(64 * 1024)
+            .unwrap();
+        peer.set_read_timeout(Some(std::time::Duration::from_millis(200)))
+            .unwrap();
+        let stream = crate::node::TAG_STREAM;
+        let message = Bytes::from(vec![1u8; 16 * 1024]);
+        push(&mut c, 100, message.clone());
+        push(&mut c, 100, message.clone());
+        push(&mut c, 100, message.clone());
+        push(&mut c, 100, message.clone());
+        push(&mut c, stream, chunk(0, 1000));
+        assert_eq!(c.bulk.len(), 1, "the queue is above the feed mark");
+        // A steady flow of messages keeps the queue above the feed mark (flow control keeps
+        // it near FLOW_HIGH_BYTES under load); the chunk still goes, after about
+        // BULK_SHARE_BYTES of them and the queue's backlog.
+        let (mut dec, mut done, mut buf) = (FrameDecoder::new(1 << 24), Vec::new(), [0u8; 65536]);
+        let mut messages_before = 0usize;
+        let mut seen = false;
+        for _ in 0..400 {
+            while c.queue.queued_bytes() < 512 * 1024 {
+                push(&mut c, 100, message.clone());
+            }
+            let _ = c.flush(&mut done).unwrap();
+            if let Ok(n) = peer.read(&mut buf) {
+                dec.feed(&buf[..n]);
+            }
+            while let Some(f) = dec.next_frame().unwrap() {
+                seen |= f.header.tag == stream;
+                messages_before += usize::from(!seen);
+            }
+            if seen {
+                break;
+            }
+        }
+        let bound = (limits::BULK_SHARE_BYTES + 1024 * 1024) / message.len();
+        assert!(seen, "the chunk waited behind {messages_before} messages");
+        assert!(messages_before <= bound, "{messages_before} > {bound}");
     }
 }

@@ -163,7 +163,7 @@ impl LinkProgress for QueueProgress<'_> {
             .get(&peer)
             .and_then(|l| l.conn)
             .and_then(|t| self.conns.get(t))?;
-        (!conn.queue.is_empty()).then_some(conn.last_progress)
+        (!conn.is_drained()).then_some(conn.last_progress)
     }
 }
 
@@ -1011,7 +1011,7 @@ impl EventLoop {
         let idle: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| !c.is_established() || (c.queue.is_empty() && !keep))
+            .filter(|(_, c)| !c.is_established() || (c.is_drained() && !keep))
             .map(|(t, _)| t)
             .collect();
         for t in idle {
@@ -1028,7 +1028,7 @@ impl EventLoop {
             && self
                 .conns
                 .iter()
-                .all(|(_, c)| c.queue.is_empty() && !(self.close_after_peers && c.is_established()))
+                .all(|(_, c)| c.is_drained() && !(self.close_after_peers && c.is_established()))
     }
 
     /// Closes everything and fails whatever is still waiting.

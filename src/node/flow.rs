@@ -11,6 +11,10 @@
 //!   back to the originators;
 //! - a send originated here whose next hop is a congested neighbour is refused `Busy` at once
 //!   (the caller retries later): back-pressure reaches the caller instead of a relay dropping.
+//!   Unless the queue is congested with bulk data (stream chunks waiting in the connection's
+//!   bulk line, `node::lane`) and holds no more than [`FLOW_LOW_BYTES`] of anything else: a
+//!   message goes ahead of the bulk data, so it is not held up by it (streams themselves
+//!   release data only towards queues that are not congested at all).
 //!
 //! # Why it cannot deadlock
 //! A daemon stops reading from `x` only because of a queue towards another neighbour `y != x`.
@@ -97,11 +101,14 @@ impl Default for FlowLimits {
     }
 }
 
-/// One congested queue: its size when last told, and when it last took bytes.
+/// One congested queue: its size when last told, and when it last took bytes; whether what
+/// it holds apart from its bulk line is at most the low-water mark (sends originated here
+/// may go ahead of the bulk data).
 #[derive(Debug, Clone, Copy)]
 struct Congested {
     queued: usize,
     moved_at: Instant,
+    control_low: bool,
 }
 
 /// The flow-control state of one daemon (see the module documentation).
@@ -133,9 +140,17 @@ impl Flow {
         }
     }
 
-    /// The queue towards `peer` now holds `queued` bytes. Call it whenever it may have
-    /// changed (after queueing frames, after writing); cheap when nothing crosses a threshold.
+    /// The queue towards `peer` now holds `queued` bytes, none of them in a bulk line (see
+    /// [`Flow::handle_levels`]).
     pub fn handle_queued(&mut self, now: Instant, peer: Rank, queued: usize) {
+        self.handle_levels(now, peer, queued, 0);
+    }
+
+    /// The queue towards `peer` now holds `queued` bytes, `bulk` of them in its bulk line
+    /// (`bulk <= queued`). Call it whenever it may have changed (after queueing frames, after
+    /// writing); cheap when nothing crosses a threshold.
+    pub fn handle_levels(&mut self, now: Instant, peer: Rank, queued: usize, bulk: usize) {
+        let control_low = queued.saturating_sub(bulk) <= self.limits.low_bytes;
         if queued == 0 {
             self.levels.remove(&peer);
         } else {
@@ -151,6 +166,10 @@ impl Flow {
                         c.moved_at = now;
                     }
                     c.queued = queued;
+                    if c.control_low != control_low {
+                        c.control_low = control_low;
+                        self.generation += 1;
+                    }
                 }
             }
             None if queued > self.limits.high_bytes => {
@@ -161,6 +180,7 @@ impl Flow {
                     Congested {
                         queued,
                         moved_at: now,
+                        control_low,
                     },
                 );
             }
@@ -203,8 +223,15 @@ impl Flow {
         !self.congested.is_empty()
     }
 
-    /// Whether a send originated here may be queued towards neighbour `hop` now.
+    /// Whether a send originated here may be queued towards neighbour `hop` now: its queue
+    /// is not congested, or congested with bulk data it goes ahead of.
     pub fn may_originate(&self, hop: Rank) -> bool {
+        self.congested.get(&hop).is_none_or(|c| c.control_low)
+    }
+
+    /// Whether bulk data (a stream's) may be queued towards neighbour `hop` now: its queue
+    /// is not congested.
+    pub fn may_release(&self, hop: Rank) -> bool {
         !self.congested.contains_key(&hop)
     }
 

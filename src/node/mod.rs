@@ -30,6 +30,7 @@ mod direct;
 mod faults;
 pub mod flow;
 mod frames;
+pub mod lane;
 mod leave;
 pub mod lookup;
 mod modex;
@@ -662,8 +663,8 @@ impl Node {
     /// [`Output::Transmit`] and not yet written). Call it whenever that may have changed:
     /// after carrying out transmits, after writing. It decides [`Node::may_read`] and whether
     /// this daemon's callers' sends towards `peer` are turned away (`Busy`).
-    pub fn handle_send_queue(&mut self, now: Instant, peer: Rank, queued: usize) {
-        self.flow.handle_queued(now, peer, queued);
+    pub fn handle_send_queue(&mut self, now: Instant, peer: Rank, queued: usize, bulk: usize) {
+        self.flow.handle_levels(now, peer, queued, bulk);
         self.streams_release(now);
     }
 
@@ -693,15 +694,30 @@ impl Node {
     /// never dropped for flow control. The answers change only when
     /// [`Node::origin_gate_version`] does.
     pub fn may_originate_to(&self, dst: Rank) -> bool {
-        if !self.flow.any_congested() {
-            return true;
-        }
+        !self.flow.any_congested()
+            || self
+                .hop_towards(dst)
+                .is_none_or(|h| self.flow.may_originate(h))
+    }
+
+    /// Whether stream data for `dst` may be released now: its next hop's queue is not
+    /// congested (flow control; bulk data does not go ahead of anything).
+    pub(crate) fn may_release_to(&self, dst: Rank) -> bool {
+        !self.flow.any_congested()
+            || self
+                .hop_towards(dst)
+                .is_none_or(|h| self.flow.may_release(h))
+    }
+
+    /// The neighbour a message to `dst` is queued towards now (none for this daemon itself or
+    /// an unreachable rank).
+    fn hop_towards(&self, dst: Rank) -> Option<Rank> {
         if self.direct.is_direct(dst) {
-            return self.flow.may_originate(dst);
+            return Some(dst);
         }
         match self.routing.route(dst) {
-            Route::Parent(hop) | Route::Child(hop) => self.flow.may_originate(hop),
-            _ => true,
+            Route::Parent(hop) | Route::Child(hop) => Some(hop),
+            _ => None,
         }
     }
 

@@ -437,7 +437,7 @@ impl Node {
                     std::ops::Bound::Unbounded,
                 ))
                 .chain(self.streams.held.range(..=cursor))
-                .filter(|(c, _)| self.may_originate_to(*c))
+                .filter(|(c, _)| self.may_release_to(*c))
                 .copied()
                 .collect();
             if ready.is_empty() {

@@ -818,7 +818,8 @@ fn stream_data_waits_for_a_congested_hop_and_leaves_in_a_fair_budgeted_round_rob
         .collect();
     assert_eq!(opened.len(), STREAMS as usize);
     // The queue towards rank 0 is congested: writes are taken, no data leaves.
-    net.node(1).handle_send_queue(now, 0, FLOW_HIGH_BYTES + 1);
+    net.node(1)
+        .handle_send_queue(now, 0, FLOW_HIGH_BYTES + 1, 0);
     for (consumer, id) in &opened {
         let w = StreamCommand::Write {
             consumer: *consumer,
@@ -850,7 +851,7 @@ fn stream_data_waits_for_a_congested_hop_and_leaves_in_a_fair_budgeted_round_rob
         "data left for a congested hop"
     );
     // The queue drained: one release, at most its budget, a chunk per stream in turn.
-    net.node(1).handle_send_queue(now, 0, 0);
+    net.node(1).handle_send_queue(now, 0, 0, 0);
     let first = data_sent(net.node(1));
     let total: usize = first.values().sum();
     assert!(
@@ -864,7 +865,7 @@ fn stream_data_waits_for_a_congested_hop_and_leaves_in_a_fair_budgeted_round_rob
     );
     assert!(first.values().all(|n| *n == STREAM_CHUNK_MAX), "{first:?}");
     // The next release serves the streams that waited.
-    net.node(1).handle_send_queue(now, 0, 0);
+    net.node(1).handle_send_queue(now, 0, 0, 0);
     let second = data_sent(net.node(1));
     assert!(
         second.keys().all(|id| !first.contains_key(id)),

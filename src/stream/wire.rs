@@ -17,6 +17,12 @@ use bytes::{BufMut, Bytes, BytesMut};
 /// The bytes a `Data` message adds to its chunk: kind, id, offset, digest.
 pub const DATA_HEADER_LEN: usize = 1 + 8 + 8 + 8;
 
+/// Whether a message of kind byte `kind` goes from producer to consumer (`Data`, `End`,
+/// `Fail`): the bulk lane's messages (`node::lane`).
+pub fn from_producer(kind: u8) -> bool {
+    matches!(kind, 2 | 4 | 5)
+}
+
 /// One stream message (its id apart).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StreamMsg {

@@ -94,7 +94,7 @@ impl EventLoop {
                     // A queue holding a full coalescing buffer is written at once: the peer
                     // starts on it while this turn goes on, and the written buffer is packed
                     // into again instead of a fresh one being allocated.
-                    if conn.queue.queued_bytes() >= limits::SEND_COALESCE_BUFFER_BYTES
+                    if conn.queued_bytes() >= limits::SEND_COALESCE_BUFFER_BYTES
                         && conn.is_established()
                     {
                         // An error is met again, and handled, by the turn's flush.
@@ -777,7 +777,7 @@ impl EventLoop {
                 };
                 match result {
                     // Room again under the session's bound: what is held back may go.
-                    Ok(released) if released > 0 && !conn.queue.is_empty() => self.mark_dirty(tok),
+                    Ok(released) if released > 0 && !conn.is_drained() => self.mark_dirty(tok),
                     Ok(_) => {}
                     Err(e) => self.protocol_error(tok, &e.to_string()),
                 }
@@ -1217,7 +1217,7 @@ impl EventLoop {
                 && let Some(p) = conn.peer.filter(|_| conn.is_established())
             {
                 self.node
-                    .handle_send_queue(self.now, p, conn.queue.queued_bytes());
+                    .handle_send_queue(self.now, p, conn.queued_bytes(), conn.bulk_bytes());
             }
         }
     }
@@ -1262,7 +1262,7 @@ impl EventLoop {
             }
             // A due acknowledgement rides on what this flush writes.
             if conn.ack_due
-                && !conn.queue.is_empty()
+                && !conn.is_drained()
                 && let Some(peer) = conn.peer
             {
                 conn.ack_now(self.me, peer);
@@ -1270,7 +1270,7 @@ impl EventLoop {
             let flushed = conn.flush(&mut completed);
             if let Some(p) = conn.peer.filter(|_| conn.is_established()) {
                 self.node
-                    .handle_send_queue(self.now, p, conn.queue.queued_bytes());
+                    .handle_send_queue(self.now, p, conn.queued_bytes(), conn.bulk_bytes());
             }
             match flushed {
                 Ok(true) => again.push(tok),
@@ -1303,7 +1303,7 @@ impl EventLoop {
                 let link = self.links.get(r);
                 let conn = link.and_then(|l| l.conn).and_then(|t| self.conns.get(t));
                 match conn {
-                    Some(c) => c.queue.queued_bytes() <= c.queue.max_bytes() / 2,
+                    Some(c) => c.queued_bytes() <= c.queue.max_bytes() / 2,
                     None => false,
                 }
             })
@@ -1450,7 +1450,7 @@ impl EventLoop {
         for (_, conn) in self.conns.iter_mut() {
             if conn.is_established() {
                 conn.decoder.release_idle();
-                conn.queue.release_idle();
+                conn.release_idle();
                 if let Some(session) = conn.session.as_mut() {
                     session.out.store_mut().release_idle();
                 }

@@ -27,6 +27,36 @@ fn a_queue_is_congested_above_high_until_down_to_low() {
 }
 
 #[test]
+fn a_queue_congested_with_bulk_data_takes_messages_ahead_of_it_but_no_more_bulk() {
+    let (mut f, t) = flow();
+    // 500 queued, 480 of them stream data in the bulk line: messages go ahead of it.
+    f.handle_levels(t, 1, 500, 480);
+    assert!(f.any_congested());
+    assert!(f.may_originate(1), "20 bytes of messages: at most low");
+    assert!(
+        !f.may_release(1),
+        "no more bulk data towards a congested queue"
+    );
+    assert!(!f.may_read(t, 2), "reads pause as for any congested queue");
+    // Messages pile up ahead of the bulk data: refused once above low, and the gate's
+    // generation says the answer changed.
+    let g = f.generation();
+    f.handle_levels(t, 1, 541, 480);
+    assert!(!f.may_originate(1));
+    assert_ne!(f.generation(), g);
+    let g = f.generation();
+    f.handle_levels(t, 1, 520, 480);
+    assert!(f.may_originate(1));
+    assert_ne!(f.generation(), g);
+    // Without a bulk line, a congested queue refuses (the old rule).
+    f.handle_queued(t, 2, 500);
+    assert!(!f.may_originate(2) && !f.may_release(2));
+    // Down to low: neither is held.
+    f.handle_levels(t, 1, 40, 40);
+    assert!(f.may_originate(1) && f.may_release(1));
+}
+
+#[test]
 fn reads_pause_for_every_neighbour_but_the_congested_one() {
     let (mut f, t) = flow();
     f.handle_queued(t, 1, 500);

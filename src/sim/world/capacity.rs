@@ -171,7 +171,8 @@ impl World {
         let queued = self.wires.as_ref().map_or(0, |ws| ws.queued(from, to));
         let now = self.now();
         if let Some(n) = self.nodes.get_mut(from as usize) {
-            n.node.handle_send_queue(now, to, queued);
+            // The wire is one line: the driver's bulk line (`node::lane`) is not modelled.
+            n.node.handle_send_queue(now, to, queued, 0);
         }
     }
 
