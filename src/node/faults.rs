@@ -124,6 +124,7 @@ impl Node {
         for r in &dead {
             self.note_death(*r, self.life_of(*r));
             self.flow.forget(*r);
+            self.streams_reported(*r);
             self.paused_by.remove(r);
             self.admitting.remove(r);
         }

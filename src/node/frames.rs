@@ -262,6 +262,7 @@ impl Node {
     /// A lost direct link is no failure: its frames take the tree ([`super::Output::Fallback`]).
     pub fn handle_link_lost(&mut self, now: Instant, peer: Rank) -> bool {
         self.flow.forget(peer);
+        self.streams_reported(peer);
         if !self.is_neighbour(peer) {
             self.direct_link_lost(now, peer);
         }

@@ -665,6 +665,7 @@ impl Node {
     /// this daemon's callers' sends towards `peer` are turned away (`Busy`).
     pub fn handle_send_queue(&mut self, now: Instant, peer: Rank, queued: usize, bulk: usize) {
         self.flow.handle_levels(now, peer, queued, bulk);
+        self.streams_reported(peer);
         self.streams_release(now);
     }
 

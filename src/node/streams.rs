@@ -119,6 +119,11 @@ pub(super) struct Streams {
     held: std::collections::BTreeSet<(Rank, u64)>,
     /// The stream [`Node::streams_release`] served last (the next call starts after it).
     release_cursor: (Rank, u64),
+    /// Data bytes released towards each next hop since the driver last reported that hop's
+    /// queue: at most about `STREAM_RELEASE_BYTES` each (one chunk more), so that releases
+    /// between two reports (one per command of a busy turn) cannot fill a queue past flow
+    /// control's view of it. Entries go at the report, and when the link ends.
+    unreported: FxHashMap<Rank, usize>,
     /// Messages of streams this daemon both produces and consumes, for the next pump. Bounded
     /// as on a link: data by the streams' credit, the rest a few messages per stream.
     local: std::collections::VecDeque<Bytes>,
@@ -415,16 +420,22 @@ impl Node {
         }
     }
 
+    /// The driver reported the queue towards `peer` (or its link ended): data may be released
+    /// towards it again.
+    pub(super) fn streams_reported(&mut self, peer: Rank) {
+        self.streams.unreported.remove(&peer);
+    }
+
     /// Whether stream messages to this daemon itself wait for the next pump.
     pub(super) fn has_local_streams(&self) -> bool {
         !self.streams.local.is_empty()
     }
 
     /// Sends the streams' waiting data, a chunk per stream in turn (fair among streams),
-    /// at most `limits::STREAM_RELEASE_BYTES` per call, and none towards a congested next hop:
-    /// between two queue reports bulk data adds at most that much to any queue, so it never
-    /// overruns flow control's bounds (no drop, no resume), and ordinary sends wait behind at
-    /// most that much of it. Called after every stream command, queue report, turn and timeout.
+    /// at most `limits::STREAM_RELEASE_BYTES` per call, none towards a congested next hop,
+    /// and at most that much (one chunk more) towards any hop between two reports of its
+    /// queue: bulk data never overruns flow control's bounds (no drop, no resume). Called
+    /// after every stream command, queue report, turn and timeout.
     pub(super) fn streams_release(&mut self, now: Instant) {
         let mut budget = crate::limits::STREAM_RELEASE_BYTES;
         while budget > 0 && !self.streams.held.is_empty() {
@@ -437,7 +448,13 @@ impl Node {
                     std::ops::Bound::Unbounded,
                 ))
                 .chain(self.streams.held.range(..=cursor))
-                .filter(|(c, _)| self.may_release_to(*c))
+                .filter(|(c, _)| {
+                    self.may_release_to(*c)
+                        && self.hop_towards(*c).is_none_or(|h| {
+                            self.streams.unreported.get(&h).copied().unwrap_or(0)
+                                < crate::limits::STREAM_RELEASE_BYTES
+                        })
+                })
                 .copied()
                 .collect();
             if ready.is_empty() {
@@ -448,18 +465,26 @@ impl Node {
                     return;
                 }
                 self.streams.release_cursor = (consumer, id);
+                let hop = self.hop_towards(consumer);
                 let Some(s) = self.streams.outgoing.get_mut(&(consumer, id)) else {
                     self.streams.held.remove(&(consumer, id));
                     continue;
                 };
                 let route = s.route();
                 let mut msgs = Vec::new();
+                let mut sent = 0;
                 if let Some(m) = s.poll_msg() {
                     if let StreamMsg::Data { bytes, .. } = &m {
                         self.streams.stats.bytes_sent += bytes.len() as u64;
                         budget = budget.saturating_sub(bytes.len().max(1));
+                        sent = bytes.len().max(1);
                     }
                     msgs.push(m);
+                }
+                if sent > 0
+                    && let Some(h) = hop
+                {
+                    *self.streams.unreported.entry(h).or_default() += sent;
                 }
                 // What follows the chunk up to the next one (an end) goes with it.
                 while let Some(m) = s.poll_control() {

@@ -864,6 +864,24 @@ fn stream_data_waits_for_a_congested_hop_and_leaves_in_a_fair_budgeted_round_rob
         "{first:?}"
     );
     assert!(first.values().all(|n| *n == STREAM_CHUNK_MAX), "{first:?}");
+    // No more towards that hop before its queue is reported again, however many turns and
+    // commands come between (once each released its budget: a busy turn filled the queue to
+    // its bound, and the frames dropped there stalled streams until they resumed).
+    for _ in 0..4 {
+        net.node(1).pump(now);
+        net.node(1)
+            .handle_stream(
+                now,
+                StreamCommand::Serve {
+                    service: "other".into(),
+                },
+            )
+            .unwrap();
+    }
+    assert!(
+        data_sent(net.node(1)).is_empty(),
+        "released again before a report"
+    );
     // The next release serves the streams that waited.
     net.node(1).handle_send_queue(now, 0, 0, 0);
     let second = data_sent(net.node(1));

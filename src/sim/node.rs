@@ -443,6 +443,14 @@ impl SimNode {
         self.step(now);
     }
 
+    /// Its queue towards `to` is empty again (the world without a capacity model keeps no
+    /// queues: frames are on the link once sent), as the driver reports after a flush.
+    pub fn handle_queue_empty(&mut self, now: Instant, to: Rank) {
+        self.tick(now);
+        self.node.handle_send_queue(now, to, 0, 0);
+        self.step(now);
+    }
+
     /// Time passed.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.tick(now);

@@ -1329,13 +1329,33 @@ impl World {
         if !statuses.is_empty() {
             self.status_reports(r, statuses)?;
         }
+        let mut sent_to: Vec<Rank> = Vec::new();
         for o in out {
             match o {
-                Out::Frame(to, frame) => self.transmit(r, to, frame, false),
+                Out::Frame(to, frame) => {
+                    if !sent_to.contains(&to) {
+                        sent_to.push(to);
+                    }
+                    self.transmit(r, to, frame, false)
+                }
                 Out::Fallback(peer) => self.fall_back(r, peer),
             }
         }
         self.chase_closing(r);
+        if self.wires.is_none() && self.living(r) && !sent_to.is_empty() {
+            // Without a capacity model the queues empty at once: say so, as the driver does
+            // after each flush (stream data waits for that report, `node::streams`), and take
+            // what it released.
+            let now = self.now();
+            if let Some(n) = self.nodes.get_mut(r as usize) {
+                for to in sent_to {
+                    n.handle_queue_empty(now, to);
+                }
+                if !n.out.is_empty() {
+                    self.after(r)?;
+                }
+            }
+        }
         if !stream_events.is_empty() && self.living(r) && self.stream_events(r, stream_events)? {
             // The applications' commands made outputs.
             self.after(r)?;
