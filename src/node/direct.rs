@@ -6,14 +6,14 @@ use super::{Node, Output};
 use crate::Rank;
 use crate::direct::Asker;
 use crate::direct::{DirectMsg, LinkEvent, Route, TAG_DIRECT, Via};
+use crate::oob::Payload;
 use crate::oob::header::{Header, Kind};
 use crate::rml::Message;
-use bytes::Bytes;
 use std::time::Instant;
 
 /// A message waiting while the direct link to its destination closes: its header, payload
 /// and completion token.
-pub(super) type Held = (Header, Bytes, Option<u64>);
+pub(super) type Held = (Header, Payload, Option<u64>);
 
 impl Node {
     /// Sends a user message originated here for `dst` (another daemon) by the route the
@@ -23,10 +23,11 @@ impl Node {
         now: Instant,
         dst: Rank,
         tag: crate::rml::Tag,
-        payload: Bytes,
+        payload: impl Into<Payload>,
         token: Option<u64>,
         route: Option<Route>,
     ) {
+        let payload = payload.into();
         let via = if self.is_neighbour(dst) || self.routing.is_failed(dst) {
             Via::Tree
         } else {
@@ -41,7 +42,7 @@ impl Node {
         let header = self.header(Kind::Msg, self.me, dst, tag, payload.len());
         match via {
             Via::Direct => self.transmit(dst, header, payload, token),
-            Via::Tree => self.forward(header, payload.into(), token),
+            Via::Tree => self.forward(header, payload, token),
             Via::Hold => self.hold(dst, (header, payload, token)),
         }
         self.send_direct_control(now);
@@ -98,7 +99,7 @@ impl Node {
                 LinkEvent::Release(peer) => {
                     let (held, _) = self.direct_held.remove(&peer).unwrap_or_default();
                     for (header, payload, token) in held {
-                        self.forward(header, payload.into(), token);
+                        self.forward(header, payload, token);
                     }
                 }
                 LinkEvent::Shut(peer) => self.fall_back(now, peer),

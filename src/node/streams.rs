@@ -321,13 +321,15 @@ impl Node {
         if self.routing.is_failed(to) {
             return;
         }
-        let payload = m.encode_pooled(id, &self.streams.pool);
         if to == self.me {
             // A stream between two applications of this daemon: handled at the next pump
             // (never from inside the handling of another of its messages).
-            self.streams.local.push_back(payload);
+            self.streams
+                .local
+                .push_back(m.encode_pooled(id, &self.streams.pool));
             return;
         }
+        let payload = m.encode_parts(id);
         self.send_routed(now, to, TAG_STREAM, payload, None, route);
     }
 

@@ -9,11 +9,15 @@
 //! * `digest.rs` — the end-to-end check of every chunk and of the whole stream.
 //! * `outgoing.rs` — [`Outgoing`], the producer's side of one stream.
 //! * `incoming.rs` — [`Incoming`], the consumer's side of one stream.
-//! * `pool.rs` — [`BufferPool`], the bounded pool chunks are encoded into.
+//! * `pool.rs` — [`BufferPool`], the bounded pool the chunks of a stream a daemon fetches from
+//!   itself are encoded into. Between daemons a chunk is not copied: its frame is the
+//!   message's head and the writer's buffer (`StreamMsg::encode_parts`).
 //!
 //! The application API is `Handle::serve`/`Handle::fetch` (`driver/serve.rs`) and its C
-//! twin (`capi/src/streams.rs`). Not yet (the next step): a priority lane for control
-//! traffic on a connection that carries a stream.
+//! twin (`capi/src/streams.rs`). A producer's messages wait in each connection's bulk line
+//! (`node::lane`): control traffic goes ahead of them. Not yet (the next step): a
+//! connection of its own for bulk data (what is already in the kernel's buffers is still
+//! ahead of a message).
 //!
 //! # The protocol
 //! The consumer picks a stream id (unique among its streams) and sends `Open` with the

@@ -74,6 +74,27 @@ impl StreamMsg {
         pool.freeze(b)
     }
 
+    /// [`StreamMsg::encode`] without copying a `Data` message's bytes: its head (kind, id,
+    /// offset, digest), then the chunk itself, written back to back from both buffers. The
+    /// chunk stays shared with the writer's buffer until the frame is written (and, on a link
+    /// that keeps frames, acknowledged).
+    pub fn encode_parts(&self, id: u64) -> crate::oob::Payload {
+        let StreamMsg::Data {
+            offset,
+            digest,
+            bytes,
+        } = self
+        else {
+            return self.encode(id).into();
+        };
+        let mut head = BytesMut::with_capacity(DATA_HEADER_LEN);
+        head.put_u8(2);
+        head.put_u64(id);
+        head.put_u64(*offset);
+        head.put_u64(*digest);
+        crate::oob::Payload::two(head.freeze(), bytes.clone())
+    }
+
     /// The payload for stream `id`.
     pub fn encode(&self, id: u64) -> Bytes {
         // Sized once: a chunk copied into a growing buffer would be copied again per growth.
@@ -291,8 +312,22 @@ mod tests {
         let pool = std::sync::Arc::new(super::super::BufferPool::default());
         for m in all {
             assert_eq!(m.encode_pooled(42, &pool), m.encode(42));
+            assert_eq!(m.encode_parts(42).to_bytes(), m.encode(42));
             assert_eq!(StreamMsg::decode(&m.encode(42)), Ok((42, m)));
         }
+    }
+
+    #[test]
+    fn a_chunk_is_sent_from_the_writers_buffer_not_copied() {
+        let chunk = Bytes::from(vec![3u8; 4096]);
+        let m = StreamMsg::Data {
+            offset: 8,
+            digest: 1,
+            bytes: chunk.clone(),
+        };
+        let p = m.encode_parts(5);
+        assert_eq!(p.head().len(), DATA_HEADER_LEN);
+        assert_eq!(p.body().as_ptr(), chunk.as_ptr(), "the same buffer");
     }
 
     #[test]
