@@ -657,7 +657,7 @@ impl Scenario {
             faults.extend(cuts);
         }
         // Streams: a stream of their own too.
-        let streams = if kinds.stream && capacity.is_none() {
+        let streams = if kinds.stream {
             stream_fetches(seed, size, traffic_us)
         } else {
             Vec::new()

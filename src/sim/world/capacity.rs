@@ -11,6 +11,7 @@
 
 use super::{Ev, World};
 use crate::Rank;
+use crate::node::lane::Lane;
 use crate::sim::check::Violation;
 use crate::sim::frame::Frame;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -36,6 +37,8 @@ struct Wire {
     /// Frames waiting to go on the wire (the head is on it while `sending`).
     queue: VecDeque<(Frame, bool)>,
     queued_bytes: usize,
+    /// Bytes of bulk frames in `queue` (`node::lane`), reported with the level.
+    bulk_bytes: usize,
     sending: bool,
     /// Bytes on the wire or arrived and not read.
     window_used: usize,
@@ -77,11 +80,6 @@ impl Wires {
             .all(|w| w.queue.is_empty() && w.unread.is_empty() && !w.sending)
     }
 
-    /// Bytes queued towards `to` at `from`.
-    fn queued(&self, from: Rank, to: Rank) -> usize {
-        self.wires.get(&(from, to)).map_or(0, |w| w.queued_bytes)
-    }
-
     /// Forgets every wire to or from `r` (it crashed, or a connection of it dropped): what
     /// they carried is lost, as the world's in-flight frames are.
     pub(super) fn forget(&mut self, a: Rank, b: Rank) {
@@ -116,7 +114,23 @@ impl World {
             return true;
         }
         w.queued_bytes += frame.wire_len();
-        w.queue.push_back((frame, heartbeat));
+        // The driver's two lines (`node::lane`): a control frame goes ahead of the bulk
+        // frames not yet on the wire; a marker stays behind them.
+        let first_waiting = usize::from(w.sending);
+        let bulk_at = w
+            .queue
+            .iter()
+            .skip(first_waiting)
+            .position(|(f, _)| is_bulk(f))
+            .map(|i| i + first_waiting);
+        match (frame_lane(&frame), bulk_at) {
+            (Lane::Control, Some(at)) => w.queue.insert(at, (frame, heartbeat)),
+            (Lane::Bulk, _) => {
+                w.bulk_bytes += frame.wire_len();
+                w.queue.push_back((frame, heartbeat));
+            }
+            _ => w.queue.push_back((frame, heartbeat)),
+        }
         self.report_queue(from, to);
         self.pump_wire(from, to);
         true
@@ -159,6 +173,9 @@ impl World {
             return Ok(());
         };
         w.queued_bytes = w.queued_bytes.saturating_sub(frame.wire_len());
+        if is_bulk(&frame) {
+            w.bulk_bytes = w.bulk_bytes.saturating_sub(frame.wire_len());
+        }
         w.window_used += frame.wire_len();
         self.travel(from, to, frame, heartbeat);
         self.report_queue(from, to);
@@ -168,11 +185,14 @@ impl World {
 
     /// Tells `from`'s node how full its queue towards `to` is.
     fn report_queue(&mut self, from: Rank, to: Rank) {
-        let queued = self.wires.as_ref().map_or(0, |ws| ws.queued(from, to));
+        let (queued, bulk) = self
+            .wires
+            .as_ref()
+            .and_then(|ws| ws.wires.get(&(from, to)))
+            .map_or((0, 0), |w| (w.queued_bytes, w.bulk_bytes));
         let now = self.now();
         if let Some(n) = self.nodes.get_mut(from as usize) {
-            // The wire is one line: the driver's bulk line (`node::lane`) is not modelled.
-            n.node.handle_send_queue(now, to, queued, 0);
+            n.node.handle_send_queue(now, to, queued, bulk);
         }
     }
 
@@ -292,4 +312,15 @@ impl World {
         }
         Ok(())
     }
+}
+
+/// The lane of a frame (`node::lane`); an undecodable one counts as control.
+fn frame_lane(frame: &Frame) -> Lane {
+    frame.decode().map_or(Lane::Control, |h| {
+        crate::node::lane::lane(&h, frame.payload())
+    })
+}
+
+fn is_bulk(frame: &Frame) -> bool {
+    frame_lane(frame) == Lane::Bulk
 }
