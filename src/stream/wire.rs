@@ -54,6 +54,17 @@ pub enum StreamMsg {
     Cancel,
 }
 
+/// A `Data` message's bytes before its chunk: kind, id, offset, digest.
+fn data_head(id: u64, offset: u64, digest: u64) -> [u8; DATA_HEADER_LEN] {
+    let mut h = [0u8; DATA_HEADER_LEN];
+    let mut w = &mut h[..];
+    w.put_u8(2);
+    w.put_u64(id);
+    w.put_u64(offset);
+    w.put_u64(digest);
+    h
+}
+
 impl StreamMsg {
     /// [`StreamMsg::encode`], into a buffer of `pool` (given back once the frame is written).
     pub fn encode_pooled(&self, id: u64, pool: &std::sync::Arc<super::BufferPool>) -> Bytes {
@@ -66,10 +77,7 @@ impl StreamMsg {
             return self.encode(id);
         };
         let mut b = pool.take(DATA_HEADER_LEN + bytes.len());
-        b.push(2);
-        b.extend_from_slice(&id.to_be_bytes());
-        b.extend_from_slice(&offset.to_be_bytes());
-        b.extend_from_slice(&digest.to_be_bytes());
+        b.extend_from_slice(&data_head(id, *offset, *digest));
         b.extend_from_slice(bytes);
         pool.freeze(b)
     }
@@ -87,12 +95,8 @@ impl StreamMsg {
         else {
             return self.encode(id).into();
         };
-        let mut head = BytesMut::with_capacity(DATA_HEADER_LEN);
-        head.put_u8(2);
-        head.put_u64(id);
-        head.put_u64(*offset);
-        head.put_u64(*digest);
-        crate::oob::Payload::two(head.freeze(), bytes.clone())
+        let head = Bytes::copy_from_slice(&data_head(id, *offset, *digest));
+        crate::oob::Payload::two(head, bytes.clone())
     }
 
     /// The payload for stream `id`.
