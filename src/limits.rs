@@ -481,8 +481,11 @@ pub const XCAST_RETAINED_MAX: usize = 4 * XCAST_INFLIGHT_MAX;
 pub const XCAST_RETAINED_MAX_BYTES: usize = 4 * XCAST_INFLIGHT_MAX_BYTES;
 
 /// Broadcast requests a daemon other than rank 0 may have outstanding (sent to rank 0, neither
-/// completed nor refused yet). At the bound `Xcast::originate` returns
-/// `XcastError::TooManyOutstanding`; the caller waits for a completion.
+/// completed nor refused yet), and no more than its share of what rank 0 holds
+/// ([`XCAST_HELD_MAX`] over the DVM's size, at least 1: 64 each in a DVM of 64, `originate_share`
+/// in `grpcomm/xcast.rs`), so that rank 0 never has to refuse a request for room. At the bound
+/// `Xcast::originate` returns `XcastError::TooManyOutstanding` (`Busy` to the caller); the caller
+/// waits for a completion.
 pub const XCAST_ORIGINATE_MAX: usize = 256;
 
 /// Refusals (requests whose payload is too large for rank 0) rank 0 has queued for the driver

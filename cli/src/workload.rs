@@ -324,6 +324,8 @@ struct Record {
     submits: Vec<(u64, u64)>,
     /// Submissions refused `Busy` and retried.
     busy_retries: u64,
+    /// The same refusals by the limit that refused them ([`limit_name`]).
+    busy_by: std::collections::BTreeMap<&'static str, u64>,
     /// (tag, origin, seq, sent_ns, recv_ns); for corrupted payloads seq = u64::MAX.
     received: Vec<(u32, u32, u64, u64, u64)>,
 }
@@ -528,6 +530,9 @@ impl Workload {
             writeln!(f, "O {seq} {n}")?;
         }
         writeln!(f, "B {}", rec.busy_retries)?;
+        for (name, n) in &rec.busy_by {
+            writeln!(f, "L {name} {n}")?;
+        }
         for (tag, origin, seq, t0, t1) in &rec.received {
             writeln!(f, "R {tag} {origin} {seq} {t0} {t1}")?;
         }
@@ -724,8 +729,8 @@ impl Sender {
         let retry = self.retry.clone();
         let again = offer.clone();
         let on_done = move |r: Result<(), SendError>| match r {
-            Err(SendError::Busy(_)) => {
-                lock(&rec).busy_retries += 1;
+            Err(SendError::Busy(limit)) => {
+                lock(&rec).refused(limit);
                 lock_queue(&retry).push_back(again);
             }
             Err(e) => {
@@ -751,8 +756,8 @@ impl Sender {
         };
         match r {
             Ok(()) => Submitted::Accepted,
-            Err(SendError::Busy(_)) => {
-                lock(&self.rec).busy_retries += 1;
+            Err(SendError::Busy(limit)) => {
+                lock(&self.rec).refused(limit);
                 lock_queue(&self.retry).push_front(offer);
                 Submitted::Busy
             }
@@ -768,6 +773,29 @@ impl Sender {
                 }
             }
         }
+    }
+}
+
+impl Record {
+    fn refused(&mut self, limit: tbon::error::Limit) {
+        self.busy_retries += 1;
+        *self.busy_by.entry(limit_name(limit)).or_default() += 1;
+    }
+}
+
+/// A one-word name of the limit behind a `Busy`, for the results file and the report.
+fn limit_name(limit: tbon::error::Limit) -> &'static str {
+    use tbon::error::Limit;
+    match limit {
+        Limit::CommandChannel => "command-channel",
+        Limit::NextHopQueue => "next-hop-queue",
+        Limit::ClosingDirectLink => "closing-direct-link",
+        Limit::ReliableWindow => "reliable-window",
+        Limit::BroadcastWindow => "broadcast-window",
+        Limit::OutstandingBroadcasts => "outstanding-broadcasts",
+        Limit::PrewireQueue => "prewire-queue",
+        Limit::LoopThread => "loop-thread",
+        _ => "other",
     }
 }
 
@@ -794,6 +822,8 @@ pub struct Results {
     pub order: std::collections::HashMap<u64, u64>,
     /// Submissions refused `Busy` and retried.
     pub busy_retries: u64,
+    /// The same refusals by the limit that refused them.
+    pub busy_by: std::collections::BTreeMap<String, u64>,
     pub received: Vec<(u32, u32, u64, u64, u64)>,
     /// Pattern `stream`: this daemon's fetches.
     pub streams: Vec<Fetched>,
@@ -822,6 +852,10 @@ pub fn read_results(path: &Path) -> Result<Results, String> {
                 r.order.insert(n(1)?, n(2)?);
             }
             Some(&"B") => r.busy_retries = n(1)?,
+            Some(&"L") => {
+                let name = f.get(1).ok_or(bad(line))?.to_string();
+                *r.busy_by.entry(name).or_default() += n(2)?;
+            }
             Some(&"R") => r
                 .received
                 .push((n(1)? as u32, n(2)? as u32, n(3)?, n(4)?, n(5)?)),

@@ -319,6 +319,19 @@ pub struct Xcast {
     stats: XcastStats,
 }
 
+/// An originator's bound on outstanding requests: `originate`, but no more than its share of
+/// what rank 0 can hold (`held` over the DVM's `size`, at least 1). With every daemon within its
+/// share rank 0's held queue cannot overflow by count, so it never has to leave a request
+/// unacknowledged in RELM. That refusal is correct but slow: the originator replays only after
+/// its retransmission timeout (seconds, doubling), and its later requests wait behind the
+/// refused one. Under overload, with 64 daemons at 256 requests each, rank 0 refused over
+/// 65,000 and sat mostly idle between replays. The bytes bound can still refuse (large
+/// payloads); that path stays correct.
+pub fn originate_share(originate: usize, held: usize, size: u32) -> usize {
+    let size = usize::try_from(size).unwrap_or(usize::MAX).max(1);
+    originate.min(held / size).max(1)
+}
+
 impl Xcast {
     /// The core of daemon `routing.me()`, in the tree `routing` describes.
     ///
@@ -341,7 +354,7 @@ impl Xcast {
             payload,
             retained: limits.retained.max(1),
             retained_bytes: limits.retained_bytes.max(limits.inflight_bytes),
-            originate: limits.originate.max(1),
+            originate: originate_share(limits.originate, limits.held, routing.size()),
             refusals: limits.refusals,
             held: limits.held.max(1),
             held_bytes: limits.held_bytes.max(payload),

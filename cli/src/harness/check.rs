@@ -119,6 +119,8 @@ struct Counts {
     send_errors: BTreeMap<String, u64>,
     /// Sends refused `Busy` (back-pressure) and offered again by the workload.
     busy_retries: u64,
+    /// The same refusals by the limit that refused them.
+    busy_by: BTreeMap<String, u64>,
     /// Summed over the daemons' latest progress lines: times a send queue became congested,
     /// sends refused `Busy` by flow control, relayed frames dropped at a full queue (a
     /// plain message lost without a fault is one of these).
@@ -387,6 +389,9 @@ pub fn analyse(inp: Input<'_>) -> Report {
             *c.send_errors.entry(e.clone()).or_default() += 1;
         }
         c.busy_retries += res.busy_retries;
+        for (name, n) in &res.busy_by {
+            *c.busy_by.entry(name.clone()).or_default() += n;
+        }
     }
     for f in seen.flow.values() {
         c.flow_congested += f[0];
@@ -854,7 +859,12 @@ pub fn analyse(inp: Input<'_>) -> Report {
         row(
             &mut t,
             "busy, offered again",
-            format!("{} (back-pressure)", c.busy_retries),
+            if c.busy_by.is_empty() {
+                format!("{} (back-pressure)", c.busy_retries)
+            } else {
+                let by: Vec<String> = c.busy_by.iter().map(|(k, n)| format!("{k} {n}")).collect();
+                format!("{} (back-pressure: {})", c.busy_retries, by.join(", "))
+            },
         );
         row(
             &mut t,

@@ -220,6 +220,24 @@ fn rank_zero_holds_beyond_the_window_and_refuses_only_when_holding_is_full() {
 }
 
 #[test]
+fn an_originator_keeps_to_its_share_of_what_rank_zero_can_hold() {
+    // 64 daemons: 4,096 / 64 = 64 each, so all of them at their bound fit in rank 0's queue.
+    let share = XCAST_HELD_MAX / 64;
+    assert!(share < XCAST_ORIGINATE_MAX);
+    let mut five = core(4, 64, 5);
+    for _ in 0..share {
+        five.originate(100, Bytes::new()).unwrap();
+    }
+    assert_eq!(
+        five.originate(100, Bytes::new()),
+        Err(XcastError::TooManyOutstanding)
+    );
+    assert_eq!(super::originate_share(256, 4_096, 2), 256);
+    assert_eq!(super::originate_share(256, 4_096, 100_000), 1);
+    assert_eq!(super::originate_share(256, 4_096, 0), 256);
+}
+
+#[test]
 fn a_request_too_large_for_rank_zero_is_refused() {
     let limits = XcastLimits {
         payload: 4,
