@@ -45,6 +45,9 @@ impl EventLoop {
             let Some(peer) = conn.peer.filter(|_| conn.is_established()) else {
                 continue;
             };
+            if self.paused.contains(&tok) {
+                conn.watch.handle_unread(now);
+            }
             let waiting = conn
                 .session
                 .as_ref()
