@@ -120,8 +120,8 @@ mod tests {
     fn a_connection_left_unread_is_not_stalled_until_a_stall_time_after_reading_resumes() {
         let t0 = Instant::now();
         let mut w = StallWatch::new(t0);
-        // Unread from 500 to 10,000 (the driver says so at every watch tick).
-        let mut t = 500;
+        // Unread from 1,000 to 10,000 (the driver says so at every watch tick).
+        let mut t = 1_000;
         while t <= 10_000 {
             w.handle_unread(ms(t0, t));
             assert!(!w.poll_stalled(ms(t0, t), true, STALL));
