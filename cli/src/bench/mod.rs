@@ -929,6 +929,16 @@ fn print_tables(out: &Value) {
             f("stream_rtt_p99_us"),
             f("rtt_ratio")
         );
+        let big = |k: &str| st["big"][k].as_f64().unwrap_or(0.0);
+        println!(
+            "  its two ways (p50; one clock, same host): the ping to the producer (no stream data on \
+             that way) idle {:.1} µs, during the stream {:.1} µs; the pong back behind the data \
+             idle {:.1} µs, during {:.1} µs",
+            big("idle_there_p50_us"),
+            big("stream_there_p50_us"),
+            big("idle_back_p50_us"),
+            big("stream_back_p50_us")
+        );
         let hwm = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
         println!(
             "peak resident memory (VmHWM) producer / consumer: {} stream {} / {} KiB; {} stream {} / {} KiB",

@@ -76,8 +76,15 @@ fn serve(d: &Daemon, a: &RoleArgs, done: std::path::PathBuf) -> Res<()> {
         TAG_DATA,
         tbon::RecvMode::Persistent,
         move |m| {
-            if let Err(tbon::SendError::Busy(_)) = h.send(consumer, TAG_DATA, m.payload.clone()) {
-                let _ = retry_tx.send(m.payload);
+            // The pong carries when the ping arrived (the monotonic clock is one per host):
+            // the consumer splits the round trip into its two directions.
+            let mut pong = m.payload.to_vec();
+            if let Some(at) = pong.get_mut(8..16) {
+                at.copy_from_slice(&crate::workload::mono_ns().to_le_bytes());
+            }
+            let pong = Bytes::from(pong);
+            if let Err(tbon::SendError::Busy(_)) = h.send(consumer, TAG_DATA, pong.clone()) {
+                let _ = retry_tx.send(pong);
             }
         },
     )
@@ -105,27 +112,53 @@ fn serve(d: &Daemon, a: &RoleArgs, done: std::path::PathBuf) -> Res<()> {
     Ok(())
 }
 
-/// Pings the producer and waits for each echo; returns the round trips.
+/// Round trips, and the time each ping took to the producer (its way has no stream data) and
+/// each pong back (behind the stream's data).
+#[derive(Default)]
+struct Trips {
+    round: Vec<Duration>,
+    there: Vec<Duration>,
+    back: Vec<Duration>,
+}
+
+/// Pings the producer and waits for each echo.
 fn ping(
     d: &Daemon,
     to: tbon::Rank,
-    pongs: &crossbeam_channel::Receiver<()>,
+    pongs: &crossbeam_channel::Receiver<Bytes>,
     until: impl Fn(usize) -> bool,
-) -> Res<Vec<Duration>> {
-    let body = Bytes::from(vec![0x5au8; 64]);
-    let mut samples = Vec::new();
-    while !until(samples.len()) {
+) -> Res<Trips> {
+    let mut trips = Trips::default();
+    let stamp = |b: &Bytes, at: std::ops::Range<usize>| {
+        b.get(at)
+            .and_then(|s| <[u8; 8]>::try_from(s).ok())
+            .map_or(0, u64::from_le_bytes)
+    };
+    while !until(trips.round.len()) {
         let t = Instant::now();
+        let mut body = vec![0x5au8; 64];
+        if let Some(at) = body.get_mut(..8) {
+            at.copy_from_slice(&crate::workload::mono_ns().to_le_bytes());
+        }
+        let body = Bytes::from(body);
         loop {
             match d.send(to, TAG_DATA, body.clone()) {
                 Err(tbon::SendError::Busy(_)) => std::thread::sleep(Duration::from_micros(50)),
                 r => break r.map_err(ctx("ping"))?,
             }
         }
-        pongs.recv_timeout(GUARD).map_err(ctx("pong"))?;
-        samples.push(t.elapsed());
+        let pong = pongs.recv_timeout(GUARD).map_err(ctx("pong"))?;
+        let now = crate::workload::mono_ns();
+        trips.round.push(t.elapsed());
+        let (sent, echoed) = (stamp(&pong, 0..8), stamp(&pong, 8..16));
+        trips
+            .there
+            .push(Duration::from_nanos(echoed.saturating_sub(sent)));
+        trips
+            .back
+            .push(Duration::from_nanos(now.saturating_sub(echoed)));
     }
-    Ok(samples)
+    Ok(trips)
 }
 
 /// The consumer: the idle round trip, then `payload` streams of `count` bytes at once (a
@@ -137,8 +170,8 @@ fn consume(d: &Daemon, a: &RoleArgs) -> Res<Value> {
         Peer::Rank(producer),
         TAG_DATA,
         tbon::RecvMode::Persistent,
-        move |_| {
-            let _ = tx.try_send(());
+        move |m| {
+            let _ = tx.try_send(m.payload);
         },
     )
     .map_err(ctx("post pong"))?;
@@ -188,10 +221,14 @@ fn consume(d: &Daemon, a: &RoleArgs) -> Res<Value> {
     Ok(json!({
         "bytes": bytes, "secs": secs,
         "gib_per_s": bytes as f64 / f64::from(1u32 << 30) / secs,
-        "idle_rtt_p50_us": quantile_us(&mut idle, 0.5),
-        "stream_rtt_p50_us": quantile_us(&mut busy, 0.5),
-        "stream_rtt_p99_us": quantile_us(&mut busy, 0.99),
-        "stream_pings": busy.len(),
+        "idle_rtt_p50_us": quantile_us(&mut idle.round, 0.5),
+        "idle_there_p50_us": quantile_us(&mut idle.there, 0.5),
+        "idle_back_p50_us": quantile_us(&mut idle.back, 0.5),
+        "stream_rtt_p50_us": quantile_us(&mut busy.round, 0.5),
+        "stream_rtt_p99_us": quantile_us(&mut busy.round, 0.99),
+        "stream_there_p50_us": quantile_us(&mut busy.there, 0.5),
+        "stream_back_p50_us": quantile_us(&mut busy.back, 0.5),
+        "stream_pings": busy.round.len(),
         "consumer_hwm_kib": vm_hwm_kib(),
         "resumes": c.streams.resumes,
     }))
