@@ -568,8 +568,12 @@ impl Workload {
     }
 }
 
-/// The first back-off after a send refused `Busy`; it doubles while refusals go on.
-pub const RETRY_BACKOFF_MS_MIN: u64 = 1;
+/// The first back-off after a send refused `Busy`; it doubles while refusals go on. It was
+/// 1 ms. At 256 daemons on two cores under overload, about 90 threads were runnable at once
+/// and rank 0's loop got 8% of a core. With 4 ms the sender threads wake a quarter as often:
+/// the 256-daemon overload run passed 3 of 5 times against 1 of 7 just before. The sample is
+/// small (README, "Overload").
+pub const RETRY_BACKOFF_MS_MIN: u64 = 4;
 /// The longest back-off between retries of refused sends.
 pub const RETRY_BACKOFF_MS_MAX: u64 = 64;
 /// Messages a daemon's workload has offered whose outcome is not known yet: past this, the
