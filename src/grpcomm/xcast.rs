@@ -316,12 +316,15 @@ pub struct Xcast {
     held: VecDeque<Request>,
     /// Rank 0: payload bytes of `held`.
     held_bytes: usize,
+    /// Rank 0: how many of `held` are its own (kept to its share, as every originator's are).
+    held_own: usize,
     stats: XcastStats,
 }
 
 /// An originator's bound on outstanding requests: `originate`, but no more than its share of
-/// what rank 0 can hold (`held` over the DVM's `size`, at least 1). With every daemon within its
-/// share rank 0's held queue cannot overflow by count, so it never has to leave a request
+/// what rank 0 can hold (`held` over the DVM's `size`, at least 1). Rank 0 keeps its own held
+/// broadcasts to the same share (refused `Busy` beyond it). With every daemon within its share
+/// rank 0's held queue cannot overflow by count, so it never has to leave a request
 /// unacknowledged in RELM. That refusal is correct but slow: the originator replays only after
 /// its retransmission timeout (seconds, doubling), and its later requests wait behind the
 /// refused one. Under overload, with 64 daemons at 256 requests each, rank 0 refused over
@@ -384,6 +387,7 @@ impl Xcast {
             refusals: VecDeque::new(),
             held: VecDeque::new(),
             held_bytes: 0,
+            held_own: 0,
             stats: XcastStats::default(),
         }
     }
@@ -488,7 +492,9 @@ impl Xcast {
         if self.view.me == 0 {
             self.check_len(&payload)?;
             let (count, bytes) = self.hold_room();
-            if count == 0 || bytes < payload.len() {
+            // Rank 0 keeps to its share too, or its own broadcasts could take the room the
+            // others' requests count on.
+            if count == 0 || bytes < payload.len() || self.held_own >= self.limits.originate {
                 return Err(XcastError::Busy);
             }
             self.hold(Request {
@@ -685,6 +691,7 @@ impl Xcast {
             self.last_request.retain(|r, _| !failed.contains(r));
             self.held.retain(|q| !failed.contains(&q.originator));
             self.held_bytes = self.held.iter().map(|q| q.payload.len()).sum();
+            self.held_own = self.held.iter().filter(|q| q.originator == 0).count();
         }
         self.check_resume = true;
         self.settle();
@@ -836,6 +843,9 @@ impl Xcast {
     /// Rank 0: queues a request behind those waiting and numbers what the window has room for.
     fn hold(&mut self, request: Request) {
         self.held_bytes = self.held_bytes.saturating_add(request.payload.len());
+        if request.originator == 0 {
+            self.held_own += 1;
+        }
         self.held.push_back(request);
         self.admit_held();
         if !self.held.is_empty() {
@@ -853,6 +863,9 @@ impl Xcast {
                 return;
             };
             self.held_bytes = self.held_bytes.saturating_sub(r.payload.len());
+            if r.originator == 0 {
+                self.held_own = self.held_own.saturating_sub(1);
+            }
             if let Err(e) = self.assign(r.originator, r.request, r.tag, r.payload, false) {
                 // Only an exhausted operation id space: nothing more can be numbered.
                 log::error!(
@@ -986,6 +999,7 @@ impl Xcast {
         self.refusals.clear();
         self.held.clear();
         self.held_bytes = 0;
+        self.held_own = 0;
     }
 
     // ----- state -----------------------------------------------------------------------------

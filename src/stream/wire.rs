@@ -66,18 +66,25 @@ fn data_head(id: u64, offset: u64, digest: u64) -> [u8; DATA_HEADER_LEN] {
 }
 
 impl StreamMsg {
+    /// A `Data` message's offset, digest and bytes; `None` for any other message.
+    fn as_data(&self) -> Option<(u64, u64, &Bytes)> {
+        match self {
+            StreamMsg::Data {
+                offset,
+                digest,
+                bytes,
+            } => Some((*offset, *digest, bytes)),
+            _ => None,
+        }
+    }
+
     /// [`StreamMsg::encode`], into a buffer of `pool` (given back once the frame is written).
     pub fn encode_pooled(&self, id: u64, pool: &std::sync::Arc<super::BufferPool>) -> Bytes {
-        let StreamMsg::Data {
-            offset,
-            digest,
-            bytes,
-        } = self
-        else {
+        let Some((offset, digest, bytes)) = self.as_data() else {
             return self.encode(id);
         };
         let mut b = pool.take(DATA_HEADER_LEN + bytes.len());
-        b.extend_from_slice(&data_head(id, *offset, *digest));
+        b.extend_from_slice(&data_head(id, offset, digest));
         b.extend_from_slice(bytes);
         pool.freeze(b)
     }
@@ -87,15 +94,10 @@ impl StreamMsg {
     /// chunk stays shared with the writer's buffer until the frame is written (and, on a link
     /// that keeps frames, acknowledged).
     pub fn encode_parts(&self, id: u64) -> crate::oob::Payload {
-        let StreamMsg::Data {
-            offset,
-            digest,
-            bytes,
-        } = self
-        else {
+        let Some((offset, digest, bytes)) = self.as_data() else {
             return self.encode(id).into();
         };
-        let head = Bytes::copy_from_slice(&data_head(id, *offset, *digest));
+        let head = Bytes::copy_from_slice(&data_head(id, offset, digest));
         crate::oob::Payload::two(head, bytes.clone())
     }
 

@@ -232,6 +232,21 @@ fn an_originator_keeps_to_its_share_of_what_rank_zero_can_hold() {
         five.originate(100, Bytes::new()),
         Err(XcastError::TooManyOutstanding)
     );
+    // Rank 0 keeps its own held broadcasts to the same share, with room still left for the
+    // others' requests.
+    let limits = XcastLimits {
+        inflight: 1,
+        ..XcastLimits::default()
+    };
+    let mut zero = Xcast::with_limits(&RoutingState::new(4, 64, 0).unwrap(), limits);
+    for _ in 0..=share {
+        zero.originate(100, Bytes::new()).unwrap();
+    }
+    assert_eq!(zero.held(), share);
+    assert_eq!(zero.originate(100, Bytes::new()), Err(XcastError::Busy));
+    assert_eq!(zero.hold_room().0, XCAST_HELD_MAX - share);
+    zero.handle_msg(1, request(1, 1));
+    assert_eq!(zero.held(), share + 1);
     assert_eq!(super::originate_share(256, 4_096, 2), 256);
     assert_eq!(super::originate_share(256, 4_096, 100_000), 1);
     assert_eq!(super::originate_share(256, 4_096, 0), 256);
