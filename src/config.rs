@@ -342,6 +342,12 @@ settings! {
     /// Largest message payload in bytes (PRRTE: 100 MB). Larger sends are refused; a larger
     /// incoming frame closes that connection. At most 4294967295 (32-bit length on the wire).
     msg_max_bytes: u64 = limits::MSG_MAX_BYTES_DEFAULT, env "TBON_MSG_MAX_BYTES";
+    /// Rank 0 splits a broadcast payload larger than this many bytes into parts of about this
+    /// size (at most 64 parts), and every daemon forwards each part to its children as it
+    /// arrives: large broadcasts are pipelined down the tree instead of stored and forwarded
+    /// whole at each level. Daemons still deliver whole payloads. 0: never split. Only rank
+    /// 0's value matters.
+    bcast_part_bytes: usize = limits::XCAST_PART_BYTES_DEFAULT, env "TBON_BCAST_PART_BYTES";
     /// Bytes queued per peer connection before sends are refused with back-pressure. At least
     /// msg_max_bytes.
     send_queue_max_bytes: usize = limits::SEND_QUEUE_MAX_BYTES_DEFAULT, env "TBON_SEND_QUEUE_MAX_BYTES";

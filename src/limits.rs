@@ -488,6 +488,21 @@ pub const XCAST_RETAINED_MAX_BYTES: usize = 4 * XCAST_INFLIGHT_MAX_BYTES;
 /// waits for a completion.
 pub const XCAST_ORIGINATE_MAX: usize = 256;
 
+/// Default part size of a broadcast payload, in bytes (setting `bcast_part_bytes`). Rank 0
+/// numbers a larger payload as consecutive operations of about this size (at most
+/// [`XCAST_PARTS_MAX`] of them: a larger payload gets larger parts), so every daemon forwards
+/// each part to its children as it arrives, while the next part is still on its way to it:
+/// the broadcast is pipelined down the tree instead of stored and forwarded whole at each
+/// level. Daemons deliver the payload whole, once its last part is here. 0: never split.
+pub const XCAST_PART_BYTES_DEFAULT: usize = 256 * 1024;
+
+/// Parts one broadcast is split into at most (see [`XCAST_PART_BYTES_DEFAULT`]). The window
+/// ([`XCAST_INFLIGHT_MAX`]) and each daemon's retained store ([`XCAST_RETAINED_MAX`]) count
+/// parts; a core lowers this to its retained bound so that every part of one broadcast can be
+/// held at once (it delivers only whole payloads). A received operation naming more parts is
+/// refused as malformed.
+pub const XCAST_PARTS_MAX: usize = 64;
+
 /// Refusals (requests whose payload is too large for rank 0) rank 0 has queued for the driver
 /// and not yet handed out. At the bound a further refusal is dropped, logged and counted
 /// (`XcastStats::refusals_dropped`); the originator's request then stays outstanding. Only

@@ -27,9 +27,15 @@ pub struct SimArgs {
     pub messages: u64,
     /// The kinds of fault seeds choose from (each seed picks its own mix): a comma-separated
     /// list of crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload,
-    /// status, group, client, rejoin, grow, leave; or all (every kind).
+    /// status, group, client, rejoin, grow, leave, split (opt-in: the workload's broadcasts
+    /// pipelined in parts); or all (every kind but split).
     #[arg(long, default_value = "all")]
     pub faults: String,
+    /// Rank 0's `bcast_part_bytes` in every seed (the workload's broadcasts are 20 to 84
+    /// bytes: below that they are split into parts), instead of the daemon's default or the
+    /// `split` kind's choice.
+    #[arg(long)]
+    pub bcast_part_bytes: Option<usize>,
     /// Stop at the first failing seed.
     #[arg(long)]
     pub fail_fast: bool,
@@ -55,6 +61,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
         radix: args.radix,
         messages: args.messages,
         faults,
+        bcast_part_bytes: args.bcast_part_bytes,
     };
     if let Some(seed) = args.seed {
         let o = run_seed(seed, opts);
@@ -64,7 +71,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let mut failed = 0u64;
     let mut ran = 0u64;
     let (mut events, mut posted, mut crashed, mut retransmits) = (0u64, 0u64, 0u64, 0u64);
-    let (mut ops, mut gathers) = (0u64, 0u64);
+    let (mut ops, mut gathers, mut split) = (0u64, 0u64, 0u64);
     let (mut fenced, mut link_drops, mut stale, mut dups) = (0u64, 0u64, 0u64, 0u64);
     let (mut strangers, mut refused, mut crossed) = (0u64, 0u64, 0u64);
     let (mut busy, mut unread) = (0u64, 0u64);
@@ -85,6 +92,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 crashed += u64::from(s.crashed);
                 retransmits += s.retransmits;
                 ops += s.bcast_ops;
+                split += s.bcast_split;
                 gathers += s.gathers;
                 fenced += u64::from(s.fenced);
                 link_drops += s.link_drops;
@@ -117,7 +125,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     }
     println!(
         "tbon sim: {ran} seeds, {failed} failed, in {:.1} s: {events} events, {posted} reliable \
-         messages posted, {ops} broadcasts, {gathers} allgather results, {crashed} daemons \
+         messages posted, {ops} broadcasts ({split} split into parts), {gathers} allgather results, {crashed} daemons \
          crashed, {fenced} declared dead and fenced, {link_drops} connections dropped, {stale} \
          stale frames dropped, {dups} frames duplicated, {retransmits} retransmissions, \
          {strangers} strangers' connections ({refused} refused at a forged proof), {crossed} \

@@ -31,6 +31,10 @@ pub struct SweepArgs {
     /// Sweep: the timed broadcast's payload in bytes [default: 64].
     #[arg(long)]
     pub bcast_bytes: Option<usize>,
+    /// Sweep: rank 0 pipelines the broadcast in parts of this many bytes (0: stored and
+    /// forwarded whole at each level, as PRRTE does) [default: the daemon's, 262144].
+    #[arg(long)]
+    pub bcast_part_bytes: Option<usize>,
     /// Sweep: bytes per contact-table entry (wire-up's table is daemons x this) [default: 40].
     #[arg(long)]
     pub uri_bytes: Option<usize>,
@@ -59,6 +63,9 @@ pub fn run(args: &SweepArgs, daemons: Option<u32>) -> Result<i32, String> {
         bandwidth_mbps: args.bandwidth_mbps.unwrap_or(10_000),
         cores: args.cores.unwrap_or(0),
         bcast_bytes: args.bcast_bytes.unwrap_or(64),
+        bcast_part_bytes: args
+            .bcast_part_bytes
+            .unwrap_or(tbon::limits::XCAST_PART_BYTES_DEFAULT),
         uri_bytes: args.uri_bytes.unwrap_or(40),
     };
     let s = sweep(&p)?;
@@ -84,8 +91,17 @@ fn print_table(s: &Sweep) {
     };
     println!(
         "radix sweep: {} daemons; latency {} us, {} ns a frame, {} MB/s, {cores}; \
-         broadcast of {} B, contacts of {} B (times in ms of virtual time)",
-        p.size, p.latency_us, p.frame_ns, p.bandwidth_mbps, p.bcast_bytes, p.uri_bytes
+         broadcast of {} B ({}), contacts of {} B (times in ms of virtual time)",
+        p.size,
+        p.latency_us,
+        p.frame_ns,
+        p.bandwidth_mbps,
+        p.bcast_bytes,
+        match p.bcast_part_bytes {
+            0 => "whole at each level".to_string(),
+            n => format!("in parts of {n} B"),
+        },
+        p.uri_bytes
     );
     println!(
         "{:>6} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
@@ -124,12 +140,14 @@ pub fn check_unused(args: &SweepArgs) -> Result<(), String> {
         || args.bandwidth_mbps.is_some()
         || args.cores.is_some()
         || args.bcast_bytes.is_some()
+        || args.bcast_part_bytes.is_some()
         || args.uri_bytes.is_some()
         || args.format.is_some();
     if !args.sweep_radix && given {
         return Err(
             "--radixes, --latency-us, --frame-ns, --bandwidth-mbps, --cores, \
-             --bcast-bytes, --uri-bytes and --format belong to --sweep-radix"
+             --bcast-bytes, --bcast-part-bytes, --uri-bytes and --format belong to \
+             --sweep-radix"
                 .into(),
         );
     }

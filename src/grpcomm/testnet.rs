@@ -405,14 +405,15 @@ impl Sim {
                 progress = true;
                 match e {
                     XcastEvent::Deliver {
+                        first,
                         op,
                         originator,
                         tag,
                         payload,
                     } => {
                         assert_eq!(
-                            op,
-                            node.delivered.len() as u64 + 1,
+                            first,
+                            node.delivered.last().map_or(0, |d| d.0) + 1,
                             "rank {r} delivers in order, once"
                         );
                         node.delivered.push((op, originator, tag, payload.clone()));
@@ -457,7 +458,7 @@ impl Sim {
         for op in completions {
             for n in self.nodes.iter().filter(|n| n.alive) {
                 assert!(
-                    n.delivered.len() as u64 >= op,
+                    n.delivered.last().map_or(0, |d| d.0) >= op,
                     "op {op} completed before rank {} delivered it",
                     n.routing.me()
                 );

@@ -13,6 +13,7 @@
 //! | 5 | xcast `Resume` | `u64 from`, `u64 digest` |
 //! | 6 | xcast `Done` | `u64 request`, `u64 op` |
 //! | 7 | xcast `Refused` | `u64 request` |
+//! | 8 | xcast `Op`, one part of a split payload | `u64 op`, `u32 originator`, `u64 request`, `u32 tag`, `u32 part`, `u32 parts`, `u32 len`, `len` payload bytes |
 //! | 16 | allgather `Contribution` | `u64 id`, `u64 digest`, `u8 flags`, entries, excluded, excused |
 //! | 17 | allgather `Sync` | `u64 digest` |
 //! | 18 | allgather result | `u64 id`, `u8 flags`, entries, excluded |
@@ -29,6 +30,10 @@
 //! - flags: bit 0 = overflowed (then there are no entries); in a `Contribution`, bit 1 = the
 //!   sender returned (rejoined or joined); the other bits must be zero.
 //!
+//! A broadcast payload split into parts (`limits::XCAST_PART_BYTES_DEFAULT`) travels as
+//! `parts` consecutive operations of kind 8, `part` counting from 0; `parts` is 2 to
+//! `limits::XCAST_PARTS_MAX` and `part` below it. An unsplit payload is kind 2 (part 0 of 1).
+//!
 //! Operation ids and request ids start at 1; 0 is refused. `Request` and `Op` are written as a
 //! header plus the caller's payload ([`XcastMsg::encode_parts`]), so the driver can send the
 //! shared payload without copying it; the decoder hands the payload back as a slice of the
@@ -44,6 +49,7 @@ const KIND_SYNC: u8 = 4;
 const KIND_RESUME: u8 = 5;
 const KIND_DONE: u8 = 6;
 const KIND_REFUSED: u8 = 7;
+const KIND_OP_PART: u8 = 8;
 const KIND_CONTRIBUTION: u8 = 16;
 const KIND_AG_SYNC: u8 = 17;
 const KIND_RESULT: u8 = 18;
@@ -55,7 +61,8 @@ const FLAG_OVERFLOWED: u8 = 1;
 const FLAG_RETURNED: u8 = 2;
 
 /// Bytes an `Op` adds in front of its payload (kind, op, originator, request, tag, length): a
-/// broadcast payload can be at most this much below the frame maximum.
+/// broadcast payload can be at most this much below the frame maximum. (A part, kind 8, adds
+/// 8 bytes more, but a part is at most half its payload.)
 pub const OP_HEADER_LEN: usize = 29;
 
 /// Why received bytes were refused. The driver logs it and drops the frame (or closes the
@@ -111,7 +118,33 @@ pub struct Op {
     /// The originator's request id.
     pub request: u64,
     pub tag: Tag,
+    /// Which part of the broadcast's payload this is, from 0 (0 of 1: the whole payload). The
+    /// parts of one broadcast are consecutive operations: `id - part` is its first.
+    pub part: u32,
+    /// How many parts the payload was split into (1: not split).
+    pub parts: u32,
+    /// This part's bytes.
     pub payload: Bytes,
+}
+
+impl Op {
+    /// A whole (unsplit) broadcast payload as operation `id`.
+    pub fn whole(id: u64, originator: Rank, request: u64, tag: Tag, payload: Bytes) -> Op {
+        Op {
+            id,
+            originator,
+            request,
+            tag,
+            part: 0,
+            parts: 1,
+            payload,
+        }
+    }
+
+    /// Whether this is the last (or only) part of its broadcast.
+    pub fn is_last(&self) -> bool {
+        self.part.saturating_add(1) >= self.parts
+    }
 }
 
 /// The broadcast's messages. Which daemon sends which to whom: see [`super::xcast`].
@@ -273,7 +306,7 @@ impl XcastMsg {
     /// The message as a header plus, for `Request` and `Op`, the payload to send after it
     /// unchanged (a clone of the shared `Bytes`, no copy).
     pub fn encode_parts(&self) -> (Bytes, Option<Bytes>) {
-        let mut b = BytesMut::with_capacity(OP_HEADER_LEN);
+        let mut b = BytesMut::with_capacity(OP_HEADER_LEN + 8);
         let payload = match self {
             XcastMsg::Request(q) => {
                 b.put_u8(KIND_REQUEST);
@@ -284,11 +317,15 @@ impl XcastMsg {
                 Some(q.payload.clone())
             }
             XcastMsg::Op(op) => {
-                b.put_u8(KIND_OP);
+                b.put_u8(if op.parts > 1 { KIND_OP_PART } else { KIND_OP });
                 b.put_u64(op.id);
                 b.put_u32(op.originator);
                 b.put_u64(op.request);
                 b.put_u32(op.tag);
+                if op.parts > 1 {
+                    b.put_u32(op.part);
+                    b.put_u32(op.parts);
+                }
                 b.put_u32(payload_len(&op.payload));
                 Some(op.payload.clone())
             }
@@ -359,11 +396,32 @@ impl XcastMsg {
                 let request = r.id()?;
                 let tag = r.u32()?;
                 let payload = r.payload()?;
+                XcastMsg::Op(Op::whole(id, originator, request, tag, payload))
+            }
+            KIND_OP_PART => {
+                let id = r.id()?;
+                let originator = r.rank(size)?;
+                let request = r.id()?;
+                let tag = r.u32()?;
+                let part = r.u32()?;
+                let parts = r.u32()?;
+                if !(2..=limits::XCAST_PARTS_MAX as u64).contains(&u64::from(parts)) {
+                    return Err(WireError::Invalid("parts not 2 to XCAST_PARTS_MAX"));
+                }
+                if part >= parts {
+                    return Err(WireError::Invalid("part not below parts"));
+                }
+                if u64::from(part) >= id {
+                    return Err(WireError::Invalid("part before operation 1"));
+                }
+                let payload = r.payload()?;
                 XcastMsg::Op(Op {
                     id,
                     originator,
                     request,
                     tag,
+                    part,
+                    parts,
                     payload,
                 })
             }

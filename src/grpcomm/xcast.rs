@@ -20,6 +20,17 @@
 //!   `Completed` (a `Done` for an unknown request is counted and ignored).
 //! - **Retention.** A daemon keeps every operation it holds until it has delivered it and every
 //!   current child has acked it (subtree-wide); rank 0 keeps an operation until it completes.
+//! - **Parts (pipelining).** Rank 0 numbers a payload larger than `XcastLimits::part_bytes` as
+//!   consecutive operations, one per part (at most `XcastLimits::parts`). Everything above
+//!   treats a part as an operation: each daemon forwards each part as it arrives, so a relay
+//!   sends part `i` to its children while part `i + 1` is still on its way to it, and a large
+//!   broadcast takes about the time of one level plus a part per further level, instead of a
+//!   whole payload per level (PRRTE stores and forwards). A daemon delivers the payload whole
+//!   ([`XcastEvent::Deliver`] names the first and last part) once every part is here, so its
+//!   level, acks and completion move a whole broadcast at a time; the originator's `Done`
+//!   names the last part. A link that breaks mid-broadcast loses nothing the repair rules do
+//!   not already cover: the parts are operations, re-sent by link sessions or asked for again
+//!   with `Resume` from the first one missing.
 //!
 //! # Repairs
 //! [`Xcast::handle_repair`] takes each [`RecoveryStatus`]. A child that is gone no longer holds
@@ -71,12 +82,12 @@ use super::wire::{Op, Request, XcastMsg};
 use crate::Rank;
 use crate::limits::{
     GRPCOMM_PENDING_SYNCS_MAX, XCAST_HELD_MAX, XCAST_HELD_MAX_BYTES, XCAST_INFLIGHT_MAX,
-    XCAST_INFLIGHT_MAX_BYTES, XCAST_ORIGINATE_MAX, XCAST_REFUSALS_MAX, XCAST_RETAINED_MAX,
-    XCAST_RETAINED_MAX_BYTES,
+    XCAST_INFLIGHT_MAX_BYTES, XCAST_ORIGINATE_MAX, XCAST_PART_BYTES_DEFAULT, XCAST_PARTS_MAX,
+    XCAST_REFUSALS_MAX, XCAST_RETAINED_MAX, XCAST_RETAINED_MAX_BYTES,
 };
 use crate::rml::Tag;
 use crate::routed::{RecoveryStatus, RoutingState};
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 #[cfg(test)]
@@ -85,16 +96,18 @@ pub(crate) mod tests;
 /// What a daemon's broadcast core tells its application.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum XcastEvent {
-    /// Operation `op` is delivered here (once per daemon, in `op` order). Its children have
-    /// already been handed it (if the driver sends transmits before polling events).
+    /// Operations `first` to `op` (one broadcast: its parts, or `first == op` for an unsplit
+    /// payload) are delivered here (once per daemon, in `op` order). Its children have
+    /// already been handed them (if the driver sends transmits before polling events).
     Deliver {
+        first: u64,
         op: u64,
         originator: Rank,
         tag: Tag,
         payload: Bytes,
     },
-    /// This daemon's request `request` became operation `op`, and every daemon living in rank
-    /// 0's view has delivered it.
+    /// This daemon's request `request` became operation `op` (its last part, if split), and
+    /// every daemon living in rank 0's view has delivered it.
     Completed { request: u64, op: u64 },
     /// Rank 0 refused this daemon's request `request` (too many operations in flight, or the
     /// payload is too large). Nothing was broadcast; the caller may try again.
@@ -164,6 +177,11 @@ pub struct XcastStats {
     /// Rank 0: requests dropped as duplicates (request id not above the last one seen from that
     /// originator).
     pub duplicate_requests: u64,
+    /// Rank 0: broadcasts split into parts (pipelined).
+    pub split: u64,
+    /// Parts that did not form a broadcast (a part out of its place, or parts that disagree):
+    /// skipped undelivered and logged. A correct rank 0 never sends them.
+    pub broken_parts: u64,
 }
 
 /// The bounds one core enforces. [`Default`] takes them from [`crate::limits`], where each is
@@ -190,6 +208,12 @@ pub struct XcastLimits {
     pub held: usize,
     /// [`XCAST_HELD_MAX_BYTES`]; raised to `payload` so that the largest payload can wait.
     pub held_bytes: usize,
+    /// Rank 0 splits a payload larger than this into parts ([`XCAST_PART_BYTES_DEFAULT`],
+    /// setting `bcast_part_bytes`); 0 never splits. Only rank 0's value matters.
+    pub part_bytes: usize,
+    /// [`XCAST_PARTS_MAX`]; lowered to `retained`, so that every part of one broadcast can be
+    /// held at once.
+    pub parts: usize,
 }
 
 impl Default for XcastLimits {
@@ -204,6 +228,8 @@ impl Default for XcastLimits {
             refusals: XCAST_REFUSALS_MAX,
             held: XCAST_HELD_MAX,
             held_bytes: XCAST_HELD_MAX_BYTES,
+            part_bytes: XCAST_PART_BYTES_DEFAULT,
+            parts: XCAST_PARTS_MAX,
         }
     }
 }
@@ -321,6 +347,14 @@ pub struct Xcast {
     stats: XcastStats,
 }
 
+/// What [`Xcast::gather`] found at the next operation to deliver.
+enum Gathered {
+    /// A whole broadcast, as the event to deliver, and how many operations (parts) it took.
+    Whole(XcastEvent, u64),
+    /// A part that cannot be delivered (why): skip it.
+    Broken(&'static str),
+}
+
 /// An originator's bound on outstanding requests: `originate`, but no more than its share of
 /// what rank 0 can hold (`held` over the DVM's `size`, at least 1). Rank 0 keeps its own held
 /// broadcasts to the same share (refused `Busy` beyond it). With every daemon within its share
@@ -361,6 +395,11 @@ impl Xcast {
             refusals: limits.refusals,
             held: limits.held.max(1),
             held_bytes: limits.held_bytes.max(payload),
+            part_bytes: limits.part_bytes,
+            parts: limits
+                .parts
+                .clamp(1, XCAST_PARTS_MAX)
+                .min(limits.retained.max(1)),
         };
         let view = TreeView::new(routing);
         let children = view.children.iter().map(|&r| Child::synced(r)).collect();
@@ -796,18 +835,68 @@ impl Xcast {
         if let Some(event) = self.events.pop_front() {
             return Some(event);
         }
-        let op = self.store.get(&self.next_expected)?;
-        let event = XcastEvent::Deliver {
-            op: op.id,
-            originator: op.originator,
-            tag: op.tag,
-            payload: op.payload.clone(),
+        // Each turn delivers a broadcast or skips one broken part: at most one turn per
+        // operation held.
+        for _ in 0..=self.store.len() {
+            let first = self.next_expected;
+            let (event, count) = match self.gather(first)? {
+                Gathered::Whole(event, count) => (Some(event), count),
+                Gathered::Broken(why) => {
+                    self.stats.broken_parts += 1;
+                    log::error!("xcast: operation {first} skipped undelivered: {why}");
+                    (None, 1)
+                }
+            };
+            self.next_expected = first.saturating_add(count);
+            self.check_resume = true;
+            self.settle();
+            if let Some(event) = event {
+                self.stats.delivered += 1;
+                return Some(event);
+            }
+        }
+        None
+    }
+
+    /// The broadcast starting at operation `first`, if every part of it is held.
+    fn gather(&self, first: u64) -> Option<Gathered> {
+        let head = self.store.get(&first)?;
+        let deliver = |op: u64, payload: Bytes| XcastEvent::Deliver {
+            first,
+            op,
+            originator: head.originator,
+            tag: head.tag,
+            payload,
         };
-        self.next_expected = self.next_expected.saturating_add(1);
-        self.stats.delivered += 1;
-        self.check_resume = true;
-        self.settle();
-        Some(event)
+        if head.parts <= 1 {
+            return Some(Gathered::Whole(deliver(first, head.payload.clone()), 1));
+        }
+        if head.part != 0 {
+            return Some(Gathered::Broken(
+                "a part without the start of its broadcast",
+            ));
+        }
+        let count = u64::from(head.parts);
+        let last = first.saturating_add(count.saturating_sub(1));
+        let parts: Vec<&Op> = self.store.range(first..=last).map(|(_, op)| op).collect();
+        // A part still missing leaves a gap: wait for it, but judge those here already.
+        for op in &parts {
+            let same = u64::from(op.part) == op.id.saturating_sub(first)
+                && op.parts == head.parts
+                && (op.originator, op.request, op.tag) == (head.originator, head.request, head.tag);
+            if !same {
+                return Some(Gathered::Broken("parts that do not form one broadcast"));
+            }
+        }
+        if parts.len() as u64 != count {
+            return None;
+        }
+        let len = parts.iter().map(|op| op.payload.len()).sum();
+        let mut payload = BytesMut::with_capacity(len);
+        for op in &parts {
+            payload.put_slice(&op.payload);
+        }
+        Some(Gathered::Whole(deliver(last, payload.freeze()), count))
     }
 
     // ----- inputs --------------------------------------------------------------------------
@@ -877,14 +966,28 @@ impl Xcast {
         }
     }
 
-    /// Rank 0: whether an operation of `len` payload bytes fits in the window now.
+    /// Rank 0: whether a broadcast of `len` payload bytes (all its parts) fits in the window
+    /// now. One split into more parts than the window takes fits an empty window.
     fn window_fits(&self, len: usize) -> bool {
+        let (parts, _) = self.split(len);
         let in_flight = self.store.len().saturating_add(self.dones.len());
-        in_flight < self.limits.inflight
+        (in_flight == 0 || in_flight.saturating_add(parts) <= self.limits.inflight)
             && self.store_bytes.saturating_add(len) <= self.limits.inflight_bytes
     }
 
-    /// Rank 0: number a broadcast and hold it until it completes (`urgent`: past the window).
+    /// Rank 0: how it numbers a payload of `len` bytes: (parts, bytes in each part but the
+    /// last). Parts of `part_bytes`, or larger so that there are at most `parts` of them.
+    fn split(&self, len: usize) -> (usize, usize) {
+        let part = self.limits.part_bytes;
+        if part == 0 || len <= part {
+            return (1, len);
+        }
+        let size = part.max(len.div_ceil(self.limits.parts.max(1)));
+        (len.div_ceil(size), size)
+    }
+
+    /// Rank 0: number a broadcast and hold it until it completes (`urgent`: past the window,
+    /// and never split). Returns its last operation id.
     fn assign(
         &mut self,
         originator: Rank,
@@ -897,20 +1000,40 @@ impl Xcast {
         if !urgent && !self.window_fits(payload.len()) {
             return Err(XcastError::Busy);
         }
-        let id = self.next_op;
-        self.next_op = id.checked_add(1).ok_or(XcastError::Busy)?;
-        self.store_bytes = self.store_bytes.saturating_add(payload.len());
-        self.store.insert(
-            id,
-            Op {
+        let len = payload.len();
+        // The runtime's notices stay whole: callers (rejoin, leave) name them by the id
+        // `next_op` gave before numbering, and one is small.
+        let (parts, size) = if urgent { (1, len) } else { self.split(len) };
+        let first = self.next_op;
+        let count = u64::try_from(parts).map_err(|_| XcastError::Busy)?;
+        self.next_op = first.checked_add(count).ok_or(XcastError::Busy)?;
+        self.store_bytes = self.store_bytes.saturating_add(len);
+        if parts == 1 {
+            self.store
+                .insert(first, Op::whole(first, originator, request, tag, payload));
+            return Ok(first);
+        }
+        self.stats.split += 1;
+        let parts_u32 = u32::try_from(parts).map_err(|_| XcastError::Busy)?;
+        for part in 0..parts_u32 {
+            // `part * size < len`: there are `len / size` parts, rounded up.
+            let start = (part as usize).saturating_mul(size);
+            let end = start.saturating_add(size).min(len);
+            let id = first.saturating_add(u64::from(part));
+            self.store.insert(
                 id,
-                originator,
-                request,
-                tag,
-                payload,
-            },
-        );
-        Ok(id)
+                Op {
+                    id,
+                    originator,
+                    request,
+                    tag,
+                    part,
+                    parts: parts_u32,
+                    payload: payload.slice(start..end),
+                },
+            );
+        }
+        Ok(first.saturating_add(count.saturating_sub(1)))
     }
 
     fn on_op(&mut self, op: Op) {
@@ -1025,6 +1148,10 @@ impl Xcast {
                     log::error!("xcast: completed operation {id} is not held");
                     continue;
                 };
+                // A split broadcast completes with its last part.
+                if !op.is_last() {
+                    continue;
+                }
                 if op.originator == 0 {
                     self.events.push_back(XcastEvent::Completed {
                         request: op.request,
@@ -1133,7 +1260,8 @@ impl Xcast {
         Ok(())
     }
 
-    /// The next operation for a synchronised child, in order from its cursor.
+    /// The next operation for a synchronised child, in order from its cursor, taking the
+    /// children in turn.
     fn pump(&mut self) -> Option<Transmit<XcastMsg>> {
         let n = self.children.len();
         for step in 0..n {
@@ -1147,7 +1275,10 @@ impl Xcast {
             let next = cursor.max(child.acked.saturating_add(1));
             if let Some(op) = self.store.get(&next) {
                 child.cursor = Some(next.saturating_add(1));
-                self.pump_at = at;
+                // The next child goes next: each part reaches every child before the next
+                // part goes to any, so that all of them start forwarding early (a child
+                // served last would otherwise wait for every other child's whole payload).
+                self.pump_at = (at + 1) % n;
                 self.stats.forwarded += 1;
                 return Some(Transmit {
                     to: child.rank,

@@ -105,10 +105,11 @@ pub fn broadcast_max(msg_max_bytes: usize) -> usize {
 
 /// The xcast bounds of a DVM whose frames are at most `msg_max_bytes` (every daemon of a DVM
 /// has the same configuration, hence the same bounds): the largest payload is what fits in a
-/// frame behind an `Op`'s header.
-pub fn xcast_limits(msg_max_bytes: usize) -> XcastLimits {
+/// frame behind an `Op`'s header. Rank 0 splits payloads above `part_bytes` (0: never).
+pub fn xcast_limits(msg_max_bytes: usize, part_bytes: usize) -> XcastLimits {
     XcastLimits {
         payload: broadcast_max(msg_max_bytes),
+        part_bytes,
         ..XcastLimits::default()
     }
 }
@@ -559,6 +560,7 @@ impl Node {
     fn xcast_event(&mut self, now: Instant, e: XcastEvent) {
         match e {
             XcastEvent::Deliver {
+                first,
                 op,
                 originator,
                 tag,
@@ -566,6 +568,7 @@ impl Node {
             } => {
                 if self.trace {
                     self.out.push_back(Output::Trace(Trace::Broadcast {
+                        first,
                         op,
                         originator,
                         tag,

@@ -82,6 +82,9 @@ pub struct NodeConfig {
     /// Start wired, with no contact table (the simulator, which has no addresses).
     pub wired_at_start: bool,
     pub msg_max_bytes: usize,
+    /// Rank 0 splits a broadcast payload larger than this into parts, pipelined down the tree
+    /// (`bcast_part_bytes`; 0: never).
+    pub bcast_part_bytes: usize,
     pub unmatched_max: usize,
     pub prewire_queue_max: usize,
     pub relm: RelmConfig,
@@ -134,6 +137,7 @@ impl NodeConfig {
             hnp: None,
             wired_at_start: false,
             msg_max_bytes: c.msg_max_bytes as usize,
+            bcast_part_bytes: c.bcast_part_bytes,
             unmatched_max: c.unmatched_max,
             prewire_queue_max: c.prewire_queue_max,
             relm: c.relm(),
@@ -190,6 +194,7 @@ pub struct Node {
     size: u32,
     incarnation: u64,
     msg_max_bytes: usize,
+    bcast_part_bytes: usize,
     prewire_queue_max: usize,
     trace: bool,
     uri: Option<ContactUri>,
@@ -310,7 +315,10 @@ impl Node {
         if let (1.., Some(h)) = (me, cfg.hnp.clone()) {
             contacts.own(h);
         }
-        let xcast = Xcast::with_limits(&routing, xcast_limits(cfg.msg_max_bytes));
+        let xcast = Xcast::with_limits(
+            &routing,
+            xcast_limits(cfg.msg_max_bytes, cfg.bcast_part_bytes),
+        );
         let allgather = Allgather::new(&routing);
         let group = GroupGather::new(&routing);
         Ok(Node {
@@ -318,6 +326,7 @@ impl Node {
             size: cfg.size,
             incarnation: cfg.incarnation,
             msg_max_bytes: cfg.msg_max_bytes,
+            bcast_part_bytes: cfg.bcast_part_bytes,
             prewire_queue_max: cfg.prewire_queue_max,
             trace: cfg.trace,
             uri: cfg.uri,

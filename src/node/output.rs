@@ -150,8 +150,10 @@ pub enum Output {
 /// What the simulator's checkers observe beyond the API's outputs.
 #[derive(Debug, Clone)]
 pub enum Trace {
-    /// Broadcast operation `op` (user or runtime) was delivered here, in order.
+    /// Broadcast operations `first` to `op` (one user or runtime broadcast: its parts) were
+    /// delivered here, in order.
     Broadcast {
+        first: u64,
         op: u64,
         originator: Rank,
         tag: Tag,

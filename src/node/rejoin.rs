@@ -534,7 +534,7 @@ impl Node {
         }
         // The cores start from this tree, as everyone's did at wire-up, except that the
         // broadcast stream starts after the admission's operation and every neighbour is new.
-        let limits = super::xcast_limits(self.msg_max_bytes);
+        let limits = super::xcast_limits(self.msg_max_bytes, self.bcast_part_bytes);
         self.xcast = Xcast::rejoined(&self.routing, limits, w.op);
         self.allgather = Allgather::rejoined(&self.routing);
         self.group = GroupGather::rejoined(&self.routing);

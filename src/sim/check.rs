@@ -86,6 +86,8 @@ pub struct Checker {
     pub ops: HashMap<u64, (Rank, crate::rml::Tag, bytes::Bytes)>,
     /// Per daemon: the last op delivered.
     pub last_op: HashMap<Rank, u64>,
+    /// Broadcasts delivered as several parts (operations), as first seen.
+    pub split_ops: u64,
     /// Broadcast deliveries seen.
     pub bcast_delivered: u64,
     /// (originator, request) accepted by the core, and whether they finished.
@@ -306,13 +308,13 @@ impl Checker {
 
     /// `at` delivered a broadcast.
     pub fn bcast_delivered(&mut self, at: Rank, b: &BcastDelivery) -> Result<(), Violation> {
-        let (op, originator, tag, payload) = b;
+        let (first, op, originator, tag, payload) = b;
         self.bcast_delivered += 1;
         let last = self.last_op.entry(at).or_insert(0);
-        if *op != *last + 1 {
+        if *first != *last + 1 || op < first {
             return Err(v(
                 "xcast-order",
-                format!("rank {at} delivered op {op} after op {last}"),
+                format!("rank {at} delivered ops {first} to {op} after op {last}"),
             ));
         }
         *last = *op;
@@ -325,6 +327,9 @@ impl Checker {
             }
             Some(_) => {}
             None => {
+                if first < op {
+                    self.split_ops += 1;
+                }
                 self.ops.insert(*op, (*originator, *tag, payload.clone()));
             }
         }

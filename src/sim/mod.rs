@@ -61,6 +61,7 @@ impl RegressionSeed {
             radix: Some(self.radix),
             messages,
             faults: self.faults,
+            bcast_part_bytes: None,
         }
     }
 }
@@ -144,6 +145,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            split: false,
             return_gathers: false,
         },
         found: "simulator (strangers' runs): a daemon that died with its dial proved and admitted \
@@ -171,6 +173,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            split: false,
             return_gathers: false,
         },
         found: "flow: a daemon not scheduled for longer than FLOW_STUCK_MS made its neighbours' \
@@ -200,6 +203,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            split: false,
             return_gathers: false,
         },
         found: "direct links: a daemon that could not dial its peer gave the link up alone; the \
@@ -230,6 +234,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            split: false,
             return_gathers: false,
         },
         found: "direct links (an overload run with short request times): a grant expired \
@@ -261,6 +266,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            split: false,
             return_gathers: false,
         },
         found: "streams: a dropped connection lost a stream's chunks and its End came after on \
@@ -289,6 +295,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            split: false,
             return_gathers: false,
         },
         found: "direct links: a request delayed past direct_request_ms was given up; the \
@@ -319,6 +326,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             grow: false,
             leave: false,
+            split: false,
             return_gathers: false,
         },
         found: "direct links: the same race as seed 358 with a radix of 8, and a grant given \
@@ -696,6 +704,7 @@ const ALL_REJOIN: FaultKinds = FaultKinds {
     rejoin: true,
     grow: false,
     leave: false,
+    split: false,
     return_gathers: true,
 };
 
@@ -723,6 +732,9 @@ pub struct Options {
     pub messages: u64,
     /// The kinds of fault a seed may choose from.
     pub faults: FaultKinds,
+    /// Rank 0's `bcast_part_bytes` in every seed, instead of the scenario's (the `split`
+    /// kind's choice, or the daemon's default).
+    pub bcast_part_bytes: Option<usize>,
 }
 
 impl Default for Options {
@@ -732,6 +744,7 @@ impl Default for Options {
             radix: None,
             messages: 200,
             faults: FaultKinds::UNTIL_GROUPS,
+            bcast_part_bytes: None,
         }
     }
 }
@@ -747,6 +760,8 @@ pub struct SeedOutcome {
     pub radix: u32,
     /// The fault kinds it could choose from.
     pub faults: FaultKinds,
+    /// Rank 0's `bcast_part_bytes`, if the run set it.
+    pub bcast_part_bytes: Option<usize>,
     /// The counts, or the first broken rule.
     pub result: Result<RunStats, Violation>,
 }
@@ -755,8 +770,13 @@ impl SeedOutcome {
     /// The command that replays this seed exactly.
     pub fn replay_command(&self, messages: u64) -> String {
         format!(
-            "cargo run --release -- sim --seed {} --daemons {} --radix {} --messages {messages} --faults {}",
-            self.seed, self.daemons, self.radix, self.faults
+            "cargo run --release -- sim --seed {} --daemons {} --radix {} --messages {messages} --faults {}{}",
+            self.seed,
+            self.daemons,
+            self.radix,
+            self.faults,
+            self.bcast_part_bytes
+                .map_or(String::new(), |p| format!(" --bcast-part-bytes {p}"))
         )
     }
 }
@@ -773,12 +793,18 @@ pub fn run_seed(seed: u64, opts: Options) -> SeedOutcome {
     });
     // A broken invariant (`bug!`) panics in the simulator; it is this seed's violation.
     let run = std::panic::catch_unwind(|| {
-        World::new(seed, daemons, radix, opts.messages, opts.faults)
-            .map_err(|e| Violation {
-                checker: "setup",
-                detail: e,
-            })
-            .and_then(|mut w| w.run())
+        World::new(
+            seed,
+            daemons,
+            radix,
+            opts.messages,
+            (opts.faults, opts.bcast_part_bytes),
+        )
+        .map_err(|e| Violation {
+            checker: "setup",
+            detail: e,
+        })
+        .and_then(|mut w| w.run())
     });
     let result = run.unwrap_or_else(|panic| {
         let detail = panic
@@ -796,6 +822,7 @@ pub fn run_seed(seed: u64, opts: Options) -> SeedOutcome {
         daemons,
         radix,
         faults: opts.faults,
+        bcast_part_bytes: opts.bcast_part_bytes,
         result,
     }
 }

@@ -29,8 +29,9 @@ pub const SIM_CLIENT_TAG: Tag = TAG_USER_MIN + 3;
 /// The service every simulated daemon offers (the `stream` kind's data).
 pub const SERVICE: &str = "data";
 
-/// A broadcast delivered here: (op, originator, tag, payload).
-pub type BcastDelivery = (u64, Rank, Tag, Bytes);
+/// A broadcast delivered here: (first op, last op, originator, tag, payload); the two ops
+/// differ for a payload split into parts.
+pub type BcastDelivery = (u64, u64, Rank, Tag, Bytes);
 
 /// What a daemon asks of its connections, in order.
 #[derive(Debug)]
@@ -112,7 +113,7 @@ impl SimNode {
         (flow, direct): (crate::node::flow::FlowLimits, crate::direct::DirectConfig),
         now: Instant,
         wireup: Option<usize>,
-        initial: u32,
+        (initial, bcast_part_bytes): (u32, usize),
     ) -> Result<SimNode, String> {
         Self::build(
             rank,
@@ -123,7 +124,7 @@ impl SimNode {
             (flow, direct),
             now,
             wireup,
-            (None, initial),
+            (None, initial, bcast_part_bytes),
         )
     }
 
@@ -149,7 +150,12 @@ impl SimNode {
             (flow, direct),
             now,
             None,
-            (Some(incarnation), size),
+            // Only rank 0 splits broadcasts, and it never restarts.
+            (
+                Some(incarnation),
+                size,
+                crate::limits::XCAST_PART_BYTES_DEFAULT,
+            ),
         )
     }
 
@@ -163,7 +169,7 @@ impl SimNode {
         (flow, direct): (crate::node::flow::FlowLimits, crate::direct::DirectConfig),
         now: Instant,
         wireup: Option<usize>,
-        (rejoin, initial): (Option<u64>, u32),
+        (rejoin, initial, bcast_part_bytes): (Option<u64>, u32, usize),
     ) -> Result<SimNode, String> {
         let (uri, hnp) = match (wireup, rejoin) {
             (None, None) => (None, None),
@@ -192,6 +198,7 @@ impl SimNode {
             client_uids: vec![SIM_CLIENT_UID],
             flow,
             initial_size: initial,
+            bcast_part_bytes,
             ..NodeConfig::new(rank, size, radix)
         };
         let mut node = Node::new(cfg).map_err(|e| e.to_string())?;
@@ -589,11 +596,12 @@ impl SimNode {
                 Output::Stop(reason) => self.stopped = Some(reason),
                 Output::Status { token, report } => self.statuses.push((token, *report)),
                 Output::Trace(Trace::Broadcast {
+                    first,
                     op,
                     originator,
                     tag,
                     payload,
-                }) => self.bcasts.push((op, originator, tag, payload)),
+                }) => self.bcasts.push((first, op, originator, tag, payload)),
                 Output::Trace(Trace::BroadcastFinished { token, op }) => {
                     self.bcast_done.push((token, op))
                 }

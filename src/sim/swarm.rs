@@ -74,6 +74,10 @@ pub struct FaultKinds {
     /// Daemons leave the DVM in order (`Node::leave`, shrink) at random times: every daemon
     /// must repair around them with no failure reported, and they must stop `Left`.
     pub leave: bool,
+    /// Not a fault: rank 0 splits the workload's broadcasts (20 to 84 bytes) into parts of 16
+    /// or 40 bytes (`bcast_part_bytes`, by seed), so that pipelined parts meet every other
+    /// kind of the run. Opt-in (not in `all`) while it is new, as rejoin, grow and leave were.
+    pub split: bool,
     /// Not a kind one names: allgathers run in seeds that restart, grow or leave too (set by
     /// [`FaultKinds::parse`] and in `ALL`). Off in the regression seeds found before they did,
     /// which so keep exactly their scenarios.
@@ -101,6 +105,7 @@ impl FaultKinds {
         rejoin: true,
         grow: true,
         leave: true,
+        split: false,
         return_gathers: true,
     };
 
@@ -123,6 +128,7 @@ impl FaultKinds {
         rejoin: false,
         grow: false,
         leave: false,
+        split: false,
         return_gathers: false,
     };
 
@@ -157,6 +163,7 @@ impl FaultKinds {
         rejoin: false,
         grow: false,
         leave: false,
+        split: false,
         return_gathers: false,
     };
 
@@ -185,9 +192,10 @@ impl FaultKinds {
                 "rejoin" => k.rejoin = true,
                 "grow" => k.grow = true,
                 "leave" => k.leave = true,
+                "split" => k.split = true,
                 other => {
                     return Err(format!(
-                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, group, client, rejoin, grow, leave, all)"
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, group, client, rejoin, grow, leave, split, all)"
                     ));
                 }
             }
@@ -223,6 +231,7 @@ impl std::fmt::Display for FaultKinds {
             (self.rejoin, "rejoin"),
             (self.grow, "grow"),
             (self.leave, "leave"),
+            (self.split, "split"),
         ];
         let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {
@@ -377,6 +386,9 @@ pub struct Scenario {
     pub client_sends: Vec<(usize, usize, u64)>,
     /// The `client` kind's exits: (client, when).
     pub client_exits: Vec<(usize, u64)>,
+    /// Rank 0's `bcast_part_bytes` (the `split` kind: small enough to split the workload's
+    /// broadcasts into parts).
+    pub bcast_part_bytes: usize,
 }
 
 impl Scenario {
@@ -709,6 +721,12 @@ impl Scenario {
             }
         }
         Scenario {
+            // From the seed, not its generator: the other kinds keep their runs.
+            bcast_part_bytes: match (kinds.split, seed % 2) {
+                (false, _) => crate::limits::XCAST_PART_BYTES_DEFAULT,
+                (true, 0) => 16,
+                (true, _) => 40,
+            },
             groups,
             group_calls,
             clients,
@@ -779,6 +797,7 @@ impl Scenario {
             clients: Vec::new(),
             client_sends: Vec::new(),
             client_exits: Vec::new(),
+            bcast_part_bytes: crate::limits::XCAST_PART_BYTES_DEFAULT,
         }
     }
 

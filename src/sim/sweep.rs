@@ -53,6 +53,9 @@ pub struct SweepParams {
     pub cores: u32,
     /// The timed broadcast's payload, bytes.
     pub bcast_bytes: usize,
+    /// Rank 0's `bcast_part_bytes`: the payload is pipelined down the tree in parts of this
+    /// size (0: stored and forwarded whole at each level).
+    pub bcast_part_bytes: usize,
     /// One contact table entry (an address and its length), bytes.
     pub uri_bytes: usize,
 }
@@ -200,9 +203,11 @@ pub fn sweep(p: &SweepParams) -> Result<Sweep, String> {
 
 fn one_radix(p: &SweepParams, k: u32) -> Result<RadixRow, Violation> {
     let world = || {
-        World::for_sweep(p.size, k, p.latency_us, p.model()).map_err(|e| Violation {
-            checker: "sweep",
-            detail: e,
+        World::for_sweep(p.size, k, p.latency_us, p.model(), p.bcast_part_bytes).map_err(|e| {
+            Violation {
+                checker: "sweep",
+                detail: e,
+            }
         })
     };
     let missing = |what: &str| Violation {
@@ -314,6 +319,7 @@ mod tests {
             bandwidth_mbps: 1000,
             cores: 0,
             bcast_bytes: 64,
+            bcast_part_bytes: crate::limits::XCAST_PART_BYTES_DEFAULT,
             uri_bytes: 40,
         }
     }

@@ -222,6 +222,8 @@ pub struct RunStats {
     pub replays: u64,
     /// Broadcast operations rank 0 numbered, and deliveries of them.
     pub bcast_ops: u64,
+    /// Of those, broadcasts split into parts (pipelined).
+    pub bcast_split: u64,
     /// Deliveries of broadcast operations, summed over daemons.
     pub bcast_delivered: u64,
     /// Allgathers completed (per daemon).
@@ -361,9 +363,12 @@ impl World {
         size: u32,
         radix: u32,
         messages: u64,
-        kinds: FaultKinds,
+        (kinds, bcast_part_bytes): (FaultKinds, Option<usize>),
     ) -> Result<World, String> {
-        let scen = Scenario::choose(seed, size, radix, messages, kinds);
+        let mut scen = Scenario::choose(seed, size, radix, messages, kinds);
+        if let Some(p) = bcast_part_bytes {
+            scen.bcast_part_bytes = p;
+        }
         Self::with_scenario(seed, size, radix, scen)
     }
 
@@ -414,7 +419,7 @@ impl World {
                     (flow, direct),
                     base,
                     wireup,
-                    initial,
+                    (initial, scen.bcast_part_bytes),
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -753,6 +758,7 @@ impl World {
         self.status_unanswered()?;
         self.stats.statuses = self.status.answered;
         self.stats.bcast_ops = self.check.ops.len() as u64;
+        self.stats.bcast_split = self.check.split_ops;
         self.stats.bcast_delivered = self.check.bcast_delivered;
         self.stats.gathers = self.check.gathers;
         self.stats.reliable_sent = self.check.sent.values().map(|v| v.len() as u64).sum();

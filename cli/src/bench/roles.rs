@@ -49,17 +49,19 @@ pub(super) fn start(a: &RoleArgs, radix: u32) -> Res<Daemon> {
     let hnp_path = a.dir.join("hnp");
     let key_path = a.dir.join("job.key");
     let route: RouteSetting = a.route.as_deref().unwrap_or("tree").parse()?;
+    let mut cfg = config(radix, &key_path, route);
+    if let Some(p) = a.bcast_part_bytes {
+        cfg.bcast_part_bytes = p;
+    }
     if a.rank == 0 {
         let _ = std::fs::remove_file(&key_path);
         tbon::driver::key::generate(&key_path).map_err(ctx("make the job key"))?;
-        let d = tbon::start(config(radix, &key_path, route), 0, a.size, None)
-            .map_err(ctx("start rank 0"))?;
+        let d = tbon::start(cfg, 0, a.size, None).map_err(ctx("start rank 0"))?;
         write_atomically(&hnp_path, d.contact_uri())?;
         Ok(d)
     } else {
         let uri = wait_file(&hnp_path, GUARD)?;
-        tbon::start(config(radix, &key_path, route), a.rank, a.size, Some(&uri))
-            .map_err(ctx("start daemon"))
+        tbon::start(cfg, a.rank, a.size, Some(&uri)).map_err(ctx("start daemon"))
     }
 }
 

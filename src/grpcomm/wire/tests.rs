@@ -9,12 +9,15 @@ fn xcast_samples() -> Vec<XcastMsg> {
             tag: 100,
             payload: Bytes::from_static(b"payload"),
         }),
+        XcastMsg::Op(Op::whole(1, 2, 9, u32::MAX, Bytes::new())),
         XcastMsg::Op(Op {
-            id: 1,
+            id: 12,
             originator: 2,
             request: 9,
-            tag: u32::MAX,
-            payload: Bytes::new(),
+            tag: 5,
+            part: 3,
+            parts: 4,
+            payload: Bytes::from_static(b"part"),
         }),
         XcastMsg::Ack {
             upto: 5,
@@ -74,13 +77,7 @@ fn result_sample() -> AllgatherResult {
 
 #[test]
 fn documented_layouts() {
-    let op = XcastMsg::Op(Op {
-        id: 1,
-        originator: 2,
-        request: 3,
-        tag: 4,
-        payload: Bytes::from_static(b"hi"),
-    });
+    let op = XcastMsg::Op(Op::whole(1, 2, 3, 4, Bytes::from_static(b"hi")));
     let (head, payload) = op.encode_parts();
     assert_eq!(
         head.as_ref(),
@@ -89,6 +86,23 @@ fn documented_layouts() {
         ]
     );
     assert_eq!(payload, Some(Bytes::from_static(b"hi")));
+    let part = XcastMsg::Op(Op {
+        id: 9,
+        originator: 2,
+        request: 3,
+        tag: 4,
+        part: 1,
+        parts: 2,
+        payload: Bytes::from_static(b"hi"),
+    });
+    let (head, _) = part.encode_parts();
+    assert_eq!(
+        head.as_ref(),
+        [
+            8, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0, 1,
+            0, 0, 0, 2, 0, 0, 0, 2
+        ]
+    );
     let c = AllgatherMsg::Contribution(Contribution {
         id: 1,
         digest: 2,
@@ -150,6 +164,42 @@ fn round_trips_and_every_truncation_is_an_error() {
     }
     assert_eq!(r.get(1), Some(&Bytes::from_static(b"xy")));
     assert_eq!(r.get(0), None);
+}
+
+#[test]
+fn a_part_out_of_range_is_an_error() {
+    let part = |id: u64, part: u32, parts: u32| {
+        XcastMsg::Op(Op {
+            id,
+            originator: 1,
+            request: 1,
+            tag: 1,
+            part,
+            parts,
+            payload: Bytes::from_static(b"x"),
+        })
+        .encode()
+    };
+    assert!(XcastMsg::decode(4, part(5, 1, 2)).is_ok());
+    for (bytes, why) in [
+        (part(5, 2, 2), "part not below parts"),
+        (
+            {
+                // Kind 8 naming one part (the encoder writes that as kind 2).
+                let mut b = part(5, 0, 2).to_vec();
+                b[32] = 1;
+                Bytes::from(b)
+            },
+            "parts not 2 to XCAST_PARTS_MAX",
+        ),
+        (
+            part(500, 0, limits::XCAST_PARTS_MAX as u32 + 1),
+            "parts not 2 to XCAST_PARTS_MAX",
+        ),
+        (part(3, 3, 4), "part before operation 1"),
+    ] {
+        assert_eq!(XcastMsg::decode(4, bytes), Err(WireError::Invalid(why)));
+    }
 }
 
 #[test]

@@ -12,13 +12,7 @@ fn core(radix: u32, size: u32, me: Rank) -> Xcast {
 }
 
 fn op(id: u64) -> Op {
-    Op {
-        id,
-        originator: 0,
-        request: id,
-        tag: 100,
-        payload: Bytes::from(format!("op{id}")),
-    }
+    Op::whole(id, 0, id, 100, Bytes::from(format!("op{id}")))
 }
 
 fn drain_transmits(x: &mut Xcast) -> Vec<Transmit<XcastMsg>> {
@@ -49,6 +43,7 @@ fn a_lone_rank_zero_delivers_and_completes() {
         events,
         vec![
             XcastEvent::Deliver {
+                first: 1,
                 op: 1,
                 originator: 0,
                 tag: 100,
@@ -93,6 +88,120 @@ fn forwards_before_delivering_and_acks_cumulatively() {
         }]
     );
     assert_eq!(one.retained(), 0);
+}
+
+fn split_core(me: Rank, part_bytes: usize) -> Xcast {
+    let routing = RoutingState::new(2, 4, 0).unwrap().as_seen_by(me).unwrap();
+    Xcast::with_limits(
+        &routing,
+        XcastLimits {
+            part_bytes,
+            ..XcastLimits::default()
+        },
+    )
+}
+
+fn ops_to(sent: &[Transmit<XcastMsg>], to: Rank) -> Vec<Op> {
+    sent.iter()
+        .filter(|t| t.to == to)
+        .filter_map(|t| match &t.msg {
+            XcastMsg::Op(op) => Some(op.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_split_broadcast_is_forwarded_part_by_part_and_delivered_whole() {
+    // Radix 2, size 4: 0 -> {1, 2}, 1 -> {3}. Rank 0 splits 10 bytes into parts of 4.
+    let mut zero = split_core(0, 4);
+    let request = zero
+        .originate(100, Bytes::from_static(b"0123456789"))
+        .unwrap();
+    let sent = drain_transmits(&mut zero);
+    let parts = ops_to(&sent, 1);
+    assert_eq!(parts, ops_to(&sent, 2));
+    let shape: Vec<(u64, u32, u32, &[u8])> = parts
+        .iter()
+        .map(|o| (o.id, o.part, o.parts, o.payload.as_ref()))
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (1, 0, 3, &b"0123"[..]),
+            (2, 1, 3, &b"4567"[..]),
+            (3, 2, 3, &b"89"[..])
+        ]
+    );
+    assert_eq!(zero.stats().split, 1);
+    // A relay forwards each part as it comes and delivers only the whole payload.
+    let mut one = split_core(1, 4);
+    for (i, part) in parts.iter().enumerate() {
+        one.handle_msg(0, XcastMsg::Op(part.clone()));
+        assert_eq!(
+            ops_to(&drain_transmits(&mut one), 3),
+            std::slice::from_ref(part)
+        );
+        let events = drain_events(&mut one);
+        if i + 1 < parts.len() {
+            assert_eq!(events, vec![], "part {i} delivered alone");
+        } else {
+            assert_eq!(
+                events,
+                vec![XcastEvent::Deliver {
+                    first: 1,
+                    op: 3,
+                    originator: 0,
+                    tag: 100,
+                    payload: Bytes::from_static(b"0123456789"),
+                }]
+            );
+        }
+    }
+    assert_eq!(one.next_expected(), 4);
+    // Acks move a whole broadcast; it completes with its last part.
+    drain_events(&mut zero);
+    zero.handle_msg(1, XcastMsg::Ack { upto: 3, digest: 0 });
+    assert_eq!(drain_events(&mut zero), vec![]);
+    zero.handle_msg(2, XcastMsg::Ack { upto: 3, digest: 0 });
+    assert_eq!(
+        drain_events(&mut zero),
+        vec![XcastEvent::Completed { request, op: 3 }]
+    );
+    assert_eq!(zero.retained(), 0);
+    // A small payload is not split; part size 0 never splits.
+    let mut whole = split_core(0, 0);
+    whole.originate(100, Bytes::from(vec![7; 100])).unwrap();
+    assert_eq!(ops_to(&drain_transmits(&mut whole), 1).len(), 1);
+}
+
+#[test]
+fn parts_are_at_most_the_bound_and_broken_parts_are_skipped() {
+    // 100 bytes in parts of 1 with at most 64 parts: 50 parts of 2.
+    let mut zero = split_core(0, 1);
+    zero.originate(100, Bytes::from(vec![1; 100])).unwrap();
+    let parts = ops_to(&drain_transmits(&mut zero), 1);
+    assert_eq!(parts.len(), 50);
+    assert!(parts.iter().all(|p| p.payload.len() == 2 && p.parts == 50));
+    // A part without the start of its broadcast (never sent by a correct rank 0) is skipped,
+    // and what follows is delivered.
+    let mut three = split_core(3, 1);
+    let stray = Op {
+        id: 1,
+        originator: 0,
+        request: 1,
+        tag: 100,
+        part: 1,
+        parts: 2,
+        payload: Bytes::from_static(b"x"),
+    };
+    three.handle_msg(1, XcastMsg::Op(stray));
+    three.handle_msg(
+        1,
+        XcastMsg::Op(Op::whole(2, 0, 2, 100, Bytes::from_static(b"y"))),
+    );
+    assert_eq!(delivered_ids(&drain_events(&mut three)), [2]);
+    assert_eq!(three.stats().broken_parts, 1);
 }
 
 #[test]
@@ -563,6 +672,24 @@ const TIGHT: XcastLimits = XcastLimits {
     refusals: 1_024,
     held: 3,
     held_bytes: 40,
+    // Payloads of 5 to 8 bytes: two parts each (no more than `retained`).
+    part_bytes: 3,
+    parts: 64,
+};
+
+/// Default bounds, but every payload (5 to 8 bytes here) split into parts of 2 bytes.
+const SPLIT: XcastLimits = XcastLimits {
+    part_bytes: 2,
+    inflight: XCAST_INFLIGHT_MAX,
+    inflight_bytes: XCAST_INFLIGHT_MAX_BYTES,
+    payload: XCAST_INFLIGHT_MAX_BYTES,
+    retained: XCAST_RETAINED_MAX,
+    retained_bytes: XCAST_RETAINED_MAX_BYTES,
+    originate: XCAST_ORIGINATE_MAX,
+    refusals: XCAST_REFUSALS_MAX,
+    held: XCAST_HELD_MAX,
+    held_bytes: XCAST_HELD_MAX_BYTES,
+    parts: XCAST_PARTS_MAX,
 };
 
 /// A random broadcast workload with faults; returns the settled network. With
@@ -635,17 +762,17 @@ pub(crate) fn run_with(
 /// retained.
 pub(crate) fn check(sim: &Sim, seed: u64) {
     let root = sim.node(0);
-    let total = root.delivered.len() as u64;
+    let total = root.delivered.len();
     assert_eq!(
         root.xcast.completed(),
-        total,
+        root.delivered.last().map_or(0, |d| d.0),
         "seed {seed}: rank 0 completed all"
     );
     let mut payloads: Vec<&Bytes> = root.delivered.iter().map(|d| &d.3).collect();
     payloads.sort();
     payloads.dedup();
     assert_eq!(
-        payloads.len() as u64,
+        payloads.len(),
         total,
         "seed {seed}: a request broadcast twice"
     );
@@ -667,7 +794,7 @@ pub(crate) fn check(sim: &Sim, seed: u64) {
         let asked: Vec<u64> = n.originated.iter().map(|o| o.0).collect();
         assert_eq!(answered, asked, "seed {seed}: rank {r} completions");
         for &(request, op) in &n.completed {
-            let (_, originator, _, payload) = &root.delivered[op as usize - 1];
+            let (_, originator, _, payload) = root.delivered.iter().find(|d| d.0 == op).unwrap();
             assert_eq!(*originator, r, "seed {seed}");
             let sent = &n.originated.iter().find(|o| o.0 == request).unwrap().1;
             assert_eq!(payload, sent, "seed {seed}: rank {r} request {request}");
@@ -783,6 +910,19 @@ fn sim_link_losses() {
         true,
         TIGHT,
     );
+}
+
+#[test]
+fn sim_split_payloads_with_faults() {
+    for (name, fault, repairs) in [
+        ("split, no faults", Fault::None, Repairs::Atomic),
+        ("split, interior", Fault::Interior, Repairs::Atomic),
+        ("split, during repair", Fault::DuringRepair, Repairs::Atomic),
+        ("split, staggered", Fault::Random, Repairs::Staggered),
+        ("split, link losses", Fault::LinkLoss, Repairs::Atomic),
+    ] {
+        batch_with(name, fault, repairs, true, SPLIT);
+    }
 }
 
 #[test]

@@ -65,14 +65,15 @@ const BCAST_FIXED_BYTES: usize = 24;
 impl World {
     /// A world of `size` daemons of radix `radix` for one sweep measurement: links of
     /// `latency_us` one way, a crash noticed by each neighbour one latency after it, and
-    /// `model`'s costs.
+    /// `model`'s costs, and rank 0 splitting broadcasts into parts of `bcast_part_bytes`.
     pub fn for_sweep(
         size: u32,
         radix: u32,
         latency_us: u64,
         model: CostModel,
+        bcast_part_bytes: usize,
     ) -> Result<World, String> {
-        Self::sweep_world(size, radix, latency_us, model, None)
+        Self::sweep_world(size, radix, latency_us, model, (None, bcast_part_bytes))
     }
 
     /// [`World::for_sweep`] whose daemons start unwired, with contacts of about `uri_bytes`:
@@ -85,7 +86,13 @@ impl World {
         model: CostModel,
         uri_bytes: usize,
     ) -> Result<World, String> {
-        Self::sweep_world(size, radix, latency_us, model, Some(uri_bytes))
+        Self::sweep_world(
+            size,
+            radix,
+            latency_us,
+            model,
+            (Some(uri_bytes), crate::limits::XCAST_PART_BYTES_DEFAULT),
+        )
     }
 
     fn sweep_world(
@@ -93,9 +100,12 @@ impl World {
         radix: u32,
         latency_us: u64,
         model: CostModel,
-        wireup: Option<usize>,
+        (wireup, bcast_part_bytes): (Option<usize>, usize),
     ) -> Result<World, String> {
-        let scen = Scenario::quiet(latency_us, latency_us);
+        let scen = Scenario {
+            bcast_part_bytes,
+            ..Scenario::quiet(latency_us, latency_us)
+        };
         let mut w = World::build(0, size, radix, scen, wireup)?;
         if wireup.is_some() {
             // Every daemon's first turn at time 0 sends its report (what `start` queued).
