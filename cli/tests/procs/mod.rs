@@ -25,10 +25,22 @@ pub fn keygen_file() -> &'static Path {
 /// Runs `tbon harness` with `args` plus `--quiet --json <file>`, asserts that it exited 0, and
 /// returns its report and its stdout (for messages).
 pub fn harness_report(name: &str, args: &[&str]) -> (serde_json::Value, String) {
+    harness_report_env(name, args, &[])
+}
+
+/// [`harness_report`] with these variables in the harness's environment (its daemons inherit
+/// them: `TBON_<SETTING>` sets a daemon setting).
+#[allow(dead_code)]
+pub fn harness_report_env(
+    name: &str,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> (serde_json::Value, String) {
     let json = std::env::temp_dir().join(format!("tbon-{name}-{}.json", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
         .arg("harness")
         .args(args)
+        .envs(envs.iter().copied())
         .arg("--quiet")
         .arg("--json")
         .arg(&json)
