@@ -489,7 +489,8 @@ typedef struct {
   uint64_t delivered;
   // Plain messages for other daemons forwarded by this one.
   uint64_t relayed;
-  // Broadcast operations sent to children, replays included.
+  // Broadcast operations sent to children (one per part of a split payload), replays
+  // included.
   uint64_t xcast_forwarded;
   // Messages dropped because no route led to their destination.
   uint64_t dropped_unreachable;
@@ -543,7 +544,8 @@ typedef struct {
   uint64_t relm_cached;
   // Early reliable messages held here while their predecessor is missing.
   uint64_t relm_pending;
-  // Broadcast operations delivered here (user broadcasts and the DVM's notices), each once.
+  // Broadcasts delivered here (user broadcasts and the DVM's notices), each once; a payload
+  // split into parts counts once.
   uint64_t xcast_delivered;
   // Broadcasts originated here that every living daemon delivered.
   uint64_t xcast_completed;

@@ -11,7 +11,8 @@ pub struct Counters {
     /// Plain messages for other daemons forwarded by this one (reliable ones are RELM's: see
     /// the `relm_*` counters).
     pub relayed: u64,
-    /// Broadcast operations (`Op` messages) sent to children, replays included.
+    /// Broadcast operations (`Op` messages, one per part of a payload split into parts) sent
+    /// to children, replays included.
     pub xcast_forwarded: u64,
     /// Messages dropped because no route led to their destination.
     pub dropped_unreachable: u64,
@@ -111,8 +112,8 @@ pub struct Counters {
     pub relm_cached: u64,
     /// Early reliable messages held here while their predecessor is missing.
     pub relm_pending: u64,
-    /// Broadcast operations delivered here (user broadcasts and the DVM's own notices), each
-    /// once, in operation order.
+    /// Broadcasts delivered here (user broadcasts and the DVM's own notices), each once, in
+    /// operation order; a payload split into parts counts once.
     pub xcast_delivered: u64,
     /// Broadcasts the application originated here that completed: every living daemon
     /// delivered them (rank 0's own notices are not counted).

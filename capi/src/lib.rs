@@ -365,7 +365,8 @@ pub struct tbon_counters {
     pub delivered: u64,
     /// Plain messages for other daemons forwarded by this one.
     pub relayed: u64,
-    /// Broadcast operations sent to children, replays included.
+    /// Broadcast operations sent to children (one per part of a split payload), replays
+    /// included.
     pub xcast_forwarded: u64,
     /// Messages dropped because no route led to their destination.
     pub dropped_unreachable: u64,
@@ -419,7 +420,8 @@ pub struct tbon_counters {
     pub relm_cached: u64,
     /// Early reliable messages held here while their predecessor is missing.
     pub relm_pending: u64,
-    /// Broadcast operations delivered here (user broadcasts and the DVM's notices), each once.
+    /// Broadcasts delivered here (user broadcasts and the DVM's notices), each once; a payload
+    /// split into parts counts once.
     pub xcast_delivered: u64,
     /// Broadcasts originated here that every living daemon delivered.
     pub xcast_completed: u64,
