@@ -1875,7 +1875,9 @@ pub unsafe extern "C" fn tbon_send_nocopy(
 /// fault-tolerant broadcast. Any daemon may broadcast; every living daemon delivers every
 /// broadcast exactly once, all in the same order (a sender's broadcasts in its order), across
 /// the deaths of daemons. Copies like `tbon_send`; the largest payload is `msg_max_bytes` less
-/// 29 bytes (`TBON_ERR_TOO_LARGE` beyond).
+/// 29 bytes (`TBON_ERR_TOO_LARGE` beyond). A payload above rank 0's `bcast_part_bytes` (256
+/// KiB) travels down the tree in parts, each forwarded as it arrives; it is still delivered
+/// whole, once.
 ///
 /// `cb` (may be NULL) is called exactly once, on the loop thread, if and only if this returns
 /// `TBON_OK`: `TBON_OK` once every living daemon has delivered it, `TBON_ERR_BUSY` if rank 0's

@@ -3,7 +3,8 @@
  * Rank r receives the token (a hop counter) from rank r-1 and sends it, incremented, to rank
  * (r+1) mod 8, from inside its receive callback. Each rank checks every value it gets. Rank 0
  * starts the token and stops after LAPS laps. Also checks the blocking receive (with
- * truncation), misuse errors, counters and a clean stop. Exits non-zero on any failure.
+ * truncation), misuse errors, a large broadcast pipelined in parts (`bcast_part_bytes`),
+ * counters and a clean stop. Exits non-zero on any failure.
  *
  * Build and run (see README.md, "Using tbon from C"):
  *   cargo build --release --lib
@@ -23,6 +24,8 @@
 #define LAPS 1000
 #define TAG_TOKEN 100
 #define TAG_HELLO 101
+#define TAG_BIG 102
+#define BIG_LEN 100000 /* broadcast in parts of 4096 bytes, delivered whole */
 #define TIMEOUT_MS 60000 /* hang guard only */
 
 struct rank_state {
@@ -30,6 +33,7 @@ struct rank_state {
     uint32_t rank;
     atomic_uint received; /* tokens received */
     atomic_uint errors;
+    atomic_uint big; /* large broadcasts received whole and right */
 };
 
 static struct rank_state ranks[N];
@@ -91,6 +95,28 @@ static void on_token(uint32_t origin, uint32_t tag, const uint8_t *data, size_t 
         atomic_fetch_add(&s->errors, 1);
 }
 
+/* The large broadcast: every byte is a function of its position. */
+static uint8_t big_byte(size_t i) { return (uint8_t)(i * 7 + i / 251); }
+
+/* Runs on rank r's loop thread: the whole payload, once, however rank 0 split it. */
+static void on_big(uint32_t origin, uint32_t tag, const uint8_t *data, size_t len, void *user) {
+    struct rank_state *s = user;
+    int ok = origin == 2 && tag == TAG_BIG && len == BIG_LEN;
+    for (size_t i = 0; ok && i < len; i++)
+        ok = data[i] == big_byte(i);
+    if (ok)
+        atomic_fetch_add(&s->big, 1);
+    else
+        atomic_fetch_add(&s->errors, 1);
+}
+
+static atomic_int big_done = -1;
+
+static void on_big_done(tbon_rc rc, void *user) {
+    (void)user;
+    atomic_store(&big_done, (int)rc);
+}
+
 static atomic_uint lent_freed;
 
 /* Free callback of tbon_send_nocopy: any thread, exactly once per buffer. */
@@ -116,6 +142,9 @@ int main(void) {
     CHECK(tbon_config_set(cfg, "no_such_setting", "1") == TBON_ERR_CONFIG, "unknown setting");
     CHECK(tbon_config_set(cfg, "radix", NULL) == TBON_ERR_BAD_PARAM, "NULL value");
     CHECK_RC(tbon_config_set(cfg, "radix", "2")); /* a deep tree: tokens are relayed */
+    /* Rank 0 splits broadcasts above 4 KiB into parts that every daemon forwards as they
+     * arrive (pipelined); every daemon still delivers the payload whole. */
+    CHECK_RC(tbon_config_set(cfg, "bcast_part_bytes", "4096"));
 
     /* Rank 0 first; the others join with its contact URI. */
     char uri[512];
@@ -228,6 +257,29 @@ int main(void) {
     }
     CHECK(atomic_load(&lent_freed) == 1 + (N - 1) / 2, "%u lent buffers freed",
           atomic_load(&lent_freed));
+
+    /* A large broadcast from rank 2 (its request goes to rank 0, which splits it). */
+    for (uint32_t r = 0; r < N; r++)
+        CHECK_RC(tbon_recv(ranks[r].d, 2, TAG_BIG, 0, on_big, &ranks[r]));
+    uint8_t *big = malloc(BIG_LEN);
+    for (size_t i = 0; i < BIG_LEN; i++)
+        big[i] = big_byte(i);
+    CHECK_RC(tbon_broadcast(ranks[2].d, TAG_BIG, big, BIG_LEN, on_big_done, NULL));
+    free(big); /* copied */
+    for (long waited = 0; atomic_load(&big_done) < 0 && waited < TIMEOUT_MS; waited += 1)
+        sleep_ms(1);
+    CHECK(atomic_load(&big_done) == TBON_OK, "large broadcast: %d", atomic_load(&big_done));
+    for (uint32_t r = 0; r < N; r++)
+        CHECK(atomic_load(&ranks[r].big) == 1 && atomic_load(&ranks[r].errors) == 0,
+              "rank %u: %u large broadcasts, %u errors", r, atomic_load(&ranks[r].big),
+              atomic_load(&ranks[r].errors));
+    {
+        /* Rank 0 sent its children parts, not one operation: 25 parts each. */
+        tbon_counters c;
+        CHECK_RC(tbon_counters_get(ranks[0].d, &c));
+        CHECK(c.xcast_forwarded >= 2 * (BIG_LEN / 4096), "rank 0 forwarded %llu operations",
+              (unsigned long long)c.xcast_forwarded);
+    }
     CHECK(atomic_load(&send_failures) == 0, "%u send completions failed", atomic_load(&send_failures));
 
     /* Rank 0 stops the DVM; the others see it and stop by themselves. */

@@ -532,7 +532,11 @@ impl Handle {
     /// numbers the operations, and every living daemon delivers every operation exactly once,
     /// in the same operation order, even while daemons die and the tree is repaired. Broadcasts
     /// of one originator keep their order. The payload is shared down the tree, never copied
-    /// per child (from a non-zero rank it is copied once, into the request to rank 0).
+    /// per child (from a non-zero rank it is copied once, into the request to rank 0). A
+    /// payload above rank 0's `bcast_part_bytes` setting (256 KiB) goes down the tree in parts
+    /// that every daemon forwards as they arrive (pipelined, instead of stored and forwarded
+    /// whole at each level); every daemon still delivers it whole, once (copying the parts
+    /// into one buffer).
     ///
     /// Argument errors are returned at once: a reserved tag, or a payload above
     /// [`Handle::broadcast_max`] (`TooLarge`); before wire-up, `Busy` beyond
