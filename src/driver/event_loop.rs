@@ -107,6 +107,9 @@ pub(crate) struct EventLoop {
     /// Connections left unread by flow control (`node::flow`): read again once the node
     /// allows it (checked every turn, and at least every `limits::FLOW_RECHECK_MS`).
     paused: FxHashSet<usize>,
+    /// When the last link watch tick ran (`failover.rs`): a late one means this daemon's own
+    /// loop did not run.
+    last_link_watch: Option<Instant>,
     /// Listeners (by index) that stopped at `ACCEPTS_PER_EVENT_MAX` with connections still
     /// waiting: accepted again next turn (edge-triggered, no new event would come for them).
     accept_again: Vec<usize>,
@@ -216,6 +219,7 @@ impl EventLoop {
             dirty_reported: 0,
             readable_again: FxHashSet::default(),
             paused: FxHashSet::default(),
+            last_link_watch: None,
             accept_again: Vec::new(),
             accept_retry: Vec::new(),
             frame_buf: Vec::new(),

@@ -55,6 +55,13 @@ impl StallWatch {
         self.heard = now;
     }
 
+    /// This daemon's own loop did not run for a while up to `now` (`tick_is_late`): the peer's
+    /// bytes may be waiting unread in the socket, so the silence proves nothing. Counts as
+    /// heard.
+    pub fn handle_own_stall(&mut self, now: Instant) {
+        self.heard = now;
+    }
+
     /// Whether the connection has stalled at `now`: `waiting` says whether frames written to
     /// it wait for the peer's confirmation. True once frames have waited, and nothing was
     /// heard, for at least `stall`. Called at ticks of at most `stall / 4`, the answer is late
@@ -75,6 +82,15 @@ impl StallWatch {
     }
 }
 
+/// Whether a watch tick at `now`, after the previous one at `last`, came more than half the
+/// stall time late (ticks are armed a quarter of it apart): this daemon's own loop did not run
+/// meanwhile (256 daemons at four times capacity on two processors left loops unscheduled for
+/// seconds). Every connection then looked stalled at once, and each was closed and redialled
+/// while its peer was well: the silence was this daemon's own.
+pub fn tick_is_late(last: Option<Instant>, now: Instant, stall: Duration) -> bool {
+    last.is_some_and(|t| now.saturating_duration_since(t) > stall / 2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,6 +99,25 @@ mod tests {
 
     fn ms(t0: Instant, n: u64) -> Instant {
         t0 + Duration::from_millis(n)
+    }
+
+    #[test]
+    fn after_its_own_loop_stalled_a_daemon_takes_no_connection_for_stalled() {
+        let t0 = Instant::now();
+        // Ticks a quarter of the stall time apart are on time; one over half of it late is
+        // this daemon's own stall.
+        assert!(!tick_is_late(None, t0, STALL));
+        assert!(!tick_is_late(Some(t0), ms(t0, 750), STALL));
+        assert!(!tick_is_late(Some(t0), ms(t0, 1500), STALL));
+        assert!(tick_is_late(Some(t0), ms(t0, 1501), STALL));
+        // Frames waiting since 0, nothing heard; the loop ran again only at 4,000 ms.
+        let mut w = StallWatch::new(t0);
+        assert!(!w.poll_stalled(ms(t0, 500), true, STALL));
+        w.handle_own_stall(ms(t0, 4000));
+        assert!(!w.poll_stalled(ms(t0, 4000), true, STALL));
+        // A real stall is still found, a stall time after the loop ran again.
+        assert!(!w.poll_stalled(ms(t0, 6750), true, STALL));
+        assert!(w.poll_stalled(ms(t0, 7000), true, STALL));
     }
 
     #[test]

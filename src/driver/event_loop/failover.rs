@@ -40,11 +40,24 @@ impl EventLoop {
         }
         let stall = Duration::from_millis(self.link_stall_ms());
         let now = self.now;
+        let own_stall = crate::oob::stall::tick_is_late(self.last_link_watch, now, stall);
+        self.last_link_watch = Some(now);
+        if own_stall {
+            log::info!(
+                "rank {}: this daemon's loop did not run for over {} ms; no connection is taken \
+                 as stalled for that silence",
+                self.me,
+                stall.as_millis() / 2
+            );
+        }
         let mut stalled = Vec::new();
         for (tok, conn) in self.conns.iter_mut() {
             let Some(peer) = conn.peer.filter(|_| conn.is_established()) else {
                 continue;
             };
+            if own_stall {
+                conn.watch.handle_own_stall(now);
+            }
             if self.paused.contains(&tok) {
                 conn.watch.handle_unread(now);
             }
