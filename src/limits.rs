@@ -661,6 +661,13 @@ pub const DIRECT_DENIALS_MAX: usize = 1_024;
 pub const DIRECT_HELD_MAX: usize = 65_536;
 /// See [`DIRECT_HELD_MAX`].
 pub const DIRECT_HELD_BYTES_MAX: usize = 64 << 20;
+/// Frames from one daemon that wait for its drain marker while a direct link with it opens
+/// (its own messages to this daemon; `node/marker_wait.rs`). At this bound, or at
+/// [`MARKER_WAIT_BYTES_MAX`], the connection is no longer read and TCP holds the sender back,
+/// as every read of it was before frames waited in the node; one read's frames may pass it.
+pub const MARKER_WAIT_FRAMES_MAX: usize = 4_096;
+/// See [`MARKER_WAIT_FRAMES_MAX`].
+pub const MARKER_WAIT_BYTES_MAX: usize = 4 << 20;
 /// Default `direct_auto_messages`: the `auto` policy asks once a destination took more
 /// messages than this within `direct_auto_window_ms`.
 pub const DIRECT_AUTO_MESSAGES_DEFAULT: u64 = 256;

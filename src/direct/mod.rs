@@ -23,11 +23,14 @@
 //! # Order through the switch
 //! `Switch` and `Ready` are drain markers. Each is the last message its sender sends to the
 //! other over the tree before it moves to the direct connection, and the tree carries one
-//! origin's messages to one destination in order. A daemon does not read the direct
-//! connection while it waits for the other's marker ([`DirectLinks::may_read`]: the bytes
-//! stay in the socket, TCP holds the sender back), so every tree message sent before the
-//! switch is delivered before any direct message sent after it. Nothing is buffered and
-//! nothing waits on the sending side.
+//! origin's messages to one destination in order. A daemon does not act on the other's own
+//! messages while it waits for the other's marker ([`DirectLinks::may_read`]), so every tree
+//! message sent before the switch is delivered before any direct message sent after it.
+//! Nothing waits on the sending side. The receiving node keeps those messages, in order and
+//! bounded (beyond the bound the connection is not read and TCP holds the sender back), and
+//! reads everything else on the connection: a repair may make the other a tree neighbour
+//! before this daemon knows it, and its tree messages (the adoption notice first) then come
+//! over the same connection (`node/marker_wait.rs`; regression seeds 11549 and 128).
 //!
 //! Nobody writes on the link before the other end has shown it waits for a marker: the
 //! grantor writes only after the requester's `Switch` (which the requester sends only while

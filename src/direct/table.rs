@@ -748,9 +748,10 @@ impl DirectLinks {
         self.links.get(&dst).is_some_and(|l| l.phase.writes())
     }
 
-    /// Whether the connection with `peer` may be read: not while a drain marker from it is
-    /// awaited (its direct messages must wait for its tree messages before the switch), nor
-    /// once the link is fenced.
+    /// Whether `peer`'s own messages to this daemon may be read: not while a drain marker from
+    /// it is awaited (its direct messages must wait for its tree messages before the switch),
+    /// nor once the link is fenced. The node keeps them meanwhile (`node/marker_wait.rs`) and
+    /// reads the rest of the connection.
     pub fn may_read(&self, peer: Rank) -> bool {
         // Every read of every connection asks: the common answer needs no lookup.
         self.links.is_empty() || !self.links.get(&peer).is_some_and(|l| l.phase.unread())

@@ -88,6 +88,9 @@ impl Node {
             );
             return Ok(());
         }
+        if self.keep_for_marker(now, from, h, &payload) {
+            return Ok(());
+        }
         match h.kind {
             Kind::Msg if h.dst == self.me => {
                 self.deliver(
@@ -261,6 +264,7 @@ impl Node {
     ///
     /// A lost direct link is no failure: its frames take the tree ([`super::Output::Fallback`]).
     pub fn handle_link_lost(&mut self, now: Instant, peer: Rank) -> bool {
+        self.marker_wait_link_lost(now, peer);
         self.flow.forget(peer);
         self.streams_reported(peer);
         if !self.is_neighbour(peer) {

@@ -33,6 +33,7 @@ mod frames;
 pub mod lane;
 mod leave;
 pub mod lookup;
+mod marker_wait;
 mod modex;
 mod output;
 mod rejoin;
@@ -286,6 +287,10 @@ pub struct Node {
     /// Messages to daemons whose direct link is closing, in order (`direct::Via::Hold`), and
     /// their bytes; each at most `DIRECT_HELD_MAX` / `DIRECT_HELD_BYTES_MAX`.
     direct_held: FxHashMap<Rank, (VecDeque<direct::Held>, usize)>,
+    /// Frames from peers whose direct link waits for their drain marker (`marker_wait.rs`).
+    marker_waits: FxHashMap<Rank, marker_wait::MarkerWait>,
+    /// Frames that waited there since the start (the simulator reports it).
+    marker_waited: u64,
     /// Streams produced and consumed here.
     streams: streams::Streams,
     /// The newest incarnation seen of each neighbour.
@@ -381,6 +386,8 @@ impl Node {
             flow: flow::Flow::new(cfg.flow),
             direct: crate::direct::DirectLinks::new(me, cfg.direct),
             direct_held: FxHashMap::default(),
+            marker_waits: FxHashMap::default(),
+            marker_waited: 0,
             streams: streams::Streams::default(),
             paused_by: FxHashMap::default(),
             status: Default::default(),
@@ -604,6 +611,7 @@ impl Node {
     /// and RELM's frames, events and completions come out.
     pub fn pump(&mut self, now: Instant) {
         self.read_held_since_rejoin(now);
+        self.read_released_markers(now);
         self.deliver_local(now);
         self.pump_grpcomm(now);
         self.pump_modex(now);
@@ -611,6 +619,8 @@ impl Node {
         self.pump_relm(now);
         self.pump_streams(now);
         self.pump_leave(now);
+        // A link may have stopped waiting for its marker in this turn's work.
+        self.read_released_markers(now);
     }
 
     /// A header for a frame this daemon sends now.
@@ -690,10 +700,10 @@ impl Node {
     /// [`Node::handle_send_queue`] and at least every 100 ms while [`flow::Flow::is_pausing`]
     /// (a pause also ends when a congested queue counts as stuck).
     ///
-    /// Nor while a direct link with `peer` waits for `peer`'s drain marker over the tree
-    /// (re-check every turn: the marker may come at any input).
+    /// Nor while the frames from `peer` that wait for its drain marker (a direct link) are at
+    /// their bound (re-check every turn: the marker may come at any input).
     pub fn may_read(&self, now: Instant, peer: Rank) -> bool {
-        self.direct.may_read(peer) && self.flow.may_read(now, peer)
+        self.marker_wait_has_room(peer) && self.flow.may_read(now, peer)
     }
 
     /// Whether a send originated here towards `dst` may be accepted now: its next hop's queue
@@ -760,6 +770,7 @@ impl Node {
     /// input); the first one broken.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.direct.check_invariants()?;
+        self.check_marker_waits()?;
         self.clients
             .check_invariants()
             .map_err(|e| format!("rank {}: clients: {e}", self.me))?;

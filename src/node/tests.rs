@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 const TAG: Tag = crate::rml::TAG_USER_MIN;
 
 mod leave;
+mod marker;
 mod rejoin;
 
 /// A few wired nodes and the frames between them.

@@ -49,6 +49,8 @@ pub struct RegressionSeed {
     pub radix: u32,
     /// The fault kinds it was found with.
     pub faults: FaultKinds,
+    /// Rank 0's `bcast_part_bytes` in its run, when it was found with one set.
+    pub bcast_part_bytes: Option<usize>,
     /// What it found.
     pub found: &'static str,
 }
@@ -61,7 +63,7 @@ impl RegressionSeed {
             radix: Some(self.radix),
             messages,
             faults: self.faults,
-            bcast_part_bytes: None,
+            bcast_part_bytes: self.bcast_part_bytes,
         }
     }
 }
@@ -73,6 +75,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 3,
         radix: 4,
         faults: FaultKinds::LEGACY,
+        bcast_part_bytes: None,
         found: "simulator: overlapping slow-link windows multiplied their factors and blocked a link for hours",
     },
     RegressionSeed {
@@ -80,6 +83,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 34,
         radix: 3,
         faults: FaultKinds::LEGACY,
+        bcast_part_bytes: None,
         found: "simulator: a RELM timer delayed by a stall was discarded as stale, so retransmission stopped",
     },
     RegressionSeed {
@@ -87,6 +91,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 9,
         radix: 2,
         faults: FaultKinds::LEGACY,
+        bcast_part_bytes: None,
         found: "relm: a hop's Requested record, filled by the replayed data, kept tag 0 and prev NONE; \
          its own replays then posted a user message as runtime tag 0",
     },
@@ -95,6 +100,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 35,
         radix: 3,
         faults: FaultKinds::LEGACY,
+        bcast_part_bytes: None,
         found: "faults: deaths learned from an adoption notice were not reported; when the adopter's \
          own reports died with it (slow link, then a crash), rank 0 never confirmed them and a \
          reliable send spun until it gave up",
@@ -117,6 +123,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             leave: false,
             ..FaultKinds::ALL
         },
+        bcast_part_bytes: None,
         found: "xcast: after a reconnection a parent rewound a child's stream to the child's \
                 counted acks (none yet, under another view) instead of where its session began, \
                 asked its own parent for operations released long before, and stalled: later \
@@ -148,6 +155,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             split: false,
             return_gathers: false,
         },
+        bcast_part_bytes: None,
         found: "simulator (strangers' runs): a daemon that died with its dial proved and admitted \
                 by the peer stayed recorded as redialling for ever, so the run never went quiet",
     },
@@ -176,6 +184,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             split: false,
             return_gathers: false,
         },
+        bcast_part_bytes: None,
         found: "flow: a daemon not scheduled for longer than FLOW_STUCK_MS made its neighbours' \
                 queues towards it count as stuck, so they read on and filled those queues to \
                 the hard bound, where relayed frames were dropped; a stuck queue near its bound \
@@ -206,6 +215,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             split: false,
             return_gathers: false,
         },
+        bcast_part_bytes: None,
         found: "direct links: a daemon that could not dial its peer gave the link up alone; the \
                 peer went on sending reliable messages on it, and the acknowledgements went back \
                 to the link the first had given up and were dropped, until the origin's \
@@ -237,6 +247,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             split: false,
             return_gathers: false,
         },
+        bcast_part_bytes: None,
         found: "direct links (an overload run with short request times): a grant expired \
                 unswitched, the two daemons opened a new link on the same connection, and the \
                 evicting end's Close of the old link, read then, started closing the new one; \
@@ -269,6 +280,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             split: false,
             return_gathers: false,
         },
+        bcast_part_bytes: None,
         found: "streams: a dropped connection lost a stream's chunks and its End came after on \
                 a new one; the consumer failed the stream (a protocol error: ended at 1530, \
                 0 bytes arrived) instead of resuming at the byte it stood at, as for a gap",
@@ -298,6 +310,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             split: false,
             return_gathers: false,
         },
+        bcast_part_bytes: None,
         found: "direct links: a request delayed past direct_request_ms was given up; the \
                 grant came later and the grantor wrote on the link at once, so the requester \
                 (waiting for no marker any more) read those frames ahead of older tree \
@@ -329,6 +342,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             split: false,
             return_gathers: false,
         },
+        bcast_part_bytes: None,
         found: "direct links: the same race as seed 358 with a radix of 8, and a grant given \
                 up unswitched: the grantor must never read what the requester wrote on the \
                 link after its late Switch (a fenced link)",
@@ -338,6 +352,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 2,
         radix: 8,
         faults: FaultKinds::UNTIL_GROUPS,
+        bcast_part_bytes: None,
         found: "simulator: link drops between the only two daemons outlasted the redials; both \
                 gave up at once, rank 0 declared rank 1 dead and rank 1 rightly stopped with \
                 rank 0 lost, which the fencing checker refused in a run without heartbeats",
@@ -347,6 +362,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 22,
         radix: 8,
         faults: FaultKinds::UNTIL_GROUPS,
+        bcast_part_bytes: None,
         found: "status: a daemon that adopted children during a gather (their parent was \
                 declared dead while rank 0's query waited for it) did not ask them, and rank \
                 0's view after the run showed them unreached",
@@ -356,6 +372,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 6,
         radix: 3,
         faults: FaultKinds::UNTIL_GROUPS,
+        bcast_part_bytes: None,
         found: "simulator: a daemon that dialled a peer, stalled, and was stopped (declared \
                 dead) when it woke left its redial recorded for ever, and the run never \
                 counted as quiet (liveness)",
@@ -365,6 +382,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 39,
         radix: 2,
         faults: FaultKinds::UNTIL_GROUPS,
+        bcast_part_bytes: None,
         found: "simulator: a consumer partitioned from its producer for longer than the \
                 stream's idle time rightly failed the stream TimedOut before anyone declared \
                 it dead; the stream checker allowed that only with the producer gone",
@@ -378,6 +396,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "rejoin: the world's handshake (as the driver's) told a restarted daemon, a newer incarnation, that it was declared dead; and a daemon learnt a peer's newer incarnation from its frames before the DVM confirmed the old one's death, then refused the new one as dead (incarnations now learnt at first contact or from a restore only)",
     },
     RegressionSeed {
@@ -389,6 +408,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "rejoin: a restore confirmed after this daemon had seen the restored incarnation die again undid that death, parenting it to a dead daemon",
     },
     RegressionSeed {
@@ -400,6 +420,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "rejoin: a fault confirmation older than a restore an adoption notice had brought failed the restored rank again for good",
     },
     RegressionSeed {
@@ -411,6 +432,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "rejoin: a welcomed daemon did not know the restores before its admission, so a child that still believed a restored rank dead never reached its parent's view and its subtree's broadcasts stalled (the welcome carries rank 0's latest restores)",
     },
     RegressionSeed {
@@ -422,6 +444,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "rejoin: a reliable message sent to a rank before its sender learnt of its death reached the daemon restarted under that rank (lives in every header now)",
     },
     RegressionSeed {
@@ -433,6 +456,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "rejoin: a detection planned for a rank's earlier life was dropped as moot while the detecting daemon still believed in that life, so it kept a dead parent",
     },
     RegressionSeed {
@@ -444,6 +468,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "rejoin: a daemon waiting for its welcome posted a message meant for its previous incarnation (it now takes only rank 0's answer)",
     },
     RegressionSeed {
@@ -455,6 +480,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "rejoin: an adoption notice from a later life of a rank its child believed alive was dropped as of another life; the child kept the dead life as its parent",
     },
     RegressionSeed {
@@ -466,6 +492,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "rejoin: the new parent's Sync overtook rank 0's welcome and was dropped by the waiting daemon; nothing offered it again, and the subtree below never got the admission's broadcast (frames before the welcome are now kept and read after it)",
     },
     RegressionSeed {
@@ -477,6 +504,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "rejoin: a daemon that learnt a restore from an adoption notice (its epoch still older than the restore's) reported the new life's death, and rank 0 took it for news of the old life (reports and notices now carry each dead rank's life, not the sender's epoch)",
     },
     RegressionSeed {
@@ -488,6 +516,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "rejoin: a confirmation of a rank's first return, delayed behind the adoption notice of its second, took the rank's life back to the first; the daemon then dropped every frame of the rank's live incarnation and its reliable messages ended Unreachable (a restore of an earlier life than the one known is now ignored)",
     },
     RegressionSeed {
@@ -499,6 +528,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "simulator: a restarted daemon, still waiting for its welcome, was handed its dead predecessor's detection of its parent and stopped with \"cannot reach rank 0\" (a detection is now moot once its detector restarted)",
     },
     RegressionSeed {
@@ -506,6 +536,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 14,
         radix: 4,
         faults: REJOIN_MIXED,
+        bcast_part_bytes: None,
         found: "simulator: the run ended while a restarted daemon still waited for rank 0 (stalled) to answer, and the tree checker saw it alive but failed at rank 0 (a daemon rejoining is now work left)",
     },
     RegressionSeed {
@@ -513,6 +544,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 27,
         radix: 4,
         faults: REJOIN_MIXED,
+        bcast_part_bytes: None,
         found: "rejoin: a daemon waiting for its welcome stopped with \"cannot reach rank 0\" when a tree neighbour of its slot proved unreachable (only rank 0 matters before the welcome)",
     },
     RegressionSeed {
@@ -524,6 +556,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             grow: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "grow: a rank that joined and died was passed on by a later joiner as a death of life 0 (its welcome named the dead without their lives), and a daemon that knew life 1 ignored it as older news, so the subtree below it never synchronised again (the welcome now carries the lives of the dead)",
     },
     RegressionSeed {
@@ -535,6 +568,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             grow: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "grow: a daemon told of a joined rank's death while it still believed the rank absent later applied the confirmation of its join, and kept a dead rank alive (the latest life known to have died is now kept per rank, and a restore of it is older news)",
     },
     RegressionSeed {
@@ -546,6 +580,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             grow: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "grow: a daemon that skipped a stale restore named the death as of the last life it had restored (none), and its child, which had applied the restore, took the death for older news (deaths are now passed on with the latest life known to have died)",
     },
     RegressionSeed {
@@ -558,6 +593,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             return_gathers: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "rejoin: a returned daemon whose application contributed to an allgather finished before its return waited for ever for its child, which had the result and sent nothing (a returned daemon now asks the children it waits for, and one that finished answers with the result)",
     },
     RegressionSeed {
@@ -568,6 +604,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             return_gathers: true,
             ..REJOIN_MIXED
         },
+        bcast_part_bytes: None,
         found: "rejoin: a rank's return brought the failed set, and so the view digest, back to an earlier one; a parent that had sent its child a Sync under that digest before sent none for the new view, and the child's contribution made under the view between stayed uncounted (what was sent under a digest is forgotten at every view change)",
     },
     RegressionSeed {
@@ -581,6 +618,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             return_gathers: true,
             ..REJOIN_MIXED
         },
+        bcast_part_bytes: None,
         found: "grow: a joined daemon asked its child (also joined) for an allgather's result; the child, unfinished then, got the result later from its own child and passed it only down, so the parent waited for ever (a daemon whose parent asked now sends it the result when it arrives)",
     },
     RegressionSeed {
@@ -593,6 +631,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             return_gathers: true,
             ..FaultKinds::NONE
         },
+        bcast_part_bytes: None,
         found: "grow: a joined daemon whose parent died sent its allgather contribution to rank 0 before rank 0 knew it as a child; rank 0 had finished the collective and did not answer a stranger, and the joined daemon, which had missed the result's broadcast, waited for ever (late contributions are now answered whoever sends them)",
     },
     RegressionSeed {
@@ -604,6 +643,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             rejoin: false,
             ..ALL_REJOIN
         },
+        bcast_part_bytes: None,
         found: "allgather: a rank listed as excluded by a child that only suspected it (a local repair rank 0 never confirmed) was taken for a rank that had died and returned, excused, and left out of the result while alive (only restores excuse a rank now; a daemon that learns of one sends its contribution again)",
     },
     RegressionSeed {
@@ -611,6 +651,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 20,
         radix: 2,
         faults: ALL_REJOIN,
+        bcast_part_bytes: None,
         found: "groups: a member restarted after its call time never called the group's first collective, and rank 0 waited for its new life for ever (members restored while a group collective is held are excused, as in the allgather)",
     },
     RegressionSeed {
@@ -618,6 +659,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 17,
         radix: 3,
         faults: ALL_REJOIN,
+        bcast_part_bytes: None,
         found: "rejoin: a rejoining daemon whose dial to rank 0 failed once (a link down) stopped as if rank 0 were lost, and stayed a rejoin in progress for ever (it now asks again until its deadline)",
     },
     RegressionSeed {
@@ -625,6 +667,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 3,
         radix: 3,
         faults: ALL_REJOIN,
+        bcast_part_bytes: None,
         found: "rejoin: rank 0's welcome was lost with a connection, rank 0 declared the admitted incarnation dead again, and the daemon waited 240 s for an answer its handshake had already refused (it now stops at the \"declared dead\" and is started again)",
     },
     RegressionSeed {
@@ -635,6 +678,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             grow: true,
             ..ALL_REJOIN
         },
+        bcast_part_bytes: None,
         found: "checker: a reliable message to a joined daemon ended NodeDown when the daemon was declared dead during a stall, and the still-running life posted it afterwards; the checker had taken it out of the pair's sequence for good (it takes its place again)",
     },
     RegressionSeed {
@@ -645,6 +689,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             grow: true,
             ..ALL_REJOIN
         },
+        bcast_part_bytes: None,
         found: "groups: a joined daemon got two group results from its former parent after a later joiner had become its parent, which then waited for its subtree for ever (a result from a daemon other than the parent is now announced to the parent with `Have`)",
     },
     RegressionSeed {
@@ -655,6 +700,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             grow: true,
             ..ALL_REJOIN
         },
+        bcast_part_bytes: None,
         found: "simulator: a daemon that crashed while being admitted, and was never started again, stayed a rejoin in progress, so the run never went quiet",
     },
     RegressionSeed {
@@ -666,6 +712,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             leave: true,
             ..REJOIN_MIXED
         },
+        bcast_part_bytes: None,
         found: "leave: a leaving daemon stalled past the heartbeat timeout before its request reached rank 0; declared dead, it ignored every refusal as a leaving daemon and stopped 30 s later with a fatal error (rank 0's refusal now says left or declared dead, and it stops at once)",
     },
     RegressionSeed {
@@ -673,6 +720,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 27,
         radix: 2,
         faults: FaultKinds::ALL,
+        bcast_part_bytes: None,
         found: "xcast (found once the simulator ran link sessions): a child whose parent went 9 -> 25 -> 9 in two repairs dropped the operations 9 streamed meanwhile as not its parent's, then waited for a `Sync` that 9, whose view never changed, had no reason to send; every broadcast stalled (a child now says where it stands to each new parent at once: an unasked `Resume`)",
     },
     RegressionSeed {
@@ -680,7 +728,24 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         daemons: 4,
         radix: 8,
         faults: FaultKinds::ALL,
+        bcast_part_bytes: None,
         found: "simulator: the frames waiting for a direct connection that could not be made were dropped before the node's fallback could move them to the tree (the driver lets the node decide first); 8 plain messages lost, found by the link-sessions checker",
+    },
+    RegressionSeed {
+        seed: 11_549,
+        daemons: 9,
+        radix: 2,
+        faults: FaultKinds::ALL,
+        bcast_part_bytes: None,
+        found: "direct links: rank 5 granted rank 0 a link and left their one connection unread until rank 0's `Switch`; rank 0 never had the grant (it went through rank 1, which was leaving) and adopted rank 5 once rank 1 had left, so its adoption notice and confirmations came over that unread connection; rank 5 never learnt of the repair and stopped after 30 s unconfirmed (now only the peer's own messages wait for its marker, in the node: `node/marker_wait.rs`)",
+    },
+    RegressionSeed {
+        seed: 128,
+        daemons: 6,
+        radix: 3,
+        faults: FaultKinds::ALL,
+        bcast_part_bytes: Some(40),
+        found: "direct links, as seed 11549, found with broadcasts in parts (which only changed the timing): rank 5 waited for rank 0's drain marker on the connection over which rank 0, its new parent after rank 2 left, sent its adoption notice",
     },
 ];
 

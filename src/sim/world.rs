@@ -254,8 +254,9 @@ pub struct RunStats {
     pub unread_frames: u64,
     /// Frames dropped at a full queue (must stay 0 with flow control on).
     pub dropped_queue_full: u64,
-    /// Runs with direct links: frames a daemon held unread until a drain marker arrived;
-    /// links opened, and fallbacks to the tree.
+    /// Runs with direct links: frames that waited for a drain marker, in the node
+    /// (`node/marker_wait.rs`) or unread in the world at the node's bound; links opened, and
+    /// fallbacks to the tree.
     pub held_frames: u64,
     /// 1 if the run checked plain messages' order (`Scenario::keeps_plain_order`).
     pub plain_order_runs: u64,
@@ -780,6 +781,7 @@ impl World {
             self.stats.plain_order_runs = u64::from(self.check.plain_order);
             self.stats.direct_fallbacks += n.node.counters().direct.fallbacks;
             self.stats.direct_evicted += n.node.counters().direct.links_evicted;
+            self.stats.held_frames += n.node.marker_waited();
             self.stats.streams_finished = self.streams.finished;
             self.stats.streams_failed = self.streams.failed;
         }

@@ -1,5 +1,6 @@
-//! Frames a daemon may not read yet, in runs without the capacity model: a direct link whose
-//! drain marker has not arrived (`Node::may_read`). They wait in order per direction, as
+//! Frames a daemon may not read yet, in runs without the capacity model (`Node::may_read`:
+//! the frames waiting in the node for a direct link's drain marker are at their bound, or
+//! flow control pauses the connection). They wait in order per direction, as
 //! bytes nobody reads wait in the kernel, and are read as soon as the node allows it (the
 //! capacity model, `capacity.rs`, does the same with its windows).
 
