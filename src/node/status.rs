@@ -5,6 +5,7 @@
 use super::{Node, Output};
 use crate::Rank;
 use crate::limits::{STATUS_ANSWER_BYTES_MAX, STATUS_BUDGET_MS_MAX, STATUS_LOCAL_MAX};
+use crate::oob::header::Kind;
 use crate::rml::Message;
 use crate::status::gather::{Asker, AskerView, Gather, child_budget_ms};
 use crate::status::wire::{Answer, Msg, Query};
@@ -203,7 +204,16 @@ impl Node {
                     parts,
                 })
                 .encode();
-                self.send(rank, TAG_STATUS, answer, None);
+                if self.is_neighbour(rank) || self.routing.is_failed(rank) {
+                    self.send(rank, TAG_STATUS, answer, None);
+                } else {
+                    // The asker adopted this daemon and asked before its adoption notice
+                    // came (the notice goes with the collectives' `Sync`, after the repair's
+                    // queries): by the tree the answer would go to the old parent, which may
+                    // be dead. It goes back over the link the query came on (seed 12395).
+                    let header = self.header(Kind::Msg, self.me, rank, TAG_STATUS, answer.len());
+                    self.transmit(rank, header, answer, None);
+                }
             }
             Asker::Local { token } => {
                 let failed: Vec<Rank> = self.routing.failed().collect();

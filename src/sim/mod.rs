@@ -747,6 +747,14 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         bcast_part_bytes: Some(40),
         found: "direct links, as seed 11549, found with broadcasts in parts (which only changed the timing): rank 5 waited for rank 0's drain marker on the connection over which rank 0, its new parent after rank 2 left, sent its adoption notice",
     },
+    RegressionSeed {
+        seed: 12_395,
+        daemons: 21,
+        radix: 2,
+        faults: FaultKinds::ALL,
+        bcast_part_bytes: None,
+        found: "status: rank 6 adopted rank 18 (its parent 10 stalled and was declared dead) during a status query and asked it at once, before its adoption notice (which goes with the collectives' `Sync`); rank 18 answered by the tree, through dead rank 10, and rank 0's status showed no answer from a living daemon (an answer to an asker that is not a tree neighbour now goes back over the link the query came on)",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to
