@@ -38,6 +38,10 @@ pub struct Welcome {
     pub epoch: u64,
     /// The broadcast operation that announces the admission to every daemon.
     pub op: u64,
+    /// The incarnation admitted: a daemon of another incarnation of the rank (a restart that
+    /// took over the rank's connection while an earlier one's welcome was on its way) must
+    /// not take it for its own (regression seed 25715).
+    pub incarnation: u64,
     /// Every rank confirmed dead, ascending.
     pub failed: Vec<Rank>,
     /// The life of each rank in `failed` as rank 0 knows it: a daemon that passes on a death
@@ -113,6 +117,7 @@ impl Welcome {
         let mut b = BytesMut::with_capacity(24 + 4 * self.failed.len());
         b.put_u64(self.epoch);
         b.put_u64(self.op);
+        b.put_u64(self.incarnation);
         b.put_u16(self.life);
         super::notice::put_ranks(&mut b, &self.failed);
         super::notice::put_lives(&mut b, &self.lives, self.failed.len());
@@ -126,6 +131,10 @@ impl Welcome {
             .split_first_chunk::<8>()
             .ok_or(NoticeError::Truncated)?;
         let (epoch, op) = (u64::from_be_bytes(*e), u64::from_be_bytes(*o));
+        let (i, rest) = rest
+            .split_first_chunk::<8>()
+            .ok_or(NoticeError::Truncated)?;
+        let incarnation = u64::from_be_bytes(*i);
         let (l, rest) = rest
             .split_first_chunk::<2>()
             .ok_or(NoticeError::Truncated)?;
@@ -140,6 +149,7 @@ impl Welcome {
         Ok(Welcome {
             epoch,
             op,
+            incarnation,
             failed,
             lives,
             life,
@@ -169,6 +179,7 @@ mod tests {
         let w = Welcome {
             epoch: 3,
             op: 17,
+            incarnation: 12,
             failed: vec![2, 6],
             lives: vec![0, 2],
             life: 3,
@@ -201,6 +212,7 @@ mod tests {
                 &Welcome {
                     epoch: 1,
                     op: 1,
+                    incarnation: 1,
                     failed: vec![5],
                     lives: vec![0],
                     life: 0,

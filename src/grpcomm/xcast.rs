@@ -488,6 +488,26 @@ impl Xcast {
     }
 
     /// This daemon's requests awaiting completion or refusal (always 0 on rank 0).
+    /// Where this core stands, for a log line (the simulator's liveness failures): the next
+    /// operation, completions, what it holds (op, part, parts), its children and its upstream.
+    pub fn describe(&self) -> String {
+        let store: Vec<(u64, u32, u32)> = self
+            .store
+            .iter()
+            .map(|(k, o)| (*k, o.part, o.parts))
+            .collect();
+        format!(
+            "next_expected {} completed {} next_op {} store {store:?} children {:?} up {:?} \
+             pending_syncs {:?} sync_due {:?}",
+            self.next_expected,
+            self.completed,
+            self.next_op,
+            self.children,
+            self.up,
+            self.pending_syncs,
+            self.sync_due
+        )
+    }
     pub fn outstanding(&self) -> usize {
         self.outstanding.len()
     }

@@ -32,8 +32,12 @@ impl Node {
         }
         if self.is_restored_adopter(from, &h) {
             // A daemon admitted back, which this daemon still believes dead, adopts it: its
-            // notice names its restore (see `rejoin.rs`).
-            self.on_adopted(now, from, &payload);
+            // notice names its restore (see `rejoin.rs`). Not before this daemon's own welcome,
+            // which would overwrite the restores the notice told (it waits with the adopter's
+            // `Sync` behind it, and is read again once welcomed: regression seed 24616).
+            if !self.hold_until_welcome(from, h, &payload) {
+                self.on_adopted(now, from, &payload);
+            }
             return Ok(());
         }
         // A frame from an older incarnation of its sender than one already seen is left over

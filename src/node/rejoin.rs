@@ -10,7 +10,10 @@
 //!    dead one's: a new epoch, the rank out of the failed set, and a fault confirmation (a
 //!    broadcast operation, so every daemon applies it once and in order) that names the
 //!    restored rank with its incarnation and contact. It answers `Welcome` (the epoch, the
-//!    operation's id, the failed set), or `Refused` with the reason.
+//!    operation's id, the incarnation admitted, the failed set), or `Refused` with the reason.
+//!    A daemon takes only a welcome for its own incarnation: rank 0 answers a request asked
+//!    again with the same welcome, and by then the rank's connection may belong to a later
+//!    restart (regression seed 25715).
 //! 3. Every survivor, delivering that operation, restores the rank: the tree it computes is
 //!    the one that would exist had the rank never failed ([`crate::routed`]); its children
 //!    move back from their adopters, the heir that held its slot moves back down, and the
@@ -18,7 +21,10 @@
 //!    updates). Frames of the dead incarnation are dropped (the header's incarnation); RELM's
 //!    state for the rank was purged when it died, so its chains start afresh.
 //! 4. The welcomed daemon takes the failed set, delivers broadcast operations after its
-//!    admission's (none before), and waits for its parent's `Sync`. Once rank 0's operation
+//!    admission's (none before), and waits for its parent's `Sync`. Frames from others that
+//!    came before the welcome wait for it and are read after it, in order; an adoption
+//!    notice from a parent admitted back too waits with them, since the welcome would
+//!    overwrite the restores it told (regression seed 24616). Once rank 0's operation
 //!    completes (every living daemon delivered it, the new daemon included), rank 0 sends
 //!    `Settled`: the daemon reports [`super::Output::Wired`] and runs its callers' commands.
 //!    Holding them until then means no daemon on their way still believes it dead.
@@ -321,7 +327,7 @@ impl Node {
             && a.incarnation == incarnation
         {
             // Asked again (its connection was replaced): the same answer.
-            self.send_welcome(from, a.op);
+            self.send_welcome(from, a.op, incarnation);
             return;
         }
         if !self.routing.is_failed(from) {
@@ -362,13 +368,14 @@ impl Node {
         };
         self.originate_runtime(TAG_FAULT_CONFIRM, c.encode());
         self.admitting.insert(from, Admitting { incarnation, op });
-        self.send_welcome(from, op);
+        self.send_welcome(from, op, incarnation);
     }
 
-    fn send_welcome(&mut self, to: Rank, op: u64) {
+    fn send_welcome(&mut self, to: Rank, op: u64, incarnation: u64) {
         let w = Welcome {
             epoch: self.epoch,
             op,
+            incarnation,
             failed: self.confirmed.clone(),
             lives: self.confirmed.iter().map(|r| self.dead_life(*r)).collect(),
             life: self.life_of(to),
@@ -491,6 +498,15 @@ impl Node {
             return;
         }
         let w = match Welcome::decode(self.size, &msg.payload) {
+            Ok(w) if w.incarnation != self.incarnation => {
+                log::warn!(
+                    "rank {}: a welcome for incarnation {} of this rank ignored (this is {})",
+                    self.me,
+                    w.incarnation,
+                    self.incarnation
+                );
+                return;
+            }
             Ok(w) if !w.failed.contains(&self.me) && !w.failed.contains(&0) => w,
             Ok(_) => {
                 return self.begin_stop(

@@ -755,6 +755,28 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         bcast_part_bytes: None,
         found: "status: rank 6 adopted rank 18 (its parent 10 stalled and was declared dead) during a status query and asked it at once, before its adoption notice (which goes with the collectives' `Sync`); rank 18 answered by the tree, through dead rank 10, and rank 0's status showed no answer from a living daemon (an answer to an asker that is not a tree neighbour now goes back over the link the query came on)",
     },
+    RegressionSeed {
+        seed: 24_616,
+        daemons: 25,
+        radix: 8,
+        faults: FaultKinds {
+            split: true,
+            ..FaultKinds::ALL
+        },
+        bcast_part_bytes: None,
+        found: "rejoin (found by `all,split`; the parts only changed the timing): rank 21, admitted back, adopted rank 13 while 13 still waited for its own welcome; 13 applied 21's adoption notice at once (it believed 21 dead), and the welcome then put back the older view, without rank 4's later restore; 13 never answered 21's `Sync` under 21's view, and every broadcast from operation 106 on stalled (an adopter's notice now waits for the welcome, in order with the `Sync` behind it)",
+    },
+    RegressionSeed {
+        seed: 25_715,
+        daemons: 21,
+        radix: 8,
+        faults: FaultKinds {
+            split: true,
+            ..FaultKinds::ALL
+        },
+        bcast_part_bytes: None,
+        found: "rejoin (found by `all,split`): rank 15 restarted twice; rank 0 sent incarnation 2's welcome again when its request came again, and by then the rank's connection was incarnation 3's, which took the welcome as its own, was never admitted, and never exited when declared dead (a welcome now names the incarnation it admits)",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to

@@ -702,6 +702,14 @@ impl World {
                         .open_at(|r| self.living(r) && !self.declared.contains(&r)),
                     self.wires.as_ref().is_none_or(capacity::Wires::is_empty)
                 );
+                for n in self.nodes.iter().filter(|n| self.living(n.rank)) {
+                    log::debug!(
+                        "still busy: rank {}, parent {:?}, broadcasts: {}",
+                        n.rank,
+                        n.node.routing().parent(),
+                        n.xcast().describe()
+                    );
+                }
                 log::debug!(
                     "still busy: {} work events, held {:?}, redials {:?}, parked {:?}",
                     self.busy,
