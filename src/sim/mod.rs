@@ -777,6 +777,25 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         bcast_part_bytes: None,
         found: "rejoin (found by `all,split`): rank 15 restarted twice; rank 0 sent incarnation 2's welcome again when its request came again, and by then the rank's connection was incarnation 3's, which took the welcome as its own, was never admitted, and never exited when declared dead (a welcome now names the incarnation it admits)",
     },
+    RegressionSeed {
+        seed: 28_614,
+        daemons: 27,
+        radix: 4,
+        faults: FaultKinds {
+            split: true,
+            ..FaultKinds::ALL
+        },
+        bcast_part_bytes: None,
+        found: "simulator: a restarted rank kept its old life's handshake state; its dial to rank 3, under way when it left, counted as a crossing dial for ever, so it refused every dial of its parent and a reliable message to it was given up after 32 retransmissions (a restart now starts with no handshake state)",
+    },
+    RegressionSeed {
+        seed: 27_373,
+        daemons: 7,
+        radix: 2,
+        faults: FaultKinds::ALL,
+        bcast_part_bytes: None,
+        found: "simulator, as seed 28614: rank 1, restarted twice, closed a connection with rank 5 that the arbiter had admitted, deciding from its previous life's handshake state (checker `links`)",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to

@@ -240,6 +240,15 @@ impl World {
         }
     }
 
+    /// `rank` restarted: the new process starts with no handshake state of its own (its old
+    /// life's dials and links were the dead process's; a dial it kept "under way" made it
+    /// refuse every dial of its parent as a crossing one, for ever: regression seed 28614).
+    pub(super) fn hs_restarted(&mut self, rank: Rank) {
+        if let Some(hs) = self.hs.as_mut() {
+            hs.links.retain(|(x, _), _| *x != rank);
+        }
+    }
+
     /// The pair's connection dropped (a link fault, or one closed it on a death): neither end
     /// holds a link any more, and handshakes under way on it are over.
     pub(super) fn hs_pair_dropped(&mut self, a: Rank, b: Rank) {

@@ -123,6 +123,7 @@ impl World {
                 self.parked.remove(&(p, rank));
             }
         }
+        self.hs_restarted(rank);
         self.held.retain(|(f, t), _| *f != rank && *t != rank);
         self.redialing.retain(|(a, b)| *a != rank && *b != rank);
         self.conn_lost.retain(|(a, b)| *a != rank && *b != rank);
