@@ -16,12 +16,18 @@ pub const COMMAND_QUEUE_MAX: usize = 2_048;
 
 /// Messages a `Batch` holds (`Handle::send_batch`). At the bound, `Batch::push` returns `Busy`:
 /// the caller sends the batch and pushes again. A batch counts as this many commands against
-/// `COMMANDS_PER_TURN_MAX`, so a turn still yields to the sockets after that many messages.
+/// `COMMANDS_PER_TURN_MAX` and is taken whole, so a turn takes at most that many messages, or
+/// one batch if it is larger.
 pub const SEND_BATCH_MAX: usize = 1_024;
 
 /// Commands handled per loop turn before the loop looks at its sockets again, so a flood of API
 /// calls cannot starve the network. The rest wait for the next turn (which does not sleep).
-pub const COMMANDS_PER_TURN_MAX: usize = 4_096;
+/// Small, with `READS_PER_EVENT_MAX`, so that a turn is short: timers (heartbeats, the failover
+/// watch, RELM) run only between turns, and on a host with far more daemons than processors a
+/// turn's processor time is stretched many times over in wall time. 4,096 commands and 16
+/// reads per event made turns of up to 8.9 s at 256 daemons on 2 processors under 4x
+/// overload, and daemons were declared dead; 512 and 2: at most 1.9 s, and 3 of 3 runs passed.
+pub const COMMANDS_PER_TURN_MAX: usize = 512;
 /// While draining commands, the loop reports its queue levels to flow control (and publishes
 /// the origin gate) after every this many: a long drain of sends overshoots a queue's
 /// high-water mark by at most this many messages.
@@ -35,9 +41,10 @@ pub const COMMAND_QUEUE_MAX_BYTES: usize = 16 * 1024 * 1024;
 /// Readiness events taken from one `poll`; more are returned by the next call.
 pub const POLL_EVENTS_MAX: usize = 1_024;
 
-/// Reads from one socket per readiness event; a socket that still has data is revisited next
-/// turn, so one busy peer cannot starve the others.
-pub const READS_PER_EVENT_MAX: usize = 16;
+/// Reads (of up to `READ_CHUNK_BYTES` each) from one socket per readiness event; a socket that
+/// still has data is revisited next turn, so one busy peer cannot starve the others, and a
+/// turn stays short (see `COMMANDS_PER_TURN_MAX`).
+pub const READS_PER_EVENT_MAX: usize = 2;
 
 /// Frames decoded from one read before acting on them; the rest stay buffered for the next
 /// read (memory is bounded by the decoder's buffer, which holds at most one read's worth of
@@ -661,6 +668,10 @@ pub const DIRECT_DENIALS_MAX: usize = 1_024;
 pub const DIRECT_HELD_MAX: usize = 65_536;
 /// See [`DIRECT_HELD_MAX`].
 pub const DIRECT_HELD_BYTES_MAX: usize = 64 << 20;
+/// A turn of a daemon's loop (from waking in `poll` to the next `poll`) longer than this is
+/// logged at info level (target `tbon::driver::event_loop::turns`): under overload it tells a
+/// long turn from a loop that was not scheduled, which the failover watch sees the same way.
+pub const TURN_LOG_MS: u64 = 200;
 /// Frames from one daemon that wait for its drain marker while a direct link with it opens
 /// (its own messages to this daemon; `node/marker_wait.rs`). At this bound, or at
 /// [`MARKER_WAIT_BYTES_MAX`], the connection is no longer read and TCP holds the sender back,

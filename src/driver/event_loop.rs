@@ -268,6 +268,9 @@ impl EventLoop {
         self.carry_out();
         self.arm_link_watch();
         let mut events = Events::with_capacity(limits::POLL_EVENTS_MAX);
+        // When the loop last woke from `poll`: a turn far longer than usual is logged, so that
+        // a daemon silent to its peers can tell a long turn from not being scheduled.
+        let mut busy_since = Instant::now();
         loop {
             let drained_all = self.drain_commands();
             // What the commands, events and timers since the last turn made the node want.
@@ -282,6 +285,15 @@ impl EventLoop {
             }
             self.arm_node_timer();
             let now = Instant::now();
+            let busy = now.saturating_duration_since(busy_since);
+            if busy > Duration::from_millis(limits::TURN_LOG_MS) {
+                log::info!(
+                    target: "tbon::driver::event_loop::turns",
+                    "rank {}: one turn of the loop took {} ms",
+                    self.me,
+                    busy.as_millis()
+                );
+            }
             let mut timeout = self.timers.poll_timeout(now);
             if !self.paused.is_empty() {
                 // A pause also ends by time (a congested queue that counts as stuck).
@@ -308,6 +320,7 @@ impl EventLoop {
             let res = self.poll.poll(&mut events, timeout);
             self.shared.asleep.store(false, Ordering::SeqCst);
             self.now = Instant::now();
+            busy_since = self.now;
             self.node.handle_wall_clock(self.now, wall_clock_ns());
             match res {
                 Ok(()) => {}
