@@ -524,6 +524,8 @@ fn a_link_that_comes_back_gets_a_link_update_and_replays() {
         origin: 0,
         dst: 3,
         upto: uids[2],
+        // Rank 0 was never restarted.
+        life: 0,
     });
     from_parent.send(&h, &p);
     for _ in 0..3 {

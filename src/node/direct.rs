@@ -199,7 +199,8 @@ impl Node {
     /// the link may have lost.
     pub(super) fn fall_back(&mut self, now: Instant, peer: Rank) {
         self.out.push_back(Output::Fallback { peer });
-        let paths = super::reliable::Paths::new(&self.routing, &self.direct);
+        let paths =
+            super::reliable::Paths::new(&self.routing, &self.direct, (&self.lives, self.my_life));
         self.relm.handle_direct_lost(now, &paths, peer);
     }
 }

@@ -134,7 +134,8 @@ impl Node {
         self.out.push_back(Output::PeersFailed { dead, adopted });
         self.watch_neighbours(now);
         self.grpcomm_repair(&status);
-        let paths = super::reliable::Paths::new(&self.routing, &self.direct);
+        let paths =
+            super::reliable::Paths::new(&self.routing, &self.direct, (&self.lives, self.my_life));
         self.relm.handle_repair(now, &paths, &status);
         // Ranks that left in order are repaired around like the dead, but reported apart.
         let mut status = status;
@@ -200,7 +201,8 @@ impl Node {
         }
         .encode();
         let token = self.next_runtime_token();
-        let paths = super::reliable::Paths::new(&self.routing, &self.direct);
+        let paths =
+            super::reliable::Paths::new(&self.routing, &self.direct, (&self.lives, self.my_life));
         match self.relm.send_runtime(
             now,
             &paths,

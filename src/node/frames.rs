@@ -250,7 +250,11 @@ impl Node {
             return;
         }
         if self.is_neighbour(peer) {
-            let paths = super::reliable::Paths::new(&self.routing, &self.direct);
+            let paths = super::reliable::Paths::new(
+                &self.routing,
+                &self.direct,
+                (&self.lives, self.my_life),
+            );
             self.relm.handle_link_up(now, &paths, peer);
             self.handle_link_restate(now, peer);
         }

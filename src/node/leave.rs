@@ -131,7 +131,8 @@ impl Node {
             return;
         }
         let token = self.next_runtime_token();
-        let paths = super::reliable::Paths::new(&self.routing, &self.direct);
+        let paths =
+            super::reliable::Paths::new(&self.routing, &self.direct, (&self.lives, self.my_life));
         match self
             .relm
             .send_runtime(now, &paths, 0, TAG_LEAVE, Bytes::new(), token)

@@ -585,7 +585,8 @@ impl Node {
             self.heartbeat_tick(now, links);
         }
         if self.relm.poll_timeout().is_some_and(|at| at <= now) {
-            let paths = reliable::Paths::new(&self.routing, &self.direct);
+            let paths =
+                reliable::Paths::new(&self.routing, &self.direct, (&self.lives, self.my_life));
             self.relm.handle_timeout(now, &paths);
         }
         if self.direct.poll_timeout().is_some_and(|at| at <= now) {

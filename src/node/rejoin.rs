@@ -578,7 +578,8 @@ impl Node {
             previous_ancestors: Vec::new(),
             new_ancestors: self.routing.ancestors().to_vec(),
         };
-        let paths = super::reliable::Paths::new(&self.routing, &self.direct);
+        let paths =
+            super::reliable::Paths::new(&self.routing, &self.direct, (&self.lives, self.my_life));
         self.relm.handle_repair(now, &paths, &status);
         // Its fault handlers learn its place, and the driver its neighbours (a dead one is
         // found when it cannot be reached).

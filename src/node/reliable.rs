@@ -50,6 +50,9 @@ pub const RELIABLE_RUNTIME_TAGS: [Tag; 8] = [
 pub(super) struct Paths<'a> {
     pub routing: &'a crate::routed::RoutingState,
     pub direct: &'a crate::direct::DirectLinks,
+    /// The lives of the ranks admitted back (`Node::lives`), and this daemon's own.
+    pub lives: &'a crate::fxhash::FxHashMap<Rank, u16>,
+    pub my_life: u16,
 }
 
 impl<'a> Paths<'a> {
@@ -57,8 +60,14 @@ impl<'a> Paths<'a> {
     pub fn new(
         routing: &'a crate::routed::RoutingState,
         direct: &'a crate::direct::DirectLinks,
+        (lives, my_life): (&'a crate::fxhash::FxHashMap<Rank, u16>, u16),
     ) -> Paths<'a> {
-        Paths { routing, direct }
+        Paths {
+            routing,
+            direct,
+            lives,
+            my_life,
+        }
     }
 }
 
@@ -83,6 +92,14 @@ impl crate::relm::Topology for Paths<'_> {
     }
     fn direct(&self, target: Rank) -> bool {
         self.direct.is_direct(target)
+    }
+    fn life(&self, r: Rank) -> u16 {
+        // As `Node::life_of`.
+        if r == self.routing.me() {
+            self.my_life
+        } else {
+            self.lives.get(&r).copied().unwrap_or(0)
+        }
     }
 }
 
@@ -125,7 +142,7 @@ impl Node {
             self.send_direct_control(now);
         }
         let rt = self.next_user_token();
-        let paths = Paths::new(&self.routing, &self.direct);
+        let paths = Paths::new(&self.routing, &self.direct, (&self.lives, self.my_life));
         self.relm.send(now, &paths, dst, tag, payload, rt)?;
         if let Some(token) = token {
             self.relm_users.insert(rt, token);
@@ -226,7 +243,7 @@ impl Node {
             }
             post_to(matcher, &mut ready, &mut runtime, &mut hold_room, m)
         };
-        let paths = Paths::new(&self.routing, &self.direct);
+        let paths = Paths::new(&self.routing, &self.direct, (&self.lives, self.my_life));
         let res = input(&mut self.relm, &paths, &mut post);
         for _ in 0..held_back {
             self.clients.held_back();
@@ -275,7 +292,7 @@ impl Node {
             return;
         }
         let token = self.next_runtime_token();
-        let paths = Paths::new(&self.routing, &self.direct);
+        let paths = Paths::new(&self.routing, &self.direct, (&self.lives, self.my_life));
         match self.relm.send_runtime(now, &paths, to, tag, payload, token) {
             Ok(()) => {}
             Err(SendError::Busy(_)) => {

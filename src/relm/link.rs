@@ -93,11 +93,11 @@ impl Relm {
             self.stats.replays += 1;
             self.transmit(topo, key, None);
         }
-        let posted = self.inbound.get(&peer).map(|i| i.posted);
-        if let Some(upto) = posted.filter(|p| *p != uid::NONE)
+        let posted = self.inbound.get(&peer).map(|i| (i.posted, i.life));
+        if let Some((upto, life)) = posted.filter(|(p, _)| *p != uid::NONE)
             && let Some(up) = topo.route(peer)
         {
-            self.ack_due(peer, self.me, upto, up);
+            self.ack_due((peer, self.me, life), upto, up);
         }
         self.arm_tick(now);
     }
@@ -132,7 +132,7 @@ impl Relm {
         }
         self.inbound.retain(|origin, _| !topo.is_failed(*origin));
         self.outbound.retain(|dst, _| !topo.is_failed(*dst));
-        self.acks_due.retain(|(o, d), (_, to)| {
+        self.acks_due.retain(|(o, d), (_, to, _)| {
             !(topo.is_failed(*o) || topo.is_failed(*d) || topo.is_failed(*to))
         });
         self.transmits.retain(|t| {
@@ -174,10 +174,10 @@ impl Relm {
                 continue;
             }
             if o.dst == self.me {
-                let posted = self.inbound.get(&o.key.origin).map(|i| i.posted);
+                let posted = self.inbound.get(&o.key.origin).map(|i| (i.posted, i.life));
                 match posted {
-                    Some(p) if p != uid::NONE && uid::at_or_before(o.key.uid, p) => {
-                        self.ack_due(o.key.origin, self.me, p, from);
+                    Some((p, life)) if p != uid::NONE && uid::at_or_before(o.key.uid, p) => {
+                        self.ack_due((o.key.origin, self.me, life), p, from);
                     }
                     _ if self.table.get(&o.key).is_some() => {}
                     _ => self.transmits.push_back(Transmit::Control {
@@ -255,16 +255,16 @@ impl Relm {
             }
         }
         if resend_all {
-            let mut chains: Vec<(Rank, u32)> = self
+            let mut chains: Vec<(Rank, u32, u16)> = self
                 .inbound
                 .iter()
                 .filter(|(_, i)| i.posted != uid::NONE)
-                .map(|(o, i)| (*o, i.posted))
+                .map(|(o, i)| (*o, i.posted, i.life))
                 .collect();
             chains.sort_unstable();
-            for (origin, upto) in chains {
+            for (origin, upto, life) in chains {
                 if let Some(up) = topo.next_hop(origin) {
-                    self.ack_due(origin, self.me, upto, up);
+                    self.ack_due((origin, self.me, life), upto, up);
                 }
             }
         }

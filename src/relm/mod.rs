@@ -89,6 +89,12 @@ pub trait Topology {
     fn direct(&self, _target: Rank) -> bool {
         false
     }
+    /// Rank `r`'s life as this daemon knows it: how many times rank 0 admitted it back
+    /// (rejoin; 0 for a daemon never restarted). Acknowledgements name the origin's life, and
+    /// one of another life than this daemon knows is ignored.
+    fn life(&self, _r: Rank) -> u16 {
+        0
+    }
     /// The neighbour this daemon's own frames for `target` go to: `target` itself over a
     /// direct link, else the tree's next hop.
     fn route(&self, target: Rank) -> Option<Rank> {
@@ -218,6 +224,8 @@ pub struct RelmStats {
 /// Where a destination stands with one origin.
 #[derive(Debug, Default)]
 struct Inbound {
+    /// The origin's life these uids belong to (a restarted origin numbers from 0 again).
+    life: u16,
     /// The last uid posted from this origin (`uid::NONE` before the first).
     posted: u32,
     /// Early messages: predecessor uid -> uid.
@@ -251,8 +259,9 @@ pub struct Relm {
     /// dst -> the last uid originated for it.
     outbound: FxHashMap<Rank, u32>,
     inbound: FxHashMap<Rank, Inbound>,
-    /// (origin, dst) -> (upto, neighbour): acknowledgements to send, coalesced.
-    acks_due: FxHashMap<(Rank, Rank), (u32, Rank)>,
+    /// (origin, dst) -> (upto, neighbour, the origin's life): acknowledgements to send,
+    /// coalesced.
+    acks_due: FxHashMap<(Rank, Rank), (u32, Rank, u16)>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
     gate: Gate,
@@ -286,10 +295,15 @@ impl Relm {
             let mut acks: Vec<_> = self.acks_due.drain().collect();
             // Deterministic order (the simulator replays from a seed).
             acks.sort_unstable();
-            for ((origin, dst), (upto, to)) in acks {
+            for ((origin, dst), (upto, to, life)) in acks {
                 self.transmits.push_back(Transmit::Control {
                     to,
-                    control: Control::Ack { origin, dst, upto },
+                    control: Control::Ack {
+                        origin,
+                        dst,
+                        upto,
+                        life,
+                    },
                 });
             }
         }
@@ -355,12 +369,19 @@ impl Relm {
         }
     }
 
-    fn ack_due(&mut self, origin: Rank, dst: Rank, upto: u32, to: Rank) {
-        let e = self.acks_due.entry((origin, dst)).or_insert((upto, to));
-        if uid::before(e.0, upto) {
+    /// Queues the acknowledgement "the chain (origin, dst) of the origin's `life` is posted up
+    /// to `upto`" for neighbour `to`, coalesced with one already queued for that chain (one of
+    /// another life is replaced: only the latest life's chain matters).
+    fn ack_due(&mut self, (origin, dst, life): (Rank, Rank, u16), upto: u32, to: Rank) {
+        let e = self
+            .acks_due
+            .entry((origin, dst))
+            .or_insert((upto, to, life));
+        if e.2 != life || uid::before(e.0, upto) {
             e.0 = upto;
         }
         e.1 = to;
+        e.2 = life;
     }
 }
 

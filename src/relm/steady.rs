@@ -272,7 +272,14 @@ impl Relm {
         post: &mut Post<'_>,
     ) {
         let origin = d.origin;
+        // The frame's lives were checked against this daemon's (the header's): this is the
+        // origin's current life.
+        let life = topo.life(origin);
+        if self.inbound.get(&origin).is_some_and(|i| i.life != life) {
+            self.forget_origin(origin);
+        }
         let inbound = self.inbound.entry(origin).or_insert_with(|| Inbound {
+            life,
             posted: uid::NONE,
             ..Inbound::default()
         });
@@ -282,7 +289,7 @@ impl Relm {
         let back = reply_to(topo, from, origin);
         if posted != uid::NONE && uid::at_or_before(d.uid, posted) {
             self.stats.duplicates += 1;
-            self.ack_due(origin, self.me, posted, back);
+            self.ack_due((origin, self.me, life), posted, back);
             return;
         }
         let key = MsgKey { origin, uid: d.uid };
@@ -334,7 +341,7 @@ impl Relm {
                     i.requested = None;
                 }
             }
-            self.ack_due(origin, self.me, last, back);
+            self.ack_due((origin, self.me, life), last, back);
             return;
         }
         // Early: its predecessor is missing.
@@ -403,7 +410,12 @@ impl Relm {
         post: &mut Post<'_>,
     ) -> Result<(), ControlError> {
         match Control::decode(self.size, payload)? {
-            Control::Ack { origin, dst, upto } => self.on_ack(topo, from, origin, dst, upto),
+            Control::Ack {
+                origin,
+                dst,
+                upto,
+                life,
+            } => self.on_ack(topo, from, (origin, dst, life), upto),
             Control::Request { key, dst } => self.on_request(now, topo, from, key, dst),
             Control::LinkUpdate { depth, offers } => {
                 self.on_link_update(now, topo, from, depth, &offers, post)
@@ -413,11 +425,23 @@ impl Relm {
         Ok(())
     }
 
-    fn on_ack(&mut self, topo: &dyn Topology, from: Rank, origin: Rank, dst: Rank, upto: u32) {
+    fn on_ack(
+        &mut self,
+        topo: &dyn Topology,
+        from: Rank,
+        (origin, dst, life): (Rank, Rank, u16),
+        upto: u32,
+    ) {
         // Acks are accepted only from the chain's current downstream neighbour, or at the
-        // origin from the destination itself (over a direct link).
+        // origin from the destination itself (over a direct link), and only for the origin's
+        // life this daemon knows: an ack of a previous life's chain, in flight when the origin
+        // was admitted back, would complete the new life's messages, numbered from 0 again
+        // (regression seed 31828).
         let direct = origin == self.me && from == dst;
-        if (topo.next_hop(dst) != Some(from) && !direct) || topo.is_failed(origin) {
+        if (topo.next_hop(dst) != Some(from) && !direct)
+            || topo.is_failed(origin)
+            || topo.life(origin) != life
+        {
             self.stats.ignored += 1;
             return;
         }
@@ -430,7 +454,29 @@ impl Relm {
         if origin != self.me
             && let Some(up) = topo.next_hop(origin)
         {
-            self.ack_due(origin, dst, upto, up);
+            self.ack_due((origin, dst, life), upto, up);
+        }
+    }
+
+    /// Forgets a destination's state for a previous life of `origin`: its watermark and the
+    /// early messages it held. The purge when the origin died has normally done it; this
+    /// keeps a restarted origin's chain from meeting its previous life's watermark even if a
+    /// daemon learnt the restore without the death.
+    fn forget_origin(&mut self, origin: Rank) {
+        log::warn!(
+            "rank {}: reliable chain state of a previous life of rank {origin} dropped",
+            self.me
+        );
+        self.inbound.remove(&origin);
+        let mut early: Vec<MsgKey> = self
+            .table
+            .iter()
+            .filter(|(k, r)| k.origin == origin && r.role == Role::Destination)
+            .map(|(k, _)| *k)
+            .collect();
+        early.sort_unstable();
+        for k in early {
+            self.table.remove(&k);
         }
     }
 

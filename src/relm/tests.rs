@@ -12,6 +12,8 @@ struct Node {
     routing: RoutingState,
     /// Peers this node reaches over a direct link.
     direct: Vec<Rank>,
+    /// Every rank's life as this node knows it (rejoin).
+    lives: Vec<u16>,
     relm: Relm,
     got: Vec<(Rank, Tag, Bytes)>,
     done: Vec<(u64, Result<(), SendError>)>,
@@ -22,6 +24,7 @@ struct Node {
 struct View<'a> {
     routing: &'a RoutingState,
     direct: &'a [Rank],
+    lives: &'a [u16],
 }
 
 impl Topology for View<'_> {
@@ -46,6 +49,9 @@ impl Topology for View<'_> {
     fn direct(&self, target: Rank) -> bool {
         self.direct.contains(&target)
     }
+    fn life(&self, r: Rank) -> u16 {
+        self.lives.get(r as usize).copied().unwrap_or(0)
+    }
 }
 
 struct Net {
@@ -62,6 +68,7 @@ impl Net {
             .map(|r| Node {
                 routing: RoutingState::new(radix, size, r).unwrap(),
                 direct: Vec::new(),
+                lives: vec![0; size as usize],
                 relm: Relm::new(r, size, RelmConfig::default()),
                 got: Vec::new(),
                 done: Vec::new(),
@@ -81,6 +88,7 @@ impl Net {
         let view = View {
             routing: &n.routing,
             direct: &n.direct,
+            lives: &n.lives,
         };
         let r = n.relm.send(
             self.now,
@@ -137,6 +145,7 @@ impl Net {
         let view = View {
             routing: &n.routing,
             direct: &n.direct,
+            lives: &n.lives,
         };
         let got = &mut n.got;
         let mut post = |o: Rank, tag: Tag, p: Bytes| {
@@ -175,6 +184,7 @@ impl Net {
                             let view = View {
                                 routing: &n.routing,
                                 direct: &n.direct,
+                                lives: &n.lives,
                             };
                             n.relm.handle_timeout(self.now, &view);
                             self.pump(r as Rank);
@@ -322,12 +332,55 @@ fn updates_from_a_non_neighbour_or_with_a_stale_depth_are_ignored() {
         origin: 3,
         dst: 4,
         upto: 0,
+        life: 0,
     };
     // Rank 2 is not 3's neighbour on the path from 3 to 4 (3 -> 1 -> 0 -> 2 -> 4).
     n.relm
         .handle_control(net.now, &n.routing, 2, &ack.encode(), &mut post)
         .unwrap();
     assert_eq!(n.relm.stats().ignored, 2);
+}
+
+#[test]
+fn an_ack_of_a_previous_life_of_the_origin_is_ignored() {
+    // 0 -> {1, 2}. Rank 1 was admitted back once: its new life numbers from uid 0 again. An
+    // ack of its previous life's chain to 2, still in flight, reaches rank 0 and rank 1 itself
+    // (regression seed 31828).
+    let mut net = Net::new(2, 3);
+    for n in &mut net.nodes {
+        n.lives[1] = 1;
+    }
+    net.lossy.push((0, 2));
+    net.send(1, 2, 7).unwrap();
+    net.run();
+    let stale = Control::Ack {
+        origin: 1,
+        dst: 2,
+        upto: 3,
+        life: 0,
+    };
+    for (at, from) in [(0, 2), (1, 0)] {
+        net.deliver(
+            from,
+            at,
+            Transmit::Control {
+                to: at,
+                control: stale.clone(),
+            },
+        );
+    }
+    assert!(
+        net.links.values().all(|q| q.is_empty()),
+        "the stale ack went on"
+    );
+    assert_eq!(net.nodes[0].relm.stats().ignored, 1);
+    assert_eq!(net.nodes[1].relm.stats().ignored, 1);
+    assert!(net.nodes[1].done.is_empty(), "{:?}", net.nodes[1].done);
+    // The message itself is still delivered, and its ack, of the new life, completes it.
+    net.lossy.clear();
+    net.advance(5_000);
+    assert_eq!(net.seqs(2, 1), vec![7]);
+    assert_eq!(net.nodes[1].done, vec![(7, Ok(()))]);
 }
 
 #[test]
@@ -394,6 +447,7 @@ fn set_direct(net: &mut Net, a: Rank, b: Rank, open: bool) {
             let view = View {
                 routing: &n.routing,
                 direct: &n.direct,
+                lives: &n.lives,
             };
             n.relm.handle_direct_lost(net.now, &view, y);
             net.pump(x);

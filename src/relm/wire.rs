@@ -10,8 +10,11 @@
 //! dst = the neighbour, tag 0). Payload:
 //!
 //! ```text
-//! Ack        1 | origin u32 | dst u32 | upto u32      cumulative: every uid <= upto of the
-//!                                                     chain (origin, dst) is posted at dst
+//! Ack        1 | origin u32 | dst u32 | upto u32 | life u16
+//!                                                     cumulative: every uid <= upto of the
+//!                                                     chain (origin, dst) is posted at dst;
+//!                                                     `life` is the origin's life (rejoin)
+//!                                                     whose chain that is
 //! Request    2 | origin u32 | dst u32 | uid u32       "replay this message to me"
 //! LinkUpdate 3 | depth u32 | count u32 | count x (origin u32 | dst u32 | uid u32 | state u8)
 //!                                                     the sender's tree depth, then every
@@ -30,6 +33,8 @@ const ACK: u8 = 1;
 const REQUEST: u8 = 2;
 const LINK_UPDATE: u8 = 3;
 const ENTRY_LEN: usize = 13;
+const ACK_LEN: usize = 15;
+const REQUEST_LEN: usize = 13;
 
 /// Packs a reliable message's uid and its predecessor's into the header's `seq`.
 pub fn pack_seq(uid: u32, prev: u32) -> u64 {
@@ -63,6 +68,11 @@ pub enum Control {
         dst: Rank,
         /// The highest posted uid.
         upto: u32,
+        /// The origin's life (how many times rank 0 admitted it back) that the chain belongs
+        /// to: a restarted origin numbers its messages from 0 again, so an acknowledgement of
+        /// its previous life's chain, still in flight when it was admitted back, must not
+        /// complete the new life's messages (regression seed 31828).
+        life: u16,
     },
     /// The sender lacks this message's data and asks for a replay.
     Request {
@@ -117,16 +127,22 @@ impl Control {
     /// cut there (the caller splits it; see `link.rs`).
     pub fn encode(&self) -> Bytes {
         match self {
-            Control::Ack { origin, dst, upto } => {
-                let mut b = BytesMut::with_capacity(13);
+            Control::Ack {
+                origin,
+                dst,
+                upto,
+                life,
+            } => {
+                let mut b = BytesMut::with_capacity(ACK_LEN);
                 b.put_u8(ACK);
                 b.put_u32(*origin);
                 b.put_u32(*dst);
                 b.put_u32(*upto);
+                b.put_u16(*life);
                 b.freeze()
             }
             Control::Request { key, dst } => {
-                let mut b = BytesMut::with_capacity(13);
+                let mut b = BytesMut::with_capacity(REQUEST_LEN);
                 b.put_u8(REQUEST);
                 b.put_u32(key.origin);
                 b.put_u32(*dst);
@@ -172,7 +188,8 @@ impl Control {
         let t = p.get_u8();
         let c = match t {
             ACK | REQUEST => {
-                if p.len() != 12 {
+                let len = if t == ACK { ACK_LEN } else { REQUEST_LEN };
+                if p.len() != len - 1 {
                     return Err(ControlError::Length);
                 }
                 let origin = rank(p.get_u32())?;
@@ -183,6 +200,7 @@ impl Control {
                         origin,
                         dst,
                         upto: u,
+                        life: p.get_u16(),
                     }
                 } else {
                     Control::Request {
@@ -236,6 +254,7 @@ mod tests {
                 origin: 1,
                 dst: 2,
                 upto: 9,
+                life: 3,
             },
             Control::Request {
                 key: MsgKey { origin: 3, uid: 4 },
@@ -264,6 +283,7 @@ mod tests {
             origin: 1,
             dst: 9,
             upto: 0,
+            life: 0,
         };
         assert_eq!(
             Control::decode(8, &ack.encode()),

@@ -796,6 +796,14 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         bcast_part_bytes: None,
         found: "simulator, as seed 28614: rank 1, restarted twice, closed a connection with rank 5 that the arbiter had admitted, deciding from its previous life's handshake state (checker `links`)",
     },
+    RegressionSeed {
+        seed: 31_828,
+        daemons: 10,
+        radix: 3,
+        faults: FaultKinds::ALL,
+        bcast_part_bytes: None,
+        found: "RELM across a rejoin: rank 1's re-acknowledgement of rank 5's chain (upto 2), sent before 5's first life was declared dead and delayed in flight, reached rank 5's admitted life, which numbers from 0 again, and completed its message 2 before it was posted (checker `completion`; an ack now names the origin's life)",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to

@@ -1510,6 +1510,9 @@ fn describe(frame: &Frame) -> String {
         Kind::Grpcomm => crate::grpcomm::XcastMsg::decode(u32::MAX, body.clone())
             .map(|m| format!("{m:?}"))
             .unwrap_or_else(|_| format!("allgather kind {:?}", body.first())),
+        Kind::Relm => crate::relm::Control::decode(u32::MAX, body)
+            .map(|c| format!("{c:?}"))
+            .unwrap_or_else(|_| format!("{} bytes", body.len())),
         _ => format!("{} bytes", body.len()),
     };
     let detail: String = detail.chars().take(160).collect();
