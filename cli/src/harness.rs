@@ -11,6 +11,7 @@ mod check_clients;
 mod check_groups;
 mod check_streams;
 mod clocks;
+mod in_flight;
 mod net;
 mod nic_cut;
 mod reset;
