@@ -118,7 +118,7 @@
 mod table;
 pub mod wire;
 
-pub use table::{Asker, DirectConfig, DirectLinks, LinkEvent, Via};
+pub use table::{Asker, DirectConfig, DirectLinks, Ending, LinkEvent, Via};
 pub use wire::{DenyReason, DirectMsg, TAG_DIRECT};
 
 use std::fmt;

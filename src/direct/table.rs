@@ -52,6 +52,15 @@ pub enum Via {
     Hold,
 }
 
+/// How the connection of a link that ends is to be treated ([`DirectLinks::ends`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Closing: what goes to the peer waits for [`LinkEvent::Release`], then takes the tree.
+    Closing,
+    /// Fenced: what goes to the peer takes the tree at once.
+    Fenced,
+}
+
 /// What the node must do for a link besides sending control messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinkEvent {
@@ -755,6 +764,20 @@ impl DirectLinks {
     pub fn may_read(&self, peer: Rank) -> bool {
         // Every read of every connection asks: the common answer needs no lookup.
         self.links.is_empty() || !self.links.get(&peer).is_some_and(|l| l.phase.unread())
+    }
+
+    /// Whether the connection to `peer` must carry nothing more from this end: its link
+    /// closes (`Close` or `CloseAck` was the last frame this end wrote there) or was fenced
+    /// (the node closes the connection). Frames the node would write straight to `peer`
+    /// (not by the tree) then take the tree instead, held behind the link's close as messages
+    /// are ([`Via::Hold`]); written on the connection, they would be lost with it (simulator
+    /// seed 66614: rank 0's `Settled` to a daemon it had just evicted).
+    pub fn ends(&self, peer: Rank) -> Option<Ending> {
+        match self.links.get(&peer)?.phase {
+            Phase::Closing | Phase::Draining => Some(Ending::Closing),
+            Phase::Fenced => Some(Ending::Fenced),
+            _ => None,
+        }
     }
 
     /// Daemons whose link is closing (`Close` sent or read, `Shut` not yet), ascending.

@@ -49,7 +49,7 @@ impl Node {
     }
 
     /// Keeps a message for `dst` until its closing link's `Release`, within the bounds.
-    fn hold(&mut self, dst: Rank, m: Held) {
+    pub(super) fn hold(&mut self, dst: Rank, m: Held) {
         let (queue, bytes) = self.direct_held.entry(dst).or_default();
         let len = m.1.len();
         if queue.len() >= crate::limits::DIRECT_HELD_MAX
@@ -89,7 +89,8 @@ impl Node {
             let payload = m.encode();
             let header = self.header(Kind::Msg, self.me, to, TAG_DIRECT, payload.len());
             if on_link && !self.is_neighbour(to) {
-                self.transmit(to, header, payload, None);
+                // The link's last frame: written on it whatever its phase.
+                self.push_transmit(to, header, payload.into(), None);
             } else {
                 self.forward(header, payload.into(), None);
             }

@@ -130,7 +130,7 @@ impl Node {
         }
         self.direct_after_repair(now, &dead);
         self.streams_after_repair(now, &dead);
-        self.status_after_repair(now, &dead);
+        self.status_after_repair(now, &dead, &adopted);
         self.out.push_back(Output::PeersFailed { dead, adopted });
         self.watch_neighbours(now);
         self.grpcomm_repair(&status);
@@ -177,6 +177,7 @@ impl Node {
         }
         .encode();
         self.send(c, TAG_ADOPTED, notice, None);
+        self.status_ask_after_notice(c);
     }
 
     pub(super) fn watch_neighbours(&mut self, now: Instant) {

@@ -299,6 +299,9 @@ pub struct Node {
     incarnation_floor: u64,
     /// Status queries in progress here (`crate::status`).
     status: crate::status::gather::Gathers,
+    /// Status queries for children this daemon has just adopted, sent right after their
+    /// adoption notice (`status.rs`, `ask_after_notice`).
+    status_asks_held: Vec<(Rank, bytes::Bytes)>,
     /// What the transport says of each link it holds (`handle_link_path`): the peer's address
     /// in use (none while it has no connection) and its failovers, for status reports. At most
     /// one entry per rank of the DVM; removed once the link has neither.
@@ -391,6 +394,7 @@ impl Node {
             streams: streams::Streams::default(),
             paused_by: FxHashMap::default(),
             status: Default::default(),
+            status_asks_held: Vec::new(),
             link_paths: Default::default(),
             started: None,
             wall: None,
@@ -615,6 +619,7 @@ impl Node {
         self.read_released_markers(now);
         self.deliver_local(now);
         self.pump_grpcomm(now);
+        self.status_send_held_asks();
         self.pump_modex(now);
         self.pump_clients(now);
         self.pump_relm(now);
@@ -667,10 +672,38 @@ impl Node {
             }
             return;
         }
+        let payload = payload.into();
+        // A message written straight to a daemon that is no tree neighbour goes on the
+        // connection of their direct link, if any. Once the link ends that connection carries
+        // nothing more: the message takes the tree instead (see `DirectLinks::ends`).
+        if header.kind == Kind::Msg && header.tag != crate::direct::TAG_DIRECT {
+            match self.direct.ends(to) {
+                Some(crate::direct::Ending::Closing) if !self.is_neighbour(to) => {
+                    self.hold(to, (header, payload, token));
+                    return;
+                }
+                Some(crate::direct::Ending::Fenced) if !self.is_neighbour(to) => {
+                    self.forward(header, payload, token);
+                    return;
+                }
+                _ => {}
+            }
+        }
+        self.push_transmit(to, header, payload, token);
+    }
+
+    /// Hands a frame for neighbour `to` to the driver as it is.
+    fn push_transmit(
+        &mut self,
+        to: Rank,
+        header: Header,
+        payload: crate::oob::send_queue::Payload,
+        token: Option<u64>,
+    ) {
         self.out.push_back(Output::Transmit {
             to,
             header,
-            payload: payload.into(),
+            payload,
             token,
         });
     }

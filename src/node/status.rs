@@ -145,8 +145,12 @@ impl Node {
     }
 
     /// Children that failed are no longer waited for; children the repair gave this daemon
-    /// are asked, with what is left of the budget.
-    pub(super) fn status_after_repair(&mut self, now: Instant, dead: &[Rank]) {
+    /// are asked, with what is left of the budget. A child adopted by this repair is asked
+    /// right after its adoption notice, which goes with the collectives' `Sync` later in this
+    /// turn: asked before it, the child answers under its old view of the tree, without the
+    /// children it gets itself by the same repair (an heir promoted into a dead daemon's slot:
+    /// regression seed 64144).
+    pub(super) fn status_after_repair(&mut self, now: Instant, dead: &[Rank], adopted: &[Rank]) {
         if self.status.is_empty() {
             return;
         }
@@ -165,10 +169,39 @@ impl Node {
             })
             .encode();
             for c in new {
-                self.send(c, TAG_STATUS, query.clone(), None);
+                if adopted.contains(&c) {
+                    self.status_asks_held.push((c, query.clone()));
+                } else {
+                    self.send(c, TAG_STATUS, query.clone(), None);
+                }
             }
         }
         self.answer_due(now);
+    }
+
+    /// Child `c` was just sent its adoption notice: the queries held for it follow.
+    pub(super) fn status_ask_after_notice(&mut self, c: Rank) {
+        if self.status_asks_held.is_empty() {
+            return;
+        }
+        let (now_due, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.status_asks_held)
+            .into_iter()
+            .partition(|(r, _)| *r == c);
+        self.status_asks_held = rest;
+        for (r, q) in now_due {
+            self.send(r, TAG_STATUS, q, None);
+        }
+    }
+
+    /// After the collectives' output of a turn: queries still held (no notice went to their
+    /// child this turn, e.g. its `Sync` waits) go now rather than never. At most one per
+    /// adopted child and gather in progress, so the list is as bounded as those.
+    pub(super) fn status_send_held_asks(&mut self) {
+        for (r, q) in std::mem::take(&mut self.status_asks_held) {
+            if !self.routing.is_failed(r) {
+                self.send(r, TAG_STATUS, q, None);
+            }
+        }
     }
 
     /// The daemon stops: its local gathers end with what they have.

@@ -804,6 +804,22 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         bcast_part_bytes: None,
         found: "RELM across a rejoin: rank 1's re-acknowledgement of rank 5's chain (upto 2), sent before 5's first life was declared dead and delayed in flight, reached rank 5's admitted life, which numbers from 0 again, and completed its message 2 before it was posted (checker `completion`; an ack now names the origin's life)",
     },
+    RegressionSeed {
+        seed: 66_614,
+        daemons: 26,
+        radix: 4,
+        faults: FaultKinds::ALL,
+        bcast_part_bytes: None,
+        found: "direct links and rejoin (found by `all,split`): rank 0 evicted its direct link with rank 21, admitted back, and then wrote 21's `Settled` on that link's connection after `Close`; the connection closed with it, and 21 held its application's sends for ever (checker `liveness`; a frame written straight to a daemon whose link ends now takes the tree behind the close)",
+    },
+    RegressionSeed {
+        seed: 64_144,
+        daemons: 32,
+        radix: 8,
+        faults: FaultKinds::ALL,
+        bcast_part_bytes: None,
+        found: "status (found by `all,split`): rank 0 adopted the heir 21 during its status query and asked it before its adoption notice; 21 answered under its old view, without the child 13 it got by the same repair, and the report showed 13 unreached (checker `status`; an adopted child is now asked right after its notice)",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to

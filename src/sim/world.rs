@@ -710,6 +710,20 @@ impl World {
                         n.xcast().describe()
                     );
                 }
+                let mut work: Vec<String> = self
+                    .queue
+                    .iter()
+                    .filter_map(|Reverse((at, _, idx))| {
+                        let ev = self.slab.get(*idx)?.as_ref()?;
+                        is_work(ev).then(|| format!("{at} us: {ev:?}"))
+                    })
+                    .collect();
+                work.sort();
+                work.truncate(8);
+                for w in &work {
+                    let w: String = w.chars().take(300).collect();
+                    log::debug!("still busy: work event {w}");
+                }
                 log::debug!(
                     "still busy: {} work events, held {:?}, redials {:?}, parked {:?}",
                     self.busy,
