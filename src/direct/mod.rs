@@ -103,6 +103,10 @@
 //! whose connection is lost first, releases what waits over the tree (a fault window, as any
 //! lost link).
 //! Reliable messages do not wait: RELM takes the tree at once (its chains keep the order).
+//! The runtime's own messages that a daemon writes straight to another (rank 0's `Settled`,
+//! a status answer, a contact lookup's answer) would go on the link's connection too: while
+//! the link closes they wait with the user's messages and then take the tree, and once it is
+//! fenced they take the tree at once ([`DirectLinks::ends`]; regression seed 66614).
 //! Every message after the grant names the link's id (the grantor's): two daemons may open a
 //! new link on the connection an earlier one used, and a `Close` of the earlier one read then
 //! must not close the new one.
