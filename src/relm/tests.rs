@@ -384,6 +384,28 @@ fn an_ack_of_a_previous_life_of_the_origin_is_ignored() {
 }
 
 #[test]
+fn a_restarted_origins_chain_starts_afresh_where_its_death_was_never_learnt() {
+    // 0 -> {1, 2}. Rank 2 posted rank 1's uid 0; rank 1 restarts (a fresh RELM, numbering
+    // from 0 again) and is known everywhere under its next life, with no repair in between
+    // (the purge at its death would have dropped the watermark). Its new uid 0 is a new
+    // message, not a copy of the old one.
+    let mut net = Net::new(2, 3);
+    net.send(1, 2, 7).unwrap();
+    net.run();
+    assert_eq!(net.seqs(2, 1), vec![7]);
+    net.nodes[1].relm = Relm::new(1, 3, RelmConfig::default());
+    net.nodes[1].done.clear();
+    for n in &mut net.nodes {
+        n.lives[1] = 1;
+    }
+    net.send(1, 2, 8).unwrap();
+    net.run();
+    assert_eq!(net.seqs(2, 1), vec![7, 8]);
+    assert_eq!(net.nodes[1].done, vec![(8, Ok(()))]);
+    assert_eq!(net.nodes[2].relm.stats().duplicates, 0);
+}
+
+#[test]
 fn the_window_is_bounded() {
     let mut net = Net::new(2, 3);
     net.lossy.push((0, 1));
