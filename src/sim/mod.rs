@@ -813,6 +813,17 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         found: "direct links and rejoin (found by `all,split`): rank 0 evicted its direct link with rank 21, admitted back, and then wrote 21's `Settled` on that link's connection after `Close`; the connection closed with it, and 21 held its application's sends for ever (checker `liveness`; a frame written straight to a daemon whose link ends now takes the tree behind the close)",
     },
     RegressionSeed {
+        seed: 109_209,
+        daemons: 37,
+        radix: 2,
+        faults: FaultKinds {
+            split: true,
+            ..FaultKinds::ALL
+        },
+        bcast_part_bytes: None,
+        found: "status across a rejoin: rank 8 kept answering a query of rank 4's previous life after 4 died; 4's next life asked under the same id and took that answer's timing as its own, and the clock offset it reported was 310 ms off (checker `status`; a dead asker's queries are now dropped)",
+    },
+    RegressionSeed {
         seed: 64_144,
         daemons: 32,
         radix: 8,

@@ -283,8 +283,15 @@ impl Gathers {
         true
     }
 
-    /// `dead` failed: nobody waits for their answers (the report lists them as failed).
+    /// `dead` failed: nobody waits for their answers (the report lists them as failed), and
+    /// their own queries are not answered.
     pub fn forget(&mut self, dead: &[Rank]) {
+        // A dead asker's gathers are dropped: their answers would reach its next life, if it
+        // is admitted back, which may ask again under the same id and would take the old
+        // answer's timing as its own (a clock offset off by the time between: regression seed
+        // 109209).
+        self.table
+            .retain(|g| !matches!(g.asker, Asker::Daemon { rank, .. } if dead.contains(&rank)));
         for g in &mut self.table {
             g.waiting.retain(|(r, ..)| !dead.contains(r));
         }
@@ -529,6 +536,27 @@ mod tests {
         assert_eq!(d.links[0].rtt_us, Some(0));
         assert_eq!(d.links[1].rtt_us, None);
         assert_eq!(h.root, 3);
+    }
+
+    #[test]
+    fn a_dead_askers_gathers_are_dropped() {
+        let t0 = Instant::now();
+        let mut g = Gathers::default();
+        for (rank, id) in [(4, 1), (5, 1)] {
+            g.begin(
+                t0,
+                Asker::Daemon { rank, id },
+                Duration::from_millis(100),
+                false,
+                None,
+                &[7, 8],
+                None,
+            );
+        }
+        g.forget(&[4, 8]);
+        assert_eq!(g.len(), 1, "rank 4's query is not answered");
+        let due = g.take_due(t0 + Duration::from_millis(100));
+        assert!(matches!(due[..], [ref x] if x.asker == Asker::Daemon { rank: 5, id: 1 }));
     }
 
     #[test]
