@@ -813,6 +813,14 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         found: "direct links and rejoin (found by `all,split`): rank 0 evicted its direct link with rank 21, admitted back, and then wrote 21's `Settled` on that link's connection after `Close`; the connection closed with it, and 21 held its application's sends for ever (checker `liveness`; a frame written straight to a daemon whose link ends now takes the tree behind the close)",
     },
     RegressionSeed {
+        seed: 113_428,
+        daemons: 12,
+        radix: 2,
+        faults: FaultKinds::ALL,
+        bcast_part_bytes: None,
+        found: "simulator (overload): the scenario's flow limits left room below a queue's hard bound for one read but not for one more frame of the longest kind, as the daemon's own rule does; with rank 0 stalled past FLOW_STUCK_MS, rank 1's stuck queue to it took a relayed 57 KB stream chunk past the bound (checker `overload`)",
+    },
+    RegressionSeed {
         seed: 109_209,
         daemons: 37,
         radix: 2,

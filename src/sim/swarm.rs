@@ -656,8 +656,15 @@ impl Scenario {
                 high_bytes,
                 low_bytes: high_bytes / 4,
                 stuck_ms: crate::limits::FLOW_STUCK_MS,
-                // One read of unread frames can add up to a window.
-                full_bytes: queue_max_bytes - window_bytes - 4096,
+                // As the daemon's own rule (`FlowLimits::for_queue`): room below the hard bound
+                // for what one read of unread frames can add (up to a window) and one frame
+                // of the longest kind, a stream chunk. Without the chunk, a stuck queue filled
+                // to the bound by a relayed chunk of 57 KB (regression seed 113428).
+                full_bytes: queue_max_bytes
+                    - window_bytes
+                    - STREAM_WINDOW_MAX as usize
+                    - crate::oob::header::HEADER_LEN
+                    - 4096,
             };
             heartbeats = true;
             stale_rate = 0.0;
@@ -1110,6 +1117,10 @@ fn clocks(seed: u64, size: u32) -> Vec<(i64, i64)> {
         .collect()
 }
 
+/// The largest credit window a simulated fetch asks for (exclusive): a stream chunk, and so
+/// one relayed frame, is at most this long.
+const STREAM_WINDOW_MAX: u64 = 65_536;
+
 fn stream_fetches(seed: u64, size: u32, traffic_us: u64) -> Vec<(Rank, Rank, u64, u32, u64)> {
     let mut rng = Rng::new(seed ^ 0x57E4_3A11_0000_0000);
     if size < 2 || !rng.chance(0.6) {
@@ -1123,7 +1134,7 @@ fn stream_fetches(seed: u64, size: u32, traffic_us: u64) -> Vec<(Rank, Rank, u64
                 producer += 1;
             }
             let len = rng.range(0, 300_000);
-            let window = rng.range(1024, 65_536) as u32;
+            let window = rng.range(1024, STREAM_WINDOW_MAX) as u32;
             // One stream in eight is fetched from the consumer's own daemon (a function of
             // the draws: the seed's other draws stay as they were).
             if len.is_multiple_of(8) {

@@ -1514,7 +1514,7 @@ impl World {
 }
 
 /// A frame for the trace log: its header and what its payload starts with.
-fn describe(frame: &Frame) -> String {
+pub(super) fn describe(frame: &Frame) -> String {
     use crate::oob::header::Kind;
     let Ok(h) = frame.decode() else {
         return format!("undecodable {frame:?}");

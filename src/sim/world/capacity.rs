@@ -108,8 +108,10 @@ impl World {
         if !w.queue.is_empty() && w.queued_bytes + frame.wire_len() > max {
             wires.dropped += 1;
             log::debug!(
-                "{} us: {from} -> {to}: queue full, frame dropped",
-                self.now_us
+                "{} us: {from} -> {to}: queue full ({} bytes), frame dropped: {}",
+                self.now_us,
+                w.queued_bytes,
+                super::describe(&frame)
             );
             return true;
         }
