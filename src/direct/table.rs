@@ -773,6 +773,10 @@ impl DirectLinks {
     /// are ([`Via::Hold`]); written on the connection, they would be lost with it (simulator
     /// seed 66614: rank 0's `Settled` to a daemon it had just evicted).
     pub fn ends(&self, peer: Rank) -> Option<Ending> {
+        // Asked for every message a daemon sends or relays: the common answer needs no lookup.
+        if self.links.is_empty() {
+            return None;
+        }
         match self.links.get(&peer)?.phase {
             Phase::Closing | Phase::Draining => Some(Ending::Closing),
             Phase::Fenced => Some(Ending::Fenced),

@@ -300,7 +300,7 @@ pub struct Node {
     /// Status queries in progress here (`crate::status`).
     status: crate::status::gather::Gathers,
     /// Status queries for children this daemon has just adopted, sent right after their
-    /// adoption notice (`status.rs`, `ask_after_notice`).
+    /// adoption notice (`status.rs`, `status_ask_after_notice`).
     status_asks_held: Vec<(Rank, bytes::Bytes)>,
     /// What the transport says of each link it holds (`handle_link_path`): the peer's address
     /// in use (none while it has no connection) and its failovers, for status reports. At most
@@ -645,11 +645,7 @@ impl Node {
 
     /// Rank `r`'s life as this daemon knows it (see `lives`).
     pub(super) fn life_of(&self, r: Rank) -> u16 {
-        if r == self.me {
-            self.my_life
-        } else {
-            self.lives.get(&r).copied().unwrap_or(0)
-        }
+        life_in((self.me, self.my_life), &self.lives, r)
     }
 
     /// Queues a frame for neighbour `to`. Never to itself, never to a rank it believes failed
@@ -840,6 +836,16 @@ impl Node {
             ));
         }
         Ok(())
+    }
+}
+
+/// Rank `r`'s life in a daemon's view: its own (`me`, `my_life`), else what `lives` says (0
+/// for a rank never admitted back). `Node::life_of` and RELM's `Paths` both read it so.
+pub(super) fn life_in((me, my_life): (Rank, u16), lives: &FxHashMap<Rank, u16>, r: Rank) -> u16 {
+    if r == me {
+        my_life
+    } else {
+        lives.get(&r).copied().unwrap_or(0)
     }
 }
 

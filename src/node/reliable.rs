@@ -94,12 +94,7 @@ impl crate::relm::Topology for Paths<'_> {
         self.direct.is_direct(target)
     }
     fn life(&self, r: Rank) -> u16 {
-        // As `Node::life_of`.
-        if r == self.routing.me() {
-            self.my_life
-        } else {
-            self.lives.get(&r).copied().unwrap_or(0)
-        }
+        super::life_in((self.routing.me(), self.my_life), self.lives, r)
     }
 }
 
