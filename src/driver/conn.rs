@@ -84,6 +84,12 @@ pub(crate) struct Conn {
     /// as bulk (`Flow::handle_levels`).
     fed: VecDeque<(u64, usize)>,
     fed_bytes: usize,
+    /// Bulk frames written and not yet confirmed read by the peer: (the link session's count
+    /// of frames written once it was, wire bytes), and those bytes in all. At
+    /// `limits::BULK_PIPE_BYTES` no more bulk is handed to `queue` until acknowledgements come
+    /// ([`on_acked`](Self::on_acked)). Only on a connection with a link session (a daemon's).
+    pipe: VecDeque<(u64, usize)>,
+    pipe_bytes: usize,
     /// Frames of `queue` written (or taken back) since the connection began.
     frames_done: u64,
     /// Bytes written since a bulk frame was last handed to `queue`: past
@@ -138,6 +144,8 @@ impl Conn {
             bulk_bytes: 0,
             fed: VecDeque::new(),
             fed_bytes: 0,
+            pipe: VecDeque::new(),
+            pipe_bytes: 0,
             frames_done: 0,
             written_since_feed: 0,
             last_progress: std::time::Instant::now(),
@@ -231,11 +239,41 @@ impl Conn {
         }
     }
 
+    /// Whether the bulk frames written and not yet confirmed reach `BULK_PIPE_BYTES`.
+    fn pipe_full(&self) -> bool {
+        self.pipe_bytes >= limits::BULK_PIPE_BYTES
+    }
+
+    /// The peer confirmed frames of our link session: the bulk frames among them leave the
+    /// pipe. Returns whether bulk frames waited for that room (the caller flushes again).
+    pub(crate) fn on_acked(&mut self) -> bool {
+        let Some((acked, sent)) = self.session.as_ref().map(|s| (s.out.acked(), s.out.sent()))
+        else {
+            return false;
+        };
+        let was_full = self.pipe_full();
+        if self.pipe.back().is_some_and(|&(at, _)| at > sent) {
+            // The session started again from 0 (it is reset only while no connection holds
+            // it): nothing of the old count can be confirmed.
+            self.pipe.clear();
+            self.pipe_bytes = 0;
+        }
+        while let Some(&(at, len)) = self.pipe.front()
+            && at <= acked
+        {
+            self.pipe.pop_front();
+            self.pipe_bytes = self.pipe_bytes.saturating_sub(len);
+        }
+        was_full && !self.pipe_full() && !self.bulk.is_empty()
+    }
+
     /// Hands bulk frames to the send queue while it holds less than `BULK_FEED_BYTES`, and
-    /// one whatever it holds once `BULK_SHARE_BYTES` were written without one.
+    /// one whatever it holds once `BULK_SHARE_BYTES` were written without one; none while
+    /// the pipe is full.
     fn feed_bulk(&mut self) {
-        while self.queue.queued_bytes() < limits::BULK_FEED_BYTES
-            || self.written_since_feed >= limits::BULK_SHARE_BYTES
+        while !self.pipe_full()
+            && (self.queue.queued_bytes() < limits::BULK_FEED_BYTES
+                || self.written_since_feed >= limits::BULK_SHARE_BYTES)
         {
             let Some((header, payload, done)) = self.bulk.pop_front() else {
                 return;
@@ -326,11 +364,12 @@ impl Conn {
         Ok((resent, dropped))
     }
 
-    /// Whether the link session holds writes back until the peer's acknowledgements come: the
-    /// connection must then be read whatever flow control says, or its queue and the peer's
-    /// acknowledgements would wait for each other for ever.
+    /// Whether the link session holds writes back until the peer's acknowledgements come, or
+    /// bulk frames wait for room in the pipe: the connection must then be read whatever flow
+    /// control says, or its queue and the peer's acknowledgements would wait for each other.
     pub(crate) fn awaits_acks(&self) -> bool {
         self.session.as_ref().is_some_and(|s| s.out.at_bound())
+            || (self.pipe_full() && !self.bulk.is_empty())
     }
 
     /// Whether frames may be queued here: not on a daemon's connection whose session waits for
@@ -413,9 +452,18 @@ impl Conn {
             {
                 self.fed.pop_front();
                 self.fed_bytes = self.fed_bytes.saturating_sub(len);
+                // Counted against the pipe until the session's acknowledgement covers every
+                // frame written so far (at most the rest of this write past it: a little late).
+                if let Some(session) = self.session.as_ref() {
+                    self.pipe.push_back((session.out.sent(), len));
+                    self.pipe_bytes += len;
+                }
             }
         }
-        let held = self.session.as_ref().is_some_and(|s| s.out.at_bound());
+        // Bulk frames held for room in the pipe wait for an acknowledgement (which flushes the
+        // connection again), not for the next turn.
+        let held = self.session.as_ref().is_some_and(|s| s.out.at_bound())
+            || (self.queue.is_empty() && self.pipe_full());
         Ok((!self.is_drained() && !held) || self.queue.has_control())
     }
 
@@ -646,5 +694,68 @@ mod tests {
         let bound = (limits::BULK_SHARE_BYTES + 1024 * 1024) / message.len();
         assert!(seen, "the chunk waited behind {messages_before} messages");
         assert!(messages_before <= bound, "{messages_before} > {bound}");
+    }
+
+    /// Flushes and reads until the peer has nothing more to read: the tags of the messages.
+    fn drain_once(
+        c: &mut Conn,
+        peer: &mut std::net::TcpStream,
+        dec: &mut FrameDecoder,
+    ) -> Vec<u32> {
+        peer.set_read_timeout(Some(std::time::Duration::from_millis(100)))
+            .unwrap();
+        let (mut done, mut tags) = (Vec::new(), Vec::new());
+        loop {
+            let _ = c.flush(&mut done).unwrap();
+            match peer.read(dec.read_space()) {
+                Ok(n) if n > 0 => dec.commit(n),
+                _ => return tags,
+            }
+            while let Some(f) = dec.next_frame().unwrap() {
+                if f.header.kind == Kind::Msg {
+                    tags.push(f.header.tag);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bulk_frames_wait_for_room_in_the_pipe_and_control_frames_do_not() {
+        let (mut c, mut peer) = pair();
+        c.open_session(Box::new(LinkSession::new(1, 64 << 20, 1 << 32, true)), 1, 2);
+        assert!(c.resume_session(7, 0, 1, 2).is_ok());
+        let stream = crate::node::TAG_STREAM;
+        let chunk_len = limits::STREAM_CHUNK_MAX;
+        let wire = crate::oob::HEADER_LEN + chunk(0, chunk_len).len();
+        let chunks = 4 * limits::BULK_PIPE_BYTES / chunk_len;
+        for i in 0..chunks {
+            push(&mut c, stream, chunk((i * chunk_len) as u64, chunk_len));
+        }
+        let mut dec = FrameDecoder::new(1 << 24);
+        // Without acknowledgements: about the pipe's worth, and the line holds the rest.
+        let first = drain_once(&mut c, &mut peer, &mut dec);
+        let most = (limits::BULK_PIPE_BYTES + limits::BULK_FEED_BYTES) / wire + 1;
+        assert!(first.len() >= limits::BULK_PIPE_BYTES / wire, "{first:?}");
+        assert!(first.len() <= most, "{} chunks > {most}", first.len());
+        assert!(c.pipe_full() && !c.bulk.is_empty());
+        // A message does not wait for room in the pipe.
+        push(&mut c, 100, Bytes::from_static(b"message"));
+        assert_eq!(drain_once(&mut c, &mut peer, &mut dec), vec![100]);
+        // Acknowledgements make room; every chunk arrives.
+        let mut got = first.len();
+        for _ in 0..chunks {
+            let session = c.session.as_mut().unwrap();
+            let (id, sent) = (session.out.session(), session.out.sent());
+            assert!(session.out.handle_ack(id, sent).unwrap() > 0);
+            assert!(c.on_acked() || c.bulk.is_empty());
+            let more = drain_once(&mut c, &mut peer, &mut dec);
+            assert!(more.iter().all(|&t| t == stream));
+            got += more.len();
+            if got == chunks {
+                break;
+            }
+        }
+        assert_eq!(got, chunks);
+        assert!(c.is_drained());
     }
 }

@@ -212,7 +212,7 @@ impl<K: Keep + Default> Outbound<K> {
     }
 
     /// Frames of this session written so far.
-    fn sent(&self) -> u64 {
+    pub fn sent(&self) -> u64 {
         self.acked + self.unacked.frames() as u64 + self.unkept
     }
 
@@ -301,6 +301,11 @@ impl<K: Keep + Default> Outbound<K> {
     }
 
     /// Their wire bytes.
+    /// Frames of this session the receiver confirmed (read by its loop).
+    pub fn acked(&self) -> u64 {
+        self.acked
+    }
+
     pub fn unacked_bytes(&self) -> usize {
         self.unacked_bytes
     }

@@ -4,6 +4,7 @@
 
 mod bcast;
 pub mod raw;
+mod raw_stream;
 pub mod roles;
 mod streams;
 pub mod util;
@@ -108,6 +109,8 @@ pub fn run(args: BenchArgs) -> Res<i32> {
             "raw-send" => raw::send(a)?,
             "raw-echo" => raw::echo(a)?,
             "raw-ping" => raw::ping(a)?,
+            "raw-stream-produce" => raw_stream::produce(a)?,
+            "raw-stream-consume" => raw_stream::consume(a)?,
             #[cfg(feature = "zmq")]
             "zmq-pull" => zeromq::pull(a)?,
             #[cfg(feature = "zmq")]
@@ -947,6 +950,18 @@ fn print_tables(out: &Value) {
             f("stream_rtt_p50_us"),
             f("stream_rtt_p99_us"),
             f("rtt_ratio")
+        );
+        let raw = |m: &str, k: &str| st["raw_rtt"][m][k].as_f64().unwrap_or(0.0);
+        println!(
+            "  raw TCP between two processes, a raw stream running: the pings on a connection of \
+             their own idle p50 {:.1} µs, during {:.1} µs ({:.2}x, this machine's floor); on the \
+             stream's connection idle {:.1} µs, during {:.1} µs ({:.2}x)",
+            raw("two_connections", "idle_rtt_p50_us"),
+            raw("two_connections", "stream_rtt_p50_us"),
+            st["raw_rtt"]["two_ratio"].as_f64().unwrap_or(0.0),
+            raw("one_connection", "idle_rtt_p50_us"),
+            raw("one_connection", "stream_rtt_p50_us"),
+            st["raw_rtt"]["one_ratio"].as_f64().unwrap_or(0.0),
         );
         let big = |k: &str| st["big"][k].as_f64().unwrap_or(0.0);
         println!(

@@ -263,6 +263,35 @@ impl Bench {
         Ok(msgs * PIECE as f64 / f64::from(1u32 << 30) / v["secs"].as_f64().unwrap_or(1.0))
     }
 
+    /// Raw TCP's 64 B round trip while a raw stream of `bytes` runs between the same two
+    /// processes, the pings on a connection of their own (`two`) or on the stream's (`one`).
+    fn raw_stream_rtt(&mut self, mode: &str, bytes: u64) -> Res<Value> {
+        let dir = self.fresh_dir()?;
+        let base = RoleArgs {
+            count: bytes,
+            dir,
+            route: Some(mode.to_string()),
+            ..RoleArgs::default()
+        };
+        let kids = vec![
+            self.spawn(
+                &RoleArgs {
+                    role: Some("raw-stream-consume".into()),
+                    ..base.clone()
+                },
+                true,
+            )?,
+            self.spawn(
+                &RoleArgs {
+                    role: Some("raw-stream-produce".into()),
+                    ..base
+                },
+                false,
+            )?,
+        ];
+        self.collect(kids, 0)
+    }
+
     /// Issue "Streams": the bench rows, each beside raw TCP in the same run.
     pub(super) fn streams(&mut self) -> Res<Value> {
         let big: u64 = if self.quick { 256 << 20 } else { 1 << 30 };
@@ -278,6 +307,8 @@ impl Bench {
             raw0.push(self.raw_gib(0, big)?);
             raw1.push(self.raw_gib(1, big)?);
         }
+        let raw_two = self.raw_stream_rtt("two", big)?;
+        let raw_one = self.raw_stream_rtt("one", big)?;
         let small_run = self.stream_run("direct", 1, small)?;
         let many = self.stream_run("direct", 64, if self.quick { 4 << 20 } else { 16 << 20 })?;
         // The run with the median rate carries the round trips and memory of the big stream.
@@ -301,6 +332,12 @@ impl Bench {
             "stream_rtt_p50_us": rtt(&mid, "stream_rtt_p50_us"),
             "stream_rtt_p99_us": rtt(&mid, "stream_rtt_p99_us"),
             "rtt_ratio": rtt(&mid, "stream_rtt_p50_us") / rtt(&mid, "idle_rtt_p50_us").max(1e-9),
+            "raw_rtt": {
+                "two_connections": raw_two,
+                "one_connection": raw_one,
+                "two_ratio": rtt(&raw_two, "stream_rtt_p50_us") / rtt(&raw_two, "idle_rtt_p50_us").max(1e-9),
+                "one_ratio": rtt(&raw_one, "stream_rtt_p50_us") / rtt(&raw_one, "idle_rtt_p50_us").max(1e-9),
+            },
             "big": mid, "small": small_run,
             "runs": {"direct": d, "relay": r, "raw": raw0, "raw_relay": raw1},
             "load": loadavg(),

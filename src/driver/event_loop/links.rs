@@ -776,8 +776,11 @@ impl EventLoop {
                     )),
                 };
                 match result {
-                    // Room again under the session's bound: what is held back may go.
-                    Ok(released) if released > 0 && !conn.is_drained() => self.mark_dirty(tok),
+                    // Room again under the session's bound, or in the bulk pipe: what is held
+                    // back may go.
+                    Ok(released) if released > 0 && (conn.on_acked() || !conn.is_drained()) => {
+                        self.mark_dirty(tok)
+                    }
                     Ok(_) => {}
                     Err(e) => self.protocol_error(tok, &e.to_string()),
                 }
