@@ -4,10 +4,12 @@
 //! of the digests the producer sent, so a chunk lost or repeated without a gap in the offsets
 //! is caught too.
 //!
-//! The digest is XXH64 of the chunk's bytes seeded with its offset: it detects accidents, not
-//! an adversary (the connections are authenticated with the job key), and it runs at memory
-//! speed (four independent lanes of 8-byte words), where a byte-at-a-time hash held a stream
-//! to a fraction of the link's bandwidth.
+//! The chunk digest is XXH3 (64-bit) of the chunk's bytes seeded with its offset: it detects
+//! accidents, not an adversary (the connections are authenticated with the job key). A stream
+//! pays it at both ends for every byte, so its speed bounds a stream's: XXH3 ran at 29.7 GB/s
+//! here against 14.2 for XXH64 (256 KiB chunks), which had taken a fifth of the producer's and
+//! of the consumer's processor time in a stream over a direct link (`perf`). XXH64 stays for
+//! small inputs that must not change on the wire (the group members' identity digest).
 
 const P1: u64 = 0x9E37_79B1_85EB_CA87;
 const P2: u64 = 0xC2B2_AE3D_27D4_EB4F;
@@ -90,7 +92,7 @@ pub fn xxh64(bytes: &[u8], seed: u64) -> u64 {
 
 /// The digest of the chunk `bytes` at stream offset `offset`.
 pub fn chunk(offset: u64, bytes: &[u8]) -> u64 {
-    xxh64(bytes, offset)
+    xxhash_rust::xxh3::xxh3_64_with_seed(bytes, offset)
 }
 
 #[cfg(test)]
@@ -106,6 +108,14 @@ mod tests {
         let d = chunk(0, &long);
         long[63] = 8;
         assert_ne!(chunk(0, &long), d);
+    }
+
+    #[test]
+    fn a_chunk_digest_is_xxh3() {
+        // The reference implementation's values (its sanity check: the empty input and "a").
+        assert_eq!(chunk(0, b""), 0x2D06_8005_38D3_94C2);
+        assert_eq!(chunk(0, b"a"), 0xE6C6_32B6_1E96_4E1F);
+        assert_ne!(chunk(1, b""), chunk(0, b""));
     }
 
     #[test]
