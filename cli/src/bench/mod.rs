@@ -1183,11 +1183,42 @@ fn targets(out: &Value) -> Value {
                 );
             }
         }
+        // What raw TCP itself does here, in the same run, beside the two rows above and below:
+        // through a relay process (twice the copies per byte of a direct connection, on the
+        // same processors), and its round trip behind a stream on one connection and on two.
+        if let Some(v) = st["raw_relay_gib_per_s"]
+            .as_f64()
+            .zip(st["raw_gib_per_s"].as_f64())
+            .map(|(r1, r0)| r1 / r0.max(1e-9))
+        {
+            rows.push(json!({"what": "raw TCP through one relay process vs raw TCP (twice the copies per byte)",
+                "measured": format!("{:.0}%", 100.0 * v), "target": "reported", "met": true}));
+        }
+        if let Some(v) = st["relay_vs_raw_relay"].as_f64() {
+            rows.push(
+                json!({"what": "one stream through one relay vs raw TCP through one relay process",
+                "measured": format!("{:.0}%", 100.0 * v), "target": "reported", "met": true}),
+            );
+        }
         if let Some(v) = st["rtt_ratio"].as_f64() {
             rows.push(
                 json!({"what": "64 B round trip (p50) during a stream vs idle, same link",
                 "measured": format!("{v:.2}x"), "target": "at most 2x", "met": v <= 2.0}),
             );
+        }
+        for (what, k) in [
+            (
+                "raw TCP: 64 B round trip during a raw stream vs idle, pongs on the stream's connection",
+                "one_ratio",
+            ),
+            (
+                "raw TCP: the same, pings on a connection of their own",
+                "two_ratio",
+            ),
+        ] {
+            if let Some(v) = st["raw_rtt"][k].as_f64() {
+                rows.push(json!({"what": what, "measured": format!("{v:.2}x"), "target": "reported", "met": true}));
+            }
         }
         let hwm = |k: &str, q: &str| st[k][q].as_f64().unwrap_or(0.0);
         let growth = (hwm("big", "producer_hwm_kib") - hwm("small", "producer_hwm_kib"))
