@@ -41,3 +41,51 @@ fn bench_pingpong_prints_its_table() {
     );
     let _ = std::fs::remove_file(&html);
 }
+
+/// The raw-TCP baseline of the stream round trip (`raw-stream-produce`/`raw-stream-consume`)
+/// runs to its end in both modes and reports: the pings on a connection of their own, and on
+/// the stream's (where the last pong can come after the stream's last byte).
+#[test]
+fn the_raw_stream_round_trip_baseline_ends_in_both_modes() {
+    for mode in ["two", "one"] {
+        let dir = std::env::temp_dir().join(format!(
+            "tbon-bench-raw-stream-{}-{mode}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("run dir");
+        let role = |name: &str| {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_tbon"));
+            c.args([
+                "bench", "--role", name, "--count", "16777216", "--route", mode,
+            ])
+            .arg("--dir")
+            .arg(&dir);
+            c
+        };
+        let mut producer = role("raw-stream-produce")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start the producer");
+        let out = role("raw-stream-consume")
+            .output()
+            .expect("run the consumer");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode}: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            producer.wait().expect("the producer ends").success(),
+            "{mode}"
+        );
+        let v: serde_json::Value = serde_json::from_str(text.lines().next().unwrap_or(""))
+            .unwrap_or_else(|e| panic!("{mode}: {e}: {text}"));
+        assert!(v["gib_per_s"].as_f64().unwrap_or(0.0) > 0.0, "{mode}: {v}");
+        assert!(
+            v["idle_rtt_p50_us"].as_f64().unwrap_or(0.0) > 0.0,
+            "{mode}: {v}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
