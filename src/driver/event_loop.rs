@@ -550,12 +550,19 @@ impl EventLoop {
                 Ok(Caddy::SendBatch { msgs }) => {
                     let len: usize = msgs.iter().map(|m| m.payload.len()).sum();
                     self.shared.gate.taken(len);
+                    // The node's frames are carried out once per queue report, not once per
+                    // message: flow control sees the queues at the same points, and the
+                    // node's output queue holds at most `COMMANDS_PER_QUEUE_REPORT` frames.
                     for m in msgs {
                         self.node.counters_mut().commands += 1;
-                        self.send_plain(m.dst, m.tag, m.payload);
+                        self.send_plain_held(m.dst, m.tag, m.payload);
                         done += 1;
+                        if done.is_multiple_of(limits::COMMANDS_PER_QUEUE_REPORT) {
+                            self.carry_out();
+                        }
                         self.after_command(done);
                     }
+                    self.carry_out();
                 }
                 Ok(c) => {
                     self.node.counters_mut().commands += 1;
@@ -585,6 +592,13 @@ impl EventLoop {
 
     /// One plain send of a batch (no completion: a refusal is logged and counted by the node).
     fn send_plain(&mut self, dst: Rank, tag: Tag, payload: bytes::Bytes) {
+        self.send_plain_held(dst, tag, payload);
+        self.carry_out();
+    }
+
+    /// [`send_plain`](Self::send_plain) without carrying out the node's output: the caller
+    /// does, soon.
+    fn send_plain_held(&mut self, dst: Rank, tag: Tag, payload: bytes::Bytes) {
         if self.stopping.is_some() {
             return;
         }
@@ -598,7 +612,6 @@ impl EventLoop {
                 route: None,
             },
         );
-        self.carry_out();
     }
 
     /// Publishes the node's origin answers to the submitting threads when they may have

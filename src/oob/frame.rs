@@ -12,7 +12,10 @@
 use bytes::{Buf, Bytes, BytesMut};
 
 use super::header::{HEADER_LEN, Header, WireError};
-use crate::limits::{READ_CHUNK_BYTES, READ_LARGE_STEP_BYTES, READ_POOL_BYTES_MAX, READ_POOL_MAX};
+use crate::limits::{
+    READ_CHUNK_BYTES, READ_LARGE_STEP_BYTES, READ_POOL_BYTES_MAX, READ_POOL_MAX,
+    READ_SPARE_MIN_BYTES,
+};
 
 /// One complete frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,24 +153,31 @@ impl FrameDecoder {
     /// A writable, initialised region to read socket bytes into; follow with
     /// [`commit`](Self::commit)`(n)` where `n` is how many bytes were written at its start.
     ///
-    /// At least the read chunk long ([`READ_CHUNK_BYTES`] unless set lower). When the header of a frame whose remainder is larger
+    /// At least [`READ_SPARE_MIN_BYTES`] long, a fresh region the read chunk ([`READ_CHUNK_BYTES`] unless set lower). When the header of a frame whose remainder is larger
     /// has been decoded, capacity for the whole rest of that frame is reserved at once, so that
     /// a large payload lands in a single allocation, and the region offered is the rest of the
     /// frame up to [`READ_LARGE_STEP_BYTES`]: the zero-fill (safe Rust cannot read into
     /// uninitialised memory) then happens just before the read, while the bytes are still in
     /// cache, instead of one cold pass over the whole payload. Zero-filling happens once per
-    /// region, not once per call: unused room is kept for the next call.
+    /// region, not once per call: unused room is kept for the next call, and while no large
+    /// frame is pending a region is read into until less than [`READ_SPARE_MIN_BYTES`] of it is
+    /// left (so a read may be offered less than the read chunk).
     pub fn read_space(&mut self) -> &mut [u8] {
         let mut want = self.chunk;
         let mut reserve = self.chunk;
+        let mut enough = self.chunk.min(READ_SPARE_MIN_BYTES);
         if let Some(len) = self.front_payload_len() {
             // Never size by more than the maximum: a hostile header must not make us allocate.
             let frame_end = HEADER_LEN + len.min(self.max_payload) as usize;
             let rest = frame_end.saturating_sub(self.filled);
+            if rest > enough {
+                // The rest of a frame larger than what is left goes into one allocation.
+                enough = rest.min(want.max(READ_LARGE_STEP_BYTES));
+            }
             reserve = reserve.max(rest);
             want = want.max(rest.min(READ_LARGE_STEP_BYTES));
         }
-        if self.buf.len().saturating_sub(self.filled) < want {
+        if self.buf.len().saturating_sub(self.filled) < enough {
             // Drop the stale spare room first so `reserve` only moves received bytes.
             self.buf.truncate(self.filled);
             if !self.buf.try_reclaim(reserve) {
@@ -354,7 +364,8 @@ mod tests {
         let mut rest = bytes;
         while !rest.is_empty() {
             let space = d.read_space();
-            assert!(space.len() >= READ_CHUNK_BYTES);
+            // What is left of a zero-filled region is offered down to its minimum.
+            assert!(space.len() >= READ_SPARE_MIN_BYTES);
             let n = piece.min(rest.len()).min(space.len());
             space[..n].copy_from_slice(&rest[..n]);
             d.commit(n);
@@ -461,6 +472,39 @@ mod tests {
         assert_eq!(d.buffered(), 0);
         // The next read gets a fresh ordinary chunk, not a 50 MiB one.
         assert_eq!(d.read_space().len(), READ_CHUNK_BYTES);
+    }
+
+    #[test]
+    fn small_reads_fill_one_zeroed_region_before_another() {
+        let small = hdr(Kind::Msg, 1, 60);
+        let mut frame = small.encode().to_vec();
+        frame.extend_from_slice(&[7u8; 60]);
+        let mut d = FrameDecoder::new(1 << 20);
+        let mut offered = Vec::new();
+        let mut reads = 0;
+        loop {
+            let space = d.read_space();
+            offered.push(space.len());
+            if space.len() == READ_CHUNK_BYTES && reads > 0 {
+                break; // a new region
+            }
+            // One small frame per read, as a daemon reading sparse messages gets them.
+            space[..frame.len()].copy_from_slice(&frame);
+            d.commit(frame.len());
+            reads += 1;
+            assert!(d.next_frame().expect("valid").is_some());
+        }
+        // Each read went on in the region the last one left, until less than the minimum was
+        // left: then a new region was zero-filled.
+        let per = (READ_CHUNK_BYTES - READ_SPARE_MIN_BYTES) / frame.len() + 1;
+        assert_eq!(reads, per, "{offered:?}");
+        assert!(
+            offered
+                .windows(2)
+                .take(reads - 1)
+                .all(|w| w[1] == w[0] - frame.len())
+        );
+        assert!(offered.iter().all(|&n| n >= READ_SPARE_MIN_BYTES));
     }
 
     #[test]
