@@ -28,7 +28,8 @@ impl Node {
         route: Option<Route>,
     ) {
         let payload = payload.into();
-        let via = if self.is_neighbour(dst) || self.routing.is_failed(dst) {
+        let by_tree = self.is_neighbour(dst) || self.routing.is_failed(dst);
+        let via = if by_tree {
             Via::Tree
         } else {
             let (epoch, uri) = (self.epoch, &self.uri);
@@ -45,7 +46,10 @@ impl Node {
             Via::Tree => self.forward(header, payload, token),
             Via::Hold => self.hold(dst, (header, payload, token)),
         }
-        self.send_direct_control(now);
+        // Only the table's route choice makes control messages or link events.
+        if !by_tree {
+            self.send_direct_control(now);
+        }
     }
 
     /// Keeps a message for `dst` until its closing link's `Release`, within the bounds.
