@@ -137,6 +137,10 @@ pub struct Matcher {
     held_per_tag: HashMap<Tag, usize>,
     unmatched_max: usize,
     next_id: u64,
+    /// The last persistent receive a message matched: (origin, tag) and the key it matched
+    /// under. A stream of messages from one origin on one tag then costs no hash lookup.
+    /// Cleared whenever `posted` changes, so it never answers differently from the map.
+    last_match: Option<(Rank, Tag, (Peer, Tag), Posted)>,
 }
 
 impl Matcher {
@@ -150,6 +154,7 @@ impl Matcher {
             held_per_tag: HashMap::new(),
             unmatched_max: unmatched_max.max(1),
             next_id: 0,
+            last_match: None,
         }
     }
 
@@ -200,6 +205,7 @@ impl Matcher {
 
         let retired = !persistent && !taken.is_empty();
         if !retired {
+            self.last_match = None;
             self.posted.insert((peer, tag), Posted { id, persistent });
         }
         let deliveries = taken
@@ -213,15 +219,23 @@ impl Matcher {
     /// (Any, tag). One-shot receives are retired on match. If nothing matches the message is
     /// held; at the bound the oldest held message is dropped and returned.
     pub fn handle_message(&mut self, msg: Message) -> Dispatch {
-        // One hash lookup per candidate key (the specific receive first), not two.
-        let specific = (Peer::Rank(msg.origin), msg.tag);
-        let any = (Peer::Any, msg.tag);
-        let hit = match self.posted.get(&specific) {
-            Some(&p) => Some((specific, p)),
-            None => self.posted.get(&any).map(|&p| (any, p)),
+        let hit = match self.last_match {
+            Some((origin, tag, key, p)) if origin == msg.origin && tag == msg.tag => Some((key, p)),
+            _ => {
+                // One hash lookup per candidate key (the specific receive first), not two.
+                let specific = (Peer::Rank(msg.origin), msg.tag);
+                let any = (Peer::Any, msg.tag);
+                match self.posted.get(&specific) {
+                    Some(&p) => Some((specific, p)),
+                    None => self.posted.get(&any).map(|&p| (any, p)),
+                }
+            }
         };
-        if let Some((key, Posted { id, persistent })) = hit {
-            if !persistent {
+        if let Some((key, p @ Posted { id, persistent })) = hit {
+            if persistent {
+                self.last_match = Some((msg.origin, msg.tag, key, p));
+            } else {
+                self.last_match = None;
                 self.posted.remove(&key);
             }
             return Dispatch::Deliver {
@@ -265,6 +279,7 @@ impl Matcher {
     /// wildcard receive, not receives posted for specific ranks. Returns its id, or `None` if
     /// nothing was posted (for example a one-shot that already fired).
     pub fn cancel(&mut self, peer: Peer, tag: Tag) -> Option<ReceiveId> {
+        self.last_match = None;
         self.posted.remove(&(peer, tag)).map(|p| p.id)
     }
 
@@ -279,6 +294,7 @@ impl Matcher {
     /// dropped). Linear in the number of posted receives and held messages.
     pub fn purge(&mut self, peer: Rank) -> (Vec<ReceiveId>, usize) {
         let mut retired = Vec::new();
+        self.last_match = None;
         self.posted.retain(|(p, _), posted| {
             let keep = *p != Peer::Rank(peer);
             if !keep {

@@ -376,3 +376,33 @@ proptest! {
         }
     }
 }
+
+/// The last match is remembered (no lookup for a stream from one origin on one tag), and never
+/// answers differently from the posted receives: a receive posted, cancelled or purged after it
+/// takes effect at the next message.
+#[test]
+fn the_remembered_match_follows_every_change_of_the_posted_receives() {
+    let mut m = Matcher::new(16);
+    let (any, _) = m.post(Peer::Any, 200, true).unwrap();
+    assert_eq!(delivered(&m.handle_message(msg(3, 200, "a"))).0, any);
+    assert_eq!(delivered(&m.handle_message(msg(3, 200, "b"))).0, any);
+    // A specific receive posted now wins from the next message on.
+    let (three, _) = m.post(Peer::Rank(3), 200, true).unwrap();
+    assert_eq!(delivered(&m.handle_message(msg(3, 200, "c"))).0, three);
+    assert_eq!(delivered(&m.handle_message(msg(3, 200, "d"))).0, three);
+    // Cancelled: the wildcard again.
+    assert_eq!(m.cancel(Peer::Rank(3), 200), Some(three));
+    assert_eq!(delivered(&m.handle_message(msg(3, 200, "e"))).0, any);
+    // Purging rank 3 leaves the wildcard; cancelling it holds what comes next.
+    let (three, _) = m.post(Peer::Rank(3), 200, true).unwrap();
+    assert_eq!(delivered(&m.handle_message(msg(3, 200, "f"))).0, three);
+    let _ = m.purge(3);
+    assert_eq!(delivered(&m.handle_message(msg(3, 200, "g"))).0, any);
+    assert_eq!(m.cancel(Peer::Any, 200), Some(any));
+    assert_eq!(m.handle_message(msg(3, 200, "h")), Dispatch::Held);
+    // Another origin or tag is looked up, not taken from the last match.
+    let (five, _) = m.post(Peer::Rank(5), 201, true).unwrap();
+    assert_eq!(delivered(&m.handle_message(msg(5, 201, "i"))).0, five);
+    assert_eq!(m.handle_message(msg(5, 202, "j")), Dispatch::Held);
+    assert_eq!(m.handle_message(msg(6, 201, "k")), Dispatch::Held);
+}
