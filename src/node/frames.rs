@@ -72,7 +72,7 @@ impl Node {
         if h.origin >= self.size || (routed && h.dst >= self.size) {
             return Err(format!("frame names a rank beyond {}", self.size));
         }
-        if self.hold_until_welcome(from, h, &payload) {
+        if self.is_rejoining() && self.hold_until_welcome(from, h, &payload) {
             return Ok(());
         }
         if !self.same_lives(&h) {
@@ -92,7 +92,10 @@ impl Node {
             );
             return Ok(());
         }
-        if self.keep_for_marker(now, from, h, &payload) {
+        // Asked of every frame: without direct links or marker waits the answer is no.
+        if !(self.direct.is_empty() && self.marker_waits.is_empty())
+            && self.keep_for_marker(now, from, h, &payload)
+        {
             return Ok(());
         }
         match h.kind {

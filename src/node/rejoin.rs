@@ -111,6 +111,11 @@ impl Node {
         self.me == 0 && kind == Kind::Msg && tag == TAG_REJOIN && origin == from
     }
 
+    /// Whether this daemon waits for rank 0's welcome (it was started with `rejoin`).
+    pub(super) fn is_rejoining(&self) -> bool {
+        matches!(self.wire, Wire::Rejoining(..))
+    }
+
     /// A rejoining daemon keeps what others than rank 0 send it before its welcome (bounded):
     /// its new parent's `Sync` may overtake rank 0's answer, and would otherwise be lost.
     /// Returns whether the frame was kept (or dropped at the bound).
