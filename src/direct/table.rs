@@ -761,14 +761,14 @@ impl DirectLinks {
     /// it is awaited (its direct messages must wait for its tree messages before the switch),
     /// nor once the link is fenced. The node keeps them meanwhile (`node/marker_wait.rs`) and
     /// reads the rest of the connection.
-    /// Whether no link is asked for, granted, open or closing.
-    pub fn is_empty(&self) -> bool {
-        self.links.is_empty()
-    }
-
     pub fn may_read(&self, peer: Rank) -> bool {
         // Every read of every connection asks: the common answer needs no lookup.
         self.links.is_empty() || !self.links.get(&peer).is_some_and(|l| l.phase.unread())
+    }
+
+    /// Whether no link is asked for, granted, open or closing.
+    pub fn is_empty(&self) -> bool {
+        self.links.is_empty()
     }
 
     /// Whether the connection to `peer` must carry nothing more from this end: its link

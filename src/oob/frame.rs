@@ -153,7 +153,8 @@ impl FrameDecoder {
     /// A writable, initialised region to read socket bytes into; follow with
     /// [`commit`](Self::commit)`(n)` where `n` is how many bytes were written at its start.
     ///
-    /// At least [`READ_SPARE_MIN_BYTES`] long, a fresh region the read chunk ([`READ_CHUNK_BYTES`] unless set lower). When the header of a frame whose remainder is larger
+    /// A fresh region is the read chunk long ([`READ_CHUNK_BYTES`] unless set lower); what is
+    /// left of one is offered down to [`READ_SPARE_MIN_BYTES`] (or the chunk, if smaller). When the header of a frame whose remainder is larger
     /// has been decoded, capacity for the whole rest of that frame is reserved at once, so that
     /// a large payload lands in a single allocation, and the region offered is the rest of the
     /// frame up to [`READ_LARGE_STEP_BYTES`]: the zero-fill (safe Rust cannot read into

@@ -300,12 +300,12 @@ impl<K: Keep + Default> Outbound<K> {
         self.unacked.frames() + self.unkept as usize
     }
 
-    /// Their wire bytes.
     /// Frames of this session the receiver confirmed (read by its loop).
     pub fn acked(&self) -> u64 {
         self.acked
     }
 
+    /// The wire bytes of the written frames not yet confirmed.
     pub fn unacked_bytes(&self) -> usize {
         self.unacked_bytes
     }
