@@ -79,6 +79,7 @@ pub mod stream;
 // The protocol core and the driver's internals: public so that the `tbon` command, the C API,
 // the fuzz targets and the benchmarks can reach them, but not the library's API (hidden from
 // the docs; they change without notice). What a user needs from them is re-exported below.
+mod buffer_pool;
 #[doc(hidden)]
 pub mod direct;
 #[doc(hidden)]

@@ -195,6 +195,31 @@ pub const READ_SPARE_MIN_BYTES: usize = 16 * 1024;
 /// Reached: the rest of the frame is read by further reads into the same allocation.
 pub const READ_LARGE_STEP_BYTES: usize = 256 * 1024;
 
+/// Payloads of at least this many bytes (and at most `READ_POOLED_PAYLOAD_MAX_BYTES`) whose
+/// frame has not fully arrived are read into a buffer of the daemon's payload pool
+/// (`buffer_pool`), not into the connection's read region: a pooled buffer keeps its
+/// initialised bytes, so reading into it again needs no zero-fill (safe Rust reads a socket
+/// only into initialised memory; the zero-fill was 7% of a stream consumer's time).
+pub const READ_POOLED_PAYLOAD_MIN_BYTES: usize = 64 * 1024;
+
+/// The largest payload read into a pooled buffer; a larger one is read as before, into an
+/// allocation of its own zero-filled step by step (`READ_LARGE_STEP_BYTES`).
+pub const READ_POOLED_PAYLOAD_MAX_BYTES: usize = 2 * 1024 * 1024;
+
+/// Idle buffers a daemon's payload pool keeps for the next large payloads (at most
+/// `READ_PAYLOAD_POOL_BYTES_MAX` in all). At the bound a returned buffer is freed. A pool no
+/// read took from for a second frees its idle buffers (an idle daemon keeps none).
+pub const READ_PAYLOAD_POOL_BUFFERS_MAX: usize = 32;
+
+/// The bytes of idle buffers a daemon's payload pool keeps (see
+/// `READ_PAYLOAD_POOL_BUFFERS_MAX`): a stream's window of chunks.
+pub const READ_PAYLOAD_POOL_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// After a payload read into a pooled buffer, the next read is offered at most this many
+/// bytes of the read region: if the next frame is large too, only what came of its payload
+/// with its header is copied into its pooled buffer, not a whole region's worth.
+pub const READ_AFTER_POOLED_BYTES: usize = 4 * 1024;
+
 /// Read allocations a connection's decoder keeps to read into again once every frame read
 /// into them is gone (`oob::frame`). A payload shares the allocation it was read into, and a
 /// relay's link session keeps the frames it forwarded until acknowledged: without these the

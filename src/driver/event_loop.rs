@@ -141,6 +141,9 @@ pub(crate) struct EventLoop {
     log_limit: LogLimiter,
     /// When the connection table and the timer heap were last looked at for shrinking.
     last_shrink: Instant,
+    /// Where the daemon's connections read large payloads (`oob::frame`; bounded by
+    /// `limits::READ_PAYLOAD_POOL_*`; emptied when unused for a second, in `housekeeping`).
+    payload_pool: std::sync::Arc<crate::buffer_pool::BufferPool>,
     /// The node's `origin_gate_version` when the gate was last published.
     gate_version: (u64, usize, u64),
     /// The applications' services, writers and readers of streams.
@@ -239,6 +242,10 @@ impl EventLoop {
                 Duration::from_millis(limits::REFUSAL_LOG_INTERVAL_MS),
             ),
             last_shrink: Instant::now(),
+            payload_pool: std::sync::Arc::new(crate::buffer_pool::BufferPool::new(
+                limits::READ_PAYLOAD_POOL_BUFFERS_MAX,
+                limits::READ_PAYLOAD_POOL_BYTES_MAX,
+            )),
             gate_version: (0, 0, 0),
             streams: streams::AppStreams::default(),
             status_waiters: FxHashMap::default(),

@@ -8,12 +8,22 @@
 //! (`Bytes::copy_from_slice`). An allocation that frames still share when the decoder needs
 //! room is kept (a few, bounded by `limits::READ_POOL_MAX` and `READ_POOL_BYTES_MAX`) and read
 //! into again once they are gone, rather than fresh memory each time.
+//!
+//! With a payload pool ([`FrameDecoder::set_payload_pool`]), a large payload
+//! (`limits::READ_POOLED_PAYLOAD_MIN_BYTES` to `READ_POOLED_PAYLOAD_MAX_BYTES`) is read into a
+//! pooled buffer of its own instead, which keeps its initialised bytes between uses: reading
+//! into it needs no zero-fill. What of that payload came with its header is copied over (after
+//! a pooled payload, the next read is kept short, `READ_AFTER_POOLED_BYTES`, so that this is
+//! little).
 
 use bytes::{Buf, Bytes, BytesMut};
+use std::sync::Arc;
 
 use super::header::{HEADER_LEN, Header, WireError};
+use crate::buffer_pool::BufferPool;
 use crate::limits::{
-    READ_CHUNK_BYTES, READ_LARGE_STEP_BYTES, READ_POOL_BYTES_MAX, READ_POOL_MAX,
+    READ_AFTER_POOLED_BYTES, READ_CHUNK_BYTES, READ_LARGE_STEP_BYTES, READ_POOL_BYTES_MAX,
+    READ_POOL_MAX, READ_POOLED_PAYLOAD_MAX_BYTES, READ_POOLED_PAYLOAD_MIN_BYTES,
     READ_SPARE_MIN_BYTES,
 };
 
@@ -47,6 +57,21 @@ pub struct FrameDecoder {
     /// they are gone, an allocation is read into again instead of a fresh one (at most
     /// `READ_POOL_MAX`).
     pool: Vec<(BytesMut, usize)>,
+    /// Where large payloads are read (none: they are read into `buf`).
+    payloads: Option<Arc<BufferPool>>,
+    /// The pending frame's payload, being read into a pooled buffer.
+    pooled: Option<PooledRead>,
+    /// The last frame's payload was pooled: the next read is offered a short region.
+    after_pooled: bool,
+}
+
+/// A payload read into a buffer of the payload pool: `buf[..got]` has arrived of `len`.
+#[derive(Debug)]
+struct PooledRead {
+    buf: Vec<u8>,
+    len: usize,
+    got: usize,
+    pool: Arc<BufferPool>,
 }
 
 impl FrameDecoder {
@@ -69,7 +94,21 @@ impl FrameDecoder {
             chunk: chunk.max(HEADER_LEN),
             region_bytes: 0,
             pool: Vec::new(),
+            payloads: None,
+            pooled: None,
+            after_pooled: false,
         }
+    }
+
+    /// Reads large payloads into buffers of `pool` from the next frame on (see the module
+    /// doc). The driver sets the daemon's pool on a connection once its handshake is done.
+    pub fn set_payload_pool(&mut self, pool: Arc<BufferPool>) {
+        self.payloads = Some(pool);
+    }
+
+    /// Whether a payload pool is set.
+    pub fn has_payload_pool(&self) -> bool {
+        self.payloads.is_some()
     }
 
     /// Changes the ordinary read region (at least one header's worth). Spare room already
@@ -87,7 +126,7 @@ impl FrameDecoder {
     /// not keep a whole read region); the next [`read_space`](Self::read_space) allocates
     /// again. True if memory was released.
     pub fn release_idle(&mut self) -> bool {
-        if self.filled > 0 || self.pending.is_some() {
+        if self.filled > 0 || self.pending.is_some() || self.pooled.is_some() {
             return false;
         }
         let pooled = !self.pool.is_empty();
@@ -103,7 +142,9 @@ impl FrameDecoder {
     /// Bytes this decoder holds allocated (received and spare, and the allocations it keeps
     /// for reuse), for memory accounting.
     pub fn capacity(&self) -> usize {
-        self.buf.capacity() + self.pool.iter().map(|(_, size)| size).sum::<usize>()
+        self.buf.capacity()
+            + self.pool.iter().map(|(_, size)| size).sum::<usize>()
+            + self.pooled.as_ref().map_or(0, |p| p.buf.capacity())
     }
 
     /// Moves the received bytes to another allocation of at least `need` bytes, when the
@@ -162,8 +203,16 @@ impl FrameDecoder {
     /// cache, instead of one cold pass over the whole payload. Zero-filling happens once per
     /// region, not once per call: unused room is kept for the next call, and while no large
     /// frame is pending a region is read into until less than [`READ_SPARE_MIN_BYTES`] of it is
-    /// left (so a read may be offered less than the read chunk).
+    /// left (so a read may be offered less than the read chunk). While a payload is read into a
+    /// pooled buffer, the region is the rest of that payload; right after one, at most
+    /// [`READ_AFTER_POOLED_BYTES`].
     pub fn read_space(&mut self) -> &mut [u8] {
+        if self.pooled.is_some() {
+            return match &mut self.pooled {
+                Some(p) => p.buf.get_mut(p.got..p.len).unwrap_or_default(),
+                None => &mut [],
+            };
+        }
         let mut want = self.chunk;
         let mut reserve = self.chunk;
         let mut enough = self.chunk.min(READ_SPARE_MIN_BYTES);
@@ -195,7 +244,12 @@ impl FrameDecoder {
         }
         // `filled <= buf.len()` always holds (commit clamps); an empty slice otherwise.
         let filled = self.filled.min(self.buf.len());
-        self.buf.split_at_mut(filled).1
+        let space = self.buf.split_at_mut(filled).1;
+        if self.after_pooled {
+            let short = space.len().min(READ_AFTER_POOLED_BYTES);
+            return space.split_at_mut(short).0;
+        }
+        space
     }
 
     /// Payload length announced by the frame at the front of the buffer, if its header is in,
@@ -218,6 +272,14 @@ impl FrameDecoder {
         if self.poisoned.is_some() {
             return;
         }
+        if let Some(p) = &mut self.pooled {
+            let room = p.len.saturating_sub(p.got);
+            if n > room {
+                log::error!("FrameDecoder::commit({n}) exceeds the read space of {room} bytes");
+            }
+            p.got += n.min(room);
+            return;
+        }
         let room = self.buf.len().saturating_sub(self.filled);
         if n > room {
             log::error!("FrameDecoder::commit({n}) exceeds the read space of {room} bytes");
@@ -226,9 +288,21 @@ impl FrameDecoder {
     }
 
     /// Copy `bytes` in (tests, the simulator). Equivalent to `read_space` + copy + `commit`.
-    pub fn feed(&mut self, bytes: &[u8]) {
+    pub fn feed(&mut self, mut bytes: &[u8]) {
         if self.poisoned.is_some() {
             return;
+        }
+        if let Some(p) = &mut self.pooled {
+            let n = bytes.len().min(p.len.saturating_sub(p.got));
+            let (head, rest) = bytes.split_at(n);
+            if let Some(to) = p.buf.get_mut(p.got..p.got + n) {
+                to.copy_from_slice(head);
+            }
+            p.got += n;
+            bytes = rest;
+            if bytes.is_empty() {
+                return;
+            }
         }
         self.buf.truncate(self.filled);
         self.buf.extend_from_slice(bytes);
@@ -257,6 +331,7 @@ impl FrameDecoder {
                 self.pool = Vec::new();
                 self.filled = 0;
                 self.pending = None;
+                self.pooled = None;
                 Err(e)
             }
         }
@@ -288,14 +363,48 @@ impl FrameDecoder {
                 max: self.max_payload,
             });
         }
-        let frame_len = HEADER_LEN + header.len as usize;
+        if self.pooled.as_ref().is_some_and(|p| p.got < p.len) {
+            return Ok(None);
+        }
+        if let Some(p) = self.pooled.take() {
+            self.pending = None;
+            self.after_pooled = true;
+            return Ok(Some(Frame {
+                header,
+                payload: p.pool.freeze_prefix(p.buf, p.len),
+            }));
+        }
+        let len = header.len as usize;
+        let frame_len = HEADER_LEN + len;
         if self.filled < frame_len {
+            if let Some(pool) = &self.payloads
+                && (READ_POOLED_PAYLOAD_MIN_BYTES..=READ_POOLED_PAYLOAD_MAX_BYTES).contains(&len)
+            {
+                // The rest of this payload goes into a pooled buffer; what came of it with
+                // the header moves there too, and the read region is free again.
+                let mut buf = pool.take_filled(len);
+                let came = self.buf.get(HEADER_LEN..self.filled).unwrap_or(&[]);
+                let got = came.len().min(len);
+                if let (Some(to), Some(from)) = (buf.get_mut(..got), came.get(..got)) {
+                    to.copy_from_slice(from);
+                }
+                self.buf.advance(self.filled.min(self.buf.len()));
+                self.filled = 0;
+                self.after_pooled = false;
+                self.pooled = Some(PooledRead {
+                    buf,
+                    len,
+                    got,
+                    pool: Arc::clone(pool),
+                });
+            }
             return Ok(None);
         }
         let mut whole = self.buf.split_to(frame_len);
         whole.advance(HEADER_LEN);
         self.filled -= frame_len;
         self.pending = None;
+        self.after_pooled = false;
         Ok(Some(Frame {
             header,
             payload: whole.freeze(),
@@ -304,7 +413,7 @@ impl FrameDecoder {
 
     /// Bytes received but not yet returned as frames (including a decoded pending header).
     pub fn buffered(&self) -> usize {
-        self.filled
+        self.filled + self.pooled.as_ref().map_or(0, |p| HEADER_LEN + p.got)
     }
 
     /// Whether an error has been returned; the connection must be closed.
@@ -506,6 +615,116 @@ mod tests {
                 .all(|w| w[1] == w[0] - frame.len())
         );
         assert!(offered.iter().all(|&n| n >= READ_SPARE_MIN_BYTES));
+    }
+
+    fn payload_pool() -> Arc<BufferPool> {
+        Arc::new(BufferPool::new(
+            crate::limits::READ_PAYLOAD_POOL_BUFFERS_MAX,
+            crate::limits::READ_PAYLOAD_POOL_BYTES_MAX,
+        ))
+    }
+
+    /// Frames of every kind of size for the pooled path: small, just below and at the pooled
+    /// minimum, a stream chunk's, and beyond the pooled maximum.
+    fn pooled_sample_frames() -> Vec<Frame> {
+        let lens = [
+            0,
+            5,
+            READ_POOLED_PAYLOAD_MIN_BYTES - 1,
+            READ_POOLED_PAYLOAD_MIN_BYTES,
+            300,
+            crate::limits::STREAM_CHUNK_MAX + 24,
+            crate::limits::STREAM_CHUNK_MAX + 24,
+            1,
+            READ_POOLED_PAYLOAD_MAX_BYTES + 1,
+            70_000,
+        ];
+        lens.iter()
+            .enumerate()
+            .map(|(i, &len)| Frame {
+                header: hdr(Kind::Msg, i as u64, len),
+                payload: Bytes::from((0..len).map(|b| (b * 13 + i) as u8).collect::<Vec<_>>()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn large_payloads_read_into_the_pool_decode_the_same_in_any_pieces() {
+        let frames = pooled_sample_frames();
+        let bytes = encode(&frames);
+        for piece in [1, 39, 40, 41, 4096, 65_536, 300_000, usize::MAX] {
+            let pool = payload_pool();
+            let mut d = FrameDecoder::new(4 << 20);
+            d.set_payload_pool(Arc::clone(&pool));
+            let mut out = Vec::new();
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let space = d.read_space();
+                assert!(!space.is_empty());
+                let n = piece.min(rest.len()).min(space.len());
+                space[..n].copy_from_slice(&rest[..n]);
+                d.commit(n);
+                rest = &rest[n..];
+                drain(&mut d, &mut out);
+                assert!(d.buffered() <= bytes.len());
+            }
+            assert_eq!(d.buffered(), 0);
+            assert_eq!(out, frames, "piece {piece}");
+            // By feed too (the simulator's way), in the same pieces.
+            let mut d = FrameDecoder::new(4 << 20);
+            d.set_payload_pool(Arc::clone(&pool));
+            let mut fed = Vec::new();
+            for part in bytes.chunks(piece.min(bytes.len())) {
+                d.feed(part);
+                drain(&mut d, &mut fed);
+            }
+            assert_eq!(fed, frames, "feed, piece {piece}");
+            drop((out, fed));
+            assert!(pool.idle() > 0, "pooled payloads came back");
+            assert!(pool.idle_bytes() <= crate::limits::READ_PAYLOAD_POOL_BYTES_MAX);
+        }
+    }
+
+    #[test]
+    fn a_pooled_buffer_is_read_into_again_without_a_zero_fill() {
+        let len = crate::limits::STREAM_CHUNK_MAX;
+        let frame = |seq: u64, fill: u8| Frame {
+            header: hdr(Kind::Msg, seq, len),
+            payload: Bytes::from(vec![fill; len]),
+        };
+        let pool = payload_pool();
+        let mut d = FrameDecoder::new(1 << 20);
+        d.set_payload_pool(Arc::clone(&pool));
+        let read = |d: &mut FrameDecoder, bytes: &[u8], spaces: &mut Vec<Vec<u8>>| {
+            let mut out = Vec::new();
+            let mut rest = bytes;
+            while !rest.is_empty() {
+                let space = d.read_space();
+                spaces.push(space.get(..8).unwrap_or(space).to_vec());
+                let n = rest.len().min(space.len());
+                space[..n].copy_from_slice(&rest[..n]);
+                d.commit(n);
+                rest = &rest[n..];
+                drain(d, &mut out);
+            }
+            out
+        };
+        let mut spaces = Vec::new();
+        let first = read(&mut d, &encode(&[frame(0, 0xAB)]), &mut spaces);
+        assert_eq!(first, [frame(0, 0xAB)]);
+        let ptr = first[0].payload.as_ptr();
+        drop(first);
+        assert_eq!(pool.idle(), 1);
+        // After a pooled payload the next read is short: only what comes with the next
+        // header is copied into the next pooled buffer.
+        assert!(d.read_space().len() <= READ_AFTER_POOLED_BYTES);
+        spaces.clear();
+        let second = read(&mut d, &encode(&[frame(1, 0xCD)]), &mut spaces);
+        assert_eq!(second, [frame(1, 0xCD)]);
+        assert_eq!(second[0].payload.as_ptr(), ptr, "the same buffer again");
+        // The region offered for the rest of the payload still held the first payload's bytes:
+        // it was not zero-filled before the read.
+        assert!(spaces.iter().any(|s| s == &[0xAB; 8]), "{spaces:?}");
     }
 
     #[test]

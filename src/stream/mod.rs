@@ -9,8 +9,8 @@
 //! * `digest.rs` — the end-to-end check of every chunk and of the whole stream.
 //! * `outgoing.rs` — [`Outgoing`], the producer's side of one stream.
 //! * `incoming.rs` — [`Incoming`], the consumer's side of one stream.
-//! * `pool.rs` — [`BufferPool`], the bounded pool the chunks of a stream a daemon fetches from
-//!   itself are encoded into. Between daemons a chunk is not copied: its frame is the
+//! * The chunks of a stream a daemon fetches from itself are encoded into buffers of a bounded
+//!   pool (`crate::buffer_pool`). Between daemons a chunk is not copied: its frame is the
 //!   message's head and the writer's buffer (`StreamMsg::encode_parts`).
 //!
 //! The application API is `Handle::serve`/`Handle::fetch` (`driver/serve.rs`) and its C
@@ -54,7 +54,6 @@
 pub(crate) mod digest;
 mod incoming;
 mod outgoing;
-mod pool;
 #[doc(hidden)]
 pub mod wire;
 
@@ -63,11 +62,11 @@ mod tests;
 
 // The protocol's parts, for the node and the simulator: not API.
 #[doc(hidden)]
+pub use crate::buffer_pool::BufferPool;
+#[doc(hidden)]
 pub use incoming::{Incoming, Status};
 #[doc(hidden)]
 pub use outgoing::Outgoing;
-#[doc(hidden)]
-pub use pool::BufferPool;
 #[doc(hidden)]
 pub use wire::StreamMsg;
 

@@ -545,8 +545,11 @@ impl EventLoop {
                 }
                 reads += 1;
                 if conn.is_established() && conn.decoder.read_chunk() < limits::READ_CHUNK_BYTES {
-                    // The small handshake region grows once the peer has proved itself.
+                    // The small handshake region grows once the peer has proved itself, and
+                    // large payloads go to the daemon's pool from then on.
                     conn.decoder.set_read_chunk(limits::READ_CHUNK_BYTES);
+                    conn.decoder
+                        .set_payload_pool(std::sync::Arc::clone(&self.payload_pool));
                 }
                 let space = conn.decoder.read_space();
                 match conn.stream.read(space) {
@@ -1446,6 +1449,7 @@ impl EventLoop {
             self.conns.shrink_to_fit();
         }
         self.timers.shrink();
+        self.payload_pool.release_unused();
         self.close_idle_tools(self.now);
         // An idle daemon keeps no read region or spare packing buffer per connection (64 KiB
         // each): buffers holding nothing are given back once a second (a busy connection
