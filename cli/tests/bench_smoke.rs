@@ -89,3 +89,49 @@ fn the_raw_stream_round_trip_baseline_ends_in_both_modes() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The raw-TCP bandwidth baseline with the stream's end-to-end check (`--digest`: the sender
+/// makes each frame's XXH3, the receiver checks it) runs to its end and reports.
+#[test]
+fn the_raw_baseline_with_digests_ends_and_reports() {
+    let dir = std::env::temp_dir().join(format!("tbon-bench-raw-digest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("run dir");
+    let role = |name: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_tbon"));
+        c.args([
+            "bench",
+            "--role",
+            name,
+            "--payload",
+            "1048576",
+            "--count",
+            "64",
+            "--digest",
+        ])
+        .arg("--dir")
+        .arg(&dir);
+        c
+    };
+    let recv = role("raw-recv")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the receiver");
+    let send = role("raw-send").output().expect("run the sender");
+    assert!(
+        send.status.success(),
+        "{}",
+        String::from_utf8_lossy(&send.stderr)
+    );
+    let out = recv.wait_with_output().expect("the receiver ends");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(text.lines().next().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{e}: {text}"));
+    // The meter starts its clock at the first message: it counts the 63 after it.
+    assert!(v["msgs"].as_f64().unwrap_or(0.0) >= 63.0, "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

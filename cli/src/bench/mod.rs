@@ -93,6 +93,10 @@ pub struct RoleArgs {
     /// Broadcast test: rank 0's `bcast_part_bytes` (absent: the default).
     #[arg(long, hide = true)]
     pub bcast_part_bytes: Option<usize>,
+    /// Raw TCP: every frame carries the XXH3 of its payload, computed by the sender and
+    /// checked by the receiver (the end-to-end check a tbon stream makes of every chunk).
+    #[arg(long, hide = true)]
+    pub digest: bool,
 }
 
 pub fn run(args: BenchArgs) -> Res<i32> {
@@ -282,6 +286,7 @@ impl Bench {
             .args(["--count", &a.count.to_string()])
             .args(a.reliable.then_some("--reliable"))
             .args(a.batch.then_some("--batch"))
+            .args(a.digest.then_some("--digest"))
             .args(a.route.iter().flat_map(|r| ["--route", r.as_str()]))
             .args(["--radix", &a.radix.to_string()])
             .args(
@@ -372,6 +377,7 @@ impl Bench {
                 route: route.map(str::to_string),
                 radix: 0,
                 bcast_part_bytes: None,
+                digest: false,
             };
             kids.push(self.spawn(&a, rank == receiver)?);
         }
@@ -384,11 +390,24 @@ impl Bench {
 
     /// Raw TCP: `count` frames of `payload` bytes through `relays` relays.
     fn raw_rate_count(&mut self, relays: u32, payload: usize, count: u64) -> Res<Value> {
+        self.raw_rate_with(relays, payload, count, false)
+    }
+
+    /// [`raw_rate_count`](Self::raw_rate_count), with each frame's payload hashed by the
+    /// sender and checked by the receiver when `digest`.
+    fn raw_rate_with(
+        &mut self,
+        relays: u32,
+        payload: usize,
+        count: u64,
+        digest: bool,
+    ) -> Res<Value> {
         let dir = self.fresh_dir()?;
         let base = RoleArgs {
             payload,
             count,
             dir,
+            digest,
             ..RoleArgs::default()
         };
         let mut kids = vec![self.spawn(
@@ -931,6 +950,12 @@ fn print_tables(out: &Value) {
             100.0 * f("direct_vs_raw")
         );
         println!(
+            "| raw TCP with the stream's end-to-end check (XXH3 of every MiB, made and checked) | {:.2} | {:.2} | {:.0}% |",
+            f("raw_digest_gib_per_s"),
+            f("raw_gib_per_s"),
+            100.0 * f("raw_digest_vs_raw")
+        );
+        println!(
             "| one stream through one relay | {:.2} | {:.2} (raw relay {:.2}) | {:.0}% |",
             f("relay_gib_per_s"),
             f("raw_gib_per_s"),
@@ -1193,6 +1218,12 @@ fn targets(out: &Value) -> Value {
         {
             rows.push(json!({"what": "raw TCP through one relay process vs raw TCP (twice the copies per byte)",
                 "measured": format!("{:.0}%", 100.0 * v), "target": "reported", "met": true}));
+        }
+        if let Some(v) = st["direct_vs_raw_digest"].as_f64() {
+            rows.push(
+                json!({"what": "one stream over a direct link vs raw TCP making and checking the same digest (XXH3 of every MiB)",
+                "measured": format!("{:.0}%", 100.0 * v), "target": "reported", "met": true}),
+            );
         }
         if let Some(v) = st["relay_vs_raw_relay"].as_f64() {
             rows.push(

@@ -1,6 +1,7 @@
 //! The raw-TCP baseline of `tbon bench`: minimal length-prefixed framing (4-byte length, then
 //! the payload), one process per role like the tbon side. Each role finds its peer through
-//! `<dir>/port.<i>` files written by the listener.
+//! `<dir>/port.<i>` files written by the listener. With `--digest` a frame's payload starts
+//! with the XXH3 of the rest, which the receiver checks (a tbon stream's end-to-end check).
 
 use super::RoleArgs;
 use super::util::{RateMeter, Res, ctx, quantile_us, wait_file, write_atomically};
@@ -9,6 +10,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use xxhash_rust::xxh3::xxh3_64;
 
 const GUARD: Duration = Duration::from_secs(120);
 const BUF: usize = 256 * 1024;
@@ -33,18 +35,27 @@ fn accept(l: &TcpListener) -> Res<TcpStream> {
     Ok(s)
 }
 
-/// Splits complete frames off `buf[..filled]`, calling `each(len)`; returns the bytes consumed.
-fn frames(buf: &[u8], mut each: impl FnMut(usize)) -> usize {
+/// Splits complete frames off `buf[..filled]`, calling `each(payload)`; returns the bytes
+/// consumed.
+fn frames(buf: &[u8], mut each: impl FnMut(&[u8])) -> usize {
     let mut pos = 0;
     while let Some(raw) = buf.get(pos..pos + 4) {
         let len = u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]) as usize;
-        if buf.len() < pos + 4 + len {
+        let Some(payload) = buf.get(pos + 4..pos + 4 + len) else {
             break;
-        }
-        each(len);
+        };
+        each(payload);
         pos += 4 + len;
     }
     pos
+}
+
+/// Whether a `--digest` frame's payload matches the XXH3 it starts with.
+fn digest_ok(payload: &[u8]) -> bool {
+    match payload.split_first_chunk::<8>() {
+        Some((digest, body)) => u64::from_le_bytes(*digest) == xxh3_64(body),
+        None => false,
+    }
 }
 
 /// Reads frames until `count` arrived; prints the same JSON report as the tbon receiver.
@@ -61,11 +72,16 @@ pub fn recv(a: &RoleArgs) -> Res<()> {
             return Err("sender closed early".into());
         }
         filled += n;
-        let used = frames(&buf[..filled], |len| {
+        let mut corrupt = false;
+        let used = frames(&buf[..filled], |payload| {
+            corrupt |= a.digest && !digest_ok(payload);
             if report.is_none() {
-                report = meter.on_message(len);
+                report = meter.on_message(payload.len());
             }
         });
+        if corrupt {
+            return Err("a frame's digest does not match its payload".into());
+        }
         buf.copy_within(used..filled, 0);
         filled -= used;
     }
@@ -97,11 +113,23 @@ pub fn relay(a: &RoleArgs) -> Res<()> {
 pub fn send(a: &RoleArgs) -> Res<()> {
     let s = connect(a, a.rank)?;
     let body = vec![0x5au8; a.payload];
-    let len = (a.payload as u32).to_le_bytes();
     let mut w = BufWriter::with_capacity(BUF, s);
-    for _ in 0..a.count {
-        w.write_all(&len).map_err(ctx("write"))?;
-        w.write_all(&body).map_err(ctx("write"))?;
+    if a.digest {
+        // The digest counts in the payload's length: the same bytes on the wire as without.
+        let body = body.get(8..).unwrap_or_default();
+        let len = (8 + body.len() as u32).to_le_bytes();
+        for _ in 0..a.count {
+            w.write_all(&len).map_err(ctx("write"))?;
+            w.write_all(&xxh3_64(body).to_le_bytes())
+                .map_err(ctx("write"))?;
+            w.write_all(body).map_err(ctx("write"))?;
+        }
+    } else {
+        let len = (a.payload as u32).to_le_bytes();
+        for _ in 0..a.count {
+            w.write_all(&len).map_err(ctx("write"))?;
+            w.write_all(&body).map_err(ctx("write"))?;
+        }
     }
     w.flush().map_err(ctx("flush"))?;
     // Half-close, then wait for the next hop to close, so no byte is cut off by an early exit.
@@ -229,4 +257,27 @@ pub fn ping(a: &RoleArgs) -> Res<()> {
     let p99 = quantile_us(&mut samples, 0.99);
     println!("{}", serde_json::json!({"p50_us": p50, "p99_us": p99}));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_digest_frame_is_checked_against_its_payload() {
+        let body = vec![7u8; 1000];
+        let mut payload = xxh3_64(&body).to_le_bytes().to_vec();
+        payload.extend_from_slice(&body);
+        assert!(digest_ok(&payload));
+        let mut bad = payload.clone();
+        bad[500] ^= 1;
+        assert!(!digest_ok(&bad), "a flipped bit");
+        assert!(!digest_ok(&payload[..7]), "shorter than a digest");
+        let mut wire = (payload.len() as u32).to_le_bytes().to_vec();
+        wire.extend_from_slice(&payload);
+        let mut seen = Vec::new();
+        assert_eq!(frames(&wire, |p| seen.push(p.len())), wire.len());
+        assert_eq!(seen, [payload.len()]);
+        assert_eq!(frames(&wire[..wire.len() - 1], |_| panic!("partial")), 0);
+    }
 }
