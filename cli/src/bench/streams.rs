@@ -256,9 +256,10 @@ impl Bench {
         self.collect(kids, 2)
     }
 
-    /// Raw TCP's bandwidth with 1 MiB frames through `relays` relays, GiB/s.
-    fn raw_gib(&mut self, relays: u32, bytes: u64) -> Res<f64> {
-        let v = self.raw_rate_count(relays, PIECE, bytes / PIECE as u64)?;
+    /// Raw TCP's bandwidth with 1 MiB frames through `relays` relays, GiB/s; with `digest`,
+    /// each frame's XXH3 made by the sender and checked by the receiver, as a stream's chunks.
+    fn raw_gib(&mut self, relays: u32, bytes: u64, digest: bool) -> Res<f64> {
+        let v = self.raw_rate_with(relays, PIECE, bytes / PIECE as u64, digest)?;
         let msgs = v["msgs"].as_f64().unwrap_or(0.0);
         Ok(msgs * PIECE as f64 / f64::from(1u32 << 30) / v["secs"].as_f64().unwrap_or(1.0))
     }
@@ -298,14 +299,16 @@ impl Bench {
         let small: u64 = 64 << 20;
         let gib = |v: &Value| v["gib_per_s"].as_f64().unwrap_or(0.0);
         let (mut d, mut r, mut raw0, mut raw1) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut raw_digest = Vec::new();
         let mut direct_runs = Vec::new();
         for _ in 0..self.repeat {
             let v = self.stream_run("direct", 1, big)?;
             d.push(gib(&v));
             direct_runs.push(v);
             r.push(gib(&self.stream_run("tree", 1, big)?));
-            raw0.push(self.raw_gib(0, big)?);
-            raw1.push(self.raw_gib(1, big)?);
+            raw0.push(self.raw_gib(0, big, false)?);
+            raw1.push(self.raw_gib(1, big, false)?);
+            raw_digest.push(self.raw_gib(0, big, true)?);
         }
         let raw_two = self.raw_stream_rtt("two", big)?;
         let raw_one = self.raw_stream_rtt("one", big)?;
@@ -318,12 +321,16 @@ impl Bench {
             .cloned()
             .unwrap_or(Value::Null);
         let (dm, rm, r0, r1) = (median(&d), median(&r), median(&raw0), median(&raw1));
+        let rd = median(&raw_digest);
         let rtt = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
         let row = json!({
             "big_bytes": big,
             "direct_gib_per_s": dm, "relay_gib_per_s": rm,
             "raw_gib_per_s": r0, "raw_relay_gib_per_s": r1,
             "direct_vs_raw": dm / r0.max(1e-9),
+            "raw_digest_gib_per_s": rd,
+            "raw_digest_vs_raw": rd / r0.max(1e-9),
+            "direct_vs_raw_digest": dm / rd.max(1e-9),
             "relay_vs_raw": rm / r0.max(1e-9),
             "relay_vs_raw_relay": rm / r1.max(1e-9),
             "many": many,
@@ -339,7 +346,7 @@ impl Bench {
                 "one_ratio": rtt(&raw_one, "stream_rtt_p50_us") / rtt(&raw_one, "idle_rtt_p50_us").max(1e-9),
             },
             "big": mid, "small": small_run,
-            "runs": {"direct": d, "relay": r, "raw": raw0, "raw_relay": raw1},
+            "runs": {"direct": d, "relay": r, "raw": raw0, "raw_relay": raw1, "raw_digest": raw_digest},
             "load": loadavg(),
         });
         eprintln!("{row}");
