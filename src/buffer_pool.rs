@@ -99,19 +99,30 @@ impl BufferPool {
         }
     }
 
-    /// A buffer of at least `len` initialised bytes (their values are whatever was there): a
-    /// pooled one that already has them when there is one, else one grown and zero-filled to
-    /// `len` (a pooled one with the room, or a new one). Freeze its first `len` bytes with
-    /// [`freeze_prefix`](Self::freeze_prefix).
+    /// A buffer of at least `len` initialised bytes (their values are whatever was there): the
+    /// smallest pooled one that already has them, if it is at most twice `len` (a payload kept
+    /// for long must not pin a much larger buffer), else a new one, zero-filled. Freeze its
+    /// first `len` bytes with [`freeze_prefix`](Self::freeze_prefix).
     pub fn take_filled(&self, len: usize) -> Vec<u8> {
-        let mut buf = self
-            .remove(|b| b.len() >= len)
-            .or_else(|| self.remove(|b| b.capacity() >= len))
-            .unwrap_or_default();
-        if buf.len() < len {
-            buf.resize(len, 0);
-        }
-        buf
+        let fits = |b: &Vec<u8>| b.len() >= len && b.len() <= len.saturating_mul(2).max(1);
+        let pooled = {
+            let mut idle = self.lock();
+            idle.taken = true;
+            let best = idle
+                .bufs
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| fits(b))
+                .min_by_key(|(_, b)| b.len())
+                .map(|(i, _)| i);
+            best.map(|i| {
+                let buf = idle.bufs.swap_remove(i);
+                idle.bytes = idle.bytes.saturating_sub(buf.capacity());
+                buf
+            })
+        };
+        // A new one from the allocator's zeroed memory (fresh pages need no `memset`).
+        pooled.unwrap_or_else(|| vec![0; len])
     }
 
     /// `buf` as `Bytes` that give it back to this pool once the last of them is dropped.
@@ -199,7 +210,12 @@ mod tests {
         drop(bytes);
         assert_eq!(pool.idle(), 1);
         assert!(pool.idle_bytes() >= 3000);
-        // Given back whole: a smaller request gets it without growing or zero-filling it.
+        // Given back whole: a request as large gets it without zero-filling it again; one much
+        // smaller does not pin it.
+        let small = pool.take_filled(1000);
+        assert_ne!(small.as_ptr(), ptr, "at most twice the size asked for");
+        assert_eq!(pool.idle(), 1, "and the large one stays idle");
+        drop(small);
         let b = pool.take_filled(3000);
         assert_eq!(b.as_ptr(), ptr);
         assert_eq!(&b[..4], b"abcd", "its bytes were not zero-filled again");
