@@ -354,6 +354,9 @@ impl FrameDecoder {
                 };
                 let h = Header::decode(raw)?;
                 self.pending = Some(h);
+                // The short read after a pooled payload was for this header: the rest of
+                // its frame is read as its size says.
+                self.after_pooled = false;
                 h
             }
         };
@@ -725,6 +728,33 @@ mod tests {
         // The region offered for the rest of the payload still held the first payload's bytes:
         // it was not zero-filled before the read.
         assert!(spaces.iter().any(|s| s == &[0xAB; 8]), "{spaces:?}");
+        // A frame too large for the pool right after a pooled one: once its header is in, it
+        // is read in large regions again, not in short reads.
+        let big = Frame {
+            header: hdr(Kind::Msg, 2, READ_POOLED_PAYLOAD_MAX_BYTES + 1),
+            payload: Bytes::from(vec![5u8; READ_POOLED_PAYLOAD_MAX_BYTES + 1]),
+        };
+        let mut d2 = FrameDecoder::new(4 << 20);
+        d2.set_payload_pool(Arc::clone(&pool));
+        let mut out = Vec::new();
+        let mut big_reads = 0;
+        for (bytes, is_big) in [
+            (encode(&[frame(3, 1)]), false),
+            (encode(&[big.clone()]), true),
+        ] {
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let space = d2.read_space();
+                let n = rest.len().min(space.len());
+                space[..n].copy_from_slice(&rest[..n]);
+                d2.commit(n);
+                rest = &rest[n..];
+                big_reads += usize::from(is_big);
+                drain(&mut d2, &mut out);
+            }
+        }
+        assert_eq!(out.last(), Some(&big));
+        assert!(big_reads < 20, "{big_reads} reads for one frame");
     }
 
     #[test]
