@@ -740,7 +740,7 @@ mod tests {
         let mut big_reads = 0;
         for (bytes, is_big) in [
             (encode(&[frame(3, 1)]), false),
-            (encode(&[big.clone()]), true),
+            (encode(std::slice::from_ref(&big)), true),
         ] {
             let mut rest = &bytes[..];
             while !rest.is_empty() {
