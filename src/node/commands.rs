@@ -230,8 +230,7 @@ impl Node {
         for c in held {
             self.refused(finish_of(&c), SendError::ShutDown);
         }
-        let mut tokens: Vec<u64> = self.relm_users.drain().map(|(_, t)| t).collect();
-        tokens.sort_unstable();
+        let mut tokens: Vec<u64> = self.relm_waiting_users();
         let mut requests: Vec<(u64, Option<u64>)> = self.bcast_tokens.drain().collect();
         requests.sort_unstable();
         tokens.extend(requests.into_iter().filter_map(|(_, t)| t));

@@ -259,8 +259,6 @@ pub struct Node {
     confirmed: Vec<Rank>,
     counters: Counters,
     stopping: Option<StopReason>,
-    /// RELM token -> the user's token, for reliable sends someone waits for.
-    relm_users: FxHashMap<u64, u64>,
     relm_next_token: u64,
     /// This daemon's user broadcasts by request id, with their tokens.
     bcast_tokens: FxHashMap<u64, Option<u64>>,
@@ -376,7 +374,6 @@ impl Node {
             confirmed: Vec::new(),
             counters: Counters::default(),
             stopping: None,
-            relm_users: FxHashMap::default(),
             relm_next_token: 0,
             bcast_tokens: FxHashMap::default(),
             gathering: BTreeSet::new(),

@@ -2,9 +2,11 @@
 //! this file feeds it (reliable sends, `RelmData` and `Relm` frames) and turns what it asks for
 //! into outputs (frames, completions).
 //!
-//! * A reliable send to another rank goes to `Relm::send` with a RELM token; the user's token
-//!   waits in `relm_users` (at most `relm_unacked_max` entries: `Relm::send` refuses beyond
-//!   that) until RELM reports the outcome. A reliable send to this daemon is a self-send.
+//! * A reliable send to another rank goes to `Relm::send` with the driver's token as RELM's
+//!   (none when nobody waits for the outcome): RELM's completion is the send's, with no table
+//!   of its own here. The runtime's tokens are `RUNTIME_TOKEN_MIN` and above; the driver's are
+//!   below. A stopping daemon fails what RELM still holds `ShutDown` (`Relm::waiting_tokens`)
+//!   and lets no later completion through. A reliable send to this daemon is a self-send.
 //! * A message RELM posts here goes to `Matcher::try_handle_message`, which refuses rather
 //!   than evict a held message when the unmatched list is full: RELM then does not acknowledge
 //!   it and the origin replays it later. Runtime messages are always taken.
@@ -105,10 +107,11 @@ impl Node {
         t
     }
 
-    fn next_user_token(&mut self) -> u64 {
-        let t = self.relm_next_token & !RUNTIME_TOKEN_MIN;
-        self.relm_next_token = (self.relm_next_token + 1) & !RUNTIME_TOKEN_MIN;
-        t
+    /// The users' reliable sends RELM still holds, ascending by token (for `begin_stop`).
+    pub(super) fn relm_waiting_users(&self) -> Vec<u64> {
+        let mut tokens = self.relm.waiting_tokens();
+        tokens.retain(|t| *t < RUNTIME_TOKEN_MIN);
+        tokens
     }
 
     /// A reliable send originated here (once wired).
@@ -136,13 +139,14 @@ impl Node {
             });
             self.send_direct_control(now);
         }
-        let rt = self.next_user_token();
-        let paths = Paths::new(&self.routing, &self.direct, (&self.lives, self.my_life));
-        self.relm.send(now, &paths, dst, tag, payload, rt)?;
-        if let Some(token) = token {
-            self.relm_users.insert(rt, token);
+        // The driver's tokens are small (slab keys); one in the runtime's range would be taken
+        // for the runtime's and its completion lost.
+        if token.is_some_and(|t| t >= RUNTIME_TOKEN_MIN) {
+            crate::bug!("a user's token {token:?} in the runtime's range");
+            return Err(SendError::Busy(crate::error::Limit::ReliableWindow));
         }
-        Ok(())
+        let paths = Paths::new(&self.routing, &self.direct, (&self.lives, self.my_life));
+        self.relm.send(now, &paths, dst, tag, payload, token)
     }
 
     /// A `RelmData` frame from neighbour `from` (checked: not from a failed rank, ranks in
@@ -343,11 +347,9 @@ impl Node {
             self.transmit(to, header, payload, None);
         }
         while let Some(Event::Completed { token, result }) = self.relm.poll_event() {
-            if let Some(user) = self.relm_users.remove(&token) {
-                self.out.push_back(Output::SendDone {
-                    token: user,
-                    result,
-                });
+            // A stopping daemon already failed its users' sends `ShutDown` (`begin_stop`).
+            if token < RUNTIME_TOKEN_MIN && self.stopping.is_none() {
+                self.out.push_back(Output::SendDone { token, result });
             }
         }
     }

@@ -39,7 +39,8 @@ fn bug(e: InvalidTransition) {
 }
 
 impl Relm {
-    /// Sends `payload` reliably to `dst`. `token` comes back in `Event::Completed`.
+    /// Sends `payload` reliably to `dst`. `token`, if any, comes back in `Event::Completed`
+    /// (without one, nothing tells the outcome).
     ///
     /// Errors at once: `NodeDown` if `dst` is known failed, `Busy` at `relm_unacked_max`
     /// unacknowledged messages, `RankOutOfRange` for `dst` = myself (the caller posts a message
@@ -52,7 +53,7 @@ impl Relm {
         dst: Rank,
         tag: Tag,
         payload: Bytes,
-        token: u64,
+        token: Option<u64>,
     ) -> Result<(), SendError> {
         let window = self.cfg.unacked_max;
         self.send_within(now, topo, (dst, tag, payload), token, window)
@@ -73,12 +74,25 @@ impl Relm {
         token: u64,
     ) -> Result<(), SendError> {
         let window = self.runtime_window();
-        self.send_within(now, topo, (dst, tag, payload), token, window)
+        self.send_within(now, topo, (dst, tag, payload), Some(token), window)
     }
 
     /// Whether [`Relm::send_runtime`] would take a message now (as far as the window goes).
     pub fn has_runtime_room(&self) -> bool {
         self.table.counts().0 < self.runtime_window()
+    }
+
+    /// The tokens of the messages sent here and not yet completed (acknowledged, given up or
+    /// failed), ascending: what a stopping daemon fails `ShutDown`.
+    pub fn waiting_tokens(&self) -> Vec<u64> {
+        let mut tokens: Vec<u64> = self
+            .table
+            .iter()
+            .filter(|(_, r)| r.role == Role::Origin)
+            .filter_map(|(_, r)| r.token)
+            .collect();
+        tokens.sort_unstable();
+        tokens
     }
 
     fn runtime_window(&self) -> usize {
@@ -92,7 +106,7 @@ impl Relm {
         now: Instant,
         topo: &dyn Topology,
         (dst, tag, payload): (Rank, Tag, Bytes),
-        token: u64,
+        token: Option<u64>,
         window: usize,
     ) -> Result<(), SendError> {
         if dst == self.me || dst >= self.size {
@@ -122,7 +136,7 @@ impl Relm {
             prev,
             data: Some(payload),
             since: now,
-            token: Some(token),
+            token,
             retransmit_at: now + Duration::from_millis(self.cfg.retransmit_ms),
             retransmits: 0,
         };

@@ -96,7 +96,7 @@ impl Net {
             dst,
             100,
             Bytes::from(seq.to_be_bytes().to_vec()),
-            seq,
+            Some(seq),
         );
         self.pump(from);
         r
