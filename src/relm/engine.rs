@@ -124,6 +124,25 @@ pub fn transition(
     Ok(next)
 }
 
+/// Applies to `r` a trigger that keeps the record (`Transmitted`, `Request`, `Data`, `Wait`),
+/// in place: for a caller that already holds the record (one lookup instead of two). A trigger
+/// that would release it is refused here (the table must count the release: use
+/// [`MessageTable::apply`]).
+pub fn apply_kept(r: &mut Record, trigger: Trigger) -> Result<(), InvalidTransition> {
+    let refused = InvalidTransition {
+        role: r.role,
+        from: Some(r.state),
+        trigger,
+    };
+    match transition(r.role, Some(r.state), trigger)? {
+        Some(s) => {
+            r.state = s;
+            Ok(())
+        }
+        None => Err(refused),
+    }
+}
+
 /// One daemon's record of one message.
 #[derive(Debug, Clone)]
 pub struct Record {
@@ -355,6 +374,21 @@ mod tests {
             retransmit_at: now,
             retransmits: 0,
         }
+    }
+
+    #[test]
+    fn a_kept_trigger_changes_the_state_in_place_and_a_releasing_one_is_refused() {
+        let now = Instant::now();
+        let mut r = rec(Role::Origin, 3, now);
+        assert_eq!(apply_kept(&mut r, Trigger::Transmitted), Ok(()));
+        assert_eq!(r.state, MsgState::Sent);
+        // An acknowledgement releases the record: the table must count it, so not here.
+        assert!(apply_kept(&mut r, Trigger::Ack).is_err());
+        assert_eq!(r.state, MsgState::Sent, "unchanged");
+        // A transition the table does not allow is refused as in `apply`.
+        let mut d = rec(Role::Destination, 3, now);
+        d.state = MsgState::Pending;
+        assert!(apply_kept(&mut d, Trigger::Transmitted).is_err());
     }
 
     #[test]

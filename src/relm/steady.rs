@@ -2,7 +2,7 @@
 //! replay requests, and the timers (hop cache expiry, the origin's retransmissions, re-asking
 //! for a missing predecessor).
 
-use super::engine::{InvalidTransition, Record, Role, Trigger};
+use super::engine::{InvalidTransition, Record, Role, Trigger, apply_kept};
 use super::uid::{self, MsgKey};
 use super::wire::{Control, ControlError};
 use super::{Inbound, Relm, Topology, Transmit};
@@ -152,7 +152,7 @@ impl Relm {
     /// Hands a record's data to the next hop towards its destination (or to `to`), if there
     /// is a route and data; otherwise it stays `Sending`.
     pub(super) fn transmit(&mut self, topo: &dyn Topology, key: MsgKey, to: Option<Rank>) {
-        let Some(r) = self.table.get(&key) else {
+        let Some(r) = self.table.get_mut(&key) else {
             return;
         };
         let Some(payload) = r.data.clone() else {
@@ -177,7 +177,8 @@ impl Relm {
                 payload,
             },
         });
-        if let Err(e) = self.table.apply(&key, Trigger::Transmitted) {
+        // Sending|Sent -> Sent keeps the record: its state changes in place.
+        if let Err(e) = apply_kept(r, Trigger::Transmitted) {
             bug(e);
         }
     }
