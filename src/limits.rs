@@ -682,6 +682,11 @@ pub const GRPCOMM_DEFERRED_MAX: usize = ALLGATHER_TRACKED_MAX;
 /// against rank 0's window; the unreported fault set) and go out as acknowledgements make room.
 pub const RELM_RUNTIME_RESERVE: usize = 1_024;
 
+/// The lists one RELM input's posted messages are collected in are kept for the next input
+/// (no allocation per reliable message received) while at most this long; a longer one (a
+/// chain's held messages released at once) is let go.
+pub const RELM_POSTED_KEPT_MAX: usize = 256;
+
 /// Rounds of a node's collectives pump at most per call: each round moves something, and the
 /// cores produce nothing without input, so reaching this is a bug (reported, not looped on).
 pub const PUMP_ROUNDS_MAX: usize = 1_000_000;

@@ -262,6 +262,9 @@ pub struct Node {
     relm_next_token: u64,
     /// This daemon's user broadcasts by request id, with their tokens.
     bcast_tokens: FxHashMap<u64, Option<u64>>,
+    /// What one RELM input posted, kept between inputs so that posting a message allocates
+    /// nothing (`reliable.rs`, `relm_input`; let go beyond `RELM_POSTED_KEPT_MAX`).
+    relm_posted: (Vec<crate::rml::Dispatch>, Vec<crate::rml::Message>),
     /// Collectives this daemon contributed to and has no result of yet.
     gathering: BTreeSet<u64>,
     /// Group collectives this daemon contributed to, with the driver's tokens (and, for a
@@ -376,6 +379,7 @@ impl Node {
             stopping: None,
             relm_next_token: 0,
             bcast_tokens: FxHashMap::default(),
+            relm_posted: Default::default(),
             gathering: BTreeSet::new(),
             group_tokens: BTreeMap::new(),
             group_encoded: None,

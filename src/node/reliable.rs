@@ -215,8 +215,8 @@ impl Node {
         ) -> Result<(), crate::relm::ControlError>,
     ) -> Result<(), crate::relm::ControlError> {
         let refused = self.relm.stats().refused;
-        let mut ready = Vec::new();
-        let mut runtime = Vec::new();
+        // Empty if an input is already being delivered (a callback's send): then new ones.
+        let (mut ready, mut runtime) = std::mem::take(&mut self.relm_posted);
         let matcher = &mut self.matcher;
         let clients = &self.clients;
         let mut held_back = 0u64;
@@ -247,7 +247,12 @@ impl Node {
         for _ in 0..held_back {
             self.clients.held_back();
         }
-        self.posted_by_relm(now, ready, runtime, refused);
+        self.posted_by_relm(now, &mut ready, &mut runtime, refused);
+        if ready.capacity() <= crate::limits::RELM_POSTED_KEPT_MAX
+            && runtime.capacity() <= crate::limits::RELM_POSTED_KEPT_MAX
+        {
+            self.relm_posted = (ready, runtime);
+        }
         res
     }
 
@@ -256,14 +261,14 @@ impl Node {
     fn posted_by_relm(
         &mut self,
         now: Instant,
-        ready: Vec<Dispatch>,
-        runtime: Vec<Message>,
+        ready: &mut Vec<Dispatch>,
+        runtime: &mut Vec<Message>,
         refused_before: u64,
     ) {
-        for d in ready {
+        for d in ready.drain(..) {
             self.dispatch(d);
         }
-        for m in runtime {
+        for m in runtime.drain(..) {
             self.runtime_message(now, m);
         }
         let refused = self.relm.stats().refused;
