@@ -77,20 +77,29 @@ impl BufferPool {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Removes the idle buffer `pick` chooses, keeping the byte count.
-    fn remove(&self, pick: impl Fn(&Vec<u8>) -> bool) -> Option<Vec<u8>> {
+    /// Removes the smallest idle buffer (by `size`) that `fits`, keeping the byte count.
+    fn remove_best(
+        &self,
+        fits: impl Fn(&Vec<u8>) -> bool,
+        size: impl Fn(&Vec<u8>) -> usize,
+    ) -> Option<Vec<u8>> {
         let mut idle = self.lock();
         idle.taken = true;
-        let i = idle.bufs.iter().position(pick)?;
+        let (i, _) = idle
+            .bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| fits(b))
+            .min_by_key(|(_, b)| size(b))?;
         let buf = idle.bufs.swap_remove(i);
         idle.bytes = idle.bytes.saturating_sub(buf.capacity());
         Some(buf)
     }
 
-    /// An empty buffer with room for at least `cap` bytes: a pooled one when one is big
-    /// enough, else a new one.
+    /// An empty buffer with room for at least `cap` bytes: the smallest pooled one big enough,
+    /// else a new one.
     pub fn take(&self, cap: usize) -> Vec<u8> {
-        match self.remove(|b| b.capacity() >= cap) {
+        match self.remove_best(|b| b.capacity() >= cap, Vec::capacity) {
             Some(mut buf) => {
                 buf.clear();
                 buf
@@ -101,28 +110,13 @@ impl BufferPool {
 
     /// A buffer of at least `len` initialised bytes (their values are whatever was there): the
     /// smallest pooled one that already has them, if it is at most twice `len` (a payload kept
-    /// for long must not pin a much larger buffer), else a new one, zero-filled. Freeze its
-    /// first `len` bytes with [`freeze_prefix`](Self::freeze_prefix).
+    /// for long must not pin a much larger buffer), else a new one from the allocator's zeroed
+    /// memory (fresh pages need no `memset`). Freeze its first `len` bytes with
+    /// [`freeze_prefix`](Self::freeze_prefix).
     pub fn take_filled(&self, len: usize) -> Vec<u8> {
-        let fits = |b: &Vec<u8>| b.len() >= len && b.len() <= len.saturating_mul(2).max(1);
-        let pooled = {
-            let mut idle = self.lock();
-            idle.taken = true;
-            let best = idle
-                .bufs
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| fits(b))
-                .min_by_key(|(_, b)| b.len())
-                .map(|(i, _)| i);
-            best.map(|i| {
-                let buf = idle.bufs.swap_remove(i);
-                idle.bytes = idle.bytes.saturating_sub(buf.capacity());
-                buf
-            })
-        };
-        // A new one from the allocator's zeroed memory (fresh pages need no `memset`).
-        pooled.unwrap_or_else(|| vec![0; len])
+        let most = len.saturating_mul(2).max(1);
+        self.remove_best(|b| b.len() >= len && b.len() <= most, Vec::len)
+            .unwrap_or_else(|| vec![0; len])
     }
 
     /// `buf` as `Bytes` that give it back to this pool once the last of them is dropped.

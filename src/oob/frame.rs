@@ -106,11 +106,6 @@ impl FrameDecoder {
         self.payloads = Some(pool);
     }
 
-    /// Whether a payload pool is set.
-    pub fn has_payload_pool(&self) -> bool {
-        self.payloads.is_some()
-    }
-
     /// Changes the ordinary read region (at least one header's worth). Spare room already
     /// allocated is kept until the next reallocation.
     pub fn set_read_chunk(&mut self, chunk: usize) {
