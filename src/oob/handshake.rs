@@ -155,6 +155,9 @@ pub struct PeerIdent {
     pub rank: Rank,
     /// The peer's incarnation epoch, from its handshake header.
     pub epoch: u64,
+    /// The connection carries only the dialler's bulk data (a bulk connection,
+    /// `docs/wire.md`): never the link.
+    pub bulk: bool,
 }
 
 /// What the driver must act on.
@@ -342,6 +345,8 @@ enum State {
 pub struct Handshake {
     cfg: HandshakeConfig,
     state: State,
+    /// Dialler: this is a bulk connection (its `Hello` and `Auth` say so).
+    bulk: bool,
     out: VecDeque<(Header, Bytes)>,
 }
 
@@ -379,19 +384,46 @@ fn unreachable_hmac() -> ! {
 
 const LABEL_ACK: &[u8] = b"tbon-ack";
 const LABEL_DIAL: &[u8] = b"tbon-dial";
+/// The labels of a bulk connection's MACs: the flag in its `Hello` is proved with the key.
+const LABEL_BULK_ACK: &[u8] = b"tbon-bulk-ack";
+const LABEL_BULK_DIAL: &[u8] = b"tbon-bulk-dial";
+
+/// The tag of a bulk connection's `Hello` and `Auth` (a link's are 0).
+pub const TAG_BULK_CONNECTION: u32 = 1;
+
+/// The MAC labels (acceptor's, dialler's) of a link or a bulk connection.
+fn labels(bulk: bool) -> (&'static [u8], &'static [u8]) {
+    if bulk {
+        (LABEL_BULK_ACK, LABEL_BULK_DIAL)
+    } else {
+        (LABEL_ACK, LABEL_DIAL)
+    }
+}
 
 impl Handshake {
     /// Dialler side: queues the `Hello` for `peer` (take it with `poll_transmit`). `nonce_d`
     /// must be fresh and unpredictable, drawn anew for every handshake: the `HelloAck` proves
     /// the acceptor holds the key by a MAC over it, so a reused nonce accepts a replayed one.
     pub fn dial(cfg: &HandshakeConfig, peer: Rank, nonce_d: [u8; NONCE_LEN]) -> Self {
+        Self::dial_as(cfg, peer, nonce_d, false)
+    }
+
+    /// Dialler side of a bulk connection: as [`dial`](Self::dial), but the connection will
+    /// carry only this side's bulk data to `peer`, never be the link (`docs/wire.md`). The
+    /// acceptor learns it from the `Hello` and both MACs prove it.
+    pub fn dial_bulk(cfg: &HandshakeConfig, peer: Rank, nonce_d: [u8; NONCE_LEN]) -> Self {
+        Self::dial_as(cfg, peer, nonce_d, true)
+    }
+
+    fn dial_as(cfg: &HandshakeConfig, peer: Rank, nonce_d: [u8; NONCE_LEN], bulk: bool) -> Self {
         let mut hs = Handshake {
             cfg: cfg.clone(),
             state: State::AwaitAck { peer, nonce_d },
+            bulk,
             out: VecDeque::new(),
         };
         let payload = encode_identity(&hs.cfg.dvm_id, &nonce_d);
-        hs.queue(Kind::Hello, peer, payload);
+        hs.queue(Kind::Hello, peer, payload, bulk);
         hs
     }
 
@@ -402,6 +434,7 @@ impl Handshake {
         Handshake {
             cfg: cfg.clone(),
             state: State::AwaitHello { nonce_a },
+            bulk: false,
             out: VecDeque::new(),
         }
     }
@@ -417,12 +450,12 @@ impl Handshake {
         }
     }
 
-    fn queue(&mut self, kind: Kind, dst: Rank, payload: Bytes) {
+    fn queue(&mut self, kind: Kind, dst: Rank, payload: Bytes, bulk: bool) {
         let header = Header {
             kind,
             origin: self.cfg.me,
             dst,
-            tag: 0,
+            tag: if bulk { TAG_BULK_CONNECTION } else { 0 },
             epoch: self.cfg.epoch,
             seq: 0,
             // Payload is at most 2 + 255 + 16 + 32 bytes.
@@ -499,10 +532,12 @@ impl Handshake {
         Ok(nonce)
     }
 
-    /// The fields every handshake frame shares: addressed to this daemon, tag and sequence
-    /// zero (`docs/wire.md`).
-    fn check_header(&self, h: &Header) -> Result<(), HandshakeError> {
-        if h.tag != 0 || h.seq != 0 {
+    /// The fields every handshake frame shares: addressed to this daemon, sequence zero, tag
+    /// zero (or, in a bulk connection's `Hello` and `Auth`, `TAG_BULK_CONNECTION`:
+    /// `docs/wire.md`).
+    fn check_header(&self, h: &Header, bulk: bool) -> Result<(), HandshakeError> {
+        let tag = if bulk { TAG_BULK_CONNECTION } else { 0 };
+        if h.tag != tag || h.seq != 0 {
             return Err(HandshakeError::Malformed(
                 "handshake frame with a non-zero tag or sequence",
             ));
@@ -528,11 +563,13 @@ impl Handshake {
                 size: self.cfg.size,
             });
         }
-        self.check_header(h)?;
+        let bulk = h.tag == TAG_BULK_CONNECTION && h.origin != TOOL_RANK;
+        self.check_header(h, bulk)?;
         Ok(State::Deciding(
             PeerIdent {
                 rank: h.origin,
                 epoch: h.epoch,
+                bulk,
             },
             nonce_d,
             nonce_a,
@@ -562,11 +599,12 @@ impl Handshake {
                 got: h.origin,
             });
         }
-        self.check_header(h)?;
+        self.check_header(h, false)?;
         let me = self.cfg.me;
+        let (label_ack, label_dial) = labels(self.bulk);
         transcript_mac(
             &self.cfg.key,
-            LABEL_ACK,
+            label_ack,
             &self.cfg.dvm_id,
             me,
             peer,
@@ -577,7 +615,7 @@ impl Handshake {
         .map_err(|_| HandshakeError::BadKey)?;
         let mac_d = transcript_mac(
             &self.cfg.key,
-            LABEL_DIAL,
+            label_dial,
             &self.cfg.dvm_id,
             me,
             peer,
@@ -586,10 +624,11 @@ impl Handshake {
         )
         .finalize()
         .into_bytes();
-        self.queue(Kind::Auth, peer, Bytes::copy_from_slice(&mac_d));
+        self.queue(Kind::Auth, peer, Bytes::copy_from_slice(&mac_d), self.bulk);
         Ok(State::AwaitReady(PeerIdent {
             rank: peer,
             epoch: h.epoch,
+            bulk: self.bulk,
         }))
     }
 
@@ -606,7 +645,7 @@ impl Handshake {
                 got: h.origin,
             });
         }
-        self.check_header(h)?;
+        self.check_header(h, false)?;
         if !frame.payload.is_empty() {
             return Err(HandshakeError::Malformed("Ready with a payload"));
         }
@@ -630,14 +669,14 @@ impl Handshake {
                 auth: h.origin,
             });
         }
-        self.check_header(h)?;
+        self.check_header(h, peer.bulk)?;
         if frame.payload.len() != MAC_LEN {
             return Err(HandshakeError::Malformed("Auth payload is not one MAC"));
         }
         let me = self.cfg.me;
         transcript_mac(
             &self.key_for(peer.rank),
-            LABEL_DIAL,
+            labels(peer.bulk).1,
             &self.cfg.dvm_id,
             peer.rank,
             me,
@@ -660,7 +699,7 @@ impl Handshake {
         let me = self.cfg.me;
         let mac_a = transcript_mac(
             &self.key_for(p.rank),
-            LABEL_ACK,
+            labels(p.bulk).0,
             &self.cfg.dvm_id,
             p.rank,
             me,
@@ -671,7 +710,7 @@ impl Handshake {
         .into_bytes();
         let mut payload = BytesMut::from(&encode_identity(&self.cfg.dvm_id, &nonce_a)[..]);
         payload.put_slice(&mac_a);
-        self.queue(Kind::HelloAck, p.rank, payload.freeze());
+        self.queue(Kind::HelloAck, p.rank, payload.freeze(), false);
         self.state = State::AwaitAuth {
             peer: p,
             nonce_d,
@@ -687,7 +726,7 @@ impl Handshake {
         let State::Admitting(p) = self.state else {
             return false;
         };
-        self.queue(Kind::Ready, p.rank, Bytes::new());
+        self.queue(Kind::Ready, p.rank, Bytes::new(), false);
         self.state = State::Established(p);
         true
     }
@@ -809,6 +848,60 @@ mod tests {
         one(&mut Handshake::dial(&cfg(me), to, fresh()))
     }
 
+    #[test]
+    fn a_bulk_connection_says_so_and_both_macs_prove_it() {
+        let (mut d, mut a) = (
+            Handshake::dial_bulk(&cfg(1), 2, fresh()),
+            Handshake::accept(&cfg(2), fresh()),
+        );
+        let peer = PeerIdent {
+            rank: 1,
+            epoch: 101,
+            bulk: true,
+        };
+        assert_eq!(
+            a.handle_frame(one(&mut d)),
+            Ok(Some(HandshakeEvent::HelloReceived(peer)))
+        );
+        assert!(a.try_accept_peer());
+        assert_eq!(d.handle_frame(one(&mut a)), Ok(None));
+        assert_eq!(
+            a.handle_frame(one(&mut d)),
+            Ok(Some(HandshakeEvent::Authenticated(peer)))
+        );
+        assert!(a.admit());
+        let event = d.handle_frame(one(&mut a)).unwrap();
+        assert!(matches!(event, Some(HandshakeEvent::Established(p)) if p.bulk && p.rank == 2));
+    }
+
+    #[test]
+    fn a_link_hello_turned_bulk_on_the_way_fails_the_dialler_s_check() {
+        // The flag is not in the MAC's input as a field but in its label: an acceptor that
+        // read a link's Hello as a bulk connection's proves the wrong label.
+        let mut d = Handshake::dial(&cfg(1), 2, fresh());
+        let mut a = Handshake::accept(&cfg(2), fresh());
+        let mut hello = one(&mut d);
+        hello.header.tag = TAG_BULK_CONNECTION;
+        assert!(matches!(
+            a.handle_frame(hello),
+            Ok(Some(HandshakeEvent::HelloReceived(p))) if p.bulk
+        ));
+        assert!(a.try_accept_peer());
+        assert_eq!(d.handle_frame(one(&mut a)), Err(HandshakeError::BadKey));
+        // And a bulk dial whose Auth lost its flag is refused by the acceptor.
+        let mut d = Handshake::dial_bulk(&cfg(1), 2, fresh());
+        let mut a = Handshake::accept(&cfg(2), fresh());
+        a.handle_frame(one(&mut d)).unwrap();
+        assert!(a.try_accept_peer());
+        d.handle_frame(one(&mut a)).unwrap();
+        let mut auth = one(&mut d);
+        auth.header.tag = 0;
+        assert!(matches!(
+            a.handle_frame(auth),
+            Err(HandshakeError::Malformed(_))
+        ));
+    }
+
     /// Runs a tool's handshake with `key` against daemon 5 (which holds `cfg`'s job key):
     /// the acceptor's and the dialler's outcomes.
     fn tool_handshake(key: JobKey) -> (Result<(), HandshakeError>, Option<HandshakeEvent>) {
@@ -822,6 +915,7 @@ mod tests {
         let peer = PeerIdent {
             rank: TOOL_RANK,
             epoch: 100,
+            bulk: false,
         };
         assert_eq!(
             a.handle_frame(one(&mut d)),
@@ -889,6 +983,7 @@ mod tests {
         let p2 = PeerIdent {
             rank: 2,
             epoch: 102,
+            bulk: false,
         };
         assert_eq!(
             a.handle_frame(hello),
@@ -908,6 +1003,7 @@ mod tests {
         let p5 = PeerIdent {
             rank: 5,
             epoch: 105,
+            bulk: false,
         };
         // The acceptor proved the key; the dialler proves it in turn and waits to be admitted.
         assert_eq!(d.handle_frame(ack), Ok(None));
@@ -1002,11 +1098,11 @@ mod tests {
         assert!(a.poll_transmit().is_none());
     }
 
-    /// `docs/wire.md`: tag and sequence are zero in every handshake frame; a Hello that says
-    /// otherwise is refused, not answered.
+    /// `docs/wire.md`: sequence is zero in every handshake frame, and the tag too except a
+    /// bulk connection's flag; a Hello that says otherwise is refused, not answered.
     #[test]
     fn a_hello_with_a_non_zero_tag_or_sequence_is_refused() {
-        for (tag, seq) in [(1, 0), (0, 1)] {
+        for (tag, seq) in [(2, 0), (0, 1), (TAG_BULK_CONNECTION, 1)] {
             let mut hello = hello_from(2, 5);
             hello.header.tag = tag;
             hello.header.seq = seq;
