@@ -362,6 +362,12 @@ settings! {
     /// holding nothing costs less memory and time per frame). Daemons with either value work
     /// together; each decides for what it sends.
     link_resend: bool = true, env "TBON_LINK_RESEND";
+    /// Streams: a daemon with a producer's stream data for a connected neighbour dials it a
+    /// second, authenticated connection that carries only that data (one direction), so
+    /// messages, heartbeats and acknowledgements never wait behind the kernel's buffers of
+    /// stream bytes. false: stream data shares the link (its bulk line and bulk pipe). Daemons
+    /// with either value work together.
+    bulk_connection: bool = true, env "TBON_BULK_CONNECTION";
     /// Failover: a connection to a peer on which frames have waited for confirmation this
     /// many milliseconds with nothing heard back is taken as stalled (its network failed under
     /// it): it is closed and the peer dialled at its next address, and the link session writes

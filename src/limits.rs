@@ -81,6 +81,10 @@ pub const BULK_SHARE_BYTES: usize = 1024 * 1024;
 /// relay, higher: the relay's queues stay short). Less starves the stream between
 /// acknowledgements, which come at least every `LINK_ACK_PROMPT_BYTES` read.
 pub const BULK_PIPE_BYTES: usize = 512 * 1024;
+
+/// A bulk connection that could not be dialled, or was lost, is not dialled again to the same
+/// peer for this long (stream data takes the link meanwhile).
+pub const BULK_REDIAL_MS: u64 = 1_000;
 const _: () = assert!(BULK_PIPE_BYTES > LINK_ACK_PROMPT_BYTES);
 
 /// Connections accepted per listener event; the rest are accepted next turn.

@@ -128,7 +128,7 @@ mod tests {
     fn non_default_value(name: &str) -> &'static str {
         match name {
             "dvm_id" => "other.dvm",
-            "ipv4" | "link_resend" => "false",
+            "ipv4" | "link_resend" | "bulk_connection" => "false",
             "insecure" | "ipv6" | "rejoin" => "true",
             "key_file" => "/etc/tbon/job.key",
             "port_range" => "20000-20100",

@@ -81,7 +81,7 @@ fn non_default_value(name: &str) -> &'static str {
         "ipv4" => "false",
         "insecure" => "true",
         "rejoin" => "on",
-        "link_resend" => "off",
+        "link_resend" | "bulk_connection" => "off",
         "key_file" => "/etc/tbon/job.key",
         "ipv6" => "yes",
         "port_range" => "20000-20100",

@@ -58,6 +58,15 @@ impl LinkSession {
     }
 }
 
+/// Which end of a bulk connection (`oob::bulk_route`) a connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BulkEnd {
+    /// We dialled it and write our bulk frames on it; we read only the peer's sync answers.
+    Out,
+    /// The peer dialled it and writes its bulk frames on it; we write only sync answers.
+    In,
+}
+
 pub(crate) struct Conn {
     pub stream: TcpStream,
     pub addr: SocketAddr,
@@ -115,6 +124,12 @@ pub(crate) struct Conn {
     /// The peer's `Start` arrived and the session resumed: session frames may be queued.
     session_ready: bool,
     next_seq: u64,
+    /// A bulk connection's end, or `None` (a link, a tool, a handshake not yet decided).
+    pub bulk_end: Option<BulkEnd>,
+    /// The bulk line feeds nothing to the send queue (`BulkRoute::holds_link`).
+    bulk_held: bool,
+    /// Markers waiting in the bulk line.
+    markers_in_line: usize,
 }
 
 impl Conn {
@@ -156,6 +171,9 @@ impl Conn {
             ack_due: false,
             session_ready: false,
             next_seq: 0,
+            bulk_end: None,
+            bulk_held: false,
+            markers_in_line: 0,
         }
     }
 
@@ -183,10 +201,11 @@ impl Conn {
         done: Option<Completion>,
     ) -> Result<(), (QueueFull, Option<Completion>)> {
         let payload = payload.into();
-        let bulk = match lane(&header, payload.head()) {
+        let line = lane(&header, payload.head());
+        let bulk = match line {
             Lane::Control => false,
             Lane::Bulk => true,
-            Lane::Marker => !self.bulk.is_empty(),
+            Lane::Marker => !self.bulk.is_empty() || self.bulk_held,
         };
         if !bulk {
             return self.push_now(header, payload, done);
@@ -205,9 +224,94 @@ impl Conn {
             self.last_progress = std::time::Instant::now();
         }
         self.bulk_bytes += len;
+        if line == Lane::Marker {
+            self.markers_in_line += 1;
+        }
         self.bulk.push_back((header, payload, done));
         self.feed_bulk();
         Ok(())
+    }
+
+    /// Queues one frame in the send queue whatever its lane: what a bulk connection carries
+    /// (its frames are all bulk, in one line). On `QueueFull` the completion is handed back.
+    pub(crate) fn push_plain(
+        &mut self,
+        header: Header,
+        payload: impl Into<Payload>,
+        done: Option<Completion>,
+    ) -> Result<(), (QueueFull, Option<Completion>)> {
+        self.push_now(header, payload.into(), done)
+    }
+
+    /// Queues frames that were accepted once elsewhere (a link's bulk line, a lost bulk
+    /// connection's queue), whatever the bound, in the send queue, in order.
+    pub(crate) fn push_moved(&mut self, frames: Vec<(Header, Payload, Option<Completion>)>) {
+        for (mut header, payload, done) in frames {
+            if self.is_drained() {
+                self.last_progress = std::time::Instant::now();
+            }
+            // A link control (a bulk connection's sync) carries its count in `seq`.
+            if header.kind != Kind::Link {
+                header.seq = self.next_seq;
+                self.next_seq += 1;
+            }
+            self.queue.push_unbounded(&header, payload);
+            self.completions.push_back(done);
+        }
+    }
+
+    /// Holds the bulk line (it feeds nothing to the send queue) or lets it feed again.
+    pub(crate) fn set_bulk_held(&mut self, held: bool) {
+        self.bulk_held = held;
+        if !held {
+            self.feed_bulk();
+        }
+    }
+
+    /// Whether every bulk frame handed to the send queue was written and confirmed read by
+    /// the peer (nothing fed, nothing in the pipe): what waits in the bulk line may then take
+    /// another connection without overtaking anything.
+    pub(crate) fn bulk_settled(&self) -> bool {
+        self.fed.is_empty() && self.pipe.is_empty()
+    }
+
+    /// Whether a marker waits in the bulk line.
+    pub(crate) fn marker_waiting(&self) -> bool {
+        self.markers_in_line > 0
+    }
+
+    /// Takes the bulk line's frames before its first marker (all of them if none), in order.
+    pub(crate) fn take_bulk_until_marker(&mut self) -> Vec<(Header, Payload, Option<Completion>)> {
+        let mut taken = Vec::new();
+        while let Some((header, payload, _)) = self.bulk.front() {
+            if lane(header, payload.head()) == Lane::Marker {
+                break;
+            }
+            let Some(frame) = self.bulk.pop_front() else {
+                break;
+            };
+            self.bulk_bytes = self
+                .bulk_bytes
+                .saturating_sub(crate::oob::HEADER_LEN + frame.1.len());
+            taken.push(frame);
+        }
+        taken
+    }
+
+    /// Puts frames back at the front of the bulk line, in order (a lost bulk connection's
+    /// unsent frames: they were queued before anything waiting here).
+    pub(crate) fn prepend_bulk(&mut self, frames: Vec<(Header, Payload, Option<Completion>)>) {
+        for frame in frames.into_iter().rev() {
+            self.bulk_bytes += crate::oob::HEADER_LEN + frame.1.len();
+            if lane(&frame.0, frame.1.head()) == Lane::Marker {
+                self.markers_in_line += 1;
+            }
+            if self.is_drained() {
+                self.last_progress = std::time::Instant::now();
+            }
+            self.bulk.push_front(frame);
+        }
+        self.feed_bulk();
     }
 
     /// Queues one frame in the send queue, stamping the link's next sequence number (except
@@ -271,7 +375,8 @@ impl Conn {
     /// one whatever it holds once `BULK_SHARE_BYTES` were written without one; none while
     /// the pipe is full.
     fn feed_bulk(&mut self) {
-        while !self.pipe_full()
+        while !self.bulk_held
+            && !self.pipe_full()
             && (self.queue.queued_bytes() < limits::BULK_FEED_BYTES
                 || self.written_since_feed >= limits::BULK_SHARE_BYTES)
         {
@@ -282,6 +387,9 @@ impl Conn {
             self.bulk_bytes = self
                 .bulk_bytes
                 .saturating_sub(crate::oob::HEADER_LEN + payload.len());
+            if self.markers_in_line > 0 && lane(&header, payload.head()) == Lane::Marker {
+                self.markers_in_line -= 1;
+            }
             let len = crate::oob::HEADER_LEN + payload.len();
             self.fed
                 .push_back((self.frames_done + self.completions.len() as u64, len));
@@ -368,7 +476,9 @@ impl Conn {
     /// bulk frames wait for room in the pipe: the connection must then be read whatever flow
     /// control says, or its queue and the peer's acknowledgements would wait for each other.
     pub(crate) fn awaits_acks(&self) -> bool {
-        self.session.as_ref().is_some_and(|s| s.out.at_bound())
+        // A bulk connection we dialled carries only the peer's sync answers towards us.
+        self.bulk_end == Some(BulkEnd::Out)
+            || self.session.as_ref().is_some_and(|s| s.out.at_bound())
             || (self.pipe_full() && !self.bulk.is_empty())
     }
 
@@ -463,7 +573,7 @@ impl Conn {
         // Bulk frames held for room in the pipe wait for an acknowledgement (which flushes the
         // connection again), not for the next turn.
         let held = self.session.as_ref().is_some_and(|s| s.out.at_bound())
-            || (self.queue.is_empty() && self.pipe_full());
+            || (self.queue.is_empty() && (self.pipe_full() || self.bulk_held));
         Ok((!self.is_drained() && !held) || self.queue.has_control())
     }
 
@@ -500,6 +610,7 @@ impl Conn {
         let lost: Vec<_> = self.completions.drain(..).collect();
         let bulk = std::mem::take(&mut self.bulk);
         self.bulk_bytes = 0;
+        self.markers_in_line = 0;
         self.fed.clear();
         self.fed_bytes = 0;
         self.frames_done += (lost.len() + tail.len()) as u64;

@@ -11,6 +11,7 @@
 //! `event_loop/links.rs` holds the connections (dial, accept, handshake, read, write, loss).
 
 pub(crate) mod clients;
+mod bulk;
 mod failover;
 mod links;
 mod streams;
@@ -164,12 +165,15 @@ struct QueueProgress<'a> {
 
 impl LinkProgress for QueueProgress<'_> {
     fn stuck_since(&self, peer: Rank) -> Option<Instant> {
-        let conn = self
-            .links
-            .get(&peer)
-            .and_then(|l| l.conn)
-            .and_then(|t| self.conns.get(t))?;
-        (!conn.is_drained()).then_some(conn.last_progress)
+        let link = self.links.get(&peer)?;
+        // The link's queue, or our bulk connection's beside it.
+        [link.conn, link.bulk_out]
+            .into_iter()
+            .flatten()
+            .filter_map(|t| self.conns.get(t))
+            .filter(|c| !c.is_drained())
+            .map(|c| c.last_progress)
+            .min()
     }
 }
 

@@ -4,6 +4,7 @@
 //! a clock; the mio driver owns those. The wire format is documented in `docs/wire.md`.
 
 pub mod arbiter;
+pub mod bulk_route;
 pub mod frame;
 pub mod handshake;
 pub mod header;

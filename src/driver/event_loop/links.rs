@@ -58,6 +58,15 @@ pub(super) struct Link {
     pub addr_index: usize,
     /// Connections to this peer given up as stalled, and dialled again elsewhere.
     pub failovers: u64,
+    /// Our bulk connection to this peer (`event_loop/bulk.rs`): connecting, handshaking or
+    /// established.
+    pub bulk_out: Option<usize>,
+    /// The peer's bulk connection to us.
+    pub bulk_in: Option<usize>,
+    /// Which connection our bulk frames to this peer take.
+    pub bulk_route: crate::oob::bulk_route::BulkRoute,
+    /// No bulk connection is dialled to this peer before then (one failed lately).
+    pub bulk_retry_at: Option<Instant>,
 }
 
 impl Link {
@@ -86,9 +95,16 @@ impl EventLoop {
         let payload = payload.into();
         let link = self.links.entry(peer).or_default();
         if let Some(tok) = link.conn
-            && let Some(conn) = self.conns.get_mut(tok)
+            && let Some(conn) = self.conns.get(tok)
             && conn.takes_frames()
         {
+            let (header, payload, done) = match self.route_bulk(peer, tok, header, payload, done) {
+                Ok(queued) => return queued,
+                Err(frame) => frame,
+            };
+            let Some(conn) = self.conns.get_mut(tok) else {
+                return false;
+            };
             return match conn.push(header, payload, done) {
                 Ok(()) => {
                     // A queue holding a full coalescing buffer is written at once: the peer
@@ -463,15 +479,20 @@ impl EventLoop {
             };
             if let Some(e) = failed {
                 log::debug!("rank {}: connect to {peer} at {}: {e}", self.me, conn.addr);
+                if conn.bulk_end.is_some() {
+                    self.bulk_lost(tok, &e.to_string());
+                    return;
+                }
                 self.close(tok, None);
                 self.dial_failed(peer);
                 return;
             }
-            conn.state = ConnState::Handshaking(Box::new(Handshake::dial(
-                &self.hs_cfg,
-                peer,
-                super::super::nonce::fresh(),
-            )));
+            let nonce = super::super::nonce::fresh();
+            conn.state = ConnState::Handshaking(Box::new(if conn.bulk_end.is_some() {
+                Handshake::dial_bulk(&self.hs_cfg, peer, nonce)
+            } else {
+                Handshake::dial(&self.hs_cfg, peer, nonce)
+            }));
             self.pump_handshake(tok);
         }
         self.mark_dirty(tok);
@@ -660,6 +681,13 @@ impl EventLoop {
                 Ok(Some(HandshakeEvent::Authenticated(ident))) if ident.rank == TOOL_RANK => {
                     self.tool_admitted(tok);
                 }
+                Ok(Some(HandshakeEvent::Authenticated(ident))) if ident.bulk => {
+                    self.bulk_admitted(tok, ident.rank, ident.epoch);
+                }
+                Ok(Some(HandshakeEvent::Established(ident))) if ident.bulk => {
+                    self.pump_handshake(tok);
+                    self.bulk_established(tok, ident.rank, ident.epoch);
+                }
                 Ok(Some(HandshakeEvent::Authenticated(ident))) => {
                     self.on_authenticated(tok, ident.rank, ident.epoch);
                 }
@@ -688,6 +716,10 @@ impl EventLoop {
             self.protocol_error(tok, "a frame on a connection with no known rank");
             return;
         };
+        if let Some(end) = conn.bulk_end {
+            self.on_bulk_frame(tok, end, from, frame);
+            return;
+        }
         if frame.header.kind == Kind::Link {
             self.on_link_control(tok, from, &frame);
             return;
@@ -782,9 +814,10 @@ impl EventLoop {
                     // Room again under the session's bound, or in the bulk pipe: what is held
                     // back may go.
                     Ok(released) if released > 0 && (conn.on_acked() || !conn.is_drained()) => {
-                        self.mark_dirty(tok)
+                        self.mark_dirty(tok);
+                        self.bulk_settle(from);
                     }
-                    Ok(_) => {}
+                    Ok(_) => self.bulk_settle(from),
                     Err(e) => self.protocol_error(tok, &e.to_string()),
                 }
             }
@@ -1027,6 +1060,10 @@ impl EventLoop {
         let Some(conn) = self.conns.get(tok) else {
             return;
         };
+        if conn.bulk_end.is_some() {
+            self.bulk_lost(tok, why);
+            return;
+        }
         log::debug!("rank {}: connection {} lost: {why}", self.me, conn.addr);
         if matches!(conn.state, ConnState::Tool { .. }) {
             self.close(tok, None);
@@ -1127,6 +1164,18 @@ impl EventLoop {
             self.close(tok, None);
             return;
         };
+        // Our bulk connection goes with the link: what it did not write joins the link's
+        // bulk line first, to be taken back with it in order.
+        if let Some(link) = self.links.get(&peer)
+            && link.conn == Some(tok)
+            && let Some(bulk) = link.bulk_out
+        {
+            self.give_back_bulk(peer, bulk);
+            self.close(bulk, None);
+        }
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return;
+        };
         let (unsent, cut, kept) = conn.take_unsent();
         for done in cut {
             // A frame cut off mid-write goes again whole if the link session kept it.
@@ -1171,6 +1220,7 @@ impl EventLoop {
         let mut conn = self.conns.remove(tok);
         self.pending.remove(conn.generation);
         let _ = self.poll.registry().deregister(&mut conn.stream);
+        let err_again = err.clone();
         let err = err.unwrap_or(SendError::ShutDown);
         for done in conn.completions.drain(..) {
             complete(done, Err(err.clone()));
@@ -1182,18 +1232,35 @@ impl EventLoop {
             // when the peer is declared dead).
             self.links.entry(p).or_default().session = Some(session);
         }
+        let mut bulk_too = None;
         if let Some(p) = conn.peer.or(conn.dialled).or(conn.claimed)
             && let Some(link) = self.links.get_mut(&p)
         {
             if link.conn == Some(tok) {
                 link.conn = None;
                 self.node.handle_link_path(p, None, link.failovers);
+                // Our bulk connection does not outlive the link (`requeue_and_close` took
+                // back its frames when there was a reason to keep them).
+                bulk_too = link.bulk_out;
             }
             if link.dialing == Some(tok) {
                 link.dialing = None;
             }
+            if link.bulk_out == Some(tok) {
+                link.bulk_out = None;
+                link.bulk_route.handle_bulk_down();
+                if let Some(c) = link.conn.and_then(|t| self.conns.get_mut(t)) {
+                    c.set_bulk_held(false);
+                }
+            }
+            if link.bulk_in == Some(tok) {
+                link.bulk_in = None;
+            }
         }
         self.readable_again.remove(&tok);
+        if let Some(b) = bulk_too {
+            self.close(b, err_again);
+        }
     }
 
     /// Notes that connection `tok` has frames to write (flushed at the end of the turn). A run
@@ -1219,11 +1286,8 @@ impl EventLoop {
                 continue;
             }
             last = Some(tok);
-            if let Some(conn) = self.conns.get(tok)
-                && let Some(p) = conn.peer.filter(|_| conn.is_established())
-            {
-                self.node
-                    .handle_send_queue(self.now, p, conn.queued_bytes(), conn.bulk_bytes());
+            if let Some((p, queued, bulk)) = self.peer_levels(tok) {
+                self.node.handle_send_queue(self.now, p, queued, bulk);
             }
         }
     }
@@ -1274,9 +1338,8 @@ impl EventLoop {
                 conn.ack_now(self.me, peer);
             }
             let flushed = conn.flush(&mut completed);
-            if let Some(p) = conn.peer.filter(|_| conn.is_established()) {
-                self.node
-                    .handle_send_queue(self.now, p, conn.queued_bytes(), conn.bulk_bytes());
+            if let Some((p, queued, bulk)) = self.peer_levels(tok) {
+                self.node.handle_send_queue(self.now, p, queued, bulk);
             }
             match flushed {
                 Ok(true) => again.push(tok),
