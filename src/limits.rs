@@ -85,6 +85,11 @@ pub const BULK_PIPE_BYTES: usize = 512 * 1024;
 /// A bulk connection that could not be dialled, or was lost, is not dialled again to the same
 /// peer for this long (stream data takes the link meanwhile).
 pub const BULK_REDIAL_MS: u64 = 1_000;
+
+/// Bytes written on a bulk connection per flush (per loop turn). A large socket buffer would
+/// otherwise take several MiB in one turn, and a message waiting to be read or written on
+/// the link would wait for that copy. At the bound: the connection is flushed again next turn.
+pub const BULK_FLUSH_BYTES: usize = 256 * 1024;
 const _: () = assert!(BULK_PIPE_BYTES > LINK_ACK_PROMPT_BYTES);
 
 /// Connections accepted per listener event; the rest are accepted next turn.

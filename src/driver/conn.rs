@@ -512,6 +512,13 @@ impl Conn {
     /// of writes with the socket still writable: the caller must flush again next turn, as no
     /// writable event will come. `WouldBlock` is not an error (the writable event resumes it).
     pub(crate) fn flush(&mut self, completed: &mut Vec<Option<Completion>>) -> io::Result<bool> {
+        // A bulk connection writes a bounded amount per turn: the loop turns again soon, and
+        // a message waiting on another connection is read or written in between.
+        let mut budget = if self.bulk_end == Some(BulkEnd::Out) {
+            limits::BULK_FLUSH_BYTES
+        } else {
+            usize::MAX
+        };
         for _ in 0..limits::WRITES_PER_FLUSH_MAX {
             self.feed_bulk();
             if self.queue.is_empty() && !self.queue.has_control() {
@@ -521,7 +528,10 @@ impl Conn {
             // acknowledgement flushes the connection again).
             let data = !self.session.as_ref().is_some_and(|s| s.out.at_bound());
             let mut iov = [IoSlice::new(&[]); limits::IOV_MAX_SLICES];
-            let n = self.queue.io_slices(&mut iov, data);
+            if budget == 0 {
+                return Ok(true);
+            }
+            let n = self.queue.io_slices_within(&mut iov, data, budget);
             if n == 0 {
                 return Ok(false);
             }
@@ -531,6 +541,7 @@ impl Conn {
                 Ok(w) => {
                     self.last_progress = std::time::Instant::now();
                     self.written_since_feed = self.written_since_feed.saturating_add(w);
+                    budget = budget.saturating_sub(w);
                     w
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),

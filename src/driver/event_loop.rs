@@ -10,8 +10,8 @@
 //!
 //! `event_loop/links.rs` holds the connections (dial, accept, handshake, read, write, loss).
 
-pub(crate) mod clients;
 mod bulk;
+pub(crate) mod clients;
 mod failover;
 mod links;
 mod streams;

@@ -427,6 +427,17 @@ impl SendQueue {
     /// frame waits behind a partly written frame, the slices end with that frame, so the
     /// control goes next.
     pub fn io_slices<'a>(&'a self, out: &mut [IoSlice<'a>], data: bool) -> usize {
+        self.io_slices_within(out, data, usize::MAX)
+    }
+
+    /// As [`io_slices`](Self::io_slices), with at most `max` bytes of frames (a control frame
+    /// offered first is not counted): a connection whose writes per turn are bounded.
+    pub fn io_slices_within<'a>(
+        &'a self,
+        out: &mut [IoSlice<'a>],
+        data: bool,
+        max: usize,
+    ) -> usize {
         let mut filled = 0;
         let control_now = self.control_first();
         if control_now
@@ -451,7 +462,8 @@ impl SendQueue {
             usize::MAX
         } else {
             0
-        };
+        }
+        .min(max);
         if budget == 0 {
             return filled;
         }

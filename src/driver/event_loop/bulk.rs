@@ -81,16 +81,16 @@ impl EventLoop {
                     }
                 }
                 _ => {
-                    let marker = self
-                        .conns
-                        .get(link_tok)
-                        .is_some_and(Conn::marker_waiting);
+                    let marker = self.conns.get(link_tok).is_some_and(Conn::marker_waiting);
                     if link.bulk_route.poll_handover(marker) {
                         if let Some(conn) = self.conns.get_mut(link_tok) {
                             conn.set_bulk_held(true);
                         }
                         // The frame waits in the held line; it moves with the rest.
-                        let result = self.conns.get_mut(link_tok).map(|c| c.push(header, payload, done));
+                        let result = self
+                            .conns
+                            .get_mut(link_tok)
+                            .map(|c| c.push(header, payload, done));
                         let queued = match result {
                             Some(Ok(())) => true,
                             Some(Err((_, done))) => {
@@ -161,8 +161,14 @@ impl EventLoop {
                 session: 0,
                 count: n,
             };
-            conn.push_moved(vec![(sync.header(me, peer), Payload::from(Bytes::new()), None)]);
-            log::debug!("rank {me}: rank {peer}: a marker waits for sync {n} on the bulk connection");
+            conn.push_moved(vec![(
+                sync.header(me, peer),
+                Payload::from(Bytes::new()),
+                None,
+            )]);
+            log::debug!(
+                "rank {me}: rank {peer}: a marker waits for sync {n} on the bulk connection"
+            );
             self.mark_dirty(tok);
         }
     }
@@ -203,7 +209,10 @@ impl EventLoop {
             conn.bulk_end = Some(BulkEnd::Out);
         }
         self.links.entry(peer).or_default().bulk_out = Some(tok);
-        log::debug!("rank {}: dialling a bulk connection to rank {peer} at {addr}", self.me);
+        log::debug!(
+            "rank {}: dialling a bulk connection to rank {peer} at {addr}",
+            self.me
+        );
     }
 
     /// A bulk dial failed or a bulk connection was lost: stream data takes the link, and no
@@ -243,7 +252,11 @@ impl EventLoop {
         conn.peer = Some(peer);
         conn.decoder.set_max_payload(msg_max);
         conn.watch.handle_heard(self.now);
-        log::debug!("rank {}: bulk connection to rank {peer} ({})", self.me, conn.addr);
+        log::debug!(
+            "rank {}: bulk connection to rank {peer} ({})",
+            self.me,
+            conn.addr
+        );
         if let Some(link) = self.links.get_mut(&peer) {
             link.bulk_route.handle_bulk_up();
         }
@@ -255,7 +268,10 @@ impl EventLoop {
     /// peer dead.
     pub(super) fn bulk_admitted(&mut self, tok: usize, peer: Rank, incarnation: u64) {
         if !self.node.may_link(peer, incarnation) {
-            log::debug!("rank {}: a bulk connection from rank {peer}, declared dead; closing", self.me);
+            log::debug!(
+                "rank {}: a bulk connection from rank {peer}, declared dead; closing",
+                self.me
+            );
             self.close(tok, None);
             return;
         }
@@ -270,7 +286,11 @@ impl EventLoop {
         conn.bulk_end = Some(BulkEnd::In);
         conn.decoder.set_max_payload(msg_max);
         conn.watch.handle_heard(self.now);
-        log::debug!("rank {}: bulk connection from rank {peer} ({})", self.me, conn.addr);
+        log::debug!(
+            "rank {}: bulk connection from rank {peer} ({})",
+            self.me,
+            conn.addr
+        );
         let old = self.links.entry(peer).or_default().bulk_in.replace(tok);
         if let Some(old) = old.filter(|&o| o != tok) {
             self.close(old, None);
@@ -301,7 +321,9 @@ impl EventLoop {
                         .links
                         .get_mut(&from)
                         .is_some_and(|l| l.bulk_route.handle_synced(count));
-                    log::debug!("rank {me}: rank {from}: sync {count} answered (released: {released})");
+                    log::debug!(
+                        "rank {me}: rank {from}: sync {count} answered (released: {released})"
+                    );
                     if released
                         && let Some(link_tok) = self.links.get(&from).and_then(|l| l.conn)
                         && let Some(conn) = self.conns.get_mut(link_tok)
