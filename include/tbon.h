@@ -700,6 +700,9 @@ typedef struct {
   uint64_t link_gaps;
   // Connections closed as stalled and dialled again at the peer's next address (failover).
   uint64_t link_failovers;
+  // Streams: bulk connections this daemon dialled and had admitted (a second connection
+  // to a neighbour carrying only its stream data; setting `bulk_connection`).
+  uint64_t bulk_connections;
 } tbon_counters;
 
 // A client process's connection to its daemon: an id from `tbon_client_connect` or

@@ -42,6 +42,10 @@ pub struct Counters {
     /// Failover: connections closed as stalled (frames waiting for confirmation, nothing heard
     /// back for `link_stall_ms`) and dialled again at the peer's next address.
     pub link_failovers: u64,
+    /// Streams: bulk connections this daemon dialled to a neighbour and had admitted (a second
+    /// connection that carries only its stream data to that neighbour; setting
+    /// `bulk_connection`).
+    pub bulk_connections: u64,
     /// Link sessions: resumptions that skipped frames this daemon never had (cannot happen
     /// between correct peers; logged).
     pub link_gaps: u64,

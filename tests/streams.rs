@@ -90,6 +90,37 @@ fn a_consumer_reads_a_file_sized_object_through_the_tree_and_over_a_direct_link(
 }
 
 #[test]
+fn stream_data_takes_bulk_connections_and_daemons_without_them_relay_it_too() {
+    // Odd ranks keep stream data on their links (`bulk_connection = false`), even ranks dial
+    // bulk connections: the path 7 -> 3 -> 1 -> 0 -> 2 -> 6 -> 14 mixes both.
+    let dvm = start_dvm_with(SIZE, |r| {
+        let mut c = loopback_config(2);
+        c.bulk_connection = r % 2 == 0;
+        c
+    });
+    serve_objects(&dvm[PRODUCER as usize], 100_000, Arc::default());
+    let len = 16 << 20;
+    let mut s = dvm[CONSUMER as usize]
+        .fetch(PRODUCER, "object", request(9, len))
+        .unwrap();
+    let mut got = Vec::new();
+    s.reader().read_to_end(&mut got).unwrap();
+    assert_eq!(got.len() as u64, len);
+    check(9, 0, &got);
+    assert_eq!(s.outcome(), Some(&Ok(())));
+    let bulk = |r: u32| dvm[r as usize].counters().unwrap().bulk_connections;
+    for r in [PRODUCER, 3, 1] {
+        assert_eq!(bulk(r), 0, "rank {r} has bulk connections switched off");
+    }
+    for r in [0, 2, 6] {
+        assert!(
+            bulk(r) >= 1,
+            "rank {r} relayed the stream without a bulk connection"
+        );
+    }
+}
+
+#[test]
 fn every_end_is_told_apart() {
     let dvm = dvm(RouteSetting::Tree);
     let (p, c) = (&dvm[PRODUCER as usize], &dvm[CONSUMER as usize]);

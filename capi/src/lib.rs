@@ -576,6 +576,9 @@ pub struct tbon_counters {
     pub link_gaps: u64,
     /// Connections closed as stalled and dialled again at the peer's next address (failover).
     pub link_failovers: u64,
+    /// Streams: bulk connections this daemon dialled and had admitted (a second connection
+    /// to a neighbour carrying only its stream data; setting `bulk_connection`).
+    pub bulk_connections: u64,
 }
 
 impl From<&Counters> for tbon_counters {
@@ -697,6 +700,7 @@ impl From<&Counters> for tbon_counters {
             link_frames_given_up: c.link_frames_given_up,
             link_gaps: c.link_gaps,
             link_failovers: c.link_failovers,
+            bulk_connections: c.bulk_connections,
         }
     }
 }

@@ -260,6 +260,7 @@ impl EventLoop {
         if let Some(link) = self.links.get_mut(&peer) {
             link.bulk_route.handle_bulk_up();
         }
+        self.node.counters_mut().bulk_connections += 1;
         self.mark_dirty(tok);
     }
 
