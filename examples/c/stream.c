@@ -7,7 +7,8 @@
  * buffer and checks every byte; then the same with a callback per chunk, and a 4 MiB buffer the
  * producer lends without a copy (tbon_writer_write_nocopy, freed once). It also checks the
  * ends a consumer must tell apart: no such service, the producer's own failure with its code,
- * and a cancel that reaches the producer's writer. Exits non-zero on any failure.
+ * and a cancel that reaches the producer's writer, and that the stream data took a bulk
+ * connection. Exits non-zero on any failure.
  *
  * Build and run like ring.c (see README.md, "Using tbon from C").
  */
@@ -292,6 +293,12 @@ int main(void) {
     CHECK(c.stream_finished == 3, "%llu streams finished", (unsigned long long)c.stream_finished);
     CHECK(c.stream_bytes_received >= OBJECT_LEN + (3u << 20), "%llu bytes received",
           (unsigned long long)c.stream_bytes_received);
+    /* The producer's stream data took a bulk connection to its parent (setting
+     * bulk_connection, on by default), beside the link that carries everything else. */
+    tbon_counters pc;
+    CHECK_RC(tbon_counters_get(d[PRODUCER], &pc));
+    CHECK(pc.bulk_connections >= 1, "the producer dialled %llu bulk connections",
+          (unsigned long long)pc.bulk_connections);
 
     CHECK_RC(tbon_shutdown_dvm(d[0]));
     for (uint32_t r = 0; r < N; r++)
