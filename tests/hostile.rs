@@ -1,7 +1,8 @@
 //! Strangers and hostile input against a live, authenticated DVM: a daemon with the wrong key,
 //! garbage bytes, a header announcing a huge payload, a wrong protocol version, a forged proof,
-//! a peer that sends one byte and stops, and many connections opened and abandoned. Each is
-//! closed with a logged reason and counted; the DVM keeps serving its own traffic.
+//! a peer that sends one byte and stops, many connections opened and abandoned, and a bulk
+//! connection carrying something other than stream data. Each is closed with a logged reason
+//! and counted; the DVM keeps serving its own traffic.
 
 mod common;
 
@@ -257,5 +258,96 @@ fn pending_handshakes_are_bounded_per_source_oldest_evicted() {
         "the newest was closed"
     );
     drop(flood);
+    still_serving(&dvm, 302);
+}
+
+/// Writes every frame `hs` has queued on `s`.
+fn write_handshake(s: &mut TcpStream, hs: &mut Handshake) {
+    while let Some((h, p)) = hs.poll_transmit() {
+        s.write_all(&h.encode()).unwrap();
+        s.write_all(&p).unwrap();
+    }
+}
+
+/// Reads the next frame from `s`, or `None` once the daemon closed the connection.
+fn next_frame(s: &mut TcpStream, dec: &mut tbon::oob::FrameDecoder) -> Option<tbon::oob::Frame> {
+    loop {
+        if let Some(f) = dec.next_frame().unwrap() {
+            return Some(f);
+        }
+        match s.read(dec.read_space()) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => dec.commit(n),
+        }
+    }
+}
+
+#[test]
+fn a_bulk_connection_answers_syncs_and_closes_on_anything_but_stream_data() {
+    let dvm = start_dvm(3, &loopback_config(2));
+    let before = dvm[1].counters().unwrap().protocol_errors;
+    // An insider (it holds the key) opens a bulk connection to rank 1 as rank 2.
+    let key = std::fs::read_to_string(common::key_file()).unwrap();
+    let me = HandshakeConfig {
+        me: 2,
+        size: 3,
+        epoch: 1,
+        dvm_id: "tbon".into(),
+        key: JobKey::new(key.trim_end().as_bytes()),
+    };
+    let mut s = TcpStream::connect(addr_of(&dvm[1])).unwrap();
+    s.set_read_timeout(Some(HANG_GUARD)).unwrap();
+    let mut dec = tbon::oob::FrameDecoder::new(1 << 20);
+    let mut hs = Handshake::dial_bulk(&me, 1, common::nonce());
+    write_handshake(&mut s, &mut hs);
+    let ack = next_frame(&mut s, &mut dec).expect("HelloAck");
+    hs.handle_frame(ack).unwrap();
+    write_handshake(&mut s, &mut hs);
+    let ready = next_frame(&mut s, &mut dec).expect("Ready");
+    let event = hs.handle_frame(ready).unwrap();
+    assert!(
+        matches!(event, Some(tbon::oob::HandshakeEvent::Established(p)) if p.bulk),
+        "{event:?}"
+    );
+    // A sync is answered with its number.
+    let sync = Header {
+        kind: Kind::Link,
+        origin: 2,
+        dst: 1,
+        tag: 1,
+        epoch: 0,
+        seq: 7,
+        len: 0,
+        lives: 0,
+    };
+    s.write_all(&sync.encode()).unwrap();
+    let answer = next_frame(&mut s, &mut dec).expect("the sync's answer");
+    assert_eq!(
+        (
+            answer.header.kind,
+            answer.header.tag,
+            answer.header.epoch,
+            answer.header.seq
+        ),
+        (Kind::Link, 2, 0, 7)
+    );
+    // A message that is not stream data closes the connection, and nothing else.
+    let msg = Header {
+        kind: Kind::Msg,
+        origin: 2,
+        dst: 1,
+        tag: 100,
+        epoch: 1,
+        seq: 0,
+        len: 2,
+        lives: 0,
+    };
+    s.write_all(&msg.encode()).unwrap();
+    s.write_all(b"hi").unwrap();
+    assert!(
+        next_frame(&mut s, &mut dec).is_none(),
+        "the connection stayed open"
+    );
+    assert_eq!(dvm[1].counters().unwrap().protocol_errors, before + 1);
     still_serving(&dvm, 302);
 }
