@@ -650,6 +650,9 @@ impl Scenario {
                 bytes_per_us: load.range(1, 8),
                 window_bytes,
                 queue_max_bytes,
+                // Half the seeds (by the seed itself, drawing nothing: the other choices
+                // stay what they were) give stream data bulk connections.
+                bulk_connection: seed % 2 == 0,
             });
             let high_bytes = load.range(8, 32) as usize * 1024;
             flow = crate::node::flow::FlowLimits {

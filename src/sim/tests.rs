@@ -80,6 +80,8 @@ fn batch(n: u64, opts: Options) -> RunStats {
                 sum.dials_crossed += s.dials_crossed;
                 sum.sends_busy += s.sends_busy;
                 sum.unread_frames += s.unread_frames;
+                sum.bulk_moved += s.bulk_moved;
+                sum.bulk_syncs += s.bulk_syncs;
                 sum.direct_opened += s.direct_opened;
                 sum.direct_fallbacks += s.direct_fallbacks;
                 sum.direct_evicted += s.direct_evicted;
@@ -174,6 +176,19 @@ fn strangers_claiming_ranks_change_no_link() {
 /// pause reads hop by hop, while the checkers (`world/capacity.rs`) require that no frame is
 /// dropped at a full queue, no living daemon is declared dead, and every accepted plain message
 /// arrives: delivery never stops.
+/// Issue "Streams": bulk connections (`world/bulk_wire.rs`, half the seeds) carry stream data
+/// beside the links under overload, direct links and their markers: every stream finishes or
+/// fails as documented, nothing is dropped at a full queue (the checkers), and frames did
+/// move to bulk connections and markers did wait for syncs.
+#[test]
+fn streams_take_bulk_connections_under_overload_and_markers_wait_for_syncs() {
+    let s = batch(60, kinds("direct,overload,stream"));
+    assert!(s.streams_finished > 0, "no stream finished");
+    assert!(s.bulk_moved > 0, "no frame moved to a bulk connection");
+    assert!(s.bulk_syncs > 0, "no marker waited for a sync");
+    assert_eq!(s.dropped_queue_full, 0);
+}
+
 #[test]
 fn overload_pushes_back_without_dropping_or_declaring_anyone_dead() {
     let s = batch(80, kinds("overload,delay"));

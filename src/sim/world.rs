@@ -23,6 +23,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
+mod bulk_wire;
 mod capacity;
 mod clients;
 mod cost;
@@ -181,6 +182,18 @@ enum Ev {
         from: Rank,
         to: Rank,
     },
+    /// The head frame of the bulk connection's wire `from -> to` has been sent.
+    BulkWireDone {
+        from: Rank,
+        to: Rank,
+    },
+    /// A frame reaches `to` over the bulk connection from `from` (no link session).
+    BulkFrame {
+        from: Rank,
+        to: Rank,
+        frame: Frame,
+        generation: u64,
+    },
     /// `node` looks again at the frames it left unread (capacity model).
     Recheck {
         node: Rank,
@@ -254,6 +267,12 @@ pub struct RunStats {
     pub unread_frames: u64,
     /// Frames dropped at a full queue (must stay 0 with flow control on).
     pub dropped_queue_full: u64,
+    /// Runs with bulk connections (`world/bulk_wire.rs`): frames moved from a link's held
+    /// line to its bulk connection.
+    pub bulk_moved: u64,
+    /// Runs with bulk connections: syncs answered (a marker held behind the bulk connection's
+    /// frames let go).
+    pub bulk_syncs: u64,
     /// Runs with direct links: frames that waited for a drain marker, in the node
     /// (`node/marker_wait.rs`) or unread in the world at the node's bound; links opened, and
     /// fallbacks to the tree.
@@ -760,6 +779,8 @@ impl World {
         if let Some(w) = &self.wires {
             self.stats.unread_frames = w.unread_frames;
             self.stats.dropped_queue_full = w.dropped;
+            self.stats.bulk_moved = w.bulk.moved;
+            self.stats.bulk_syncs = w.bulk.syncs;
             self.check_overload(w.dropped)?;
         }
         self.check_sessions()?;
@@ -913,6 +934,7 @@ impl World {
                 .open_at(|r| self.living(r) && !self.declared.contains(&r))
                 == 0
             && self.wires.as_ref().is_none_or(capacity::Wires::is_empty)
+            && self.bulk_quiet()
             && self.redialing.is_empty()
             && self.nodes.iter().filter(|n| self.living(n.rank)).all(|n| {
                 n.relm().is_idle()
@@ -978,6 +1000,13 @@ impl World {
                 generation,
             } => self.on_link_ack(from, to, generation)?,
             Ev::WireDone { from, to } => self.on_wire_done(from, to)?,
+            Ev::BulkWireDone { from, to } => self.on_bulk_wire_done(from, to)?,
+            Ev::BulkFrame {
+                from,
+                to,
+                frame,
+                generation,
+            } => self.on_bulk_frame(from, to, frame, generation)?,
             Ev::Recheck { node } => self.on_recheck(node)?,
             Ev::Timer { node } => {
                 // Only the latest timer counts; a stall may have delayed it past its instant.
@@ -1559,7 +1588,8 @@ fn target(ev: &Ev) -> Option<Rank> {
         Ev::ClientSend { rank, .. } | Ev::ClientExit { rank, .. } => Some(*rank),
         Ev::Hs { node, .. } | Ev::HsTimeout { node, .. } => *node,
         Ev::Stranger { .. } => None,
-        Ev::WireDone { from, .. } => Some(*from),
+        Ev::WireDone { from, .. } | Ev::BulkWireDone { from, .. } => Some(*from),
+        Ev::BulkFrame { to, .. } => Some(*to),
         Ev::Recheck { node } => Some(*node),
         Ev::Status { asker, .. } => Some(*asker),
         Ev::Leave { rank } => Some(*rank),

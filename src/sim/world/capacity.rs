@@ -29,30 +29,35 @@ pub struct LinkCapacity {
     pub window_bytes: usize,
     /// The send queue's hard bound (`send_queue_max_bytes`): a frame beyond it is dropped.
     pub queue_max_bytes: usize,
+    /// Each pair also has a bulk connection (`world/bulk_wire.rs`, the driver's setting
+    /// `bulk_connection`): stream data takes a wire of its own under `oob::bulk_route`.
+    pub bulk_connection: bool,
 }
 
 /// One direction of a connection.
 #[derive(Debug, Default)]
-struct Wire {
+pub(super) struct Wire {
     /// Frames waiting to go on the wire (the head is on it while `sending`).
-    queue: VecDeque<(Frame, bool)>,
-    queued_bytes: usize,
+    pub(super) queue: VecDeque<(Frame, bool)>,
+    pub(super) queued_bytes: usize,
     /// Bytes of bulk frames in `queue` (`node::lane`), reported with the level.
-    bulk_bytes: usize,
-    sending: bool,
+    pub(super) bulk_bytes: usize,
+    pub(super) sending: bool,
     /// Bytes on the wire or arrived and not read.
-    window_used: usize,
+    pub(super) window_used: usize,
     /// Arrived frames the receiver has not read, with the generation they came on.
-    unread: VecDeque<(Frame, u64, bool)>,
+    pub(super) unread: VecDeque<(Frame, u64, bool)>,
 }
 
 /// Every wire of a run, and what the checks need.
 #[derive(Debug)]
 pub(super) struct Wires {
-    cap: LinkCapacity,
-    wires: HashMap<(Rank, Rank), Wire>,
-    /// (from, to) with unread frames.
-    paused: HashSet<(Rank, Rank)>,
+    pub(super) cap: LinkCapacity,
+    pub(super) wires: HashMap<(Rank, Rank), Wire>,
+    /// The bulk connections' wires and routes, when the run has them.
+    pub(super) bulk: super::bulk_wire::BulkWires,
+    /// (from, to) with unread frames (on the link's wire or the bulk connection's).
+    pub(super) paused: HashSet<(Rank, Rank)>,
     /// Receivers with a re-check scheduled.
     recheck_armed: HashSet<Rank>,
     /// Frames dropped at the hard bound.
@@ -66,6 +71,7 @@ impl Wires {
         Wires {
             cap,
             wires: HashMap::new(),
+            bulk: Default::default(),
             paused: HashSet::new(),
             recheck_armed: HashSet::new(),
             dropped: 0,
@@ -87,6 +93,7 @@ impl Wires {
         self.wires.remove(&(b, a));
         self.paused.remove(&(a, b));
         self.paused.remove(&(b, a));
+        self.bulk.forget(a, b);
     }
 }
 
@@ -100,8 +107,21 @@ impl World {
         frame: Frame,
         heartbeat: bool,
     ) -> bool {
-        let Some(wires) = self.wires.as_mut() else {
+        if self.wires.is_none() {
             return false;
+        }
+        let frame = match self.bulk_route(from, to, frame, heartbeat) {
+            Some(frame) => frame,
+            None => return true,
+        };
+        self.link_wire_push(from, to, frame, heartbeat);
+        true
+    }
+
+    /// Queues a frame on the link's wire `from -> to` in its lane (dropped at the hard bound).
+    pub(super) fn link_wire_push(&mut self, from: Rank, to: Rank, frame: Frame, heartbeat: bool) {
+        let Some(wires) = self.wires.as_mut() else {
+            return;
         };
         let max = wires.cap.queue_max_bytes;
         let w = wires.wires.entry((from, to)).or_default();
@@ -113,7 +133,7 @@ impl World {
                 w.queued_bytes,
                 super::describe(&frame)
             );
-            return true;
+            return;
         }
         w.queued_bytes += frame.wire_len();
         // The driver's two lines (`node::lane`): a control frame goes ahead of the bulk
@@ -135,7 +155,6 @@ impl World {
         }
         self.report_queue(from, to);
         self.pump_wire(from, to);
-        true
     }
 
     /// Puts the next queued frame on the wire if it is free and the window has room.
@@ -185,13 +204,19 @@ impl World {
         self.after(from)
     }
 
-    /// Tells `from`'s node how full its queue towards `to` is.
-    fn report_queue(&mut self, from: Rank, to: Rank) {
-        let (queued, bulk) = self
+    /// Tells `from`'s node how full its queue towards `to` is (the bulk connection's and the
+    /// held bulk line's bytes counted, all of them bulk, as the driver's `peer_levels`).
+    pub(super) fn report_queue(&mut self, from: Rank, to: Rank) {
+        let (mut queued, mut bulk) = self
             .wires
             .as_ref()
             .and_then(|ws| ws.wires.get(&(from, to)))
             .map_or((0, 0), |w| (w.queued_bytes, w.bulk_bytes));
+        if let Some(ws) = self.wires.as_ref() {
+            let extra = ws.bulk.waiting_bytes(from, to);
+            queued += extra;
+            bulk += extra;
+        }
         let now = self.now();
         if let Some(n) = self.nodes.get_mut(from as usize) {
             n.node.handle_send_queue(now, to, queued, bulk);
@@ -220,6 +245,7 @@ impl World {
         if may_read && w.unread.is_empty() {
             w.window_used = w.window_used.saturating_sub(frame.wire_len());
             self.pump_wire(from, to);
+            self.link_bulk_read(from, to, frame);
             return true;
         }
         w.unread.push_back((frame.clone(), generation, heartbeat));
@@ -229,7 +255,7 @@ impl World {
         false
     }
 
-    fn arm_recheck(&mut self, node: Rank) {
+    pub(super) fn arm_recheck(&mut self, node: Rank) {
         let Some(wires) = self.wires.as_mut() else {
             return;
         };
@@ -280,6 +306,7 @@ impl World {
                 if generation != self.generation(f, node) || !self.living(f) {
                     continue;
                 }
+                self.link_bulk_read(f, node, &frame);
                 // The capacity model's runs have no stale or duplicate copies: every frame is
                 // its session's.
                 if !self.session_read(f, node)? {
@@ -290,6 +317,7 @@ impl World {
                 }
             }
             self.pump_wire(f, node);
+            self.read_bulk_unread(f, node);
             self.after(node)?;
         }
         Ok(())
@@ -317,7 +345,7 @@ impl World {
 }
 
 /// The lane of a frame (`node::lane`); an undecodable one counts as control.
-fn frame_lane(frame: &Frame) -> Lane {
+pub(super) fn frame_lane(frame: &Frame) -> Lane {
     frame.decode().map_or(Lane::Control, |h| {
         crate::node::lane::lane(&h, frame.payload())
     })
