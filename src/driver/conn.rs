@@ -208,7 +208,17 @@ impl Conn {
             Lane::Marker => !self.bulk.is_empty() || self.bulk_held,
         };
         if !bulk {
-            return self.push_now(header, payload, done);
+            let len = crate::oob::HEADER_LEN + payload.len();
+            let at = self.frames_done + self.completions.len() as u64;
+            self.push_now(header, payload, done)?;
+            if line == Lane::Marker {
+                // Counted with the fed bulk frames: a handover to the bulk connection
+                // (`bulk_settled`) waits until the peer has read it too, or the bulk frames
+                // after it could overtake it there (simulator seed 284).
+                self.fed.push_back((at, len));
+                self.fed_bytes += len;
+            }
+            return Ok(());
         }
         let len = crate::oob::HEADER_LEN + payload.len();
         let max = self.queue.max_bytes();
@@ -839,6 +849,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_marker_queued_on_the_link_holds_a_handover_until_it_is_confirmed() {
+        let (mut c, mut peer) = pair();
+        c.open_session(Box::new(LinkSession::new(1, 64 << 20, 1 << 32, true)), 1, 2);
+        assert!(c.resume_session(7, 0, 1, 2).is_ok());
+        assert!(c.bulk_settled());
+        // Nothing waits in the bulk line: the marker goes straight to the send queue, and
+        // counts as fed (simulator seed 284: bulk frames moved to the bulk connection overtook
+        // one).
+        push(
+            &mut c,
+            crate::direct::TAG_DIRECT,
+            Bytes::from_static(b"\x05marker"),
+        );
+        assert!(!c.bulk_settled(), "a queued marker was not counted");
+        let mut dec = FrameDecoder::new(1 << 24);
+        assert_eq!(
+            drain_once(&mut c, &mut peer, &mut dec),
+            vec![crate::direct::TAG_DIRECT]
+        );
+        assert!(!c.bulk_settled(), "written is not confirmed");
+        let session = c.session.as_mut().unwrap();
+        let (id, sent) = (session.out.session(), session.out.sent());
+        assert!(session.out.handle_ack(id, sent).unwrap() > 0);
+        c.on_acked();
+        assert!(c.bulk_settled());
     }
 
     #[test]

@@ -839,6 +839,19 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         bcast_part_bytes: None,
         found: "status (found by `all,split`): rank 0 adopted the heir 21 during its status query and asked it before its adoption notice; 21 answered under its old view, without the child 13 it got by the same repair, and the report showed 13 unreached (checker `status`; an adopted child is now asked right after its notice)",
     },
+    RegressionSeed {
+        seed: 284,
+        daemons: 4,
+        radix: 3,
+        faults: FaultKinds {
+            direct: true,
+            stream: true,
+            overload: true,
+            ..FaultKinds::NONE
+        },
+        bcast_part_bytes: None,
+        found: "bulk connections (`world/bulk_wire.rs`): a direct link's marker that went straight to the link's queue was not counted with the link's fed bulk frames, so the handover to the bulk connection did not wait for it, and rank 0 relayed a stream chunk to 3 that overtook the marker (checker `bulk-order`; a marker queued on the link now counts as fed, `Conn::push`)",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to

@@ -782,6 +782,12 @@ impl World {
             self.stats.bulk_moved = w.bulk.moved;
             self.stats.bulk_syncs = w.bulk.syncs;
             self.check_overload(w.dropped)?;
+            if let Some(detail) = w.bulk.misordered.clone() {
+                return Err(Violation {
+                    checker: "bulk-order",
+                    detail,
+                });
+            }
         }
         self.check_sessions()?;
         self.stats.link_resent = self.sessions.resent;

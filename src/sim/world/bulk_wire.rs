@@ -26,12 +26,16 @@ struct BulkPair {
     /// The link's bulk line while the route holds it, in order.
     held: VecDeque<(Frame, bool)>,
     held_bytes: usize,
-    /// Bulk frames on the link's wire not yet read by the receiver.
+    /// Bulk frames and markers on the link's wire not yet read by the receiver.
     on_link: usize,
     /// Frames on the bulk wire not yet read.
     on_bulk: usize,
     /// The sync waited for while a marker is held.
     sync: Option<u64>,
+    /// The bulk frames and markers routed and not yet read, in the order they were routed:
+    /// the receiver must read them in this order, whichever wire each took (the rule the
+    /// route exists for; checked by `bulk-order`).
+    order: VecDeque<Frame>,
 }
 
 /// Every bulk connection of a run.
@@ -44,6 +48,8 @@ pub(super) struct BulkWires {
     /// Frames moved from a link's held line to its bulk connection, and syncs answered.
     pub moved: u64,
     pub syncs: u64,
+    /// The first bulk frame or marker read out of the order it was routed in.
+    pub misordered: Option<String>,
 }
 
 impl BulkWires {
@@ -68,6 +74,36 @@ fn is_marker(frame: &Frame) -> bool {
     frame_lane(frame) == Lane::Marker
 }
 
+fn same(a: &Frame, b: &Frame) -> bool {
+    a.decode().ok() == b.decode().ok() && a.payload() == b.payload()
+}
+
+impl BulkWires {
+    /// `to` read `frame` (a bulk frame or a marker) from `from`: it must be the oldest one
+    /// routed and not yet read.
+    fn note_read(&mut self, from: Rank, to: Rank, frame: &Frame, now_us: u64) {
+        let Some(p) = self.pairs.get_mut(&(from, to)) else {
+            return;
+        };
+        match p.order.front() {
+            Some(f) if same(f, frame) => {
+                p.order.pop_front();
+            }
+            _ if self.misordered.is_none() => {
+                self.misordered = Some(format!(
+                    "{now_us} us: {from} -> {to}: read {} before {} earlier ones ({} waiting)",
+                    super::describe(frame),
+                    p.order
+                        .front()
+                        .map_or_else(|| "none".to_string(), super::describe),
+                    p.order.len()
+                ));
+            }
+            _ => {}
+        }
+    }
+}
+
 impl World {
     /// Routes a frame for the wire `from -> to`: `Some(frame)` for the link's wire (a bulk
     /// frame counted as on it), `None` when it went to the bulk connection or waits in the held
@@ -88,6 +124,7 @@ impl World {
             return Some(frame);
         }
         let p = ws.bulk.pairs.entry((from, to)).or_default();
+        p.order.push_back(frame.clone());
         match lane {
             Lane::Marker => {
                 let (hold, sync) = p.route.handle_marker();
@@ -95,6 +132,8 @@ impl World {
                     p.sync = sync;
                 }
                 if !hold && p.held.is_empty() {
+                    // Counted as the driver counts it (fed): a handover waits for it too.
+                    p.on_link += 1;
                     return Some(frame);
                 }
             }
@@ -121,14 +160,18 @@ impl World {
 
     /// A frame of the link's wire `from -> to` was read: a bulk one may settle a handover.
     pub(super) fn link_bulk_read(&mut self, from: Rank, to: Rank, frame: &Frame) {
-        let Some(p) = self
-            .wires
-            .as_mut()
-            .and_then(|ws| ws.bulk.pairs.get_mut(&(from, to)))
-        else {
+        let now_us = self.now_us;
+        let Some(ws) = self.wires.as_mut() else {
             return;
         };
-        if frame_lane(frame) == Lane::Bulk {
+        let lane = frame_lane(frame);
+        if lane != Lane::Control {
+            ws.bulk.note_read(from, to, frame, now_us);
+        }
+        let Some(p) = ws.bulk.pairs.get_mut(&(from, to)) else {
+            return;
+        };
+        if lane != Lane::Control {
             p.on_link = p.on_link.saturating_sub(1);
             self.bulk_progress(from, to);
         }
@@ -173,11 +216,8 @@ impl World {
         for (f, _) in to_bulk.iter().chain(to_link.iter()) {
             p.held_bytes = p.held_bytes.saturating_sub(f.wire_len());
         }
-        for (f, _) in &to_link {
-            if frame_lane(f) == Lane::Bulk {
-                p.on_link += 1;
-            }
-        }
+        // Bulk frames and markers alike.
+        p.on_link += to_link.len();
         ws.bulk.moved += to_bulk.len() as u64;
         for (f, hb) in to_bulk {
             self.bulk_wire_push(from, to, f, hb);
@@ -306,7 +346,9 @@ impl World {
     /// `to` reads one frame of the bulk wire from `from` and hands it to its node.
     fn bulk_read(&mut self, from: Rank, to: Rank, frame: Frame) {
         let now = self.now();
+        let now_us = self.now_us;
         if let Some(ws) = self.wires.as_mut() {
+            ws.bulk.note_read(from, to, &frame, now_us);
             if let Some(w) = ws.bulk.wires.get_mut(&(from, to)) {
                 w.window_used = w.window_used.saturating_sub(frame.wire_len());
             }
