@@ -652,7 +652,7 @@ impl Scenario {
                 queue_max_bytes,
                 // Half the seeds (by the seed itself, drawing nothing: the other choices
                 // stay what they were) give stream data bulk connections.
-                bulk_connection: seed % 2 == 0,
+                bulk_connection: seed.is_multiple_of(2),
             });
             let high_bytes = load.range(8, 32) as usize * 1024;
             flow = crate::node::flow::FlowLimits {

@@ -16,7 +16,6 @@ use crate::oob::header::{Header, Kind};
 use crate::oob::send_queue::Payload;
 use crate::oob::session::Control;
 use bytes::Bytes;
-use mio::net::TcpStream;
 use std::time::{Duration, Instant};
 
 /// A frame the link itself must take.
@@ -193,15 +192,7 @@ impl EventLoop {
         let Some(addr) = addrs.get(link.addr_index % addrs.len().max(1)).copied() else {
             return;
         };
-        let stream = match TcpStream::connect(addr) {
-            Ok(s) => s,
-            Err(e) => {
-                log::debug!("rank {}: bulk connection to {peer} at {addr}: {e}", self.me);
-                self.bulk_failed(peer);
-                return;
-            }
-        };
-        let Some(tok) = self.add_conn(stream, addr, ConnState::Connecting, Some(peer)) else {
+        let Some(tok) = self.connect(peer, addr, "bulk connection") else {
             self.bulk_failed(peer);
             return;
         };
@@ -243,25 +234,36 @@ impl EventLoop {
             self.bulk_failed(peer);
             return;
         }
-        let msg_max = self.cfg.msg_max_bytes as u32;
-        let Some(conn) = self.conns.get_mut(tok) else {
+        if !self.establish_bulk(tok, peer, BulkEnd::Out) {
             return;
-        };
-        self.pending.remove(conn.generation);
-        conn.state = ConnState::Established;
-        conn.peer = Some(peer);
-        conn.decoder.set_max_payload(msg_max);
-        conn.watch.handle_heard(self.now);
-        log::debug!(
-            "rank {}: bulk connection to rank {peer} ({})",
-            self.me,
-            conn.addr
-        );
+        }
         if let Some(link) = self.links.get_mut(&peer) {
             link.bulk_route.handle_bulk_up();
         }
         self.node.counters_mut().bulk_connections += 1;
         self.mark_dirty(tok);
+    }
+
+    /// Bulk connection `tok` with `peer` is established at this `end`: out of the handshake
+    /// bounds, data frames of the negotiated size. False if it is gone.
+    fn establish_bulk(&mut self, tok: usize, peer: Rank, end: BulkEnd) -> bool {
+        let msg_max = self.cfg.msg_max_bytes as u32;
+        let Some(conn) = self.conns.get_mut(tok) else {
+            return false;
+        };
+        self.pending.remove(conn.generation);
+        conn.state = ConnState::Established;
+        conn.peer = Some(peer);
+        conn.bulk_end = Some(end);
+        conn.decoder.set_max_payload(msg_max);
+        conn.watch.handle_heard(self.now);
+        log::debug!(
+            "rank {}: bulk connection {} rank {peer} ({})",
+            self.me,
+            if end == BulkEnd::Out { "to" } else { "from" },
+            conn.addr
+        );
+        true
     }
 
     /// Acceptor: rank `peer` proved itself on bulk connection `tok`. It is admitted to carry
@@ -277,21 +279,9 @@ impl EventLoop {
             return;
         }
         self.admit_conn(tok);
-        let msg_max = self.cfg.msg_max_bytes as u32;
-        let Some(conn) = self.conns.get_mut(tok) else {
+        if !self.establish_bulk(tok, peer, BulkEnd::In) {
             return;
-        };
-        self.pending.remove(conn.generation);
-        conn.state = ConnState::Established;
-        conn.peer = Some(peer);
-        conn.bulk_end = Some(BulkEnd::In);
-        conn.decoder.set_max_payload(msg_max);
-        conn.watch.handle_heard(self.now);
-        log::debug!(
-            "rank {}: bulk connection from rank {peer} ({})",
-            self.me,
-            conn.addr
-        );
+        }
         let old = self.links.entry(peer).or_default().bulk_in.replace(tok);
         if let Some(old) = old.filter(|&o| o != tok) {
             self.close(old, None);

@@ -210,20 +210,25 @@ impl EventLoop {
             self.node.want_contact(Instant::now(), peer);
             return;
         };
-        let stream = match TcpStream::connect(addr) {
-            Ok(s) => s,
-            Err(e) => {
-                log::debug!("rank {}: connect to {peer} at {addr}: {e}", self.me);
-                self.dial_failed(peer);
-                return;
-            }
-        };
-        let Some(tok) = self.add_conn(stream, addr, ConnState::Connecting, Some(peer)) else {
+        let Some(tok) = self.connect(peer, addr, "connect") else {
             self.dial_failed(peer);
             return;
         };
         self.links.entry(peer).or_default().dialing = Some(tok);
         log::debug!("rank {}: dialling rank {peer} at {addr}", self.me);
+    }
+
+    /// Starts a non-blocking connect to `peer` at `addr` and stores the connection (its
+    /// handshake starts once connected). `None` (logged at debug level as `what`) if the
+    /// socket or the poller refused.
+    pub(super) fn connect(&mut self, peer: Rank, addr: SocketAddr, what: &str) -> Option<usize> {
+        match TcpStream::connect(addr) {
+            Ok(stream) => self.add_conn(stream, addr, ConnState::Connecting, Some(peer)),
+            Err(e) => {
+                log::debug!("rank {}: {what} to {peer} at {addr}: {e}", self.me);
+                None
+            }
+        }
     }
 
     /// The acknowledgement delay ran out: every acknowledgement still due goes alone.

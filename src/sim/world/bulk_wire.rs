@@ -258,19 +258,14 @@ impl World {
             return;
         };
         let cap = ws.cap;
-        let Some(w) = ws.bulk.wires.get_mut(&(from, to)) else {
-            return;
-        };
-        let Some((head, _)) = w.queue.front() else {
-            return;
-        };
-        let len = head.wire_len();
-        if w.sending || (w.window_used > 0 && w.window_used + len > cap.window_bytes) {
-            return;
+        if let Some(us) = ws
+            .bulk
+            .wires
+            .get_mut(&(from, to))
+            .and_then(|w| w.start_head(&cap))
+        {
+            self.push(self.now_us + us, Ev::BulkWireDone { from, to });
         }
-        w.sending = true;
-        let at = self.now_us + (len as u64).div_ceil(cap.bytes_per_us.max(1));
-        self.push(at, Ev::BulkWireDone { from, to });
     }
 
     /// The bulk wire's head frame left the sender: it travels with the link's latency, in
@@ -279,15 +274,14 @@ impl World {
         let Some(ws) = self.wires.as_mut() else {
             return Ok(());
         };
-        let Some(w) = ws.bulk.wires.get_mut(&(from, to)) else {
+        let Some((frame, _)) = ws
+            .bulk
+            .wires
+            .get_mut(&(from, to))
+            .and_then(Wire::finish_head)
+        else {
             return Ok(());
         };
-        w.sending = false;
-        let Some((frame, _)) = w.queue.pop_front() else {
-            return Ok(());
-        };
-        w.queued_bytes = w.queued_bytes.saturating_sub(frame.wire_len());
-        w.window_used += frame.wire_len();
         let lat =
             self.scen.latency_us + self.rng.range(0, self.scen.jitter_us) + self.spread(from, to);
         let generation = self.generation(from, to);

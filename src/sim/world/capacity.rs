@@ -49,6 +49,32 @@ pub(super) struct Wire {
     pub(super) unread: VecDeque<(Frame, u64, bool)>,
 }
 
+impl Wire {
+    /// Puts the head frame on the wire if the wire is free and the window has room (a frame
+    /// larger than the whole window still goes once the window is empty): how long it takes
+    /// to send, in microseconds.
+    pub(super) fn start_head(&mut self, cap: &LinkCapacity) -> Option<u64> {
+        let len = self.queue.front()?.0.wire_len();
+        if self.sending || (self.window_used > 0 && self.window_used + len > cap.window_bytes) {
+            return None;
+        }
+        self.sending = true;
+        Some((len as u64).div_ceil(cap.bytes_per_us.max(1)))
+    }
+
+    /// The head frame has left the sender: out of the queue, into the window.
+    pub(super) fn finish_head(&mut self) -> Option<(Frame, bool)> {
+        self.sending = false;
+        let (frame, heartbeat) = self.queue.pop_front()?;
+        self.queued_bytes = self.queued_bytes.saturating_sub(frame.wire_len());
+        if is_bulk(&frame) {
+            self.bulk_bytes = self.bulk_bytes.saturating_sub(frame.wire_len());
+        }
+        self.window_used += frame.wire_len();
+        Some((frame, heartbeat))
+    }
+}
+
 /// Every wire of a run, and what the checks need.
 #[derive(Debug)]
 pub(super) struct Wires {
@@ -163,20 +189,13 @@ impl World {
             return;
         };
         let cap = wires.cap;
-        let Some(w) = wires.wires.get_mut(&(from, to)) else {
-            return;
-        };
-        let Some((head, _)) = w.queue.front() else {
-            return;
-        };
-        let len = head.wire_len();
-        // A frame larger than the whole window still goes once the window is empty.
-        if w.sending || (w.window_used > 0 && w.window_used + len > cap.window_bytes) {
-            return;
+        if let Some(us) = wires
+            .wires
+            .get_mut(&(from, to))
+            .and_then(|w| w.start_head(&cap))
+        {
+            self.push(self.now_us + us, Ev::WireDone { from, to });
         }
-        w.sending = true;
-        let at = self.now_us + (len as u64).div_ceil(cap.bytes_per_us.max(1));
-        self.push(at, Ev::WireDone { from, to });
     }
 
     /// The head frame of `from -> to` has left the sender: it travels with the link's
@@ -189,15 +208,9 @@ impl World {
         else {
             return Ok(());
         };
-        w.sending = false;
-        let Some((frame, heartbeat)) = w.queue.pop_front() else {
+        let Some((frame, heartbeat)) = w.finish_head() else {
             return Ok(());
         };
-        w.queued_bytes = w.queued_bytes.saturating_sub(frame.wire_len());
-        if is_bulk(&frame) {
-            w.bulk_bytes = w.bulk_bytes.saturating_sub(frame.wire_len());
-        }
-        w.window_used += frame.wire_len();
         self.travel(from, to, frame, heartbeat);
         self.report_queue(from, to);
         self.pump_wire(from, to);
