@@ -237,6 +237,9 @@ struct Bench {
     link_rows: Vec<Value>,
     /// The daemons' `link_resend` setting for the runs being made.
     link_resend: bool,
+    /// The daemons' `bulk_connection` setting for the runs being made (the stream part makes
+    /// one run without, beside the others).
+    bulk_connection: bool,
     /// Payload sizes of the rate part.
     payloads: Vec<usize>,
     /// The scale part's sizes and radixes (0: the default radix).
@@ -259,6 +262,7 @@ impl Bench {
             reliable_rows: Vec::new(),
             link_rows: Vec::new(),
             link_resend: true,
+            bulk_connection: true,
             payloads: vec![64, 4096, 65_536, 1 << 20],
             repeat: 3,
             scale_sizes: vec![16, 64, 256],
@@ -300,6 +304,14 @@ impl Bench {
             .env(
                 "TBON_LINK_RESEND",
                 if self.link_resend { "true" } else { "false" },
+            )
+            .env(
+                "TBON_BULK_CONNECTION",
+                if self.bulk_connection {
+                    "true"
+                } else {
+                    "false"
+                },
             )
             .stdin(Stdio::null())
             .stdout(if piped { Stdio::piped() } else { Stdio::null() });
@@ -987,6 +999,15 @@ fn print_tables(out: &Value) {
             raw("one_connection", "idle_rtt_p50_us"),
             raw("one_connection", "stream_rtt_p50_us"),
             st["raw_rtt"]["one_ratio"].as_f64().unwrap_or(0.0),
+        );
+        let off = |k: &str| st["without_bulk_connection"][k].as_f64().unwrap_or(0.0);
+        println!(
+            "  the same stream with bulk_connection = false (stream data on the link, in this run): \
+             {:.2} GiB/s; round trip idle p50 {:.1} µs, during the stream {:.1} µs ({:.2}x)",
+            off("gib_per_s"),
+            off("idle_rtt_p50_us"),
+            off("stream_rtt_p50_us"),
+            off("stream_rtt_p50_us") / off("idle_rtt_p50_us").max(1e-9)
         );
         let big = |k: &str| st["big"][k].as_f64().unwrap_or(0.0);
         println!(

@@ -310,6 +310,12 @@ impl Bench {
             raw1.push(self.raw_gib(1, big, false)?);
             raw_digest.push(self.raw_gib(0, big, true)?);
         }
+        // One run with stream data on the link (`bulk_connection = false`), beside the others:
+        // what the bulk connection changes, measured in the same run.
+        self.bulk_connection = false;
+        let without_bulk = self.stream_run("direct", 1, big);
+        self.bulk_connection = true;
+        let without_bulk = without_bulk?;
         let raw_two = self.raw_stream_rtt("two", big)?;
         let raw_one = self.raw_stream_rtt("one", big)?;
         let small_run = self.stream_run("direct", 1, small)?;
@@ -346,6 +352,7 @@ impl Bench {
                 "one_ratio": rtt(&raw_one, "stream_rtt_p50_us") / rtt(&raw_one, "idle_rtt_p50_us").max(1e-9),
             },
             "big": mid, "small": small_run,
+            "without_bulk_connection": without_bulk,
             "runs": {"direct": d, "relay": r, "raw": raw0, "raw_relay": raw1, "raw_digest": raw_digest},
             "load": loadavg(),
         });
