@@ -191,9 +191,11 @@ impl Conn {
     }
 
     /// Queues one frame in its lane (`node::lane`): a control frame in the send queue, ahead
-    /// of the bulk line; a bulk frame (or a marker that finds bulk frames waiting) at the end
-    /// of the bulk line. Each line is bounded by the send queue's bound. On `QueueFull` the
-    /// completion is handed back so the caller can fail it.
+    /// of the bulk line; a bulk frame (or a marker that finds bulk frames waiting, or the line
+    /// held for a bulk connection) at the end of the bulk line. A marker queued straight in the
+    /// send queue counts with the fed bulk frames (`bulk_settled`). Each line is bounded by the
+    /// send queue's bound. On `QueueFull` the completion is handed back so the caller can fail
+    /// it.
     pub(crate) fn push(
         &mut self,
         header: Header,
