@@ -741,6 +741,10 @@ impl DirectLinks {
 
     /// When [`DirectLinks::handle_timeout`] is next due.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        // Asked once per loop turn: an empty table (the common case) is not scanned.
+        if self.links.is_empty() {
+            return None;
+        }
         self.links
             .values()
             .filter_map(|l| Some(l.since + self.wait(l.phase)?))

@@ -576,8 +576,11 @@ impl Conn {
                 }
                 None => self.queue.advance(written),
             };
+            // Only real completions: a plain send's `None` would cost a push per frame.
             for _ in 0..frames {
-                completed.push(self.completions.pop_front().flatten());
+                if let Some(done) = self.completions.pop_front().flatten() {
+                    completed.push(Some(done));
+                }
             }
             self.frames_done += frames as u64;
             while let Some(&(at, len)) = self.fed.front()

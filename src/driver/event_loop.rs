@@ -275,6 +275,7 @@ impl EventLoop {
                 .register(l, Token(LISTENER_TOKEN_BASE - i), Interest::READABLE)?;
         }
         self.register_client_listener()?;
+        self.node.handle_wall_clock(self.now, wall_clock_ns());
         self.node.start(self.now);
         self.carry_out();
         self.arm_link_watch();
@@ -332,7 +333,6 @@ impl EventLoop {
             self.shared.asleep.store(false, Ordering::SeqCst);
             self.now = Instant::now();
             busy_since = self.now;
-            self.node.handle_wall_clock(self.now, wall_clock_ns());
             match res {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -552,8 +552,9 @@ impl EventLoop {
     // ----- commands -------------------------------------------------------------------------
 
     /// Drains at most a batch of commands; returns whether the channel is now empty.
+    /// Runs the commands waiting in the channel, a bounded number; whether none is left.
+    /// `self.now` must be current: both callers run right after it was read.
     fn drain_commands(&mut self) -> bool {
-        self.now = Instant::now();
         // A batch counts one per message, so a turn's work stays bounded in messages.
         let mut done = 0;
         while done < limits::COMMANDS_PER_TURN_MAX {

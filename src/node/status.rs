@@ -340,9 +340,10 @@ impl Node {
     }
 
     /// The driver tells the node its wall clock: `wall_ns` (ns since the Unix epoch) at
-    /// `now`. Call it once per turn, and again right before handing over a status frame, with
-    /// both read then: a clock sample's receipt must be timestamped no earlier than the frame
-    /// arrived. Without it the node reports no clock offsets.
+    /// `now`. Call it at start and at least once a second (the node extrapolates by `now`),
+    /// and again right before handing over a status frame, with both read then: a clock
+    /// sample's receipt must be timestamped no earlier than the frame arrived. Without it the
+    /// node reports no clock offsets.
     pub fn handle_wall_clock(&mut self, now: Instant, wall_ns: i64) {
         self.wall = Some((now, wall_ns));
     }

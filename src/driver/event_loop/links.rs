@@ -563,7 +563,9 @@ impl EventLoop {
                 }
             }
             if frames.is_empty() && error.is_none() {
-                // Nothing buffered: read more.
+                // Nothing buffered: read more. The buffer goes back first: every way out of
+                // here returns or reads, and its allocation is kept for the next event.
+                self.frame_buf = frames;
                 if reads == limits::READS_PER_EVENT_MAX {
                     // Still readable: continue next turn so other sockets get their share.
                     self.readable_again.insert(tok);
@@ -598,7 +600,6 @@ impl EventLoop {
                         return;
                     }
                 }
-                self.frame_buf = frames;
                 continue;
             }
             let mut gone = false;
@@ -1358,8 +1359,12 @@ impl EventLoop {
         let queued_meanwhile = std::mem::replace(&mut self.dirty, dirty);
         self.dirty.extend(queued_meanwhile);
         self.dirty.extend(again);
-        for done in completed {
+        for done in completed.drain(..) {
             complete(done, Ok(()));
+        }
+        // The list's allocation is kept for the next turn, unless more came meanwhile.
+        if self.written_early.is_empty() {
+            self.written_early = completed;
         }
         self.check_grpcomm_resync();
     }
@@ -1505,13 +1510,19 @@ impl EventLoop {
     /// Once per turn: the refusal summaries that are due; about once a second, memory a flood
     /// left behind (the connection table's unused tail, the timer heap's spare room).
     pub(super) fn housekeeping(&mut self) {
-        for s in self.log_limit.due(self.now) {
-            self.log_summary(s);
-        }
         if self.now.saturating_duration_since(self.last_shrink) < Duration::from_secs(1) {
             return;
         }
         self.last_shrink = self.now;
+        // Once a second, not per turn (a turn of a ping-pong is a few thousand instructions):
+        // a summary of suppressed lines comes at most a second after its interval ends, and
+        // the node's wall clock is extrapolated from this reading by the monotonic clock (a
+        // clock sample's receipt reads it afresh, above).
+        for s in self.log_limit.due(self.now) {
+            self.log_summary(s);
+        }
+        self.node
+            .handle_wall_clock(self.now, super::wall_clock_ns());
         let cap = self.conns.capacity();
         if cap > limits::CONN_TABLE_SHRINK_MIN && self.conns.len() < cap / 4 {
             self.conns.shrink_to_fit();
