@@ -140,8 +140,9 @@ pub(crate) struct EventLoop {
     pending: PendingHandshakes,
     /// Refusal log lines, at a bounded rate per reason.
     log_limit: LogLimiter,
-    /// When the connection table and the timer heap were last looked at for shrinking.
-    last_shrink: Instant,
+    /// When housekeeping (`housekeeping`: shrinking tables, idle buffers, log summaries, the
+    /// wall clock; once a second) is due next.
+    housekeeping_at: Instant,
     /// Where the daemon's connections read large payloads (`oob::frame`; bounded by
     /// `limits::READ_PAYLOAD_POOL_*`; emptied when unused for a second, in `housekeeping`).
     payload_pool: std::sync::Arc<crate::buffer_pool::BufferPool>,
@@ -245,7 +246,7 @@ impl EventLoop {
                 limits::REFUSAL_LOG_LINES_PER_INTERVAL,
                 Duration::from_millis(limits::REFUSAL_LOG_INTERVAL_MS),
             ),
-            last_shrink: Instant::now(),
+            housekeeping_at: Instant::now() + Duration::from_secs(1),
             payload_pool: std::sync::Arc::new(crate::buffer_pool::BufferPool::new(
                 limits::READ_PAYLOAD_POOL_BUFFERS_MAX,
                 limits::READ_PAYLOAD_POOL_BYTES_MAX,
@@ -297,13 +298,13 @@ impl EventLoop {
             }
             self.arm_node_timer();
             let now = Instant::now();
-            let busy = now.saturating_duration_since(busy_since);
-            if busy > Duration::from_millis(limits::TURN_LOG_MS) {
+            // Compared as instants: a duration per turn costs more than the rest of this check.
+            if now > busy_since + Duration::from_millis(limits::TURN_LOG_MS) {
                 log::info!(
                     target: "tbon::driver::event_loop::turns",
                     "rank {}: one turn of the loop took {} ms",
                     self.me,
-                    busy.as_millis()
+                    now.saturating_duration_since(busy_since).as_millis()
                 );
             }
             let mut timeout = self.timers.poll_timeout(now);

@@ -545,20 +545,18 @@ impl Node {
             Wire::Rejoining(at, again) if self.stopping.is_none() => Some((*at).min(*again)),
             _ => None,
         };
-        let running = if self.stopping.is_none() {
-            [
-                self.heartbeat_at,
-                self.relm.poll_timeout(),
-                self.direct.poll_timeout(),
-                self.streams.poll_timeout(),
-                self.status.poll_timeout(),
-                self.contacts.in_flight().map(|f| f.deadline),
-                self.leave_timeout(),
-            ]
-        } else {
-            [None; 7]
-        };
-        [wireup].into_iter().chain(running).flatten().min()
+        if self.stopping.is_some() {
+            return wireup;
+        }
+        // Asked once per loop turn: written out as pairwise minimums (an array chained into an
+        // iterator compiled to a copy and a loop).
+        let mut at = earliest(wireup, self.heartbeat_at);
+        at = earliest(at, self.relm.poll_timeout());
+        at = earliest(at, self.direct.poll_timeout());
+        at = earliest(at, self.streams.poll_timeout());
+        at = earliest(at, self.status.poll_timeout());
+        at = earliest(at, self.contacts.in_flight().map(|f| f.deadline));
+        earliest(at, self.leave_timeout())
     }
 
     /// Time passed: the wire-up deadline (rank 0), the heartbeat tick, RELM's timers.
@@ -855,3 +853,11 @@ pub(super) fn life_in((me, my_life): (Rank, u16), lives: &FxHashMap<Rank, u16>, 
 
 #[cfg(test)]
 mod tests;
+
+/// The earlier of two optional deadlines.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}

@@ -160,6 +160,10 @@ impl Streams {
 
     /// When the next consumer idle timeout is due.
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
+        // Asked once per loop turn: an empty table (the common case) is not scanned.
+        if self.incoming.is_empty() {
+            return None;
+        }
         self.incoming
             .values()
             .filter_map(|(_, s)| s.poll_timeout())

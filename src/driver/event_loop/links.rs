@@ -1510,10 +1510,10 @@ impl EventLoop {
     /// Once per turn: the refusal summaries that are due; about once a second, memory a flood
     /// left behind (the connection table's unused tail, the timer heap's spare room).
     pub(super) fn housekeeping(&mut self) {
-        if self.now.saturating_duration_since(self.last_shrink) < Duration::from_secs(1) {
+        if self.now < self.housekeeping_at {
             return;
         }
-        self.last_shrink = self.now;
+        self.housekeeping_at = self.now + Duration::from_secs(1);
         // Once a second, not per turn (a turn of a ping-pong is a few thousand instructions):
         // a summary of suppressed lines comes at most a second after its interval ends, and
         // the node's wall clock is extrapolated from this reading by the monotonic clock (a
