@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     pub next_stream: AtomicU64,
     pub lifecycle: Mutex<Lifecycle>,
     pub lifecycle_cv: Condvar,
+    /// Set with `lifecycle.stopped` (read on every submit: no lock).
+    pub stopped: AtomicBool,
     /// Set once, by the loop thread when it starts (read on every submit: no lock).
     pub loop_thread: OnceLock<ThreadId>,
     pub join: Mutex<Option<JoinHandle<()>>>,
@@ -137,7 +139,7 @@ impl Shared {
     }
 
     pub(crate) fn is_stopped(&self) -> bool {
-        lock(&self.lifecycle).stopped.is_some()
+        self.stopped.load(Ordering::Acquire)
     }
 
     /// Counts `n` commands that wait for wire-up, if the daemon is not wired yet; `Busy` (and
@@ -172,6 +174,7 @@ impl Shared {
         if l.stopped.is_none() {
             l.stopped = Some(reason);
         }
+        self.stopped.store(true, Ordering::Release);
         drop(l);
         self.lifecycle_cv.notify_all();
     }

@@ -122,6 +122,7 @@ pub fn start(
         next_stream: AtomicU64::new(1),
         lifecycle: Mutex::new(Lifecycle::default()),
         lifecycle_cv: Condvar::new(),
+        stopped: AtomicBool::new(false),
         loop_thread: OnceLock::new(),
         join: Mutex::new(None),
         gate: gate::OriginGate::new(
