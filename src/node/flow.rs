@@ -150,6 +150,14 @@ impl Flow {
     /// (`bulk <= queued`). Call it whenever it may have changed (after queueing frames, after
     /// writing); cheap when nothing crosses a threshold.
     pub fn handle_levels(&mut self, now: Instant, peer: Rank, queued: usize, bulk: usize) {
+        // Every flush reports: an empty queue while nothing is congested (the common case)
+        // changes at most its level, without hashing into empty maps.
+        if queued == 0 && self.congested.is_empty() {
+            if !self.levels.is_empty() {
+                self.levels.remove(&peer);
+            }
+            return;
+        }
         let control_low = queued.saturating_sub(bulk) <= self.limits.low_bytes;
         if queued == 0 {
             self.levels.remove(&peer);

@@ -429,7 +429,10 @@ impl Node {
     /// The driver reported the queue towards `peer` (or its link ended): data may be released
     /// towards it again.
     pub(super) fn streams_reported(&mut self, peer: Rank) {
-        self.streams.unreported.remove(&peer);
+        // Called on every queue report: no hashing while no stream sent anything.
+        if !self.streams.unreported.is_empty() {
+            self.streams.unreported.remove(&peer);
+        }
     }
 
     /// Whether stream messages to this daemon itself wait for the next pump.
