@@ -523,6 +523,10 @@ impl EventLoop {
     pub(super) fn on_readable(&mut self, tok: usize) {
         let mut reads = 0;
         let mut batches = 0;
+        // The last read was short: it took everything the socket held. Another read would
+        // only say "would block" (a system call on the round trip's path, before this turn's
+        // writes); data arriving later raises a new (edge-triggered) readiness event.
+        let mut drained = false;
         loop {
             let Some(conn) = self.conns.get_mut(tok) else {
                 return;
@@ -566,6 +570,9 @@ impl EventLoop {
                 // Nothing buffered: read more. The buffer goes back first: every way out of
                 // here returns or reads, and its allocation is kept for the next event.
                 self.frame_buf = frames;
+                if drained {
+                    return;
+                }
                 if reads == limits::READS_PER_EVENT_MAX {
                     // Still readable: continue next turn so other sockets get their share.
                     self.readable_again.insert(tok);
@@ -580,12 +587,14 @@ impl EventLoop {
                         .set_payload_pool(std::sync::Arc::clone(&self.payload_pool));
                 }
                 let space = conn.decoder.read_space();
+                let space_len = space.len();
                 match conn.stream.read(space) {
                     Ok(0) => {
                         self.lost(tok, "connection closed by peer");
                         return;
                     }
                     Ok(n) => {
+                        drained = n < space_len;
                         conn.decoder.commit(n);
                         conn.watch.handle_heard(self.now);
                         conn.read_since_ack = conn.read_since_ack.saturating_add(n);
