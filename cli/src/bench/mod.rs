@@ -585,15 +585,20 @@ impl Bench {
         Ok(out)
     }
 
-    /// Three alternating tbon / mio runs (the machine is shared and noisy); the run with the
-    /// median p50 of each side is reported.
+    /// Alternating tbon / mio runs (the machine is shared and noisy: single runs of either
+    /// varied by a fifth within minutes here), `PINGPONG_ROUNDS` of each, 3 with `--quick`.
+    /// The ratio reported is the median of each round's tbon p50 over the mio p50 measured
+    /// right after it (a paired comparison: the machine's speed drifts between rounds, and
+    /// both runs of a round see about the same machine); the runs with the median p50 of each
+    /// side are reported beside it, with their own ratio (`p50_ratio_of_medians`).
     fn pingpong(&mut self) -> Res<Value> {
+        let rounds = if self.quick { 3 } else { PINGPONG_ROUNDS };
         let mut t_runs = Vec::new();
         let mut r_runs = Vec::new();
         // Link sessions' cost on the round trip: the same tbon run with daemons that only
         // count and acknowledge (`link_resend = false`), alternating with the others.
         let mut counted = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..rounds {
             let (t, r) = self.pingpong_once()?;
             t_runs.push(t);
             r_runs.push(r);
@@ -602,20 +607,29 @@ impl Bench {
             self.link_resend = true;
             counted.push(c?);
         }
-        let median = |mut v: Vec<Value>| {
-            v.sort_by(|a, b| {
-                let k = |x: &Value| x["p50_us"].as_f64().unwrap_or(0.0);
-                k(a).total_cmp(&k(b))
-            });
-            v.get(1).cloned().unwrap_or(Value::Null)
-        };
-        let (t, r, c) = (median(t_runs), median(r_runs), median(counted));
         let p50 = |v: &Value| v["p50_us"].as_f64().unwrap_or(0.0);
+        let paired: Vec<f64> = t_runs
+            .iter()
+            .zip(&r_runs)
+            .map(|(t, r)| p50(t) / p50(r).max(1e-9))
+            .collect();
+        let resend_paired: Vec<f64> = t_runs
+            .iter()
+            .zip(&counted)
+            .map(|(t, c)| p50(t) / p50(c).max(1e-9))
+            .collect();
+        let median_run = |mut v: Vec<Value>| {
+            v.sort_by(|a, b| p50(a).total_cmp(&p50(b)));
+            v.get(v.len() / 2).cloned().unwrap_or(Value::Null)
+        };
+        let (t, r, c) = (median_run(t_runs), median_run(r_runs), median_run(counted));
         let row = json!({
             "payload": 64, "tbon": t, "mio": r,
-            "p50_ratio": p50(&t) / p50(&r).max(1e-9),
+            "p50_ratio": median(&paired),
+            "p50_ratios": paired,
+            "p50_ratio_of_medians": p50(&t) / p50(&r).max(1e-9),
             "no_resend": c,
-            "link_resend_p50_ratio": p50(&t) / p50(&c).max(1e-9),
+            "link_resend_p50_ratio": median(&resend_paired),
             "load": loadavg(),
         });
         eprintln!("{row}");
@@ -1041,14 +1055,25 @@ fn print_tables(out: &Value) {
                 pp[k]["p99_us"].as_f64().unwrap_or(0.0)
             );
         }
+        let ratios: Vec<String> = pp["p50_ratios"]
+            .as_array()
+            .map(|v| {
+                v.iter()
+                    .map(|x| format!("{:.2}", x.as_f64().unwrap_or(0.0)))
+                    .collect()
+            })
+            .unwrap_or_default();
         println!(
-            "p50 tbon/mio: {:.2}x",
-            pp["p50_ratio"].as_f64().unwrap_or(0.0)
+            "p50 tbon/mio: {:.2}x (median of each round's ratio; rounds: {}; the median runs \
+             above: {:.2}x)",
+            pp["p50_ratio"].as_f64().unwrap_or(0.0),
+            ratios.join(", "),
+            pp["p50_ratio_of_medians"].as_f64().unwrap_or(0.0)
         );
         if let Some(r) = pp["link_resend_p50_ratio"].as_f64() {
             println!(
                 "link sessions: p50 keeping frames (default) {:.1} µs, counting only \
-                 (link_resend = false) {:.1} µs: {:.2}x",
+                 (link_resend = false) {:.1} µs: {:.2}x (median of each round's ratio)",
                 pp["tbon"]["p50_us"].as_f64().unwrap_or(0.0),
                 pp["no_resend"]["p50_us"].as_f64().unwrap_or(0.0),
                 r
@@ -1300,6 +1325,9 @@ fn targets(out: &Value) -> Value {
 }
 
 /// The median of a few measurements (the upper one of the middle two for an even count).
+/// Rounds of the round-trip part (tbon, mio and tbon counting only, alternating).
+const PINGPONG_ROUNDS: usize = 7;
+
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
