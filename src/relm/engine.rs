@@ -286,16 +286,23 @@ impl MessageTable {
     }
 
     /// An acknowledgement of the chain (origin, dst) up to `upto`: releases every origin or hop
-    /// record it covers and returns them.
+    /// record it covers, handing each to `released` in uid order.
     ///
     /// The hot path of reliable messaging (one call per acknowledgement, often covering many
     /// messages): the chain is looked up once and each record removed with one lookup, instead
     /// of going through [`apply`](Self::apply) per message. An `Ack` ends a record in every
-    /// state (the transition table's `Ack` row), so the result is the same.
-    pub fn ack_chain(&mut self, origin: Rank, dst: Rank, upto: u32) -> Vec<(MsgKey, Record)> {
-        let mut released = Vec::new();
+    /// state (the transition table's `Ack` row), so the result is the same. The records go to
+    /// a callback, not a list: a list of whole records grown per acknowledgement cost about
+    /// 90 instructions per message in reallocations (callgrind, reliable 64 B sender).
+    pub fn ack_chain(
+        &mut self,
+        origin: Rank,
+        dst: Rank,
+        upto: u32,
+        mut released: impl FnMut(MsgKey, Record),
+    ) {
         let Some(mut chain) = self.chains.remove(&(origin, dst)) else {
-            return released;
+            return;
         };
         while let Some(&u) = chain.front() {
             if !uid::at_or_before(u, upto) {
@@ -315,13 +322,12 @@ impl MessageTable {
                     Role::Hop => self.hop_records = self.hop_records.saturating_sub(1),
                     Role::Destination => {}
                 }
-                released.push((key, r));
+                released(key, r);
             }
         }
         if !chain.is_empty() {
             self.chains.insert((origin, dst), chain);
         }
-        released
     }
 
     /// Hop records older than `age` or beyond `max` (oldest first) are evicted; returns how
@@ -431,8 +437,8 @@ mod tests {
             )
             .unwrap();
         }
-        let released = t.ack_chain(1, 4, 3);
-        let uids: Vec<u32> = released.iter().map(|(k, _)| k.uid).collect();
+        let mut uids = Vec::new();
+        t.ack_chain(1, 4, 3, |k, _| uids.push(k.uid));
         assert_eq!(uids, vec![1, 2, 3]);
         assert_eq!(t.counts(), (0, 1, 0));
         for u in 10..20 {

@@ -5,7 +5,7 @@
 use super::engine::{InvalidTransition, Record, Role, Trigger, apply_kept};
 use super::uid::{self, MsgKey};
 use super::wire::{Control, ControlError};
-use super::{Inbound, Relm, Topology, Transmit};
+use super::{Event, Inbound, Relm, Topology, Transmit};
 use crate::Rank;
 use crate::error::SendError;
 use crate::limits::{RELM_RETRANSMIT_BACKOFF_MAX, RELM_RETRANSMITS_MAX};
@@ -460,12 +460,19 @@ impl Relm {
             self.stats.ignored += 1;
             return;
         }
-        let released = self.table.ack_chain(origin, dst, upto);
-        for (_, r) in released {
-            if r.role == Role::Origin {
-                self.complete(r.token, Ok(()));
+        // An origin record's completion, as `complete` queues it (the table and the events
+        // are borrowed apart).
+        let events = &mut self.events;
+        self.table.ack_chain(origin, dst, upto, |_, r| {
+            if r.role == Role::Origin
+                && let Some(token) = r.token
+            {
+                events.push_back(Event::Completed {
+                    token,
+                    result: Ok(()),
+                });
             }
-        }
+        });
         if origin != self.me
             && let Some(up) = topo.next_hop(origin)
         {
