@@ -254,6 +254,24 @@ pub const IOV_MAX_SLICES: usize = 64;
 /// `Bytes` (one `IoSlice` for the header, one for the payload).
 pub const SEND_COALESCE_MAX_PAYLOAD: usize = 256;
 
+/// Largest payload (bytes) `send_batch` packs into a batch frame (`rml::batch_frame`): the
+/// payloads the send queue copies anyway (`SEND_COALESCE_MAX_PAYLOAD`), so packing adds no copy.
+///
+/// At the bound: a larger message keeps a frame of its own (it is not copied).
+pub const BATCH_ITEM_MAX_BYTES: usize = SEND_COALESCE_MAX_PAYLOAD;
+
+/// Largest payload (bytes) of one batch frame: a receiver delivers a frame's items in one go, so
+/// this bounds that step like any frame's size does.
+///
+/// At the bound: the run goes on in the next batch frame, in order.
+pub const BATCH_FRAME_BYTES_MAX: usize = 32 * 1024;
+
+/// Most messages in one batch frame (with empty payloads, bytes alone would allow 4,096).
+///
+/// At the bound: the run goes on in the next batch frame, in order; a receiver refuses a batch
+/// with more items as malformed.
+pub const BATCH_FRAME_ITEMS_MAX: usize = 1_024;
+
 /// Size (bytes) at which the send queue stops appending small frames to one shared buffer and
 /// starts a new one, so a buffer can be freed as soon as it has been written.
 ///

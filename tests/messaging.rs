@@ -591,6 +591,89 @@ fn a_batch_arrives_in_order_and_a_bad_message_sends_none_of_it() {
     eprintln!("busy retries: {busy}");
 }
 
+/// Runs of small messages to one destination travel as batch frames (one frame for many
+/// messages, relayed as one): every message arrives once, in order per destination, with its
+/// own tag and bytes, whatever sits between the runs (a message to the sender itself, one too
+/// large to pack, another destination). The relays forward fewer frames than messages.
+#[test]
+fn batched_runs_arrive_whole_and_in_order_through_relays() {
+    const ROUNDS: u64 = 60;
+    // Radix 2 over 4 daemons: 3's parent is 1, so 3 -> 2 goes 3, 1, 0, 2 (two relays).
+    let dvm = start_dvm(4, &loopback_config(2));
+    let (tx, rx) = unbounded();
+    for d in &dvm {
+        for tag in [TAG, TAG + 1] {
+            let tx = tx.clone();
+            let me = d.rank();
+            d.recv(Peer::Rank(3), tag, tbon::RecvMode::Persistent, move |m| {
+                tx.send((me, m)).unwrap();
+            })
+            .unwrap();
+        }
+    }
+    // Payload: the message's number in its destination's sequence, padded to `len`.
+    let payload = |n: u64, len: usize| {
+        let mut v = n.to_be_bytes().to_vec();
+        v.resize(len.max(8), (n % 251) as u8);
+        Bytes::from(v)
+    };
+    let mut want: HashMap<u32, Vec<(u32, Bytes)>> = HashMap::new();
+    let mut batch = tbon::Batch::new();
+    let mut push = |batch: &mut tbon::Batch, dst: u32, tag: u32, len: usize| {
+        let seq = want.entry(dst).or_default();
+        let p = payload(seq.len() as u64, len);
+        seq.push((tag, p.clone()));
+        batch.push(dst, tag, p).unwrap();
+    };
+    let sender = &dvm[3];
+    for r in 0..ROUNDS {
+        for i in 0..40 {
+            push(&mut batch, 2, TAG + (i % 2), 8 + (i as usize * 7) % 200);
+        }
+        push(&mut batch, 3, TAG, 16);
+        for i in 0..25 {
+            let len = if i == 12 { 300 } else { 64 };
+            push(&mut batch, 0, TAG + (i % 2), len);
+        }
+        if r % 5 == 0 {
+            push(&mut batch, 2, TAG, 5000);
+        }
+        push(&mut batch, 1, TAG + 1, 64);
+        while let Err(e) = sender.send_batch(&mut batch) {
+            assert!(matches!(e, SendError::Busy(_)), "{e}");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    let total: usize = want.values().map(Vec::len).sum();
+    let mut got: HashMap<u32, Vec<(u32, Bytes)>> = HashMap::new();
+    for _ in 0..total {
+        let (me, m) = rx
+            .recv_timeout(HANG_GUARD)
+            .expect("a batched message went missing");
+        got.entry(me).or_default().push((m.tag, m.payload));
+    }
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "a message arrived twice"
+    );
+    for (dst, seq) in &want {
+        let g = got.get(dst).expect("messages for a destination");
+        assert_eq!(g.len(), seq.len(), "rank {dst}");
+        for (i, (w, g)) in seq.iter().zip(g).enumerate() {
+            assert_eq!(w, g, "rank {dst}: message {i} out of order or changed");
+        }
+    }
+    assert_eq!(sender.counters().unwrap().sent, total as u64);
+    let to_2 = want[&2].len() as u64;
+    for relay in [0usize, 1] {
+        let relayed = dvm[relay].counters().unwrap().relayed;
+        assert!(
+            relayed < to_2 / 4,
+            "rank {relay} relayed {relayed} frames for {to_2} messages: not batched"
+        );
+    }
+}
+
 /// From a callback the command channel does not block: `send_batch` says `Busy` once it is
 /// full, and the refused messages are still in the batch (none lost), to be sent later.
 #[test]

@@ -33,6 +33,7 @@ use crate::node::{Command, LinkProgress, Node, Output, Reroute, StopReason, Stre
 use crate::oob::frame::Frame;
 use crate::oob::handshake::HandshakeConfig;
 use crate::oob::header::Kind;
+use crate::rml::batch_frame::{Packer, Unit};
 use crate::rml::{Peer, ReceiveId, Tag};
 use crossbeam_channel::Receiver;
 use links::Link;
@@ -118,6 +119,9 @@ pub(crate) struct EventLoop {
     accept_retry: Vec<usize>,
     /// Frames decoded from one read, kept between reads so decoding allocates nothing.
     frame_buf: Vec<Frame>,
+    /// The frames of one `send_batch` (`rml::batch_frame`), kept between batches so packing
+    /// allocates no list (at most one per message of the largest batch).
+    batch_units: Vec<Unit>,
     stopping: Option<StopReason>,
     /// Rank 0 shutting the DVM down: it keeps its established connections until each peer
     /// closes its end (or the linger runs out), because a peer that sees rank 0's close before
@@ -231,6 +235,7 @@ impl EventLoop {
             accept_again: Vec::new(),
             accept_retry: Vec::new(),
             frame_buf: Vec::new(),
+            batch_units: Vec::new(),
             stopping: None,
             close_after_peers: false,
             grpcomm_resync: FxHashSet::default(),
@@ -563,18 +568,29 @@ impl EventLoop {
                 Ok(Caddy::SendBatch { msgs }) => {
                     let len: usize = msgs.iter().map(|m| m.payload.len()).sum();
                     self.shared.gate.taken(len);
-                    // The node's frames are carried out once per queue report, not once per
-                    // message: flow control sees the queues at the same points, and the
-                    // node's output queue holds at most `COMMANDS_PER_QUEUE_REPORT` frames.
+                    // Runs of small messages to one destination go as batch frames
+                    // (`rml::batch_frame`). The node's frames are carried out once per queue
+                    // report, not once per frame: flow control sees the queues at the same
+                    // points, and the node's output queue holds at most
+                    // `COMMANDS_PER_QUEUE_REPORT` frames.
+                    let me = self.node.rank();
+                    self.node.counters_mut().commands += msgs.len() as u64;
+                    let mut units = std::mem::take(&mut self.batch_units);
+                    let mut packer = Packer::new();
                     for m in msgs {
-                        self.node.counters_mut().commands += 1;
-                        self.send_plain_held(m.dst, m.tag, m.payload);
                         done += 1;
-                        if done.is_multiple_of(limits::COMMANDS_PER_QUEUE_REPORT) {
+                        packer.push(m.dst, m.tag, m.payload, m.dst != me, |u| units.push(u));
+                    }
+                    packer.finish(|u| units.push(u));
+                    for (i, u) in units.drain(..).enumerate() {
+                        self.send_plain_held(u.dst, u.tag, u.payload);
+                        let frames = i + 1;
+                        if frames.is_multiple_of(limits::COMMANDS_PER_QUEUE_REPORT) {
                             self.carry_out();
                         }
-                        self.after_command(done);
+                        self.after_command(frames);
                     }
+                    self.batch_units = units;
                     self.carry_out();
                 }
                 Ok(c) => {

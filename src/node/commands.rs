@@ -6,6 +6,7 @@ use crate::Rank;
 use crate::error::SendError;
 use crate::oob::header::{Header, Kind};
 use crate::oob::send_queue::Payload;
+use crate::rml::batch_frame::{TAG_BATCH, count_items};
 use crate::rml::{Dispatch, Message, Peer, PostError, ReceiveId, TAG_USER_MIN, Tag};
 use crate::routed::Route;
 use bytes::Bytes;
@@ -97,8 +98,11 @@ impl Node {
                 route,
             } => {
                 self.check_flow(dst, token)?;
-                self.counters.sent += 1;
-                if dst == self.me || tag < TAG_USER_MIN {
+                // A batch frame carries several of the user's messages and goes their way
+                // (over a direct link when one is used), unlike the runtime's own tags.
+                let batch = tag == TAG_BATCH;
+                self.counters.sent += if batch { count_items(&payload) } else { 1 };
+                if dst == self.me || (tag < TAG_USER_MIN && !batch) {
                     self.send(dst, tag, payload, token);
                 } else {
                     self.send_routed(now, dst, tag, payload, token, route);

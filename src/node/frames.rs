@@ -199,6 +199,7 @@ impl Node {
                 self.declared_dead(now, &format!("rank {} refused this daemon", msg.origin))
             }
             TAG_XCAST_REQUEST | TAG_XCAST_DONE => self.on_grpcomm_reliable(msg),
+            crate::rml::batch_frame::TAG_BATCH => self.on_batch(now, msg),
             crate::direct::TAG_DIRECT => self.on_direct_message(now, msg),
             super::streams::TAG_STREAM => self.on_stream_message(now, msg),
             crate::status::TAG_STATUS => self.on_status_message(now, msg),
@@ -212,6 +213,30 @@ impl Node {
             }
             t => log::warn!(
                 "rank {}: message with unexpected runtime tag {t} from {} dropped",
+                self.me,
+                msg.origin
+            ),
+        }
+    }
+
+    /// A batch frame for this daemon: its items are delivered in order as the messages they
+    /// are, or, if any is malformed, none (`rml::batch_frame`).
+    fn on_batch(&mut self, now: Instant, msg: Message) {
+        match crate::rml::batch_frame::Items::new(msg.payload) {
+            Ok(items) => {
+                for (tag, payload) in items {
+                    self.deliver(
+                        now,
+                        Message {
+                            origin: msg.origin,
+                            tag,
+                            payload,
+                        },
+                    );
+                }
+            }
+            Err(e) => log::warn!(
+                "rank {}: batch frame from rank {} dropped: {e}",
                 self.me,
                 msg.origin
             ),

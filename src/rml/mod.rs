@@ -3,6 +3,7 @@
 //! The [`Matcher`] stores no callbacks: it hands out a [`ReceiveId`] per posted receive and
 //! says which id each message goes to; the driver keeps the callbacks keyed by that id.
 
+pub(crate) mod batch_frame;
 mod matcher;
 mod tag;
 

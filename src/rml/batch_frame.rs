@@ -1,0 +1,401 @@
+//! Batch frames: consecutive small plain messages from one `send_batch` to one destination
+//! carried as the items of one message with the reserved tag [`TAG_BATCH`], so that the
+//! sender, every relay and the receiver handle one frame (one header, one route decision, one
+//! queue entry, one link-session record) for up to [`BATCH_FRAME_ITEMS_MAX`] messages.
+//!
+//! Payload layout: items back to back, each `tag: u32, len: u32` (network byte order) and then
+//! `len` bytes. Every item's tag is a user tag. The destination checks the whole payload before
+//! it delivers any item: a malformed batch is dropped whole and logged (it was sent by a tbon
+//! daemon holding the job key, so it is a bug there, not a stranger's input).
+//!
+//! Only payloads of at most [`BATCH_ITEM_MAX_BYTES`] are packed: they are the ones the send
+//! queue copies anyway (`limits::SEND_COALESCE_MAX_PAYLOAD`), so packing adds no copy; larger
+//! ones keep their own frame and are never copied. A run of one message is sent as itself.
+
+use super::{TAG_USER_MIN, Tag};
+use crate::Rank;
+use crate::limits::{BATCH_FRAME_BYTES_MAX, BATCH_FRAME_ITEMS_MAX, BATCH_ITEM_MAX_BYTES};
+use bytes::{Bytes, BytesMut};
+use std::fmt;
+
+/// The reserved tag of a batch frame's message.
+pub const TAG_BATCH: Tag = 28;
+
+/// Bytes before each item's payload: its tag and its length.
+pub const ITEM_HEADER_LEN: usize = 8;
+
+/// One message to send, as the packer hands it on: a batch (`tag == TAG_BATCH`, `messages`
+/// items) or a single message (`messages == 1`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unit {
+    /// The destination.
+    pub dst: Rank,
+    /// The message's tag: the user's, or [`TAG_BATCH`].
+    pub tag: Tag,
+    /// The payload.
+    pub payload: Bytes,
+    /// How many user messages it carries.
+    pub messages: u32,
+}
+
+/// Groups a sequence of plain messages into [`Unit`]s, in order: runs of consecutive small
+/// messages to the same destination become one batch each (bounded by
+/// [`BATCH_FRAME_BYTES_MAX`] and [`BATCH_FRAME_ITEMS_MAX`]); every other message is its own
+/// unit. Messages to one destination leave in the order they were offered.
+#[derive(Debug, Default)]
+pub struct Packer {
+    /// The open run's destination and its first message, not yet encoded (a run of one is
+    /// sent as itself).
+    first: Option<(Rank, Tag, Bytes)>,
+    /// The open run's encoded items, once it has two or more.
+    buf: BytesMut,
+    items: u32,
+}
+
+impl Packer {
+    /// A packer with no open run.
+    pub fn new() -> Self {
+        Packer::default()
+    }
+
+    /// Offers the next message; `emit` gets the units completed by it (the open run, when this
+    /// message cannot join it; this message itself, when it cannot open a run). `packable`
+    /// false (a message to this daemon itself) keeps it out of any batch.
+    pub fn push(
+        &mut self,
+        dst: Rank,
+        tag: Tag,
+        payload: Bytes,
+        packable: bool,
+        mut emit: impl FnMut(Unit),
+    ) {
+        let small = packable && payload.len() <= BATCH_ITEM_MAX_BYTES;
+        if !small {
+            self.finish(&mut emit);
+            emit(Unit {
+                dst,
+                tag,
+                payload,
+                messages: 1,
+            });
+            return;
+        }
+        let (run_dst, run_bytes) = match &self.first {
+            Some((d, _, p)) if self.items == 1 => (Some(*d), ITEM_HEADER_LEN + p.len()),
+            Some((d, ..)) => (Some(*d), self.buf.len()),
+            None => (None, 0),
+        };
+        let fits = run_bytes + ITEM_HEADER_LEN + payload.len() <= BATCH_FRAME_BYTES_MAX
+            && (self.items as usize) < BATCH_FRAME_ITEMS_MAX;
+        if run_dst != Some(dst) || !fits {
+            self.finish(&mut emit);
+            self.first = Some((dst, tag, payload));
+            self.items = 1;
+            return;
+        }
+        if self.items == 1
+            && let Some((_, t, p)) = &self.first
+        {
+            let (t, p) = (*t, p.clone());
+            self.buf
+                .reserve(BATCH_FRAME_BYTES_MAX.min(16 * (ITEM_HEADER_LEN + p.len())));
+            put_item(&mut self.buf, t, &p);
+        }
+        put_item(&mut self.buf, tag, &payload);
+        self.items += 1;
+    }
+
+    /// Hands on the open run, if any.
+    pub fn finish(&mut self, mut emit: impl FnMut(Unit)) {
+        let Some((dst, tag, payload)) = self.first.take() else {
+            return;
+        };
+        let items = std::mem::take(&mut self.items);
+        if items <= 1 {
+            emit(Unit {
+                dst,
+                tag,
+                payload,
+                messages: 1,
+            });
+        } else {
+            emit(Unit {
+                dst,
+                tag: TAG_BATCH,
+                payload: self.buf.split().freeze(),
+                messages: items,
+            });
+        }
+    }
+}
+
+fn put_item(buf: &mut BytesMut, tag: Tag, payload: &[u8]) {
+    // Items are at most `BATCH_ITEM_MAX_BYTES` long: the length always fits. One copy for the
+    // item's header (`put_u32` twice was two calls of a general copy, 4 bytes each).
+    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+    let mut head = [0u8; ITEM_HEADER_LEN];
+    let (t, l) = head.split_at_mut(4);
+    t.copy_from_slice(&tag.to_be_bytes());
+    l.copy_from_slice(&len.to_be_bytes());
+    buf.extend_from_slice(&head);
+    buf.extend_from_slice(payload);
+}
+
+/// Why a batch payload is not valid: the batch is dropped whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchError {
+    /// No item at all.
+    Empty,
+    /// An item's header or payload runs past the end, at this offset.
+    Truncated(usize),
+    /// An item carries a reserved tag, at this offset.
+    ReservedTag(usize, Tag),
+    /// More items than [`BATCH_FRAME_ITEMS_MAX`].
+    TooManyItems,
+}
+
+impl fmt::Display for BatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BatchError::Empty => write!(f, "a batch frame without items"),
+            BatchError::Truncated(at) => write!(f, "a batch item at byte {at} runs past the end"),
+            BatchError::ReservedTag(at, t) => {
+                write!(f, "the batch item at byte {at} has the reserved tag {t}")
+            }
+            BatchError::TooManyItems => {
+                write!(
+                    f,
+                    "more than {BATCH_FRAME_ITEMS_MAX} items in a batch frame"
+                )
+            }
+        }
+    }
+}
+
+/// The items of a checked batch payload, in order: `(tag, payload)`, each payload a view of
+/// the batch's own allocation (not copied).
+#[derive(Debug)]
+pub struct Items {
+    payload: Bytes,
+    at: usize,
+}
+
+impl Items {
+    /// Checks the whole of `payload` first: an error means no item may be delivered.
+    pub fn new(payload: Bytes) -> Result<Items, BatchError> {
+        let (mut at, mut n) = (0usize, 0usize);
+        while at < payload.len() {
+            let (tag, len) = item_header(&payload, at).ok_or(BatchError::Truncated(at))?;
+            if tag < TAG_USER_MIN {
+                return Err(BatchError::ReservedTag(at, tag));
+            }
+            let end = (at + ITEM_HEADER_LEN)
+                .checked_add(len)
+                .filter(|&e| e <= payload.len())
+                .ok_or(BatchError::Truncated(at))?;
+            n += 1;
+            if n > BATCH_FRAME_ITEMS_MAX {
+                return Err(BatchError::TooManyItems);
+            }
+            at = end;
+        }
+        if n == 0 {
+            return Err(BatchError::Empty);
+        }
+        Ok(Items { payload, at: 0 })
+    }
+}
+
+impl Iterator for Items {
+    type Item = (Tag, Bytes);
+
+    fn next(&mut self) -> Option<(Tag, Bytes)> {
+        let (tag, len) = item_header(&self.payload, self.at)?;
+        let start = self.at + ITEM_HEADER_LEN;
+        let end = start
+            .checked_add(len)
+            .filter(|&e| e <= self.payload.len())?;
+        self.at = end;
+        Some((tag, self.payload.slice(start..end)))
+    }
+}
+
+/// How many items `payload` holds, for the sender's count (it built the batch: no check).
+pub fn count_items(payload: &[u8]) -> u64 {
+    let (mut at, mut n) = (0usize, 0u64);
+    while let Some((_, len)) = item_header(payload, at) {
+        n += 1;
+        at = at.saturating_add(ITEM_HEADER_LEN).saturating_add(len);
+    }
+    n
+}
+
+fn item_header(payload: &[u8], at: usize) -> Option<(Tag, usize)> {
+    let raw = payload.get(at..at.checked_add(ITEM_HEADER_LEN)?)?;
+    let (t, l) = raw.split_at(4);
+    let tag = u32::from_be_bytes(t.try_into().ok()?);
+    let len = u32::from_be_bytes(l.try_into().ok()?);
+    Some((tag, len as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BufMut;
+
+    fn pack(msgs: &[(Rank, Tag, &'static [u8], bool)]) -> Vec<Unit> {
+        let mut p = Packer::new();
+        let mut out = Vec::new();
+        for &(dst, tag, bytes, packable) in msgs {
+            p.push(dst, tag, Bytes::from_static(bytes), packable, |u| {
+                out.push(u)
+            });
+        }
+        p.finish(|u| out.push(u));
+        out
+    }
+
+    fn unpack(u: &Unit) -> Vec<(Tag, Bytes)> {
+        Items::new(u.payload.clone()).unwrap().collect()
+    }
+
+    #[test]
+    fn runs_to_one_destination_become_one_batch_and_order_is_kept() {
+        let units = pack(&[
+            (2, 100, b"a", true),
+            (2, 101, b"bb", true),
+            (2, 102, b"", true),
+            (3, 100, b"c", true),
+            (2, 103, b"d", true),
+        ]);
+        assert_eq!(units.len(), 3);
+        assert_eq!(
+            (units[0].dst, units[0].tag, units[0].messages),
+            (2, TAG_BATCH, 3)
+        );
+        assert_eq!(
+            unpack(&units[0]),
+            vec![
+                (100, Bytes::from_static(b"a")),
+                (101, Bytes::from_static(b"bb")),
+                (102, Bytes::new())
+            ]
+        );
+        // A run of one goes as itself, without the batch's framing.
+        assert_eq!(
+            units[1],
+            Unit {
+                dst: 3,
+                tag: 100,
+                payload: Bytes::from_static(b"c"),
+                messages: 1
+            }
+        );
+        assert_eq!((units[2].tag, units[2].messages), (103, 1));
+    }
+
+    #[test]
+    fn large_and_unpackable_messages_keep_their_own_frame_between_runs() {
+        static BIG: [u8; BATCH_ITEM_MAX_BYTES + 1] = [7; BATCH_ITEM_MAX_BYTES + 1];
+        let units = pack(&[
+            (2, 100, b"a", true),
+            (2, 101, b"b", true),
+            (2, 102, &BIG, true),
+            (2, 103, b"c", false),
+            (2, 104, b"d", true),
+            (2, 105, b"e", true),
+        ]);
+        let shape: Vec<(Tag, u32)> = units.iter().map(|u| (u.tag, u.messages)).collect();
+        assert_eq!(
+            shape,
+            vec![(TAG_BATCH, 2), (102, 1), (103, 1), (TAG_BATCH, 2)]
+        );
+        assert_eq!(units[1].payload.len(), BATCH_ITEM_MAX_BYTES + 1);
+    }
+
+    #[test]
+    fn a_batch_is_bounded_in_items_and_bytes() {
+        let mut p = Packer::new();
+        let mut out = Vec::new();
+        let n = 3 * BATCH_FRAME_ITEMS_MAX + 5;
+        for i in 0..n {
+            let payload = Bytes::from(vec![(i % 251) as u8; 16]);
+            p.push(9, 100 + (i % 7) as Tag, payload, true, |u| out.push(u));
+        }
+        p.finish(|u| out.push(u));
+        let total: u32 = out.iter().map(|u| u.messages).sum();
+        assert_eq!(total as usize, n);
+        let mut i = 0usize;
+        for u in &out {
+            assert!(u.payload.len() <= BATCH_FRAME_BYTES_MAX);
+            assert!(u.messages as usize <= BATCH_FRAME_ITEMS_MAX);
+            let items: Vec<(Tag, Bytes)> = if u.tag == TAG_BATCH {
+                unpack(u)
+            } else {
+                vec![(u.tag, u.payload.clone())]
+            };
+            assert_eq!(items.len(), u.messages as usize);
+            for (tag, payload) in items {
+                assert_eq!(tag, 100 + (i % 7) as Tag);
+                assert_eq!(payload, Bytes::from(vec![(i % 251) as u8; 16]));
+                i += 1;
+            }
+        }
+        // Big messages fill a frame by bytes before the item count.
+        let mut p = Packer::new();
+        let mut out = Vec::new();
+        let big = Bytes::from(vec![1u8; BATCH_ITEM_MAX_BYTES]);
+        for _ in 0..1000 {
+            p.push(4, 100, big.clone(), true, |u| out.push(u));
+        }
+        p.finish(|u| out.push(u));
+        assert!(out.iter().all(|u| u.payload.len() <= BATCH_FRAME_BYTES_MAX));
+        assert_eq!(out.iter().map(|u| u.messages).sum::<u32>(), 1000);
+    }
+
+    #[test]
+    fn malformed_batches_are_refused_whole() {
+        let mut b = BytesMut::new();
+        put_item(&mut b, 100, b"ok");
+        let good = b.clone().freeze();
+        assert_eq!(Items::new(good).unwrap().count(), 1);
+        assert_eq!(Items::new(Bytes::new()).unwrap_err(), BatchError::Empty);
+        // A length past the end, a short item header, a reserved tag: refused, whatever came
+        // before.
+        let mut t = b.clone();
+        t.put_u32(100);
+        t.put_u32(5);
+        t.put_slice(b"abc");
+        assert_eq!(
+            Items::new(t.freeze()).unwrap_err(),
+            BatchError::Truncated(10)
+        );
+        let mut s = b.clone();
+        s.put_u16(1);
+        assert_eq!(
+            Items::new(s.freeze()).unwrap_err(),
+            BatchError::Truncated(10)
+        );
+        let mut r = b.clone();
+        put_item(&mut r, TAG_BATCH, b"x");
+        assert_eq!(
+            Items::new(r.freeze()).unwrap_err(),
+            BatchError::ReservedTag(10, TAG_BATCH)
+        );
+        let mut huge = BytesMut::new();
+        huge.put_u32(100);
+        huge.put_u32(u32::MAX);
+        assert_eq!(
+            Items::new(huge.freeze()).unwrap_err(),
+            BatchError::Truncated(0)
+        );
+        let mut many = BytesMut::new();
+        for _ in 0..=BATCH_FRAME_ITEMS_MAX {
+            put_item(&mut many, 100, b"");
+        }
+        assert_eq!(
+            Items::new(many.freeze()).unwrap_err(),
+            BatchError::TooManyItems
+        );
+    }
+}
