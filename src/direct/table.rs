@@ -238,27 +238,29 @@ impl DirectLinks {
         c
     }
 
-    /// The route of a user message of `len` payload bytes originated here for `dst` (not this
-    /// daemon, not a tree neighbour), and whether to ask for a link: counts it, and queues a
-    /// request when the policy says so. `requester` gives this daemon's epoch and URI for it.
+    /// The route of a frame of `messages` user messages (more than one: a batch frame) with
+    /// `len` payload bytes in all, originated here for `dst` (not this daemon, not a tree
+    /// neighbour), and whether to ask for a link: counts them, and queues a request when the
+    /// policy says so. `requester` gives this daemon's epoch and URI for it.
     pub fn route(
         &mut self,
         now: Instant,
         dst: Rank,
+        messages: u64,
         len: usize,
         route: Option<Route>,
         requester: impl FnOnce() -> (u64, String),
     ) -> Via {
         let phase = self.links.get(&dst).map(|l| l.phase);
         if phase.is_some_and(Phase::writes) {
-            self.stats.direct_messages += 1;
+            self.stats.direct_messages += messages;
             self.stats.direct_bytes += len as u64;
             if let Some(l) = self.links.get_mut(&dst) {
                 l.used = now;
             }
             return Via::Direct;
         }
-        self.stats.tree_messages += 1;
+        self.stats.tree_messages += messages;
         self.stats.tree_bytes += len as u64;
         if phase.is_some_and(Phase::closing) {
             return Via::Hold;
@@ -272,18 +274,18 @@ impl DirectLinks {
             None => match self.cfg.setting {
                 RouteSetting::Tree => false,
                 RouteSetting::Direct => true,
-                RouteSetting::Auto => self.busy_destination(now, dst, len),
+                RouteSetting::Auto => self.busy_destination(now, dst, messages, len),
             },
         };
         if ask {
             self.generation += 1;
-            self.ask(now, dst, requester);
+            self.ask(now, dst, messages, requester);
         }
         Via::Tree
     }
 
     /// `auto`: counts a message in `dst`'s window; whether the window is past a threshold.
-    fn busy_destination(&mut self, now: Instant, dst: Rank, len: usize) -> bool {
+    fn busy_destination(&mut self, now: Instant, dst: Rank, messages: u64, len: usize) -> bool {
         let w = self.traffic.entry(dst).or_insert(Window {
             start: now,
             messages: 0,
@@ -296,15 +298,21 @@ impl DirectLinks {
                 bytes: 0,
             };
         }
-        w.messages += 1;
+        w.messages += messages;
         w.bytes += len as u64;
         w.messages > self.cfg.auto_messages || w.bytes > self.cfg.auto_bytes
     }
 
-    fn ask(&mut self, now: Instant, dst: Rank, requester: impl FnOnce() -> (u64, String)) {
+    fn ask(
+        &mut self,
+        now: Instant,
+        dst: Rank,
+        messages: u64,
+        requester: impl FnOnce() -> (u64, String),
+    ) {
         if let Some(&(_, until)) = self.denials.get(&dst) {
             if now < until {
-                self.stats.denial_cache_hits += 1;
+                self.stats.denial_cache_hits += messages;
                 return;
             }
             self.denials.remove(&dst);
@@ -944,7 +952,7 @@ mod tests {
         let t = Instant::now();
         let mut a = DirectLinks::new(7, cfg(RouteSetting::Direct, 4));
         let mut b = DirectLinks::new(14, cfg(RouteSetting::Auto, 4));
-        assert_eq!(a.route(t, 14, 8, None, me), Via::Tree);
+        assert_eq!(a.route(t, 14, 1, 8, None, me), Via::Tree);
         assert!(!a.may_read(14), "ConnWait: nothing is read on the link");
         let (to, req) = a.poll_control().unwrap();
         assert_eq!(to, 14);
@@ -953,7 +961,7 @@ mod tests {
             !b.is_direct(7) && !b.may_read(7),
             "GrantWait: sends over the tree, reads wait for Switch"
         );
-        assert_eq!(b.route(t, 7, 8, None, me), Via::Tree);
+        assert_eq!(b.route(t, 7, 1, 8, None, me), Via::Tree);
         let (_, grant) = b.poll_control().unwrap();
         assert_eq!(grant, DirectMsg::Grant { id: 1, ask: 1 });
         a.handle_message(t, asker(14), grant);
@@ -961,12 +969,12 @@ mod tests {
             a.is_direct(14) && !a.may_read(14),
             "Switched: sends direct, reads wait for Ready"
         );
-        assert_eq!(a.route(t, 14, 8, None, me), Via::Direct);
+        assert_eq!(a.route(t, 14, 1, 8, None, me), Via::Direct);
         let (_, switch) = a.poll_control().unwrap();
         assert_eq!(switch, DirectMsg::Switch(1));
         b.handle_message(t, asker(7), switch);
         assert!(b.may_read(7) && b.is_direct(7));
-        assert_eq!(b.route(t, 7, 8, None, me), Via::Direct);
+        assert_eq!(b.route(t, 7, 1, 8, None, me), Via::Direct);
         let (_, ready) = b.poll_control().unwrap();
         assert_eq!(ready, DirectMsg::Ready(1));
         a.handle_message(t, asker(14), ready);
@@ -981,7 +989,7 @@ mod tests {
         let t = Instant::now();
         let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
         let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 4));
-        a.route(t, 2, 8, None, me);
+        a.route(t, 2, 1, 8, None, me);
         exchange(t, &mut a, &mut b);
         assert!(a.is_direct(2) && b.is_direct(1));
         assert!(
@@ -994,7 +1002,7 @@ mod tests {
         assert!(!a.is_direct(2), "the other end gives the link up too");
         assert_eq!(b.counters().fallbacks, 1);
         assert_eq!(b.counters().denied_timeout, 1);
-        b.route(t, 1, 8, None, me);
+        b.route(t, 1, 1, 8, None, me);
         assert_eq!(b.counters().denial_cache_hits, 1, "no request while cached");
         assert!(b.poll_control().is_none());
         assert!(
@@ -1007,7 +1015,7 @@ mod tests {
 
     /// Opens a link from `a` to `b` (both tables) at `t`.
     fn open(t: Instant, a: &mut DirectLinks, b: &mut DirectLinks) {
-        a.route(t, b.me, 8, Some(Route::Direct), me);
+        a.route(t, b.me, 1, 8, Some(Route::Direct), me);
         exchange(t, a, b);
         assert!(a.is_direct(b.me) && b.is_direct(a.me));
     }
@@ -1023,16 +1031,16 @@ mod tests {
         open(t, &mut a, &mut c);
         // Both idle past the window; 3 was used more recently than 2.
         let t1 = t + Duration::from_millis(50);
-        assert_eq!(a.route(t1, 3, 8, None, me), Via::Direct);
+        assert_eq!(a.route(t1, 3, 1, 8, None, me), Via::Direct);
         let t2 = t + Duration::from_millis(500);
-        a.route(t2, 4, 8, None, me);
+        a.route(t2, 4, 1, 8, None, me);
         // 2 is evicted: `Close` is its last frame on the link, then the request to 4.
         assert_eq!(a.poll_control(), Some((2, DirectMsg::Close(1))));
         let request = a.poll_control();
         assert!(matches!(request, Some((4, DirectMsg::Request { .. }))));
         assert_eq!(a.counters().links_evicted, 1);
         assert_eq!(
-            a.route(t2, 2, 8, None, me),
+            a.route(t2, 2, 1, 8, None, me),
             Via::Hold,
             "held while it closes"
         );
@@ -1045,7 +1053,7 @@ mod tests {
         b.handle_message(t2, asker(1), DirectMsg::Close(9));
         assert!(b.is_direct(1) && b.poll_control().is_none());
         b.handle_message(t2, asker(1), DirectMsg::Close(1));
-        assert_eq!(b.route(t2, 1, 8, None, me), Via::Hold);
+        assert_eq!(b.route(t2, 1, 1, 8, None, me), Via::Hold);
         assert_eq!(b.poll_control(), Some((1, DirectMsg::CloseAck(1))));
         assert!(!b.handle_link_lost(1), "the connection's end is expected");
         a.handle_message(t2, asker(2), DirectMsg::CloseAck(1));
@@ -1054,8 +1062,8 @@ mod tests {
         assert_eq!(a.poll_control(), Some((2, DirectMsg::Shut(1))));
         b.handle_message(t2, asker(1), DirectMsg::Shut(1));
         assert_eq!(b.poll_event(), Some(LinkEvent::Release(1)));
-        assert_eq!(a.route(t2, 2, 8, Some(Route::Tree), me), Via::Tree);
-        assert_eq!(b.route(t2, 1, 8, Some(Route::Tree), me), Via::Tree);
+        assert_eq!(a.route(t2, 2, 1, 8, Some(Route::Tree), me), Via::Tree);
+        assert_eq!(b.route(t2, 1, 1, 8, Some(Route::Tree), me), Via::Tree);
         // The new link opens in the room made.
         if let Some((_, m)) = request {
             d.handle_message(t2, asker(1), m);
@@ -1074,13 +1082,13 @@ mod tests {
         let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 1));
         open(t, &mut a, &mut b);
         // Used within the window: no room, nothing evicted.
-        a.route(t + Duration::from_millis(10), 3, 8, None, me);
+        a.route(t + Duration::from_millis(10), 3, 1, 8, None, me);
         assert_eq!(a.counters().no_room, 1);
         assert_eq!(a.counters().links_evicted, 0);
         // Both evict each other at once: each answers the other's Close and waits for its own.
         let t2 = t + Duration::from_secs(1);
-        a.route(t2, 3, 8, None, me);
-        b.route(t2, 5, 8, None, me);
+        a.route(t2, 3, 1, 8, None, me);
+        b.route(t2, 5, 1, 8, None, me);
         assert_eq!(a.poll_control(), Some((2, DirectMsg::Close(1))));
         assert_eq!(b.poll_control(), Some((1, DirectMsg::Close(1))));
         a.poll_control();
@@ -1104,7 +1112,7 @@ mod tests {
         let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 1));
         open(t, &mut a, &mut b);
         let t2 = t + Duration::from_secs(1);
-        a.route(t2, 3, 8, None, me);
+        a.route(t2, 3, 1, 8, None, me);
         assert_eq!(a.poll_control(), Some((2, DirectMsg::Close(1))));
         (a, b, t2)
     }
@@ -1155,14 +1163,14 @@ mod tests {
         let t = Instant::now();
         let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
         let mut b = DirectLinks::new(2, cfg(RouteSetting::Tree, 4));
-        a.route(t, 2, 8, None, me);
+        a.route(t, 2, 1, 8, None, me);
         exchange(t, &mut a, &mut b);
         assert_eq!(a.counters().denied_policy, 1);
         assert_eq!(b.counters().denials_sent, 1);
-        a.route(t, 2, 8, None, me);
+        a.route(t, 2, 1, 8, None, me);
         assert_eq!(a.counters().denial_cache_hits, 1);
         assert!(a.poll_control().is_none());
-        a.route(t + Duration::from_secs(2), 2, 8, None, me);
+        a.route(t + Duration::from_secs(2), 2, 1, 8, None, me);
         assert_eq!(
             a.counters().requests_sent,
             2,
@@ -1175,8 +1183,8 @@ mod tests {
         let t = Instant::now();
         let mut a = DirectLinks::new(3, cfg(RouteSetting::Direct, 4));
         let mut b = DirectLinks::new(9, cfg(RouteSetting::Direct, 4));
-        a.route(t, 9, 8, None, me);
-        b.route(t, 3, 8, None, me);
+        a.route(t, 9, 1, 8, None, me);
+        b.route(t, 3, 1, 8, None, me);
         exchange(t, &mut a, &mut b);
         assert!(a.is_direct(9) && b.is_direct(3) && a.may_read(9) && b.may_read(3));
         assert_eq!(a.counters().grants + b.counters().grants, 1);
@@ -1193,8 +1201,8 @@ mod tests {
     fn no_room_means_no_request_and_a_full_grantor_denies() {
         let t = Instant::now();
         let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 1));
-        a.route(t, 2, 8, None, me);
-        a.route(t, 3, 8, None, me);
+        a.route(t, 2, 1, 8, None, me);
+        a.route(t, 3, 1, 8, None, me);
         assert_eq!(a.counters().requests_sent, 1);
         assert_eq!(a.counters().no_room, 1);
         a.handle_message(t, asker(4), a_request());
@@ -1255,8 +1263,8 @@ mod tests {
     fn an_unanswered_request_times_out_and_a_dead_peer_ends_one() {
         let t = Instant::now();
         let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
-        a.route(t, 2, 8, None, me);
-        a.route(t, 3, 8, None, me);
+        a.route(t, 2, 1, 8, None, me);
+        a.route(t, 3, 1, 8, None, me);
         a.handle_peer_failed(3);
         assert_eq!(a.counters().denied_dead, 1);
         let due = a.poll_timeout().unwrap();
@@ -1282,7 +1290,7 @@ mod tests {
         let t = Instant::now();
         let mut a = DirectLinks::new(6, cfg(RouteSetting::Direct, 4));
         let mut b = DirectLinks::new(0, cfg(RouteSetting::Direct, 4));
-        a.route(t, 0, 8, None, me);
+        a.route(t, 0, 1, 8, None, me);
         let (_, request) = a.poll_control().unwrap();
         let late = t + Duration::from_secs(5);
         assert!(a.handle_timeout(late).is_empty());
@@ -1290,7 +1298,7 @@ mod tests {
         // The request arrives only now, then the requester's Withdraw(0).
         b.handle_message(late, asker(6), request);
         assert_eq!(
-            b.route(late, 6, 8, None, me),
+            b.route(late, 6, 1, 8, None, me),
             Via::Tree,
             "no writes before Switch"
         );
@@ -1310,7 +1318,7 @@ mod tests {
         let t = Instant::now();
         let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
         let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 4));
-        a.route(t, 2, 8, None, me);
+        a.route(t, 2, 1, 8, None, me);
         let (_, request) = a.poll_control().unwrap();
         b.handle_message(t, asker(1), request);
         let (_, grant) = b.poll_control().unwrap();
@@ -1334,11 +1342,11 @@ mod tests {
     fn a_grant_for_an_earlier_request_is_not_taken_for_the_current_one() {
         let t = Instant::now();
         let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
-        a.route(t, 2, 8, None, me);
+        a.route(t, 2, 1, 8, None, me);
         let expired = t + Duration::from_secs(5);
         a.handle_timeout(expired);
         let asked_again = expired + Duration::from_secs(2);
-        a.route(asked_again, 2, 8, None, me);
+        a.route(asked_again, 2, 1, 8, None, me);
         while a.poll_control().is_some() {}
         a.handle_message(asked_again, asker(2), DirectMsg::Grant { id: 4, ask: 1 });
         assert_eq!(a.poll_control(), Some((2, DirectMsg::Withdraw(4))));
@@ -1358,7 +1366,7 @@ mod tests {
         let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 1));
         let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 1));
         for (room, expect) in [(true, Via::Direct), (false, Via::Hold)] {
-            a.route(t, 2, 8, None, me);
+            a.route(t, 2, 1, 8, None, me);
             let (_, request) = a.poll_control().unwrap();
             b.handle_message(t, asker(1), request);
             let (_, grant) = b.poll_control().unwrap();
@@ -1371,7 +1379,7 @@ mod tests {
                 "the grant is sent again: its Switch may have been lost"
             );
             assert!(!b.may_read(1) && !b.is_direct(1));
-            assert_eq!(b.route(expired, 1, 8, None, me), Via::Tree);
+            assert_eq!(b.route(expired, 1, 1, 8, None, me), Via::Tree);
             if !room {
                 // Another link takes the room the expired grant no longer holds.
                 b.handle_message(expired, asker(3), a_request());
@@ -1382,7 +1390,7 @@ mod tests {
             }
             b.handle_message(expired, asker(1), switch);
             assert!(b.may_read(1), "the marker came: the link is read");
-            assert_eq!(b.route(expired, 1, 8, None, me), expect);
+            assert_eq!(b.route(expired, 1, 1, 8, None, me), expect);
             let (_, ready) = b.poll_control().unwrap();
             assert!(matches!(ready, DirectMsg::Ready(_)));
             a.handle_message(expired, asker(2), ready);
@@ -1443,7 +1451,7 @@ mod tests {
     fn an_unanswered_switch_is_fenced_and_denied_for_a_while() {
         let t = Instant::now();
         let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
-        a.route(t, 2, 8, None, me);
+        a.route(t, 2, 1, 8, None, me);
         a.poll_control();
         a.handle_message(t, asker(2), DirectMsg::Grant { id: 3, ask: 1 });
         assert_eq!(a.poll_control(), Some((2, DirectMsg::Switch(3))));
@@ -1464,7 +1472,7 @@ mod tests {
         assert_eq!(a.counters().denied_timeout, 1);
         a.handle_message(expired, asker(2), DirectMsg::Ready(3));
         assert!(!a.may_read(2), "a late Ready does not open a fenced link");
-        assert_eq!(a.route(expired, 2, 8, None, me), Via::Tree);
+        assert_eq!(a.route(expired, 2, 1, 8, None, me), Via::Tree);
         assert!(a.poll_control().is_none(), "the denial is cached");
     }
 
@@ -1473,14 +1481,14 @@ mod tests {
         let t = Instant::now();
         let mut a = DirectLinks::new(1, cfg(RouteSetting::Auto, 4));
         for i in 0..3 {
-            a.route(t + Duration::from_millis(i * 60), 2, 8, None, me);
+            a.route(t + Duration::from_millis(i * 60), 2, 1, 8, None, me);
         }
         assert_eq!(a.counters().requests_sent, 0, "the window restarted");
         for _ in 0..4 {
-            a.route(t + Duration::from_millis(200), 2, 8, None, me);
+            a.route(t + Duration::from_millis(200), 2, 1, 8, None, me);
         }
         assert_eq!(a.counters().requests_sent, 1);
-        a.route(t, 3, 2000, None, me);
+        a.route(t, 3, 1, 2000, None, me);
         assert_eq!(a.counters().requests_sent, 2, "bytes past the threshold");
     }
 
@@ -1489,7 +1497,7 @@ mod tests {
         let t = Instant::now();
         let mut a = DirectLinks::new(1, cfg(RouteSetting::Direct, 4));
         let mut b = DirectLinks::new(2, cfg(RouteSetting::Direct, 4));
-        a.route(t, 2, 8, None, me);
+        a.route(t, 2, 1, 8, None, me);
         exchange(t, &mut a, &mut b);
         assert!(a.handle_link_lost(2));
         assert!(!a.is_direct(2));

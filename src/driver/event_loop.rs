@@ -557,43 +557,51 @@ impl EventLoop {
 
     // ----- commands -------------------------------------------------------------------------
 
-    /// Drains at most a batch of commands; returns whether the channel is now empty.
     /// Runs the commands waiting in the channel, a bounded number; whether none is left.
     /// `self.now` must be current: both callers run right after it was read.
+    ///
+    /// Plain sends without a completion or a route of their own (`Handle::send`, and every
+    /// message of a `send_batch`) go through a [`Packer`]: consecutive small ones to one
+    /// destination leave as one batch frame (`rml::batch_frame`). Only commands already waiting
+    /// are packed, so nothing waits for company: a lone message goes at once, as itself. Any
+    /// other command first sends what is packed, so the order of commands is kept.
     fn drain_commands(&mut self) -> bool {
         // A batch counts one per message, so a turn's work stays bounded in messages.
+        let me = self.node.rank();
+        let mut packer = Packer::new();
         let mut done = 0;
+        let mut empty = false;
         while done < limits::COMMANDS_PER_TURN_MAX {
             match self.rx.try_recv() {
                 Ok(Caddy::SendBatch { msgs }) => {
                     let len: usize = msgs.iter().map(|m| m.payload.len()).sum();
                     self.shared.gate.taken(len);
-                    // Runs of small messages to one destination go as batch frames
-                    // (`rml::batch_frame`). The node's frames are carried out once per queue
-                    // report, not once per frame: flow control sees the queues at the same
-                    // points, and the node's output queue holds at most
-                    // `COMMANDS_PER_QUEUE_REPORT` frames.
-                    let me = self.node.rank();
                     self.node.counters_mut().commands += msgs.len() as u64;
-                    let mut units = std::mem::take(&mut self.batch_units);
-                    let mut packer = Packer::new();
                     for m in msgs {
                         done += 1;
+                        let units = &mut self.batch_units;
                         packer.push(m.dst, m.tag, m.payload, m.dst != me, |u| units.push(u));
+                        self.after_packing(done);
                     }
-                    packer.finish(|u| units.push(u));
-                    for (i, u) in units.drain(..).enumerate() {
-                        self.send_plain_held(u.dst, u.tag, u.payload);
-                        let frames = i + 1;
-                        if frames.is_multiple_of(limits::COMMANDS_PER_QUEUE_REPORT) {
-                            self.carry_out();
-                        }
-                        self.after_command(frames);
-                    }
-                    self.batch_units = units;
-                    self.carry_out();
+                }
+                Ok(Caddy::Send {
+                    dst,
+                    tag,
+                    payload,
+                    done: None,
+                    route: None,
+                }) if tag >= crate::rml::TAG_USER_MIN => {
+                    self.node.counters_mut().commands += 1;
+                    self.shared.gate.taken(payload.len());
+                    done += 1;
+                    let units = &mut self.batch_units;
+                    packer.push(dst, tag, payload, dst != me, |u| units.push(u));
+                    self.after_packing(done);
                 }
                 Ok(c) => {
+                    let units = &mut self.batch_units;
+                    packer.finish(|u| units.push(u));
+                    self.send_units();
                     self.node.counters_mut().commands += 1;
                     if let Caddy::Send { payload, .. } | Caddy::SendReliable { payload, .. } = &c {
                         self.shared.gate.taken(payload.len());
@@ -603,10 +611,39 @@ impl EventLoop {
                     done += 1;
                     self.after_command(done);
                 }
-                Err(_) => return true,
+                Err(_) => {
+                    empty = true;
+                    break;
+                }
             }
         }
-        false
+        let units = &mut self.batch_units;
+        packer.finish(|u| units.push(u));
+        self.send_units();
+        empty
+    }
+
+    /// After a message went into the packer: sends what it completed, and keeps flow control
+    /// up to date (`after_command`).
+    fn after_packing(&mut self, done: usize) {
+        if !self.batch_units.is_empty() {
+            self.send_units();
+        }
+        self.after_command(done);
+    }
+
+    /// Hands the packer's completed units to the node as plain sends, then carries out its
+    /// frames.
+    fn send_units(&mut self) {
+        if self.batch_units.is_empty() {
+            return;
+        }
+        let mut units = std::mem::take(&mut self.batch_units);
+        for u in units.drain(..) {
+            self.send_plain_held(u.dst, u.tag, u.payload);
+        }
+        self.batch_units = units;
+        self.carry_out();
     }
 
     /// A long drain of sends must not fill a queue far past its high-water mark before flow

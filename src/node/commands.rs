@@ -101,7 +101,8 @@ impl Node {
                 // A batch frame carries several of the user's messages and goes their way
                 // (over a direct link when one is used), unlike the runtime's own tags.
                 let batch = tag == TAG_BATCH;
-                self.counters.sent += if batch { count_items(&payload) } else { 1 };
+                let messages = if batch { count_items(&payload) } else { 1 };
+                self.counters.sent += messages;
                 if dst == self.me || (tag < TAG_USER_MIN && !batch) {
                     self.send(dst, tag, payload, token);
                 } else {

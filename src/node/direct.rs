@@ -28,17 +28,25 @@ impl Node {
         route: Option<Route>,
     ) {
         let payload = payload.into();
+        // A batch frame counts as the messages it carries (its bytes include their 8-byte
+        // item headers).
+        let messages = if tag == crate::rml::batch_frame::TAG_BATCH {
+            crate::rml::batch_frame::count_items(payload.head())
+        } else {
+            1
+        };
         let by_tree = self.is_neighbour(dst) || self.routing.is_failed(dst);
         let via = if by_tree {
             Via::Tree
         } else {
             let (epoch, uri) = (self.epoch, &self.uri);
-            self.direct.route(now, dst, payload.len(), route, || {
-                (
-                    epoch,
-                    uri.as_ref().map(|u| u.to_string()).unwrap_or_default(),
-                )
-            })
+            self.direct
+                .route(now, dst, messages, payload.len(), route, || {
+                    (
+                        epoch,
+                        uri.as_ref().map(|u| u.to_string()).unwrap_or_default(),
+                    )
+                })
         };
         let header = self.header(Kind::Msg, self.me, dst, tag, payload.len());
         match via {

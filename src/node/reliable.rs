@@ -131,7 +131,7 @@ impl Node {
         // link once one is open (its chains keep order and exactly-once across the switch).
         if !self.is_neighbour(dst) && !self.routing.is_failed(dst) {
             let (epoch, uri) = (self.epoch, &self.uri);
-            self.direct.route(now, dst, payload.len(), None, || {
+            self.direct.route(now, dst, 1, payload.len(), None, || {
                 (
                     epoch,
                     uri.as_ref().map(|u| u.to_string()).unwrap_or_default(),
