@@ -487,7 +487,8 @@ typedef struct {
   uint64_t sent;
   // Messages delivered to a receive on this daemon.
   uint64_t delivered;
-  // Plain messages for other daemons forwarded by this one.
+  // Plain messages for other daemons forwarded by this one (a batch frame of
+  // `tbon_send_batch`, several small messages to one destination, counts once).
   uint64_t relayed;
   // Broadcast operations sent to children (one per part of a split payload), replays
   // included.

@@ -9,7 +9,8 @@ pub struct Counters {
     /// Messages delivered to a receive on this daemon.
     pub delivered: u64,
     /// Plain messages for other daemons forwarded by this one (reliable ones are RELM's: see
-    /// the `relm_*` counters).
+    /// the `relm_*` counters). A batch frame (several small messages of one origin to one
+    /// destination, `Handle::send_batch`) is forwarded, and counted, once.
     pub relayed: u64,
     /// Broadcast operations (`Op` messages, one per part of a payload split into parts) sent
     /// to children, replays included.

@@ -363,7 +363,8 @@ pub struct tbon_counters {
     pub sent: u64,
     /// Messages delivered to a receive on this daemon.
     pub delivered: u64,
-    /// Plain messages for other daemons forwarded by this one.
+    /// Plain messages for other daemons forwarded by this one (a batch frame of
+    /// `tbon_send_batch`, several small messages to one destination, counts once).
     pub relayed: u64,
     /// Broadcast operations sent to children (one per part of a split payload), replays
     /// included.
