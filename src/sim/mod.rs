@@ -153,6 +153,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             grow: false,
             leave: false,
             split: false,
+            batch: false,
             return_gathers: false,
         },
         bcast_part_bytes: None,
@@ -182,6 +183,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             grow: false,
             leave: false,
             split: false,
+            batch: false,
             return_gathers: false,
         },
         bcast_part_bytes: None,
@@ -213,6 +215,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             grow: false,
             leave: false,
             split: false,
+            batch: false,
             return_gathers: false,
         },
         bcast_part_bytes: None,
@@ -245,6 +248,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             grow: false,
             leave: false,
             split: false,
+            batch: false,
             return_gathers: false,
         },
         bcast_part_bytes: None,
@@ -278,6 +282,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             grow: false,
             leave: false,
             split: false,
+            batch: false,
             return_gathers: false,
         },
         bcast_part_bytes: None,
@@ -308,6 +313,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             grow: false,
             leave: false,
             split: false,
+            batch: false,
             return_gathers: false,
         },
         bcast_part_bytes: None,
@@ -340,6 +346,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             grow: false,
             leave: false,
             split: false,
+            batch: false,
             return_gathers: false,
         },
         bcast_part_bytes: None,
@@ -761,6 +768,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         radix: 8,
         faults: FaultKinds {
             split: true,
+            batch: false,
             ..FaultKinds::ALL
         },
         bcast_part_bytes: None,
@@ -772,6 +780,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         radix: 8,
         faults: FaultKinds {
             split: true,
+            batch: false,
             ..FaultKinds::ALL
         },
         bcast_part_bytes: None,
@@ -783,6 +792,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         radix: 4,
         faults: FaultKinds {
             split: true,
+            batch: false,
             ..FaultKinds::ALL
         },
         bcast_part_bytes: None,
@@ -826,6 +836,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         radix: 2,
         faults: FaultKinds {
             split: true,
+            batch: false,
             ..FaultKinds::ALL
         },
         bcast_part_bytes: None,
@@ -875,6 +886,7 @@ const ALL_REJOIN: FaultKinds = FaultKinds {
     grow: false,
     leave: false,
     split: false,
+    batch: false,
     return_gathers: true,
 };
 

@@ -78,6 +78,11 @@ pub struct FaultKinds {
     /// or 40 bytes (`bcast_part_bytes`, by seed), so that pipelined parts meet every other
     /// kind of the run. Opt-in (not in `all`) while it is new, as rejoin, grow and leave were.
     pub split: bool,
+    /// Not a fault: the workload's plain sends go in runs of 2 to 8 consecutive messages to
+    /// one destination, packed into batch frames (`rml::batch_frame`) as the driver packs a
+    /// `send_batch`, so that batch frames meet every other kind of the run (relays that die,
+    /// repairs, direct links). Opt-in (not in `all`) while it is new.
+    pub batch: bool,
     /// Not a kind one names: allgathers run in seeds that restart, grow or leave too (set by
     /// [`FaultKinds::parse`] and in `ALL`). Off in the regression seeds found before they did,
     /// which so keep exactly their scenarios.
@@ -106,6 +111,7 @@ impl FaultKinds {
         grow: true,
         leave: true,
         split: false,
+        batch: false,
         return_gathers: true,
     };
 
@@ -129,6 +135,7 @@ impl FaultKinds {
         grow: false,
         leave: false,
         split: false,
+        batch: false,
         return_gathers: false,
     };
 
@@ -164,6 +171,7 @@ impl FaultKinds {
         grow: false,
         leave: false,
         split: false,
+        batch: false,
         return_gathers: false,
     };
 
@@ -193,9 +201,10 @@ impl FaultKinds {
                 "grow" => k.grow = true,
                 "leave" => k.leave = true,
                 "split" => k.split = true,
+                "batch" => k.batch = true,
                 other => {
                     return Err(format!(
-                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, group, client, rejoin, grow, leave, split, all)"
+                        "unknown fault kind {other:?} (kinds: crash, link, stall, partition, delay, stale, dup, stranger, direct, stream, overload, status, group, client, rejoin, grow, leave, split, batch, all)"
                     ));
                 }
             }
@@ -232,6 +241,7 @@ impl std::fmt::Display for FaultKinds {
             (self.grow, "grow"),
             (self.leave, "leave"),
             (self.split, "split"),
+            (self.batch, "batch"),
         ];
         let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {
@@ -389,6 +399,9 @@ pub struct Scenario {
     /// Rank 0's `bcast_part_bytes` (the `split` kind: small enough to split the workload's
     /// broadcasts into parts).
     pub bcast_part_bytes: usize,
+    /// Plain messages per send of the workload (the `batch` kind: more than 1, sent as batch
+    /// frames where they are small enough).
+    pub batch_plain: u32,
 }
 
 impl Scenario {
@@ -732,6 +745,12 @@ impl Scenario {
         }
         Scenario {
             // From the seed, not its generator: the other kinds keep their runs.
+            // From the seed, not its generator, as `bcast_part_bytes`.
+            batch_plain: if kinds.batch {
+                2 + (seed % 7) as u32
+            } else {
+                1
+            },
             bcast_part_bytes: match (kinds.split, seed % 2) {
                 (false, _) => crate::limits::XCAST_PART_BYTES_DEFAULT,
                 (true, 0) => 16,
@@ -808,6 +827,7 @@ impl Scenario {
             client_sends: Vec::new(),
             client_exits: Vec::new(),
             bcast_part_bytes: crate::limits::XCAST_PART_BYTES_DEFAULT,
+            batch_plain: 1,
         }
     }
 

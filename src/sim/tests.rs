@@ -94,6 +94,7 @@ fn batch(n: u64, opts: Options) -> RunStats {
                 sum.plain_order_runs += s.plain_order_runs;
                 sum.plain_sent += s.plain_sent;
                 sum.plain_posted += s.plain_posted;
+                sum.batch_frames += s.batch_frames;
             }
             Err(e) => panic!("seed {seed}: {e:?}\nreplay: {}", o.replay_command(200)),
         }
@@ -216,6 +217,23 @@ fn direct_links_open_fall_back_and_keep_order() {
     // With crashes: requests to the dead end denied, RELM's chains through every switch.
     let s = batch(60, kinds("direct,crash,link"));
     assert!(s.direct_opened > 0);
+}
+
+/// The `batch` kind: plain sends in runs packed into batch frames cross direct links, their
+/// switches and slow links, every item checked as the message it is (in order where nothing
+/// reroutes them), and through crashes and dropped links.
+#[test]
+fn batch_frames_keep_order_across_direct_links_and_survive_faults() {
+    let s = batch(80, kinds("direct,delay,batch"));
+    assert!(s.batch_frames > 1_000, "batch frames: {}", s.batch_frames);
+    assert!(s.direct_opened > 0, "no direct link opened");
+    assert!(
+        s.plain_order_runs > 10,
+        "plain order checked in {} runs",
+        s.plain_order_runs
+    );
+    let s = batch(60, kinds("crash,link,stall,batch"));
+    assert!(s.batch_frames > 0);
 }
 
 #[test]

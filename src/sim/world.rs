@@ -265,6 +265,8 @@ pub struct RunStats {
     pub sends_busy: u64,
     /// Frames a receiver left unread (flow control).
     pub unread_frames: u64,
+    /// Runs of the `batch` kind: batch frames the workload sent (each several plain messages).
+    pub batch_frames: u64,
     /// Frames dropped at a full queue (must stay 0 with flow control on).
     pub dropped_queue_full: u64,
     /// Runs with bulk connections (`world/bulk_wire.rs`): frames moved from a link's held
@@ -612,7 +614,12 @@ impl World {
         if size < 2 {
             return;
         }
-        let traffic = [(self.scen.messages, true), (self.scen.plain, false)];
+        // The `batch` kind sends the same plain messages in runs: fewer sends, as many messages.
+        let plain_sends = self
+            .scen
+            .plain
+            .div_ceil(u64::from(self.scen.batch_plain.max(1)));
+        let traffic = [(self.scen.messages, true), (plain_sends, false)];
         for (count, reliable) in traffic {
             for _ in 0..count {
                 let origin = self.rng.range(0, size - 1) as Rank;
@@ -1214,6 +1221,11 @@ impl World {
                     self.push_send(at, origin, dst, reliable);
                     return Ok(());
                 }
+                if !reliable && self.scen.batch_plain > 1 {
+                    self.send_plain_run(now, origin, dst);
+                    self.after(origin)?;
+                    return Ok(());
+                }
                 let seq = {
                     let s = self.pair_seq.entry((origin, dst)).or_insert(0);
                     *s += 1;
@@ -1242,6 +1254,33 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// The `batch` kind: `batch_plain` consecutive plain messages from `origin` to `dst`,
+    /// packed as the driver packs a `send_batch` (the same `Packer`), handed to the node as
+    /// batch frames (or single messages, those too large to pack).
+    fn send_plain_run(&mut self, now: Instant, origin: Rank, dst: Rank) {
+        let mut packer = crate::rml::batch_frame::Packer::new();
+        let mut units = Vec::new();
+        for _ in 0..self.scen.batch_plain {
+            let seq = {
+                let s = self.pair_seq.entry((origin, dst)).or_insert(0);
+                *s += 1;
+                *s
+            };
+            let pad = self.rng.range(0, self.scen.pad_max) as usize;
+            let payload = check::payload(origin, dst, seq, pad);
+            packer.push(dst, TAG_PLAIN, payload, dst != origin, |u| units.push(u));
+        }
+        packer.finish(|u| units.push(u));
+        let Some(n) = self.nodes.get_mut(origin as usize) else {
+            return;
+        };
+        for u in units {
+            self.stats.batch_frames += u64::from(u.messages > 1);
+            self.check.plain_sent += u64::from(u.messages);
+            n.send_plain(now, u.dst, u.tag, u.payload);
+        }
     }
 
     /// The checks of a run with the capacity model (no faults): nothing was
