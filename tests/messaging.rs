@@ -674,6 +674,53 @@ fn batched_runs_arrive_whole_and_in_order_through_relays() {
     }
 }
 
+/// A batch frame never exceeds the daemons' `msg_max_bytes` (a receiver closes a connection
+/// that brings a larger frame): with a small maximum, runs of small messages go in several
+/// small batches, and every message arrives with no connection refused.
+#[test]
+fn batch_frames_stay_within_a_small_message_maximum() {
+    const N: u32 = 3_000;
+    let cfg = tbon::config::Config {
+        msg_max_bytes: 1_024,
+        ..loopback_config(2)
+    };
+    // 3 -> 2 crosses two relays (radix 2 over 4 daemons).
+    let dvm = start_dvm(4, &cfg);
+    let (tx, rx) = unbounded();
+    dvm[2]
+        .recv(Peer::Rank(3), TAG, tbon::RecvMode::Persistent, move |m| {
+            tx.send(m.payload).unwrap();
+        })
+        .unwrap();
+    let mut batch = tbon::Batch::new();
+    for i in 0..N {
+        let mut p = i.to_be_bytes().to_vec();
+        p.resize(64, 7);
+        if batch.push(2, TAG, p.clone()).is_err() {
+            while dvm[3].send_batch(&mut batch).is_err() {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            batch.push(2, TAG, p).unwrap();
+        }
+    }
+    while dvm[3].send_batch(&mut batch).is_err() {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    for i in 0..N {
+        let p = rx.recv_timeout(HANG_GUARD).expect("a message went missing");
+        assert_eq!(u32::from_be_bytes(p[..4].try_into().unwrap()), i);
+    }
+    for d in &dvm {
+        assert_eq!(
+            d.counters().unwrap().protocol_errors,
+            0,
+            "rank {}",
+            d.rank()
+        );
+    }
+    assert!(dvm[0].counters().unwrap().relayed < u64::from(N) / 4);
+}
+
 /// From a callback the command channel does not block: `send_batch` says `Busy` once it is
 /// full, and the refused messages are still in the batch (none lost), to be sent later.
 #[test]

@@ -568,7 +568,8 @@ impl EventLoop {
     fn drain_commands(&mut self) -> bool {
         // A batch counts one per message, so a turn's work stays bounded in messages.
         let me = self.node.rank();
-        let mut packer = Packer::new();
+        // A batch never exceeds `msg_max_bytes`: the receiver refuses a larger frame.
+        let mut packer = Packer::with_frame_max(self.cfg.msg_max_bytes);
         let mut done = 0;
         let mut empty = false;
         while done < limits::COMMANDS_PER_TURN_MAX {

@@ -42,7 +42,7 @@ pub struct Unit {
 /// messages to the same destination become one batch each (bounded by
 /// [`BATCH_FRAME_BYTES_MAX`] and [`BATCH_FRAME_ITEMS_MAX`]); every other message is its own
 /// unit. Messages to one destination leave in the order they were offered.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Packer {
     /// The open run's destination and its first message, not yet encoded (a run of one is
     /// sent as itself).
@@ -50,12 +50,36 @@ pub struct Packer {
     /// The open run's encoded items, once it has two or more.
     buf: BytesMut,
     items: u32,
+    /// The largest batch payload: [`BATCH_FRAME_BYTES_MAX`], or less when the daemons accept
+    /// smaller messages (a frame above a receiver's `msg_max_bytes` would close its connection).
+    frame_max: usize,
+}
+
+impl Default for Packer {
+    fn default() -> Self {
+        Packer::with_frame_max(BATCH_FRAME_BYTES_MAX as u64)
+    }
 }
 
 impl Packer {
-    /// A packer with no open run.
+    /// A packer with no open run, for daemons that accept messages of at least
+    /// [`BATCH_FRAME_BYTES_MAX`] bytes.
     pub fn new() -> Self {
         Packer::default()
+    }
+
+    /// A packer whose batches stay within `msg_max_bytes` (the daemon's setting), and within
+    /// [`BATCH_FRAME_BYTES_MAX`].
+    pub fn with_frame_max(msg_max_bytes: u64) -> Self {
+        let frame_max = usize::try_from(msg_max_bytes)
+            .unwrap_or(usize::MAX)
+            .min(BATCH_FRAME_BYTES_MAX);
+        Packer {
+            first: None,
+            buf: BytesMut::new(),
+            items: 0,
+            frame_max,
+        }
     }
 
     /// Offers the next message; `emit` gets the units completed by it (the open run, when this
@@ -85,7 +109,7 @@ impl Packer {
             Some((d, ..)) => (Some(*d), self.buf.len()),
             None => (None, 0),
         };
-        let fits = run_bytes + ITEM_HEADER_LEN + payload.len() <= BATCH_FRAME_BYTES_MAX
+        let fits = run_bytes + ITEM_HEADER_LEN + payload.len() <= self.frame_max
             && (self.items as usize) < BATCH_FRAME_ITEMS_MAX;
         if run_dst != Some(dst) || !fits {
             self.finish(&mut emit);
@@ -98,7 +122,7 @@ impl Packer {
         {
             let (t, p) = (*t, p.clone());
             self.buf
-                .reserve(BATCH_FRAME_BYTES_MAX.min(16 * (ITEM_HEADER_LEN + p.len())));
+                .reserve(self.frame_max.min(16 * (ITEM_HEADER_LEN + p.len())));
             put_item(&mut self.buf, t, &p);
         }
         put_item(&mut self.buf, tag, &payload);
@@ -351,6 +375,27 @@ mod tests {
         p.finish(|u| out.push(u));
         assert!(out.iter().all(|u| u.payload.len() <= BATCH_FRAME_BYTES_MAX));
         assert_eq!(out.iter().map(|u| u.messages).sum::<u32>(), 1000);
+    }
+
+    #[test]
+    fn a_batch_stays_within_the_daemons_message_maximum() {
+        let mut p = Packer::with_frame_max(200);
+        let mut out = Vec::new();
+        for _ in 0..10 {
+            p.push(4, 100, Bytes::from(vec![3u8; 64]), true, |u| out.push(u));
+        }
+        p.finish(|u| out.push(u));
+        assert!(out.iter().all(|u| u.payload.len() <= 200), "{out:?}");
+        assert_eq!(out.iter().map(|u| u.messages).sum::<u32>(), 10);
+        assert!(out.iter().any(|u| u.tag == TAG_BATCH));
+        // Too small for two items: every message goes as itself.
+        let mut p = Packer::with_frame_max(100);
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            p.push(4, 100, Bytes::from(vec![3u8; 64]), true, |u| out.push(u));
+        }
+        p.finish(|u| out.push(u));
+        assert!(out.iter().all(|u| u.tag == 100 && u.messages == 1));
     }
 
     #[test]
