@@ -1662,7 +1662,9 @@ pub struct tbon_outgoing {
 /// in groups of up to `TBON_SEND_BATCH_MAX` messages and 16 MiB of payload (one hand-over each instead of one per message: the
 /// call for many small messages). Every payload is COPIED (into one buffer per group) before
 /// this returns. Messages to one destination stay in order. No completions: use `tbon_send`
-/// with a callback to learn a message's fate.
+/// with a callback to learn a message's fate. Consecutive messages of at most 256 bytes to one
+/// destination travel as one batch frame (one header and one relay hop for the run; the
+/// receiver still gets each message on its own).
 ///
 /// `*sent` (`sent` may be NULL) is set to how many leading messages were sent. `TBON_OK`: all
 /// `n`. `TBON_ERR_BUSY`: message `*sent` was refused by flow control (its next hop is
