@@ -119,8 +119,9 @@ pub(crate) struct EventLoop {
     accept_retry: Vec<usize>,
     /// Frames decoded from one read, kept between reads so decoding allocates nothing.
     frame_buf: Vec<Frame>,
-    /// The frames of one `send_batch` (`rml::batch_frame`), kept between batches so packing
-    /// allocates no list (at most one per message of the largest batch).
+    /// The units the packer completed (`rml::batch_frame`), handed to the node after each
+    /// message (so at most two at a time: the run a message ends, and itself); kept between
+    /// drains so packing allocates no list.
     batch_units: Vec<Unit>,
     stopping: Option<StopReason>,
     /// Rank 0 shutting the DVM down: it keeps its established connections until each peer

@@ -6,7 +6,7 @@ use crate::Rank;
 use crate::error::SendError;
 use crate::oob::header::{Header, Kind};
 use crate::oob::send_queue::Payload;
-use crate::rml::batch_frame::{TAG_BATCH, count_items};
+use crate::rml::batch_frame::TAG_BATCH;
 use crate::rml::{Dispatch, Message, Peer, PostError, ReceiveId, TAG_USER_MIN, Tag};
 use crate::routed::Route;
 use bytes::Bytes;
@@ -100,13 +100,13 @@ impl Node {
                 self.check_flow(dst, token)?;
                 // A batch frame carries several of the user's messages and goes their way
                 // (over a direct link when one is used), unlike the runtime's own tags.
-                let batch = tag == TAG_BATCH;
-                let messages = if batch { count_items(&payload) } else { 1 };
-                self.counters.sent += messages;
-                if dst == self.me || (tag < TAG_USER_MIN && !batch) {
+                if dst == self.me || (tag < TAG_USER_MIN && tag != TAG_BATCH) {
+                    self.counters.sent += 1;
                     self.send(dst, tag, payload, token);
                 } else {
-                    self.send_routed(now, dst, tag, payload, token, route);
+                    // A batch frame counts as the messages it carries.
+                    let messages = self.send_routed(now, dst, tag, payload, token, route);
+                    self.counters.sent += messages;
                 }
                 Ok(())
             }

@@ -17,7 +17,8 @@ pub(super) type Held = (Header, Payload, Option<u64>);
 
 impl Node {
     /// Sends a user message originated here for `dst` (another daemon) by the route the
-    /// direct-link table chooses; the table may ask `dst` for a link on the way.
+    /// direct-link table chooses; the table may ask `dst` for a link on the way. Returns how
+    /// many user messages the frame carries (a batch frame's items; else 1), counted once here.
     pub(super) fn send_routed(
         &mut self,
         now: Instant,
@@ -26,7 +27,7 @@ impl Node {
         payload: impl Into<Payload>,
         token: Option<u64>,
         route: Option<Route>,
-    ) {
+    ) -> u64 {
         let payload = payload.into();
         // A batch frame counts as the messages it carries (its bytes include their 8-byte
         // item headers).
@@ -58,6 +59,7 @@ impl Node {
         if !by_tree {
             self.send_direct_control(now);
         }
+        messages
     }
 
     /// Keeps a message for `dst` until its closing link's `Release`, within the bounds.
