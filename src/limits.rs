@@ -86,9 +86,12 @@ pub const BULK_PIPE_BYTES: usize = 512 * 1024;
 /// peer for this long (stream data takes the link meanwhile).
 pub const BULK_REDIAL_MS: u64 = 1_000;
 
-/// Bytes written on a bulk connection per flush (per loop turn). A large socket buffer would
-/// otherwise take several MiB in one turn, and a message waiting to be read or written on
-/// the link would wait for that copy. At the bound: the connection is flushed again next turn.
+/// Bytes written on a bulk connection per loop turn (its one flush a turn: stream frames
+/// queued to it are not flushed at once). A large socket buffer would otherwise take several
+/// MiB in one turn, and a message waiting to be read or written on the link would wait for
+/// that copy. At the bound: the connection is flushed again next turn. Measured (one 4 GiB
+/// stream over a direct link, three runs each): at 128 KiB the 64 B round trip beside it fell
+/// to 91-199 µs from 410-590 µs, but the stream to 1.8-2.5 GiB/s from 3.0-3.6.
 pub const BULK_FLUSH_BYTES: usize = 256 * 1024;
 const _: () = assert!(BULK_PIPE_BYTES > LINK_ACK_PROMPT_BYTES);
 

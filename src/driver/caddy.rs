@@ -166,11 +166,13 @@ pub(crate) enum Caddy {
     },
     /// Fetch a stream (boxed: the largest command, and a rare one).
     Fetch(Box<Fetch>),
-    /// A producer's bytes, within the credit its writer saw.
+    /// A producer's bytes, within the credit its writer saw, with their digest when they
+    /// are one chunk the writer hashed.
     StreamWrite {
         consumer: Rank,
         id: u64,
         bytes: Bytes,
+        digest: Option<crate::stream::ChunkDigest>,
     },
     /// A producer ends its stream: finished (`None`) or failed.
     StreamEnd {

@@ -919,10 +919,12 @@ impl EventLoop {
                 consumer,
                 id,
                 bytes,
+                digest,
             } => self.stream_command(StreamCommand::Write {
                 consumer,
                 id,
                 bytes,
+                digest,
             }),
             Caddy::StreamEnd {
                 consumer,

@@ -6,7 +6,7 @@ use super::caddy::Caddy;
 use super::handle::{Shared, lock};
 use crate::Rank;
 use crate::stream::StreamError;
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -170,23 +170,42 @@ impl StreamWriter {
 
     /// Writes as much of `bytes` as the credit allows now, without waiting, and leaves the
     /// rest in it. Returns the bytes taken (0: wait, e.g. with
-    /// [`wait_room`](StreamWriter::wait_room)).
+    /// [`wait_room`](StreamWriter::wait_room); on the loop thread, in a callback, it is also
+    /// 0 or short while the daemon's command channel is full: try again later).
     pub fn try_write(&mut self, bytes: &mut Bytes) -> Result<usize, StreamError> {
         let room = self.room()?;
         let n = (bytes.len() as u64).min(room) as usize;
         if n == 0 {
             return Ok(0);
         }
-        let piece = bytes.split_to(n);
-        self.daemon
-            .submit(Caddy::StreamWrite {
+        // Each chunk is hashed here, on the producer's thread, not on the daemon's loop
+        // thread: the loop's turns stay short (a message waiting behind them is not kept
+        // waiting by the hashing), and the hashing runs beside the loop's writes.
+        let chunk_max = crate::stream::chunk_max(self.daemon.msg_max_bytes);
+        let mut taken = 0;
+        while taken < n {
+            let len = (n - taken).min(chunk_max);
+            let chunk = bytes.slice(..len);
+            let digest = crate::stream::ChunkDigest::of(self.written, &chunk);
+            let command = Caddy::StreamWrite {
                 consumer: self.consumer,
                 id: self.id,
-                bytes: piece,
-            })
-            .map_err(|_| StreamError::ShutDown)?;
-        self.written += n as u64;
-        Ok(n)
+                bytes: chunk,
+                digest: Some(digest),
+            };
+            match self.daemon.submit(command) {
+                Ok(()) => {}
+                // The command channel is full (only on the loop thread, which cannot wait
+                // for it): what was taken is reported, the rest stays the caller's.
+                Err(crate::error::SendError::Busy(_)) => break,
+                Err(_) if taken > 0 => break,
+                Err(_) => return Err(StreamError::ShutDown),
+            }
+            bytes.advance(len);
+            self.written += len as u64;
+            taken += len;
+        }
+        Ok(taken)
     }
 
     /// Ends the stream: the consumer reads `Finished` once every byte written has arrived

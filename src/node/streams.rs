@@ -49,11 +49,13 @@ pub enum StreamCommand {
         route: Option<Route>,
     },
     /// The producer writes `bytes` on stream (`consumer`, `id`): all of them, within its room
-    /// ([`StreamEvent::Room`]), or none (`Busy`).
+    /// ([`StreamEvent::Room`]), or none (`Busy`). `digest`: the chunk's digest made by the
+    /// caller (see [`crate::stream::ChunkDigest`]), or `None` to have it made here.
     Write {
         consumer: Rank,
         id: u64,
         bytes: Bytes,
+        digest: Option<crate::stream::ChunkDigest>,
     },
     /// The producer ends the stream: finished (`None`) or failed with a code and a reason.
     End {
@@ -244,13 +246,14 @@ impl Node {
                 consumer,
                 id,
                 bytes,
+                digest,
             } => {
                 let s = self.produced(consumer, id)?;
                 if (bytes.len() as u64) > s.room() {
                     return Err(SendError::Busy(crate::error::Limit::StreamCredit));
                 }
                 let mut b = bytes;
-                s.write(&mut b)
+                s.write_chunk(&mut b, digest)
                     .map_err(|_| SendError::Busy(crate::error::Limit::StreamCredit))?;
                 self.flush_outgoing(now, consumer, id);
             }

@@ -586,6 +586,7 @@ fn stream_through(
                     consumer: c,
                     id,
                     bytes: data.slice(*pos..*pos + n),
+                    digest: None,
                 };
                 if n > 0 && net.node(r).handle_stream(now, w).is_err() {
                     at.remove(&id);
@@ -826,6 +827,7 @@ fn stream_data_waits_for_a_congested_hop_and_leaves_in_a_fair_budgeted_round_rob
             consumer: *consumer,
             id: *id,
             bytes: Bytes::from(vec![1u8; 1 << 20]),
+            digest: None,
         };
         net.node(1).handle_stream(now, w).unwrap();
     }

@@ -64,9 +64,11 @@ mod tests;
 #[doc(hidden)]
 pub use crate::buffer_pool::BufferPool;
 #[doc(hidden)]
+pub use digest::ChunkDigest;
+#[doc(hidden)]
 pub use incoming::{Incoming, Status};
 #[doc(hidden)]
-pub use outgoing::Outgoing;
+pub use outgoing::{Outgoing, chunk_max};
 #[doc(hidden)]
 pub use wire::StreamMsg;
 

@@ -2,13 +2,20 @@
 //! each chunk with its digest, then `End` or `Fail`; the consumer's credits and cancel.
 
 use super::StreamError;
-use super::digest;
+use super::digest::{self, ChunkDigest};
 use super::wire::StreamMsg;
 use crate::Rank;
 use crate::direct::Route;
 use crate::limits::{STREAM_CHUNK_MAX, STREAM_WINDOW_MAX};
 use bytes::Bytes;
 use std::collections::VecDeque;
+
+/// The most bytes one `Data` message carries in a DVM whose `msg_max_bytes` is this: a
+/// writer that cuts its chunks here has each taken whole by [`Outgoing::write_chunk`].
+pub fn chunk_max(msg_max_bytes: usize) -> usize {
+    let fits = msg_max_bytes.saturating_sub(super::wire::DATA_HEADER_LEN);
+    STREAM_CHUNK_MAX.min(fits).max(1)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -78,8 +85,7 @@ impl Outgoing {
     /// `STREAM_CHUNK_MAX` (a DVM configured for small messages: a larger frame would be
     /// refused by the next hop).
     pub fn with_msg_max(mut self, msg_max_bytes: usize) -> Self {
-        let fits = msg_max_bytes.saturating_sub(super::wire::DATA_HEADER_LEN);
-        self.chunk_max = STREAM_CHUNK_MAX.min(fits).max(1);
+        self.chunk_max = chunk_max(msg_max_bytes);
         self
     }
 
@@ -126,6 +132,36 @@ impl Outgoing {
             self.next += bytes.len() as u64;
         }
         Ok(take)
+    }
+
+    /// [`write`](Outgoing::write) for one chunk whose digest the caller made already (see
+    /// [`ChunkDigest`]): taken whole with that digest when it fits one `Data` message, starts
+    /// at the stream's next offset and is within the credit; otherwise as `write` takes it,
+    /// hashed here. A digest made for other bytes than `chunk` is the caller's bug: the
+    /// consumer then fails the stream `Corrupt`.
+    pub fn write_chunk(
+        &mut self,
+        chunk: &mut Bytes,
+        made: Option<ChunkDigest>,
+    ) -> Result<usize, StreamError> {
+        self.check_open()?;
+        let len = chunk.len();
+        match made {
+            Some(m)
+                if m.offset == self.next && len <= self.chunk_max && len as u64 <= self.room() =>
+            {
+                let bytes = std::mem::take(chunk);
+                self.digests = self.digests.wrapping_add(m.digest);
+                self.out.push_back(StreamMsg::Data {
+                    offset: self.next,
+                    digest: m.digest,
+                    bytes,
+                });
+                self.next += len as u64;
+                Ok(len)
+            }
+            _ => self.write(chunk),
+        }
     }
 
     /// Ends the stream after what was written: the consumer reports it finished.

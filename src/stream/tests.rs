@@ -320,3 +320,65 @@ fn an_end_beyond_the_bytes_that_arrived_resumes_like_a_gap() {
         Some(StreamMsg::Open { offset: 0, .. })
     ));
 }
+
+#[test]
+fn chunks_hashed_by_the_writer_are_taken_whole_and_checked_by_the_consumer() {
+    let now = Instant::now();
+    let mut c = Incoming::open(now, 60, 3, "file", Bytes::new(), 64 * 1024, IDLE);
+    let mut p = accept(&mut c, 9);
+    let all = data(12_000);
+    // As the daemon's writer does: 4,000-byte chunks, each hashed at its offset.
+    for at in (0..12_000).step_by(4_000) {
+        let mut chunk = all.slice(at..at + 4_000);
+        let made = ChunkDigest::of(at as u64, &chunk);
+        assert_eq!(p.write_chunk(&mut chunk, Some(made)), Ok(4_000));
+        assert!(chunk.is_empty());
+    }
+    p.finish().unwrap();
+    let got = exchange(now, &mut p, &mut c);
+    assert_eq!(c.status(), &Status::Finished);
+    assert_eq!(got, all[..]);
+}
+
+#[test]
+fn a_digest_made_for_another_offset_or_size_is_not_used() {
+    let now = Instant::now();
+    let mut c = Incoming::open(now, 61, 3, "file", Bytes::new(), 1 << 20, IDLE);
+    let mut p = accept(&mut c, 9).with_msg_max(1024 + wire::DATA_HEADER_LEN);
+    let all = data(3_000);
+    // Made at the wrong offset: hashed again here, the stream stays good.
+    let mut first = all.slice(..500);
+    let stale = ChunkDigest::of(7, &first);
+    assert_eq!(p.write_chunk(&mut first, Some(stale)), Ok(500));
+    // Larger than a chunk (1 KiB here): cut and hashed here, as `write` does.
+    let mut rest = all.slice(500..);
+    let whole = ChunkDigest::of(500, &rest);
+    assert_eq!(p.write_chunk(&mut rest, Some(whole)), Ok(2_500));
+    p.finish().unwrap();
+    let got = exchange(now, &mut p, &mut c);
+    assert_eq!(c.status(), &Status::Finished);
+    assert_eq!(got, all[..]);
+}
+
+#[test]
+fn a_wrong_digest_from_the_writer_fails_the_stream_corrupt() {
+    let now = Instant::now();
+    let mut c = Incoming::open(now, 62, 3, "file", Bytes::new(), 1 << 20, IDLE);
+    let mut p = accept(&mut c, 9);
+    let mut chunk = data(100);
+    let wrong = ChunkDigest::of(0, b"other bytes");
+    assert_eq!(p.write_chunk(&mut chunk, Some(wrong)), Ok(100));
+    let m = p.poll_msg().map(|m| wire(m, p.id()));
+    let Some(StreamMsg::Data {
+        offset,
+        digest,
+        bytes,
+    }) = m
+    else {
+        panic!("expected data, got {m:?}");
+    };
+    assert_eq!(
+        c.handle_data(now, offset, digest, bytes),
+        Err(StreamError::Corrupt { offset: 0 })
+    );
+}

@@ -1027,11 +1027,14 @@ fn print_tables(out: &Value) {
         println!(
             "  its two ways (p50; one clock, same host): the ping to the producer (no stream data on \
              that way) idle {:.1} µs, during the stream {:.1} µs; the pong back behind the data \
-             idle {:.1} µs, during {:.1} µs",
+             idle {:.1} µs, during {:.1} µs, of which the pinging thread's wake-up after the \
+             loop handed it the pong idle {:.1} µs, during {:.1} µs",
             big("idle_there_p50_us"),
             big("stream_there_p50_us"),
             big("idle_back_p50_us"),
-            big("stream_back_p50_us")
+            big("stream_back_p50_us"),
+            big("idle_wake_p50_us"),
+            big("stream_wake_p50_us")
         );
         let hwm = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
         println!(

@@ -10,7 +10,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 const GUARD: Duration = Duration::from_secs(120);
 const BUF: usize = 256 * 1024;
@@ -53,7 +53,7 @@ fn frames(buf: &[u8], mut each: impl FnMut(&[u8])) -> usize {
 /// Whether a `--digest` frame's payload matches the XXH3 it starts with.
 fn digest_ok(payload: &[u8]) -> bool {
     match payload.split_first_chunk::<8>() {
-        Some((digest, body)) => u64::from_le_bytes(*digest) == xxh3_64(body),
+        Some((digest, body)) => u64::from_le_bytes(*digest) == XxHash3_64::oneshot(body),
         None => false,
     }
 }
@@ -120,7 +120,7 @@ pub fn send(a: &RoleArgs) -> Res<()> {
         let len = (8 + body.len() as u32).to_le_bytes();
         for _ in 0..a.count {
             w.write_all(&len).map_err(ctx("write"))?;
-            w.write_all(&xxh3_64(body).to_le_bytes())
+            w.write_all(&XxHash3_64::oneshot(body).to_le_bytes())
                 .map_err(ctx("write"))?;
             w.write_all(body).map_err(ctx("write"))?;
         }
@@ -266,7 +266,7 @@ mod tests {
     #[test]
     fn a_digest_frame_is_checked_against_its_payload() {
         let body = vec![7u8; 1000];
-        let mut payload = xxh3_64(&body).to_le_bytes().to_vec();
+        let mut payload = XxHash3_64::oneshot(&body).to_le_bytes().to_vec();
         payload.extend_from_slice(&body);
         assert!(digest_ok(&payload));
         let mut bad = payload.clone();

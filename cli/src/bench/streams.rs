@@ -119,6 +119,9 @@ struct Trips {
     round: Vec<Duration>,
     there: Vec<Duration>,
     back: Vec<Duration>,
+    /// Of `back`: from the consumer's loop handing the pong to its callback until the pinging
+    /// thread had it (the wake-up of a thread on a busy machine, not the network's part).
+    wake: Vec<Duration>,
 }
 
 /// Pings the producer and waits for each echo.
@@ -150,13 +153,20 @@ fn ping(
         let pong = pongs.recv_timeout(GUARD).map_err(ctx("pong"))?;
         let now = crate::workload::mono_ns();
         trips.round.push(t.elapsed());
-        let (sent, echoed) = (stamp(&pong, 0..8), stamp(&pong, 8..16));
+        let (sent, echoed, handed) = (
+            stamp(&pong, 0..8),
+            stamp(&pong, 8..16),
+            stamp(&pong, 16..24),
+        );
         trips
             .there
             .push(Duration::from_nanos(echoed.saturating_sub(sent)));
         trips
             .back
             .push(Duration::from_nanos(now.saturating_sub(echoed)));
+        trips
+            .wake
+            .push(Duration::from_nanos(now.saturating_sub(handed)));
     }
     Ok(trips)
 }
@@ -171,7 +181,13 @@ fn consume(d: &Daemon, a: &RoleArgs) -> Res<Value> {
         TAG_DATA,
         tbon::RecvMode::Persistent,
         move |m| {
-            let _ = tx.try_send(m.payload);
+            // When the loop handed the pong over: the rest of the way is the pinging
+            // thread's wake-up.
+            let mut pong = m.payload.to_vec();
+            if let Some(at) = pong.get_mut(16..24) {
+                at.copy_from_slice(&crate::workload::mono_ns().to_le_bytes());
+            }
+            let _ = tx.try_send(Bytes::from(pong));
         },
     )
     .map_err(ctx("post pong"))?;
@@ -228,6 +244,8 @@ fn consume(d: &Daemon, a: &RoleArgs) -> Res<Value> {
         "stream_rtt_p99_us": quantile_us(&mut busy.round, 0.99),
         "stream_there_p50_us": quantile_us(&mut busy.there, 0.5),
         "stream_back_p50_us": quantile_us(&mut busy.back, 0.5),
+        "idle_wake_p50_us": quantile_us(&mut idle.wake, 0.5),
+        "stream_wake_p50_us": quantile_us(&mut busy.wake, 0.5),
         "stream_pings": busy.round.len(),
         "consumer_hwm_kib": vm_hwm_kib(),
         "resumes": c.streams.resumes,

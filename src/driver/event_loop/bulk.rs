@@ -66,10 +66,11 @@ impl EventLoop {
                     };
                     match conn.push_plain(header, payload, done) {
                         Ok(()) => {
-                            if conn.queued_bytes() >= limits::SEND_COALESCE_BUFFER_BYTES {
-                                // As a link's (`enqueue`): the peer starts on it this turn.
-                                let _ = conn.flush(&mut self.written_early);
-                            }
+                            // Written by the turn's flush only, at most `BULK_FLUSH_BYTES` a
+                            // turn: not at once as a link's full coalescing buffer is. Stream
+                            // chunks are that large, so flushing each at once wrote up to
+                            // `STREAM_RELEASE_BYTES` a turn (300-800 µs on this machine), and
+                            // a message on the link waited for all of it.
                             self.mark_dirty(tok);
                             Ok(true)
                         }

@@ -9,7 +9,7 @@ use crate::Rank;
 use crate::node::{StreamCommand, StreamEvent};
 use crate::sim::check::Violation;
 use crate::sim::node::SERVICE;
-use crate::stream::StreamError;
+use crate::stream::{ChunkDigest, StreamError};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -138,11 +138,28 @@ impl World {
                         .collect::<Vec<u8>>()
                         .into();
                     let mut cmds = Vec::new();
-                    if n > 0 {
+                    if n > 0 && sid.is_multiple_of(2) {
+                        // As the daemon's writer does: chunks hashed before they reach the
+                        // stream (here of 4 KiB, so that a room holds several).
+                        let mut at = pos;
+                        let mut rest = bytes;
+                        while !rest.is_empty() {
+                            let piece = rest.split_to(rest.len().min(4096));
+                            let digest = Some(ChunkDigest::of(at, &piece));
+                            at += piece.len() as u64;
+                            cmds.push(StreamCommand::Write {
+                                consumer,
+                                id,
+                                bytes: piece,
+                                digest,
+                            });
+                        }
+                    } else if n > 0 {
                         cmds.push(StreamCommand::Write {
                             consumer,
                             id,
                             bytes,
+                            digest: None,
                         });
                     }
                     if pos + n == len {
