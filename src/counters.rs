@@ -237,7 +237,9 @@ pub struct StreamCounters {
     pub fetched: u64,
     /// Consumer: streams that finished (every byte arrived and checked).
     pub finished: u64,
-    /// Consumer: streams that ended with an error (cancels included).
+    /// Consumer: streams that ended with an error (cancels included). A `Stream` reader
+    /// checks each chunk's digest as it takes it: one that finds a chunk corrupt after the
+    /// daemon saw the stream's end (and counted it `finished`) is counted here too.
     pub failed: u64,
     /// Consumer: times a stream resumed at the byte it stood at (a relay died, a link was
     /// lost, a gap, a silence).

@@ -45,11 +45,14 @@ pub(crate) fn take_pause() -> bool {
     PAUSE_ASKED.with(|p| p.replace(false))
 }
 
-/// Where a fetched stream's items go, on the loop thread.
+/// Where a fetched stream's items go, on the loop thread: each with the digest its reader
+/// must check (a chunk of a stream whose reader checks them, see `reader_reports`).
 pub(crate) struct StreamSink {
-    pub deliver: Box<dyn FnMut(super::StreamItem) + Send + 'static>,
+    pub deliver:
+        Box<dyn FnMut(super::StreamItem, Option<crate::stream::ChunkDigest>) + Send + 'static>,
     /// Whether the application reports the bytes it took itself (a [`super::Stream`]
-    /// reader); otherwise a chunk counts as consumed once `deliver` returns.
+    /// reader, which also checks each chunk's digest on its thread); otherwise a chunk
+    /// counts as consumed once `deliver` returns (and was checked by the node).
     pub reader_reports: bool,
 }
 
@@ -184,6 +187,11 @@ pub(crate) enum Caddy {
     StreamConsumed {
         id: u64,
         n: u64,
+    },
+    /// A reader found the chunk of stream `id` at `offset` corrupt.
+    StreamCorrupt {
+        id: u64,
+        offset: u64,
     },
     StreamCancel {
         id: u64,

@@ -939,6 +939,9 @@ impl EventLoop {
                 self.stream_command(StreamCommand::Consumed { id, n })
             }
             Caddy::StreamCancel { id } => self.stream_command(StreamCommand::Cancel { id }),
+            Caddy::StreamCorrupt { id, offset } => {
+                self.stream_command(StreamCommand::Corrupt { id, offset })
+            }
         }
     }
 
@@ -992,13 +995,15 @@ impl EventLoop {
                 Some(tx) => {
                     let _ = tx.send(Err(SendError::ShutDown));
                 }
-                None => (f.sink.deliver)(crate::driver::StreamItem::End(Err(
-                    crate::stream::StreamError::ShutDown,
-                ))),
+                None => (f.sink.deliver)(
+                    crate::driver::StreamItem::End(Err(crate::stream::StreamError::ShutDown)),
+                    None,
+                ),
             },
             Caddy::StreamWrite { .. }
             | Caddy::StreamEnd { .. }
             | Caddy::StreamConsumed { .. }
+            | Caddy::StreamCorrupt { .. }
             | Caddy::StreamCancel { .. } => {}
         }
     }

@@ -123,9 +123,9 @@ impl Handle {
     ) -> Result<Stream, SendError> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let sink = StreamSink {
-            deliver: Box::new(move |item| {
+            deliver: Box::new(move |item, check| {
                 // The reader may be gone (dropped: its cancel follows): nothing to keep.
-                let _ = tx.send(item);
+                let _ = tx.send((item, check));
             }),
             reader_reports: true,
         };
@@ -145,8 +145,10 @@ impl Handle {
         opts: FetchOptions,
         callback: impl FnMut(StreamItem) + Send + 'static,
     ) -> Result<u64, SendError> {
+        let mut callback = callback;
         let sink = StreamSink {
-            deliver: Box::new(callback),
+            // Checked by the node before it gets here (`reader_reports` is false).
+            deliver: Box::new(move |item, _| callback(item)),
             reader_reports: false,
         };
         self.open_stream(producer, service, request.into(), opts, sink)
@@ -192,6 +194,8 @@ impl Handle {
             window: opts.window.clamp(1, limits::STREAM_WINDOW_MAX as u32),
             idle: opts.idle,
             route: opts.route,
+            // A `Stream` reader checks each chunk's digest on its own thread.
+            reader_checks: sink.reader_reports,
         };
         self.ask(|reply| {
             Caddy::Fetch(Box::new(Fetch {

@@ -5,7 +5,7 @@
 
 use super::caddy::Caddy;
 use super::handle::Shared;
-use crate::stream::StreamError;
+use crate::stream::{ChunkDigest, StreamError};
 use bytes::{Buf, Bytes};
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use std::io;
@@ -44,7 +44,8 @@ pub enum StreamItem {
 pub struct Stream {
     daemon: Arc<Shared>,
     id: u64,
-    rx: Receiver<StreamItem>,
+    /// Each item with the digest to check its chunk against (made by the producer).
+    rx: Receiver<(StreamItem, Option<ChunkDigest>)>,
     /// What `read` has not copied out of the current chunk yet.
     rest: Bytes,
     /// Bytes taken by the application and not yet reported to the loop (reported every
@@ -55,7 +56,12 @@ pub struct Stream {
 }
 
 impl Stream {
-    pub(crate) fn new(daemon: Arc<Shared>, id: u64, rx: Receiver<StreamItem>, window: u32) -> Self {
+    pub(crate) fn new(
+        daemon: Arc<Shared>,
+        id: u64,
+        rx: Receiver<(StreamItem, Option<ChunkDigest>)>,
+        window: u32,
+    ) -> Self {
         Stream {
             daemon,
             id,
@@ -154,12 +160,25 @@ impl Stream {
             Err(TryRecvError::Disconnected) => Err(()),
         };
         Ok(match item {
-            Ok(StreamItem::Data(b)) => Some(Ok(b)),
-            Ok(StreamItem::End(Ok(()))) => {
+            Ok((StreamItem::Data(b), check)) => match checked(&b, check) {
+                Ok(()) => Some(Ok(b)),
+                Err(e) => {
+                    // The stream fails here and now; the daemon tells its producer to stop.
+                    self.outcome = Some(Err(e.clone()));
+                    if let StreamError::Corrupt { offset } = e {
+                        let _ = self.daemon.submit(Caddy::StreamCorrupt {
+                            id: self.id,
+                            offset,
+                        });
+                    }
+                    Some(Err(e))
+                }
+            },
+            Ok((StreamItem::End(Ok(())), _)) => {
                 self.outcome = Some(Ok(()));
                 None
             }
-            Ok(StreamItem::End(Err(e))) => {
+            Ok((StreamItem::End(Err(e)), _)) => {
                 self.outcome = Some(Err(e.clone()));
                 Some(Err(e))
             }
@@ -168,6 +187,18 @@ impl Stream {
                 Some(Err(StreamError::ShutDown))
             }
         })
+    }
+}
+
+/// Checks a chunk against the digest the producer made for it (`None`: checked already). The
+/// reader's thread does this, not the daemon's loop: the loop then does no work per byte of a
+/// stream it consumes besides reading it, and the hashing runs beside it.
+fn checked(bytes: &[u8], check: Option<ChunkDigest>) -> Result<(), StreamError> {
+    match check {
+        Some(c) if ChunkDigest::of(c.offset, bytes) != c => {
+            Err(StreamError::Corrupt { offset: c.offset })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -249,5 +280,31 @@ impl io::Read for StreamReader<'_> {
 impl Drop for Stream {
     fn drop(&mut self) {
         self.cancel_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reader_checks_each_chunk_against_the_producers_digest() {
+        let bytes = b"stream bytes at offset 40";
+        let good = ChunkDigest::of(40, bytes);
+        assert_eq!(checked(bytes, Some(good)), Ok(()));
+        assert_eq!(
+            checked(bytes, None),
+            Ok(()),
+            "checked by the daemon already"
+        );
+        let moved = ChunkDigest { offset: 41, ..good };
+        assert_eq!(
+            checked(bytes, Some(moved)),
+            Err(StreamError::Corrupt { offset: 41 })
+        );
+        assert_eq!(
+            checked(b"stream bytes at offset 4!", Some(good)),
+            Err(StreamError::Corrupt { offset: 40 })
+        );
     }
 }

@@ -38,7 +38,9 @@ pub enum StreamCommand {
     /// Fetch `request` from `service` at `producer` as stream `id` (the caller's, unique among
     /// its streams), granting `window` bytes at a time, failing after `idle` without news;
     /// with `route`, the stream's messages both ways take that route instead of the daemons'
-    /// `route` settings.
+    /// `route` settings. With `reader_checks`, each chunk's digest is left to the
+    /// application, which gets it with the chunk ([`StreamEvent::Data`]'s `check`) and reports
+    /// a mismatch with [`StreamCommand::Corrupt`].
     Fetch {
         id: u64,
         producer: Rank,
@@ -47,6 +49,7 @@ pub enum StreamCommand {
         window: u32,
         idle: Duration,
         route: Option<Route>,
+        reader_checks: bool,
     },
     /// The producer writes `bytes` on stream (`consumer`, `id`): all of them, within its room
     /// ([`StreamEvent::Room`]), or none (`Busy`). `digest`: the chunk's digest made by the
@@ -65,6 +68,9 @@ pub enum StreamCommand {
     },
     /// The consumer's application took `n` more bytes of stream `id`.
     Consumed { id: u64, n: u64 },
+    /// The consumer's application found the chunk of stream `id` at `offset` corrupt (its
+    /// digest did not match; streams fetched with `reader_checks`): the stream fails.
+    Corrupt { id: u64, offset: u64 },
     /// The consumer gives stream `id` up.
     Cancel { id: u64 },
 }
@@ -91,8 +97,14 @@ pub enum StreamEvent {
         id: u64,
         why: StreamError,
     },
-    /// Consumer: the next bytes of stream `id`, in order.
-    Data { id: u64, bytes: Bytes },
+    /// Consumer: the next bytes of stream `id`, in order. `check`: for a stream fetched with
+    /// `reader_checks`, the digest the application must find for them (else they are
+    /// checked already).
+    Data {
+        id: u64,
+        bytes: Bytes,
+        check: Option<crate::stream::ChunkDigest>,
+    },
     /// Consumer: stream `id` ended.
     Ended {
         id: u64,
@@ -209,6 +221,7 @@ impl Node {
                 window,
                 idle,
                 route,
+                reader_checks,
             } => {
                 self.check_rank(producer)?;
                 if self.streams.wire_of.contains_key(&id) {
@@ -237,7 +250,8 @@ impl Node {
                 let wire = self.next_wire_id();
                 self.streams.stats.fetched += 1;
                 let s = Incoming::open(now, wire, producer, &service, request, window, idle)
-                    .with_route(route);
+                    .with_route(route)
+                    .with_reader_checks(reader_checks);
                 self.streams.wire_of.insert(id, wire);
                 self.streams.incoming.insert(wire, (id, s));
                 self.flush_incoming(now, wire);
@@ -278,6 +292,24 @@ impl Node {
                     self.flush_incoming(now, wire);
                 }
             }
+            StreamCommand::Corrupt { id, offset } => match self.streams.wire_of.get(&id) {
+                Some(&wire) => {
+                    if let Some((_, s)) = self.streams.incoming.get_mut(&wire) {
+                        s.handle_corrupt(offset);
+                    }
+                    self.flush_incoming(now, wire);
+                }
+                None => {
+                    // Its end was checked and counted finished before the reader came to
+                    // the chunk: counted failed too, as the reader reports it.
+                    self.streams.stats.failed += 1;
+                    log::warn!(
+                        "rank {}: the reader of stream {id} found its chunk at {offset} corrupt \
+                         after the stream ended",
+                        self.me
+                    );
+                }
+            },
             StreamCommand::Cancel { id } => {
                 if let Some(wire) = self.streams.wire_of.get(&id).copied() {
                     if let Some((_, s)) = self.streams.incoming.get_mut(&wire) {
@@ -593,12 +625,16 @@ impl Node {
                     return;
                 }
                 let user = *user;
+                let check = s
+                    .reader_checks()
+                    .then_some(crate::stream::ChunkDigest { offset, digest });
                 if let Ok(Some(b)) = s.handle_data(now, offset, digest, bytes) {
                     self.streams.stats.bytes_received += b.len() as u64;
                     self.out
                         .push_back(Output::Stream(Box::new(StreamEvent::Data {
                             id: user,
                             bytes: b,
+                            check,
                         })));
                 }
                 if s.wants_resume() {

@@ -549,6 +549,8 @@ fn stream_through(
                 window: 64 * 1024,
                 idle: Duration::from_secs(30),
                 route: None,
+                // The consumer checks each chunk itself, as a daemon's `Stream` reader does.
+                reader_checks: true,
             },
         )
         .unwrap();
@@ -611,8 +613,11 @@ fn stream_through(
             StreamEvent::Stopped { id, .. } => {
                 at.remove(&id);
             }
-            StreamEvent::Data { id, bytes } => {
+            StreamEvent::Data { id, bytes, check } => {
                 assert_eq!((r, id), (consumer, 77));
+                let check = check.expect("the reader checks the chunks");
+                assert_eq!(check.offset, got.len() as u64);
+                assert_eq!(crate::stream::ChunkDigest::of(check.offset, &bytes), check);
                 got.extend_from_slice(&bytes);
                 net.node(r)
                     .handle_stream(
@@ -701,6 +706,35 @@ fn a_relay_dies_mid_stream_and_the_stream_resumes_where_the_consumer_stands() {
 }
 
 #[test]
+fn a_chunk_the_reader_finds_corrupt_fails_the_stream_and_stops_the_producer() {
+    let mut net = Net::new(15, 2, |_| {});
+    serving(&mut net, 14);
+    let data: Bytes = vec![9u8; 300_000].into();
+    let (_, result, _) = stream_through(&mut net, (14, 7), &data, |net| {
+        let now = net.now;
+        let c = StreamCommand::Corrupt { id: 77, offset: 0 };
+        net.node(7).handle_stream(now, c).unwrap();
+        net.collect(7);
+    });
+    assert_eq!(
+        result,
+        Err(crate::stream::StreamError::Corrupt { offset: 0 })
+    );
+    // The producer was told: its stream stopped, cancelled.
+    net.run();
+    assert!(
+        net.node(14).counters().streams.producing == 0,
+        "the producer still produces"
+    );
+    assert_eq!(net.node(7).counters().streams.failed, 1);
+    // A report for a stream already over is counted, and nothing else happens.
+    let now = net.now;
+    let late = StreamCommand::Corrupt { id: 77, offset: 5 };
+    net.node(7).handle_stream(now, late).unwrap();
+    assert_eq!(net.node(7).counters().streams.failed, 2);
+}
+
+#[test]
 fn the_death_of_the_producer_ends_the_stream_producer_died() {
     let mut net = Net::new(15, 2, |_| {});
     serving(&mut net, 14);
@@ -734,6 +768,7 @@ fn stream_commands_beyond_their_bounds_are_refused() {
         window: 1024,
         idle: Duration::from_secs(1),
         route: None,
+        reader_checks: false,
     };
     let fetch = |service: String, request: usize| fetch_from(2, service, request);
     for c in [
@@ -765,6 +800,7 @@ fn stream_commands_beyond_their_bounds_are_refused() {
         window: crate::limits::STREAM_WINDOW_MAX as u32,
         idle: Duration::from_secs(1),
         route: None,
+        reader_checks: false,
     };
     let fits = crate::limits::STREAM_WINDOWS_TOTAL_MAX / crate::limits::STREAM_WINDOW_MAX as u64;
     for id in 10..10 + fits - 1 {
@@ -805,6 +841,7 @@ fn stream_data_waits_for_a_congested_hop_and_leaves_in_a_fair_budgeted_round_rob
             window: 1 << 20,
             idle: Duration::from_secs(30),
             route: None,
+            reader_checks: false,
         };
         net.node(2).handle_stream(now, fetch).unwrap();
     }

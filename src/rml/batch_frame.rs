@@ -63,7 +63,9 @@ impl Default for Packer {
 
 impl Packer {
     /// A packer with no open run, for daemons that accept messages of at least
-    /// [`BATCH_FRAME_BYTES_MAX`] bytes.
+    /// [`BATCH_FRAME_BYTES_MAX`] bytes (the simulator's and the tests'; a daemon's loop packs
+    /// within its own `msg_max_bytes`).
+    #[cfg(any(test, feature = "sim"))]
     pub fn new() -> Self {
         Packer::default()
     }

@@ -55,6 +55,9 @@ pub struct Incoming {
     /// When the stream last resumed (silence resumes are a quarter of the idle time apart).
     resumed_at: Instant,
     resumes: u32,
+    /// The application's reader checks each chunk's digest as it takes the chunk, on its own
+    /// thread ([`Incoming::with_reader_checks`]): not checked here.
+    reader_checks: bool,
 }
 
 impl Incoming {
@@ -90,6 +93,7 @@ impl Incoming {
             silent: false,
             resumed_at: now,
             resumes: 0,
+            reader_checks: false,
         };
         s.push_open();
         s
@@ -114,6 +118,29 @@ impl Incoming {
             *r = route;
         }
         self
+    }
+
+    /// Leaves each chunk's digest to the application's reader, which checks it as it takes
+    /// the chunk (on its own thread: the daemon's loop then does no work per byte of the
+    /// stream) and reports a mismatch with [`Incoming::handle_corrupt`]. The order, the
+    /// credit and the `End`'s length and digest sum are still checked here.
+    pub fn with_reader_checks(mut self, reader_checks: bool) -> Self {
+        self.reader_checks = reader_checks;
+        self
+    }
+
+    /// Whether the application's reader checks the chunks' digests.
+    pub fn reader_checks(&self) -> bool {
+        self.reader_checks
+    }
+
+    /// The application's reader found the chunk at `offset` corrupt: the stream fails
+    /// `Corrupt` and the producer is told to stop. Nothing happens once it is over.
+    pub fn handle_corrupt(&mut self, offset: u64) {
+        if self.status == Status::Streaming {
+            self.out.push_back(StreamMsg::Cancel);
+            self.fail_with(StreamError::Corrupt { offset });
+        }
     }
 
     /// The route of its messages (`None`: the daemon's `route` setting).
@@ -162,7 +189,8 @@ impl Incoming {
 
     /// A chunk arrived. Returns the new bytes to hand to the application (`None`: nothing
     /// new, e.g. a late copy), or the error that ends the stream: a gap, bytes beyond the
-    /// credit granted, a digest that does not match. The caller closes nothing for those:
+    /// credit granted, a digest that does not match (unless the reader checks it: then hand
+    /// the application `offset` and `d` with the bytes). The caller closes nothing for those:
     /// the stream fails, other traffic goes on.
     pub fn handle_data(
         &mut self,
@@ -192,7 +220,7 @@ impl Incoming {
                 "stream {}: bytes up to {end}, credit granted up to {}",
                 self.id, self.granted
             )))
-        } else if digest::chunk(offset, &bytes) != d {
+        } else if !self.reader_checks && digest::chunk(offset, &bytes) != d {
             Some(StreamError::Corrupt { offset })
         } else {
             None

@@ -382,3 +382,34 @@ fn a_wrong_digest_from_the_writer_fails_the_stream_corrupt() {
         Err(StreamError::Corrupt { offset: 0 })
     );
 }
+
+#[test]
+fn with_reader_checks_the_digest_is_left_to_the_reader_and_its_report_fails_the_stream() {
+    let now = Instant::now();
+    let mut c =
+        Incoming::open(now, 63, 3, "file", Bytes::new(), 1024, IDLE).with_reader_checks(true);
+    let _open = c.poll_msg();
+    // A digest that does not match passes here: the reader checks it as it takes the bytes.
+    let chunk = data(100);
+    assert_eq!(c.handle_data(now, 0, 12345, chunk.clone()), Ok(Some(chunk)));
+    // Order and credit are still checked here.
+    let mut other =
+        Incoming::open(now, 64, 3, "file", Bytes::new(), 64, IDLE).with_reader_checks(true);
+    assert!(matches!(
+        other.handle_data(now, 0, 1, data(100)),
+        Err(StreamError::Protocol(_))
+    ));
+    c.handle_corrupt(0);
+    assert_eq!(
+        c.status(),
+        &Status::Failed(StreamError::Corrupt { offset: 0 })
+    );
+    assert_eq!(c.poll_msg(), Some(StreamMsg::Cancel));
+    // Once over, a second report changes nothing.
+    c.handle_corrupt(40);
+    assert_eq!(
+        c.status(),
+        &Status::Failed(StreamError::Corrupt { offset: 0 })
+    );
+    assert_eq!(c.poll_msg(), None);
+}

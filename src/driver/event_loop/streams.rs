@@ -69,9 +69,10 @@ impl EventLoop {
                 let _ = tx.send(Err(e.clone()));
             }
             // From a callback nobody waits for the answer: the stream ends with it.
-            (Err(e), None) => {
-                (sink.deliver)(StreamItem::End(Err(StreamError::Refused(e.to_string()))))
-            }
+            (Err(e), None) => (sink.deliver)(
+                StreamItem::End(Err(StreamError::Refused(e.to_string()))),
+                None,
+            ),
         }
     }
 
@@ -115,12 +116,12 @@ impl EventLoop {
                     c.stop(why);
                 }
             }
-            StreamEvent::Data { id, bytes } => {
+            StreamEvent::Data { id, bytes, check } => {
                 let n = bytes.len() as u64;
                 let Some(sink) = self.streams.sinks.get_mut(&id) else {
                     return;
                 };
-                (sink.deliver)(StreamItem::Data(bytes));
+                (sink.deliver)(StreamItem::Data(bytes), check);
                 if !sink.reader_reports {
                     let c = StreamCommand::Consumed { id, n };
                     let _ = self.node.handle_stream(self.now, c);
@@ -128,7 +129,7 @@ impl EventLoop {
             }
             StreamEvent::Ended { id, result } => {
                 if let Some(mut sink) = self.streams.sinks.remove(&id) {
-                    (sink.deliver)(StreamItem::End(result));
+                    (sink.deliver)(StreamItem::End(result), None);
                 }
             }
         }
@@ -185,7 +186,7 @@ impl EventLoop {
         ids.sort_unstable();
         for id in ids {
             if let Some(mut sink) = self.streams.sinks.remove(&id) {
-                (sink.deliver)(StreamItem::End(Err(StreamError::ShutDown)));
+                (sink.deliver)(StreamItem::End(Err(StreamError::ShutDown)), None);
             }
         }
     }

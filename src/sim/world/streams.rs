@@ -82,6 +82,9 @@ impl World {
                 2 => Some(crate::Route::Tree),
                 _ => None,
             },
+            // Every other stream's chunks are checked by the application (as a daemon's
+            // `Stream` reader does), the others by the core.
+            reader_checks: !id.is_multiple_of(2),
         };
         if let Some(n) = self.nodes.get_mut(consumer as usize)
             && n.stream(now, c).is_ok()
@@ -186,10 +189,22 @@ impl World {
                 StreamEvent::Stopped { consumer, id, .. } => {
                     self.streams.producing.remove(&(r, consumer, id));
                 }
-                StreamEvent::Data { id, bytes } => {
+                StreamEvent::Data { id, bytes, check } => {
                     let Some(s) = self.streams.consuming.get_mut(&id) else {
                         return Err(v(format!("rank {r}: data for unknown stream {id}")));
                     };
+                    // The reader's check: the digest belongs to these bytes at this offset.
+                    if id.is_multiple_of(2) == check.is_some()
+                        || check.is_some_and(|c| {
+                            c.offset != s.3 || ChunkDigest::of(c.offset, &bytes) != c
+                        })
+                    {
+                        return Err(v(format!(
+                            "stream {id} at rank {r}: the reader's check {check:?} does not fit \
+                             the bytes at {}",
+                            s.3
+                        )));
+                    }
                     for (k, b) in bytes.iter().enumerate() {
                         let i = s.3 + k as u64;
                         if *b != content(id, i) || i >= s.2 {
