@@ -19,9 +19,10 @@ use tbon::node::wireup::TAG_WIREUP_REPORT;
 use tbon::oob::handshake::JobKey;
 use tbon::oob::uri::ContactUri;
 use tbon::oob::{Frame, Handshake, HandshakeConfig, Header, Kind};
-use tbon::relm::Control;
+use tbon::relm::batch::{Items, TAG_BATCH};
 use tbon::relm::uid::MsgKey;
 use tbon::relm::wire::unpack_seq;
+use tbon::relm::{Control, DataFrame};
 use tbon::routed::tree_view;
 use tbon::{Counters, Daemon, Handle, Peer, Rank, SendError};
 
@@ -455,15 +456,38 @@ fn a_link_that_comes_back_gets_a_link_update_and_replays() {
     // Three reliable messages 0 -> 3, relayed by rank 1.
     let (dtx, drx) = unbounded();
     stream(&root.handle(), &[3], 0..3, &dtx);
+    // Each arrives as a lone frame or in a reliable batch (`relm::batch`: the messages RELM
+    // hands to one neighbour in one turn), whichever the daemons' timing made.
     let mut uids = Vec::new();
-    for seq in 0..3 {
+    let mut seq = 0;
+    while seq < 3 {
         let f = next_of(&mut from_parent, Kind::RelmData);
         let h = f.header;
-        assert_eq!((h.origin, h.dst, h.tag), (0, 3, TAG));
-        assert_eq!(decode(&f.payload), (0, seq));
-        let (uid, prev) = unpack_seq(h.seq);
-        assert_eq!(prev, uids.last().copied().unwrap_or(tbon::relm::uid::NONE));
-        uids.push(uid);
+        let items: Vec<DataFrame> = if h.tag == TAG_BATCH {
+            Items::new(f.payload.clone(), h.origin, h.dst, |t| t == TAG)
+                .expect("a valid batch")
+                .collect()
+        } else {
+            let (uid, prev) = unpack_seq(h.seq);
+            vec![DataFrame {
+                origin: h.origin,
+                dst: h.dst,
+                tag: h.tag,
+                uid,
+                prev,
+                payload: f.payload.clone(),
+            }]
+        };
+        for d in items {
+            assert_eq!((d.origin, d.dst, d.tag), (0, 3, TAG));
+            assert_eq!(decode(&d.payload), (0, seq));
+            assert_eq!(
+                d.prev,
+                uids.last().copied().unwrap_or(tbon::relm::uid::NONE)
+            );
+            uids.push(d.uid);
+            seq += 1;
+        }
     }
     // Nothing acknowledged: the origin still holds them.
     assert!(drx.try_recv().is_err());

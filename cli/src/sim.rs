@@ -76,6 +76,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
     let (mut strangers, mut refused, mut crossed) = (0u64, 0u64, 0u64);
     let (mut busy, mut unread) = (0u64, 0u64);
     let (mut bulk_moved, mut bulk_syncs, mut batch_frames) = (0u64, 0u64, 0u64);
+    let mut relm_batches = 0u64;
     let (mut opened, mut fallbacks, mut held, mut evicted) = (0u64, 0u64, 0u64, 0u64);
     let (mut streams, mut streams_failed, mut statuses) = (0u64, 0u64, 0u64);
     let (mut group_results, mut modex_gets, mut client_messages) = (0u64, 0u64, 0u64);
@@ -107,6 +108,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
                 bulk_moved += s.bulk_moved;
                 bulk_syncs += s.bulk_syncs;
                 batch_frames += s.batch_frames;
+                relm_batches += s.relm_batch_frames;
                 opened += s.direct_opened;
                 fallbacks += s.direct_fallbacks;
                 held += s.held_frames;
@@ -134,7 +136,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
          stale frames dropped, {dups} frames duplicated, {retransmits} retransmissions, \
          {strangers} strangers' connections ({refused} refused at a forged proof), {crossed} \
          crossing dials resolved, {busy} sends refused Busy by flow control, {unread} frames \
-         left unread by flow control, {batch_frames} batch frames sent, {bulk_moved} frames moved to bulk connections \
+         left unread by flow control, {batch_frames} batch frames sent ({relm_batches} reliable), {bulk_moved} frames moved to bulk connections \
          ({bulk_syncs} syncs for a marker), {opened} direct links opened (ends), {evicted} evicted, \
          {fallbacks} fallbacks to the tree, {held} frames held for a drain marker, {streams} \
          streams finished ({streams_failed} ended by a dead producer), {statuses} status \

@@ -1,6 +1,6 @@
 //! Every runtime control-message decoder on arbitrary bytes: fault reports, confirmations,
 //! adoption notices, the wire-up contact slice and report, contact lookups and their replies,
-//! RELM control messages, the collectives' messages (xcast, allgather, allgather results),
+//! RELM control messages, batch frames (plain and reliable), the collectives' messages (xcast, allgather, allgather results),
 //! direct-link and stream messages, clients' messages between daemons and on their local
 //! socket, and contact URIs. Errors are fine; panics are not. A collective or stream message
 //! that decodes is encoded again.
@@ -14,6 +14,7 @@ use tbon::grpcomm::{AllgatherMsg, AllgatherResult, GroupMsg, XcastMsg};
 use tbon::oob::uri::ContactUri;
 use tbon::direct::DirectMsg;
 use tbon::relm::Control;
+use tbon::relm::batch::{Items as RelmItems, Packed, Packer as RelmPacker};
 use tbon::stream::StreamMsg;
 use tbon::clients::local::{LocalDecoder, ToClient, ToDaemon};
 use tbon::clients::wire::{Control as ClientControl, DataHeader};
@@ -43,6 +44,26 @@ fuzz_target!(|data: &[u8]| {
     // A group message that decodes encodes back to the same bytes (one encoding per set).
     if let Ok(m) = GroupMsg::decode(size, rest.to_vec().into()) {
         assert_eq!(&m.encode()[..], rest);
+    }
+    // Batch frames, plain and reliable: a reliable batch that decodes packs back to the
+    // same bytes.
+    if let Ok(items) = tbon::rml::batch_frame::Items::new(rest.to_vec().into()) {
+        let _ = items.count();
+    }
+    if let Ok(items) = RelmItems::new(rest.to_vec().into(), 0, 1, |t| t >= 100) {
+        let mut p = RelmPacker::with_frame_max(usize::MAX);
+        let mut packed = Vec::new();
+        for d in items {
+            if RelmPacker::packable(&d) {
+                packed.extend(p.push(2, d));
+            } else {
+                packed.extend(p.finish());
+            }
+        }
+        packed.extend(p.finish());
+        if let [Packed::Batch { payload, .. }] = packed.as_slice() {
+            assert_eq!(&payload[..], rest);
+        }
     }
     let _ = DirectMsg::decode(rest);
     if let Ok((id, m)) = StreamMsg::decode(&rest.to_vec().into()) {

@@ -23,6 +23,7 @@ use crate::Rank;
 use crate::error::SendError;
 use crate::grpcomm::{TAG_XCAST_DONE, TAG_XCAST_REQUEST};
 use crate::oob::header::{Header, Kind};
+use crate::relm::batch::{Items, Packed, Packer, TAG_BATCH};
 use crate::relm::wire::{pack_seq, unpack_seq};
 use crate::relm::{DataFrame, Event, Transmit};
 use crate::rml::{Dispatch, Matcher, Message, TAG_USER_MIN, Tag};
@@ -162,7 +163,19 @@ impl Node {
         if self.stopping.is_some() {
             return Ok(());
         }
-        if h.tag < TAG_USER_MIN && !RELIABLE_RUNTIME_TAGS.contains(&h.tag) {
+        if h.tag == TAG_BATCH {
+            let items = Items::new(payload, h.origin, h.dst, travels_reliably)
+                .map_err(|e| e.to_string())?;
+            return self
+                .relm_input(now, |relm, paths, post| {
+                    for d in items {
+                        relm.handle_data(now, paths, from, d, post)?;
+                    }
+                    Ok(())
+                })
+                .map_err(|e| format!("reliable batch: {e}"));
+        }
+        if !travels_reliably(h.tag) {
             return Err(format!("reliable message with reserved tag {}", h.tag));
         }
         let (uid, prev) = unpack_seq(h.seq);
@@ -318,38 +331,37 @@ impl Node {
         if self.stopping.is_none() {
             self.flush_reports(now);
         }
+        // Consecutive small messages of one chain for one neighbour leave as one batch frame
+        // (`relm::batch`); every other frame leaves in RELM's order around them.
+        let mut packer = Packer::with_frame_max(self.msg_max_bytes);
         while let Some(t) = self.relm.poll_transmit() {
             if self.stopping.is_some() {
                 continue;
             }
-            let (to, header, payload) = match t {
-                Transmit::Data { to, frame: f } => {
-                    let mut h =
-                        self.header(Kind::RelmData, f.origin, f.dst, f.tag, f.payload.len());
-                    h.seq = pack_seq(f.uid, f.prev);
-                    (to, h, f.payload)
+            match t {
+                Transmit::Data { to, frame } if Packer::packable(&frame) => {
+                    if let Some(p) = packer.push(to, frame) {
+                        self.transmit_packed(p);
+                    }
+                }
+                Transmit::Data { to, frame } => {
+                    if let Some(p) = packer.finish() {
+                        self.transmit_packed(p);
+                    }
+                    self.transmit_packed(Packed::One { to, frame });
                 }
                 Transmit::Control { to, control } => {
+                    if let Some(p) = packer.finish() {
+                        self.transmit_packed(p);
+                    }
                     let p = control.encode();
-                    (to, self.header(Kind::Relm, self.me, to, 0, p.len()), p)
+                    let h = self.header(Kind::Relm, self.me, to, 0, p.len());
+                    self.transmit_relm(to, h, p);
                 }
-            };
-            // Queued in RELM before a repair that failed `to`: RELM replays what matters.
-            if to == self.me || to >= self.size || self.routing.is_failed(to) {
-                log::debug!("rank {}: RELM frame for rank {to} dropped", self.me);
-                continue;
             }
-            // For a daemon that is neither a tree neighbour nor reached by a direct link (the
-            // link fell back since RELM chose it): RELM resent its messages over the tree on
-            // the fallback, and a lost control frame is asked for again or retransmitted.
-            if !self.is_neighbour(to) && !self.direct.is_direct(to) {
-                log::debug!(
-                    "rank {}: RELM frame for rank {to}, no longer linked, dropped",
-                    self.me
-                );
-                continue;
-            }
-            self.transmit(to, header, payload, None);
+        }
+        if let Some(p) = packer.finish() {
+            self.transmit_packed(p);
         }
         while let Some(Event::Completed { token, result }) = self.relm.poll_event() {
             // A stopping daemon already failed its users' sends `ShutDown` (`begin_stop`).
@@ -358,6 +370,56 @@ impl Node {
             }
         }
     }
+}
+
+impl Node {
+    /// Sends a lone reliable message or a batch of one chain's.
+    fn transmit_packed(&mut self, p: Packed) {
+        let (to, header, payload) = match p {
+            Packed::One { to, frame: f } => {
+                let mut h = self.header(Kind::RelmData, f.origin, f.dst, f.tag, f.payload.len());
+                h.seq = pack_seq(f.uid, f.prev);
+                (to, h, f.payload)
+            }
+            Packed::Batch {
+                to,
+                origin,
+                dst,
+                payload,
+                items: _,
+            } => {
+                let h = self.header(Kind::RelmData, origin, dst, TAG_BATCH, payload.len());
+                (to, h, payload)
+            }
+        };
+        self.transmit_relm(to, header, payload);
+    }
+
+    /// Sends one of RELM's frames to neighbour `to`, unless `to` is gone.
+    fn transmit_relm(&mut self, to: Rank, header: Header, payload: Bytes) {
+        // Queued in RELM before a repair that failed `to`: RELM replays what matters.
+        if to == self.me || to >= self.size || self.routing.is_failed(to) {
+            log::debug!("rank {}: RELM frame for rank {to} dropped", self.me);
+            return;
+        }
+        // For a daemon that is neither a tree neighbour nor reached by a direct link (the
+        // link fell back since RELM chose it): RELM resent its messages over the tree on
+        // the fallback, and a lost control frame is asked for again or retransmitted.
+        if !self.is_neighbour(to) && !self.direct.is_direct(to) {
+            log::debug!(
+                "rank {}: RELM frame for rank {to}, no longer linked, dropped",
+                self.me
+            );
+            return;
+        }
+        self.transmit(to, header, payload, None);
+    }
+}
+
+/// Whether a message with `tag` may travel over RELM: a user's, or one of
+/// [`RELIABLE_RUNTIME_TAGS`].
+fn travels_reliably(tag: Tag) -> bool {
+    tag >= TAG_USER_MIN || RELIABLE_RUNTIME_TAGS.contains(&tag)
 }
 
 /// RELM's `post`: hands a message to receive matching unless the matcher would have to evict a

@@ -1080,6 +1080,89 @@ fn a_daemon_that_never_reports_is_failed_and_its_subtree_still_wires() {
     }
 }
 
+/// Reliable sends handed over in one turn travel as reliable batch frames (`relm::batch`): the
+/// origin and each relay send one frame for the run, every message is posted once and in
+/// order, and each send completes. A malformed batch from a neighbour is refused (the driver
+/// closes that connection) before RELM sees any of its items.
+#[test]
+fn reliable_runs_travel_as_batch_frames_and_malformed_ones_are_refused() {
+    use crate::relm::DataFrame;
+    use crate::relm::batch::{Packed, Packer, TAG_BATCH};
+    // Radix 2, 4 daemons: 0 -> {1, 2}, 1 -> {3}; 3 to 2 goes through 1 and 0.
+    let mut net = Net::new(4, 2, |_| {});
+    let now = net.now;
+    for i in 0..40u64 {
+        net.node(3)
+            .handle_command(
+                now,
+                Command::SendReliable {
+                    dst: 2,
+                    tag: TAG,
+                    payload: Bytes::from(i.to_be_bytes().to_vec()),
+                    token: Some(i),
+                },
+            )
+            .unwrap();
+    }
+    net.collect(3);
+    net.run();
+    let at_2: Vec<u64> = net
+        .delivered
+        .iter()
+        .filter(|(r, m)| *r == 2 && m.origin == 3)
+        .map(|(_, m)| u64::from_be_bytes(m.payload[..].try_into().unwrap()))
+        .collect();
+    assert_eq!(at_2, (0..40).collect::<Vec<u64>>());
+    let mut done: Vec<u64> = net
+        .done
+        .iter()
+        .filter(|(r, _, res)| *r == 3 && res.is_ok())
+        .map(|(_, t, _)| *t)
+        .collect();
+    done.sort_unstable();
+    assert_eq!(done, (0..40).collect::<Vec<u64>>());
+    for hop in [3, 1, 0] {
+        let data: Vec<Tag> = net
+            .seen
+            .iter()
+            .filter(|(from, _, h)| *from == hop && h.kind == Kind::RelmData)
+            .map(|(_, _, h)| h.tag)
+            .collect();
+        assert_eq!(data, vec![TAG_BATCH], "rank {hop} sent {data:?}");
+    }
+    // Malformed batches from rank 3 at rank 1: cut short, and with an item's reserved tag (a
+    // batch in a batch).
+    let mut packer = Packer::with_frame_max(1 << 20);
+    let mut packed = Vec::new();
+    for (uid, tag) in [(100, TAG), (101, TAG_BATCH)] {
+        let frame = DataFrame {
+            origin: 3,
+            dst: 2,
+            tag,
+            uid,
+            prev: uid - 1,
+            payload: Bytes::from_static(b"xy"),
+        };
+        packed.extend(packer.push(1, frame));
+    }
+    packed.extend(packer.finish());
+    let [Packed::Batch { payload, .. }] = packed.as_slice() else {
+        panic!("one batch expected: {packed:?}");
+    };
+    let reserved = payload.clone();
+    let short = payload.slice(..payload.len() - 1);
+    let posted = net.nodes[2].relm().stats().posted;
+    for (bad, why) in [(short, "runs past the end"), (reserved, "has the tag 28")] {
+        let mut h = net.nodes[3].header(Kind::RelmData, 3, 2, TAG_BATCH, bad.len());
+        h.lives = 0;
+        let e = net.nodes[1].handle_frame(now, 3, h, bad).unwrap_err();
+        assert!(e.contains(why), "{e}");
+    }
+    net.collect(1);
+    net.run();
+    assert_eq!(net.nodes[2].relm().stats().posted, posted);
+}
+
 /// Batch frames (`rml::batch_frame`): a run of small messages crosses two relays as one frame
 /// and is delivered as its messages, in order; a malformed batch is dropped whole at its
 /// destination (nothing of it delivered), and what follows it is not disturbed.

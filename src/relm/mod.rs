@@ -13,6 +13,7 @@
 //! * `steady.rs` — the protocol rules in steady state: send, data, ack, request, timers.
 //! * `link.rs` — the rules after a repair: purge, link updates, depth stamps, gating.
 //! * `wire.rs` — the frame layouts.
+//! * `batch.rs` — batch frames: one chain's small messages for one neighbour in one frame.
 //!
 //! # The protocol (PRRTE's, see `docs/relm.md`)
 //! Each origin numbers its messages with one wrapping 32-bit uid counter and chains the
@@ -51,6 +52,7 @@
 //! size (`RELM_UPDATE_ENTRIES_MAX` per frame, several frames if needed), retransmissions per
 //! message (`RELM_RETRANSMITS_MAX`: then the completion fails with `Unreachable`).
 
+pub mod batch;
 mod engine;
 mod link;
 mod steady;

@@ -3,7 +3,9 @@
 //! The [`Matcher`] stores no callbacks: it hands out a [`ReceiveId`] per posted receive and
 //! says which id each message goes to; the driver keeps the callbacks keyed by that id.
 
-pub(crate) mod batch_frame;
+// Batch frames' layout, for the node and the fuzz targets: not API.
+#[doc(hidden)]
+pub mod batch_frame;
 mod matcher;
 mod tag;
 

@@ -75,6 +75,8 @@ pub struct SimNode {
     pub client_events: Vec<crate::clients::ClientEvent>,
     /// Broken rules (a malformed frame, an invariant): always a bug.
     pub errors: Vec<String>,
+    /// Reliable batch frames this daemon sent (`relm::batch`), as origin or hop.
+    pub relm_batches: u64,
     /// Ranks this daemon declared failed (the world closes its connections to them).
     pub declared: Vec<Rank>,
     /// Why it stopped, once it did (the world checks that it had to).
@@ -229,6 +231,7 @@ impl SimNode {
             got: Vec::new(),
             client_events: Vec::new(),
             errors: Vec::new(),
+            relm_batches: 0,
             declared: Vec::new(),
             stopped: None,
             stream_events: Vec::new(),
@@ -304,6 +307,33 @@ impl SimNode {
         let r = self.node.handle_command(now, c);
         self.step(now);
         r
+    }
+
+    /// Reliable sends from the application handed to the node in one turn, as the driver
+    /// drains several commands before the node's pump: RELM then packs them (`relm::batch`).
+    /// Each send's outcome, in order.
+    pub fn send_reliable_run(
+        &mut self,
+        now: Instant,
+        dst: Rank,
+        tag: Tag,
+        sends: Vec<(Bytes, u64)>,
+    ) -> Vec<Result<(), SendError>> {
+        self.tick(now);
+        let outcomes = sends
+            .into_iter()
+            .map(|(payload, token)| {
+                let c = Command::SendReliable {
+                    dst,
+                    tag,
+                    payload,
+                    token: Some(token),
+                };
+                self.node.handle_command(now, c)
+            })
+            .collect();
+        self.step(now);
+        outcomes
     }
 
     /// A stream command from the world's stream applications.
@@ -543,6 +573,10 @@ impl SimNode {
                     payload,
                     token,
                 } => {
+                    self.relm_batches += u64::from(
+                        header.kind == crate::oob::header::Kind::RelmData
+                            && header.tag == crate::relm::batch::TAG_BATCH,
+                    );
                     let payload = self.sharing.payload(&payload);
                     self.out.push(Out::Frame(to, Frame::new(&header, payload)));
                     if token.is_some() {

@@ -95,6 +95,7 @@ fn batch(n: u64, opts: Options) -> RunStats {
                 sum.plain_sent += s.plain_sent;
                 sum.plain_posted += s.plain_posted;
                 sum.batch_frames += s.batch_frames;
+                sum.relm_batch_frames += s.relm_batch_frames;
             }
             Err(e) => panic!("seed {seed}: {e:?}\nreplay: {}", o.replay_command(200)),
         }
@@ -219,13 +220,19 @@ fn direct_links_open_fall_back_and_keep_order() {
     assert!(s.direct_opened > 0);
 }
 
-/// The `batch` kind: plain sends in runs packed into batch frames cross direct links, their
-/// switches and slow links, every item checked as the message it is (in order where nothing
-/// reroutes them), and through crashes and dropped links.
+/// The `batch` kind: plain sends in runs packed into batch frames, and reliable sends in runs
+/// that RELM packs into reliable batch frames, cross direct links, their switches and slow
+/// links, every item checked as the message it is (in order where nothing reroutes them), and
+/// through crashes and dropped links.
 #[test]
 fn batch_frames_keep_order_across_direct_links_and_survive_faults() {
     let s = batch(80, kinds("direct,delay,batch"));
     assert!(s.batch_frames > 1_000, "batch frames: {}", s.batch_frames);
+    assert!(
+        s.relm_batch_frames > 1_000,
+        "reliable batch frames: {}",
+        s.relm_batch_frames
+    );
     assert!(s.direct_opened > 0, "no direct link opened");
     assert!(
         s.plain_order_runs > 10,
@@ -234,6 +241,7 @@ fn batch_frames_keep_order_across_direct_links_and_survive_faults() {
     );
     let s = batch(60, kinds("crash,link,stall,batch"));
     assert!(s.batch_frames > 0);
+    assert!(s.relm_batch_frames > 0);
 }
 
 #[test]

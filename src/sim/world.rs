@@ -267,6 +267,9 @@ pub struct RunStats {
     pub unread_frames: u64,
     /// Runs of the `batch` kind: batch frames the workload sent (each several plain messages).
     pub batch_frames: u64,
+    /// Reliable batch frames the daemons sent (`relm::batch`), by origins and hops, summed
+    /// over the daemons living at the end.
+    pub relm_batch_frames: u64,
     /// Frames dropped at a full queue (must stay 0 with flow control on).
     pub dropped_queue_full: u64,
     /// Runs with bulk connections (`world/bulk_wire.rs`): frames moved from a link's held
@@ -614,12 +617,11 @@ impl World {
         if size < 2 {
             return;
         }
-        // The `batch` kind sends the same plain messages in runs: fewer sends, as many messages.
-        let plain_sends = self
-            .scen
-            .plain
-            .div_ceil(u64::from(self.scen.batch_plain.max(1)));
-        let traffic = [(self.scen.messages, true), (plain_sends, false)];
+        // The `batch` kind sends the same messages in runs: fewer sends, as many messages.
+        let run = u64::from(self.scen.batch_plain.max(1));
+        let plain_sends = self.scen.plain.div_ceil(run);
+        let reliable_sends = self.scen.messages.div_ceil(run);
+        let traffic = [(reliable_sends, true), (plain_sends, false)];
         for (count, reliable) in traffic {
             for _ in 0..count {
                 let origin = self.rng.range(0, size - 1) as Rank;
@@ -831,6 +833,7 @@ impl World {
         }
         for n in &self.nodes {
             self.stats.retransmits += n.relm().stats().retransmits;
+            self.stats.relm_batch_frames += n.relm_batches;
             self.stats.replays += n.relm().stats().replays;
             self.stats.stale_dropped += n.node.counters().dropped_old_incarnation;
             self.stats.direct_opened += n.node.counters().direct.links_opened;
@@ -1221,8 +1224,12 @@ impl World {
                     self.push_send(at, origin, dst, reliable);
                     return Ok(());
                 }
-                if !reliable && self.scen.batch_plain > 1 {
-                    self.send_plain_run(now, origin, dst);
+                if self.scen.batch_plain > 1 {
+                    if reliable {
+                        self.send_reliable_run(now, origin, dst);
+                    } else {
+                        self.send_plain_run(now, origin, dst);
+                    }
                     self.after(origin)?;
                     return Ok(());
                 }
@@ -1280,6 +1287,39 @@ impl World {
             self.stats.batch_frames += u64::from(u.messages > 1);
             self.check.plain_sent += u64::from(u.messages);
             n.send_plain(now, u.dst, u.tag, u.payload);
+        }
+    }
+
+    /// The `batch` kind's reliable sends: `batch_plain` consecutive reliable messages from
+    /// `origin` to `dst` handed to the node in one turn, which RELM packs into batch frames
+    /// (`relm::batch`); every one is checked as the message it is.
+    fn send_reliable_run(&mut self, now: Instant, origin: Rank, dst: Rank) {
+        let mut sends = Vec::new();
+        let mut seqs = Vec::new();
+        for _ in 0..self.scen.batch_plain {
+            let seq = {
+                let s = self.pair_seq.entry((origin, dst)).or_insert(0);
+                *s += 1;
+                *s
+            };
+            let pad = self.rng.range(0, self.scen.pad_max) as usize;
+            let token = self.next_token;
+            self.next_token += 1;
+            sends.push((check::payload(origin, dst, seq, pad), token));
+            seqs.push((token, seq));
+        }
+        let Some(n) = self.nodes.get_mut(origin as usize) else {
+            return;
+        };
+        let outcomes = n.send_reliable_run(now, dst, TAG_RELIABLE, sends);
+        for ((token, seq), r) in seqs.into_iter().zip(outcomes) {
+            match r {
+                Ok(()) => self.check.sent_reliable(token, origin, dst, seq),
+                Err(e) => log::debug!(
+                    "{} us: reliable {origin}->{dst} #{seq} refused: {e}",
+                    self.now_us
+                ),
+            }
         }
     }
 
