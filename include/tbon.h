@@ -612,6 +612,9 @@ typedef struct {
   uint64_t flow_congested;
   // Sends refused `TBON_ERR_BUSY` because the queue towards their next hop was congested.
   uint64_t sends_busy_flow;
+  // Reliable sends refused `TBON_ERR_BUSY` at the call because `relm_unacked_max` reliable
+  // messages of this daemon were unacknowledged.
+  uint64_t relm_busy;
   // Direct links (setting `route`): requests for a link this daemon sent.
   uint64_t direct_requests_sent;
   // Requests other daemons sent this one.
@@ -1078,11 +1081,12 @@ tbon_rc tbon_send_batch(tbon_daemon d,
 //
 // `cb` (may be NULL) is called exactly once, on the loop thread, if and only if this returns
 // `TBON_OK`: with `TBON_OK` once `dst` has posted the message (delivered to a receive, or
-// held for one), `TBON_ERR_NODE_DOWN` if `dst` died first, `TBON_ERR_BUSY` when
-// `relm_unacked_max` reliable messages of this daemon are unacknowledged,
-// `TBON_ERR_SHUT_DOWN` if this daemon stops first, `TBON_ERR_UNREACHABLE` if the
-// retransmissions ran out. A reliable send to this daemon itself is delivered locally and
-// completes `TBON_OK`. Returned at once: the same errors as `tbon_send`.
+// held for one), `TBON_ERR_NODE_DOWN` if `dst` died first, `TBON_ERR_BUSY` if the next hop
+// was congested when the daemon took it, `TBON_ERR_SHUT_DOWN` if this daemon stops first,
+// `TBON_ERR_UNREACHABLE` if the retransmissions ran out. A reliable send to this daemon
+// itself is delivered locally and completes `TBON_OK`. Returned at once: the same errors as
+// `tbon_send`, and `TBON_ERR_BUSY` when `relm_unacked_max` reliable messages of this daemon
+// are unacknowledged (nothing was sent: offer it again later).
 tbon_rc tbon_send_reliable(tbon_daemon d,
                            uint32_t dst,
                            uint32_t tag,

@@ -440,8 +440,8 @@ settings! {
     /// Reliable messaging: milliseconds a daemon waits after a repair for its changed
     /// neighbours' link updates before sending its own to all of them anyway. 1..=3600000.
     relm_gate_ms: u64 = limits::RELM_GATE_MS_DEFAULT, env "TBON_RELM_GATE_MS";
-    /// Reliable messaging: messages a daemon may have sent and not yet had acknowledged; at
-    /// the bound a reliable send fails with Busy. 1..=1048576.
+    /// Reliable messaging: messages a daemon's callers may have sent and not yet had
+    /// acknowledged; at the bound a reliable send returns Busy at the call. 1..=1048576.
     relm_unacked_max: usize = limits::RELM_UNACKED_MAX_DEFAULT, env "TBON_RELM_UNACKED_MAX";
     /// Reliable messaging: early messages a destination holds while their predecessor is
     /// missing; beyond it an early message is dropped unacknowledged and replayed later by its

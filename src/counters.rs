@@ -215,6 +215,10 @@ pub struct Counters {
     /// Sends of this daemon's callers refused `Busy` because the queue towards their next hop
     /// was congested (back-pressure; the caller retries).
     pub sends_busy_flow: u64,
+    /// Reliable sends of this daemon's callers refused `Busy` at the call because
+    /// `relm_unacked_max` of their reliable messages were unacknowledged (back-pressure; the
+    /// caller retries).
+    pub relm_busy: u64,
     /// Direct links (`route` setting; see [`crate::direct`]).
     pub direct: DirectCounters,
     /// Streams (see [`crate::stream`]).

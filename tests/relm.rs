@@ -352,6 +352,46 @@ fn a_full_unmatched_list_refuses_and_the_origin_replays() {
     assert_eq!((c.relm_posted, c.dropped_unmatched), (3, 0));
 }
 
+/// `send_reliable` without a completion, as fast as it is taken, with a window of 8: a full
+/// window is refused `Busy` at the call (and counted), and every message the caller was told
+/// was sent arrives once and in order. (RELM used to refuse them after the call returned `Ok`,
+/// and those were lost without a word.)
+#[test]
+fn a_full_reliable_window_is_refused_at_the_call_and_nothing_is_lost() {
+    const N: u32 = 5_000;
+    let dvm = start_dvm_with(3, |r| {
+        let mut c = loopback_config(2);
+        if r == 2 {
+            c.relm_unacked_max = 8;
+        }
+        c
+    });
+    let rx = listen(&[&dvm[1]]);
+    let h = dvm[2].handle();
+    let mut busy = 0u64;
+    for seq in 0..N {
+        loop {
+            match h.send_reliable(1, TAG, payload(2, seq)) {
+                Ok(()) => break,
+                Err(SendError::Busy(tbon::Limit::ReliableWindow)) => {
+                    busy += 1;
+                    std::thread::yield_now();
+                }
+                Err(e) => panic!("send {seq}: {e}"),
+            }
+        }
+    }
+    assert!(busy > 0, "a window of 8 never filled");
+    let got = check_in_order(&rx, N as usize);
+    assert_eq!(got.get(&(1, 2)), Some(&N));
+    let c = wait_counters(&dvm[2], "every message acknowledged", |c| {
+        c.relm_unacked == 0
+    });
+    assert_eq!(c.relm_busy, busy);
+    assert_eq!(c.relm_sent, u64::from(N));
+    assert!(rx.try_recv().is_err(), "a message arrived twice");
+}
+
 #[test]
 fn stopping_fails_the_outstanding_reliable_sends() {
     let dvm = start_dvm_with(2, |r| {

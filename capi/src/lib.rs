@@ -488,6 +488,9 @@ pub struct tbon_counters {
     pub flow_congested: u64,
     /// Sends refused `TBON_ERR_BUSY` because the queue towards their next hop was congested.
     pub sends_busy_flow: u64,
+    /// Reliable sends refused `TBON_ERR_BUSY` at the call because `relm_unacked_max` reliable
+    /// messages of this daemon were unacknowledged.
+    pub relm_busy: u64,
     /// Direct links (setting `route`): requests for a link this daemon sent.
     pub direct_requests_sent: u64,
     /// Requests other daemons sent this one.
@@ -671,6 +674,7 @@ impl From<&Counters> for tbon_counters {
             log_lines_suppressed: c.log_lines_suppressed,
             flow_congested: c.flow_congested,
             sends_busy_flow: c.sends_busy_flow,
+            relm_busy: c.relm_busy,
             stream_served: c.streams.served,
             stream_refused: c.streams.refused,
             stream_bytes_sent: c.streams.bytes_sent,
@@ -1760,11 +1764,12 @@ pub unsafe extern "C" fn tbon_send_batch(
 ///
 /// `cb` (may be NULL) is called exactly once, on the loop thread, if and only if this returns
 /// `TBON_OK`: with `TBON_OK` once `dst` has posted the message (delivered to a receive, or
-/// held for one), `TBON_ERR_NODE_DOWN` if `dst` died first, `TBON_ERR_BUSY` when
-/// `relm_unacked_max` reliable messages of this daemon are unacknowledged,
-/// `TBON_ERR_SHUT_DOWN` if this daemon stops first, `TBON_ERR_UNREACHABLE` if the
-/// retransmissions ran out. A reliable send to this daemon itself is delivered locally and
-/// completes `TBON_OK`. Returned at once: the same errors as `tbon_send`.
+/// held for one), `TBON_ERR_NODE_DOWN` if `dst` died first, `TBON_ERR_BUSY` if the next hop
+/// was congested when the daemon took it, `TBON_ERR_SHUT_DOWN` if this daemon stops first,
+/// `TBON_ERR_UNREACHABLE` if the retransmissions ran out. A reliable send to this daemon
+/// itself is delivered locally and completes `TBON_OK`. Returned at once: the same errors as
+/// `tbon_send`, and `TBON_ERR_BUSY` when `relm_unacked_max` reliable messages of this daemon
+/// are unacknowledged (nothing was sent: offer it again later).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tbon_send_reliable(
     d: tbon_daemon,

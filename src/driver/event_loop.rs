@@ -123,6 +123,9 @@ pub(crate) struct EventLoop {
     /// message (so at most two at a time: the run a message ends, and itself); kept between
     /// drains so packing allocates no list.
     batch_units: Vec<Unit>,
+    /// Reliable sends to other daemons taken from the command channel since the reliable
+    /// window was last published (`relm_window.rs`).
+    relm_taken: usize,
     stopping: Option<StopReason>,
     /// Rank 0 shutting the DVM down: it keeps its established connections until each peer
     /// closes its end (or the linger runs out), because a peer that sees rank 0's close before
@@ -237,6 +240,7 @@ impl EventLoop {
             accept_retry: Vec::new(),
             frame_buf: Vec::new(),
             batch_units: Vec::new(),
+            relm_taken: 0,
             stopping: None,
             close_after_peers: false,
             grpcomm_resync: FxHashSet::default(),
@@ -608,6 +612,11 @@ impl EventLoop {
                     if let Caddy::Send { payload, .. } | Caddy::SendReliable { payload, .. } = &c {
                         self.shared.gate.taken(payload.len());
                     }
+                    if let Caddy::SendReliable { dst, .. } = &c
+                        && *dst != me
+                    {
+                        self.relm_taken += 1;
+                    }
                     self.command(c);
                     self.carry_out();
                     done += 1;
@@ -685,6 +694,11 @@ impl EventLoop {
     /// Publishes the node's origin answers to the submitting threads when they may have
     /// changed (`gate`).
     pub(super) fn publish_gate(&mut self) {
+        // The reliable window first: it changes with every reliable send and acknowledgement.
+        self.shared.relm_window.publish(
+            self.node.reliable_held(),
+            std::mem::take(&mut self.relm_taken),
+        );
         let version = self.node.origin_gate_version();
         if version == self.gate_version {
             return;
@@ -1032,6 +1046,7 @@ impl EventLoop {
         let mut c = self.node.counters();
         c.wakeups = self.shared.wakeups.load(Ordering::Relaxed);
         c.sends_busy_flow += self.shared.gate.refused();
+        c.relm_busy = self.shared.relm_window.refused();
         c.connections = self.conns.len() as u64;
         c.log_lines_suppressed = self.log_limit.suppressed_total();
         c

@@ -60,6 +60,8 @@ pub(crate) struct Shared {
     pub join: Mutex<Option<JoinHandle<()>>>,
     /// Destinations whose next hop is congested: sends to them are refused `Busy` here.
     pub gate: super::gate::OriginGate,
+    /// The users' reliable sends against `relm_unacked_max`: refused `Busy` here when full.
+    pub relm_window: super::relm_window::ReliableWindow,
     /// Set once wire-up completed (read on every send before it: no lock).
     pub wired: AtomicBool,
     /// Commands that must wait for wire-up (sends to other daemons, broadcasts, allgathers)
@@ -375,11 +377,24 @@ impl Handle {
         kind: Kind,
     ) -> Result<(), SendError> {
         self.check_send(dst, tag, &payload)?;
-        self.check_gate(dst, payload.len())?;
+        // RELM's window: a reliable send to another daemon is refused here rather than by
+        // RELM after the caller was told it was sent (`relm_window.rs`).
+        let windowed = matches!(kind, Kind::Reliable) && dst != self.shared.rank;
+        if windowed && !self.shared.relm_window.admit() {
+            return Err(SendError::Busy(crate::error::Limit::ReliableWindow));
+        }
+        let unadmit = || {
+            if windowed {
+                self.shared.relm_window.unadmit();
+            }
+        };
+        self.check_gate(dst, payload.len())
+            .inspect_err(|_| unadmit())?;
         let len = payload.len();
         let waits = usize::from(dst != self.shared.rank);
         if let Err(e) = self.shared.take_prewire(waits) {
             self.shared.gate.taken(len);
+            unadmit();
             return Err(e);
         }
         let caddy = match kind {
@@ -400,6 +415,7 @@ impl Handle {
         self.shared.submit(caddy).inspect_err(|_| {
             self.shared.gate.taken(len);
             self.shared.untake_prewire(waits);
+            unadmit();
         })
     }
 
@@ -472,9 +488,12 @@ impl Handle {
     /// Sends `payload` to `dst` with `tag` reliably (RELM), without waiting: the message
     /// reaches `dst`'s receive matching exactly once, and in order with the other reliable
     /// messages from this daemon to `dst`, even while daemons on its path die and the tree is
-    /// repaired. Argument errors are returned at once, as for [`Handle::send`]; what happens
-    /// later is only logged and counted — use [`Handle::send_reliable_with`] to see it.
-    /// Reliable and plain messages are not ordered with respect to each other.
+    /// repaired. Argument errors are returned at once, as for [`Handle::send`], and so is
+    /// `Busy` when `relm_unacked_max` reliable messages of this daemon's callers are still
+    /// unacknowledged (back-pressure: offer it again later; nothing was sent). What happens
+    /// later (the destination died first, this daemon stopped) is only logged and counted —
+    /// use [`Handle::send_reliable_with`] to see it. Reliable and plain messages are not
+    /// ordered with respect to each other.
     pub fn send_reliable(
         &self,
         dst: Rank,
@@ -486,8 +505,9 @@ impl Handle {
 
     /// Like [`Handle::send_reliable`], and calls `done` once on the loop thread: `Ok` when
     /// `dst` has posted the message (delivered to a receive, or held for one); `NodeDown(dst)`
-    /// if `dst` died first; `Busy` if `relm_unacked_max` messages of this daemon are still
-    /// unacknowledged; `ShutDown` if this daemon stops first; `Unreachable` after
+    /// if `dst` died first; `Busy` if the next hop was congested when the loop took it (flow
+    /// control; the full reliable window is refused at the call instead); `ShutDown` if this
+    /// daemon stops first; `Unreachable` after
     /// `limits::RELM_RETRANSMITS_MAX` unanswered retransmissions. A reliable send to this
     /// daemon itself is posted locally and completes `Ok`. If this returns an error, `done` is
     /// not called.

@@ -22,6 +22,7 @@ mod log_limit;
 mod modex;
 mod nonce;
 mod pending;
+mod relm_window;
 mod serve;
 mod stream_reader;
 mod stream_writer;
@@ -129,6 +130,7 @@ pub fn start(
             size,
             limits::COMMAND_QUEUE_MAX_BYTES.min(config.send_queue_max_bytes / 4),
         ),
+        relm_window: relm_window::ReliableWindow::new(config.relm_unacked_max),
         wired: AtomicBool::new(false),
         prewire_taken: AtomicUsize::new(0),
         prewire_max: config.prewire_queue_max,

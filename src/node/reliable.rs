@@ -115,6 +115,24 @@ impl Node {
         tokens
     }
 
+    /// The users' reliable sends to other daemons this daemon holds: RELM's unacknowledged
+    /// ones and those waiting for wire-up. The driver admits new ones against
+    /// `relm_unacked_max` with this (`driver/relm_window.rs`), so RELM never refuses one for
+    /// its window.
+    pub fn reliable_held(&self) -> usize {
+        let waiting = if self.prewire.is_empty() {
+            0
+        } else {
+            self.prewire
+                .iter()
+                .filter(
+                    |c| matches!(c, super::Command::SendReliable { dst, .. } if *dst != self.me),
+                )
+                .count()
+        };
+        self.relm.user_unacked() + waiting
+    }
+
     /// A reliable send originated here (once wired).
     pub(super) fn send_reliable(
         &mut self,

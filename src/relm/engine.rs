@@ -166,6 +166,9 @@ pub struct Record {
     pub retransmit_at: Instant,
     /// The origin's retransmissions so far.
     pub retransmits: u32,
+    /// At the origin: the runtime's own message ([`Relm::send_runtime`](super::Relm)), which
+    /// does not count against the users' window.
+    pub runtime: bool,
 }
 
 /// The message table: every record this daemon holds, each chain's records in uid order, and
@@ -180,6 +183,8 @@ pub struct MessageTable {
     cache: VecDeque<(MsgKey, Instant)>,
     hop_records: usize,
     origin_records: usize,
+    /// Origin records of the users' messages (not `runtime`).
+    user_records: usize,
     pending_records: usize,
 }
 
@@ -209,6 +214,35 @@ impl MessageTable {
         (self.origin_records, self.hop_records, self.pending_records)
     }
 
+    /// Origin records of the users' messages (the runtime's own left out).
+    pub fn user_records(&self) -> usize {
+        self.user_records
+    }
+
+    fn count_in(&mut self, r: &Record) {
+        match r.role {
+            Role::Origin => {
+                self.origin_records += 1;
+                self.user_records += usize::from(!r.runtime);
+            }
+            Role::Hop => self.hop_records += 1,
+            Role::Destination => self.pending_records += 1,
+        }
+    }
+
+    fn count_out(&mut self, r: &Record) {
+        match r.role {
+            Role::Origin => {
+                self.origin_records = self.origin_records.saturating_sub(1);
+                if !r.runtime {
+                    self.user_records = self.user_records.saturating_sub(1);
+                }
+            }
+            Role::Hop => self.hop_records = self.hop_records.saturating_sub(1),
+            Role::Destination => self.pending_records = self.pending_records.saturating_sub(1),
+        }
+    }
+
     /// Makes a record (trigger `New`, `Cached`, `Request` or `Wait`). Replaces nothing: the
     /// caller checks first.
     pub fn insert(
@@ -221,13 +255,9 @@ impl MessageTable {
             return Ok(());
         };
         record.state = state;
-        match record.role {
-            Role::Origin => self.origin_records += 1,
-            Role::Hop => {
-                self.hop_records += 1;
-                self.cache.push_back((key, record.since));
-            }
-            Role::Destination => self.pending_records += 1,
+        self.count_in(&record);
+        if record.role == Role::Hop {
+            self.cache.push_back((key, record.since));
         }
         if record.role != Role::Destination {
             let chain = self.chains.entry((key.origin, record.dst)).or_default();
@@ -265,11 +295,7 @@ impl MessageTable {
     /// Drops a record outright (purges after a repair).
     pub fn remove(&mut self, key: &MsgKey) -> Option<Record> {
         let r = self.records.remove(key)?;
-        match r.role {
-            Role::Origin => self.origin_records = self.origin_records.saturating_sub(1),
-            Role::Hop => self.hop_records = self.hop_records.saturating_sub(1),
-            Role::Destination => self.pending_records = self.pending_records.saturating_sub(1),
-        }
+        self.count_out(&r);
         if r.role != Role::Destination
             && let Some(chain) = self.chains.get_mut(&(key.origin, r.dst))
         {
@@ -317,11 +343,7 @@ impl MessageTable {
             {
                 let r = e.remove();
                 debug_assert_eq!(transition(r.role, Some(r.state), Trigger::Ack), Ok(None));
-                match r.role {
-                    Role::Origin => self.origin_records = self.origin_records.saturating_sub(1),
-                    Role::Hop => self.hop_records = self.hop_records.saturating_sub(1),
-                    Role::Destination => {}
-                }
+                self.count_out(&r);
                 released(key, r);
             }
         }
@@ -379,6 +401,7 @@ mod tests {
             token: None,
             retransmit_at: now,
             retransmits: 0,
+            runtime: false,
         }
     }
 

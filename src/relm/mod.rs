@@ -46,8 +46,10 @@
 //!   losses no repair announces (a frame dropped at a full relay queue).
 //!
 //! # Bounds
-//! Unacknowledged messages per origin (`relm_unacked_max`: at the bound `send_reliable` fails
-//! with `Busy`; the runtime's own messages may use `RELM_RUNTIME_RESERVE` more), pending messages at a destination (`relm_pending_max`: an early message beyond
+//! Unacknowledged messages per origin (`relm_unacked_max` of the users': at the bound
+//! `Relm::send` fails with `Busy`, and the driver refuses the call before it gets here; the
+//! runtime's own messages are refused only once users' and runtime's together reach
+//! `relm_unacked_max` plus `RELM_RUNTIME_RESERVE`), pending messages at a destination (`relm_pending_max`: an early message beyond
 //! it is dropped unacknowledged, and replayed later), the hop cache (count and age), link update
 //! size (`RELM_UPDATE_ENTRIES_MAX` per frame, several frames if needed), retransmissions per
 //! message (`RELM_RETRANSMITS_MAX`: then the completion fails with `Unreachable`).

@@ -43,7 +43,8 @@ impl Relm {
     /// (without one, nothing tells the outcome).
     ///
     /// Errors at once: `NodeDown` if `dst` is known failed, `Busy` at `relm_unacked_max`
-    /// unacknowledged messages, `RankOutOfRange` for `dst` = myself (the caller posts a message
+    /// unacknowledged messages of the users (the runtime's own are not counted:
+    /// [`Relm::user_unacked`]), `RankOutOfRange` for `dst` = myself (the caller posts a message
     /// to itself locally, as for any send). The caller has checked the rank range, the tag and
     /// the size.
     pub fn send(
@@ -55,14 +56,16 @@ impl Relm {
         payload: Bytes,
         token: Option<u64>,
     ) -> Result<(), SendError> {
-        let window = self.cfg.unacked_max;
-        self.send_within(now, topo, (dst, tag, payload), token, window)
+        self.send_within(now, topo, (dst, tag, payload), token, false)
     }
 
     /// [`Relm::send`] for the runtime's own messages (fault reports, broadcast requests and
-    /// notices): refused `Busy` only past `relm_unacked_max` plus
-    /// [`RELM_RUNTIME_RESERVE`](crate::limits::RELM_RUNTIME_RESERVE), so that a user keeping
-    /// the window full never holds them up. The caller bounds what it makes and keeps what is
+    /// notices): refused `Busy` only when this daemon holds `relm_unacked_max` plus
+    /// [`RELM_RUNTIME_RESERVE`](crate::limits::RELM_RUNTIME_RESERVE) unacknowledged messages,
+    /// users' and runtime's together, so that a user keeping the window full never holds them
+    /// up. (The users' window counts only the users' messages, so that what a caller was
+    /// admitted to send is never refused here; an origin thus holds at most twice
+    /// `relm_unacked_max` plus the reserve.) The caller bounds what it makes and keeps what is
     /// refused until [`Relm::has_runtime_room`].
     pub fn send_runtime(
         &mut self,
@@ -73,8 +76,13 @@ impl Relm {
         payload: Bytes,
         token: u64,
     ) -> Result<(), SendError> {
-        let window = self.runtime_window();
-        self.send_within(now, topo, (dst, tag, payload), Some(token), window)
+        self.send_within(now, topo, (dst, tag, payload), Some(token), true)
+    }
+
+    /// The users' reliable messages sent here and not yet acknowledged, given up or failed:
+    /// what [`Relm::send`]'s window counts.
+    pub fn user_unacked(&self) -> usize {
+        self.table.user_records()
     }
 
     /// Whether [`Relm::send_runtime`] would take a message now (as far as the window goes).
@@ -107,7 +115,7 @@ impl Relm {
         topo: &dyn Topology,
         (dst, tag, payload): (Rank, Tag, Bytes),
         token: Option<u64>,
-        window: usize,
+        runtime: bool,
     ) -> Result<(), SendError> {
         if dst == self.me || dst >= self.size {
             return Err(SendError::RankOutOfRange {
@@ -118,7 +126,12 @@ impl Relm {
         if topo.is_failed(dst) {
             return Err(SendError::NodeDown(dst));
         }
-        if self.table.counts().0 >= window {
+        let full = if runtime {
+            self.table.counts().0 >= self.runtime_window()
+        } else {
+            self.table.user_records() >= self.cfg.unacked_max
+        };
+        if full {
             return Err(SendError::Busy(crate::error::Limit::ReliableWindow));
         }
         let id = self.next_uid;
@@ -139,6 +152,7 @@ impl Relm {
             token,
             retransmit_at: now + Duration::from_millis(self.cfg.retransmit_ms),
             retransmits: 0,
+            runtime,
         };
         if let Err(e) = self.table.insert(key, record, Trigger::New) {
             bug(e);
@@ -255,6 +269,7 @@ impl Relm {
                 token: None,
                 retransmit_at: now,
                 retransmits: 0,
+                runtime: false,
             };
             if let Err(e) = self.table.insert(key, record, Trigger::Cached) {
                 bug(e);
@@ -378,6 +393,7 @@ impl Relm {
             token: None,
             retransmit_at: now,
             retransmits: 0,
+            runtime: false,
         };
         if let Err(e) = self.table.insert(key, record, Trigger::Wait) {
             bug(e);
@@ -545,6 +561,7 @@ impl Relm {
                     token: None,
                     retransmit_at: now,
                     retransmits: 0,
+                    runtime: false,
                 };
                 if let Err(e) = self.table.insert(key, record, Trigger::Request) {
                     bug(e);
