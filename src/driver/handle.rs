@@ -19,8 +19,8 @@ use std::collections::HashMap;
 /// What `Busy` names when a blocking call is made from a callback, on the loop thread.
 use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::thread::{JoinHandle, ThreadId};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use crate::node::StopReason;
@@ -29,6 +29,11 @@ pub use crate::node::StopReason;
 pub(crate) struct Lifecycle {
     pub wired: bool,
     pub stopped: Option<StopReason>,
+}
+
+thread_local! {
+    /// The daemon whose loop runs on this thread (`Shared::address`), or 0.
+    static LOOP_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// State shared between the loop thread and every handle.
@@ -55,8 +60,6 @@ pub(crate) struct Shared {
     pub lifecycle_cv: Condvar,
     /// Set with `lifecycle.stopped` (read on every submit: no lock).
     pub stopped: AtomicBool,
-    /// Set once, by the loop thread when it starts (read on every submit: no lock).
-    pub loop_thread: OnceLock<ThreadId>,
     pub join: Mutex<Option<JoinHandle<()>>>,
     /// Destinations whose next hop is congested: sends to them are refused `Busy` here.
     pub gate: super::gate::OriginGate,
@@ -95,8 +98,21 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// Whether the caller runs on this daemon's loop thread (a callback). Asked on every
+    /// submit: a thread-local compare, where asking for the current thread's id cost an
+    /// atomic increment and decrement of its handle.
     pub(crate) fn on_loop_thread(&self) -> bool {
-        self.loop_thread.get() == Some(&std::thread::current().id())
+        LOOP_OF.with(|l| l.get() == self.address())
+    }
+
+    /// Called once, by the loop thread when it starts.
+    pub(crate) fn mark_loop_thread(&self) {
+        LOOP_OF.with(|l| l.set(self.address()));
+    }
+
+    /// This daemon's identity within the process while it lives (it stays in one `Arc`).
+    fn address(&self) -> usize {
+        std::ptr::from_ref(self) as usize
     }
 
     /// Hands a command to the loop. From the loop thread itself (callbacks) a full channel is

@@ -50,7 +50,7 @@ use crate::oob::uri::ContactUri;
 use handle::{Lifecycle, Shared};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Starts daemon `rank` of a DVM of `size` daemons and returns once its listener is bound.
@@ -124,7 +124,6 @@ pub fn start(
         lifecycle: Mutex::new(Lifecycle::default()),
         lifecycle_cv: Condvar::new(),
         stopped: AtomicBool::new(false),
-        loop_thread: OnceLock::new(),
         join: Mutex::new(None),
         gate: gate::OriginGate::new(
             size,
@@ -170,7 +169,7 @@ pub fn start(
         .spawn(move || {
             // Set before the loop runs any callback, so calls from callbacks never block on
             // the loop itself.
-            let _ = on_thread.loop_thread.set(std::thread::current().id());
+            on_thread.mark_loop_thread();
             drop(on_thread);
             ev.run()
         })?;

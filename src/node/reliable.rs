@@ -186,10 +186,7 @@ impl Node {
                 .map_err(|e| e.to_string())?;
             return self
                 .relm_input(now, |relm, paths, post| {
-                    for d in items {
-                        relm.handle_data(now, paths, from, d, post)?;
-                    }
-                    Ok(())
+                    relm.handle_run(now, paths, from, items, post)
                 })
                 .map_err(|e| format!("reliable batch: {e}"));
         }

@@ -34,6 +34,16 @@ pub struct DataFrame {
 /// `false` if it could not be held (then RELM does not acknowledge it).
 pub type Post<'a> = dyn FnMut(Rank, Tag, Bytes) -> bool + 'a;
 
+/// What becomes of data that arrived: see [`Relm::handle_run`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Take,
+    /// An end failed, or it is this daemon's own: nothing to do.
+    Drop,
+    /// Not from its upstream neighbour.
+    Ignore,
+}
+
 fn bug(e: InvalidTransition) {
     log::error!("relm: invalid transition (a bug): {e:?}");
 }
@@ -207,38 +217,87 @@ impl Relm {
         d: DataFrame,
         post: &mut Post<'_>,
     ) -> Result<(), ControlError> {
-        if !uid::is_valid(d.uid) {
-            return Err(ControlError::Uid(d.uid));
+        self.handle_run(now, topo, from, std::iter::once(d), post)
+    }
+
+    /// Reliable messages that arrived from neighbour `from` in one frame, in order (a batch's
+    /// items: `relm::batch`), each as [`Relm::handle_data`] takes it. What concerns the chain
+    /// (the ranks, their failures, the upstream rule) is decided once per run of messages of
+    /// one (origin, destination). An error stops at that message; the ones before it were
+    /// taken.
+    pub fn handle_run(
+        &mut self,
+        now: Instant,
+        topo: &dyn Topology,
+        from: Rank,
+        items: impl IntoIterator<Item = DataFrame>,
+        post: &mut Post<'_>,
+    ) -> Result<(), ControlError> {
+        let mut chain: Option<((Rank, Rank), Verdict)> = None;
+        let mut took = false;
+        for d in items {
+            if !uid::is_valid(d.uid) {
+                return Err(ControlError::Uid(d.uid));
+            }
+            if !(uid::is_valid(d.prev) || d.prev == uid::NONE) {
+                return Err(ControlError::Uid(d.prev));
+            }
+            let verdict = match chain {
+                Some((c, v)) if c == (d.origin, d.dst) => v,
+                _ => {
+                    let v = self.verdict(topo, from, &d)?;
+                    chain = Some(((d.origin, d.dst), v));
+                    v
+                }
+            };
+            match verdict {
+                Verdict::Take => {}
+                Verdict::Drop => continue,
+                Verdict::Ignore => {
+                    self.stats.ignored += 1;
+                    continue;
+                }
+            }
+            took = true;
+            if d.dst == self.me {
+                self.arrive(now, topo, from, d, post);
+            } else {
+                self.relay(now, topo, d);
+            }
         }
-        if !(uid::is_valid(d.prev) || d.prev == uid::NONE) {
-            return Err(ControlError::Uid(d.prev));
+        if took {
+            self.arm_tick(now);
         }
+        Ok(())
+    }
+
+    /// Whether data of the chain of `d` is taken from neighbour `from`: ranks in range (else
+    /// the peer's fault), neither end failed and not this daemon's own (else dropped), and
+    /// `from` its current upstream neighbour, or the origin itself at the destination, over a
+    /// direct link (`Topology::direct`; else ignored, and counted per message).
+    fn verdict(
+        &self,
+        topo: &dyn Topology,
+        from: Rank,
+        d: &DataFrame,
+    ) -> Result<Verdict, ControlError> {
         if d.origin >= self.size || d.dst >= self.size {
             return Err(ControlError::Rank(d.origin.max(d.dst)));
         }
         if topo.is_failed(d.origin) || topo.is_failed(d.dst) || d.origin == self.me {
-            return Ok(());
+            return Ok(Verdict::Drop);
         }
-        // Data is accepted only from the message's current upstream neighbour, or at the
-        // destination from the origin itself (over a direct link: `Topology::direct`).
         let direct = d.dst == self.me && from == d.origin;
         if topo.next_hop(d.origin) != Some(from) && !direct {
-            self.stats.ignored += 1;
             log::debug!(
                 "rank {}: relm data {}:{} from {from}, not its upstream, ignored",
                 self.me,
                 d.origin,
                 d.uid
             );
-            return Ok(());
+            return Ok(Verdict::Ignore);
         }
-        if d.dst == self.me {
-            self.arrive(now, topo, from, d, post);
-        } else {
-            self.relay(now, topo, d);
-        }
-        self.arm_tick(now);
-        Ok(())
+        Ok(Verdict::Take)
     }
 
     fn relay(&mut self, now: Instant, topo: &dyn Topology, d: DataFrame) {
@@ -330,8 +389,10 @@ impl Relm {
             }
             self.stats.posted += 1;
             let mut last = d.uid;
-            // Drop a stale early copy of this very message, then post its waiting successors.
-            if self.table.get(&key).is_some() {
+            // Drop a stale early copy of this very message, then post its waiting successors;
+            // both are early messages, and most of the time there are none at all.
+            let early = self.table.counts().2 > 0;
+            if early && self.table.get(&key).is_some() {
                 if let Some(i) = self.inbound.get_mut(&origin)
                     && i.pending.get(&d.prev) == Some(&d.uid)
                 {
@@ -341,10 +402,11 @@ impl Relm {
                     bug(e);
                 }
             }
-            while let Some(next) = self
-                .inbound
-                .get_mut(&origin)
-                .and_then(|i| i.pending.remove(&last))
+            while early
+                && let Some(next) = self
+                    .inbound
+                    .get_mut(&origin)
+                    .and_then(|i| i.pending.remove(&last))
             {
                 let nkey = MsgKey { origin, uid: next };
                 let Some(r) = self.table.get(&nkey) else {

@@ -81,6 +81,9 @@ pub struct RoleArgs {
     /// Rate test: send with `send_reliable` (RELM) instead of `send`.
     #[arg(long, hide = true)]
     pub reliable: bool,
+    /// Rate test with `--reliable`: `send_reliable_with`, a completion per message.
+    #[arg(long, hide = true)]
+    pub completions: bool,
     /// Rate test: send with `send_batch` (many messages per hand-over to the loop).
     #[arg(long, hide = true)]
     pub batch: bool,
@@ -218,8 +221,11 @@ enum Mode {
     Plain,
     /// `Handle::send_batch`.
     Batch,
-    /// `Handle::send_reliable_with`.
+    /// `Handle::send_reliable`: no completion; the reliable window, refused `Busy` at the
+    /// call, is the flow control.
     Reliable,
+    /// `Handle::send_reliable_with`: a completion per message.
+    ReliableEach,
 }
 
 /// Payloads up to this size are also measured with `send_batch`.
@@ -289,6 +295,7 @@ impl Bench {
             .args(["--payload", &a.payload.to_string()])
             .args(["--count", &a.count.to_string()])
             .args(a.reliable.then_some("--reliable"))
+            .args(a.completions.then_some("--completions"))
             .args(a.batch.then_some("--batch"))
             .args(a.digest.then_some("--digest"))
             .args(a.route.iter().flat_map(|r| ["--route", r.as_str()]))
@@ -384,7 +391,8 @@ impl Bench {
                 payload,
                 count: self.count(payload),
                 dir: dir.clone(),
-                reliable: mode == Mode::Reliable,
+                reliable: matches!(mode, Mode::Reliable | Mode::ReliableEach),
+                completions: mode == Mode::ReliableEach,
                 batch: mode == Mode::Batch,
                 route: route.map(str::to_string),
                 radix: 0,
@@ -518,16 +526,29 @@ impl Bench {
                 rows.push(row);
             }
         }
-        // Reliable sends (RELM) beside plain ones, same layout: the cost of the guarantee.
+        // Reliable sends (RELM) beside plain ones, same layout: the cost of the guarantee. Both
+        // without a completion per message (`send` and `send_reliable`), like for like; and
+        // reliable sends with one each (`send_reliable_with`), which costs a boxed closure
+        // made on the caller's thread and run and freed on the loop's.
+        let rate =
+            |v: &Value| v["msgs"].as_f64().unwrap_or(0.0) / v["secs"].as_f64().unwrap_or(1.0);
+        let mut each = Vec::new();
         for (relays, payload, plain, rel) in self.paired(&[0, 3], &[64, 65_536], |b, r, p| {
-            b.tbon_rate(r, p, Mode::Reliable)
+            let v = b.tbon_rate(r, p, Mode::Reliable);
+            each.push(b.tbon_rate(r, p, Mode::ReliableEach).map(|e| rate(&e)));
+            v
         })? {
-            let (pm, rm) = (median(&plain), median(&rel));
+            let rel_each: Vec<f64> = each
+                .drain(..rel.len().min(each.len()))
+                .collect::<Res<_>>()?;
+            let (pm, rm, em) = (median(&plain), median(&rel), median(&rel_each));
             let row = json!({
                 "relays": relays, "payload": payload,
                 "plain_msgs_per_s": pm, "reliable_msgs_per_s": rm,
                 "ratio": rm / pm.max(1e-9),
-                "runs": {"plain": plain, "reliable": rel},
+                "reliable_each_msgs_per_s": em,
+                "each_ratio": em / pm.max(1e-9),
+                "runs": {"plain": plain, "reliable": rel, "reliable_each": rel_each},
                 "load": loadavg(),
             });
             eprintln!("{row}");
@@ -564,7 +585,7 @@ impl Bench {
         &mut self,
         routes: &[u32],
         payloads: &[usize],
-        other: impl Fn(&mut Self, u32, usize) -> Res<Value>,
+        mut other: impl FnMut(&mut Self, u32, usize) -> Res<Value>,
     ) -> Res<Vec<(u32, usize, Vec<f64>, Vec<f64>)>> {
         let rate =
             |v: &Value| v["msgs"].as_f64().unwrap_or(0.0) / v["secs"].as_f64().unwrap_or(1.0);
@@ -895,17 +916,21 @@ fn print_tables(out: &Value) {
         }
     }
     if let Some(rows) = out["reliable_rate"].as_array() {
-        println!("\n| route | payload | plain msg/s | reliable msg/s | reliable/plain |");
-        println!("|---|---|---|---|---|");
+        println!(
+            "\n| route | payload | plain msg/s | reliable msg/s | reliable/plain | reliable with a completion each msg/s | with completions/plain |"
+        );
+        println!("|---|---|---|---|---|---|---|");
         for r in rows {
             let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
             println!(
-                "| {} relays | {} | {:.3e} | {:.3e} | {:.0}% |",
+                "| {} relays | {} | {:.3e} | {:.3e} | {:.0}% | {:.3e} | {:.0}% |",
                 r["relays"],
                 size_name(r["payload"].as_u64().unwrap_or(0)),
                 f("plain_msgs_per_s"),
                 f("reliable_msgs_per_s"),
                 100.0 * f("ratio"),
+                f("reliable_each_msgs_per_s"),
+                100.0 * f("each_ratio"),
             );
         }
     }

@@ -152,7 +152,11 @@ pub fn rate(a: &RoleArgs) -> Res<()> {
         if a.batch {
             stream_batched(&d, a.receiver, a.payload, a.count)?;
         } else {
-            stream(&d, a.receiver, a.payload, a.count, a.reliable)?;
+            match (a.reliable, a.completions) {
+                (true, true) => stream_reliable(&d, a.receiver, a.payload, a.count)?,
+                (true, false) => stream_reliable_unwatched(&d, a.receiver, a.payload, a.count)?,
+                (false, _) => stream(&d, a.receiver, a.payload, a.count)?,
+            }
         }
     }
     if let Some(rx) = report_rx {
@@ -181,10 +185,7 @@ fn ack_every(payload: usize) -> u64 {
 /// sender never runs more than `window` messages ahead of the last one. A window on first-hop
 /// completions is not enough: a relay has no back-pressure towards the sender, and when it
 /// forwards more slowly than it receives, its bounded send queue fills and it drops frames.
-fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64, reliable: bool) -> Res<()> {
-    if reliable {
-        return stream_reliable(d, dst, payload, count);
-    }
+fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64) -> Res<()> {
     let body = Bytes::from(vec![0x5au8; payload]);
     let window = window(payload);
     let completed = post_ack_counter(d, dst)?;
@@ -205,7 +206,25 @@ fn stream(d: &Daemon, dst: Rank, payload: usize, count: u64, reliable: bool) -> 
     Ok(())
 }
 
-/// [`stream`] with reliable sends. Fewer than `RELIABLE_WINDOW` are unacknowledged at a time (a
+/// [`stream`] with `send_reliable` and no completion, as [`stream`] sends with `send`: the
+/// reliable window (`relm_unacked_max`), refused `Busy` at the call, is the end-to-end flow
+/// control, so no acknowledgements of the bench's own are needed.
+fn stream_reliable_unwatched(d: &Daemon, dst: Rank, payload: usize, count: u64) -> Res<()> {
+    let body = Bytes::from(vec![0x5au8; payload]);
+    for _ in 0..count {
+        let mut w = Waiter::default();
+        loop {
+            match d.send_reliable(dst, TAG_DATA, body.clone()) {
+                Ok(()) => break,
+                Err(SendError::Busy(_)) => w.wait(),
+                Err(e) => return Err(format!("send_reliable: {e}")),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`stream`] with reliable sends and a completion each (`send_reliable_with`). Fewer than `RELIABLE_WINDOW` are unacknowledged at a time (a
 /// send beyond `relm_unacked_max` would complete with `Busy`): the completions are the
 /// end-to-end flow control. A send whose completion says `Busy` (flow control found the next
 /// hop congested when the loop took it) was not sent: it is offered again.
