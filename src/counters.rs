@@ -100,7 +100,9 @@ pub struct Counters {
     /// RELM updates ignored: not from the message's current upstream or downstream
     /// neighbour, or a link update with a stale depth.
     pub relm_ignored: u64,
-    /// Reliable messages evicted from this daemon's hop cache (by age or count).
+    /// Reliable messages evicted from this daemon's hop cache (by age or count). Normal on a
+    /// busy relay: the cache keeps the last `relm_cache_max` messages for replays, and the
+    /// origin keeps every message until it is acknowledged, so an eviction loses nothing.
     pub relm_evicted: u64,
     /// Reliable messages refused here: early ones beyond `relm_pending_max`, or ones the full
     /// unmatched list could not hold. Not acknowledged; their origin replays them.

@@ -708,10 +708,9 @@ pub const GRPCOMM_PENDING_SYNCS_MAX: usize = 16;
 pub const GRPCOMM_DEFERRED_MAX: usize = ALLGATHER_TRACKED_MAX;
 
 /// Unacknowledged reliable messages of the runtime (fault reports, broadcast requests and
-/// completion notices) a daemon may have beyond `relm_unacked_max`, the window user reliable
-/// sends are refused at (which counts the users' messages only): the runtime's are refused once
-/// users' and runtime's together reach `relm_unacked_max` plus this, so they never queue behind
-/// a user who keeps the window full. At this bound too they wait where they are made (the xcast core's queues, which count
+/// completion notices, client messages) a daemon may have beyond `relm_unacked_max`: the
+/// runtime's own window is `relm_unacked_max` plus this, beside the users' (`relm_unacked_max`
+/// of theirs), so they never queue behind a user who keeps the users' window full. At this bound too they wait where they are made (the xcast core's queues, which count
 /// against rank 0's window; the unreported fault set) and go out as acknowledgements make room.
 pub const RELM_RUNTIME_RESERVE: usize = 1_024;
 

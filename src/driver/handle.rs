@@ -504,11 +504,15 @@ impl Handle {
     /// Sends `payload` to `dst` with `tag` reliably (RELM), without waiting: the message
     /// reaches `dst`'s receive matching exactly once, and in order with the other reliable
     /// messages from this daemon to `dst`, even while daemons on its path die and the tree is
-    /// repaired. Argument errors are returned at once, as for [`Handle::send`], and so is
-    /// `Busy` when `relm_unacked_max` reliable messages of this daemon's callers are still
-    /// unacknowledged (back-pressure: offer it again later; nothing was sent). What happens
-    /// later (the destination died first, this daemon stopped) is only logged and counted —
-    /// use [`Handle::send_reliable_with`] to see it. Reliable and plain messages are not
+    /// repaired. The errors of [`Handle::send`] are returned at once (arguments, and `Busy`
+    /// for a congested next hop or a full command channel), and so is
+    /// `Busy(Limit::ReliableWindow)` when `relm_unacked_max` reliable messages of this
+    /// daemon's callers are still unacknowledged: nothing was sent; the window frees as
+    /// acknowledgements come back (about a round trip), so offer it again after a short
+    /// back-off rather than in a tight loop. Once this returned `Ok` the message is never
+    /// refused for the window or for flow control; what can still end it undelivered (the
+    /// destination died first, this daemon stopped) is only logged and counted — use
+    /// [`Handle::send_reliable_with`] to see it. Reliable and plain messages are not
     /// ordered with respect to each other.
     pub fn send_reliable(
         &self,

@@ -806,18 +806,19 @@ impl Node {
         self.streams
             .check_invariants()
             .map_err(|e| format!("rank {}: {e}", self.me))?;
-        let (unacked, cached, pending) = self.relm.records();
+        let (_, _, pending) = self.relm.records();
+        let (users, runtime) = (self.relm.user_unacked(), self.relm.runtime_unacked());
         let cfg = self.relm.config();
         let window = cfg
             .unacked_max
             .saturating_add(crate::limits::RELM_RUNTIME_RESERVE);
-        if unacked > window || pending > cfg.pending_max {
+        if users > cfg.unacked_max || runtime > window || pending > cfg.pending_max {
             return Err(format!(
-                "rank {}: RELM table beyond its bounds ({unacked} unacknowledged, {pending} pending)",
+                "rank {}: RELM table beyond its bounds ({users} users' and {runtime} runtime \
+                 messages unacknowledged, {pending} pending)",
                 self.me
             ));
         }
-        let _ = cached;
         if self.prewire.len() > self.prewire_queue_max {
             return Err(format!(
                 "rank {}: pre-wire-up queue beyond its bound",

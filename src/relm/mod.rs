@@ -48,8 +48,8 @@
 //! # Bounds
 //! Unacknowledged messages per origin (`relm_unacked_max` of the users': at the bound
 //! `Relm::send` fails with `Busy`, and the driver refuses the call before it gets here; the
-//! runtime's own messages are refused only once users' and runtime's together reach
-//! `relm_unacked_max` plus `RELM_RUNTIME_RESERVE`), pending messages at a destination (`relm_pending_max`: an early message beyond
+//! runtime's own messages have a window of their own, `relm_unacked_max` plus
+//! `RELM_RUNTIME_RESERVE`), pending messages at a destination (`relm_pending_max`: an early message beyond
 //! it is dropped unacknowledged, and replayed later), the hop cache (count and age), link update
 //! size (`RELM_UPDATE_ENTRIES_MAX` per frame, several frames if needed), retransmissions per
 //! message (`RELM_RETRANSMITS_MAX`: then the completion fails with `Unreachable`).

@@ -70,13 +70,14 @@ impl Relm {
     }
 
     /// [`Relm::send`] for the runtime's own messages (fault reports, broadcast requests and
-    /// notices): refused `Busy` only when this daemon holds `relm_unacked_max` plus
-    /// [`RELM_RUNTIME_RESERVE`](crate::limits::RELM_RUNTIME_RESERVE) unacknowledged messages,
-    /// users' and runtime's together, so that a user keeping the window full never holds them
-    /// up. (The users' window counts only the users' messages, so that what a caller was
-    /// admitted to send is never refused here; an origin thus holds at most twice
-    /// `relm_unacked_max` plus the reserve.) The caller bounds what it makes and keeps what is
-    /// refused until [`Relm::has_runtime_room`].
+    /// notices, client messages): a window of its own, refused `Busy` only when this daemon
+    /// holds `relm_unacked_max` plus
+    /// [`RELM_RUNTIME_RESERVE`](crate::limits::RELM_RUNTIME_RESERVE) unacknowledged runtime
+    /// messages, so that a user keeping the users' window full never holds them up, and they
+    /// never take room a caller was admitted to (the driver admits users' sends against
+    /// [`Relm::user_unacked`]). An origin thus holds at most twice `relm_unacked_max` plus the
+    /// reserve. The caller bounds what it makes and keeps what is refused until
+    /// [`Relm::has_runtime_room`].
     pub fn send_runtime(
         &mut self,
         now: Instant,
@@ -95,9 +96,18 @@ impl Relm {
         self.table.user_records()
     }
 
+    /// The runtime's own reliable messages sent here and not yet acknowledged, given up or
+    /// failed: what [`Relm::send_runtime`]'s window counts.
+    pub fn runtime_unacked(&self) -> usize {
+        self.table
+            .counts()
+            .0
+            .saturating_sub(self.table.user_records())
+    }
+
     /// Whether [`Relm::send_runtime`] would take a message now (as far as the window goes).
     pub fn has_runtime_room(&self) -> bool {
-        self.table.counts().0 < self.runtime_window()
+        self.runtime_unacked() < self.runtime_window()
     }
 
     /// The tokens of the messages sent here and not yet completed (acknowledged, given up or
@@ -137,7 +147,7 @@ impl Relm {
             return Err(SendError::NodeDown(dst));
         }
         let full = if runtime {
-            self.table.counts().0 >= self.runtime_window()
+            self.runtime_unacked() >= self.runtime_window()
         } else {
             self.table.user_records() >= self.cfg.unacked_max
         };
