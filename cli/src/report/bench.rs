@@ -180,6 +180,14 @@ fn reliable(p: &mut Page, run: &Value) {
                         per_s(r["reliable_msgs_per_s"].as_f64().unwrap_or(0.0))
                     )
                 }),
+                // Runs before 2026-11-29 measured reliable sends with completions only.
+                bar(r["each_ratio"].as_f64(), |v| {
+                    format!(
+                        "{} ({})",
+                        percent(v),
+                        per_s(r["reliable_each_msgs_per_s"].as_f64().unwrap_or(0.0))
+                    )
+                }),
             ]
         })
         .collect();
@@ -189,10 +197,11 @@ fn reliable(p: &mut Page, run: &Value) {
             "reliable sends against plain ones",
             "share of the plain rate",
             &groups,
-            &["plain", "reliable"],
+            &["plain", "reliable", "reliable, a completion each"],
             &values,
         ),
-        "Each group: plain sends as 1, reliable sends as their share of it, with the rates.",
+        "Each group: plain sends (send) as 1, reliable sends (send_reliable) as their share of it, \
+         and reliable sends with a completion each (send_reliable_with), with the rates.",
     );
 }
 
