@@ -21,6 +21,7 @@ use super::uid;
 use crate::Rank;
 use crate::limits::{BATCH_FRAME_BYTES_MAX, BATCH_FRAME_ITEMS_MAX, BATCH_ITEM_MAX_BYTES};
 use crate::rml::Tag;
+use crate::rml::runs::{Run, RunItem, Runs};
 use bytes::{Bytes, BytesMut};
 use std::fmt;
 
@@ -55,20 +56,37 @@ pub enum Packed {
 }
 
 /// Packs the data frames RELM asks for, in the order it asks: a run of consecutive small
-/// messages for one neighbour and one chain becomes one batch. The caller hands on what
-/// [`Packer::push`] and [`Packer::finish`] return, in the order they return it; so a
-/// neighbour sees every chain's messages in the order RELM sent them.
+/// messages for one neighbour and one chain becomes one batch (the rule is `rml::runs`'s). The
+/// caller hands on what [`Packer::push`] and [`Packer::finish`] return, in the order they
+/// return it; so a neighbour sees every chain's messages in the order RELM sent them.
 #[derive(Debug)]
 pub struct Packer {
-    /// The open run: its neighbour and its first message, not yet encoded (a run of one is
-    /// sent as itself).
-    first: Option<(Rank, DataFrame)>,
-    /// The open run's encoded items, once it has two or more.
-    buf: BytesMut,
-    items: u32,
-    /// The largest batch payload: [`BATCH_FRAME_BYTES_MAX`], or less when the daemons accept
-    /// smaller messages (a frame above a receiver's `msg_max_bytes` would close its connection).
-    frame_max: usize,
+    runs: Runs<Hop>,
+}
+
+/// A reliable message for a neighbour as a run item: (neighbour, origin, destination) is the
+/// run's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Hop {
+    to: Rank,
+    frame: DataFrame,
+}
+
+impl RunItem for Hop {
+    type Key = (Rank, Rank, Rank);
+    const HEADER_LEN: usize = ITEM_HEADER_LEN;
+
+    fn key(&self) -> (Rank, Rank, Rank) {
+        (self.to, self.frame.origin, self.frame.dst)
+    }
+
+    fn payload_len(&self) -> usize {
+        self.frame.payload.len()
+    }
+
+    fn put(&self, buf: &mut BytesMut) {
+        put_item(buf, &self.frame);
+    }
 }
 
 impl Packer {
@@ -76,10 +94,7 @@ impl Packer {
     /// [`BATCH_FRAME_BYTES_MAX`].
     pub fn with_frame_max(msg_max_bytes: usize) -> Self {
         Packer {
-            first: None,
-            buf: BytesMut::new(),
-            items: 0,
-            frame_max: msg_max_bytes.min(BATCH_FRAME_BYTES_MAX),
+            runs: Runs::new(msg_max_bytes.min(BATCH_FRAME_BYTES_MAX)),
         }
     }
 
@@ -95,53 +110,30 @@ impl Packer {
     #[must_use]
     pub fn push(&mut self, to: Rank, frame: DataFrame) -> Option<Packed> {
         debug_assert!(Self::packable(&frame));
-        let (joins, run_bytes) = match &self.first {
-            Some((t, f)) => {
-                let same = *t == to && f.origin == frame.origin && f.dst == frame.dst;
-                let bytes = if self.items == 1 {
-                    ITEM_HEADER_LEN + f.payload.len()
-                } else {
-                    self.buf.len()
-                };
-                (same, bytes)
-            }
-            None => (false, 0),
-        };
-        let fits = run_bytes + ITEM_HEADER_LEN + frame.payload.len() <= self.frame_max
-            && (self.items as usize) < BATCH_FRAME_ITEMS_MAX;
-        if !(joins && fits) {
-            let closed = self.finish();
-            self.first = Some((to, frame));
-            self.items = 1;
-            return closed;
-        }
-        if self.items == 1
-            && let Some((_, f)) = &self.first
-        {
-            self.buf
-                .reserve(self.frame_max.min(16 * (ITEM_HEADER_LEN + f.payload.len())));
-            put_item(&mut self.buf, f);
-        }
-        put_item(&mut self.buf, &frame);
-        self.items += 1;
-        None
+        self.runs.push(Hop { to, frame }).map(packed)
     }
 
     /// Hands on the open run, if any.
     #[must_use]
     pub fn finish(&mut self) -> Option<Packed> {
-        let (to, frame) = self.first.take()?;
-        let items = std::mem::take(&mut self.items);
-        if items <= 1 {
-            return Some(Packed::One { to, frame });
-        }
-        Some(Packed::Batch {
-            to,
-            origin: frame.origin,
-            dst: frame.dst,
-            payload: self.buf.split().freeze(),
+        self.runs.finish().map(packed)
+    }
+}
+
+fn packed(run: Run<Hop>) -> Packed {
+    match run {
+        Run::One(Hop { to, frame }) => Packed::One { to, frame },
+        Run::Batch {
+            key: (to, origin, dst),
+            payload,
             items,
-        })
+        } => Packed::Batch {
+            to,
+            origin,
+            dst,
+            payload,
+            items,
+        },
     }
 }
 

@@ -12,6 +12,7 @@
 //! queue copies anyway (`limits::SEND_COALESCE_MAX_PAYLOAD`), so packing adds no copy; larger
 //! ones keep their own frame and are never copied. A run of one message is sent as itself.
 
+use super::runs::{Run, RunItem, Runs};
 use super::{TAG_USER_MIN, Tag};
 use crate::Rank;
 use crate::limits::{BATCH_FRAME_BYTES_MAX, BATCH_FRAME_ITEMS_MAX, BATCH_ITEM_MAX_BYTES};
@@ -40,19 +41,37 @@ pub struct Unit {
 
 /// Groups a sequence of plain messages into [`Unit`]s, in order: runs of consecutive small
 /// messages to the same destination become one batch each (bounded by
-/// [`BATCH_FRAME_BYTES_MAX`] and [`BATCH_FRAME_ITEMS_MAX`]); every other message is its own
-/// unit. Messages to one destination leave in the order they were offered.
+/// [`BATCH_FRAME_BYTES_MAX`] and [`BATCH_FRAME_ITEMS_MAX`]; the rule is `rml::runs`'s); every
+/// other message is its own unit. Messages to one destination leave in the order they were
+/// offered.
 #[derive(Debug)]
 pub struct Packer {
-    /// The open run's destination and its first message, not yet encoded (a run of one is
-    /// sent as itself).
-    first: Option<(Rank, Tag, Bytes)>,
-    /// The open run's encoded items, once it has two or more.
-    buf: BytesMut,
-    items: u32,
-    /// The largest batch payload: [`BATCH_FRAME_BYTES_MAX`], or less when the daemons accept
-    /// smaller messages (a frame above a receiver's `msg_max_bytes` would close its connection).
-    frame_max: usize,
+    runs: Runs<Plain>,
+}
+
+/// A plain message as a run item: its destination is the run's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Plain {
+    dst: Rank,
+    tag: Tag,
+    payload: Bytes,
+}
+
+impl RunItem for Plain {
+    type Key = Rank;
+    const HEADER_LEN: usize = ITEM_HEADER_LEN;
+
+    fn key(&self) -> Rank {
+        self.dst
+    }
+
+    fn payload_len(&self) -> usize {
+        self.payload.len()
+    }
+
+    fn put(&self, buf: &mut BytesMut) {
+        put_item(buf, self.tag, &self.payload);
+    }
 }
 
 impl Default for Packer {
@@ -77,10 +96,7 @@ impl Packer {
             .unwrap_or(usize::MAX)
             .min(BATCH_FRAME_BYTES_MAX);
         Packer {
-            first: None,
-            buf: BytesMut::new(),
-            items: 0,
-            frame_max,
+            runs: Runs::new(frame_max),
         }
     }
 
@@ -106,52 +122,37 @@ impl Packer {
             });
             return;
         }
-        let (run_dst, run_bytes) = match &self.first {
-            Some((d, _, p)) if self.items == 1 => (Some(*d), ITEM_HEADER_LEN + p.len()),
-            Some((d, ..)) => (Some(*d), self.buf.len()),
-            None => (None, 0),
-        };
-        let fits = run_bytes + ITEM_HEADER_LEN + payload.len() <= self.frame_max
-            && (self.items as usize) < BATCH_FRAME_ITEMS_MAX;
-        if run_dst != Some(dst) || !fits {
-            self.finish(&mut emit);
-            self.first = Some((dst, tag, payload));
-            self.items = 1;
-            return;
+        if let Some(run) = self.runs.push(Plain { dst, tag, payload }) {
+            emit(unit(run));
         }
-        if self.items == 1
-            && let Some((_, t, p)) = &self.first
-        {
-            let (t, p) = (*t, p.clone());
-            self.buf
-                .reserve(self.frame_max.min(16 * (ITEM_HEADER_LEN + p.len())));
-            put_item(&mut self.buf, t, &p);
-        }
-        put_item(&mut self.buf, tag, &payload);
-        self.items += 1;
     }
 
     /// Hands on the open run, if any.
     pub fn finish(&mut self, mut emit: impl FnMut(Unit)) {
-        let Some((dst, tag, payload)) = self.first.take() else {
-            return;
-        };
-        let items = std::mem::take(&mut self.items);
-        if items <= 1 {
-            emit(Unit {
-                dst,
-                tag,
-                payload,
-                messages: 1,
-            });
-        } else {
-            emit(Unit {
-                dst,
-                tag: TAG_BATCH,
-                payload: self.buf.split().freeze(),
-                messages: items,
-            });
+        if let Some(run) = self.runs.finish() {
+            emit(unit(run));
         }
+    }
+}
+
+fn unit(run: Run<Plain>) -> Unit {
+    match run {
+        Run::One(Plain { dst, tag, payload }) => Unit {
+            dst,
+            tag,
+            payload,
+            messages: 1,
+        },
+        Run::Batch {
+            key,
+            payload,
+            items,
+        } => Unit {
+            dst: key,
+            tag: TAG_BATCH,
+            payload,
+            messages: items,
+        },
     }
 }
 

@@ -6,7 +6,9 @@
 // Batch frames' layout, for the node and the fuzz targets: not API.
 #[doc(hidden)]
 pub mod batch_frame;
+// Runs of small messages in one batch payload, for plain and reliable batch frames.
 mod matcher;
+pub(crate) mod runs;
 mod tag;
 
 pub use matcher::{Message, Peer, RecvMode};
