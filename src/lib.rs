@@ -124,7 +124,7 @@ pub use modex::GetError;
 pub use node::FenceMode;
 pub use node::contacts::ContactsSetting;
 pub use node::{FAIL_NO_ROOM, FAIL_NO_SERVICE};
-pub use rml::{Message, Peer, RecvMode, Tag};
+pub use rml::{Message, MessageRef, Peer, RecvMode, Tag};
 pub use routed::{RecoveryStatus, Scope};
 pub use stream::StreamError;
 

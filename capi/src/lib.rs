@@ -40,7 +40,7 @@ use tbon::config::Config;
 use tbon::counters::Counters;
 use tbon::driver::{Daemon, Handle, StopReason};
 use tbon::error::{RecvError, SendError, StartError};
-use tbon::rml::{Message, Peer};
+use tbon::rml::Peer;
 use tbon::routed::{RecoveryStatus, Scope};
 
 /// Result code of every tbon call (and the argument of send completions).
@@ -2086,7 +2086,7 @@ pub extern "C" fn tbon_recv(
         };
         let h = handle(d)?;
         let user = UserPtr(user);
-        h.recv(
+        h.recv_ref(
             peer_arg(peer),
             tag,
             if persistent != 0 {
@@ -2094,15 +2094,17 @@ pub extern "C" fn tbon_recv(
             } else {
                 tbon::RecvMode::Once
             },
-            move |m: Message| {
+            // Lent, not handed over: the payload only has to live for the call.
+            move |m: &tbon::MessageRef<'_>| {
                 let _scope = CallbackScope::enter();
-                let data = if m.payload.is_empty() {
+                let payload = m.payload();
+                let data = if payload.is_empty() {
                     std::ptr::null()
                 } else {
-                    m.payload.as_ptr()
+                    payload.as_ptr()
                 };
                 // SAFETY: the caller's function; `data` points to `len` bytes alive for the call.
-                unsafe { cb(m.origin, m.tag, data, m.payload.len(), user.get()) }
+                unsafe { cb(m.origin, m.tag, data, payload.len(), user.get()) }
             },
         )?;
         Ok(())

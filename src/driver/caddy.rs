@@ -3,7 +3,8 @@
 
 use crate::error::SendError;
 use crate::grpcomm::AllgatherResult;
-use crate::rml::{Message, Peer, Tag};
+use crate::rml::batch_frame::ItemRun;
+use crate::rml::{Message, MessageRef, Peer, Tag};
 use crate::routed::RecoveryStatus;
 use crate::{Counters, Rank};
 use bytes::Bytes;
@@ -27,6 +28,53 @@ pub type FaultHandler = Box<dyn FnMut(&RecoveryStatus) + Send + 'static>;
 
 /// Called on the loop thread for every message a receive matches.
 pub type RecvCallback = Box<dyn FnMut(Message) + Send + 'static>;
+
+/// Called on the loop thread for every message a receive posted with `recv_ref` matches: the
+/// message is lent for the call.
+pub type RecvRefCallback = Box<dyn FnMut(&MessageRef<'_>) + Send + 'static>;
+
+/// What a posted receive calls: with each message to keep, or with each message lent.
+pub enum OnMessage {
+    /// `Handle::recv` and everything built on it.
+    Owned(RecvCallback),
+    /// `Handle::recv_ref`.
+    Lent(RecvRefCallback),
+}
+
+impl From<RecvCallback> for OnMessage {
+    fn from(cb: RecvCallback) -> Self {
+        OnMessage::Owned(cb)
+    }
+}
+
+impl OnMessage {
+    /// Calls the callback with `msg`.
+    pub fn call(&mut self, msg: Message) {
+        match self {
+            OnMessage::Owned(cb) => cb(msg),
+            OnMessage::Lent(cb) => cb(&MessageRef::of(&msg)),
+        }
+    }
+
+    /// Calls the callback with every message of `run`, in order; whether any call asked for a
+    /// pause (`ask_pause`).
+    pub fn call_run(&mut self, run: &ItemRun) -> bool {
+        let mut paused = false;
+        match self {
+            OnMessage::Owned(cb) => {
+                for msg in run.messages() {
+                    cb(msg);
+                    paused |= take_pause();
+                }
+            }
+            OnMessage::Lent(cb) => run.for_each_ref(|m| {
+                cb(m);
+                paused |= take_pause();
+            }),
+        }
+        paused
+    }
+}
 
 thread_local! {
     /// Set by a receive's callback (on the loop thread) that wants no more matches: the loop
@@ -132,7 +180,7 @@ pub(crate) enum Caddy {
         peer: Peer,
         tag: Tag,
         persistent: bool,
-        callback: RecvCallback,
+        callback: OnMessage,
         post: u64,
     },
     /// Cancel the receive for (peer, tag) if it is still post `post` (not one posted again

@@ -17,7 +17,7 @@ mod links;
 mod streams;
 mod tools;
 
-use super::caddy::{AllgatherCompletion, Caddy, Completion, FaultHandler, RecvCallback};
+use super::caddy::{AllgatherCompletion, Caddy, Completion, FaultHandler, OnMessage};
 use super::conn::Conn;
 use super::handle::{Shared, lock};
 use super::log_limit::{LogLimiter, Refusal};
@@ -33,7 +33,7 @@ use crate::node::{Command, LinkProgress, Node, Output, Reroute, StopReason, Stre
 use crate::oob::frame::Frame;
 use crate::oob::handshake::HandshakeConfig;
 use crate::oob::header::Kind;
-use crate::rml::batch_frame::{Packer, Unit};
+use crate::rml::batch_frame::{ItemRun, Packer, Unit};
 use crate::rml::{Peer, ReceiveId, Tag};
 use crossbeam_channel::Receiver;
 use links::Link;
@@ -77,7 +77,7 @@ pub(crate) struct EventLoop {
     next_generation: u64,
     links: FxHashMap<Rank, Link>,
     /// Receive callbacks by the node's receive id, with the handle's post id.
-    receives: FxHashMap<ReceiveId, (Peer, Tag, u64, RecvCallback)>,
+    receives: FxHashMap<ReceiveId, (Peer, Tag, u64, OnMessage)>,
     /// Receives whose callback asked to pause during this drain of outputs: cancelled in the
     /// node at once, dropped from `receives` once the drain is over.
     paused_receives: Vec<ReceiveId>,
@@ -394,6 +394,21 @@ impl EventLoop {
         }
     }
 
+    /// Calls persistent receive `receive`'s callback for every message of `run`, in order. A
+    /// callback that pauses its receive still gets the rest of the run: the node matched it
+    /// already, as it had the `Deliver`s queued behind a pausing one.
+    fn deliver_run(&mut self, receive: ReceiveId, run: &ItemRun) {
+        let Some((peer, tag, post, cb)) = self.receives.get_mut(&receive) else {
+            return;
+        };
+        if cb.call_run(run) {
+            let (peer, tag, post) = (*peer, *tag, *post);
+            self.node.cancel(peer, tag);
+            self.shared.unpost(peer, tag, post);
+            self.paused_receives.push(receive);
+        }
+    }
+
     fn carry_out_outputs(&mut self) {
         while let Some(o) = self.node.poll_output() {
             match o {
@@ -427,12 +442,12 @@ impl EventLoop {
                     if retired {
                         if let Some((peer, tag, post, mut cb)) = self.receives.remove(&receive) {
                             self.shared.unpost(peer, tag, post);
-                            cb(msg);
+                            cb.call(msg);
                             // A one-shot receive is gone anyway.
                             let _ = super::caddy::take_pause();
                         }
                     } else if let Some((peer, tag, post, cb)) = self.receives.get_mut(&receive) {
-                        cb(msg);
+                        cb.call(msg);
                         if super::caddy::take_pause() {
                             // No more matches from here on: later messages are held. Matches
                             // the node made already still reach the callback in this drain.
@@ -443,6 +458,7 @@ impl EventLoop {
                         }
                     }
                 }
+                Output::DeliverRun { receive, run } => self.deliver_run(receive, &run),
                 o @ (Output::SendDone { .. }
                 | Output::AllgatherDone { .. }
                 | Output::GroupDone { .. }

@@ -5,7 +5,7 @@
 //! a `mio::Waker` only when it is asleep in `poll` (the `asleep` flag), so a burst of commands, or
 //! commands issued by callbacks on the loop thread, cost no wake-up system call.
 
-use super::caddy::{AllgatherCompletion, Caddy, Completion, FaultHandler, RecvCallback};
+use super::caddy::{AllgatherCompletion, Caddy, Completion, FaultHandler, OnMessage, RecvCallback};
 use crate::Rank;
 use crate::counters::Counters;
 use crate::error::{RecvError, RegisterError, SendError};
@@ -736,7 +736,28 @@ impl Handle {
         mode: RecvMode,
         callback: impl FnMut(Message) + Send + 'static,
     ) -> Result<(), RecvError> {
-        self.post(peer, tag, mode.is_persistent(), Box::new(callback))
+        let callback: RecvCallback = Box::new(callback);
+        self.post(peer, tag, mode.is_persistent(), callback)
+            .map(|_| ())
+    }
+
+    /// [`Handle::recv`] with each message lent to `callback` for the call
+    /// ([`MessageRef`](crate::MessageRef): the payload borrowed from the frame it arrived in),
+    /// instead of handed over. For receivers of many small messages that read each where it
+    /// lies: delivering a lent message touches no reference count, which is a large part of
+    /// what a 64-byte message costs the receiving daemon. Keep a message past the call with
+    /// [`MessageRef::to_message`](crate::MessageRef::to_message) (no copy) or by copying its
+    /// payload. Same matching, order, modes, errors and pausing rules as [`Handle::recv`]; C's
+    /// `tbon_recv` delivers this way.
+    pub fn recv_ref(
+        &self,
+        peer: Peer,
+        tag: Tag,
+        mode: RecvMode,
+        callback: impl FnMut(&crate::MessageRef<'_>) + Send + 'static,
+    ) -> Result<(), RecvError> {
+        let callback = OnMessage::Lent(Box::new(callback));
+        self.post(peer, tag, mode.is_persistent(), callback)
             .map(|_| ())
     }
 
@@ -746,7 +767,7 @@ impl Handle {
         peer: Peer,
         tag: Tag,
         persistent: bool,
-        callback: RecvCallback,
+        callback: impl Into<OnMessage>,
     ) -> Result<u64, RecvError> {
         self.check_recv(peer, tag)?;
         let post = self.shared.next_post.fetch_add(1, Ordering::Relaxed);
@@ -760,7 +781,7 @@ impl Handle {
             peer,
             tag,
             persistent,
-            callback,
+            callback: callback.into(),
             post,
         });
         if res.is_err() {

@@ -6,7 +6,7 @@ use crate::Rank;
 use crate::error::SendError;
 use crate::oob::header::{Header, Kind};
 use crate::oob::send_queue::Payload;
-use crate::rml::batch_frame::TAG_BATCH;
+use crate::rml::batch_frame::{ItemRun, TAG_BATCH};
 use crate::rml::{Dispatch, Message, Peer, PostError, ReceiveId, TAG_USER_MIN, Tag};
 use crate::routed::Route;
 use bytes::Bytes;
@@ -363,6 +363,12 @@ impl Node {
         }
         let d = self.matcher.handle_message(msg);
         self.dispatch(d);
+    }
+
+    /// Hands a run of batch items that persistent receive `receive` matched to the driver.
+    pub(super) fn deliver_run(&mut self, receive: ReceiveId, run: ItemRun) {
+        self.counters.delivered += u64::from(run.len());
+        self.out.push_back(Output::DeliverRun { receive, run });
     }
 
     pub(super) fn dispatch(&mut self, d: Dispatch) {

@@ -7,7 +7,8 @@ use crate::Rank;
 use crate::faults::notice::{TAG_ADOPTED, TAG_DECLARED_DEAD, TAG_FAULT_REPORT, TAG_ROOT_LOST};
 use crate::grpcomm::{TAG_XCAST_DONE, TAG_XCAST_REQUEST};
 use crate::oob::header::{Header, Kind};
-use crate::rml::Message;
+use crate::rml::batch_frame::ItemRun;
+use crate::rml::{Message, ReceiveId};
 use bytes::Bytes;
 use std::time::Instant;
 
@@ -223,16 +224,39 @@ impl Node {
     /// are, or, if any is malformed, none (`rml::batch_frame`).
     fn on_batch(&mut self, now: Instant, msg: Message) {
         match crate::rml::batch_frame::Items::new(msg.payload) {
-            Ok(items) => {
-                for (tag, payload) in items {
-                    self.deliver(
-                        now,
-                        Message {
-                            origin: msg.origin,
-                            tag,
-                            payload,
-                        },
-                    );
+            Ok(mut items) => {
+                // Consecutive items that one persistent receive takes go to the driver as one
+                // run; any other item is matched on its own, as a lone message would be.
+                let mut open: Option<(ReceiveId, ItemRun)> = None;
+                while let Some((tag, at, start, end)) = items.next_span() {
+                    if let Some((_, run)) = &mut open
+                        && run.tag() == tag
+                    {
+                        run.extend_to(end);
+                        continue;
+                    }
+                    if let Some((receive, run)) = open.take() {
+                        self.deliver_run(receive, run);
+                    }
+                    match self.matcher.match_persistent(msg.origin, tag) {
+                        Some(receive) => {
+                            open = Some((receive, items.run(msg.origin, tag, at, end, 1)));
+                        }
+                        None => {
+                            let payload = items.slice(start, end);
+                            self.deliver(
+                                now,
+                                Message {
+                                    origin: msg.origin,
+                                    tag,
+                                    payload,
+                                },
+                            );
+                        }
+                    }
+                }
+                if let Some((receive, run)) = open {
+                    self.deliver_run(receive, run);
                 }
             }
             Err(e) => log::warn!(

@@ -5,6 +5,7 @@ use crate::error::SendError;
 use crate::grpcomm::AllgatherResult;
 use crate::oob::header::Header;
 use crate::oob::send_queue::Payload;
+use crate::rml::batch_frame::ItemRun;
 use crate::rml::{Message, ReceiveId, Tag};
 use crate::routed::RecoveryStatus;
 use bytes::Bytes;
@@ -104,6 +105,9 @@ pub enum Output {
         retired: bool,
         msg: Message,
     },
+    /// A posted persistent receive matched every message of `run`, consecutive items of one
+    /// batch frame: call its callback once per message, in order (as for as many `Deliver`s).
+    DeliverRun { receive: ReceiveId, run: ItemRun },
     /// The send, reliable send or broadcast with this token is over.
     SendDone {
         token: u64,

@@ -91,6 +91,9 @@ impl Net {
                     self.links.push_back((r, to, Bytes::from(b)));
                 }
                 Output::Deliver { msg, .. } => self.delivered.push((r, msg)),
+                Output::DeliverRun { run, .. } => {
+                    self.delivered.extend(run.messages().map(|m| (r, m)))
+                }
                 Output::SendDone { token, result } => self.done.push((r, token, result)),
                 Output::AllgatherDone { result, .. } => self.gathered.push((r, result.is_ok())),
                 Output::Stop(reason) => self.stops.push((r, reason)),
@@ -1161,6 +1164,73 @@ fn reliable_runs_travel_as_batch_frames_and_malformed_ones_are_refused() {
     net.collect(1);
     net.run();
     assert_eq!(net.nodes[2].relm().stats().posted, posted);
+}
+
+/// A batch's consecutive items that one persistent receive takes reach the driver as one
+/// `DeliverRun`; an item for a one-shot receive, or for none, is matched on its own, and what
+/// follows it opens a new run: the same messages, in the same order, as one delivery each.
+#[test]
+fn a_batch_delivers_runs_to_persistent_receives_and_matches_the_rest_one_by_one() {
+    use crate::rml::batch_frame::{Packer, TAG_BATCH, Unit};
+    let mut net = Net::new(2, 2, |_| {});
+    let now = net.now;
+    let once = net.node(0).post(Peer::Rank(1), TAG + 1, false).unwrap();
+    let items: [(Tag, &[u8]); 7] = [
+        (TAG, b"a"),
+        (TAG, b"b"),
+        (TAG, b""),
+        (TAG + 1, b"once"),
+        (TAG + 1, b"held"),
+        (TAG, b"c"),
+        (TAG, b"d"),
+    ];
+    let mut units: Vec<Unit> = Vec::new();
+    let mut packer = Packer::new();
+    for (tag, p) in items {
+        packer.push(0, tag, Bytes::from_static(p), true, |u| units.push(u));
+    }
+    packer.finish(|u| units.push(u));
+    assert_eq!(units.len(), 1);
+    let h = net.nodes[1].header(Kind::Msg, 1, 0, TAG_BATCH, units[0].payload.len());
+    net.node(0)
+        .handle_frame(now, 1, h, units[0].payload.clone())
+        .unwrap();
+    let mut shapes = Vec::new();
+    let mut got = Vec::new();
+    while let Some(o) = net.node(0).poll_output() {
+        match o {
+            Output::DeliverRun { run, .. } => {
+                shapes.push(format!("run {}", run.len()));
+                got.extend(run.messages().map(|m| (m.tag, m.payload)));
+                let mut lent = Vec::new();
+                run.for_each_ref(|m| lent.push(m.payload().to_vec()));
+                assert_eq!(lent.len(), run.len() as usize);
+            }
+            Output::Deliver {
+                receive,
+                retired,
+                msg,
+            } => {
+                assert_eq!((receive, retired), (once, true));
+                shapes.push("one".to_string());
+                got.push((msg.tag, msg.payload));
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(shapes, ["run 3", "one", "run 2"]);
+    let want: Vec<(Tag, Bytes)> = [0, 1, 2, 3, 5, 6]
+        .iter()
+        .map(|&i| (items[i].0, Bytes::from_static(items[i].1)))
+        .collect();
+    assert_eq!(got, want);
+    // The item nothing matched is held, and goes to the next receive posted for it.
+    assert_eq!(net.nodes[0].counters().delivered, 6);
+    net.node(0).post(Peer::Any, TAG + 1, true).unwrap();
+    match net.node(0).poll_output() {
+        Some(Output::Deliver { msg, .. }) => assert_eq!(&msg.payload[..], b"held"),
+        o => panic!("expected the held item, got {o:?}"),
+    }
 }
 
 /// Batch frames (`rml::batch_frame`): a run of small messages crosses two relays as one frame

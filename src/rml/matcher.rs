@@ -262,6 +262,31 @@ impl Matcher {
         }
     }
 
+    /// The persistent receive a message from `origin` with `tag` would match now, if the
+    /// receive that would match it is a persistent one (a one-shot, or none: `None`, and nothing
+    /// changes). Every message from `origin` with `tag` then matches it until the posted
+    /// receives change, so a run of such messages may be delivered to it together
+    /// (`rml::batch_frame::ItemRun`); [`Matcher::handle_message`] would give each the same id.
+    pub fn match_persistent(&mut self, origin: Rank, tag: Tag) -> Option<ReceiveId> {
+        if let Some((o, t, _, p)) = self.last_match
+            && o == origin
+            && t == tag
+        {
+            return Some(p.id);
+        }
+        let specific = (Peer::Rank(origin), tag);
+        let any = (Peer::Any, tag);
+        let (key, p) = match self.posted.get(&specific) {
+            Some(&p) => (specific, p),
+            None => self.posted.get(&any).map(|&p| (any, p))?,
+        };
+        if !p.persistent {
+            return None;
+        }
+        self.last_match = Some((origin, tag, key, p));
+        Some(p.id)
+    }
+
     /// Like [`Matcher::handle_message`], but never evicts: when no receive matches and the
     /// unmatched list is full, the message is handed back (`Err`) and nothing changes. For
     /// messages whose sender keeps a copy and replays it later (reliable messages), where

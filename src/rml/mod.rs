@@ -8,10 +8,12 @@
 pub mod batch_frame;
 // Runs of small messages in one batch payload, for plain and reliable batch frames.
 mod matcher;
+mod message_ref;
 pub(crate) mod runs;
 mod tag;
 
 pub use matcher::{Message, Peer, RecvMode};
+pub use message_ref::MessageRef;
 // The matcher itself, for the node: not API.
 #[doc(hidden)]
 pub use matcher::{Dispatch, Matcher, PostError, ReceiveId};

@@ -603,6 +603,11 @@ impl SimNode {
                         self.delivered.push(msg);
                     }
                 }
+                Output::DeliverRun { run, .. } => {
+                    if run.tag() != TAG_BCAST {
+                        self.delivered.extend(run.messages());
+                    }
+                }
                 Output::SendDone { token, result } => {
                     if !self.bcast_tokens.remove(&token) {
                         self.completions.push((token, result));

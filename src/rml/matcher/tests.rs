@@ -406,3 +406,26 @@ fn the_remembered_match_follows_every_change_of_the_posted_receives() {
     assert_eq!(m.handle_message(msg(5, 202, "j")), Dispatch::Held);
     assert_eq!(m.handle_message(msg(6, 201, "k")), Dispatch::Held);
 }
+
+#[test]
+fn a_persistent_match_is_reported_only_for_a_persistent_receive() {
+    let mut m = Matcher::new(4);
+    assert_eq!(m.match_persistent(1, 300), None);
+    let (once, _) = m.post(Peer::Rank(1), 300, false).unwrap();
+    // A one-shot is never the receive of a run: it retires at its first match.
+    assert_eq!(m.match_persistent(1, 300), None);
+    assert_eq!(
+        delivered(&m.handle_message(msg(1, 300, "a"))),
+        (once, true, "a")
+    );
+    let (any, _) = m.post(Peer::Any, 300, true).unwrap();
+    assert_eq!(m.match_persistent(1, 300), Some(any));
+    assert_eq!(m.match_persistent(2, 300), Some(any));
+    // A specific receive wins over the wildcard, also after the cache answered.
+    let (specific, _) = m.post(Peer::Rank(2), 300, true).unwrap();
+    assert_eq!(m.match_persistent(2, 300), Some(specific));
+    assert_eq!(m.match_persistent(1, 300), Some(any));
+    m.cancel(Peer::Any, 300);
+    assert_eq!(m.match_persistent(1, 300), None);
+    assert_eq!(m.handle_message(msg(1, 300, "b")), Dispatch::Held);
+}
