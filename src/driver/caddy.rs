@@ -124,9 +124,13 @@ pub(crate) enum Caddy {
         done: Option<Completion>,
         route: Option<crate::Route>,
     },
-    /// Plain sends without completions, in order ([`super::Batch`]).
+    /// Plain sends without completions, in order ([`super::Batch`]), packed by the caller into
+    /// the units the loop sends (`rml::batch_frame`): `messages` messages of `bytes` payload
+    /// bytes in all (what the gate admitted).
     SendBatch {
-        msgs: Vec<super::batch::Outgoing>,
+        units: Vec<crate::rml::batch_frame::Unit>,
+        messages: usize,
+        bytes: usize,
     },
     /// A reliable send (RELM): `done` runs once the destination has posted it.
     SendReliable {

@@ -595,16 +595,30 @@ impl EventLoop {
         let mut empty = false;
         while done < limits::COMMANDS_PER_TURN_MAX {
             match self.rx.try_recv() {
-                Ok(Caddy::SendBatch { msgs }) => {
-                    let len: usize = msgs.iter().map(|m| m.payload.len()).sum();
-                    self.shared.gate.taken(len);
-                    self.node.counters_mut().commands += msgs.len() as u64;
-                    for m in msgs {
-                        done += 1;
-                        let units = &mut self.batch_units;
-                        packer.push(m.dst, m.tag, m.payload, m.dst != me, |u| units.push(u));
-                        self.after_packing(done);
+                Ok(Caddy::SendBatch {
+                    units,
+                    messages,
+                    bytes,
+                }) => {
+                    self.shared.gate.taken(bytes);
+                    self.node.counters_mut().commands += messages as u64;
+                    // Packed by the caller: what earlier sends packed leaves first.
+                    let pending = &mut self.batch_units;
+                    packer.finish(|u| pending.push(u));
+                    self.send_units();
+                    for u in units {
+                        let before = done;
+                        done += u.messages as usize;
+                        self.send_unit(u);
+                        if before / limits::COMMANDS_PER_QUEUE_REPORT
+                            != done / limits::COMMANDS_PER_QUEUE_REPORT
+                        {
+                            self.carry_out();
+                            self.report_queues();
+                            self.publish_gate();
+                        }
                     }
+                    self.carry_out();
                 }
                 Ok(Caddy::Send {
                     dst,
@@ -667,7 +681,7 @@ impl EventLoop {
         }
         let mut units = std::mem::take(&mut self.batch_units);
         for u in units.drain(..) {
-            self.send_plain_held(u.dst, u.tag, u.payload);
+            self.send_unit(u);
         }
         self.batch_units = units;
         self.carry_out();
@@ -683,10 +697,21 @@ impl EventLoop {
         }
     }
 
-    /// One plain send of a batch (no completion: a refusal is logged and counted by the node).
-    fn send_plain(&mut self, dst: Rank, tag: Tag, payload: bytes::Bytes) {
-        self.send_plain_held(dst, tag, payload);
-        self.carry_out();
+    /// A packer's unit: a batch frame as one (its message count known), else a plain send;
+    /// the node's output is not carried out.
+    fn send_unit(&mut self, u: Unit) {
+        if u.tag != crate::rml::batch_frame::TAG_BATCH || self.stopping.is_some() {
+            self.send_plain_held(u.dst, u.tag, u.payload);
+            return;
+        }
+        self.command_to_node(
+            None,
+            Command::SendPacked {
+                dst: u.dst,
+                payload: u.payload,
+                messages: u.messages,
+            },
+        );
     }
 
     /// [`send_plain`](Self::send_plain) without carrying out the node's output: the caller
@@ -749,9 +774,10 @@ impl EventLoop {
         }
         match c {
             // `drain_commands` takes batches apart itself (it counts their messages).
-            Caddy::SendBatch { msgs } => {
-                for m in msgs {
-                    self.send_plain(m.dst, m.tag, m.payload);
+            Caddy::SendBatch { units, .. } => {
+                for u in units {
+                    self.send_unit(u);
+                    self.carry_out();
                 }
             }
             Caddy::Send {

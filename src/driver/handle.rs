@@ -10,6 +10,7 @@ use crate::Rank;
 use crate::counters::Counters;
 use crate::error::{RecvError, RegisterError, SendError};
 use crate::grpcomm::AllgatherResult;
+use crate::rml::batch_frame::Packer;
 use crate::rml::{Message, Peer, RecvMode, TAG_USER_MIN, Tag};
 use crate::routed::RecoveryStatus;
 use bytes::Bytes;
@@ -478,21 +479,28 @@ impl Handle {
                 self.shared.untake_prewire(waits);
                 return Err(SendError::Busy(crate::error::Limit::CommandChannel));
             }
-            let msgs = if open == batch.msgs.len() {
-                std::mem::take(&mut batch.msgs)
-            } else {
-                batch.msgs.drain(..open).collect()
+            // Packed here, on the caller's thread, into the frames the loop sends: the loop
+            // then handles a frame per run instead of a message each, and a small payload is
+            // copied into its frame and let go on the thread that made it.
+            let mut packer = Packer::with_frame_max(self.shared.msg_max_bytes as u64);
+            let mut units = Vec::new();
+            for m in batch.msgs.iter().take(open) {
+                let packable = m.dst != me;
+                packer.push(m.dst, m.tag, m.payload.clone(), packable, |u| units.push(u));
+            }
+            packer.finish(|u| units.push(u));
+            let caddy = Caddy::SendBatch {
+                units,
+                messages: open,
+                bytes: len,
             };
-            if let Err((e, caddy)) = self.shared.submit_or_return(Caddy::SendBatch { msgs }) {
+            if let Err((e, _)) = self.shared.submit_or_return(caddy) {
                 self.shared.gate.taken(len);
                 self.shared.untake_prewire(waits);
                 // Not taken: the messages stay the caller's, in order, ahead of the rest.
-                if let Caddy::SendBatch { mut msgs } = caddy {
-                    msgs.append(&mut batch.msgs);
-                    batch.msgs = msgs;
-                }
                 return Err(e);
             }
+            batch.msgs.drain(..open);
         }
         match (batch.msgs.is_empty(), refused) {
             (true, _) => Ok(()),

@@ -25,6 +25,13 @@ pub enum Command {
         token: Option<u64>,
         route: Option<crate::direct::Route>,
     },
+    /// A batch frame (`rml::batch_frame`) the driver packed: `messages` small plain messages
+    /// to `dst` (another daemon), without a completion, counted as the messages they are.
+    SendPacked {
+        dst: Rank,
+        payload: Bytes,
+        messages: u32,
+    },
     /// A reliable (RELM) message: complete once the destination posted it.
     SendReliable {
         dst: Rank,
@@ -62,7 +69,9 @@ impl Command {
     /// Whether the command must wait for wire-up (a self-send need not).
     fn needs_wireup(&self, me: Rank) -> bool {
         match self {
-            Command::Send { dst, .. } | Command::SendReliable { dst, .. } => *dst != me,
+            Command::Send { dst, .. }
+            | Command::SendPacked { dst, .. }
+            | Command::SendReliable { dst, .. } => *dst != me,
             Command::Broadcast { .. }
             | Command::Allgather { .. }
             | Command::GroupGather { .. }
@@ -108,6 +117,16 @@ impl Node {
                     let messages = self.send_routed(now, dst, tag, payload, token, route);
                     self.counters.sent += messages;
                 }
+                Ok(())
+            }
+            Command::SendPacked {
+                dst,
+                payload,
+                messages,
+            } => {
+                let messages = u64::from(messages);
+                self.send_routed_counted(now, dst, TAG_BATCH, payload.into(), None, None, messages);
+                self.counters.sent += messages;
                 Ok(())
             }
             Command::SendReliable {
@@ -404,6 +423,7 @@ enum Finish {
 
 fn finish_of(c: &Command) -> Finish {
     match c {
+        Command::SendPacked { .. } => Finish::Token(None),
         Command::Send { token, .. }
         | Command::SendReliable { token, .. }
         | Command::Broadcast { token, .. } => Finish::Token(*token),
