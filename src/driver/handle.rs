@@ -10,7 +10,6 @@ use crate::Rank;
 use crate::counters::Counters;
 use crate::error::{RecvError, RegisterError, SendError};
 use crate::grpcomm::AllgatherResult;
-use crate::rml::batch_frame::Packer;
 use crate::rml::{Message, Peer, RecvMode, TAG_USER_MIN, Tag};
 use crate::routed::RecoveryStatus;
 use bytes::Bytes;
@@ -449,31 +448,35 @@ impl Handle {
     /// order). An argument error (`RankOutOfRange`, `TooLarge` for any message) sends nothing.
     /// As for [`Handle::send`], errors the DVM meets later are only logged and counted.
     pub fn send_batch(&self, batch: &mut super::Batch) -> Result<(), SendError> {
-        for m in &batch.msgs {
-            self.check_send(m.dst, m.tag, &m.payload)?;
-        }
         if batch.msgs.is_empty() {
             return Ok(());
         }
-        // The prefix that may go: up to the first destination the gate refuses, and no more
-        // payload bytes than the command channel's share (at least one message), so that a
-        // batch of large messages cannot carry a send queue past its bound.
+        // One pass: every message's arguments are checked (an error sends nothing), and the
+        // prefix that may go is measured: up to the first destination the gate refuses, and
+        // no more payload bytes than the command channel's share (at least one message), so
+        // that a batch of large messages cannot carry a send queue past its bound.
         let share = self.shared.gate.bytes_share();
-        let (mut open, mut len, mut refused) = (0usize, 0usize, false);
+        let me = self.shared.rank;
+        let (mut open, mut len, mut waits) = (0usize, 0usize, 0usize);
+        let (mut closed, mut refused) = (false, false);
         for m in &batch.msgs {
+            self.check_send(m.dst, m.tag, &m.payload)?;
+            if closed {
+                continue;
+            }
             if self.shared.gate.refuses(m.dst) {
-                refused = true;
-                break;
+                (closed, refused) = (true, true);
+                continue;
             }
             if open > 0 && len.saturating_add(m.payload.len()) > share {
-                break;
+                closed = true;
+                continue;
             }
             open += 1;
             len = len.saturating_add(m.payload.len());
+            waits += usize::from(m.dst != me);
         }
         if open > 0 {
-            let me = self.shared.rank;
-            let waits = batch.msgs.iter().take(open).filter(|m| m.dst != me).count();
             self.shared.take_prewire(waits)?;
             if !self.shared.gate.admit_bytes(len) {
                 self.shared.untake_prewire(waits);
@@ -482,13 +485,13 @@ impl Handle {
             // Packed here, on the caller's thread, into the frames the loop sends: the loop
             // then handles a frame per run instead of a message each, and a small payload is
             // copied into its frame and let go on the thread that made it.
-            let mut packer = Packer::with_frame_max(self.shared.msg_max_bytes as u64);
             let mut units = Vec::new();
-            for m in batch.msgs.iter().take(open) {
-                let packable = m.dst != me;
-                packer.push(m.dst, m.tag, m.payload.clone(), packable, |u| units.push(u));
-            }
-            packer.finish(|u| units.push(u));
+            crate::rml::batch_frame::pack_all(
+                self.shared.msg_max_bytes as u64,
+                batch.msgs.get(..open).unwrap_or_default(),
+                |m| (m.dst, m.tag, &m.payload, m.dst != me),
+                |u| units.push(u),
+            );
             let caddy = Caddy::SendBatch {
                 units,
                 messages: open,

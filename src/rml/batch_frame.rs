@@ -135,6 +135,62 @@ impl Packer {
     }
 }
 
+/// Packs a whole sequence of plain messages into [`Unit`]s, in order, by the same rule as
+/// [`Packer::push`] and [`Packer::finish`] (a test holds the two to the same units). `parts`
+/// gives a message's destination, tag, payload and whether it may be packed. Knowing the whole
+/// sequence, it sizes each batch exactly and copies each small payload once, without taking a
+/// reference to it: what `Handle::send_batch` packs with on the caller's thread. At most
+/// `msg_max_bytes` (and [`BATCH_FRAME_BYTES_MAX`]) per batch.
+pub fn pack_all<M>(
+    msg_max_bytes: u64,
+    msgs: &[M],
+    parts: impl Fn(&M) -> (Rank, Tag, &Bytes, bool),
+    mut emit: impl FnMut(Unit),
+) {
+    let frame_max = usize::try_from(msg_max_bytes)
+        .unwrap_or(usize::MAX)
+        .min(BATCH_FRAME_BYTES_MAX);
+    let small = |p: &Bytes, packable: bool| packable && p.len() <= BATCH_ITEM_MAX_BYTES;
+    let mut rest = msgs;
+    while let Some((first, after)) = rest.split_first() {
+        let (dst, tag, payload, packable) = parts(first);
+        // How many of the next messages join the run `first` opens.
+        let (mut n, mut bytes) = (1usize, ITEM_HEADER_LEN + payload.len());
+        if small(payload, packable) {
+            for m in after {
+                let (d, _, p, pk) = parts(m);
+                let grown = bytes + ITEM_HEADER_LEN + p.len();
+                if d != dst || !small(p, pk) || n >= BATCH_FRAME_ITEMS_MAX || grown > frame_max {
+                    break;
+                }
+                (n, bytes) = (n + 1, grown);
+            }
+        }
+        let (run, next) = rest.split_at(n.min(rest.len()));
+        rest = next;
+        if n == 1 {
+            emit(Unit {
+                dst,
+                tag,
+                payload: payload.clone(),
+                messages: 1,
+            });
+            continue;
+        }
+        let mut buf = BytesMut::with_capacity(bytes);
+        for m in run {
+            let (_, t, p, _) = parts(m);
+            put_item(&mut buf, t, p);
+        }
+        emit(Unit {
+            dst,
+            tag: TAG_BATCH,
+            payload: buf.freeze(),
+            messages: u32::try_from(n).unwrap_or(u32::MAX),
+        });
+    }
+}
+
 fn unit(run: Run<Plain>) -> Unit {
     match run {
         Run::One(Plain { dst, tag, payload }) => Unit {
@@ -387,6 +443,46 @@ mod tests {
         }
         p.finish(|u| out.push(u));
         out
+    }
+
+    proptest::proptest! {
+        /// `pack_all` and the streaming `Packer` make the same units of any sequence.
+        #[test]
+        fn packing_a_whole_sequence_makes_the_packers_units(
+            // Stretches of one destination, some longer than a batch's item bound.
+            stretches in proptest::collection::vec(
+                (
+                    0u32..3,
+                    1usize..1300,
+                    0usize..(BATCH_ITEM_MAX_BYTES + 40),
+                    proptest::bool::weighted(0.9),
+                ),
+                0..8,
+            ),
+            frame_max in proptest::sample::select(vec![64u64, 300, 4096, 1 << 20]),
+        ) {
+            let msgs: Vec<(Rank, Tag, Bytes, bool)> = stretches
+                .into_iter()
+                .flat_map(|(dst, n, len, packable)| {
+                    (0..n).map(move |i| {
+                        // Every seventh message of a stretch is large or unpackable.
+                        let odd = i % 7 == 6;
+                        let len = if odd { len + BATCH_ITEM_MAX_BYTES / 2 } else { len % 20 };
+                        let tag = TAG_USER_MIN + (i % 3) as Tag;
+                        (dst, tag, Bytes::from(vec![i as u8; len]), packable || !odd)
+                    })
+                })
+                .collect();
+            let mut streamed = Vec::new();
+            let mut p = Packer::with_frame_max(frame_max);
+            for (dst, tag, payload, packable) in &msgs {
+                p.push(*dst, *tag, payload.clone(), *packable, |u| streamed.push(u));
+            }
+            p.finish(|u| streamed.push(u));
+            let mut whole = Vec::new();
+            pack_all(frame_max, &msgs, |m| (m.0, m.1, &m.2, m.3), |u| whole.push(u));
+            proptest::prop_assert_eq!(whole, streamed);
+        }
     }
 
     fn unpack(u: &Unit) -> Vec<(Tag, Bytes)> {
