@@ -271,6 +271,17 @@ pub const BATCH_ITEM_MAX_BYTES: usize = SEND_COALESCE_MAX_PAYLOAD;
 /// At the bound: the run goes on in the next batch frame, in order.
 pub const BATCH_FRAME_BYTES_MAX: usize = 32 * 1024;
 
+/// Idle buffers a daemon keeps for the batch frames `send_batch` packs (`BufferPool`), and
+/// their bytes (`BATCH_POOL_BYTES_MAX`). A frame's buffer comes back when the link session
+/// lets it go (acknowledged); a fresh allocation of this size each time had the allocator
+/// trimming and faulting its heap in again (about a tenth of a 64 B sender's time). At the
+/// bound a returned buffer is freed; a pool nothing took from for a second frees its idle
+/// buffers (an idle daemon keeps none).
+pub const BATCH_POOL_BUFFERS_MAX: usize = 64;
+
+/// The bytes of idle buffers the batch frame pool keeps (see `BATCH_POOL_BUFFERS_MAX`).
+pub const BATCH_POOL_BYTES_MAX: usize = BATCH_POOL_BUFFERS_MAX * BATCH_FRAME_BYTES_MAX;
+
 /// Most messages in one batch frame (with empty payloads, bytes alone would allow 4,096).
 ///
 /// At the bound: the run goes on in the next batch frame, in order; a receiver refuses a batch

@@ -65,6 +65,8 @@ pub(crate) struct Shared {
     pub gate: super::gate::OriginGate,
     /// The users' reliable sends against `relm_unacked_max`: refused `Busy` here when full.
     pub relm_window: super::relm_window::ReliableWindow,
+    /// Buffers for the batch frames `send_batch` packs on the callers' threads.
+    pub batch_pool: Arc<crate::buffer_pool::BufferPool>,
     /// Set once wire-up completed (read on every send before it: no lock).
     pub wired: AtomicBool,
     /// Commands that must wait for wire-up (sends to other daemons, broadcasts, allgathers)
@@ -487,6 +489,7 @@ impl Handle {
             // copied into its frame and let go on the thread that made it.
             let mut units = Vec::new();
             crate::rml::batch_frame::pack_all(
+                Some(&self.shared.batch_pool),
                 self.shared.msg_max_bytes as u64,
                 batch.msgs.get(..open).unwrap_or_default(),
                 |m| (m.dst, m.tag, &m.payload, m.dst != me),

@@ -130,6 +130,10 @@ pub fn start(
             limits::COMMAND_QUEUE_MAX_BYTES.min(config.send_queue_max_bytes / 4),
         ),
         relm_window: relm_window::ReliableWindow::new(config.relm_unacked_max),
+        batch_pool: Arc::new(crate::buffer_pool::BufferPool::new(
+            limits::BATCH_POOL_BUFFERS_MAX,
+            limits::BATCH_POOL_BYTES_MAX,
+        )),
         wired: AtomicBool::new(false),
         prewire_taken: AtomicUsize::new(0),
         prewire_max: config.prewire_queue_max,

@@ -141,7 +141,11 @@ impl Packer {
 /// sequence, it sizes each batch exactly and copies each small payload once, without taking a
 /// reference to it: what `Handle::send_batch` packs with on the caller's thread. At most
 /// `msg_max_bytes` (and [`BATCH_FRAME_BYTES_MAX`]) per batch.
+///
+/// A batch's buffer comes from `pool` when one is given (and goes back to it when the frame's
+/// last `Bytes` is dropped), else from the allocator.
 pub fn pack_all<M>(
+    pool: Option<&std::sync::Arc<crate::buffer_pool::BufferPool>>,
     msg_max_bytes: u64,
     msgs: &[M],
     parts: impl Fn(&M) -> (Rank, Tag, &Bytes, bool),
@@ -177,15 +181,22 @@ pub fn pack_all<M>(
             });
             continue;
         }
-        let mut buf = BytesMut::with_capacity(bytes);
+        let mut buf = match pool {
+            Some(pool) => pool.take(bytes),
+            None => Vec::with_capacity(bytes),
+        };
         for m in run {
             let (_, t, p, _) = parts(m);
             put_item(&mut buf, t, p);
         }
+        let payload = match pool {
+            Some(pool) => pool.freeze(buf),
+            None => Bytes::from(buf),
+        };
         emit(Unit {
             dst,
             tag: TAG_BATCH,
-            payload: buf.freeze(),
+            payload,
             messages: u32::try_from(n).unwrap_or(u32::MAX),
         });
     }
@@ -212,7 +223,7 @@ fn unit(run: Run<Plain>) -> Unit {
     }
 }
 
-fn put_item(buf: &mut BytesMut, tag: Tag, payload: &[u8]) {
+fn put_item(buf: &mut impl bytes::BufMut, tag: Tag, payload: &[u8]) {
     // Items are at most `BATCH_ITEM_MAX_BYTES` long: the length always fits. One copy for the
     // item's header (`put_u32` twice was two calls of a general copy, 4 bytes each).
     let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
@@ -220,8 +231,8 @@ fn put_item(buf: &mut BytesMut, tag: Tag, payload: &[u8]) {
     let (t, l) = head.split_at_mut(4);
     t.copy_from_slice(&tag.to_be_bytes());
     l.copy_from_slice(&len.to_be_bytes());
-    buf.extend_from_slice(&head);
-    buf.extend_from_slice(payload);
+    buf.put_slice(&head);
+    buf.put_slice(payload);
 }
 
 /// Why a batch payload is not valid: the batch is dropped whole.
@@ -480,9 +491,43 @@ mod tests {
             }
             p.finish(|u| streamed.push(u));
             let mut whole = Vec::new();
-            pack_all(frame_max, &msgs, |m| (m.0, m.1, &m.2, m.3), |u| whole.push(u));
+            pack_all(None, frame_max, &msgs, |m| (m.0, m.1, &m.2, m.3), |u| whole.push(u));
             proptest::prop_assert_eq!(whole, streamed);
         }
+    }
+
+    #[test]
+    fn a_batch_packed_from_a_pool_gives_its_buffer_back_when_its_frame_is_dropped() {
+        use crate::buffer_pool::BufferPool;
+        let pool = std::sync::Arc::new(BufferPool::new(4, 1 << 20));
+        let msgs: Vec<(Rank, Tag, Bytes)> = (0..10)
+            .map(|i| (1 + i / 5, TAG_USER_MIN, Bytes::from(vec![i as u8; 64])))
+            .collect();
+        let pack = |out: &mut Vec<Unit>| {
+            pack_all(
+                Some(&pool),
+                1 << 20,
+                &msgs,
+                |m| (m.0, m.1, &m.2, true),
+                |u| out.push(u),
+            )
+        };
+        let mut units = Vec::new();
+        pack(&mut units);
+        assert_eq!(units.len(), 2);
+        assert_eq!(units[0].messages, 5);
+        assert_eq!(Items::new(units[1].payload.clone()).unwrap().count(), 5);
+        let first = units[0].payload.as_ptr();
+        assert_eq!(pool.idle(), 0);
+        drop(units);
+        assert_eq!(pool.idle(), 2);
+        let mut again = Vec::new();
+        pack(&mut again);
+        assert_eq!(pool.idle(), 0);
+        assert!(
+            again.iter().any(|u| u.payload.as_ptr() == first),
+            "a pooled buffer is used again"
+        );
     }
 
     fn unpack(u: &Unit) -> Vec<(Tag, Bytes)> {

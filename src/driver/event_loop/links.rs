@@ -1538,6 +1538,7 @@ impl EventLoop {
         }
         self.timers.shrink();
         self.payload_pool.release_unused();
+        self.shared.batch_pool.release_unused();
         self.close_idle_tools(self.now);
         // An idle daemon keeps no read region or spare packing buffer per connection (64 KiB
         // each): buffers holding nothing are given back once a second (a busy connection
