@@ -225,6 +225,13 @@ impl Node {
     fn on_batch(&mut self, now: Instant, msg: Message) {
         match crate::rml::batch_frame::Items::new(msg.payload) {
             Ok(mut items) => {
+                // The common case, a batch of one tag for one persistent receive: one run.
+                if let Some(tag) = items.one_tag()
+                    && let Some(receive) = self.matcher.match_persistent(msg.origin, tag)
+                {
+                    self.deliver_run(receive, items.whole_run(msg.origin, tag));
+                    return;
+                }
                 // Consecutive items that one persistent receive takes go to the driver as one
                 // run; any other item is matched on its own, as a lone message would be.
                 let mut open: Option<(ReceiveId, ItemRun)> = None;

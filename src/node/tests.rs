@@ -1231,6 +1231,24 @@ fn a_batch_delivers_runs_to_persistent_receives_and_matches_the_rest_one_by_one(
         Some(Output::Deliver { msg, .. }) => assert_eq!(&msg.payload[..], b"held"),
         o => panic!("expected the held item, got {o:?}"),
     }
+    // A batch of one tag for a persistent receive is one run, whole.
+    let mut units: Vec<Unit> = Vec::new();
+    for p in [&b"x"[..], b"y", b"z"] {
+        packer.push(0, TAG + 1, Bytes::from_static(p), true, |u| units.push(u));
+    }
+    packer.finish(|u| units.push(u));
+    let h = net.nodes[1].header(Kind::Msg, 1, 0, TAG_BATCH, units[0].payload.len());
+    net.node(0)
+        .handle_frame(now, 1, h, units[0].payload.clone())
+        .unwrap();
+    match net.node(0).poll_output() {
+        Some(Output::DeliverRun { run, .. }) => {
+            let got: Vec<Bytes> = run.messages().map(|m| m.payload).collect();
+            assert_eq!(got, [&b"x"[..], b"y", b"z"]);
+        }
+        o => panic!("expected one run, got {o:?}"),
+    }
+    assert!(net.node(0).poll_output().is_none());
 }
 
 /// Batch frames (`rml::batch_frame`): a run of small messages crosses two relays as one frame

@@ -272,17 +272,22 @@ impl fmt::Display for BatchError {
 pub struct Items {
     payload: Bytes,
     at: usize,
+    /// The tag every item carries, if they all carry one (found by the check).
+    one_tag: Option<Tag>,
+    count: u32,
 }
 
 impl Items {
     /// Checks the whole of `payload` first: an error means no item may be delivered.
     pub fn new(payload: Bytes) -> Result<Items, BatchError> {
         let (mut at, mut n) = (0usize, 0usize);
+        let (mut first, mut mixed) = (None, false);
         while at < payload.len() {
             let (tag, len) = item_header(&payload, at).ok_or(BatchError::Truncated(at))?;
             if tag < TAG_USER_MIN {
                 return Err(BatchError::ReservedTag(at, tag));
             }
+            mixed |= *first.get_or_insert(tag) != tag;
             let end = (at + ITEM_HEADER_LEN)
                 .checked_add(len)
                 .filter(|&e| e <= payload.len())
@@ -296,7 +301,24 @@ impl Items {
         if n == 0 {
             return Err(BatchError::Empty);
         }
-        Ok(Items { payload, at: 0 })
+        Ok(Items {
+            payload,
+            at: 0,
+            one_tag: first.filter(|_| !mixed),
+            // At most `BATCH_FRAME_ITEMS_MAX`, checked above.
+            count: u32::try_from(n).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// The tag of every item, if all items carry the same one.
+    pub fn one_tag(&self) -> Option<Tag> {
+        self.one_tag
+    }
+
+    /// All the items as one run from `origin` (for a batch whose items all carry
+    /// [`Items::one_tag`]).
+    pub fn whole_run(&self, origin: Rank, tag: Tag) -> ItemRun {
+        self.run(origin, tag, 0, self.payload.len(), self.count)
     }
 }
 
