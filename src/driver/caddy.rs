@@ -59,20 +59,12 @@ impl OnMessage {
     /// Calls the callback with every message of `run`, in order; whether any call asked for a
     /// pause (`ask_pause`).
     pub fn call_run(&mut self, run: &ItemRun) -> bool {
-        let mut paused = false;
         match self {
-            OnMessage::Owned(cb) => {
-                for msg in run.messages() {
-                    cb(msg);
-                    paused |= take_pause();
-                }
-            }
-            OnMessage::Lent(cb) => run.for_each_ref(|m| {
-                cb(m);
-                paused |= take_pause();
-            }),
+            OnMessage::Owned(cb) => run.messages().for_each(cb),
+            OnMessage::Lent(cb) => run.for_each_ref(cb),
         }
-        paused
+        // The request stays set until taken: asked during any call of the run, it is seen here.
+        take_pause()
     }
 }
 
