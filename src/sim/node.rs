@@ -288,6 +288,21 @@ impl SimNode {
         self.step(now);
     }
 
+    /// A batch frame of `messages` plain messages, packed by the application's thread as
+    /// `Handle::send_batch` packs them (`Command::SendPacked`).
+    pub fn send_packed(&mut self, now: Instant, dst: Rank, payload: Bytes, messages: u32) {
+        let c = Command::SendPacked {
+            dst,
+            payload,
+            messages,
+        };
+        self.tick(now);
+        if let Err(e) = self.node.handle_command(now, c) {
+            self.errors.push(format!("packed send refused: {e}"));
+        }
+        self.step(now);
+    }
+
     /// A reliable send from the application.
     pub fn send_reliable(
         &mut self,

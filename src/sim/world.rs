@@ -1264,11 +1264,11 @@ impl World {
     }
 
     /// The `batch` kind: `batch_plain` consecutive plain messages from `origin` to `dst`,
-    /// packed as the driver packs a `send_batch` (the same `Packer`), handed to the node as
-    /// batch frames (or single messages, those too large to pack).
+    /// packed as `Handle::send_batch` packs them (`batch_frame::pack_all`), handed to the node
+    /// as the driver hands them: batch frames as `Command::SendPacked`, single messages (those
+    /// too large to pack) as plain sends.
     fn send_plain_run(&mut self, now: Instant, origin: Rank, dst: Rank) {
-        let mut packer = crate::rml::batch_frame::Packer::new();
-        let mut units = Vec::new();
+        let mut payloads = Vec::new();
         for _ in 0..self.scen.batch_plain {
             let seq = {
                 let s = self.pair_seq.entry((origin, dst)).or_insert(0);
@@ -1276,17 +1276,27 @@ impl World {
                 *s
             };
             let pad = self.rng.range(0, self.scen.pad_max) as usize;
-            let payload = check::payload(origin, dst, seq, pad);
-            packer.push(dst, TAG_PLAIN, payload, dst != origin, |u| units.push(u));
+            payloads.push(check::payload(origin, dst, seq, pad));
         }
-        packer.finish(|u| units.push(u));
+        let mut units = Vec::new();
+        crate::rml::batch_frame::pack_all(
+            None,
+            crate::limits::BATCH_FRAME_BYTES_MAX as u64,
+            &payloads,
+            |p| (dst, TAG_PLAIN, p, dst != origin),
+            |u| units.push(u),
+        );
         let Some(n) = self.nodes.get_mut(origin as usize) else {
             return;
         };
         for u in units {
             self.stats.batch_frames += u64::from(u.messages > 1);
             self.check.plain_sent += u64::from(u.messages);
-            n.send_plain(now, u.dst, u.tag, u.payload);
+            if u.tag == crate::rml::batch_frame::TAG_BATCH {
+                n.send_packed(now, u.dst, u.payload, u.messages);
+            } else {
+                n.send_plain(now, u.dst, u.tag, u.payload);
+            }
         }
     }
 
