@@ -50,7 +50,8 @@ pub struct Counters {
     /// Link sessions: resumptions that skipped frames this daemon never had (cannot happen
     /// between correct peers; logged).
     pub link_gaps: u64,
-    /// Commands received from other threads.
+    /// Commands received from other threads; a `send_batch` counts one per message it carries
+    /// (so that this counter says how much work the callers handed the loop).
     pub commands: u64,
     /// Wake-up system calls paid to rouse the loop (at most one per command; far fewer in bursts).
     pub wakeups: u64,

@@ -377,7 +377,7 @@ pub struct tbon_counters {
     pub protocol_errors: u64,
     /// Outgoing connection attempts that were retried.
     pub reconnects: u64,
-    /// Commands received from other threads.
+    /// Commands received from other threads; a `tbon_send_batch` counts one per message.
     pub commands: u64,
     /// Wake-up system calls paid to rouse the loop.
     pub wakeups: u64,
@@ -1672,8 +1672,10 @@ pub struct tbon_outgoing {
 ///
 /// `*sent` (`sent` may be NULL) is set to how many leading messages were sent. `TBON_OK`: all
 /// `n`. `TBON_ERR_BUSY`: message `*sent` was refused by flow control (its next hop is
-/// congested) or the command queue is full; it and those after it were not sent: offer them
-/// again later, with back-off. An argument error in any message (`TBON_ERR_RESERVED_TAG`,
+/// congested), or the group it starts would take the payload bytes waiting for the loop past
+/// their share (about 16 MiB), or, from a callback, the command queue is full (elsewhere a
+/// full queue is waited for); it and those after it were not sent: offer them again later,
+/// with back-off (`tbon_last_error()` says which bound). An argument error in any message (`TBON_ERR_RESERVED_TAG`,
 /// `TBON_ERR_RANK_OUT_OF_RANGE`, `TBON_ERR_TOO_LARGE`, `TBON_ERR_BAD_PARAM` for a NULL `data`
 /// with a non-zero `len`, or a NULL `msgs` with a non-zero `n`) sends nothing; the message
 /// names the index. `TBON_ERR_SHUT_DOWN` once the daemon stopped.

@@ -15,7 +15,10 @@ pub struct Outgoing {
     pub dst: Rank,
     /// The tag (at least [`TAG_USER_MIN`]).
     pub tag: Tag,
-    /// The payload; shared, never copied on its way through the daemon.
+    /// The payload: one of at most 256 bytes (`limits::BATCH_ITEM_MAX_BYTES`) to another
+    /// daemon is copied into its batch frame on the thread that calls `send_batch`, and this
+    /// `Bytes` is released there; a larger one is shared, never copied, on its way through the
+    /// daemon.
     pub payload: Bytes,
 }
 

@@ -447,7 +447,9 @@ impl Handle {
     /// message is larger), or, from a callback, the channel is full; the messages before it
     /// were sent, it and those after it were not
     /// (offer the batch again later, with back-off: messages to one destination stay in
-    /// order). An argument error (`RankOutOfRange`, `TooLarge` for any message) sends nothing.
+    /// order). An argument error (`ReservedTag`, `RankOutOfRange`, `TooLarge` for any message)
+    /// sends nothing and leaves the batch as it was (the error does not say which message:
+    /// `pending` lists them; fix or `clear` it).
     /// As for [`Handle::send`], errors the DVM meets later are only logged and counted.
     pub fn send_batch(&self, batch: &mut super::Batch) -> Result<(), SendError> {
         if batch.msgs.is_empty() {
@@ -759,9 +761,9 @@ impl Handle {
     /// ([`MessageRef`](crate::MessageRef): the payload borrowed from the frame it arrived in),
     /// instead of handed over. For receivers of many small messages that read each where it
     /// lies: delivering a lent message touches no reference count, which is a large part of
-    /// what a 64-byte message costs the receiving daemon. Keep a message past the call with
-    /// [`MessageRef::to_message`](crate::MessageRef::to_message) (no copy) or by copying its
-    /// payload. Same matching, order, modes, errors and pausing rules as [`Handle::recv`]; C's
+    /// what a 64-byte message costs the receiving daemon. Keep a message past the call by
+    /// copying its payload, or with [`MessageRef::to_message`](crate::MessageRef::to_message)
+    /// (no copy, but it keeps the whole frame it came in alive, up to 32 KiB for a batch). Same matching, order, modes, errors and pausing rules as [`Handle::recv`]; C's
     /// `tbon_recv` delivers this way.
     pub fn recv_ref(
         &self,
@@ -1085,7 +1087,7 @@ impl Handle {
     /// confirms its departure to every daemon (their trees are repaired around it; their fault
     /// handlers see it in `RecoveryStatus::departed`, not as a failure) and, once every living
     /// daemon knows, tells it to stop: the daemon then stops with
-    /// [`crate::node::StopReason::Left`] (wait with [`Daemon::wait_stopped`]). Without that
+    /// [`crate::node::StopReason::Left`] (wait with [`Handle::wait_stopped`]). Without that
     /// word within `limits::LEAVE_WAIT_MS` it stops anyway, with a fatal reason. The rank may
     /// come back later with `rejoin`. Returns at once.
     ///

@@ -8,8 +8,9 @@ use bytes::Bytes;
 /// A message lent to a [`Handle::recv_ref`](crate::Handle::recv_ref) callback: its payload is
 /// borrowed from the frame it arrived in, valid until the callback returns. Keep what you need
 /// by copying [`payload`](Self::payload) or, without a copy, with
-/// [`to_message`](Self::to_message).
-#[derive(Debug, Clone, Copy)]
+/// [`to_message`](Self::to_message) (which keeps the whole frame alive: see there).
+/// `Debug` shows the origin, the tag and this message's payload only.
+#[derive(Clone, Copy)]
 pub struct MessageRef<'a> {
     /// The rank that sent it (not the neighbour that relayed it).
     pub origin: Rank,
@@ -44,8 +45,12 @@ impl<'a> MessageRef<'a> {
         self.bytes.get(self.start..self.end).unwrap_or_default()
     }
 
-    /// The message to keep: its payload shares the frame's allocation (no copy; the frame's
-    /// memory stays alive as long as the payload does).
+    /// The message to keep: its payload shares the frame's allocation (no copy). The whole
+    /// frame's memory stays alive as long as the payload does: for a message that came in a
+    /// batch frame, up to 32 KiB (`limits::BATCH_FRAME_BYTES_MAX`) of other messages' bytes.
+    /// To keep many small messages for long, copy their payloads instead
+    /// (`Bytes::copy_from_slice(m.payload())`). The same holds for the `Message`s that
+    /// [`Handle::recv`](crate::Handle::recv) hands over.
     pub fn to_message(&self) -> Message {
         let payload = if self.start <= self.end && self.end <= self.bytes.len() {
             self.bytes.slice(self.start..self.end)
@@ -57,6 +62,17 @@ impl<'a> MessageRef<'a> {
             tag: self.tag,
             payload,
         }
+    }
+}
+
+impl std::fmt::Debug for MessageRef<'_> {
+    // Not derived: that would print the whole frame, other messages' bytes included.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MessageRef")
+            .field("origin", &self.origin)
+            .field("tag", &self.tag)
+            .field("payload", &Bytes::copy_from_slice(self.payload()))
+            .finish()
     }
 }
 
@@ -77,6 +93,11 @@ mod tests {
         let bad = MessageRef::new(3, 200, &frame, 9, 40);
         assert_eq!(bad.payload(), b"");
         assert!(bad.to_message().payload.is_empty());
+        // Debug shows this message only, not the rest of its frame.
+        assert_eq!(
+            format!("{m:?}"),
+            r#"MessageRef { origin: 3, tag: 200, payload: b"payload" }"#
+        );
         let whole = Message {
             origin: 1,
             tag: 300,

@@ -106,7 +106,7 @@ pub fn chunk(offset: u64, bytes: &[u8]) -> u64 {
 pub struct ChunkDigest {
     /// The stream offset of the chunk's first byte.
     pub offset: u64,
-    /// [`chunk`] of the bytes at `offset`.
+    /// The XXH3 digest of the chunk's bytes (the stream's seed; `stream::digest`).
     pub digest: u64,
 }
 
