@@ -327,11 +327,7 @@ impl Items {
     /// payload starts and where it ends. Nothing is sliced (no reference count is touched).
     pub fn next_span(&mut self) -> Option<(Tag, usize, usize, usize)> {
         let at = self.at;
-        let (tag, len) = item_header(&self.payload, at)?;
-        let start = at + ITEM_HEADER_LEN;
-        let end = start
-            .checked_add(len)
-            .filter(|&e| e <= self.payload.len())?;
+        let (tag, start, end) = item_span(&self.payload, at)?;
         self.at = end;
         Some((tag, at, start, end))
     }
@@ -404,16 +400,7 @@ impl ItemRun {
     /// Lends the run's messages to `f`, in order, without slicing the batch (no reference
     /// count is touched per message).
     pub fn for_each_ref(&self, mut f: impl FnMut(&MessageRef<'_>)) {
-        let mut at = self.at;
-        let Some(run) = self.payload.get(..self.end) else {
-            return;
-        };
-        // The batch was checked whole (`Items::new`): every header in the run is complete.
-        while let Some((_, len)) = item_header(run, at) {
-            let start = at + ITEM_HEADER_LEN;
-            let Some(end) = start.checked_add(len).filter(|&e| e <= self.end) else {
-                return;
-            };
+        for (start, end) in self.spans() {
             f(&MessageRef::new(
                 self.origin,
                 self.tag,
@@ -421,24 +408,28 @@ impl ItemRun {
                 start,
                 end,
             ));
-            at = end;
         }
     }
 
     /// The run's messages, in order; each payload a view of the batch's allocation.
     pub fn messages(&self) -> impl Iterator<Item = Message> + '_ {
+        self.spans().map(|(start, end)| Message {
+            origin: self.origin,
+            tag: self.tag,
+            payload: self.payload.slice(start..end),
+        })
+    }
+
+    /// Where each of the run's payloads starts and ends in the batch, in order.
+    fn spans(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        // The batch was checked whole (`Items::new`): every item in the run is complete; an
+        // item that were not would end the run, not panic.
+        let run = self.payload.get(..self.end).unwrap_or_default();
         let mut at = self.at;
         std::iter::from_fn(move || {
-            // The batch was checked whole (`Items::new`): every header in the run is complete.
-            let (_, len) = item_header(self.payload.get(..self.end)?, at)?;
-            let start = at + ITEM_HEADER_LEN;
-            let end = start.checked_add(len).filter(|&e| e <= self.end)?;
+            let (_, start, end) = item_span(run, at)?;
             at = end;
-            Some(Message {
-                origin: self.origin,
-                tag: self.tag,
-                payload: self.payload.slice(start..end),
-            })
+            Some((start, end))
         })
     }
 }
@@ -451,6 +442,15 @@ pub fn count_items(payload: &[u8]) -> u64 {
         at = at.saturating_add(ITEM_HEADER_LEN).saturating_add(len);
     }
     n
+}
+
+/// The item whose header starts at `at`: its tag and where its payload starts and ends, if the
+/// whole item lies within `payload`.
+fn item_span(payload: &[u8], at: usize) -> Option<(Tag, usize, usize)> {
+    let (tag, len) = item_header(payload, at)?;
+    let start = at.checked_add(ITEM_HEADER_LEN)?;
+    let end = start.checked_add(len).filter(|&e| e <= payload.len())?;
+    Some((tag, start, end))
 }
 
 fn item_header(payload: &[u8], at: usize) -> Option<(Tag, usize)> {
