@@ -25,8 +25,10 @@ use crate::grpcomm::{TAG_XCAST_DONE, TAG_XCAST_REQUEST};
 use crate::oob::header::{Header, Kind};
 use crate::relm::batch::{Items, Packed, Packer, TAG_BATCH};
 use crate::relm::wire::{pack_seq, unpack_seq};
-use crate::relm::{DataFrame, Event, Transmit};
-use crate::rml::{Dispatch, Matcher, Message, TAG_USER_MIN, Tag};
+use crate::relm::{DataFrame, Event, Poster, Transmit};
+use crate::rml::batch_frame::ItemRun;
+
+use crate::rml::{Dispatch, Matcher, Message, ReceiveId, TAG_USER_MIN, Tag};
 use bytes::Bytes;
 use std::time::Instant;
 
@@ -186,7 +188,7 @@ impl Node {
                 .map_err(|e| e.to_string())?;
             return self
                 .relm_input(now, |relm, paths, post| {
-                    relm.handle_run(now, paths, from, items, post)
+                    relm.handle_batch(now, paths, from, items, post)
                 })
                 .map_err(|e| format!("reliable batch: {e}"));
         }
@@ -245,37 +247,31 @@ impl Node {
         let refused = self.relm.stats().refused;
         // Empty if an input is already being delivered (a callback's send): then new ones.
         let (mut ready, mut runtime) = std::mem::take(&mut self.relm_posted);
-        let matcher = &mut self.matcher;
-        let clients = &self.clients;
-        let mut held_back = 0u64;
-        // Rank 0 takes no more broadcast requests than its xcast core can hold (elsewhere a
-        // request is stale, and the core ignores it).
-        let mut hold_room = match self.me {
-            0 => self.xcast.hold_room(),
-            _ => (usize::MAX, usize::MAX),
-        };
-        let mut post = |origin: Rank, tag: Tag, payload: Bytes| {
-            let m = Message {
-                origin,
-                tag,
-                payload,
-            };
-            // A client message waits at its origin while its receiver's queue is full.
-            if m.tag == crate::clients::wire::TAG_CLIENT_DATA
-                && let Some(to) = crate::clients::wire::DataHeader::peek_to_local(&m.payload)
-                && !clients.room(to, m.payload.len())
-            {
-                held_back += 1;
-                return false;
-            }
-            post_to(matcher, &mut ready, &mut runtime, &mut hold_room, m)
+        let mut poster = NodePoster {
+            matcher: &mut self.matcher,
+            clients: &self.clients,
+            ready: &mut ready,
+            runtime: &mut runtime,
+            run: None,
+            held_back: 0,
+            // Rank 0 takes no more broadcast requests than its xcast core can hold (elsewhere
+            // a request is stale, and the core ignores it).
+            hold_room: match self.me {
+                0 => self.xcast.hold_room(),
+                _ => (usize::MAX, usize::MAX),
+            },
         };
         let paths = Paths::new(&self.routing, &self.direct, (&self.lives, self.my_life));
-        let res = input(&mut self.relm, &paths, &mut post);
+        let res = input(&mut self.relm, &paths, &mut poster);
+        let (held_back, run) = (poster.held_back, poster.run);
         for _ in 0..held_back {
             self.clients.held_back();
         }
         self.posted_by_relm(now, &mut ready, &mut runtime, refused);
+        // A run is a whole batch, posted alone: nothing else was posted with it.
+        if let Some((receive, run)) = run {
+            self.deliver_run(receive, run);
+        }
         if ready.capacity() <= crate::limits::RELM_POSTED_KEPT_MAX
             && runtime.capacity() <= crate::limits::RELM_POSTED_KEPT_MAX
         {
@@ -439,6 +435,59 @@ fn travels_reliably(tag: Tag) -> bool {
 
 /// RELM's `post`: hands a message to receive matching unless the matcher would have to evict a
 /// held message to keep it. The dispatch waits in `ready` (delivered after RELM returns).
+/// The node's receive matching as RELM posts to it, for the length of one input.
+struct NodePoster<'a> {
+    matcher: &'a mut Matcher,
+    clients: &'a crate::clients::Clients,
+    ready: &'a mut Vec<Dispatch>,
+    runtime: &'a mut Vec<Message>,
+    /// A whole batch one persistent receive took.
+    run: Option<(ReceiveId, ItemRun)>,
+    /// Client messages refused for want of room at their local receiver.
+    held_back: u64,
+    /// What rank 0's xcast core can still hold (count, bytes).
+    hold_room: (usize, usize),
+}
+
+impl Poster for NodePoster<'_> {
+    fn post(&mut self, origin: Rank, tag: Tag, payload: Bytes) -> bool {
+        let m = Message {
+            origin,
+            tag,
+            payload,
+        };
+        // A client message waits at its origin while its receiver's queue is full.
+        if m.tag == crate::clients::wire::TAG_CLIENT_DATA
+            && let Some(to) = crate::clients::wire::DataHeader::peek_to_local(&m.payload)
+            && !self.clients.room(to, m.payload.len())
+        {
+            self.held_back += 1;
+            return false;
+        }
+        post_to(
+            self.matcher,
+            self.ready,
+            self.runtime,
+            &mut self.hold_room,
+            m,
+        )
+    }
+
+    /// Only the users' messages, for a persistent receive, and one run per input.
+    fn post_run(&mut self, run: ItemRun) -> bool {
+        if run.tag() < TAG_USER_MIN || self.run.is_some() || !self.ready.is_empty() {
+            return false;
+        }
+        match self.matcher.match_persistent(run.origin(), run.tag()) {
+            Some(receive) => {
+                self.run = Some((receive, run));
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 fn post_to(
     matcher: &mut Matcher,
     ready: &mut Vec<Dispatch>,

@@ -21,6 +21,7 @@ use super::uid;
 use crate::Rank;
 use crate::limits::{BATCH_FRAME_BYTES_MAX, BATCH_FRAME_ITEMS_MAX, BATCH_ITEM_MAX_BYTES};
 use crate::rml::Tag;
+use crate::rml::batch_frame::ItemRun;
 use crate::rml::runs::{Run, RunItem, Runs};
 use bytes::{Bytes, BytesMut};
 use std::fmt;
@@ -200,6 +201,25 @@ pub struct Items {
     at: usize,
     origin: Rank,
     dst: Rank,
+    shape: Shape,
+}
+
+/// What the check learnt of a batch's items as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// How many items (2 to `BATCH_FRAME_ITEMS_MAX`).
+    pub count: u32,
+    /// The tag of every item, if all carry the same one.
+    pub one_tag: Option<Tag>,
+    /// The first item's predecessor uid.
+    pub first_prev: u32,
+    /// The first item's uid.
+    pub first_uid: u32,
+    /// The last item's uid.
+    pub last_uid: u32,
+    /// Whether each item after the first names the one before it as its predecessor, and comes
+    /// after it: the items continue one another in their chain, as an origin sends them.
+    pub linked: bool,
 }
 
 impl Items {
@@ -213,6 +233,15 @@ impl Items {
     ) -> Result<Items, BatchError> {
         let mut at = 0usize;
         let mut count = 0usize;
+        let mut shape = Shape {
+            count: 0,
+            one_tag: None,
+            first_prev: uid::NONE,
+            first_uid: uid::NONE,
+            last_uid: uid::NONE,
+            linked: true,
+        };
+        let mut mixed = false;
         while at < payload.len() {
             let (item, next) = item_at(&payload, at).ok_or(BatchError::Truncated(at))?;
             if !uid::is_valid(item.uid) {
@@ -224,6 +253,14 @@ impl Items {
             if !tag_ok(item.tag) {
                 return Err(BatchError::Tag(at, item.tag));
             }
+            if count == 0 {
+                shape.first_prev = item.prev;
+                shape.first_uid = item.uid;
+            } else {
+                shape.linked &= item.prev == shape.last_uid && uid::before(item.prev, item.uid);
+            }
+            mixed |= *shape.one_tag.get_or_insert(item.tag) != item.tag;
+            shape.last_uid = item.uid;
             count += 1;
             if count > BATCH_FRAME_ITEMS_MAX {
                 return Err(BatchError::TooMany);
@@ -233,12 +270,45 @@ impl Items {
         if count < 2 {
             return Err(BatchError::TooFew);
         }
+        if mixed {
+            shape.one_tag = None;
+        }
+        // At most `BATCH_FRAME_ITEMS_MAX`, checked above.
+        shape.count = u32::try_from(count).unwrap_or(u32::MAX);
         Ok(Items {
             payload,
             at: 0,
             origin,
             dst,
+            shape,
         })
+    }
+
+    /// The chain's origin.
+    pub fn origin(&self) -> Rank {
+        self.origin
+    }
+
+    /// The chain's destination.
+    pub fn dst(&self) -> Rank {
+        self.dst
+    }
+
+    /// What the check learnt of the items as a whole.
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// All the items as one run of messages with tag `tag` (for a batch whose items all
+    /// carry it: [`Shape::one_tag`]), for delivery without slicing the batch per item.
+    pub fn whole_run(&self, tag: Tag) -> ItemRun {
+        ItemRun::whole(
+            self.origin,
+            tag,
+            self.payload.clone(),
+            ITEM_HEADER_LEN - crate::rml::batch_frame::ITEM_HEADER_LEN,
+            self.shape.count,
+        )
     }
 }
 

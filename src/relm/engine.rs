@@ -16,8 +16,9 @@ use crate::Rank;
 use crate::fxhash::FxHashMap;
 use crate::rml::Tag;
 use bytes::Bytes;
+use std::cmp::Ordering;
 use std::collections::VecDeque;
-use std::collections::hash_map::Entry;
+use std::collections::hash_map::Entry as HashEntry;
 use std::time::{Duration, Instant};
 
 /// A daemon's lasting state for one message.
@@ -171,116 +172,243 @@ pub struct Record {
     pub runtime: bool,
 }
 
-/// The message table: every record this daemon holds, each chain's records in uid order, and
-/// the hop cache's arrival order. Bounded by the caller (`Relm` refuses or drops at its bounds;
-/// the hop cache evicts its oldest).
+/// One chain's origin and hop records, by ascending uid (serial-number order).
+type Chain = VecDeque<(u32, Record)>;
+
+/// Where a record lives: at an index of its chain, or among the destination's early messages.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    Chain(usize),
+    Pending,
+}
+
+/// The index of `uid` in `chain`, or where it would go. A chain's uids are in serial-number
+/// order and span less than half the uid space (the origin's window), so that order is total
+/// over them. Records are almost always made at the back and released at the front, which
+/// are looked at first.
+fn position(chain: &Chain, uid: u32) -> Result<usize, usize> {
+    match chain.back() {
+        None => return Err(0),
+        Some(&(last, _)) if last == uid => return Ok(chain.len() - 1),
+        Some(&(last, _)) if uid::before(last, uid) => return Err(chain.len()),
+        Some(_) => {}
+    }
+    if chain.front().is_some_and(|(first, _)| *first == uid) {
+        return Ok(0);
+    }
+    chain.binary_search_by(|(u, _)| {
+        if *u == uid {
+            Ordering::Equal
+        } else if uid::before(*u, uid) {
+            Ordering::Less
+        } else {
+            Ordering::Greater
+        }
+    })
+}
+
+/// The message table: every record this daemon holds, and the hop cache's arrival order.
+/// Bounded by the caller (`Relm` refuses or drops at its bounds; the hop cache evicts its
+/// oldest).
+///
+/// Origin and hop records live in their chain, in uid order: an origin makes its records at
+/// the back of a chain and a cumulative acknowledgement releases them from the front, so the
+/// hot path of reliable messaging touches memory in order and hashes once per chain, not once
+/// per message (a table keyed by message cost the sending loop a random access per message,
+/// on records of about 100 bytes). A record is therefore found by its key and its destination.
+/// The destination's early messages (few, and taken out of order) are kept by key.
 #[derive(Debug, Default)]
 pub struct MessageTable {
-    records: FxHashMap<MsgKey, Record>,
-    /// (origin, dst) -> uids of origin and hop records, ascending.
-    chains: FxHashMap<(Rank, Rank), VecDeque<u32>>,
-    /// Hop records, oldest first (stale entries are skipped).
-    cache: VecDeque<(MsgKey, Instant)>,
-    hop_records: usize,
-    origin_records: usize,
+    /// (origin, dst) -> that chain's origin and hop records. A chain emptied by an
+    /// acknowledgement is kept for the next records until [`shed`](Self::shed).
+    chains: FxHashMap<(Rank, Rank), Chain>,
+    /// The destination's early messages (`Role::Destination`).
+    pending: FxHashMap<MsgKey, Record>,
+    /// Hop records (key, destination, made at), oldest first (stale entries are skipped).
+    cache: VecDeque<(MsgKey, Rank, Instant)>,
+    counts: Counts,
+}
+
+/// The records held, by role (apart from the records, so that both can be borrowed at once).
+#[derive(Debug, Default)]
+struct Counts {
+    hop: usize,
+    origin: usize,
     /// Origin records of the users' messages (not `runtime`).
-    user_records: usize,
-    pending_records: usize,
+    user: usize,
+    pending: usize,
+}
+
+impl Counts {
+    fn add(&mut self, r: &Record) {
+        match r.role {
+            Role::Origin => {
+                self.origin += 1;
+                self.user += usize::from(!r.runtime);
+            }
+            Role::Hop => self.hop += 1,
+            Role::Destination => self.pending += 1,
+        }
+    }
+
+    fn sub(&mut self, r: &Record) {
+        match r.role {
+            Role::Origin => {
+                self.origin = self.origin.saturating_sub(1);
+                if !r.runtime {
+                    self.user = self.user.saturating_sub(1);
+                }
+            }
+            Role::Hop => self.hop = self.hop.saturating_sub(1),
+            Role::Destination => self.pending = self.pending.saturating_sub(1),
+        }
+    }
 }
 
 impl MessageTable {
-    /// The record of `key`.
-    pub fn get(&self, key: &MsgKey) -> Option<&Record> {
-        self.records.get(key)
+    fn find(&self, key: &MsgKey, dst: Rank) -> Option<Slot> {
+        if let Some(chain) = self.chains.get(&(key.origin, dst))
+            && let Ok(i) = position(chain, key.uid)
+        {
+            return Some(Slot::Chain(i));
+        }
+        self.pending
+            .get(key)
+            .filter(|r| r.dst == dst)
+            .map(|_| Slot::Pending)
     }
 
-    /// The record of `key`, to change its data or timers (not its state: use `apply`).
-    pub fn get_mut(&mut self, key: &MsgKey) -> Option<&mut Record> {
-        self.records.get_mut(key)
+    /// The record of `key` to `dst`.
+    pub fn get(&self, key: &MsgKey, dst: Rank) -> Option<&Record> {
+        match self.find(key, dst)? {
+            Slot::Chain(i) => self
+                .chains
+                .get(&(key.origin, dst))
+                .and_then(|c| c.get(i))
+                .map(|(_, r)| r),
+            Slot::Pending => self.pending.get(key),
+        }
     }
 
-    /// Every record.
-    pub fn iter(&self) -> impl Iterator<Item = (&MsgKey, &Record)> {
-        self.records.iter()
+    /// The record of `key` to `dst`, to change its data or timers (not its state: use
+    /// `apply`).
+    pub fn get_mut(&mut self, key: &MsgKey, dst: Rank) -> Option<&mut Record> {
+        match self.find(key, dst)? {
+            Slot::Chain(i) => self
+                .chains
+                .get_mut(&(key.origin, dst))
+                .and_then(|c| c.get_mut(i))
+                .map(|(_, r)| r),
+            Slot::Pending => self.pending.get_mut(key),
+        }
     }
 
-    /// Whether the table is empty.
+    /// Every record (in no particular order: callers that act on several sort them).
+    pub fn iter(&self) -> impl Iterator<Item = (MsgKey, &Record)> {
+        self.chains
+            .iter()
+            .flat_map(|(&(origin, _), chain)| {
+                chain
+                    .iter()
+                    .map(move |(uid, r)| (MsgKey { origin, uid: *uid }, r))
+            })
+            .chain(self.pending.iter().map(|(k, r)| (*k, r)))
+    }
+
+    /// Whether the table holds no record.
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        let c = &self.counts;
+        c.origin == 0 && c.hop == 0 && c.pending == 0
+    }
+
+    /// Whether the table holds nothing at all, not even an emptied chain's memory.
+    pub fn is_clear(&self) -> bool {
+        self.chains.is_empty() && self.pending.is_empty()
+    }
+
+    /// Frees the chains that hold no record (called from the timer, so that a chain emptied
+    /// and refilled at once keeps its memory, and an idle daemon holds none).
+    pub fn shed(&mut self) {
+        self.chains.retain(|_, c| !c.is_empty());
     }
 
     /// Records held, by role: (origin, hop, destination).
     pub fn counts(&self) -> (usize, usize, usize) {
-        (self.origin_records, self.hop_records, self.pending_records)
+        (self.counts.origin, self.counts.hop, self.counts.pending)
     }
 
     /// Origin records of the users' messages (the runtime's own left out).
     pub fn user_records(&self) -> usize {
-        self.user_records
+        self.counts.user
     }
 
-    fn count_in(&mut self, r: &Record) {
-        match r.role {
-            Role::Origin => {
-                self.origin_records += 1;
-                self.user_records += usize::from(!r.runtime);
-            }
-            Role::Hop => self.hop_records += 1,
-            Role::Destination => self.pending_records += 1,
-        }
-    }
-
-    fn count_out(&mut self, r: &Record) {
-        match r.role {
-            Role::Origin => {
-                self.origin_records = self.origin_records.saturating_sub(1);
-                if !r.runtime {
-                    self.user_records = self.user_records.saturating_sub(1);
-                }
-            }
-            Role::Hop => self.hop_records = self.hop_records.saturating_sub(1),
-            Role::Destination => self.pending_records = self.pending_records.saturating_sub(1),
-        }
-    }
-
-    /// Makes a record (trigger `New`, `Cached`, `Request` or `Wait`). Replaces nothing: the
-    /// caller checks first.
+    /// Makes a record (trigger `New`, `Cached`, `Request` or `Wait`) and returns it. The caller
+    /// checks first that there is none for `key` and the record's destination; one that is
+    /// there anyway is replaced. `Err` for a trigger that makes no record.
     pub fn insert(
         &mut self,
         key: MsgKey,
         mut record: Record,
         trigger: Trigger,
-    ) -> Result<(), InvalidTransition> {
-        let Some(state) = transition(record.role, None, trigger)? else {
-            return Ok(());
+    ) -> Result<&mut Record, InvalidTransition> {
+        let refused = InvalidTransition {
+            role: record.role,
+            from: None,
+            trigger,
         };
-        record.state = state;
-        self.count_in(&record);
-        if record.role == Role::Hop {
-            self.cache.push_back((key, record.since));
-        }
-        if record.role != Role::Destination {
-            let chain = self.chains.entry((key.origin, record.dst)).or_default();
-            // Almost always appended; a replay of an older message is put in place.
-            match chain.back() {
-                Some(&last) if !uid::before(last, key.uid) => {
-                    let at = chain.partition_point(|u| uid::before(*u, key.uid));
-                    chain.insert(at, key.uid);
+        record.state = transition(record.role, None, trigger)?.ok_or(refused)?;
+        self.counts.add(&record);
+        let (slot, old) = match record.role {
+            Role::Destination => match self.pending.entry(key) {
+                HashEntry::Occupied(mut e) => {
+                    let old = std::mem::replace(e.get_mut(), record);
+                    (e.into_mut(), Some(old))
                 }
-                _ => chain.push_back(key.uid),
+                HashEntry::Vacant(e) => (e.insert(record), None),
+            },
+            Role::Origin | Role::Hop => {
+                if record.role == Role::Hop {
+                    self.cache.push_back((key, record.dst, record.since));
+                }
+                let chain = self.chains.entry((key.origin, record.dst)).or_default();
+                match position(chain, key.uid) {
+                    Ok(i) => match chain.get_mut(i) {
+                        Some(slot) => {
+                            let old = std::mem::replace(&mut slot.1, record);
+                            (&mut slot.1, Some(old))
+                        }
+                        None => return Err(refused),
+                    },
+                    // Almost always appended; a replay of an older message is put in place.
+                    Err(i) => {
+                        if i == chain.len() {
+                            chain.push_back((key.uid, record));
+                        } else {
+                            chain.insert(i, (key.uid, record));
+                        }
+                        match chain.get_mut(i) {
+                            Some(slot) => (&mut slot.1, None),
+                            None => return Err(refused),
+                        }
+                    }
+                }
             }
+        };
+        if let Some(old) = &old {
+            self.counts.sub(old);
         }
-        self.records.insert(key, record);
-        Ok(())
+        Ok(slot)
     }
 
-    /// Applies a trigger to an existing record; returns the record if it was released.
+    /// Applies a trigger to the record of `key` to `dst`, if there is one; returns the record
+    /// if it was released.
     pub fn apply(
         &mut self,
         key: &MsgKey,
+        dst: Rank,
         trigger: Trigger,
     ) -> Result<Option<Record>, InvalidTransition> {
-        let Some(r) = self.records.get_mut(key) else {
+        let Some(r) = self.get_mut(key, dst) else {
             return Ok(None);
         };
         match transition(r.role, Some(r.state), trigger)? {
@@ -288,26 +416,21 @@ impl MessageTable {
                 r.state = s;
                 Ok(None)
             }
-            None => Ok(self.remove(key)),
+            None => Ok(self.remove(key, dst)),
         }
     }
 
-    /// Drops a record outright (purges after a repair).
-    pub fn remove(&mut self, key: &MsgKey) -> Option<Record> {
-        let r = self.records.remove(key)?;
-        self.count_out(&r);
-        if r.role != Role::Destination
-            && let Some(chain) = self.chains.get_mut(&(key.origin, r.dst))
-        {
-            if chain.front() == Some(&key.uid) {
-                chain.pop_front();
-            } else if let Some(i) = chain.iter().position(|u| *u == key.uid) {
-                chain.remove(i);
-            }
-            if chain.is_empty() {
-                self.chains.remove(&(key.origin, r.dst));
-            }
-        }
+    /// Drops the record of `key` to `dst` outright (purges after a repair).
+    pub fn remove(&mut self, key: &MsgKey, dst: Rank) -> Option<Record> {
+        let r = match self.find(key, dst)? {
+            Slot::Chain(i) => self
+                .chains
+                .get_mut(&(key.origin, dst))
+                .and_then(|c| c.remove(i))
+                .map(|(_, r)| r)?,
+            Slot::Pending => self.pending.remove(key)?,
+        };
+        self.counts.sub(&r);
         Some(r)
     }
 
@@ -315,11 +438,11 @@ impl MessageTable {
     /// record it covers, handing each to `released` in uid order.
     ///
     /// The hot path of reliable messaging (one call per acknowledgement, often covering many
-    /// messages): the chain is looked up once and each record removed with one lookup, instead
-    /// of going through [`apply`](Self::apply) per message. An `Ack` ends a record in every
-    /// state (the transition table's `Ack` row), so the result is the same. The records go to
-    /// a callback, not a list: a list of whole records grown per acknowledgement cost about
-    /// 90 instructions per message in reallocations (callgrind, reliable 64 B sender).
+    /// messages): the records it covers are the chain's first ones. An `Ack` ends a record in
+    /// every state (the transition table's `Ack` row), so the result is that of
+    /// [`apply`](Self::apply) per message. The records go to a callback, not a list: a list of
+    /// whole records grown per acknowledgement cost about 90 instructions per message in
+    /// reallocations (callgrind, reliable 64 B sender).
     pub fn ack_chain(
         &mut self,
         origin: Rank,
@@ -327,28 +450,20 @@ impl MessageTable {
         upto: u32,
         mut released: impl FnMut(MsgKey, Record),
     ) {
-        let Some(mut chain) = self.chains.remove(&(origin, dst)) else {
+        let Some(chain) = self.chains.get_mut(&(origin, dst)) else {
             return;
         };
-        while let Some(&u) = chain.front() {
-            if !uid::at_or_before(u, upto) {
+        let counts = &mut self.counts;
+        while chain
+            .front()
+            .is_some_and(|(u, _)| uid::at_or_before(*u, upto))
+        {
+            let Some((u, r)) = chain.pop_front() else {
                 break;
-            }
-            chain.pop_front();
-            let key = MsgKey { origin, uid: u };
-            // A chain holds origin and hop records only; a chain entry without its record
-            // cannot happen, and is dropped rather than looped on.
-            if let Entry::Occupied(e) = self.records.entry(key)
-                && e.get().role != Role::Destination
-            {
-                let r = e.remove();
-                debug_assert_eq!(transition(r.role, Some(r.state), Trigger::Ack), Ok(None));
-                self.count_out(&r);
-                released(key, r);
-            }
-        }
-        if !chain.is_empty() {
-            self.chains.insert((origin, dst), chain);
+            };
+            debug_assert_eq!(transition(r.role, Some(r.state), Trigger::Ack), Ok(None));
+            counts.sub(&r);
+            released(MsgKey { origin, uid: u }, r);
         }
     }
 
@@ -356,30 +471,29 @@ impl MessageTable {
     /// many.
     pub fn evict_hops(&mut self, now: Instant, age: Duration, max: usize) -> usize {
         let mut evicted = 0;
-        while let Some(&(key, since)) = self.cache.front() {
+        while let Some(&(key, dst, since)) = self.cache.front() {
             let live = self
-                .records
-                .get(&key)
+                .get(&key, dst)
                 .is_some_and(|r| r.role == Role::Hop && r.since == since);
             if !live {
                 self.cache.pop_front();
                 continue;
             }
             let old = now.saturating_duration_since(since) >= age;
-            if !old && self.hop_records <= max {
+            if !old && self.counts.hop <= max {
                 break;
             }
             self.cache.pop_front();
-            if let Ok(Some(_)) = self.apply(&key, Trigger::Evicted) {
+            if let Ok(Some(_)) = self.apply(&key, dst, Trigger::Evicted) {
                 evicted += 1;
             }
         }
         // Entries released by acks linger in the FIFO until they reach its front; keep that
         // garbage from outgrowing the live records.
-        if self.cache.len() > 4 * max.max(self.hop_records).max(16) {
-            let records = &self.records;
-            self.cache
-                .retain(|(k, s)| records.get(k).is_some_and(|r| r.since == *s));
+        if self.cache.len() > 4 * max.max(self.counts.hop).max(16) {
+            let mut cache = std::mem::take(&mut self.cache);
+            cache.retain(|(k, d, s)| self.get(k, *d).is_some_and(|r| r.since == *s));
+            self.cache = cache;
         }
         evicted
     }

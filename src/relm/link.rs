@@ -86,12 +86,12 @@ impl Relm {
             .table
             .iter()
             .filter(|(_, r)| r.role == Role::Origin && r.dst == peer && r.data.is_some())
-            .map(|(k, _)| *k)
+            .map(|(k, _)| k)
             .collect();
         mine.sort_unstable();
         for key in mine {
             self.stats.replays += 1;
-            self.transmit(topo, key, None);
+            self.transmit(topo, key, peer, None);
         }
         let posted = self.inbound.get(&peer).map(|i| (i.posted, i.life));
         if let Some((upto, life)) = posted.filter(|(p, _)| *p != uid::NONE)
@@ -105,7 +105,7 @@ impl Relm {
     /// Drops records to or from dead ranks (failing the origin's completions with
     /// `NodeDown`) and hop records whose path no longer crosses this daemon.
     fn purge(&mut self, topo: &dyn Topology) {
-        let mut gone: Vec<(MsgKey, bool)> = Vec::new();
+        let mut gone: Vec<(MsgKey, Rank, bool)> = Vec::new();
         for (k, r) in self.table.iter() {
             let dead = topo.is_failed(k.origin) || topo.is_failed(r.dst);
             let off_path = r.role == Role::Hop && {
@@ -114,12 +114,12 @@ impl Relm {
                 up.is_none() || down.is_none() || up == down
             };
             if dead || off_path {
-                gone.push((*k, dead));
+                gone.push((k, r.dst, dead));
             }
         }
         gone.sort_unstable();
-        for (k, dead) in gone {
-            if let Some(r) = self.table.remove(&k)
+        for (k, dst, dead) in gone {
+            if let Some(r) = self.table.remove(&k, dst)
                 && r.role == Role::Origin
             {
                 let err = if dead {
@@ -179,7 +179,7 @@ impl Relm {
                     Some((p, life)) if p != uid::NONE && uid::at_or_before(o.key.uid, p) => {
                         self.ack_due((o.key.origin, self.me, life), p, from);
                     }
-                    _ if self.table.get(&o.key).is_some() => {}
+                    _ if self.table.get(&o.key, o.dst).is_some() => {}
                     _ => self.transmits.push_back(Transmit::Control {
                         to: from,
                         control: Control::Request {
@@ -188,7 +188,7 @@ impl Relm {
                         },
                     }),
                 }
-            } else if self.table.get(&o.key).is_none() {
+            } else if self.table.get(&o.key, o.dst).is_none() {
                 self.transmits.push_back(Transmit::Control {
                     to: from,
                     control: Control::Request {
@@ -226,15 +226,15 @@ impl Relm {
             self.send_update(topo, n);
         }
         let resend_all = std::mem::take(&mut self.gate.resend_all);
-        let mut held: Vec<MsgKey> = self
+        let mut held: Vec<(MsgKey, Rank)> = self
             .table
             .iter()
             .filter(|(_, r)| r.data.is_some() && r.state == MsgState::Sending)
-            .map(|(k, _)| *k)
+            .map(|(k, r)| (k, r.dst))
             .collect();
         held.sort_unstable();
-        for key in held {
-            self.transmit(topo, key, None);
+        for (key, dst) in held {
+            self.transmit(topo, key, dst, None);
         }
         if resend_all {
             // Every unacknowledged message of this origin is resent after one more gate period,
@@ -242,14 +242,14 @@ impl Relm {
             // side), and what those acks cover need not travel again. What they do not cover
             // goes out through the retransmission timer.
             let soon = now + Duration::from_millis(self.cfg.gate_ms);
-            let mine: Vec<MsgKey> = self
+            let mine: Vec<(MsgKey, Rank)> = self
                 .table
                 .iter()
                 .filter(|(_, r)| r.role == Role::Origin && r.retransmit_at > soon)
-                .map(|(k, _)| *k)
+                .map(|(k, r)| (k, r.dst))
                 .collect();
-            for key in mine {
-                if let Some(r) = self.table.get_mut(&key) {
+            for (key, dst) in mine {
+                if let Some(r) = self.table.get_mut(&key, dst) {
                     r.retransmit_at = soon;
                 }
             }
@@ -280,7 +280,7 @@ impl Relm {
             .filter(|(_, r)| r.data.is_some() && r.role != Role::Destination)
             .filter(|(_, r)| topo.next_hop(r.dst) == Some(n))
             .map(|(k, r)| Offer {
-                key: *k,
+                key: k,
                 dst: r.dst,
                 state: r.state,
             })

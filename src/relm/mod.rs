@@ -62,7 +62,7 @@ pub mod uid;
 pub mod wire;
 
 pub use engine::{MsgState, Role, Trigger};
-pub use steady::{DataFrame, Post};
+pub use steady::{DataFrame, Post, Poster};
 pub use wire::{Control, ControlError};
 
 use crate::Rank;
@@ -356,9 +356,10 @@ impl Relm {
         Duration::from_millis((self.cfg.cache_ms.min(self.cfg.retransmit_ms) / 2).max(10))
     }
 
-    /// Keeps a tick armed while there is anything a timer must look at.
+    /// Keeps a tick armed while there is anything a timer must look at (an emptied chain's
+    /// memory too: the tick frees it).
     fn arm_tick(&mut self, now: Instant) {
-        if self.next_tick.is_none() && !(self.table.is_empty() && self.inbound_idle()) {
+        if self.next_tick.is_none() && !(self.table.is_clear() && self.inbound_idle()) {
             self.next_tick = Some(now + self.tick_period());
         }
     }

@@ -2,6 +2,7 @@
 //! replay requests, and the timers (hop cache expiry, the origin's retransmissions, re-asking
 //! for a missing predecessor).
 
+use super::batch::Items;
 use super::engine::{InvalidTransition, Record, Role, Trigger, apply_kept};
 use super::uid::{self, MsgKey};
 use super::wire::{Control, ControlError};
@@ -10,7 +11,9 @@ use crate::Rank;
 use crate::error::SendError;
 use crate::limits::{RELM_RETRANSMIT_BACKOFF_MAX, RELM_RETRANSMITS_MAX};
 use crate::rml::Tag;
+use crate::rml::batch_frame::ItemRun;
 use bytes::Bytes;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// A reliable message as it arrived in a frame.
@@ -30,9 +33,29 @@ pub struct DataFrame {
     pub payload: Bytes,
 }
 
-/// Hands a message to the receive matching: `true` if it was posted (matched or held),
-/// `false` if it could not be held (then RELM does not acknowledge it).
-pub type Post<'a> = dyn FnMut(Rank, Tag, Bytes) -> bool + 'a;
+/// The destination's receive matching, as RELM posts to it.
+pub trait Poster {
+    /// Hands a message to the receive matching: `true` if it was posted (matched or held),
+    /// `false` if it could not be held (then RELM does not acknowledge it).
+    fn post(&mut self, origin: Rank, tag: Tag, payload: Bytes) -> bool;
+
+    /// Hands a whole batch's messages, in order, to the receive matching as one run: `true`
+    /// if one receive took them all (a persistent receive), `false` if nothing was posted
+    /// (then RELM posts them one by one). By default runs are refused.
+    fn post_run(&mut self, _run: ItemRun) -> bool {
+        false
+    }
+}
+
+/// Any `FnMut(origin, tag, payload) -> bool` posts messages one by one.
+impl<F: FnMut(Rank, Tag, Bytes) -> bool> Poster for F {
+    fn post(&mut self, origin: Rank, tag: Tag, payload: Bytes) -> bool {
+        self(origin, tag, payload)
+    }
+}
+
+/// What RELM's inputs post to.
+pub type Post<'a> = dyn Poster + 'a;
 
 /// What becomes of data that arrived: see [`Relm::handle_run`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,7 +179,7 @@ impl Relm {
         }
         let id = self.next_uid;
         self.next_uid = uid::next(id);
-        let prev = self.outbound.insert(dst, id).unwrap_or(uid::NONE);
+        let prev = std::mem::replace(self.outbound.entry(dst).or_insert(uid::NONE), id);
         let key = MsgKey {
             origin: self.me,
             uid: id,
@@ -174,46 +197,27 @@ impl Relm {
             retransmits: 0,
             runtime,
         };
-        if let Err(e) = self.table.insert(key, record, Trigger::New) {
-            bug(e);
+        match self.table.insert(key, record, Trigger::New) {
+            // The record in hand is handed on at once: no second look-up.
+            Ok(r) => hand_on(topo, key, r, None, &mut self.transmits),
+            Err(e) => bug(e),
         }
         self.stats.sent += 1;
-        self.transmit(topo, key, None);
         self.arm_tick(now);
         Ok(())
     }
 
-    /// Hands a record's data to the next hop towards its destination (or to `to`), if there
-    /// is a route and data; otherwise it stays `Sending`.
-    pub(super) fn transmit(&mut self, topo: &dyn Topology, key: MsgKey, to: Option<Rank>) {
-        let Some(r) = self.table.get_mut(&key) else {
-            return;
-        };
-        let Some(payload) = r.data.clone() else {
-            return;
-        };
-        // The origin's own messages take a direct link when one is open; hops use the tree.
-        let hop = match r.role {
-            Role::Origin => topo.route(r.dst),
-            Role::Hop | Role::Destination => topo.next_hop(r.dst),
-        };
-        let Some(to) = to.or(hop) else {
-            return;
-        };
-        self.transmits.push_back(Transmit::Data {
-            to,
-            frame: DataFrame {
-                origin: key.origin,
-                dst: r.dst,
-                tag: r.tag,
-                uid: key.uid,
-                prev: r.prev,
-                payload,
-            },
-        });
-        // Sending|Sent -> Sent keeps the record: its state changes in place.
-        if let Err(e) = apply_kept(r, Trigger::Transmitted) {
-            bug(e);
+    /// Hands the data of the record of `key` to `dst` to the next hop towards `dst` (or to
+    /// `to`), if there is a route and data; otherwise it stays `Sending`.
+    pub(super) fn transmit(
+        &mut self,
+        topo: &dyn Topology,
+        key: MsgKey,
+        dst: Rank,
+        to: Option<Rank>,
+    ) {
+        if let Some(r) = self.table.get_mut(&key, dst) {
+            hand_on(topo, key, r, to, &mut self.transmits);
         }
     }
 
@@ -228,6 +232,84 @@ impl Relm {
         post: &mut Post<'_>,
     ) -> Result<(), ControlError> {
         self.handle_run(now, topo, from, std::iter::once(d), post)
+    }
+
+    /// A checked batch frame from neighbour `from`. The common case at the destination, a
+    /// batch of one tag whose items continue the chain exactly where it was posted up to, with
+    /// nothing early held, is posted as one run ([`Poster::post_run`]) and acknowledged once:
+    /// the same outcome as [`Relm::handle_run`]'s message by message, at one step per batch.
+    /// Anything else, or a run the matching refuses, goes through [`Relm::handle_run`].
+    pub fn handle_batch(
+        &mut self,
+        now: Instant,
+        topo: &dyn Topology,
+        from: Rank,
+        items: Items,
+        post: &mut Post<'_>,
+    ) -> Result<(), ControlError> {
+        let shape = items.shape();
+        let origin = items.origin();
+        let in_order = items.dst() == self.me && shape.linked && shape.one_tag.is_some();
+        if in_order && let Some(tag) = shape.one_tag {
+            let probe = DataFrame {
+                origin,
+                dst: self.me,
+                tag,
+                uid: shape.last_uid,
+                prev: shape.first_prev,
+                payload: Bytes::new(),
+            };
+            if self.verdict(topo, from, &probe)? == Verdict::Take
+                && self.post_whole(topo, from, &items, tag, post)
+            {
+                self.arm_tick(now);
+                return Ok(());
+            }
+        }
+        self.handle_run(now, topo, from, items, post)
+    }
+
+    /// [`Relm::handle_batch`]'s run: posts `items` (linked, one tag, taken from `from`) whole if
+    /// they continue `origin`'s chain at its watermark with nothing early held, as `arrive`
+    /// would post them one by one; `false` if they do not, or the matching refused the run,
+    /// and then nothing changed but a previous life's state forgotten, as `arrive` does.
+    fn post_whole(
+        &mut self,
+        topo: &dyn Topology,
+        from: Rank,
+        items: &Items,
+        tag: Tag,
+        post: &mut Post<'_>,
+    ) -> bool {
+        let (origin, shape) = (items.origin(), items.shape());
+        let life = topo.life(origin);
+        if self.inbound.get(&origin).is_some_and(|i| i.life != life) {
+            self.forget_origin(origin);
+        }
+        let inbound = self.inbound.entry(origin).or_insert_with(|| Inbound {
+            life,
+            posted: uid::NONE,
+            ..Inbound::default()
+        });
+        let posted = inbound.posted;
+        let next = shape.first_prev == posted
+            && (posted == uid::NONE || uid::before(posted, shape.first_uid))
+            && inbound.pending.is_empty()
+            && self.table.counts().2 == 0;
+        if !next || !post.post_run(items.whole_run(tag)) {
+            return false;
+        }
+        let last = shape.last_uid;
+        if let Some(i) = self.inbound.get_mut(&origin) {
+            i.posted = last;
+            if i.requested.is_some_and(|(u, _)| uid::at_or_before(u, last)) {
+                i.requested = None;
+            }
+        }
+        self.stats.posted += u64::from(shape.count);
+        let back = reply_to(topo, from, origin);
+        self.ack_due((origin, self.me, life), last, back);
+        true
     }
 
     /// Reliable messages that arrived from neighbour `from` in one frame, in order (a batch's
@@ -315,7 +397,7 @@ impl Relm {
             origin: d.origin,
             uid: d.uid,
         };
-        if let Some(r) = self.table.get_mut(&key) {
+        if let Some(r) = self.table.get_mut(&key, d.dst) {
             if r.data.is_none() {
                 // A `Requested` record knew only the key and the destination: its tag and
                 // predecessor come with the data, and later replays from it need them.
@@ -323,7 +405,7 @@ impl Relm {
                 r.tag = d.tag;
                 r.prev = d.prev;
             }
-            if let Err(e) = self.table.apply(&key, Trigger::Data) {
+            if let Err(e) = self.table.apply(&key, d.dst, Trigger::Data) {
                 bug(e);
             }
         } else {
@@ -354,8 +436,9 @@ impl Relm {
         // Without a route the record stays `Sending` and goes out after the repair.
         if let Some(to) = topo.next_hop(d.dst) {
             self.stats.relayed += 1;
+            let dst = d.dst;
             self.transmits.push_back(Transmit::Data { to, frame: d });
-            if let Err(e) = self.table.apply(&key, Trigger::Transmitted) {
+            if let Err(e) = self.table.apply(&key, dst, Trigger::Transmitted) {
                 bug(e);
             }
         }
@@ -393,7 +476,7 @@ impl Relm {
         }
         let key = MsgKey { origin, uid: d.uid };
         if d.prev == posted {
-            if !post(origin, d.tag, d.payload) {
+            if !post.post(origin, d.tag, d.payload) {
                 self.stats.refused += 1;
                 return;
             }
@@ -402,13 +485,13 @@ impl Relm {
             // Drop a stale early copy of this very message, then post its waiting successors;
             // both are early messages, and most of the time there are none at all.
             let early = self.table.counts().2 > 0;
-            if early && self.table.get(&key).is_some() {
+            if early && self.table.get(&key, self.me).is_some() {
                 if let Some(i) = self.inbound.get_mut(&origin)
                     && i.pending.get(&d.prev) == Some(&d.uid)
                 {
                     i.pending.remove(&d.prev);
                 }
-                if let Err(e) = self.table.apply(&key, Trigger::Ack) {
+                if let Err(e) = self.table.apply(&key, self.me, Trigger::Ack) {
                     bug(e);
                 }
             }
@@ -419,11 +502,11 @@ impl Relm {
                     .and_then(|i| i.pending.remove(&last))
             {
                 let nkey = MsgKey { origin, uid: next };
-                let Some(r) = self.table.get(&nkey) else {
+                let Some(r) = self.table.get(&nkey, self.me) else {
                     continue;
                 };
                 let (tag, data) = (r.tag, r.data.clone().unwrap_or_default());
-                if !post(origin, tag, data) {
+                if !post.post(origin, tag, data) {
                     // Put it back: it will be posted when the matcher has room again.
                     if let Some(i) = self.inbound.get_mut(&origin) {
                         i.pending.insert(last, next);
@@ -432,7 +515,7 @@ impl Relm {
                     break;
                 }
                 self.stats.posted += 1;
-                if let Err(e) = self.table.apply(&nkey, Trigger::Ack) {
+                if let Err(e) = self.table.apply(&nkey, self.me, Trigger::Ack) {
                     bug(e);
                 }
                 last = next;
@@ -447,7 +530,7 @@ impl Relm {
             return;
         }
         // Early: its predecessor is missing.
-        if self.table.get(&key).is_some() {
+        if self.table.get(&key, self.me).is_some() {
             return;
         }
         if self.table.counts().2 >= self.cfg.pending_max {
@@ -582,11 +665,11 @@ impl Relm {
             .table
             .iter()
             .filter(|(k, r)| k.origin == origin && r.role == Role::Destination)
-            .map(|(k, _)| *k)
+            .map(|(k, _)| k)
             .collect();
         early.sort_unstable();
         for k in early {
-            self.table.remove(&k);
+            self.table.remove(&k, self.me);
         }
     }
 
@@ -605,13 +688,13 @@ impl Relm {
             self.stats.ignored += 1;
             return;
         }
-        match self.table.get(&key) {
+        match self.table.get(&key, dst) {
             Some(r) if r.data.is_some() => {
-                if let Err(e) = self.table.apply(&key, Trigger::Request) {
+                if let Err(e) = self.table.apply(&key, dst, Trigger::Request) {
                     bug(e);
                 }
                 self.stats.replays += 1;
-                self.transmit(topo, key, Some(reply_to(topo, from, dst)));
+                self.transmit(topo, key, dst, Some(reply_to(topo, from, dst)));
             }
             // Already asked upstream.
             Some(_) => {}
@@ -663,21 +746,20 @@ impl Relm {
             Duration::from_millis(self.cfg.cache_ms),
             self.cfg.cache_max,
         ) as u64;
-        let due: Vec<MsgKey> = self
+        self.table.shed();
+        let mut due: Vec<(MsgKey, Rank)> = self
             .table
             .iter()
             .filter(|(_, r)| r.role == Role::Origin && r.retransmit_at <= now)
-            .map(|(k, _)| *k)
+            .map(|(k, r)| (k, r.dst))
             .collect();
-        let mut due = due;
         due.sort_unstable();
-        for key in due {
-            let Some(r) = self.table.get_mut(&key) else {
+        for (key, dst) in due {
+            let Some(r) = self.table.get_mut(&key, dst) else {
                 continue;
             };
             if r.retransmits >= RELM_RETRANSMITS_MAX {
-                let dst = r.dst;
-                if let Some(r) = self.table.remove(&key) {
+                if let Some(r) = self.table.remove(&key, dst) {
                     log::warn!(
                         "rank {}: reliable message {} to {dst} unacknowledged after {} retransmissions; giving up",
                         self.me,
@@ -692,7 +774,7 @@ impl Relm {
             let backoff = 1u64 << r.retransmits.min(RELM_RETRANSMIT_BACKOFF_MAX);
             r.retransmit_at = now + Duration::from_millis(self.cfg.retransmit_ms * backoff);
             self.stats.retransmits += 1;
-            self.transmit(topo, key, None);
+            self.transmit(topo, key, dst, None);
         }
         // Ask again for predecessors still missing.
         let mut asks = Vec::new();
@@ -718,6 +800,43 @@ impl Relm {
             }
         }
         self.arm_tick(now);
+    }
+}
+
+/// Hands the data of record `r` (of `key`) to the next hop towards its destination (or to
+/// `to`), if there is a route and data; otherwise it stays `Sending`.
+fn hand_on(
+    topo: &dyn Topology,
+    key: MsgKey,
+    r: &mut Record,
+    to: Option<Rank>,
+    transmits: &mut VecDeque<Transmit>,
+) {
+    let Some(payload) = r.data.clone() else {
+        return;
+    };
+    // The origin's own messages take a direct link when one is open; hops use the tree.
+    let hop = match r.role {
+        Role::Origin => topo.route(r.dst),
+        Role::Hop | Role::Destination => topo.next_hop(r.dst),
+    };
+    let Some(to) = to.or(hop) else {
+        return;
+    };
+    transmits.push_back(Transmit::Data {
+        to,
+        frame: DataFrame {
+            origin: key.origin,
+            dst: r.dst,
+            tag: r.tag,
+            uid: key.uid,
+            prev: r.prev,
+            payload,
+        },
+    });
+    // Sending|Sent -> Sent keeps the record: its state changes in place.
+    if let Err(e) = apply_kept(r, Trigger::Transmitted) {
+        bug(e);
     }
 }
 

@@ -543,3 +543,154 @@ fn a_frame_from_the_origin_is_taken_only_at_the_destination() {
         .unwrap();
     assert_eq!(n.relm.stats().ignored, ignored + 1);
 }
+
+/// Takes runs as the node's poster does for a persistent receive, or refuses every run.
+struct RunPoster {
+    take_runs: bool,
+    runs: Vec<crate::rml::batch_frame::ItemRun>,
+    one_by_one: Vec<(Rank, Tag, Bytes)>,
+}
+
+impl Poster for RunPoster {
+    fn post(&mut self, origin: Rank, tag: Tag, payload: Bytes) -> bool {
+        self.one_by_one.push((origin, tag, payload));
+        true
+    }
+    fn post_run(&mut self, run: crate::rml::batch_frame::ItemRun) -> bool {
+        if self.take_runs {
+            self.runs.push(run);
+        }
+        self.take_runs
+    }
+}
+
+/// Rank 1's first `n` reliable messages to rank 0 (its parent), packed as batches of `per`.
+fn batches_from_1_to_0(net: &mut Net, n: u64, per: usize) -> Vec<batch::Items> {
+    for seq in 0..n {
+        net.send(1, 0, seq).unwrap();
+    }
+    let frames: Vec<DataFrame> = net
+        .links
+        .get_mut(&(1, 0))
+        .unwrap()
+        .drain(..)
+        .map(|t| match t {
+            Transmit::Data { frame, .. } => frame,
+            other => panic!("not data: {other:?}"),
+        })
+        .collect();
+    frames
+        .chunks(per)
+        .map(|chunk| {
+            let mut p = batch::Packer::with_frame_max(1 << 20);
+            let mut packed: Vec<batch::Packed> =
+                chunk.iter().filter_map(|f| p.push(0, f.clone())).collect();
+            packed.extend(p.finish());
+            assert_eq!(packed.len(), 1, "one batch per chunk");
+            match packed.pop() {
+                Some(batch::Packed::Batch { payload, .. }) => {
+                    batch::Items::new(payload, 1, 0, |_| true).unwrap()
+                }
+                other => panic!("not a batch: {other:?}"),
+            }
+        })
+        .collect()
+}
+
+fn seq_of(p: &[u8]) -> u64 {
+    u64::from_be_bytes(p[..8].try_into().unwrap())
+}
+
+#[test]
+fn an_in_order_batch_is_posted_as_one_run_and_anything_else_message_by_message() {
+    let mut net = Net::new(2, 2);
+    let mut b = batches_from_1_to_0(&mut net, 9, 3).into_iter();
+    let (first, second, third) = (b.next().unwrap(), b.next().unwrap(), b.next().unwrap());
+    let n = &mut net.nodes[0];
+    let view = View {
+        routing: &n.routing,
+        direct: &n.direct,
+        lives: &n.lives,
+    };
+    let mut poster = RunPoster {
+        take_runs: true,
+        runs: Vec::new(),
+        one_by_one: Vec::new(),
+    };
+    let now = net.now;
+    // In order at the watermark: one run, one acknowledgement of its last message.
+    n.relm
+        .handle_batch(now, &view, 1, first.clone(), &mut poster)
+        .unwrap();
+    assert_eq!(poster.runs.len(), 1);
+    let seqs: Vec<u64> = poster.runs[0]
+        .messages()
+        .map(|m| seq_of(&m.payload))
+        .collect();
+    assert_eq!(seqs, [0, 1, 2]);
+    assert!(poster.one_by_one.is_empty());
+    assert_eq!(n.relm.stats().posted, 3);
+    match n.relm.poll_transmit() {
+        Some(Transmit::Control {
+            to: 1,
+            control:
+                Control::Ack {
+                    origin: 1,
+                    dst: 0,
+                    upto,
+                    ..
+                },
+        }) => assert_eq!(upto, first.shape().last_uid),
+        other => panic!("expected the ack, got {other:?}"),
+    }
+    // The same batch again: copies, discarded message by message and re-acknowledged.
+    n.relm
+        .handle_batch(now, &view, 1, first, &mut poster)
+        .unwrap();
+    assert_eq!((poster.runs.len(), n.relm.stats().duplicates), (1, 3));
+    // A batch ahead of the watermark waits early, message by message; the one it waits for
+    // is then not a run either (something early is held), and releases it.
+    n.relm
+        .handle_batch(now, &view, 1, third, &mut poster)
+        .unwrap();
+    assert!(poster.one_by_one.is_empty(), "held early, not posted");
+    n.relm
+        .handle_batch(now, &view, 1, second, &mut poster)
+        .unwrap();
+    assert_eq!(poster.runs.len(), 1);
+    let seqs: Vec<u64> = poster
+        .one_by_one
+        .iter()
+        .map(|(_, _, p)| seq_of(p))
+        .collect();
+    assert_eq!(seqs, [3, 4, 5, 6, 7, 8]);
+    assert_eq!(n.relm.stats().posted, 9);
+    assert!(n.relm.records() == (0, 0, 0));
+}
+
+#[test]
+fn a_run_the_matching_refuses_is_posted_message_by_message() {
+    let mut net = Net::new(2, 2);
+    let batch = batches_from_1_to_0(&mut net, 4, 4).pop().unwrap();
+    let n = &mut net.nodes[0];
+    let view = View {
+        routing: &n.routing,
+        direct: &n.direct,
+        lives: &n.lives,
+    };
+    let mut poster = RunPoster {
+        take_runs: false,
+        runs: Vec::new(),
+        one_by_one: Vec::new(),
+    };
+    n.relm
+        .handle_batch(net.now, &view, 1, batch, &mut poster)
+        .unwrap();
+    let seqs: Vec<u64> = poster
+        .one_by_one
+        .iter()
+        .map(|(_, _, p)| seq_of(p))
+        .collect();
+    assert_eq!(seqs, [0, 1, 2, 3]);
+    assert_eq!(n.relm.stats().posted, 4);
+}

@@ -347,6 +347,7 @@ impl Items {
             at,
             end,
             count,
+            lead: 0,
         }
     }
 }
@@ -364,6 +365,9 @@ impl Iterator for Items {
 /// persistent receive: the node hands them to its driver as one delivery
 /// (`Output::DeliverRun`), which calls the receive's callback once per item. Cheaper than a
 /// delivery per item (one output, one callback lookup), and the same messages in the same order.
+///
+/// The items are a plain batch's (this module's layout), or a reliable batch's
+/// (`relm::batch`), whose items carry `lead` bytes (their uids) before the same tag and length.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ItemRun {
     origin: Rank,
@@ -373,13 +377,35 @@ pub struct ItemRun {
     at: usize,
     end: usize,
     count: u32,
+    /// Bytes before each item's tag and length.
+    lead: usize,
 }
 
 impl ItemRun {
+    /// All the items of a checked batch whose items have `lead` bytes before their tag and
+    /// length (`relm::batch`: the uids), `count` of them, every one with tag `tag`, from
+    /// `origin`.
+    pub(crate) fn whole(origin: Rank, tag: Tag, payload: Bytes, lead: usize, count: u32) -> Self {
+        ItemRun {
+            origin,
+            tag,
+            at: 0,
+            end: payload.len(),
+            payload,
+            count,
+            lead,
+        }
+    }
+
     /// Extends the run by the next item of its batch, which ends at `end`.
     pub fn extend_to(&mut self, end: usize) {
         self.end = end;
         self.count = self.count.saturating_add(1);
+    }
+
+    /// The origin of every message of the run.
+    pub fn origin(&self) -> Rank {
+        self.origin
     }
 
     /// The tag of every message of the run.
@@ -426,8 +452,9 @@ impl ItemRun {
         // item that were not would end the run, not panic.
         let run = self.payload.get(..self.end).unwrap_or_default();
         let mut at = self.at;
+        let lead = self.lead;
         std::iter::from_fn(move || {
-            let (_, start, end) = item_span(run, at)?;
+            let (_, start, end) = item_span(run, at.checked_add(lead)?)?;
             at = end;
             Some((start, end))
         })

@@ -292,7 +292,11 @@ impl Matcher {
     /// messages whose sender keeps a copy and replays it later (reliable messages), where
     /// dropping an older held message would lose it for good.
     pub fn try_handle_message(&mut self, msg: Message) -> Result<Dispatch, Message> {
-        let matched = self.posted.contains_key(&(Peer::Rank(msg.origin), msg.tag))
+        // The last persistent match is still posted (a withdrawal clears it): no look-up.
+        let matched = self
+            .last_match
+            .is_some_and(|(o, t, _, _)| o == msg.origin && t == msg.tag)
+            || self.posted.contains_key(&(Peer::Rank(msg.origin), msg.tag))
             || self.posted.contains_key(&(Peer::Any, msg.tag));
         if !matched && self.unmatched.len() >= self.unmatched_max {
             return Err(msg);
