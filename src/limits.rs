@@ -14,6 +14,11 @@
 /// a deep channel.
 pub const COMMAND_QUEUE_MAX: usize = 2_048;
 
+/// How long a caller that found the command channel full waits at most for the loop to say it
+/// has room again (`driver::handle::Shared::wait_for_room`) before it looks for itself: a
+/// guard against a missed wake-up, not the expected wait.
+pub const COMMAND_ROOM_WAIT_MS: u64 = 1;
+
 /// Messages a `Batch` holds (`Handle::send_batch`). At the bound, `Batch::push` returns `Busy`:
 /// the caller sends the batch and pushes again. A batch counts as this many commands against
 /// `COMMANDS_PER_TURN_MAX` and is taken whole, so a turn takes at most that many messages, or

@@ -681,6 +681,8 @@ impl EventLoop {
                 .gate
                 .taken(std::mem::take(&mut self.taken_bytes));
         }
+        // The same points (every report, the end of a drain) tell waiting callers of room.
+        self.shared.offer_room(self.rx.len());
     }
 
     /// After a message went into the packer: sends what it completed, and keeps flow control

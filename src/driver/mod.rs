@@ -130,6 +130,9 @@ pub fn start(
             limits::COMMAND_QUEUE_MAX_BYTES.min(config.send_queue_max_bytes / 4),
         ),
         relm_window: relm_window::ReliableWindow::new(config.relm_unacked_max),
+        room_waiters: AtomicUsize::new(0),
+        room: Mutex::new(()),
+        room_cv: Condvar::new(),
         batch_pool: Arc::new(crate::buffer_pool::BufferPool::new(
             limits::BATCH_POOL_BUFFERS_MAX,
             limits::BATCH_POOL_BYTES_MAX,
