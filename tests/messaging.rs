@@ -844,3 +844,64 @@ fn a_subscription_pauses_at_its_bound_and_loses_nothing() {
     assert_eq!(blocking.unwrap_err(), RecvError::InCallback);
     assert!(empty);
 }
+
+/// A caller that finds the command channel full blocks (back-pressure) while the loop is busy,
+/// and is woken once the loop has made room: here the loop is held in a receive callback, the
+/// caller sends more than the channel holds, and every message still arrives once, in order.
+#[test]
+fn a_caller_blocked_on_a_full_command_channel_resumes_and_loses_nothing() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const HOLD: u32 = TAG + 7;
+    const COUNT: u64 = 3 * tbon::limits::COMMAND_QUEUE_MAX as u64;
+    let dvm = start_dvm(2, &loopback_config(2));
+    let (held_tx, held_rx) = unbounded();
+    let sent = Arc::new(AtomicU64::new(0));
+    let sent_at_release = Arc::new(AtomicU64::new(u64::MAX));
+    {
+        let (sent, at_release) = (sent.clone(), sent_at_release.clone());
+        // Holds rank 0's loop thread: nothing leaves the command channel meanwhile.
+        dvm[0]
+            .recv(Peer::Rank(0), HOLD, tbon::RecvMode::Once, move |_| {
+                held_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+                at_release.store(sent.load(Ordering::SeqCst), Ordering::SeqCst);
+            })
+            .unwrap();
+    }
+    let (got_tx, got_rx) = unbounded();
+    dvm[1]
+        .recv(Peer::Rank(0), TAG, tbon::RecvMode::Persistent, move |m| {
+            got_tx
+                .send(u64::from_be_bytes(m.payload[..8].try_into().unwrap()))
+                .unwrap();
+        })
+        .unwrap();
+    dvm[0].send(0, HOLD, Bytes::new()).unwrap();
+    held_rx.recv_timeout(HANG_GUARD).expect("the hold never ran");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..COUNT {
+                let deadline = Instant::now() + HANG_GUARD;
+                loop {
+                    match dvm[0].send(1, TAG, Bytes::copy_from_slice(&i.to_be_bytes())) {
+                        Ok(()) => break,
+                        // Flow control may refuse for a moment; a real caller retries too.
+                        Err(SendError::Busy(_)) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        Err(e) => panic!("send {i}: {e}"),
+                    }
+                }
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    });
+    // The caller could not get all of them in while the loop was held: it was blocked.
+    let at_release = sent_at_release.load(Ordering::SeqCst);
+    assert!(at_release < COUNT, "{at_release} of {COUNT} sent while the loop was held");
+    for i in 0..COUNT {
+        let got = got_rx.recv_timeout(HANG_GUARD).expect("a message went missing");
+        assert_eq!(got, i, "out of order or lost");
+    }
+}
