@@ -878,7 +878,9 @@ fn a_caller_blocked_on_a_full_command_channel_resumes_and_loses_nothing() {
         })
         .unwrap();
     dvm[0].send(0, HOLD, Bytes::new()).unwrap();
-    held_rx.recv_timeout(HANG_GUARD).expect("the hold never ran");
+    held_rx
+        .recv_timeout(HANG_GUARD)
+        .expect("the hold never ran");
     std::thread::scope(|s| {
         s.spawn(|| {
             for i in 0..COUNT {
@@ -899,9 +901,14 @@ fn a_caller_blocked_on_a_full_command_channel_resumes_and_loses_nothing() {
     });
     // The caller could not get all of them in while the loop was held: it was blocked.
     let at_release = sent_at_release.load(Ordering::SeqCst);
-    assert!(at_release < COUNT, "{at_release} of {COUNT} sent while the loop was held");
+    assert!(
+        at_release < COUNT,
+        "{at_release} of {COUNT} sent while the loop was held"
+    );
     for i in 0..COUNT {
-        let got = got_rx.recv_timeout(HANG_GUARD).expect("a message went missing");
+        let got = got_rx
+            .recv_timeout(HANG_GUARD)
+            .expect("a message went missing");
         assert_eq!(got, i, "out of order or lost");
     }
 }

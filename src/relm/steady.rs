@@ -283,14 +283,7 @@ impl Relm {
     ) -> bool {
         let (origin, shape) = (items.origin(), items.shape());
         let life = topo.life(origin);
-        if self.inbound.get(&origin).is_some_and(|i| i.life != life) {
-            self.forget_origin(origin);
-        }
-        let inbound = self.inbound.entry(origin).or_insert_with(|| Inbound {
-            life,
-            posted: uid::NONE,
-            ..Inbound::default()
-        });
+        let inbound = self.inbound_of(origin, life);
         let posted = inbound.posted;
         let next = shape.first_prev == posted
             && (posted == uid::NONE || uid::before(posted, shape.first_uid))
@@ -300,12 +293,7 @@ impl Relm {
             return false;
         }
         let last = shape.last_uid;
-        if let Some(i) = self.inbound.get_mut(&origin) {
-            i.posted = last;
-            if i.requested.is_some_and(|(u, _)| uid::at_or_before(u, last)) {
-                i.requested = None;
-            }
-        }
+        self.posted_up_to(origin, last);
         self.stats.posted += u64::from(shape.count);
         let back = reply_to(topo, from, origin);
         self.ack_due((origin, self.me, life), last, back);
@@ -457,14 +445,7 @@ impl Relm {
         // The frame's lives were checked against this daemon's (the header's): this is the
         // origin's current life.
         let life = topo.life(origin);
-        if self.inbound.get(&origin).is_some_and(|i| i.life != life) {
-            self.forget_origin(origin);
-        }
-        let inbound = self.inbound.entry(origin).or_insert_with(|| Inbound {
-            life,
-            posted: uid::NONE,
-            ..Inbound::default()
-        });
+        let inbound = self.inbound_of(origin, life);
         let posted = inbound.posted;
         // Acks and requests go back the way the data came, if this daemon still reaches
         // that neighbour (a direct link given up here may still carry the origin's frames).
@@ -520,12 +501,7 @@ impl Relm {
                 }
                 last = next;
             }
-            if let Some(i) = self.inbound.get_mut(&origin) {
-                i.posted = last;
-                if i.requested.is_some_and(|(u, _)| uid::at_or_before(u, last)) {
-                    i.requested = None;
-                }
-            }
+            self.posted_up_to(origin, last);
             self.ack_due((origin, self.me, life), last, back);
             return;
         }
@@ -648,6 +624,30 @@ impl Relm {
             && let Some(up) = topo.next_hop(origin)
         {
             self.ack_due((origin, dst, life), upto, up);
+        }
+    }
+
+    /// The destination's state for `origin` in its life `life`: a previous life's is forgotten
+    /// first ([`Relm::forget_origin`]); a new one has posted nothing yet.
+    fn inbound_of(&mut self, origin: Rank, life: u16) -> &mut Inbound {
+        if self.inbound.get(&origin).is_some_and(|i| i.life != life) {
+            self.forget_origin(origin);
+        }
+        self.inbound.entry(origin).or_insert_with(|| Inbound {
+            life,
+            posted: uid::NONE,
+            ..Inbound::default()
+        })
+    }
+
+    /// `origin`'s chain to this daemon is posted up to `last`: its watermark, and a request
+    /// for a predecessor it covers is no longer outstanding.
+    fn posted_up_to(&mut self, origin: Rank, last: u32) {
+        if let Some(i) = self.inbound.get_mut(&origin) {
+            i.posted = last;
+            if i.requested.is_some_and(|(u, _)| uid::at_or_before(u, last)) {
+                i.requested = None;
+            }
         }
     }
 

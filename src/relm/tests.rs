@@ -551,6 +551,16 @@ struct RunPoster {
     one_by_one: Vec<(Rank, Tag, Bytes)>,
 }
 
+impl RunPoster {
+    fn new(take_runs: bool) -> Self {
+        RunPoster {
+            take_runs,
+            runs: Vec::new(),
+            one_by_one: Vec::new(),
+        }
+    }
+}
+
 impl Poster for RunPoster {
     fn post(&mut self, origin: Rank, tag: Tag, payload: Bytes) -> bool {
         self.one_by_one.push((origin, tag, payload));
@@ -612,11 +622,7 @@ fn an_in_order_batch_is_posted_as_one_run_and_anything_else_message_by_message()
         direct: &n.direct,
         lives: &n.lives,
     };
-    let mut poster = RunPoster {
-        take_runs: true,
-        runs: Vec::new(),
-        one_by_one: Vec::new(),
-    };
+    let mut poster = RunPoster::new(true);
     let now = net.now;
     // In order at the watermark: one run, one acknowledgement of its last message.
     n.relm
@@ -678,11 +684,7 @@ fn a_run_the_matching_refuses_is_posted_message_by_message() {
         direct: &n.direct,
         lives: &n.lives,
     };
-    let mut poster = RunPoster {
-        take_runs: false,
-        runs: Vec::new(),
-        one_by_one: Vec::new(),
-    };
+    let mut poster = RunPoster::new(false);
     n.relm
         .handle_batch(net.now, &view, 1, batch, &mut poster)
         .unwrap();
