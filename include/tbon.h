@@ -1084,7 +1084,8 @@ tbon_rc tbon_send_batch(tbon_daemon d,
 // `cb` (may be NULL) is called exactly once, on the loop thread, if and only if this returns
 // `TBON_OK`: with `TBON_OK` once `dst` has posted the message (delivered to a receive, or
 // held for one), `TBON_ERR_NODE_DOWN` if `dst` died first, `TBON_ERR_BUSY` if the next hop
-// was congested when the daemon took it, `TBON_ERR_SHUT_DOWN` if this daemon stops first,
+// became congested between the call and the moment the daemon took it, `TBON_ERR_SHUT_DOWN`
+// if this daemon stops first,
 // `TBON_ERR_UNREACHABLE` if the retransmissions ran out. A reliable send to this daemon
 // itself is delivered locally and completes `TBON_OK`. Returned at once: the same errors as
 // `tbon_send`, and `TBON_ERR_BUSY` when `relm_unacked_max` reliable messages of this daemon

@@ -90,7 +90,8 @@ pub struct Counters {
     pub epoch: u64,
     /// Reliable messages originated here (self-sends excluded: they are posted locally).
     pub relm_sent: u64,
-    /// Reliable messages posted here (handed to receive matching), each once.
+    /// Reliable messages from other daemons posted here (handed to receive matching), each
+    /// once (self-sends excluded, as in `relm_sent`: they are delivered locally).
     pub relm_posted: u64,
     /// Copies of reliable messages discarded here as already posted.
     pub relm_duplicates: u64,

@@ -567,12 +567,14 @@ impl Handle {
     /// reaches `dst`'s receive matching exactly once, and in order with the other reliable
     /// messages from this daemon to `dst`, even while daemons on its path die and the tree is
     /// repaired. The errors of [`Handle::send`] are returned at once (arguments, and `Busy`
-    /// for a congested next hop or a full command channel), and so is
+    /// for a congested next hop, or, from a callback, a full command channel; another thread
+    /// blocks until the channel has room), and so is
     /// `Busy(Limit::ReliableWindow)` when `relm_unacked_max` reliable messages of this
     /// daemon's callers are still unacknowledged: nothing was sent; the window frees as
     /// acknowledgements come back (about a round trip), so offer it again after a short
     /// back-off rather than in a tight loop. Once this returned `Ok` the message is never
-    /// refused for the window or for flow control; what can still end it undelivered (the
+    /// refused for the window or for flow control (unlike [`Handle::send_reliable_with`]'s,
+    /// which the loop checks against flow control once more); what can still end it undelivered (the
     /// destination died first, this daemon stopped) is only logged and counted — use
     /// [`Handle::send_reliable_with`] to see it. Reliable and plain messages are not
     /// ordered with respect to each other.
@@ -587,8 +589,10 @@ impl Handle {
 
     /// Like [`Handle::send_reliable`], and calls `done` once on the loop thread: `Ok` when
     /// `dst` has posted the message (delivered to a receive, or held for one); `NodeDown(dst)`
-    /// if `dst` died first; `Busy` if the next hop was congested when the loop took it (flow
-    /// control; the full reliable window is refused at the call instead); `ShutDown` if this
+    /// if `dst` died first; `Busy` if the next hop became congested between the call and the
+    /// moment the loop took it (flow control checks once more there, so that a caller who
+    /// waits for completions offers it again rather than letting it queue; the full reliable
+    /// window is refused at the call instead); `ShutDown` if this
     /// daemon stops first; `Unreachable` after
     /// `limits::RELM_RETRANSMITS_MAX` unanswered retransmissions. A reliable send to this
     /// daemon itself is posted locally and completes `Ok`. If this returns an error, `done` is
