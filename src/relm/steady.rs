@@ -385,6 +385,16 @@ impl Relm {
             origin: d.origin,
             uid: d.uid,
         };
+        // Without a route the record stays `Sending` and goes out after the repair.
+        let to = topo.next_hop(d.dst);
+        // Each trigger is applied to the record in hand (one look-up per message, not three).
+        let transmitted = |r: &mut Record| {
+            if to.is_some()
+                && let Err(e) = apply_kept(r, Trigger::Transmitted)
+            {
+                bug(e);
+            }
+        };
         if let Some(r) = self.table.get_mut(&key, d.dst) {
             if r.data.is_none() {
                 // A `Requested` record knew only the key and the destination: its tag and
@@ -393,9 +403,11 @@ impl Relm {
                 r.tag = d.tag;
                 r.prev = d.prev;
             }
-            if let Err(e) = self.table.apply(&key, d.dst, Trigger::Data) {
+            // Data keeps a hop's record (the transition table has no release for it).
+            if let Err(e) = apply_kept(r, Trigger::Data) {
                 bug(e);
             }
+            transmitted(r);
         } else {
             let record = Record {
                 role: Role::Hop,
@@ -410,8 +422,9 @@ impl Relm {
                 retransmits: 0,
                 runtime: false,
             };
-            if let Err(e) = self.table.insert(key, record, Trigger::Cached) {
-                bug(e);
+            match self.table.insert(key, record, Trigger::Cached) {
+                Ok(r) => transmitted(r),
+                Err(e) => bug(e),
             }
             self.stats.evicted += self.table.evict_hops(
                 now,
@@ -421,14 +434,9 @@ impl Relm {
         }
         // Forwarded even when it is a copy: the copy may be the replay a downstream daemon
         // lost; the destination discards what it already has.
-        // Without a route the record stays `Sending` and goes out after the repair.
-        if let Some(to) = topo.next_hop(d.dst) {
+        if let Some(to) = to {
             self.stats.relayed += 1;
-            let dst = d.dst;
             self.transmits.push_back(Transmit::Data { to, frame: d });
-            if let Err(e) = self.table.apply(&key, dst, Trigger::Transmitted) {
-                bug(e);
-            }
         }
     }
 
