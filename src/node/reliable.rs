@@ -28,7 +28,7 @@ use crate::relm::wire::{pack_seq, unpack_seq};
 use crate::relm::{DataFrame, Event, Poster, Transmit};
 use crate::rml::batch_frame::ItemRun;
 
-use crate::rml::{Dispatch, Matcher, Message, ReceiveId, TAG_USER_MIN, Tag};
+use crate::rml::{Dispatch, Matcher, Message, ReceiveId, TAG_USER_MIN, Tag, is_user_tag};
 use bytes::Bytes;
 use std::time::Instant;
 
@@ -473,9 +473,14 @@ impl Poster for NodePoster<'_> {
         )
     }
 
-    /// Only the users' messages, for a persistent receive, and one run per input.
+    /// Only the users' messages, for a persistent receive, and one run per input with nothing
+    /// else posted in it (the run is delivered after what was posted: `relm_input`).
     fn post_run(&mut self, run: ItemRun) -> bool {
-        if run.tag() < TAG_USER_MIN || self.run.is_some() || !self.ready.is_empty() {
+        if !is_user_tag(run.tag())
+            || self.run.is_some()
+            || !self.ready.is_empty()
+            || !self.runtime.is_empty()
+        {
             return false;
         }
         match self.matcher.match_persistent(run.origin(), run.tag()) {

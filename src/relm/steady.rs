@@ -249,8 +249,10 @@ impl Relm {
     ) -> Result<(), ControlError> {
         let shape = items.shape();
         let origin = items.origin();
-        let in_order = items.dst() == self.me && shape.linked && shape.one_tag.is_some();
-        if in_order && let Some(tag) = shape.one_tag {
+        if items.dst() == self.me
+            && shape.linked
+            && let Some(tag) = shape.one_tag
+        {
             let probe = DataFrame {
                 origin,
                 dst: self.me,
