@@ -3,20 +3,20 @@
 
 // ----- the event loop (src/driver/) -----------------------------------------------------------
 
-/// Commands that may wait in a daemon's command channel. At the bound, a caller on another
-/// thread blocks until the loop catches up (back-pressure); a caller on the loop thread (inside a
-/// callback) gets `SendError::Busy` instead of a deadlock. The channel's slots are allocated up
-/// front (96 bytes each, the largest command and its stamp): 65,536 made an idle daemon 9 MiB
-/// resident, 8,192 0.6 MiB; at 4,096 an idle daemon's RssAnon was 1,104 KiB by 2026-11-27 (the
-/// commands had grown), at 2,048 912 KiB, with the 64 B one-call-per-message rate unchanged
-/// within this machine's noise (4.5M msg/s between neighbours). A caller with many small
-/// messages uses `Handle::send_batch` (up to `SEND_BATCH_MAX` messages in one slot) rather than
-/// a deep channel.
+/// Commands that may wait in a daemon's command queue (`driver::command_queue`) for the loop to
+/// take them. At the bound, a caller on another thread blocks until the loop takes what waits
+/// (back-pressure); a caller on the loop thread (inside a callback) gets `SendError::Busy`
+/// instead of a deadlock. The loop takes everything waiting at once and holds at most this many
+/// taken and not yet handled, so at most twice this many commands (88 bytes each) exist. The
+/// queue's memory grows with use, so an idle daemon holds none of it; the crossbeam channel
+/// before it touched every slot up front (65,536 slots made an idle daemon 9 MiB resident).
+/// A caller with many small messages uses `Handle::send_batch` (up to `SEND_BATCH_MAX`
+/// messages in one command) rather than a deep queue.
 pub const COMMAND_QUEUE_MAX: usize = 2_048;
 
-/// How long a caller that found the command channel full waits at most for the loop to say it
-/// has room again (`driver::handle::Shared::wait_for_room`) before it looks for itself: a
-/// guard against a missed wake-up, not the expected wait.
+/// How long a caller that found the command queue full waits at most for the loop to say it
+/// has taken what waited (`driver::command_queue::CommandQueue::push_waiting`) before it looks
+/// for itself: a guard against a missed wake-up, not the expected wait.
 pub const COMMAND_ROOM_WAIT_MS: u64 = 1;
 
 /// Messages a `Batch` holds (`Handle::send_batch`). At the bound, `Batch::push` returns `Busy`:

@@ -35,7 +35,6 @@ use crate::oob::handshake::HandshakeConfig;
 use crate::oob::header::Kind;
 use crate::rml::batch_frame::{ItemRun, Packer, Unit};
 use crate::rml::{Peer, ReceiveId, Tag};
-use crossbeam_channel::Receiver;
 use links::Link;
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
@@ -60,7 +59,7 @@ pub(crate) const LISTENER_TOKEN_BASE: usize = usize::MAX - 1;
 pub(crate) struct EventLoop {
     poll: Poll,
     shared: Arc<Shared>,
-    rx: Receiver<Caddy>,
+    commands: super::command_queue::CommandTaker,
     cfg: Config,
     me: Rank,
     hs_cfg: HandshakeConfig,
@@ -197,7 +196,7 @@ impl EventLoop {
     pub(crate) fn new(
         poll: Poll,
         shared: Arc<Shared>,
-        rx: Receiver<Caddy>,
+        commands: super::command_queue::CommandTaker,
         cfg: Config,
         node: Node,
         listeners: Vec<TcpListener>,
@@ -214,7 +213,7 @@ impl EventLoop {
         EventLoop {
             poll,
             shared,
-            rx,
+            commands,
             cfg,
             me: node.rank(),
             hs_cfg,
@@ -343,7 +342,7 @@ impl EventLoop {
                 // Announce sleep, then re-check: a command pushed after this store sees
                 // `asleep` and wakes us; one pushed before it is seen by `is_empty`.
                 self.shared.asleep.store(true, Ordering::SeqCst);
-                if !self.rx.is_empty() {
+                if !self.commands.is_empty() {
                     timeout = Some(Duration::ZERO);
                 }
             }
@@ -600,9 +599,10 @@ impl EventLoop {
         let mut packer = Packer::with_frame_max(self.cfg.msg_max_bytes);
         let mut done = 0;
         let mut empty = false;
+        self.commands.take_queued();
         while done < limits::COMMANDS_PER_TURN_MAX {
-            match self.rx.try_recv() {
-                Ok(Caddy::SendBatch {
+            match self.commands.next_taken() {
+                Some(Caddy::SendBatch {
                     units,
                     messages,
                     bytes,
@@ -628,7 +628,7 @@ impl EventLoop {
                     }
                     self.carry_out();
                 }
-                Ok(Caddy::Send {
+                Some(Caddy::Send {
                     dst,
                     tag,
                     payload,
@@ -642,7 +642,7 @@ impl EventLoop {
                     packer.push(dst, tag, payload, dst != me, |u| units.push(u));
                     self.after_packing(done);
                 }
-                Ok(c) => {
+                Some(c) => {
                     let units = &mut self.batch_units;
                     packer.finish(|u| units.push(u));
                     self.send_units();
@@ -660,7 +660,7 @@ impl EventLoop {
                     done += 1;
                     self.after_command(done);
                 }
-                Err(_) => {
+                None => {
                     empty = true;
                     break;
                 }
@@ -681,8 +681,6 @@ impl EventLoop {
                 .gate
                 .taken(std::mem::take(&mut self.taken_bytes));
         }
-        // The same points (every report, the end of a drain) tell waiting callers of room.
-        self.shared.offer_room(self.rx.len());
     }
 
     /// After a message went into the packer: sends what it completed, and keeps flow control
@@ -1236,7 +1234,7 @@ impl EventLoop {
         }
         let reason = self.stopping.clone().unwrap_or(StopReason::Requested);
         self.shared.set_stopped(reason);
-        while let Ok(c) = self.rx.try_recv() {
+        for c in self.commands.close() {
             self.refuse(c);
         }
         let tokens: Vec<usize> = self.completions.iter().map(|(t, _)| t).collect();

@@ -1,7 +1,7 @@
 //! The thread-safe face of a daemon: [`Handle`] (cheap to clone, usable from any thread and from
 //! callbacks) and [`Daemon`] (the owner: dropping it stops the daemon and joins its thread).
 //!
-//! Every call becomes a [`Caddy`] pushed onto a bounded crossbeam channel. The loop is woken with
+//! Every call becomes a [`Caddy`] pushed onto the bounded command queue (`command_queue.rs`). The loop is woken with
 //! a `mio::Waker` only when it is asleep in `poll` (the `asleep` flag), so a burst of commands, or
 //! commands issued by callbacks on the loop thread, cost no wake-up system call.
 
@@ -13,7 +13,7 @@ use crate::grpcomm::AllgatherResult;
 use crate::rml::{Message, Peer, RecvMode, TAG_USER_MIN, Tag};
 use crate::routed::RecoveryStatus;
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::Receiver;
 use std::collections::HashMap;
 
 /// What `Busy` names when a blocking call is made from a callback, on the loop thread.
@@ -38,7 +38,7 @@ thread_local! {
 
 /// State shared between the loop thread and every handle.
 pub(crate) struct Shared {
-    pub tx: Sender<Caddy>,
+    pub commands: Arc<super::command_queue::CommandQueue>,
     pub waker: mio::Waker,
     /// True while the loop is (about to be) blocked in `poll` with an empty command channel.
     pub asleep: AtomicBool,
@@ -65,11 +65,6 @@ pub(crate) struct Shared {
     pub gate: super::gate::OriginGate,
     /// The users' reliable sends against `relm_unacked_max`: refused `Busy` here when full.
     pub relm_window: super::relm_window::ReliableWindow,
-    /// Callers waiting for room in a full command channel (`wait_for_room`), the lock they
-    /// wait under, and the condition the loop signals when the channel is half empty.
-    pub room_waiters: AtomicUsize,
-    pub room: Mutex<()>,
-    pub room_cv: Condvar,
     /// Buffers for the batch frames `send_batch` packs on the callers' threads.
     pub batch_pool: Arc<crate::buffer_pool::BufferPool>,
     /// Set once wire-up completed (read on every send before it: no lock).
@@ -131,68 +126,32 @@ impl Shared {
     /// [`submit`](Self::submit), giving the command back when it was not taken (a batch's
     /// messages then stay the caller's).
     pub(crate) fn submit_or_return(&self, caddy: Caddy) -> Result<(), (SendError, Caddy)> {
+        use super::command_queue::PushError;
         if self.is_stopped() {
             return Err((SendError::ShutDown, caddy));
         }
-        if self.on_loop_thread() {
-            match self.tx.try_send(caddy) {
-                Ok(()) => {}
-                Err(TrySendError::Full(c)) => {
-                    return Err((SendError::Busy(crate::error::Limit::CommandChannel), c));
-                }
-                Err(TrySendError::Disconnected(c)) => return Err((SendError::ShutDown, c)),
-            }
+        let pushed = if self.on_loop_thread() {
+            self.commands.try_push(caddy)
         } else {
-            match self.tx.try_send(caddy) {
-                Ok(()) => {}
-                Err(TrySendError::Full(c)) => {
-                    self.wait_for_room();
-                    if let Err(e) = self.tx.send(c) {
-                        return Err((SendError::ShutDown, e.into_inner()));
-                    }
-                }
-                Err(TrySendError::Disconnected(c)) => return Err((SendError::ShutDown, c)),
+            self.commands.push_waiting(caddy, || self.is_stopped())
+        };
+        match pushed {
+            Ok(()) => {}
+            Err(PushError::Full(c)) => {
+                return Err((SendError::Busy(crate::error::Limit::CommandChannel), c));
             }
+            Err(PushError::Closed(c)) => return Err((SendError::ShutDown, c)),
         }
-        if self.asleep.swap(false, Ordering::SeqCst) {
+        // A load first: the swap's write would pull the flag's line from the loop's processor
+        // at every call, and the loop is awake through a burst. The queue's lock orders this
+        // load after the loop's `asleep` store or the loop's emptiness check after the push.
+        if self.asleep.load(Ordering::SeqCst) && self.asleep.swap(false, Ordering::SeqCst) {
             self.wakeups.fetch_add(1, Ordering::Relaxed);
             // A failed wake means the poller is gone, i.e. the loop is stopping; the command is
             // then failed by the loop's final drain.
             let _ = self.waker.wake();
         }
         Ok(())
-    }
-
-    /// Blocks a caller that found the command channel full until the loop has taken half of
-    /// it ([`Shared::offer_room`]), or the daemon stops. Handing the loop one command each time
-    /// a slot frees instead keeps the two threads on the same slot: the caller spinning on it,
-    /// the loop reading it, every command a cache line passed back and forth (a quarter of the
-    /// loop's time on 64 B reliable sends, which fill the channel, measured). Waiting lets the
-    /// loop drain undisturbed and the caller refill in a burst.
-    fn wait_for_room(&self) {
-        let half = self.tx.capacity().unwrap_or(0) / 2;
-        let mut g = lock(&self.room);
-        self.room_waiters.fetch_add(1, Ordering::SeqCst);
-        while self.tx.len() > half && !self.is_stopped() {
-            let wait = Duration::from_millis(crate::limits::COMMAND_ROOM_WAIT_MS);
-            g = match self.room_cv.wait_timeout(g, wait) {
-                Ok((g, _)) => g,
-                Err(e) => e.into_inner().0,
-            };
-        }
-        self.room_waiters.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// Called by the loop as it drains: wakes the callers waiting for room
-    /// ([`Shared::wait_for_room`]) once the channel is half empty. One atomic load when none
-    /// waits.
-    pub(crate) fn offer_room(&self, len: usize) {
-        if self.room_waiters.load(Ordering::SeqCst) > 0
-            && len <= self.tx.capacity().unwrap_or(0) / 2
-        {
-            let _g = lock(&self.room);
-            self.room_cv.notify_all();
-        }
     }
 
     /// Forgets the registration of (peer, tag) if it still belongs to post `post`; a newer post
@@ -1216,10 +1175,6 @@ pub(crate) fn wait_result(
         Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(SendError::TimedOut),
         Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(SendError::ShutDown),
     }
-}
-
-pub(crate) fn channel(cap: usize) -> (Sender<Caddy>, Receiver<Caddy>) {
-    crossbeam_channel::bounded(cap)
 }
 
 /// What [`Handle::submit_send`] submits.

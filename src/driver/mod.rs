@@ -10,6 +10,7 @@ mod batch;
 mod caddy;
 pub(crate) mod client;
 mod client_jobs;
+mod command_queue;
 mod conn;
 mod event_loop;
 mod gate;
@@ -108,9 +109,9 @@ pub fn start(
     };
     let poll = mio::Poll::new()?;
     let waker = mio::Waker::new(poll.registry(), event_loop::WAKER_TOKEN)?;
-    let (tx, rx) = handle::channel(limits::COMMAND_QUEUE_MAX);
+    let (commands, taker) = command_queue::CommandQueue::new(limits::COMMAND_QUEUE_MAX);
     let shared = Arc::new(Shared {
-        tx,
+        commands,
         waker,
         asleep: AtomicBool::new(false),
         wakeups: AtomicU64::new(0),
@@ -130,9 +131,6 @@ pub fn start(
             limits::COMMAND_QUEUE_MAX_BYTES.min(config.send_queue_max_bytes / 4),
         ),
         relm_window: relm_window::ReliableWindow::new(config.relm_unacked_max),
-        room_waiters: AtomicUsize::new(0),
-        room: Mutex::new(()),
-        room_cv: Condvar::new(),
         batch_pool: Arc::new(crate::buffer_pool::BufferPool::new(
             limits::BATCH_POOL_BUFFERS_MAX,
             limits::BATCH_POOL_BYTES_MAX,
@@ -162,7 +160,7 @@ pub fn start(
     let ev = event_loop::EventLoop::new(
         poll,
         shared.clone(),
-        rx,
+        taker,
         config,
         node,
         listeners,
