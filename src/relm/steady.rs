@@ -186,6 +186,7 @@ impl Relm {
         };
         let record = Record {
             role: Role::Origin,
+            uid: id,
             state: super::MsgState::Sending,
             dst,
             tag,
@@ -413,6 +414,7 @@ impl Relm {
         } else {
             let record = Record {
                 role: Role::Hop,
+                uid: key.uid,
                 state: super::MsgState::Sending,
                 dst: d.dst,
                 tag: d.tag,
@@ -525,6 +527,7 @@ impl Relm {
         }
         let record = Record {
             role: Role::Destination,
+            uid: key.uid,
             state: super::MsgState::Pending,
             dst: self.me,
             tag: d.tag,
@@ -717,6 +720,7 @@ impl Relm {
                 };
                 let record = Record {
                     role: Role::Hop,
+                    uid: key.uid,
                     state: super::MsgState::Requested,
                     dst,
                     tag: 0,
