@@ -80,6 +80,7 @@ impl Relm {
     /// [`Relm::user_unacked`]), `RankOutOfRange` for `dst` = myself (the caller posts a message
     /// to itself locally, as for any send). The caller has checked the rank range, the tag and
     /// the size.
+    #[inline]
     pub fn send(
         &mut self,
         now: Instant,
