@@ -19,6 +19,21 @@ pub const COMMAND_QUEUE_MAX: usize = 2_048;
 /// for itself: a guard against a missed wake-up, not the expected wait.
 pub const COMMAND_ROOM_WAIT_MS: u64 = 1;
 
+/// Rounds of commands issued by callbacks (a reply to what they got) that the loop runs in the
+/// turn that called them, before its flush, instead of in the next turn (one more `poll`).
+/// Bounded so that callbacks that keep issuing commands cannot hold a turn.
+pub const CALLBACK_ROUNDS_PER_TURN_MAX: usize = 2;
+
+/// How long the loop waits for a command before sleeping, right after it handed the
+/// application a message or a completion (`driver::linger`): long enough for an application
+/// thread that answers at once to push its answer (a few microseconds here), short enough that
+/// a linger that catches nothing costs little. Bounded in use by `LINGER_CREDIT_MAX`.
+pub const LINGER_US: u64 = 20;
+
+/// Lingers in a row that may catch nothing before the loop stops lingering, until a linger
+/// would have paid again (`driver::linger`).
+pub const LINGER_CREDIT_MAX: u32 = 8;
+
 /// Messages a `Batch` holds (`Handle::send_batch`). At the bound, `Batch::push` returns `Busy`:
 /// the caller sends the batch and pushes again. A batch counts as this many commands against
 /// `COMMANDS_PER_TURN_MAX` and is taken whole, so a turn takes at most that many messages, or

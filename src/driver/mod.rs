@@ -18,6 +18,7 @@ mod group;
 mod handle;
 pub mod key;
 pub mod launch;
+mod linger;
 mod listen;
 mod log_limit;
 mod modex;

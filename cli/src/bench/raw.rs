@@ -186,7 +186,9 @@ fn write_all_nb(s: &mut mio::net::TcpStream, mut b: &[u8]) -> Res<()> {
 
 /// The plain mio ping-pong with tbon's wake-up model: the application thread hands each ping
 /// to a mio loop thread over a bounded channel and wakes it with a `Waker` only if the loop
-/// announced it is going to sleep; the loop hands each pong back over a channel.
+/// announced it is going to sleep; the loop hands each pong back over a channel, and then,
+/// as tbon's loop does after a hand-over (`tbon::limits::LINGER_US`), waits a little for the
+/// next ping before it sleeps.
 pub fn ping(a: &RoleArgs) -> Res<()> {
     let s = connect(a, 0)?;
     s.set_nonblocking(true).map_err(ctx("nonblocking"))?;
@@ -205,7 +207,14 @@ pub fn ping(a: &RoleArgs) -> Res<()> {
         let mut events = mio::Events::with_capacity(16);
         let mut buf = vec![0u8; BUF];
         let mut filled = 0;
+        let mut handed = false;
         while !stop2.load(Ordering::Relaxed) {
+            if std::mem::take(&mut handed) {
+                let until = Instant::now() + Duration::from_micros(tbon::limits::LINGER_US);
+                while cmd_rx.is_empty() && Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            }
             while let Ok(frame) = cmd_rx.try_recv() {
                 write_all_nb(&mut s, &frame)?;
             }
@@ -228,6 +237,7 @@ pub fn ping(a: &RoleArgs) -> Res<()> {
                 }
                 let used = frames(&buf[..filled], |_| {
                     let _ = pong_tx.try_send(());
+                    handed = true;
                 });
                 buf.copy_within(used..filled, 0);
                 filled -= used;
