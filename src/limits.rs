@@ -24,6 +24,13 @@ pub const COMMAND_ROOM_WAIT_MS: u64 = 1;
 /// Bounded so that callbacks that keep issuing commands cannot hold a turn.
 pub const CALLBACK_ROUNDS_PER_TURN_MAX: usize = 2;
 
+/// Commands beyond `COMMAND_QUEUE_MAX` that callbacks may still queue when they cannot be told
+/// of a refusal (`cancel`, `purge`, `cancel_stream`, `shutdown`, `shutdown_dvm`, `abort`: calls
+/// without a result), so that a full queue does not drop them. At this bound as well, a stop
+/// or an abort is still taken (a flag the loop reads every turn); a cancel or purge is then
+/// dropped with an error in the log (a callback that issues this many in one turn).
+pub const COMMAND_CONTROL_RESERVE: usize = 1_024;
+
 /// How long the loop waits for a command before sleeping, right after it handed the
 /// application a message or a completion (`driver::linger`): long enough for an application
 /// thread that answers at once to push its answer (a few microseconds here), short enough that

@@ -912,3 +912,106 @@ fn a_caller_blocked_on_a_full_command_channel_resumes_and_loses_nothing() {
         assert_eq!(got, i, "out of order or lost");
     }
 }
+
+/// From a receive callback, sends until the command queue refuses (`Busy`: it is full), then
+/// runs `then` with the handle; returns how many sends were taken.
+fn fill_queue_then(
+    d: &tbon::Daemon,
+    hold: u32,
+    then: impl Fn(&tbon::Handle) + Send + 'static,
+) -> u64 {
+    let (taken_tx, taken_rx) = unbounded();
+    let h = d.handle();
+    d.recv(Peer::Rank(0), hold, tbon::RecvMode::Once, move |_| {
+        let mut taken = 0u64;
+        while h.send(1, TAG, Bytes::from_static(b"fill")).is_ok() {
+            taken += 1;
+            assert!(taken <= 1 << 20, "the queue never refused");
+        }
+        then(&h);
+        taken_tx.send(taken).unwrap();
+    })
+    .unwrap();
+    d.send(0, hold, Bytes::new()).unwrap();
+    taken_rx
+        .recv_timeout(HANG_GUARD)
+        .expect("the callback never ran")
+}
+
+/// A stop asked for from a callback while the command queue is full is not lost: it has no
+/// result to report a refusal with (issue "Hardening": found by an outside-in program).
+#[test]
+fn a_shutdown_from_a_callback_with_the_command_queue_full_stops_the_daemon() {
+    let dvm = start_dvm(2, &loopback_config(2));
+    let taken = fill_queue_then(&dvm[0], TAG + 8, |h| h.shutdown());
+    assert!(taken >= tbon::limits::COMMAND_QUEUE_MAX as u64 / 2);
+    assert_eq!(
+        dvm[0].wait_stopped(HANG_GUARD),
+        Some(tbon::StopReason::Requested),
+        "the shutdown was lost"
+    );
+}
+
+/// A cancel from a callback while the command queue is full takes effect: the cancelled
+/// receive gets nothing more, and a receive posted again for the pair gets the next message.
+#[test]
+fn a_cancel_from_a_callback_with_the_command_queue_full_is_not_lost() {
+    const VICTIM: u32 = TAG + 9;
+    let dvm = start_dvm(2, &loopback_config(2));
+    let (old_tx, old_rx) = unbounded();
+    dvm[0]
+        .recv(
+            Peer::Rank(1),
+            VICTIM,
+            tbon::RecvMode::Persistent,
+            move |_| {
+                old_tx.send(()).unwrap();
+            },
+        )
+        .unwrap();
+    let (fill_tx, fill_rx) = unbounded();
+    dvm[1]
+        .recv(Peer::Rank(0), TAG, tbon::RecvMode::Persistent, move |_| {
+            fill_tx.send(()).unwrap();
+        })
+        .unwrap();
+    let taken = fill_queue_then(&dvm[0], TAG + 10, |h| h.cancel(Peer::Rank(1), VICTIM));
+    // Every send queued before the cancel has arrived: the cancel has been handled.
+    for _ in 0..taken {
+        fill_rx
+            .recv_timeout(HANG_GUARD)
+            .expect("a send went missing");
+    }
+    let (new_tx, new_rx) = unbounded();
+    dvm[0]
+        .recv(Peer::Rank(1), VICTIM, tbon::RecvMode::Once, move |_| {
+            new_tx.send(()).unwrap();
+        })
+        .unwrap();
+    dvm[1].send(0, VICTIM, Bytes::new()).unwrap();
+    new_rx
+        .recv_timeout(HANG_GUARD)
+        .expect("the new receive got nothing");
+    assert!(
+        old_rx.try_recv().is_err(),
+        "the cancelled receive still matched"
+    );
+}
+
+/// The same with the queue's control reserve full as well (purges fill it): the stop still
+/// reaches the loop, through the request it reads every turn.
+#[test]
+fn a_shutdown_from_a_callback_with_the_control_reserve_full_stops_the_daemon() {
+    let dvm = start_dvm(2, &loopback_config(2));
+    fill_queue_then(&dvm[0], TAG + 11, |h| {
+        for _ in 0..=tbon::limits::COMMAND_CONTROL_RESERVE {
+            h.purge(1);
+        }
+        h.shutdown();
+    });
+    assert_eq!(
+        dvm[0].wait_stopped(HANG_GUARD),
+        Some(tbon::StopReason::Requested),
+        "the shutdown was lost"
+    );
+}

@@ -11,7 +11,8 @@
 //! has not handled yet (it takes again only when it has handled them), so at most `2 * cap`
 //! commands exist between callers and the loop. A caller that finds the queue full either gets
 //! `Full` ([`CommandQueue::try_push`], for callbacks on the loop thread) or waits until the
-//! loop takes ([`CommandQueue::push_waiting`]). Once the loop closes the queue every push is
+//! loop takes ([`CommandQueue::push_waiting`]). A callback's command that cannot report a
+//! refusal may use `COMMAND_CONTROL_RESERVE` more ([`CommandQueue::try_push_control`]). Once the loop closes the queue every push is
 //! refused with its command given back.
 
 use super::caddy::Caddy;
@@ -68,6 +69,20 @@ impl CommandQueue {
             return Err(PushError::Closed(caddy));
         }
         if q.caddies.len() >= self.cap {
+            return Err(PushError::Full(caddy));
+        }
+        q.caddies.push_back(caddy);
+        Ok(())
+    }
+
+    /// [`try_push`](Self::try_push) with room for `reserve` commands beyond the bound: for a
+    /// command from the loop thread whose caller cannot be told of a refusal.
+    pub(crate) fn try_push_control(&self, caddy: Caddy, reserve: usize) -> Result<(), PushError> {
+        let mut q = lock(&self.queued);
+        if q.closed {
+            return Err(PushError::Closed(caddy));
+        }
+        if q.caddies.len() >= self.cap.saturating_add(reserve) {
             return Err(PushError::Full(caddy));
         }
         q.caddies.push_back(caddy);
@@ -194,6 +209,12 @@ mod tests {
             assert!(queue.try_push(send(t)).is_ok());
         }
         assert!(matches!(queue.try_push(send(9)), Err(PushError::Full(_))));
+        // A control command has its reserve beyond the bound, and no more.
+        assert!(queue.try_push_control(send(7), 1).is_ok());
+        assert!(matches!(
+            queue.try_push_control(send(8), 1),
+            Err(PushError::Full(_))
+        ));
         taker.take_queued();
         assert_eq!(taker.next_taken().map(|c| tag_of(&c)), Some(0));
         // Taken commands no longer count against the bound; what was taken is handed out
@@ -204,7 +225,7 @@ mod tests {
         while let Some(c) = taker.next_taken() {
             tags.push(tag_of(&c));
         }
-        assert_eq!(tags, vec![1, 2]);
+        assert_eq!(tags, vec![1, 2, 7]);
         assert!(!taker.is_empty());
         taker.take_queued();
         assert_eq!(taker.next_taken().map(|c| tag_of(&c)), Some(3));

@@ -305,6 +305,15 @@ impl EventLoop {
         let mut busy_since = Instant::now();
         loop {
             let mut drained_all = self.drain_commands();
+            // A stop a callback asked for with no room for it in the queue: after what the
+            // queue held, as its command would have come.
+            if let Some(request) = self.shared.take_stop_request() {
+                self.command(match request {
+                    super::handle::StopRequest::Abort => Caddy::Abort,
+                    super::handle::StopRequest::Shutdown => Caddy::Shutdown { dvm: false },
+                    super::handle::StopRequest::ShutdownDvm => Caddy::Shutdown { dvm: true },
+                });
+            }
             // What the commands, events and timers since the last turn made the node want.
             self.node.pump(self.now);
             self.carry_out();

@@ -25,6 +25,14 @@ use std::time::{Duration, Instant};
 
 pub use crate::node::StopReason;
 
+/// A stop a callback asked for when the command queue had no room for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StopRequest {
+    Shutdown,
+    ShutdownDvm,
+    Abort,
+}
+
 #[derive(Default)]
 pub(crate) struct Lifecycle {
     pub wired: bool,
@@ -60,6 +68,9 @@ pub(crate) struct Shared {
     pub lifecycle_cv: Condvar,
     /// Set with `lifecycle.stopped` (read on every submit: no lock).
     pub stopped: AtomicBool,
+    /// A stop or abort a callback asked for when even the control reserve of the command queue
+    /// was full ([`StopRequest`] as a number; 0 for none): read by the loop every turn.
+    pub stop_request: std::sync::atomic::AtomicU8,
     pub join: Mutex<Option<JoinHandle<()>>>,
     /// Destinations whose next hop is congested: sends to them are refused `Busy` here.
     pub gate: super::gate::OriginGate,
@@ -154,6 +165,62 @@ impl Shared {
         Ok(())
     }
 
+    /// Hands the loop a command whose caller cannot be told of a refusal (`cancel`, `purge`,
+    /// `cancel_stream`, a stop): from a callback it may use `COMMAND_CONTROL_RESERVE` beyond the
+    /// queue's bound; other threads wait for room as for any command. `Busy` only from a
+    /// callback once the reserve is full too (the caller logs it, or sets a stop request).
+    pub(crate) fn submit_control(&self, caddy: Caddy) -> Result<(), SendError> {
+        use super::command_queue::PushError;
+        if !self.on_loop_thread() {
+            return self.submit(caddy);
+        }
+        if self.is_stopped() {
+            return Err(SendError::ShutDown);
+        }
+        let reserve = crate::limits::COMMAND_CONTROL_RESERVE;
+        match self.commands.try_push_control(caddy, reserve) {
+            Ok(()) => Ok(()),
+            Err(PushError::Full(_)) => Err(SendError::Busy(crate::error::Limit::CommandChannel)),
+            Err(PushError::Closed(_)) => Err(SendError::ShutDown),
+        }
+    }
+
+    /// Asks the loop to stop or abort, from a callback that found even the command queue's
+    /// control reserve full: the loop reads the request every turn, after that turn's commands.
+    pub(crate) fn request_stop(&self, request: StopRequest) {
+        let code = match request {
+            StopRequest::Shutdown => 1,
+            StopRequest::ShutdownDvm => 2,
+            StopRequest::Abort => 3,
+        };
+        // An abort is never weakened into a stop by a later request.
+        self.stop_request.fetch_max(code, Ordering::AcqRel);
+    }
+
+    /// The stop or abort requested through [`Shared::request_stop`], once.
+    pub(crate) fn take_stop_request(&self) -> Option<StopRequest> {
+        match self.stop_request.swap(0, Ordering::AcqRel) {
+            1 => Some(StopRequest::Shutdown),
+            2 => Some(StopRequest::ShutdownDvm),
+            3 => Some(StopRequest::Abort),
+            _ => None,
+        }
+    }
+
+    /// [`Shared::submit_control`] for a cancel, purge or stream cancel, which cannot report a
+    /// refusal: one refused beyond the control reserve is logged as an error (a `ShutDown`
+    /// needs nothing: the receive or stream goes with the daemon).
+    pub(crate) fn submit_or_log(&self, caddy: Caddy) {
+        if let Err(SendError::Busy(_)) = self.submit_control(caddy) {
+            log::error!(
+                "rank {}: a cancel or purge from a callback was dropped: the command queue and \
+                 its control reserve ({} commands) are full",
+                self.rank,
+                crate::limits::COMMAND_CONTROL_RESERVE
+            );
+        }
+    }
+
     /// Forgets the registration of (peer, tag) if it still belongs to post `post`; a newer post
     /// of the same pair keeps its own. Called when the receive is gone (retired, refused).
     pub(crate) fn unpost(&self, peer: Peer, tag: Tag, post: u64) {
@@ -206,8 +273,16 @@ impl Shared {
 
     /// Asks the loop to stop and, unless called on the loop thread, waits for its thread to end.
     fn stop_and_join(&self, dvm: bool) {
-        // Ignore the error: a stopped loop is what we want.
-        let _ = self.submit(Caddy::Shutdown { dvm });
+        // `ShutDown` is what we want; `Busy` (a callback, the queue full beyond its control
+        // reserve) becomes a request the loop reads every turn.
+        if let Err(SendError::Busy(_)) = self.submit_control(Caddy::Shutdown { dvm }) {
+            self.request_stop(if dvm {
+                StopRequest::ShutdownDvm
+            } else {
+                StopRequest::Shutdown
+            });
+            let _ = self.waker.wake();
+        }
         self.join_loop();
     }
 
@@ -870,7 +945,7 @@ impl Handle {
             // Misuse (called from a callback): the loop cannot run while we hold its thread, so
             // waiting for it would deadlock. Cancel asynchronously, as best we can.
             if ours {
-                let _ = self.shared.submit(Caddy::Cancel {
+                self.shared.submit_or_log(Caddy::Cancel {
                     peer,
                     tag,
                     post,
@@ -908,7 +983,7 @@ impl Handle {
     pub fn cancel(&self, peer: Peer, tag: Tag) {
         let post = lock(&self.shared.posted).remove(&(peer, tag));
         if let Some(post) = post {
-            let _ = self.shared.submit(Caddy::Cancel {
+            self.shared.submit_or_log(Caddy::Cancel {
                 peer,
                 tag,
                 post,
@@ -939,7 +1014,7 @@ impl Handle {
     /// Drops every receive posted for `peer` and every held message from it.
     pub fn purge(&self, peer: Rank) {
         lock(&self.shared.posted).retain(|(p, _), _| *p != Peer::Rank(peer));
-        let _ = self.shared.submit(Caddy::Purge { peer });
+        self.shared.submit_or_log(Caddy::Purge { peer });
     }
 
     /// A snapshot of this daemon's counters. Blocks for a round trip to the loop thread; from a
@@ -1074,7 +1149,10 @@ impl Handle {
     /// without flushing, no notice is sent. For fault injection in tests and harnesses; use
     /// [`Handle::shutdown`] otherwise. Joins the loop thread unless called from a callback.
     pub fn abort(&self) {
-        let _ = self.shared.submit(Caddy::Abort);
+        if let Err(SendError::Busy(_)) = self.shared.submit_control(Caddy::Abort) {
+            self.shared.request_stop(StopRequest::Abort);
+            let _ = self.shared.waker.wake();
+        }
         self.shared.join_loop();
     }
 

@@ -126,6 +126,7 @@ pub fn start(
         lifecycle: Mutex::new(Lifecycle::default()),
         lifecycle_cv: Condvar::new(),
         stopped: AtomicBool::new(false),
+        stop_request: std::sync::atomic::AtomicU8::new(0),
         join: Mutex::new(None),
         gate: gate::OriginGate::new(
             size,

@@ -156,7 +156,7 @@ impl Handle {
 
     /// Cancels stream `id` fetched by this daemon; nothing happens if it already ended.
     pub fn cancel_stream(&self, id: u64) {
-        let _ = self.shared.submit(Caddy::StreamCancel { id });
+        self.shared.submit_or_log(Caddy::StreamCancel { id });
     }
 
     fn open_stream(
