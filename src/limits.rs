@@ -21,6 +21,7 @@ pub const COMMAND_ROOM_WAIT_MS: u64 = 1;
 
 /// Rounds of commands issued by callbacks (a reply to what they got) that the loop runs in the
 /// turn that called them, before its flush, instead of in the next turn (one more `poll`).
+/// Only after a drain that emptied the queue; each round takes at most `COMMANDS_PER_TURN_MAX`.
 /// Bounded so that callbacks that keep issuing commands cannot hold a turn.
 pub const CALLBACK_ROUNDS_PER_TURN_MAX: usize = 2;
 

@@ -318,9 +318,11 @@ impl EventLoop {
             self.node.pump(self.now);
             self.carry_out();
             // What the callbacks just asked for (a reply to what they got) leaves with this
-            // turn's flush instead of after another poll: a turn costs about 2 us here.
+            // turn's flush instead of after another poll: a turn costs about 2 us here. Only
+            // after a drain that emptied the queue, so that what arrived since is mostly the
+            // callbacks' and a turn stays within its command bound when callers flood it.
             for _ in 0..limits::CALLBACK_ROUNDS_PER_TURN_MAX {
-                if !self.linger.handed_in_turn() || self.commands.is_empty() {
+                if !drained_all || !self.linger.handed_in_turn() || self.commands.is_empty() {
                     break;
                 }
                 drained_all = self.drain_commands();
