@@ -363,7 +363,7 @@ impl EventLoop {
                 timeout = Some(Duration::ZERO);
             }
             if timeout != Some(Duration::ZERO)
-                && let Some(wait) = self.linger.before_sleep()
+                && let Some(wait) = self.linger.before_sleep(self.node.has_streams())
             {
                 let caught = self.wait_for_command(wait);
                 self.linger.lingered(caught);

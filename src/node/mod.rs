@@ -724,6 +724,12 @@ impl Node {
         !self.out.is_empty() || self.has_local_streams()
     }
 
+    /// Whether this daemon produces or consumes a stream (its driver then does not linger:
+    /// `driver::linger`).
+    pub fn has_streams(&self) -> bool {
+        self.streams.any_open()
+    }
+
     /// Whether the driver may read frames from neighbour `peer` now. A driver that stops
     /// reading a connection because of this must ask again after each
     /// [`Node::handle_send_queue`] and at least every 100 ms while [`flow::Flow::is_pausing`]

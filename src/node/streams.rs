@@ -165,6 +165,11 @@ impl Streams {
         Ok(())
     }
 
+    /// Whether a stream is open at this end, produced or consumed.
+    pub(super) fn any_open(&self) -> bool {
+        !self.outgoing.is_empty() || !self.incoming.is_empty()
+    }
+
     pub(super) fn counters(&self) -> crate::StreamCounters {
         let mut c = self.stats.clone();
         c.producing = self.outgoing.len() as u64;
