@@ -121,8 +121,14 @@ pub const BULK_REDIAL_MS: u64 = 1_000;
 /// stream over a direct link, three runs each): at 128 KiB the 64 B round trip beside it fell
 /// to 91-199 µs from 410-590 µs, but the stream to 1.8-2.5 GiB/s from 3.0-3.6; again once
 /// readers checked the chunks (`tbon bench --only stream`, two runs): 1.77x and 2.54x the idle
-/// round trip, but 54% and 66% of raw TCP's bandwidth.
-pub const BULK_FLUSH_BYTES: usize = 256 * 1024;
+/// round trip, but 54% and 66% of raw TCP's bandwidth. Again once loops with streams stopped
+/// lingering (`driver::linger`; the stream roles of `tbon bench`, one 4 GiB stream over a
+/// direct link with 64 B round trips beside it, builds alternating, five or six runs each): at
+/// 256 KiB 2.0-2.4 GiB/s and a round trip of 128-645 µs during the stream; at 128 KiB 2.1-2.6
+/// GiB/s, 52-144 µs; at 64 KiB 2.0-2.5 GiB/s, 42-55 µs (1.1-1.6x the idle one), for about 5%
+/// more processor time per byte. The stream's bandwidth stays within the noise, and a message
+/// beside it keeps its latency: the rule for control traffic.
+pub const BULK_FLUSH_BYTES: usize = 64 * 1024;
 const _: () = assert!(BULK_PIPE_BYTES > LINK_ACK_PROMPT_BYTES);
 
 /// Connections accepted per listener event; the rest are accepted next turn.
