@@ -484,6 +484,12 @@ impl Conn {
         Ok((resent, dropped))
     }
 
+    /// Whether this is a bulk connection a peer dialled to us (stream data in): flow control
+    /// pauses it where it lets a link be read (`Node::may_read_link`).
+    pub(crate) fn is_bulk_in(&self) -> bool {
+        self.bulk_end == Some(BulkEnd::In)
+    }
+
     /// Whether the link session holds writes back until the peer's acknowledgements come, or
     /// bulk frames wait for room in the pipe: the connection must then be read whatever flow
     /// control says, or its queue and the peer's acknowledgements would wait for each other.

@@ -741,6 +741,13 @@ impl Node {
         self.marker_wait_has_room(peer) && self.flow.may_read(now, peer)
     }
 
+    /// [`Node::may_read`] for `peer`'s link (its tree or direct connection), as opposed to its
+    /// bulk connection: a queue congested with stream data only does not hold a link back
+    /// ([`flow::Flow::may_read_link`]). The same re-checks apply.
+    pub fn may_read_link(&self, now: Instant, peer: Rank) -> bool {
+        self.marker_wait_has_room(peer) && self.flow.may_read_link(now, peer)
+    }
+
     /// Whether a send originated here towards `dst` may be accepted now: its next hop's queue
     /// is not congested (flow control). A caller that submits sends from other threads
     /// publishes these answers to them (the driver's origin gate) and refuses `Busy` before

@@ -538,7 +538,7 @@ impl EventLoop {
             // Flow control: frames from this neighbour could be for a congested queue; leave
             // them in the socket (TCP pushes back on the sender) until the node says so.
             if let Some(p) = conn.peer.filter(|_| conn.is_established())
-                && !self.node.may_read(self.now, p)
+                && !may_read(&self.node, self.now, p, conn)
                 && !conn.awaits_acks()
             {
                 self.readable_again.remove(&tok);
@@ -1321,7 +1321,7 @@ impl EventLoop {
                 return false;
             };
             match conn.peer.filter(|_| conn.is_established()) {
-                Some(p) if !node.may_read(now, p) && !conn.awaits_acks() => true,
+                Some(p) if !may_read(node, now, p, conn) && !conn.awaits_acks() => true,
                 _ => {
                     resume.push(tok);
                     false
@@ -1555,5 +1555,15 @@ impl EventLoop {
         if self.readable_again.is_empty() && self.readable_again.capacity() > 1024 {
             self.readable_again = Default::default();
         }
+    }
+}
+
+/// Whether flow control lets `conn`, a connection with neighbour `peer`, be read now: a bulk
+/// connection as the node reads its neighbour, any other as it reads a link.
+fn may_read(node: &crate::node::Node, now: Instant, peer: Rank, conn: &Conn) -> bool {
+    if conn.is_bulk_in() {
+        node.may_read(now, peer)
+    } else {
+        node.may_read_link(now, peer)
     }
 }

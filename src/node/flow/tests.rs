@@ -162,3 +162,31 @@ fn low_is_never_above_high() {
     f.handle_queued(t, 1, 10);
     assert!(f.may_originate(1));
 }
+
+#[test]
+fn a_queue_congested_with_bulk_data_only_lets_links_be_read_but_not_bulk_connections() {
+    let (mut f, t) = flow();
+    // 500 queued towards 1, 480 of them a stream's data: messages from 2 go ahead of it.
+    f.handle_levels(t, 1, 500, 480);
+    assert!(f.may_read_link(t, 2));
+    assert!(!f.may_read(t, 2), "2's bulk connection pauses");
+    // More than low of anything else: links pause too.
+    f.handle_levels(t, 1, 541, 480);
+    assert!(!f.may_read_link(t, 2));
+    f.handle_levels(t, 1, 520, 480);
+    assert!(f.may_read_link(t, 2));
+    // Near the hard bound, even bulk data alone pauses links (stream data may come over one).
+    f.handle_levels(t, 1, 2_001, 1_990);
+    assert!(!f.may_read_link(t, 2));
+    // A queue congested with messages pauses links as before; another bulk one does not add.
+    f.handle_levels(t, 1, 500, 480);
+    f.handle_queued(t, 3, 500);
+    assert!(!f.may_read_link(t, 2));
+    assert!(
+        f.may_read_link(t, 3),
+        "the other congested queue holds only bulk data"
+    );
+    assert!(!f.may_read_link(t, 1));
+    f.forget(3);
+    assert!(f.may_read_link(t, 2) && f.may_read_link(t, 1));
+}

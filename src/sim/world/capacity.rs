@@ -2,7 +2,7 @@
 //! bounded number of bytes per microsecond, through a sender-side queue (the driver's send
 //! queue, whose level the sending node is told, as the driver tells it) and a window of bytes
 //! sent but not yet read by the receiver (the kernel's socket buffers). A receiver whose node
-//! says not to read a neighbour (`Node::may_read`, flow control) leaves that neighbour's frames
+//! says not to read a neighbour's link (`Node::may_read_link`, flow control) leaves its frames
 //! unread; the window then fills and the sender's queue stops draining, as TCP makes it.
 //!
 //! What it checks, with the world's checkers: under offered load well above capacity, with
@@ -250,7 +250,7 @@ impl World {
         let may_read = self
             .nodes
             .get(to as usize)
-            .is_some_and(|n| n.node.may_read(now, from));
+            .is_some_and(|n| n.node.may_read_link(now, from));
         let Some(wires) = self.wires.as_mut() else {
             return true;
         };
@@ -295,7 +295,7 @@ impl World {
             let allowed = self
                 .nodes
                 .get(node as usize)
-                .is_some_and(|n| n.node.may_read(now, f));
+                .is_some_and(|n| n.node.may_read_link(now, f));
             if !allowed {
                 continue;
             }

@@ -1,4 +1,4 @@
-//! Frames a daemon may not read yet, in runs without the capacity model (`Node::may_read`:
+//! Frames a daemon may not read yet, in runs without the capacity model (`Node::may_read_link`:
 //! the frames waiting in the node for a direct link's drain marker are at their bound, or
 //! flow control pauses the connection). They wait in order per direction, as
 //! bytes nobody reads wait in the kernel, and are read as soon as the node allows it (the
@@ -29,7 +29,7 @@ impl World {
         let may_read = self
             .nodes
             .get(to as usize)
-            .is_some_and(|n| n.node.may_read(now, from));
+            .is_some_and(|n| n.node.may_read_link(now, from));
         if may_read && !behind {
             return true;
         }
@@ -61,7 +61,7 @@ impl World {
                 while self
                     .nodes
                     .get(node as usize)
-                    .is_some_and(|n| n.node.may_read(now, f))
+                    .is_some_and(|n| n.node.may_read_link(now, f))
                 {
                     let Some((frame, generation, counted)) =
                         self.held.get_mut(&(f, node)).and_then(VecDeque::pop_front)
