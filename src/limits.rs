@@ -35,7 +35,8 @@ pub const COMMAND_CONTROL_RESERVE: usize = 1_024;
 /// How long the loop waits for a command before sleeping, right after it handed the
 /// application a message or a completion (`driver::linger`): long enough for an application
 /// thread that answers at once to push its answer (a few microseconds here), short enough that
-/// a linger that catches nothing costs little. Bounded in use by `LINGER_CREDIT_MAX`.
+/// a linger that catches nothing costs little. Bounded in use by `LINGER_CREDIT_MAX`; none
+/// while the daemon produces or consumes a stream (the stream's threads need the processor).
 pub const LINGER_US: u64 = 20;
 
 /// Lingers in a row that may catch nothing before the loop stops lingering, until a linger
