@@ -171,8 +171,38 @@ fn ping(
     Ok(trips)
 }
 
+/// Fetches one stream with `fetch_callback` (the daemon checks each chunk on its loop, and the
+/// callback counts it there); the thread returned waits for its end and gives the bytes.
+fn fetch_by_callback(
+    d: &Daemon,
+    producer: tbon::Rank,
+) -> Res<std::thread::JoinHandle<Result<u64, String>>> {
+    let (end_tx, end_rx) = crossbeam_channel::bounded::<Result<u64, String>>(1);
+    let mut got = 0u64;
+    d.handle()
+        .fetch_callback(
+            producer,
+            SERVICE,
+            Bytes::new(),
+            FetchOptions::default(),
+            move |item| match item {
+                tbon::StreamItem::Data(b) => got += b.len() as u64,
+                tbon::StreamItem::End(r) => {
+                    let _ = end_tx.try_send(r.map(|()| got).map_err(|e| e.to_string()));
+                }
+            },
+        )
+        .map_err(ctx("fetch"))?;
+    Ok(std::thread::spawn(move || {
+        end_rx
+            .recv_timeout(GUARD)
+            .map_err(|e| format!("the stream's end: {e}"))?
+    }))
+}
+
 /// The consumer: the idle round trip, then `payload` streams of `count` bytes at once (a
-/// reader thread each) while pinging; reports rates, round trips and memory.
+/// reader thread each, or a callback each with `callback`) while pinging; reports rates, round
+/// trips and memory.
 fn consume(d: &Daemon, a: &RoleArgs) -> Res<Value> {
     let producer = a.sender;
     let (tx, pongs) = crossbeam_channel::bounded(16);
@@ -197,6 +227,10 @@ fn consume(d: &Daemon, a: &RoleArgs) -> Res<Value> {
     let t0 = Instant::now();
     let mut readers = Vec::new();
     for _ in 0..a.payload {
+        if a.callback {
+            readers.push(fetch_by_callback(d, producer)?);
+            continue;
+        }
         let mut s = d
             .fetch_with(producer, SERVICE, Bytes::new(), FetchOptions::default())
             .map_err(ctx("fetch"))?;
@@ -254,6 +288,18 @@ fn consume(d: &Daemon, a: &RoleArgs) -> Res<Value> {
 
 impl Bench {
     fn stream_run(&mut self, route: &str, streams: usize, bytes_each: u64) -> Res<Value> {
+        self.stream_run_with(route, streams, bytes_each, false)
+    }
+
+    /// [`stream_run`](Self::stream_run), the consumer fetching with `fetch_callback` when
+    /// `callback`.
+    fn stream_run_with(
+        &mut self,
+        route: &str,
+        streams: usize,
+        bytes_each: u64,
+        callback: bool,
+    ) -> Res<Value> {
         let dir = self.fresh_dir()?;
         let mut kids = Vec::new();
         for rank in 0..3 {
@@ -267,6 +313,7 @@ impl Bench {
                 count: bytes_each,
                 dir: dir.clone(),
                 route: Some(route.to_string()),
+                callback,
                 ..RoleArgs::default()
             };
             kids.push(self.spawn(&a, rank == 2)?);
@@ -319,10 +366,12 @@ impl Bench {
         let (mut d, mut r, mut raw0, mut raw1) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut raw_digest = Vec::new();
         let mut direct_runs = Vec::new();
+        let mut callback_runs = Vec::new();
         for _ in 0..self.repeat {
             let v = self.stream_run("direct", 1, big)?;
             d.push(gib(&v));
             direct_runs.push(v);
+            callback_runs.push(self.stream_run_with("direct", 1, big, true)?);
             r.push(gib(&self.stream_run("tree", 1, big)?));
             raw0.push(self.raw_gib(0, big, false)?);
             raw1.push(self.raw_gib(1, big, false)?);
@@ -345,6 +394,12 @@ impl Bench {
             .cloned()
             .unwrap_or(Value::Null);
         let (dm, rm, r0, r1) = (median(&d), median(&r), median(&raw0), median(&raw1));
+        callback_runs.sort_by(|a, b| gib(a).total_cmp(&gib(b)));
+        let callback = callback_runs
+            .get(callback_runs.len() / 2)
+            .cloned()
+            .unwrap_or(Value::Null);
+        let cm = gib(&callback);
         let rd = median(&raw_digest);
         let rtt = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
         let row = json!({
@@ -355,6 +410,9 @@ impl Bench {
             "raw_digest_gib_per_s": rd,
             "raw_digest_vs_raw": rd / r0.max(1e-9),
             "direct_vs_raw_digest": dm / rd.max(1e-9),
+            "callback": callback,
+            "callback_gib_per_s": cm,
+            "callback_vs_raw": cm / r0.max(1e-9),
             "relay_vs_raw": rm / r0.max(1e-9),
             "relay_vs_raw_relay": rm / r1.max(1e-9),
             "many": many,
@@ -371,7 +429,8 @@ impl Bench {
             },
             "big": mid, "small": small_run,
             "without_bulk_connection": without_bulk,
-            "runs": {"direct": d, "relay": r, "raw": raw0, "raw_relay": raw1, "raw_digest": raw_digest},
+            "runs": {"direct": d, "relay": r, "raw": raw0, "raw_relay": raw1, "raw_digest": raw_digest,
+                "callback": callback_runs.iter().map(gib).collect::<Vec<_>>()},
             "load": loadavg(),
         });
         eprintln!("{row}");
