@@ -15,7 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("tbon-fetch-file-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let key = dir.join("job.key");
-    tbon::driver::key::generate(&key)?;
+    tbon::Key::generate()?.write_new(&key)?;
     let cfg = Config {
         radix: 2,
         if_include: vec!["127.0.0.1/32".into()],

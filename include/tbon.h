@@ -610,7 +610,8 @@ typedef struct {
   // Times a send queue towards a neighbour became congested (reads from the others paused
   // until it drained).
   uint64_t flow_congested;
-  // Sends refused `TBON_ERR_BUSY` because the queue towards their next hop was congested.
+  // Sends refused `TBON_ERR_BUSY` by flow control: the queue towards their next hop was
+  // congested, or the command queue already held its share of payload bytes.
   uint64_t sends_busy_flow;
   // Reliable sends refused `TBON_ERR_BUSY` at the call because `relm_unacked_max` reliable
   // messages of this daemon were unacknowledged.

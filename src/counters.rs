@@ -216,8 +216,11 @@ pub struct Counters {
     /// Times a send queue towards a neighbour became congested (above
     /// `limits::FLOW_HIGH_BYTES`): reads from the other neighbours paused until it drained.
     pub flow_congested: u64,
-    /// Sends of this daemon's callers refused `Busy` because the queue towards their next hop
-    /// was congested (back-pressure; the caller retries).
+    /// Sends of this daemon's callers refused `Busy` by flow control (back-pressure; the caller
+    /// retries): the queue towards their next hop was congested (`Limit::NextHopQueue`), or
+    /// the command queue already held its share of payload bytes
+    /// (`limits::COMMAND_QUEUE_MAX_BYTES`, or a quarter of `send_queue_max_bytes`: reported as
+    /// `Limit::CommandChannel`).
     pub sends_busy_flow: u64,
     /// Reliable sends of this daemon's callers refused `Busy` at the call because
     /// `relm_unacked_max` of their reliable messages were unacknowledged (back-pressure; the

@@ -486,7 +486,8 @@ pub struct tbon_counters {
     /// Times a send queue towards a neighbour became congested (reads from the others paused
     /// until it drained).
     pub flow_congested: u64,
-    /// Sends refused `TBON_ERR_BUSY` because the queue towards their next hop was congested.
+    /// Sends refused `TBON_ERR_BUSY` by flow control: the queue towards their next hop was
+    /// congested, or the command queue already held its share of payload bytes.
     pub sends_busy_flow: u64,
     /// Reliable sends refused `TBON_ERR_BUSY` at the call because `relm_unacked_max` reliable
     /// messages of this daemon were unacknowledged.
