@@ -135,6 +135,58 @@ fn only_the_peers_own_messages_wait_for_its_marker_and_they_are_read_in_order_af
 }
 
 #[test]
+fn a_batch_of_the_peers_messages_waits_for_its_marker_too() {
+    // A batch frame (`rml::batch_frame`, runtime tag `TAG_BATCH`) carries user messages: read
+    // ahead of the marker, it overtook the tree's last messages before the `Switch` (found by
+    // `tests/direct.rs`, about one run in twenty).
+    let (mut net, id) = granted_not_switched();
+    let item = b"from 3, second";
+    let mut batch = Vec::new();
+    batch.extend_from_slice(&TAG.to_be_bytes());
+    batch.extend_from_slice(&(item.len() as u32).to_be_bytes());
+    batch.extend_from_slice(item);
+    let batch: &'static [u8] = Box::leak(batch.into_boxed_slice());
+    from_p(
+        &mut net,
+        P,
+        Kind::Msg,
+        crate::rml::batch_frame::TAG_BATCH,
+        batch,
+    );
+    assert_eq!(delivered(&mut net), Vec::<&str>::new(), "it waits");
+    // The tree's last message before the marker, then the marker, from rank 6's parent.
+    let now = net.now;
+    let first = Header {
+        kind: Kind::Msg,
+        origin: P,
+        dst: H,
+        tag: TAG,
+        epoch: 0,
+        seq: 0,
+        len: 13,
+        lives: Header::lives_of(0, 0),
+    };
+    net.nodes[H as usize]
+        .handle_frame(now, 2, first, Bytes::from_static(b"from 3, first"))
+        .unwrap();
+    let switch = DirectMsg::Switch(id).encode();
+    let h = Header {
+        tag: TAG_DIRECT,
+        len: switch.len() as u32,
+        ..first
+    };
+    net.nodes[H as usize]
+        .handle_frame(now, 2, h, switch)
+        .unwrap();
+    net.collect(H);
+    assert_eq!(
+        delivered(&mut net),
+        vec!["from 3, first", "from 3, second"],
+        "the tree's message first, then the batch the marker held"
+    );
+}
+
+#[test]
 fn a_connection_lost_while_frames_wait_for_the_marker_takes_them_with_it() {
     let (mut net, _) = granted_not_switched();
     from_p(&mut net, P, Kind::Msg, TAG, b"from 3, first");
