@@ -863,6 +863,18 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         bcast_part_bytes: None,
         found: "bulk connections (`world/bulk_wire.rs`): a direct link's marker that went straight to the link's queue was not counted with the link's fed bulk frames, so the handover to the bulk connection did not wait for it, and rank 0 relayed a stream chunk to 3 that overtook the marker (checker `bulk-order`; a marker queued on the link now counts as fed, `Conn::push`)",
     },
+    RegressionSeed {
+        seed: 358,
+        daemons: 7,
+        radix: 4,
+        faults: FaultKinds {
+            direct: true,
+            batch: true,
+            ..FaultKinds::NONE
+        },
+        bcast_part_bytes: None,
+        found: "direct links (found first by `tests/direct.rs`, then by the `direct` kind's bursts, `swarm::direct_bursts`): a batch frame of 6's plain messages read on the new link before 6's drain marker was delivered at once, ahead of 6's last messages over the tree (checker `plain-in-order`, 6->3: #49 after #75; batch frames now wait for the marker as single messages do, `node/marker_wait.rs`). Before the bursts, 5,060 seeds of `direct,batch` passed with the bug; with them, 142 of 1,060 failed",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to

@@ -376,6 +376,11 @@ pub struct Scenario {
     pub flow: crate::node::flow::FlowLimits,
     /// Each daemon's direct-link settings (the `direct` kind; otherwise `route` `tree`).
     pub direct: Vec<crate::direct::DirectConfig>,
+    /// The `direct` kind's bursts: plain sends (when, from, to), many from one daemon to one
+    /// other a little apart, so that a link's negotiation happens in the middle of a burst
+    /// (its first send asks for the link): the last messages over the tree race the first
+    /// ones over the link (`direct_bursts`).
+    pub burst_sends: Vec<(u64, Rank, Rank)>,
     /// Streams: (consumer, producer, length, window, when), each fetched once.
     pub streams: Vec<(Rank, Rank, u64, u32, u64)>,
     /// Status queries: (asked daemon, budget in ms, all, when).
@@ -691,6 +696,7 @@ impl Scenario {
         if capacity.is_none() {
             faults.extend(cuts);
         }
+        let burst_sends = direct_bursts(seed, size, radix, latency_us, traffic_us, kinds);
         // Streams: a stream of their own too.
         let streams = if kinds.stream {
             stream_fetches(seed, size, traffic_us)
@@ -766,6 +772,7 @@ impl Scenario {
             final_status: kinds.status,
             clocks,
             direct,
+            burst_sends,
             latency_us,
             jitter_us,
             detect_us_max,
@@ -817,6 +824,7 @@ impl Scenario {
             capacity: None,
             flow: crate::node::flow::FlowLimits::default(),
             direct: Vec::new(),
+            burst_sends: Vec::new(),
             streams: Vec::new(),
             statuses: Vec::new(),
             final_status: false,
@@ -1047,6 +1055,46 @@ fn direct_links(
         }
     }
     (configs, cuts)
+}
+
+/// The `direct` kind's bursts (a stream of their own, so that the other kinds' scenarios stay
+/// as they were): one to three, each 20 to 80 plain sends from one daemon to another that is
+/// not its tree neighbour, a fraction of a link's latency to one latency apart, so that a burst
+/// outlasts the request for a link its first send makes, the grant and the switch. Found
+/// wanting by `tests/direct.rs`: a batch frame read on a new link before its drain marker was
+/// delivered ahead of the tree's last messages, which the workload's scattered sends, rarely
+/// two of one pair within a round trip, never showed (regression seed 358).
+fn direct_bursts(
+    seed: u64,
+    size: u32,
+    radix: u32,
+    latency_us: u64,
+    traffic_us: u64,
+    kinds: FaultKinds,
+) -> Vec<(u64, Rank, Rank)> {
+    let mut rng = Rng::new(seed ^ 0xB0C5_7000_0000_0000);
+    if !kinds.direct || size < 4 {
+        return Vec::new();
+    }
+    let shape = crate::routed::radix::Shape::new(radix, size).ok();
+    let mut sends = Vec::new();
+    for _ in 0..rng.range(1, 3) {
+        let from = rng.range(0, u64::from(size - 1)) as Rank;
+        let to = rng.range(0, u64::from(size - 1)) as Rank;
+        let neighbours = shape
+            .as_ref()
+            .is_some_and(|s| s.parent(from) == Some(to) || s.parent(to) == Some(from));
+        if from == to || neighbours {
+            continue;
+        }
+        let mut at = rng.range(0, traffic_us.max(1));
+        let gap_us = rng.range(latency_us / 8 + 1, latency_us + 1);
+        for _ in 0..rng.range(20, 80) {
+            sends.push((at, from, to));
+            at += gap_us;
+        }
+    }
+    sends
 }
 
 /// The `stream` kind's fetches: (consumer, producer, length, window, when).

@@ -633,6 +633,9 @@ impl World {
                 self.push_send(at, origin, dst, reliable);
             }
         }
+        for (at, origin, dst) in self.scen.burst_sends.clone() {
+            self.push_send(at, origin, dst, false);
+        }
     }
 
     /// Schedules a user send from `origin` to `dst` at `at_us`.
