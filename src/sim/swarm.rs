@@ -840,15 +840,17 @@ impl Scenario {
     }
 
     /// Whether nothing in this run may reorder plain messages between one origin and one
-    /// destination: no crash, stall, dropped link or partition (which reroute or lose frames),
-    /// and no capacity model (whose refused sends are offered again later). Slow links and
-    /// direct links must keep the order.
+    /// destination: no crash, stall, dropped link or partition (which reroute or lose frames).
+    /// Slow links and direct links must keep the order, and so must flow control: an
+    /// overloaded run (the capacity model) keeps it too, its only faults being stalls shorter
+    /// than the heartbeat timeout (a send refused `Busy` gets its number when it is accepted).
     pub fn keeps_plain_order(&self) -> bool {
-        self.capacity.is_none()
-            && self
-                .faults
-                .iter()
-                .all(|f| matches!(f, Fault::SlowLink { .. } | Fault::Stranger { .. }))
+        if self.capacity.is_some() {
+            return self.faults.iter().all(|f| matches!(f, Fault::Stall { .. }));
+        }
+        self.faults
+            .iter()
+            .all(|f| matches!(f, Fault::SlowLink { .. } | Fault::Stranger { .. }))
     }
 
     /// The ranks this scenario crashes.

@@ -197,6 +197,18 @@ fn overload_pushes_back_without_dropping_or_declaring_anyone_dead() {
     assert!(s.sends_busy > 0, "no send was ever refused: no overload");
     assert!(s.unread_frames > 0, "no read was ever paused");
     assert_eq!(s.plain_sent, s.plain_posted);
+    // Flow control pauses and refuses, never reorders: overloaded runs check plain order too
+    // (their only faults are stalls shorter than the heartbeat timeout).
+    let ordered = (0..40)
+        .filter(|&seed| {
+            let o = run_seed(seed, kinds("overload"));
+            match &o.result {
+                Ok(s) => s.sends_busy > 0 && s.plain_order_runs == 1,
+                Err(e) => panic!("seed {seed}: {e:?}\nreplay: {}", o.replay_command(200)),
+            }
+        })
+        .count();
+    assert!(ordered > 3, "overloaded runs checked for order: {ordered}");
 }
 
 #[test]
