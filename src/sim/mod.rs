@@ -873,7 +873,7 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
             ..FaultKinds::NONE
         },
         bcast_part_bytes: None,
-        found: "direct links (found first by `tests/direct.rs`, then by the `direct` kind's bursts, `swarm::direct_bursts`): a batch frame of 6's plain messages read on the new link before 6's drain marker was delivered at once, ahead of 6's last messages over the tree (checker `plain-in-order`, 6->3: #49 after #75; batch frames now wait for the marker as single messages do, `node/marker_wait.rs`). Before the bursts, 5,060 seeds of `direct,batch` passed with the bug; with them, 142 of 1,060 failed",
+        found: "direct links (found first by `tests/direct.rs`, then by the `direct` kind's bursts, `swarm::bursts`): a batch frame of 6's plain messages read on the new link before 6's drain marker was delivered at once, ahead of 6's last messages over the tree (checker `plain-in-order`, 6->3: #49 after #75; batch frames now wait for the marker as single messages do, `node/marker_wait.rs`). Before the bursts, 5,060 seeds of `direct,batch` passed with the bug; with them, 327 of 1,061 fail",
     },
 ];
 

@@ -379,7 +379,7 @@ pub struct Scenario {
     /// The `direct` kind's bursts: plain sends (when, from, to), many from one daemon to one
     /// other a little apart, so that a link's negotiation happens in the middle of a burst
     /// (its first send asks for the link): the last messages over the tree race the first
-    /// ones over the link (`direct_bursts`).
+    /// ones over the link; and the `link` kind's, across a connection that drops (`bursts`).
     pub burst_sends: Vec<(u64, Rank, Rank)>,
     /// Streams: (consumer, producer, length, window, when), each fetched once.
     pub streams: Vec<(Rank, Rank, u64, u32, u64)>,
@@ -696,7 +696,7 @@ impl Scenario {
         if capacity.is_none() {
             faults.extend(cuts);
         }
-        let burst_sends = direct_bursts(seed, size, radix, latency_us, traffic_us, kinds);
+        let burst_sends = bursts(seed, size, radix, (latency_us, traffic_us), kinds, &faults);
         // Streams: a stream of their own too.
         let streams = if kinds.stream {
             stream_fetches(seed, size, traffic_us)
@@ -1059,41 +1059,58 @@ fn direct_links(
     (configs, cuts)
 }
 
-/// The `direct` kind's bursts (a stream of their own, so that the other kinds' scenarios stay
-/// as they were): one to three, each 20 to 80 plain sends from one daemon to another that is
-/// not its tree neighbour, a fraction of a link's latency to one latency apart, so that a burst
-/// outlasts the request for a link its first send makes, the grant and the switch. Found
-/// wanting by `tests/direct.rs`: a batch frame read on a new link before its drain marker was
-/// delivered ahead of the tree's last messages, which the workload's scattered sends, rarely
-/// two of one pair within a round trip, never showed (regression seed 358).
-fn direct_bursts(
+/// Bursts of plain sends (a stream of their own, so that the other kinds' scenarios stay as
+/// they were): 20 to 80 sends from one daemon to one other, a fraction of a link's latency to
+/// one latency apart, so that an event falls in the middle of a burst and messages race
+/// through it. The `direct` kind: one to three between daemons that are not tree neighbours,
+/// whose first send asks for a link (the last messages over the tree race the first ones over
+/// the link). Found wanting by `tests/direct.rs`: a batch frame read on a new link before its
+/// drain marker was delivered ahead of the tree's last messages, which the workload's
+/// scattered sends, rarely two of one pair within a round trip, never showed (regression seed
+/// 358). The `link` kind: one across each of up to two dropped connections, starting shortly
+/// before the drop (what the link session writes again must keep its order).
+fn bursts(
     seed: u64,
     size: u32,
     radix: u32,
-    latency_us: u64,
-    traffic_us: u64,
+    (latency_us, traffic_us): (u64, u64),
     kinds: FaultKinds,
+    faults: &[Fault],
 ) -> Vec<(u64, Rank, Rank)> {
     let mut rng = Rng::new(seed ^ 0xB0C5_7000_0000_0000);
-    if !kinds.direct || size < 4 {
-        return Vec::new();
-    }
-    let shape = crate::routed::radix::Shape::new(radix, size).ok();
     let mut sends = Vec::new();
-    for _ in 0..rng.range(1, 3) {
-        let from = rng.range(0, u64::from(size - 1)) as Rank;
-        let to = rng.range(0, u64::from(size - 1)) as Rank;
-        let neighbours = shape
-            .as_ref()
-            .is_some_and(|s| s.parent(from) == Some(to) || s.parent(to) == Some(from));
-        if from == to || neighbours {
-            continue;
-        }
-        let mut at = rng.range(0, traffic_us.max(1));
+    let mut burst = |rng: &mut Rng, from: Rank, to: Rank, at: u64| {
         let gap_us = rng.range(latency_us / 8 + 1, latency_us + 1);
-        for _ in 0..rng.range(20, 80) {
-            sends.push((at, from, to));
-            at += gap_us;
+        let count = rng.range(20, 80);
+        // Starting up to half the burst before `at`.
+        let mut t = at.saturating_sub(rng.range(0, count / 2) * gap_us);
+        for _ in 0..count {
+            sends.push((t, from, to));
+            t += gap_us;
+        }
+    };
+    if kinds.direct && size >= 4 {
+        let shape = crate::routed::radix::Shape::new(radix, size).ok();
+        for _ in 0..rng.range(1, 3) {
+            let from = rng.range(0, u64::from(size - 1)) as Rank;
+            let to = rng.range(0, u64::from(size - 1)) as Rank;
+            let neighbours = shape
+                .as_ref()
+                .is_some_and(|s| s.parent(from) == Some(to) || s.parent(to) == Some(from));
+            if from != to && !neighbours {
+                let at = rng.range(0, traffic_us.max(1));
+                burst(&mut rng, from, to, at);
+            }
+        }
+    }
+    if kinds.link {
+        let drops = faults.iter().filter_map(|f| match f {
+            Fault::LinkDown { a, b, at_us, .. } => Some((*a, *b, *at_us)),
+            _ => None,
+        });
+        for (a, b, at) in drops.take(2) {
+            let (from, to) = if rng.chance(0.5) { (a, b) } else { (b, a) };
+            burst(&mut rng, from, to, at);
         }
     }
     sends

@@ -184,7 +184,8 @@ impl World {
 
     /// The end-of-run check: in a run whose only faults are dropped (or slow) connections and
     /// strangers, where nobody was declared dead and no session gave frames up (a direct link
-    /// falling back), every plain message arrived: the link sessions lost none.
+    /// falling back), every plain message arrived, each pair's in order: the link sessions
+    /// lost and reordered none (README, "Faults": nothing lost, duplicated or reordered).
     pub(super) fn check_sessions(&self) -> Result<(), Violation> {
         let links_only = self.scen.faults.iter().all(|f| {
             matches!(
@@ -204,6 +205,15 @@ impl World {
                     "{} of {} plain messages delivered, though only connections dropped ({} \
                      frames written again)",
                     self.check.plain_posted, self.check.plain_sent, self.sessions.resent
+                ),
+            });
+        }
+        if let Some(what) = &self.check.plain_reordered {
+            return Err(Violation {
+                checker: "link-sessions",
+                detail: format!(
+                    "{what}, though only connections dropped ({} frames written again)",
+                    self.sessions.resent
                 ),
             });
         }
