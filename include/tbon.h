@@ -829,7 +829,8 @@ typedef void (*tbon_serve_cb)(tbon_writer w,
 // How a stream is fetched (`tbon_fetch`, `tbon_fetch_cb`; NULL there: every default).
 typedef struct {
   // Bytes the producer may send ahead of what was read (the credit window; it bounds the
-  // stream's memory here and on every relay). 0: 4 MiB; at most 64 MiB.
+  // stream's memory here and on every relay). 0: 4 MiB; at most 64 MiB (a larger window is
+  // cut to 64 MiB).
   uint32_t window;
   // How long the stream waits for news from the producer while it owes bytes, before it
   // ends `TBON_ERR_IDLE`. 0: 60 s.
@@ -841,7 +842,9 @@ typedef struct {
 } tbon_fetch_opts;
 
 // A stream this daemon fetches (`tbon_fetch`): an id valid until `tbon_stream_close`; 0 is
-// never valid.
+// never valid. Close every stream, also after its daemon stopped or was freed: until then it
+// holds its memory. A stream whose daemon stopped still gives the bytes that had arrived (up
+// to a window), then `TBON_ERR_SHUT_DOWN`, also once the daemon is freed.
 typedef uint64_t tbon_stream;
 
 // How a stream ended, for `tbon_fetch_cb`: `rc` is `TBON_OK` when it finished (every byte
@@ -1669,7 +1672,10 @@ tbon_rc tbon_status_free(tbon_status s);
 
 // Offers `service` (a NUL-terminated name of at most 255 bytes) to consumers: `cb` runs on a
 // thread of its own for every stream opened (see `tbon_serve_cb`), with `user`, which must
-// be usable from those threads and stay alive while the daemon runs. Serving a name again
+// be usable from those threads and stay alive until the daemon's stop (`tbon_shutdown`,
+// `tbon_shutdown_dvm`, `tbon_abort`, `tbon_free`) has returned: a stop waits for every
+// service callback still running to return (their writers fail `TBON_ERR_SHUT_DOWN`, and a
+// callback must then return). Serving a name again
 // replaces its callback for new streams. Errors: `TBON_ERR_TOO_LARGE` (the name),
 // `TBON_ERR_BUSY` (256 services already), `TBON_ERR_SHUT_DOWN`.
 tbon_rc tbon_serve(tbon_daemon d, const char *service, tbon_serve_cb cb, void *user);
@@ -1712,7 +1718,9 @@ tbon_rc tbon_writer_finish(tbon_writer w);
 
 // Fails the stream with `code` (below `TBON_STREAM_FAIL_RESERVED_MIN`) and `reason` (may be
 // NULL; at most 1024 bytes are sent): the consumer reads `TBON_ERR_STREAM_FAILED` with both.
-// The writer is invalid afterwards, also on an error.
+// The writer is invalid afterwards, also on an error: a reserved `code` or a `reason` that is
+// not UTF-8 (`TBON_ERR_BAD_PARAM`) fails the stream as a dropped writer does
+// (`TBON_STREAM_FAIL_ABANDONED`).
 tbon_rc tbon_writer_fail(tbon_writer w, uint32_t code, const char *reason);
 
 // Fetches `request` (`len` bytes, copied; at most 64 KiB) from `service` at `producer` and
@@ -1731,8 +1739,9 @@ tbon_rc tbon_fetch(tbon_daemon d,
 
 // Reads the stream's next bytes into `buf` (`cap` bytes), waiting at most `timeout_ms`
 // (`TBON_WAIT_FOREVER`: until bytes or the end come, never longer than the stream's idle
-// time). `TBON_OK` with `*got` > 0: bytes, in order. `TBON_OK` with `*got` == 0 (and `cap` >
-// 0): the stream FINISHED, every byte arrived and checked. `TBON_ERR_TIMED_OUT`: nothing
+// time). `TBON_OK` with `*got` > 0: bytes, in order. `TBON_OK` with `*got` == 0: the stream
+// FINISHED, every byte arrived and checked. `cap` 0 is `TBON_ERR_BAD_PARAM` (it could not
+// be told from the end). `TBON_ERR_TIMED_OUT`: nothing
 // yet, read again. Otherwise the stream ended with an error (every later read returns it
 // again): `TBON_ERR_NO_SERVICE`, `TBON_ERR_STREAM_FAILED` (the producer's code:
 // `tbon_stream_fail_code`; `tbon_last_error` has a message with the code and the producer's

@@ -859,6 +859,12 @@ pub const STREAM_REASON_MAX: usize = 1024;
 /// Streams a daemon produces at once, and streams it consumes at once (each table): an `Open`
 /// beyond is refused (the consumer hears "no room"), a fetch beyond fails `Busy`.
 pub const STREAMS_MAX: usize = 1_024;
+
+/// A stopping daemon waits for its service handlers still running to return (so that none
+/// runs once the stop has returned: the C API's safe point to free `user` data). Past this
+/// long it logs that it is still waiting, once per handler; the wait itself has no bound: the
+/// loop has failed every writer `ShutDown`, and what holds the handler then is its own work.
+pub const HANDLER_WAIT_LOG_MS: u64 = 1_000;
 /// Services a daemon offers.
 pub const STREAM_SERVICES_MAX: usize = 256;
 /// Resumes of one stream (after a repair, a lost link, a gap or a quarter of its idle time

@@ -390,3 +390,45 @@ fn a_stream_with_its_own_route_asks_for_a_direct_link() {
         before
     );
 }
+
+/// No service handler runs once a stop has returned (the C API's safe point to free `user`
+/// data): a handler whose write fails `ShutDown` and that takes a while to return is waited
+/// for by `shutdown`, and likewise by `abort`.
+#[test]
+fn a_stop_returns_only_once_the_service_handlers_have_returned() {
+    for abort in [false, true] {
+        let dvm = start_dvm_with(2, |_| loopback_config(2));
+        let returned = Arc::new(AtomicU64::new(0));
+        let r = returned.clone();
+        dvm[1]
+            .serve(
+                "slow-end",
+                move |_req: StreamRequest, mut w: StreamWriter| {
+                    // Writes until refused: the consumer holds its window, so a write waits for
+                    // credit until the daemon stops.
+                    while w.write(vec![7u8; 64 << 10]).is_ok() {}
+                    std::thread::sleep(Duration::from_millis(300));
+                    r.store(1, Ordering::SeqCst);
+                },
+            )
+            .unwrap();
+        let opts = FetchOptions {
+            window: 256 << 10,
+            ..FetchOptions::default()
+        };
+        let mut s = dvm[0].fetch_with(1, "slow-end", &b""[..], opts).unwrap();
+        // The first chunk: the handler runs and has filled the window.
+        assert!(matches!(s.next(), Some(Ok(_))));
+        if abort {
+            dvm[1].abort();
+        } else {
+            dvm[1].shutdown();
+        }
+        assert_eq!(
+            returned.load(Ordering::SeqCst),
+            1,
+            "the stop returned before the handler (abort: {abort})"
+        );
+        drop(s);
+    }
+}

@@ -21,7 +21,9 @@ use tbon::stream::StreamError;
 pub type tbon_writer = u64;
 
 /// A stream this daemon fetches (`tbon_fetch`): an id valid until `tbon_stream_close`; 0 is
-/// never valid.
+/// never valid. Close every stream, also after its daemon stopped or was freed: until then it
+/// holds its memory. A stream whose daemon stopped still gives the bytes that had arrived (up
+/// to a window), then `TBON_ERR_SHUT_DOWN`, also once the daemon is freed.
 pub type tbon_stream = u64;
 
 /// `timeout_ms` of `tbon_writer_write` and `tbon_stream_read`: wait without a limit (a
@@ -124,17 +126,45 @@ fn deadline(timeout_ms: u32) -> Option<Instant> {
 }
 
 /// Copies a caller's bytes (`data` may be NULL only when `len` is 0), at most `max`.
-unsafe fn bytes_arg(data: *const c_void, len: usize, max: usize) -> Result<Bytes, Fail> {
+unsafe fn bytes_arg(
+    data: *const c_void,
+    len: usize,
+    max: usize,
+    what: &str,
+) -> Result<Bytes, Fail> {
     if len == 0 {
         return Ok(Bytes::new());
     }
-    non_null(data, "data")?;
+    non_null(data, what)?;
     if len > max {
-        return Err(tbon::error::SendError::TooLarge { len, max }.into());
+        return fail(
+            tbon_rc::TBON_ERR_TOO_LARGE,
+            format!("a {what} of {len} bytes exceeds the maximum of {max} bytes"),
+        );
     }
     // SAFETY: non-null, and the caller promised `len` readable bytes for the call.
     let s = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
     Ok(Bytes::copy_from_slice(s))
+}
+
+/// A service name: NUL-terminated UTF-8 of at most `limits::STREAM_SERVICE_MAX` bytes.
+///
+/// # Safety
+/// `service` is NULL or a NUL-terminated string valid for the call.
+unsafe fn service_arg<'a>(service: *const c_char) -> Result<&'a str, Fail> {
+    // SAFETY: as promised by the caller.
+    let name = unsafe { str_arg(service, "service")? };
+    if name.len() > limits::STREAM_SERVICE_MAX {
+        return fail(
+            tbon_rc::TBON_ERR_TOO_LARGE,
+            format!(
+                "a service name of {} bytes exceeds the maximum of {} bytes",
+                name.len(),
+                limits::STREAM_SERVICE_MAX
+            ),
+        );
+    }
+    Ok(name)
 }
 
 fn writer(w: tbon_writer) -> Result<WriterEntry, Fail> {
@@ -162,7 +192,8 @@ fn stream_entry(s: tbon_stream) -> Result<Arc<StreamEntry>, Fail> {
 #[derive(Debug, Clone, Copy)]
 pub struct tbon_fetch_opts {
     /// Bytes the producer may send ahead of what was read (the credit window; it bounds the
-    /// stream's memory here and on every relay). 0: 4 MiB; at most 64 MiB.
+    /// stream's memory here and on every relay). 0: 4 MiB; at most 64 MiB (a larger window is
+    /// cut to 64 MiB).
     pub window: u32,
     /// How long the stream waits for news from the producer while it owes bytes, before it
     /// ends `TBON_ERR_IDLE`. 0: 60 s.
@@ -215,7 +246,10 @@ fn fetch_options(opts: *const tbon_fetch_opts) -> Result<FetchOptions, Fail> {
 
 /// Offers `service` (a NUL-terminated name of at most 255 bytes) to consumers: `cb` runs on a
 /// thread of its own for every stream opened (see `tbon_serve_cb`), with `user`, which must
-/// be usable from those threads and stay alive while the daemon runs. Serving a name again
+/// be usable from those threads and stay alive until the daemon's stop (`tbon_shutdown`,
+/// `tbon_shutdown_dvm`, `tbon_abort`, `tbon_free`) has returned: a stop waits for every
+/// service callback still running to return (their writers fail `TBON_ERR_SHUT_DOWN`, and a
+/// callback must then return). Serving a name again
 /// replaces its callback for new streams. Errors: `TBON_ERR_TOO_LARGE` (the name),
 /// `TBON_ERR_BUSY` (256 services already), `TBON_ERR_SHUT_DOWN`.
 #[unsafe(no_mangle)]
@@ -230,7 +264,7 @@ pub unsafe extern "C" fn tbon_serve(
             return fail(tbon_rc::TBON_ERR_BAD_PARAM, "cb is NULL");
         };
         // SAFETY: the caller's string, valid for the call.
-        let name = unsafe { str_arg(service, "service")? };
+        let name = unsafe { service_arg(service)? };
         let h = handle(d)?;
         let user = UserPtr(user);
         h.serve(name, move |req: StreamRequest, w: StreamWriter| {
@@ -297,7 +331,7 @@ pub unsafe extern "C" fn tbon_writer_write(
         not_in_callback("tbon_writer_write")?;
         let entry = writer(w)?;
         // SAFETY: the caller's buffer, valid for this call.
-        let bytes = unsafe { bytes_arg(data, len, usize::MAX)? };
+        let bytes = unsafe { bytes_arg(data, len, usize::MAX, "data")? };
         write_all(&entry, bytes, timeout_ms, written)
     })
 }
@@ -399,7 +433,9 @@ pub extern "C" fn tbon_writer_finish(w: tbon_writer) -> tbon_rc {
 
 /// Fails the stream with `code` (below `TBON_STREAM_FAIL_RESERVED_MIN`) and `reason` (may be
 /// NULL; at most 1024 bytes are sent): the consumer reads `TBON_ERR_STREAM_FAILED` with both.
-/// The writer is invalid afterwards, also on an error.
+/// The writer is invalid afterwards, also on an error: a reserved `code` or a `reason` that is
+/// not UTF-8 (`TBON_ERR_BAD_PARAM`) fails the stream as a dropped writer does
+/// (`TBON_STREAM_FAIL_ABANDONED`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tbon_writer_fail(
     w: tbon_writer,
@@ -407,6 +443,8 @@ pub unsafe extern "C" fn tbon_writer_fail(
     reason: *const c_char,
 ) -> tbon_rc {
     guard(|| {
+        // Taken first, so that the handle is invalid afterwards whatever else is wrong.
+        let writer = take_writer(w)?;
         let reason = if reason.is_null() {
             ""
         } else {
@@ -419,7 +457,7 @@ pub unsafe extern "C" fn tbon_writer_fail(
                 format!("fail code {code} is reserved for the runtime"),
             );
         }
-        Ok(take_writer(w)?.fail(code, reason)?)
+        Ok(writer.fail(code, reason)?)
     })
 }
 
@@ -433,8 +471,8 @@ unsafe fn fetch_args<'a>(
     len: usize,
 ) -> Result<(&'a str, Bytes), Fail> {
     // SAFETY: the caller's string and buffer, valid for the call.
-    let name = unsafe { str_arg(service, "service")? };
-    let req = unsafe { bytes_arg(request, len, limits::STREAM_REQUEST_MAX)? };
+    let name = unsafe { service_arg(service)? };
+    let req = unsafe { bytes_arg(request, len, limits::STREAM_REQUEST_MAX, "request")? };
     Ok((name, req))
 }
 
@@ -479,8 +517,9 @@ pub unsafe extern "C" fn tbon_fetch(
 
 /// Reads the stream's next bytes into `buf` (`cap` bytes), waiting at most `timeout_ms`
 /// (`TBON_WAIT_FOREVER`: until bytes or the end come, never longer than the stream's idle
-/// time). `TBON_OK` with `*got` > 0: bytes, in order. `TBON_OK` with `*got` == 0 (and `cap` >
-/// 0): the stream FINISHED, every byte arrived and checked. `TBON_ERR_TIMED_OUT`: nothing
+/// time). `TBON_OK` with `*got` > 0: bytes, in order. `TBON_OK` with `*got` == 0: the stream
+/// FINISHED, every byte arrived and checked. `cap` 0 is `TBON_ERR_BAD_PARAM` (it could not
+/// be told from the end). `TBON_ERR_TIMED_OUT`: nothing
 /// yet, read again. Otherwise the stream ended with an error (every later read returns it
 /// again): `TBON_ERR_NO_SERVICE`, `TBON_ERR_STREAM_FAILED` (the producer's code:
 /// `tbon_stream_fail_code`; `tbon_last_error` has a message with the code and the producer's
@@ -500,21 +539,21 @@ pub unsafe extern "C" fn tbon_stream_read(
         non_null(got, "got")?;
         // SAFETY: checked for null.
         unsafe { put(got, 0) };
-        if cap > 0 {
-            non_null(buf, "buf")?;
+        if cap == 0 {
+            // Reading nothing would look like the end (`TBON_OK`, 0 bytes).
+            return fail(
+                tbon_rc::TBON_ERR_BAD_PARAM,
+                "cap is 0: a read needs room for at least one byte (0 bytes read means finished)",
+            );
         }
+        non_null(buf, "buf")?;
         let entry = stream_entry(s)?;
         let mut st = lock(&entry.stream);
         if let Some(Err(e)) = st.outcome() {
             return Err(e.clone().into());
         }
-        let out: &mut [u8] = if cap == 0 {
-            // A NULL `buf` is allowed with `cap` 0, and a slice must never be made from NULL.
-            &mut []
-        } else {
-            // SAFETY: non-null (checked above) with `cap` writable bytes for the call.
-            unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), cap) }
-        };
+        // SAFETY: non-null (checked above) with `cap` > 0 writable bytes for the call.
+        let out: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), cap) };
         let n = match timeout_ms {
             TBON_WAIT_FOREVER => st.read(out)?,
             t => match st.read_timeout(out, Duration::from_millis(t.into()))? {

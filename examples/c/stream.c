@@ -7,8 +7,9 @@
  * buffer and checks every byte; then the same with a callback per chunk, and a 4 MiB buffer the
  * producer lends without a copy (tbon_writer_write_nocopy, freed once). It also checks the
  * ends a consumer must tell apart: no such service, the producer's own failure with its code,
- * and a cancel that reaches the producer's writer, and that the stream data took a bulk
- * connection. Exits non-zero on any failure.
+ * a refused fail that still ends the writer, and a cancel that reaches the producer's writer;
+ * that the stream data took a bulk connection; bad arguments; and that after tbon_free no
+ * service callback runs any more. Exits non-zero on any failure.
  *
  * Build and run like ring.c (see README.md, "Using tbon from C").
  */
@@ -94,6 +95,32 @@ static void serve_endless(tbon_writer w, uint32_t consumer, const char *service,
             return;
         }
     }
+}
+
+/* The "reserved" service: a fail with a code reserved for the runtime is refused, and the
+ * writer is invalid afterwards all the same (the stream fails as abandoned). */
+static atomic_int reserved_rc = -1, reserved_then_rc = -1;
+
+static void serve_reserved(tbon_writer w, uint32_t consumer, const char *service,
+                           const uint8_t *request, size_t len, uint64_t offset, void *user) {
+    (void)consumer, (void)service, (void)request, (void)len, (void)offset, (void)user;
+    atomic_store(&reserved_rc, tbon_writer_fail(w, TBON_STREAM_FAIL_RESERVED_MIN, "mine"));
+    atomic_store(&reserved_then_rc, tbon_writer_write(w, "x", 1, 0, NULL));
+}
+
+/* The "slow-end" service: writes until its writer fails (the daemon stopping), then takes a
+ * while to return. A stop must wait for it: after tbon_free, no callback runs. */
+static atomic_int slow_end_returned;
+
+static void serve_slow_end(tbon_writer w, uint32_t consumer, const char *service,
+                           const uint8_t *request, size_t len, uint64_t offset, void *user) {
+    (void)consumer, (void)service, (void)request, (void)len, (void)offset, (void)user;
+    static const uint8_t ones[10000] = {1};
+    while (tbon_writer_write(w, ones, sizeof ones, TBON_WAIT_FOREVER, NULL) == TBON_OK) {
+    }
+    struct timespec ts = {0, 300 * 1000000L};
+    nanosleep(&ts, NULL);
+    atomic_store(&slow_end_returned, 1);
 }
 
 /* The "lent" service: one 4 MiB buffer lent to tbon without a copy (tbon_writer_write_nocopy);
@@ -205,6 +232,8 @@ int main(void) {
     for (uint32_t k = 0; k < LENT_LEN; k++)
         lent_buf[k] = pattern(77, k);
     CHECK_RC(tbon_serve(d[PRODUCER], "lent", serve_lent, NULL));
+    CHECK_RC(tbon_serve(d[PRODUCER], "reserved", serve_reserved, NULL));
+    CHECK_RC(tbon_serve(d[PRODUCER], "slow-end", serve_slow_end, NULL));
 
     /* 1. A file-sized object, read into a small buffer. */
     fetch_and_check(5, OBJECT_LEN);
@@ -278,7 +307,28 @@ int main(void) {
         sleep_ms(10);
     CHECK(atomic_load(&writer_cancelled), "the producer's writer did not see the cancel");
 
+    /* A refused fail still ends the writer: the consumer reads it abandoned. */
+    CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "reserved", NULL, 0, NULL, &s));
+    rc = tbon_stream_read(s, buf, sizeof buf, &got, TIMEOUT_MS);
+    CHECK(rc == TBON_ERR_STREAM_FAILED, "reserved: %s", tbon_strerror(rc));
+    CHECK_RC(tbon_stream_fail_code(s, &code));
+    CHECK(code == TBON_STREAM_FAIL_ABANDONED, "reserved: fail code %u", code);
+    CHECK(atomic_load(&reserved_rc) == TBON_ERR_BAD_PARAM, "a reserved fail code: %s",
+          tbon_strerror(atomic_load(&reserved_rc)));
+    CHECK(atomic_load(&reserved_then_rc) == TBON_ERR_BAD_HANDLE,
+          "the writer after a refused fail: %s", tbon_strerror(atomic_load(&reserved_then_rc)));
+    CHECK_RC(tbon_stream_close(s));
+
     /* Bad arguments are refused, nothing else happens. */
+    char long_name[300];
+    memset(long_name, 'n', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = 0;
+    CHECK(tbon_fetch(d[CONSUMER], PRODUCER, long_name, NULL, 0, NULL, &s) == TBON_ERR_TOO_LARGE,
+          "a service name of 299 bytes was accepted");
+    CHECK(strstr(tbon_last_error(), "service name") != NULL, "the error says: %s",
+          tbon_last_error());
+    CHECK(tbon_serve(d[PRODUCER], long_name, serve_object, NULL) == TBON_ERR_TOO_LARGE,
+          "a service name of 299 bytes was served");
     CHECK(tbon_fetch(d[CONSUMER], N, "object", "x", 1, NULL, &s) == TBON_ERR_RANK_OUT_OF_RANGE,
           "a producer out of range was accepted");
     tbon_fetch_opts bad_route = {.window = 0, .idle_ms = 0, .route = 7};
@@ -287,6 +337,13 @@ int main(void) {
     CHECK(tbon_stream_read(s + 1000, buf, sizeof buf, &got, 0) == TBON_ERR_BAD_HANDLE,
           "a made-up stream was accepted");
     CHECK(tbon_writer_finish(12345) == TBON_ERR_BAD_HANDLE, "a made-up writer was accepted");
+    {
+        tbon_stream cs;
+        CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "endless", NULL, 0, &small, &cs));
+        CHECK(tbon_stream_read(cs, buf, 0, &got, TIMEOUT_MS) == TBON_ERR_BAD_PARAM,
+              "a read of 0 bytes was accepted (it would look like the end)");
+        CHECK_RC(tbon_stream_close(cs));
+    }
 
     tbon_counters c;
     CHECK_RC(tbon_counters_get(d[CONSUMER], &c));
@@ -300,9 +357,18 @@ int main(void) {
     CHECK(pc.bulk_connections >= 1, "the producer dialled %llu bulk connections",
           (unsigned long long)pc.bulk_connections);
 
+    /* A stream left open across the stop: its producer's callback is still writing. */
+    tbon_stream open_stream;
+    CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "slow-end", NULL, 0, &small, &open_stream));
+    CHECK_RC(tbon_stream_read(open_stream, buf, sizeof buf, &got, TIMEOUT_MS));
+
     CHECK_RC(tbon_shutdown_dvm(d[0]));
     for (uint32_t r = 0; r < N; r++)
         CHECK_RC(tbon_free(d[r]));
+    /* No callback runs once tbon_free has returned: the service's had returned. */
+    CHECK(atomic_load(&slow_end_returned) == 1, "a service callback outlived tbon_free");
+    /* A stream is closed also after its daemon was freed (its memory is freed then). */
+    CHECK_RC(tbon_stream_close(open_stream));
     free(lent_buf);
     if (failures)
         return 1;

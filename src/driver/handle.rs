@@ -72,6 +72,10 @@ pub(crate) struct Shared {
     /// was full ([`StopRequest`] as a number; 0 for none): read by the loop every turn.
     pub stop_request: std::sync::atomic::AtomicU8,
     pub join: Mutex<Option<JoinHandle<()>>>,
+    /// The threads of service handlers (`Handle::serve`) that may still run: joined after the
+    /// loop thread, so that no handler runs once a stop has returned (finished ones are
+    /// dropped as new ones start: at most one per stream a handler still serves).
+    pub handlers: Mutex<Vec<JoinHandle<()>>>,
     /// Destinations whose next hop is congested: sends to them are refused `Busy` here.
     pub gate: super::gate::OriginGate,
     /// The users' reliable sends against `relm_unacked_max`: refused `Busy` here when full.
@@ -286,7 +290,8 @@ impl Shared {
         self.join_loop();
     }
 
-    /// Waits for the loop thread to end, unless called on it.
+    /// Waits for the loop thread to end, then for the service handlers still running, unless
+    /// called on the loop thread. A handler that stops its own daemon is not waited for.
     fn join_loop(&self) {
         if self.on_loop_thread() {
             return;
@@ -296,6 +301,30 @@ impl Shared {
             && h.join().is_err()
         {
             log::error!("rank {}: the loop thread panicked", self.rank);
+        }
+        // The loop has stopped every writer (`ShutDown`), so a handler returns soon unless its
+        // own work holds it; the wait then is the application's, and the log says why.
+        let handlers = std::mem::take(&mut *lock(&self.handlers));
+        let me = std::thread::current().id();
+        let grace = std::time::Instant::now()
+            + std::time::Duration::from_millis(crate::limits::HANDLER_WAIT_LOG_MS);
+        for h in handlers {
+            if h.thread().id() == me {
+                continue;
+            }
+            while !h.is_finished() && std::time::Instant::now() < grace {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            if !h.is_finished() {
+                log::warn!(
+                    "rank {}: stopping: waiting for a service handler to return (its writer \
+                     fails ShutDown)",
+                    self.rank
+                );
+            }
+            if h.join().is_err() {
+                log::warn!("rank {}: a service handler panicked", self.rank);
+            }
         }
     }
 }
@@ -1147,7 +1176,8 @@ impl Handle {
 
     /// Stops this daemon at once, as a crash would look to the others: sockets are closed
     /// without flushing, no notice is sent. For fault injection in tests and harnesses; use
-    /// [`Handle::shutdown`] otherwise. Joins the loop thread unless called from a callback.
+    /// [`Handle::shutdown`] otherwise. Joins the loop thread and the service handlers still
+    /// running, unless called from a callback.
     pub fn abort(&self) {
         if let Err(SendError::Busy(_)) = self.shared.submit_control(Caddy::Abort) {
             self.shared.request_stop(StopRequest::Abort);
@@ -1163,7 +1193,9 @@ impl Handle {
 
     /// Stops this daemon: pending sends fail with [`SendError::ShutDown`], queued frames get a
     /// short, bounded linger to reach the kernel, every socket is closed, and (unless called
-    /// from a callback on the loop thread) the loop thread is joined before this returns.
+    /// from a callback on the loop thread) the loop thread is joined before this returns, and
+    /// so are the service handlers still running ([`Handle::serve`]: their writers fail
+    /// `ShutDown`, and a handler must then return).
     pub fn shutdown(&self) {
         self.shared.stop_and_join(false);
     }

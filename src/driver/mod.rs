@@ -128,6 +128,7 @@ pub fn start(
         stopped: AtomicBool::new(false),
         stop_request: std::sync::atomic::AtomicU8::new(0),
         join: Mutex::new(None),
+        handlers: Mutex::new(Vec::new()),
         gate: gate::OriginGate::new(
             size,
             limits::COMMAND_QUEUE_MAX_BYTES.min(config.send_queue_max_bytes / 4),

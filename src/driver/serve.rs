@@ -36,8 +36,9 @@ pub type ServiceHandler = dyn Fn(StreamRequest, StreamWriter) + Send + Sync + 's
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FetchOptions {
     /// The bytes the producer may send ahead of what the application took (the credit
-    /// window; at most `limits::STREAM_WINDOW_MAX`): this bounds the stream's memory here and
-    /// on every relay, and with the round trip its rate. Default 4 MiB.
+    /// window; at most `limits::STREAM_WINDOW_MAX`, a larger one is cut to it): this bounds
+    /// the stream's memory here and on every relay, and with the round trip its rate.
+    /// Default 4 MiB.
     pub window: u32,
     /// How long the stream waits for news from the producer while it owes us bytes before it
     /// fails `TimedOut`, never longer. Each quarter of it without news resumes the stream
@@ -66,7 +67,10 @@ impl Handle {
     /// Offers `service` to consumers: `handler` runs on a thread of its own for each stream
     /// opened (at most `limits::STREAMS_MAX` at a time; beyond that the consumer reads
     /// `Producer` with code `FAIL_NO_ROOM`), with the request and a [`StreamWriter`]. Serving
-    /// a name again replaces its handler for new streams.
+    /// a name again replaces its handler for new streams. A stop of the daemon (`shutdown`,
+    /// `abort`, dropping the [`Daemon`](crate::Daemon)) fails every writer `ShutDown` and
+    /// waits for the handlers still running to return, so a handler must return once its
+    /// writer fails.
     ///
     /// Errors: a name longer than `limits::STREAM_SERVICE_MAX` bytes (`TooLarge`), a full
     /// service table (`Busy`, `limits::STREAM_SERVICES_MAX`), a stopped daemon. Called from a

@@ -160,21 +160,29 @@ impl EventLoop {
         let spawned = std::thread::Builder::new()
             .name(format!("tbon-{}-stream", self.me))
             .spawn(move || handler(req, writer));
-        if let Err(e) = spawned {
-            // The writer went down with the closure (its drop queued an end that will find
-            // the stream over): fail it here, saying why.
-            log::warn!(
-                "rank {}: no thread for a stream of rank {consumer}: {e}",
-                self.me
-            );
-            self.streams.writers.remove(&(consumer, id));
-            let c = StreamCommand::End {
-                consumer,
-                id,
-                failure: Some((FAIL_NO_ROOM, format!("no thread for the stream: {e}"))),
-            };
-            let _ = self.node.handle_stream(self.now, c);
-        }
+        let e = match spawned {
+            Ok(thread) => {
+                // Joined when the daemon stops (`Shared::join_loop`).
+                let mut handlers = lock(&self.shared.handlers);
+                handlers.retain(|h| !h.is_finished());
+                handlers.push(thread);
+                return;
+            }
+            Err(e) => e,
+        };
+        // The writer went down with the closure (its drop queued an end that will find the
+        // stream over): fail it here, saying why.
+        log::warn!(
+            "rank {}: no thread for a stream of rank {consumer}: {e}",
+            self.me
+        );
+        self.streams.writers.remove(&(consumer, id));
+        let c = StreamCommand::End {
+            consumer,
+            id,
+            failure: Some((FAIL_NO_ROOM, format!("no thread for the stream: {e}"))),
+        };
+        let _ = self.node.handle_stream(self.now, c);
     }
 
     /// The daemon stops: every writer and reader ends `ShutDown`.
