@@ -789,8 +789,11 @@ pub const DIRECT_DENIALS_MAX: usize = 1_024;
 
 /// Messages (and bytes) to one daemon that wait while the direct link to it closes (about one
 /// link round trip plus one tree hop; only links idle for `direct_auto_window_ms` are evicted,
-/// so few wait). Beyond either, a send with a completion fails `Busy` and one without is
-/// dropped, counted in `dropped_queue_full` and logged, as at a relay's hard queue bound.
+/// so few wait), then until the queue towards the tree's next hop is not congested. The origin
+/// gate refuses new sends to that daemon once they reach the flow-control high-water mark
+/// (`node/direct_held.rs`), so these bounds are met only by sends it admitted a moment before.
+/// Beyond either, a send with a completion fails `Busy` and one without is dropped, counted in
+/// `dropped_queue_full` and logged, as at a relay's hard queue bound.
 pub const DIRECT_HELD_MAX: usize = 65_536;
 /// See [`DIRECT_HELD_MAX`].
 pub const DIRECT_HELD_BYTES_MAX: usize = 64 << 20;

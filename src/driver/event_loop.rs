@@ -843,9 +843,7 @@ impl EventLoop {
         let node = &self.node;
         self.shared
             .gate
-            .publish(!node.flow().any_congested(), |dst| {
-                !node.may_originate_to(dst)
-            });
+            .publish(node.origin_gate_open(), |dst| !node.may_originate_to(dst));
     }
 
     /// Keeps a completion under a fresh token.

@@ -56,7 +56,11 @@ impl Node {
         messages: u64,
     ) {
         let by_tree = self.is_neighbour(dst) || self.routing.is_failed(dst);
-        let via = if by_tree {
+        let via = if self.holds_for(dst) {
+            // Behind what waits for the link that closed (`direct_held.rs`); no new link is
+            // asked for meanwhile, whose marker would overtake them.
+            Via::Hold
+        } else if by_tree {
             Via::Tree
         } else {
             let (epoch, uri) = (self.epoch, &self.uri);
@@ -80,35 +84,6 @@ impl Node {
         }
     }
 
-    /// Keeps a message for `dst` until its closing link's `Release`, within the bounds.
-    pub(super) fn hold(&mut self, dst: Rank, m: Held) {
-        let (queue, bytes) = self.direct_held.entry(dst).or_default();
-        let len = m.1.len();
-        if queue.len() >= crate::limits::DIRECT_HELD_MAX
-            || *bytes + len > crate::limits::DIRECT_HELD_BYTES_MAX
-        {
-            // The designed behaviour at the bound (see `limits::DIRECT_HELD_MAX`).
-            let waiting = queue.len();
-            self.counters.dropped_queue_full += 1;
-            log::warn!(
-                "rank {}: {waiting} messages wait for the direct link to rank {dst} to close; \
-                 one more refused",
-                self.me
-            );
-            if let Some(token) = m.2 {
-                self.done(
-                    token,
-                    Err(crate::SendError::Busy(
-                        crate::error::Limit::ClosingDirectLink,
-                    )),
-                );
-            }
-            return;
-        }
-        *bytes += len;
-        queue.push_back(m);
-    }
-
     /// The table's control messages (over the tree, plain runtime messages: `Switch` and
     /// `Ready` are the tree route's drain markers, so they must take it; `Close` and
     /// `CloseAck` on the link, the last frame written there) and its link events.
@@ -129,12 +104,7 @@ impl Node {
         }
         while let Some(e) = self.direct.poll_event() {
             match e {
-                LinkEvent::Release(peer) => {
-                    let (held, _) = self.direct_held.remove(&peer).unwrap_or_default();
-                    for (header, payload, token) in held {
-                        self.forward(header, payload, token);
-                    }
-                }
+                LinkEvent::Release(peer) => self.release_held(peer),
                 LinkEvent::Shut(peer) => self.fall_back(now, peer),
             }
         }

@@ -249,6 +249,11 @@ impl Flow {
         c.control_low && c.queued <= self.limits.full_bytes
     }
 
+    /// The thresholds in force.
+    pub fn limits(&self) -> FlowLimits {
+        self.limits
+    }
+
     /// Whether any queue is congested (the common answer, no: callers skip routing a send
     /// only to ask [`Flow::may_originate`]).
     pub fn any_congested(&self) -> bool {

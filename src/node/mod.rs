@@ -27,6 +27,7 @@ mod collectives;
 mod commands;
 pub mod contacts;
 mod direct;
+mod direct_held;
 mod faults;
 pub mod flow;
 mod frames;
@@ -285,9 +286,13 @@ pub struct Node {
     paused_by: FxHashMap<Rank, Instant>,
     /// Direct links beside the tree.
     direct: crate::direct::DirectLinks,
-    /// Messages to daemons whose direct link is closing, in order (`direct::Via::Hold`), and
-    /// their bytes; each at most `DIRECT_HELD_MAX` / `DIRECT_HELD_BYTES_MAX`.
-    direct_held: FxHashMap<Rank, (VecDeque<direct::Held>, usize)>,
+    /// Messages to daemons whose direct link is closing or closed, in order
+    /// (`direct::Via::Hold`; `direct_held.rs`).
+    direct_held: FxHashMap<Rank, direct_held::HeldFor>,
+    /// Daemons whose held messages reach the flow-control high-water mark (the origin gate
+    /// refuses sends to them), and a count of changes of that set (in the gate's version).
+    direct_held_over: usize,
+    direct_held_generation: u64,
     /// Frames from peers whose direct link waits for their drain marker (`marker_wait.rs`).
     marker_waits: FxHashMap<Rank, marker_wait::MarkerWait>,
     /// Frames that waited there since the start (the simulator reports it).
@@ -390,6 +395,8 @@ impl Node {
             flow: flow::Flow::new(cfg.flow),
             direct: crate::direct::DirectLinks::new(me, cfg.direct),
             direct_held: FxHashMap::default(),
+            direct_held_over: 0,
+            direct_held_generation: 0,
             marker_waits: FxHashMap::default(),
             marker_waited: 0,
             streams: streams::Streams::default(),
@@ -624,6 +631,7 @@ impl Node {
         self.pump_relm(now);
         self.pump_streams(now);
         self.pump_leave(now);
+        self.pump_held();
         // A link may have stopped waiting for its marker in this turn's work.
         self.read_released_markers(now);
     }
@@ -756,10 +764,20 @@ impl Node {
     /// never dropped for flow control. The answers change only when
     /// [`Node::origin_gate_version`] does.
     pub fn may_originate_to(&self, dst: Rank) -> bool {
+        if self.direct_held_over > 0 && self.held_over(dst) {
+            // Messages held for a closed direct link reach the high-water mark.
+            return false;
+        }
         !self.flow.any_congested()
             || self
                 .hop_towards(dst)
                 .is_none_or(|h| self.flow.may_originate(h))
+    }
+
+    /// Whether [`Node::may_originate_to`] says yes for every destination (the common case:
+    /// no queue congested, no held messages over the mark).
+    pub fn origin_gate_open(&self) -> bool {
+        !self.flow.any_congested() && self.direct_held_over == 0
     }
 
     /// Whether stream data for `dst` may be released now: its next hop's queue is not
@@ -784,18 +802,17 @@ impl Node {
     }
 
     /// Changes whenever an answer of [`Node::may_originate_to`] may have changed: when the
-    /// congested queues change, or the tree is repaired.
+    /// congested queues change, the tree is repaired, direct links change, or the messages
+    /// held for a closed link cross the high-water mark.
     pub fn origin_gate_version(&self) -> (u64, usize, u64) {
         (
             self.flow.generation(),
             self.routing.failed_count(),
-            self.direct.generation(),
+            // Both only grow: their sum changes when either does.
+            self.direct
+                .generation()
+                .wrapping_add(self.direct_held_generation),
         )
-    }
-
-    /// Messages waiting for direct links to close (`direct::Via::Hold`), in all.
-    pub fn direct_held(&self) -> usize {
-        self.direct_held.values().map(|(q, _)| q.len()).sum()
     }
 
     /// The direct-link table (see [`crate::direct`]).

@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 
 const TAG: Tag = crate::rml::TAG_USER_MIN;
 
+mod held;
 mod leave;
 mod marker;
 mod rejoin;

@@ -875,6 +875,17 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         bcast_part_bytes: None,
         found: "direct links (found first by `tests/direct.rs`, then by the `direct` kind's bursts, `swarm::bursts`): a batch frame of 6's plain messages read on the new link before 6's drain marker was delivered at once, ahead of 6's last messages over the tree (checker `plain-in-order`, 6->3: #49 after #75; batch frames now wait for the marker as single messages do, `node/marker_wait.rs`). Before the bursts, 5,060 seeds of `direct,batch` passed with the bug; with them, 327 of 1,061 fail",
     },
+    RegressionSeed {
+        seed: 308_097,
+        daemons: 23,
+        radix: 4,
+        faults: FaultKinds {
+            batch: true,
+            ..FaultKinds::ALL
+        },
+        bcast_part_bytes: None,
+        found: "overload with the `direct` kind's bursts (`swarm::bursts`): rank 2 evicted its idle direct link to 1 while a burst to 1 began; what it sent meanwhile was held until the `CloseAck`, 21 ms under load, past the flow-control mark (the origin gate looked only at the tree's queue, then uncongested), and handed to the tree's queue to 0 at once: 35 frames dropped at its hard bound (checker `overload`). The gate now refuses sends to a daemon whose held messages reach the high-water mark, and released messages enter the tree's queue only while it is not congested, later ones behind them (`node/direct_held.rs`)",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to
