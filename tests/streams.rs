@@ -303,7 +303,12 @@ fn deaths_end_the_other_side_and_a_relay_death_resumes_the_stream() {
         .serve("slow", move |_, mut w: StreamWriter| {
             let _ = w.write(vec![0u8; 1000]);
             tx.send(()).unwrap();
-            std::thread::sleep(HANG_GUARD);
+            // Open until the daemon stops (its writer fails then, and a stop waits for the
+            // handler to return).
+            let t = Instant::now();
+            while w.room().is_ok() && t.elapsed() < HANG_GUARD {
+                std::thread::sleep(Duration::from_millis(5));
+            }
         })
         .unwrap();
     let mut s = dvm[CONSUMER as usize].fetch(9, "slow", &b""[..]).unwrap();
