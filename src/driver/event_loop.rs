@@ -655,6 +655,7 @@ impl EventLoop {
                 Reroute::Fail(e) => complete(p.done, Err(e)),
             }
         }
+        self.report_waiting(peer);
     }
 
     // ----- commands -------------------------------------------------------------------------

@@ -886,6 +886,28 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         bcast_part_bytes: None,
         found: "overload with the `direct` kind's bursts (`swarm::bursts`): rank 2 evicted its idle direct link to 1 while a burst to 1 began; what it sent meanwhile was held until the `CloseAck`, 21 ms under load, past the flow-control mark (the origin gate looked only at the tree's queue, then uncongested), and handed to the tree's queue to 0 at once: 35 frames dropped at its hard bound (checker `overload`). The gate now refuses sends to a daemon whose held messages reach the high-water mark, and released messages enter the tree's queue only while it is not congested, later ones behind them (`node/direct_held.rs`)",
     },
+    RegressionSeed {
+        seed: 802_624,
+        daemons: 5,
+        radix: 2,
+        faults: FaultKinds {
+            batch: true,
+            ..FaultKinds::ALL
+        },
+        bcast_part_bytes: None,
+        found: "overload (with the bursts): frames waiting for a connection that was down were not counted as queued, so the origin gate stayed open and rank 4 kept sending to 1; when the connection came up they entered its queue at once, past the hard bound (19 frames dropped, checker `overload`). Waiting frames now count in the queue's level, in the driver (`report_waiting`, `peer_levels`) and the simulator (`report_queue`); seeds 804094 and 805020 (a direct link's connection) found the same",
+    },
+    RegressionSeed {
+        seed: 805_020,
+        daemons: 6,
+        radix: 2,
+        faults: FaultKinds {
+            batch: true,
+            ..FaultKinds::ALL
+        },
+        bcast_part_bytes: None,
+        found: "overload: as seed 802624, on the connection of a direct link rank 3 granted while stalled (28 frames dropped)",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to

@@ -397,6 +397,7 @@ impl EventLoop {
                         done,
                     });
                 }
+                self.report_waiting(peer);
             }
         }
     }
@@ -411,10 +412,11 @@ impl EventLoop {
         if conn.bulk_end == Some(BulkEnd::In) {
             return None;
         }
-        let (link_tok, bulk_tok) = self
+        // Frames waiting for a connection count as queued: see `report_waiting`.
+        let (link_tok, bulk_tok, waiting) = self
             .links
             .get(&peer)
-            .map_or((None, None), |l| (l.conn, l.bulk_out));
+            .map_or((None, None, 0), |l| (l.conn, l.bulk_out, l.pending_bytes));
         // Written out rather than as an iterator over both: this runs on every flush, and the
         // iterator form compiled to some 1,400 instructions a call (callgrind, ping-pong).
         let level = |tok: Option<usize>| match tok.and_then(|t| self.conns.get(t)) {
@@ -430,6 +432,6 @@ impl EventLoop {
         };
         let (lq, lb) = level(link_tok);
         let (bq, bb) = level(bulk_tok);
-        Some((peer, lq + bq, lb + bb))
+        Some((peer, lq + bq + waiting, lb + bb))
     }
 }

@@ -137,7 +137,26 @@ impl EventLoop {
             done,
         });
         self.ensure_dial(peer);
+        self.report_waiting(peer);
         true
+    }
+
+    /// Tells the node how full the queue towards `peer` is when frames start or stop waiting
+    /// for its connection. They count as queued (`peer_levels`): otherwise flow control would
+    /// not see a link that is down or being dialled, the origin gate would stay open, and what
+    /// waits would grow to the hard bound and be dropped there (found by the simulator:
+    /// regression seeds 802624 and 805020).
+    pub(super) fn report_waiting(&mut self, peer: Rank) {
+        let Some(link) = self.links.get(&peer) else {
+            return;
+        };
+        let waiting = link.pending_bytes;
+        let levels = [link.conn, link.bulk_out]
+            .into_iter()
+            .flatten()
+            .find_map(|t| self.peer_levels(t));
+        let (queued, bulk) = levels.map_or((waiting, 0), |(_, q, b)| (q, b));
+        self.node.handle_send_queue(self.now, peer, queued, bulk);
     }
 
     /// A frame did not fit the bounded queue towards `peer`. A frame originated here fails its
@@ -317,10 +336,14 @@ impl EventLoop {
     /// Fails every frame waiting for `peer`.
     pub(super) fn give_up(&mut self, peer: Rank, err: SendError) {
         if let Some(link) = self.links.get_mut(&peer) {
+            let had = link.pending_bytes;
             link.pending_bytes = 0;
             let pending: Vec<Pending> = link.pending.drain(..).collect();
             for p in pending {
                 complete(p.done, Err(err.clone()));
+            }
+            if had > 0 {
+                self.report_waiting(peer);
             }
         }
     }
@@ -1224,6 +1247,7 @@ impl EventLoop {
                 });
             }
         }
+        self.report_waiting(peer);
     }
 
     /// Deregisters and drops a connection; its remaining completions fail with `err` (or

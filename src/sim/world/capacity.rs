@@ -230,6 +230,12 @@ impl World {
             queued += extra;
             bulk += extra;
         }
+        // Frames waiting for the connection count as queued, as the driver's `pending` does
+        // (`report_waiting`; regression seeds 802624 and 805020).
+        queued += self
+            .parked
+            .get(&(from, to))
+            .map_or(0, |fs| fs.iter().map(Frame::wire_len).sum::<usize>());
         let now = self.now();
         if let Some(n) = self.nodes.get_mut(from as usize) {
             n.node.handle_send_queue(now, to, queued, bulk);

@@ -188,6 +188,9 @@ impl World {
         if frames.is_empty() {
             return;
         }
+        if self.wires.is_some() {
+            self.report_queue(node, peer);
+        }
         let moved = match self.nodes.get_mut(node as usize) {
             Some(n) => n.reroute(frames),
             None => return,
@@ -202,6 +205,9 @@ impl World {
             // No connection: the frame waits for one, and one is dialled.
             self.parked.entry((from, to)).or_default().push(frame);
             self.redial(from, to, 1);
+            if self.wires.is_some() {
+                self.report_queue(from, to);
+            }
             return;
         }
         if self.wires.is_some() {
