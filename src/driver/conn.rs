@@ -529,11 +529,17 @@ impl Conn {
     /// the completions of the frames fully written. Returns `true` when it stopped at its bound
     /// of writes with the socket still writable: the caller must flush again next turn, as no
     /// writable event will come. `WouldBlock` is not an error (the writable event resumes it).
-    pub(crate) fn flush(&mut self, completed: &mut Vec<Option<Completion>>) -> io::Result<bool> {
+    /// A bulk connection writes at most `bulk_bytes` (`limits::BULK_FLUSH_BYTES` while
+    /// messages flow, `limits::BULK_FLUSH_QUIET_BYTES` otherwise); others are not bounded.
+    pub(crate) fn flush(
+        &mut self,
+        completed: &mut Vec<Option<Completion>>,
+        bulk_bytes: usize,
+    ) -> io::Result<bool> {
         // A bulk connection writes a bounded amount per turn: the loop turns again soon, and
         // a message waiting on another connection is read or written in between.
         let mut budget = if self.bulk_end == Some(BulkEnd::Out) {
-            limits::BULK_FLUSH_BYTES
+            bulk_bytes
         } else {
             usize::MAX
         };
@@ -656,6 +662,19 @@ impl Conn {
     }
 }
 
+/// What a bulk connection may write in a turn at `now`, the last message
+/// (`node::lane::keeps_bulk_writes_small`) read or queued at `last_message`: short pieces
+/// while messages flow (within `limits::BULK_QUIET_AFTER_MS`), so that none waits long behind
+/// stream data; long ones otherwise, for the stream's bandwidth.
+pub(crate) fn bulk_flush_bytes(now: std::time::Instant, last_message: std::time::Instant) -> usize {
+    let quiet = std::time::Duration::from_millis(limits::BULK_QUIET_AFTER_MS);
+    if now.saturating_duration_since(last_message) < quiet {
+        limits::BULK_FLUSH_BYTES
+    } else {
+        limits::BULK_FLUSH_QUIET_BYTES
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -718,7 +737,7 @@ mod tests {
         peer.set_read_timeout(Some(std::time::Duration::from_millis(200)))
             .unwrap();
         loop {
-            let _ = c.flush(&mut done).unwrap();
+            let _ = c.flush(&mut done, limits::BULK_FLUSH_BYTES).unwrap();
             let buf = dec.read_space();
             match peer.read(buf) {
                 Ok(0) => break,
@@ -822,7 +841,7 @@ mod tests {
             while c.queue.queued_bytes() < 512 * 1024 {
                 push(&mut c, 100, message.clone());
             }
-            let _ = c.flush(&mut done).unwrap();
+            let _ = c.flush(&mut done, limits::BULK_FLUSH_BYTES).unwrap();
             if let Ok(n) = peer.read(&mut buf) {
                 dec.feed(&buf[..n]);
             }
@@ -849,7 +868,7 @@ mod tests {
             .unwrap();
         let (mut done, mut tags) = (Vec::new(), Vec::new());
         loop {
-            let _ = c.flush(&mut done).unwrap();
+            let _ = c.flush(&mut done, limits::BULK_FLUSH_BYTES).unwrap();
             match peer.read(dec.read_space()) {
                 Ok(n) if n > 0 => dec.commit(n),
                 _ => return tags,
@@ -928,5 +947,38 @@ mod tests {
         }
         assert_eq!(got, chunks);
         assert!(c.is_drained());
+    }
+
+    #[test]
+    fn a_bulk_connection_writes_short_pieces_while_messages_flow_and_long_ones_when_quiet() {
+        let t0 = std::time::Instant::now();
+        let ms = std::time::Duration::from_millis;
+        assert_eq!(bulk_flush_bytes(t0, t0), limits::BULK_FLUSH_BYTES);
+        let still = t0 + ms(limits::BULK_QUIET_AFTER_MS) - ms(1);
+        assert_eq!(bulk_flush_bytes(still, t0), limits::BULK_FLUSH_BYTES);
+        let quiet = t0 + ms(limits::BULK_QUIET_AFTER_MS);
+        assert_eq!(bulk_flush_bytes(quiet, t0), limits::BULK_FLUSH_QUIET_BYTES);
+
+        // The connection keeps to the budget it is given, a turn at a time.
+        let (mut c, _peer) = pair();
+        c.bulk_end = Some(BulkEnd::Out);
+        let chunk_len = limits::STREAM_CHUNK_MAX;
+        for i in 0..4 {
+            push(
+                &mut c,
+                crate::node::TAG_STREAM,
+                chunk((i * chunk_len) as u64, chunk_len),
+            );
+        }
+        let mut done = Vec::new();
+        let before = c.queued_bytes();
+        assert!(c.flush(&mut done, limits::BULK_FLUSH_BYTES).unwrap());
+        let short = before - c.queued_bytes();
+        assert!(short > 0 && short <= limits::BULK_FLUSH_BYTES, "{short}");
+        let before = c.queued_bytes();
+        let _ = c.flush(&mut done, limits::BULK_FLUSH_QUIET_BYTES).unwrap();
+        let long = before - c.queued_bytes();
+        assert!(long > limits::BULK_FLUSH_BYTES, "{long}");
+        assert!(long <= limits::BULK_FLUSH_QUIET_BYTES, "{long}");
     }
 }

@@ -46,6 +46,20 @@ pub fn lane(header: &Header, head: &[u8]) -> Lane {
     }
 }
 
+/// Whether a frame with `header` is a message whose latency a long write of stream data would
+/// hurt (the driver writes stream data in short pieces for a while after one:
+/// `limits::BULK_QUIET_AFTER_MS`). Heartbeats, link acknowledgements, the negotiation of
+/// direct links and the streams' own frames (data, credit, open, end) are not: they come with
+/// streams, and waiting a write's time costs them nothing.
+#[inline]
+pub fn keeps_bulk_writes_small(header: &Header) -> bool {
+    match header.kind {
+        Kind::Msg => header.tag != super::TAG_STREAM && header.tag != crate::direct::TAG_DIRECT,
+        Kind::RelmData | Kind::Relm | Kind::Grpcomm | Kind::Xcast => true,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,5 +127,30 @@ mod tests {
             }
         }
         assert_eq!(lane(&header(Kind::Msg, 100), &[2]), Lane::Control);
+    }
+
+    #[test]
+    fn messages_keep_bulk_writes_small_and_the_streams_own_frames_do_not() {
+        for kind in [Kind::RelmData, Kind::Relm, Kind::Grpcomm, Kind::Xcast] {
+            assert!(keeps_bulk_writes_small(&header(kind, 0)), "{kind:?}");
+        }
+        assert!(keeps_bulk_writes_small(&header(Kind::Msg, 100)));
+        assert!(!keeps_bulk_writes_small(&header(
+            Kind::Msg,
+            super::super::TAG_STREAM
+        )));
+        assert!(!keeps_bulk_writes_small(&header(
+            Kind::Msg,
+            crate::direct::TAG_DIRECT
+        )));
+        for kind in [
+            Kind::Heartbeat,
+            Kind::Link,
+            Kind::Hello,
+            Kind::Auth,
+            Kind::Ready,
+        ] {
+            assert!(!keeps_bulk_writes_small(&header(kind, 100)), "{kind:?}");
+        }
     }
 }

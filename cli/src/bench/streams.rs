@@ -202,7 +202,7 @@ fn fetch_by_callback(
 
 /// The consumer: the idle round trip, then `payload` streams of `count` bytes at once (a
 /// reader thread each, or a callback each with `callback`) while pinging; reports rates, round
-/// trips and memory.
+/// trips and memory. With `no_pings`, the streams alone (no round trips are reported).
 fn consume(d: &Daemon, a: &RoleArgs) -> Res<Value> {
     let producer = a.sender;
     let (tx, pongs) = crossbeam_channel::bounded(16);
@@ -222,7 +222,11 @@ fn consume(d: &Daemon, a: &RoleArgs) -> Res<Value> {
     )
     .map_err(ctx("post pong"))?;
     super::roles::open_link(d, a, producer)?;
-    let mut idle = ping(d, producer, &pongs, |n| n >= IDLE_PINGS)?;
+    let mut idle = if a.no_pings {
+        Trips::default()
+    } else {
+        ping(d, producer, &pongs, |n| n >= IDLE_PINGS)?
+    };
     let running = Arc::new(AtomicBool::new(true));
     let t0 = Instant::now();
     let mut readers = Vec::new();
@@ -252,7 +256,14 @@ fn consume(d: &Daemon, a: &RoleArgs) -> Res<Value> {
             Ok::<(), String>(())
         })
     };
-    let mut busy = ping(d, producer, &pongs, |_| !running.load(Ordering::SeqCst))?;
+    let mut busy = if a.no_pings {
+        while running.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Trips::default()
+    } else {
+        ping(d, producer, &pongs, |_| !running.load(Ordering::SeqCst))?
+    };
     watcher
         .join()
         .map_err(|_| "the watcher panicked".to_string())??;
@@ -286,9 +297,25 @@ fn consume(d: &Daemon, a: &RoleArgs) -> Res<Value> {
     }))
 }
 
+/// How a stream run measures: its bandwidth alone, or its round trips too.
+#[derive(Clone, Copy, PartialEq)]
+enum Measure {
+    /// The stream alone, as raw TCP's bandwidth is measured: the bandwidth rows.
+    Bandwidth,
+    /// 64 B round trips before and beside the stream: the latency rows (the stream's
+    /// bandwidth is reported too, less than alone: the pings take the loops' turns).
+    RoundTrips,
+}
+
 impl Bench {
-    fn stream_run(&mut self, route: &str, streams: usize, bytes_each: u64) -> Res<Value> {
-        self.stream_run_with(route, streams, bytes_each, false)
+    fn stream_run(
+        &mut self,
+        route: &str,
+        streams: usize,
+        bytes_each: u64,
+        measure: Measure,
+    ) -> Res<Value> {
+        self.stream_run_with(route, streams, bytes_each, false, measure)
     }
 
     /// [`stream_run`](Self::stream_run), the consumer fetching with `fetch_callback` when
@@ -299,6 +326,7 @@ impl Bench {
         streams: usize,
         bytes_each: u64,
         callback: bool,
+        measure: Measure,
     ) -> Res<Value> {
         let dir = self.fresh_dir()?;
         let mut kids = Vec::new();
@@ -314,6 +342,7 @@ impl Bench {
                 dir: dir.clone(),
                 route: Some(route.to_string()),
                 callback,
+                no_pings: measure == Measure::Bandwidth,
                 ..RoleArgs::default()
             };
             kids.push(self.spawn(&a, rank == 2)?);
@@ -367,12 +396,26 @@ impl Bench {
         let mut raw_digest = Vec::new();
         let mut direct_runs = Vec::new();
         let mut callback_runs = Vec::new();
+        let mut callback_pinged = Vec::new();
+        // Bandwidth rows from runs of the stream alone, as raw TCP's; the round trip rows from
+        // runs with pings before and beside the stream.
         for _ in 0..self.repeat {
-            let v = self.stream_run("direct", 1, big)?;
-            d.push(gib(&v));
-            direct_runs.push(v);
-            callback_runs.push(self.stream_run_with("direct", 1, big, true)?);
-            r.push(gib(&self.stream_run("tree", 1, big)?));
+            d.push(gib(&self.stream_run(
+                "direct",
+                1,
+                big,
+                Measure::Bandwidth,
+            )?));
+            direct_runs.push(self.stream_run("direct", 1, big, Measure::RoundTrips)?);
+            callback_runs.push(self.stream_run_with("direct", 1, big, true, Measure::Bandwidth)?);
+            callback_pinged.push(self.stream_run_with(
+                "direct",
+                1,
+                big,
+                true,
+                Measure::RoundTrips,
+            )?);
+            r.push(gib(&self.stream_run("tree", 1, big, Measure::Bandwidth)?));
             raw0.push(self.raw_gib(0, big, false)?);
             raw1.push(self.raw_gib(1, big, false)?);
             raw_digest.push(self.raw_gib(0, big, true)?);
@@ -380,26 +423,32 @@ impl Bench {
         // One run with stream data on the link (`bulk_connection = false`), beside the others:
         // what the bulk connection changes, measured in the same run.
         self.bulk_connection = false;
-        let without_bulk = self.stream_run("direct", 1, big);
+        let without_bulk = self.stream_run("direct", 1, big, Measure::RoundTrips);
         self.bulk_connection = true;
         let without_bulk = without_bulk?;
         let raw_two = self.raw_stream_rtt("two", big)?;
         let raw_one = self.raw_stream_rtt("one", big)?;
-        let small_run = self.stream_run("direct", 1, small)?;
-        let many = self.stream_run("direct", 64, if self.quick { 4 << 20 } else { 16 << 20 })?;
-        // The run with the median rate carries the round trips and memory of the big stream.
+        let small_run = self.stream_run("direct", 1, small, Measure::RoundTrips)?;
+        let many = self.stream_run(
+            "direct",
+            64,
+            if self.quick { 4 << 20 } else { 16 << 20 },
+            Measure::Bandwidth,
+        )?;
+        // The run with pings and the median rate carries the round trips and memory of the
+        // big stream (memory is compared with `small_run`'s, which pings too).
         direct_runs.sort_by(|a, b| gib(a).total_cmp(&gib(b)));
         let mid = direct_runs
             .get(direct_runs.len() / 2)
             .cloned()
             .unwrap_or(Value::Null);
         let (dm, rm, r0, r1) = (median(&d), median(&r), median(&raw0), median(&raw1));
-        callback_runs.sort_by(|a, b| gib(a).total_cmp(&gib(b)));
-        let callback = callback_runs
-            .get(callback_runs.len() / 2)
+        let cm = median(&callback_runs.iter().map(gib).collect::<Vec<_>>());
+        callback_pinged.sort_by(|a, b| gib(a).total_cmp(&gib(b)));
+        let callback = callback_pinged
+            .get(callback_pinged.len() / 2)
             .cloned()
             .unwrap_or(Value::Null);
-        let cm = gib(&callback);
         let rd = median(&raw_digest);
         let rtt = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
         let row = json!({
@@ -429,8 +478,12 @@ impl Bench {
             },
             "big": mid, "small": small_run,
             "without_bulk_connection": without_bulk,
+            "direct_pinged_gib_per_s": gib(&mid),
+            "callback_pinged_gib_per_s": gib(&callback),
             "runs": {"direct": d, "relay": r, "raw": raw0, "raw_relay": raw1, "raw_digest": raw_digest,
-                "callback": callback_runs.iter().map(gib).collect::<Vec<_>>()},
+                "callback": callback_runs.iter().map(gib).collect::<Vec<_>>(),
+                "direct_pinged": direct_runs.iter().map(gib).collect::<Vec<_>>(),
+                "callback_pinged": callback_pinged.iter().map(gib).collect::<Vec<_>>()},
             "load": loadavg(),
         });
         eprintln!("{row}");

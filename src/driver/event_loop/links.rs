@@ -93,6 +93,9 @@ impl EventLoop {
         done: Option<Completion>,
     ) -> bool {
         let payload = payload.into();
+        if crate::node::lane::keeps_bulk_writes_small(&header) {
+            self.last_message = self.now;
+        }
         let link = self.links.entry(peer).or_default();
         if let Some(tok) = link.conn
             && let Some(conn) = self.conns.get(tok)
@@ -114,7 +117,7 @@ impl EventLoop {
                         && conn.is_established()
                     {
                         // An error is met again, and handled, by the turn's flush.
-                        let _ = conn.flush(&mut self.written_early);
+                        let _ = conn.flush(&mut self.written_early, limits::BULK_FLUSH_BYTES);
                     }
                     self.mark_dirty(tok);
                     true
@@ -762,6 +765,9 @@ impl EventLoop {
             self.on_link_control(tok, from, &frame);
             return;
         }
+        if crate::node::lane::keeps_bulk_writes_small(&frame.header) {
+            self.last_message = self.now;
+        }
         if let Some(session) = conn.session.as_mut() {
             match session.inb.accept() {
                 // Acknowledged once the batch it came in is read (`on_readable`).
@@ -1362,6 +1368,7 @@ impl EventLoop {
         dirty.dedup();
         let mut completed = std::mem::take(&mut self.written_early);
         let mut again = Vec::new();
+        let bulk_bytes = super::super::conn::bulk_flush_bytes(self.now, self.last_message);
         for tok in dirty.drain(..) {
             let Some(conn) = self.conns.get_mut(tok) else {
                 continue;
@@ -1376,7 +1383,7 @@ impl EventLoop {
             {
                 conn.ack_now(self.me, peer);
             }
-            let flushed = conn.flush(&mut completed);
+            let flushed = conn.flush(&mut completed, bulk_bytes);
             if let Some((p, queued, bulk)) = self.peer_levels(tok) {
                 self.node.handle_send_queue(self.now, p, queued, bulk);
             }
@@ -1481,7 +1488,7 @@ impl EventLoop {
             let mut done = Vec::new();
             // One tiny frame on a fresh socket; if the kernel does not take it now, the peer
             // learns it from the closed connection and its failed reconnects instead.
-            let _ = conn.flush(&mut done);
+            let _ = conn.flush(&mut done, limits::BULK_FLUSH_BYTES);
         }
         self.close(tok, None);
     }
