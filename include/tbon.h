@@ -1513,6 +1513,7 @@ tbon_rc tbon_group_broadcast(tbon_daemon d,
 //
 // What the caller must do: `d` is a member of `g`; `key` is NUL-terminated UTF-8 of at most
 // `TBON_MODEX_KEY_MAX` bytes. Errors, and then nothing is staged: `TBON_ERR_NOT_MEMBER`,
+// `TBON_ERR_RANK_OUT_OF_RANGE` (a member of `g` is not a rank of the DVM),
 // `TBON_ERR_BAD_PARAM` (`key` NULL, not UTF-8 or too long; `value` NULL with `len` > 0; a
 // group bound to another daemon), `TBON_ERR_TOO_LARGE` (the group's data on this daemon, its
 // keys and values with 6 bytes more per value, would exceed what a full fence can gather of
@@ -1528,7 +1529,8 @@ tbon_rc tbon_put(tbon_daemon d, tbon_group g, const char *key, const void *value
 // then `TBON_ERR_NOT_FOUND`). A daemon that already holds this daemon's data for the group (a
 // full fence's, or a fetch's) answers from it until the next fence of the group, which
 // starts a new round: commit again, then fence, and the others see the new data. Errors:
-// `TBON_ERR_NOT_MEMBER`, `TBON_ERR_BUSY` (`TBON_MODEX_GROUPS_MAX` groups with data here; from
+// `TBON_ERR_NOT_MEMBER`, `TBON_ERR_RANK_OUT_OF_RANGE` (a member of `g` is not a rank of the
+// DVM), `TBON_ERR_BUSY` (`TBON_MODEX_GROUPS_MAX` groups with data here; from
 // a callback also when the command queue is full), `TBON_ERR_SHUT_DOWN`,
 // `TBON_ERR_BAD_HANDLE`, `TBON_ERR_BAD_PARAM` (a group bound to another daemon).
 tbon_rc tbon_commit(tbon_daemon d, tbon_group g);
@@ -1583,7 +1585,8 @@ tbon_rc tbon_fence_cb(tbon_daemon d, tbon_group g, int mode, tbon_fence_done_cb 
 // it when its data was taken: at a full fence, or when the fetch's request reached it after
 // a direct one), `TBON_ERR_NODE_DOWN` (`rank` is dead, or died before its data came; never a
 // hang), `TBON_ERR_NOT_MEMBER` (this daemon is not a member of the group: only members read a
-// job's data; or `rank` is not, or is not a rank of the DVM), `TBON_ERR_BAD_PARAM` (`key`
+// job's data; or `rank` is not), `TBON_ERR_RANK_OUT_OF_RANGE` (`rank`, or a member of the
+// group, is not a rank of the DVM), `TBON_ERR_BAD_PARAM` (`key`
 // NULL, not UTF-8 or longer than `TBON_MODEX_KEY_MAX`; `len` NULL; `buf` NULL with `cap` > 0;
 // a group bound to another daemon), `TBON_ERR_TIMED_OUT` (the fetch goes on and fills the
 // cache), `TBON_ERR_BUSY` (`TBON_MODEX_FETCHES_MAX` fetches in flight here; or from a

@@ -107,12 +107,38 @@ fn a_dead_owner_is_an_error_never_a_hang_and_misuse_is_refused() {
         dvm[4].put(&g, "k", Bytes::new()),
         Err(tbon::SendError::NotMember(4))
     );
-    // Forgotten: nothing left here, not even this daemon's own data.
+    // A member outside the DVM of 5 is refused at the put, the commit and the get, not only
+    // at the fence (from an outside-in review: put and commit took it).
+    let wide = Group::new(4, [1, 2, 99]).unwrap();
+    let out = Err(tbon::SendError::RankOutOfRange { rank: 99, size: 5 });
+    assert_eq!(dvm[1].put(&wide, "k", Bytes::new()), out);
+    assert_eq!(dvm[1].commit(&wide), out);
+    let out = Err(GetError::RankOutOfRange { rank: 99, size: 5 });
+    assert_eq!(dvm[1].get_wait(&wide, 99, "k", HANG_GUARD), out);
+    assert_eq!(dvm[1].get_wait(&wide, 2, "k", HANG_GUARD), out);
+    assert_eq!(
+        dvm[1].get_wait(&g, 7, "k", HANG_GUARD),
+        Err(GetError::RankOutOfRange { rank: 7, size: 5 })
+    );
+    // Forgotten: nothing left here, not even this daemon's own data; another member's is
+    // fetched again from it (it has not forgotten the group).
     dvm[1].forget_group(&g).unwrap();
     assert_eq!(
         dvm[1].get_wait(&g, 1, "k", HANG_GUARD),
         Err(GetError::NotFound)
     );
+    assert_eq!(
+        dvm[1].get_wait(&g, 2, "k", HANG_GUARD),
+        Ok(Bytes::from_static(b"v"))
+    );
+    // After the stop every call fails `ShutDown`, the put too (it only stages, and took
+    // data before).
+    dvm[2].shutdown();
+    assert_eq!(
+        dvm[2].put(&g, "k", Bytes::new()),
+        Err(tbon::SendError::ShutDown)
+    );
+    assert_eq!(dvm[2].commit(&g), Err(tbon::SendError::ShutDown));
 }
 
 #[test]

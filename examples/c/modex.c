@@ -207,7 +207,7 @@ static uint64_t read_all(tbon_daemon d, struct job *j) {
     CHECK_IS(tbon_get(d, j->g, 5, "endpoint", got, sizeof got, &len, TIMEOUT_MS),
              TBON_ERR_NOT_MEMBER); /* rank 5 is in no job */
     CHECK_IS(tbon_get(d, j->g, N, "endpoint", got, sizeof got, &len, TIMEOUT_MS),
-             TBON_ERR_NOT_MEMBER); /* not even a rank of the DVM */
+             TBON_ERR_RANK_OUT_OF_RANGE); /* not even a rank of the DVM */
     char long_key[TBON_MODEX_KEY_MAX + 2];
     memset(long_key, 'k', sizeof long_key - 1);
     long_key[sizeof long_key - 1] = '\0';

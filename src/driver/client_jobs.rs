@@ -58,7 +58,9 @@ impl Handle {
     /// `job` is over on this daemon (its processes were killed, say): no new client is
     /// admitted, and every client of the job connected here is disconnected (told why, as
     /// far as its socket takes it: `Client::daemon_lost` says "job J ended"); whoever watches
-    /// them is told `Exited`.
+    /// them is told `Exited`. Ending a job this daemon never opened, or ended already, is `Ok`
+    /// and does nothing (a resource manager may end a job everywhere without asking where it
+    /// ran).
     ///
     /// Errors: `DaemonLost` (the daemon stopped), `Busy` (from a callback, with the daemon's
     /// command queue full).
@@ -74,7 +76,8 @@ impl Handle {
     }
 
     /// No new client of `job` is admitted here; clients connected stay until they exit, and
-    /// the job's `accept_from` still decides what reaches them.
+    /// the job's `accept_from` still decides what reaches them. Closing a job that is not open
+    /// here is `Ok` and does nothing, as ending one is.
     ///
     /// Errors as [`Handle::client_job_end`]'s.
     pub fn client_job_close(&self, job: JobId) -> Result<(), ClientError> {

@@ -15,14 +15,20 @@ impl Handle {
     /// Stages `value` under `key` for `group` (this daemon's data for the job; a later put of
     /// the same key replaces it). Nothing leaves the daemon until [`Handle::commit`].
     ///
-    /// Errors, nothing staged: `NotMember` (this daemon), `TooLarge` (a key above
+    /// Errors, nothing staged: `RankOutOfRange` (a member not in the DVM), `NotMember` (this
+    /// daemon), `ShutDown` (the daemon stopped), `TooLarge` (a key above
     /// `limits::MODEX_KEY_MAX` bytes, or the group's data above what a fence can gather,
     /// `ALLGATHER_MAX_BYTES` less 13), `Busy(ModexGroups)` (`limits::MODEX_GROUPS_MAX` groups
     /// with data here: [`Handle::forget_group`] one).
     pub fn put(&self, group: &Group, key: &str, value: impl Into<Bytes>) -> Result<(), SendError> {
         let shared = &self.shared;
+        // Misuse is told first, as by every call; then the stop.
+        self.members_in_dvm(group)?;
         if !group.contains(shared.rank) {
             return Err(SendError::NotMember(shared.rank));
+        }
+        if shared.is_stopped() {
+            return Err(SendError::ShutDown);
         }
         if key.len() > MODEX_KEY_MAX {
             return Err(SendError::TooLarge {
@@ -53,10 +59,12 @@ impl Handle {
 
     /// Commits everything put for `group` so far: other members can now get it (a
     /// direct-mode `get` fetches what is committed when its request arrives), and a full
-    /// fence gathers it. Commit before entering the fence. Errors: `NotMember`, `ShutDown`,
+    /// fence gathers it. Commit before entering the fence. Errors: `RankOutOfRange` (a member
+    /// not in the DVM), `NotMember`, `ShutDown`, `Busy(ModexGroups)` (as for `put`),
     /// `Busy(CommandChannel)` from a callback.
     pub fn commit(&self, group: &Group) -> Result<(), SendError> {
         let shared = &self.shared;
+        self.members_in_dvm(group)?;
         if !group.contains(shared.rank) {
             return Err(SendError::NotMember(shared.rank));
         }
@@ -74,7 +82,14 @@ impl Handle {
     }
 
     /// The job of `group` is over on this daemon: its puts, its committed data and what it
-    /// cached of the others' are dropped (gets for the group then find nothing).
+    /// cached of the others' are dropped, and its slot of `limits::MODEX_GROUPS_MAX` is free.
+    /// A get for this daemon's data then finds nothing (`NotFound`, here and at the other
+    /// members that fetch it); a get here for another member's data fetches it again from that
+    /// member, which answers until it forgets the group too. The group's collective numbers
+    /// are not reset: a new [`Group`] value for the same context starts again at 0 and is
+    /// refused `DuplicateId` (end a job's groups with a fresh context instead). A daemon that
+    /// is not a member has nothing to forget: `Ok`. Errors: `ShutDown`, `Busy(CommandChannel)`
+    /// from a callback.
     pub fn forget_group(&self, group: &Group) -> Result<(), SendError> {
         lock(&self.shared.modex_staged).remove(group.id());
         self.shared.submit(Caddy::ModexForget {
@@ -86,7 +101,10 @@ impl Handle {
     /// members excluded (dead before they entered it) once every living member entered it. In
     /// [`FenceMode::Full`] every member's committed data comes to every member during the fence
     /// (later gets are answered here); in [`FenceMode::Direct`] the fence only synchronises and
-    /// a get fetches the owner's data on first use. Like every group collective it takes the
+    /// a get fetches the owner's data on first use. A full fence whose members' data together
+    /// pass what an allgather gathers (`limits::ALLGATHER_MAX_BYTES`; each `put` keeps one
+    /// member's data under it, not the sum) still ends `Ok` and synchronises, but gathers
+    /// nothing: it acts as a direct one, and later gets fetch (`modex_fetches` counts them). Like every group collective it takes the
     /// group's next number (every member fences in the same order as its other collectives);
     /// errors as [`Handle::group_allgather`].
     pub fn fence(
@@ -127,7 +145,9 @@ impl Handle {
     ///
     /// Answers: the value (a slice of the blob: no copy), [`GetError::NotFound`] (never put, or
     /// not committed), [`GetError::NodeDown`] (the owner is dead or dies before answering;
-    /// never a hang), [`GetError::NotMember`], [`GetError::KeyTooLong`], [`GetError::Busy`]
+    /// never a hang), [`GetError::NotMember`], [`GetError::RankOutOfRange`] (`rank`, or a
+    /// member of the group, not in the DVM), [`GetError::KeyTooLong`] (where `put` says
+    /// `TooLarge` of the same key), [`GetError::Busy`]
     /// (`limits::MODEX_FETCHES_MAX` fetches in flight), [`GetError::ShutDown`].
     pub fn get(
         &self,
@@ -139,7 +159,15 @@ impl Handle {
         if key.len() > MODEX_KEY_MAX {
             return Err(GetError::KeyTooLong(key.len()));
         }
-        if rank >= self.shared.size || !group.contains(rank) {
+        let size = self.shared.size;
+        if rank >= size {
+            return Err(GetError::RankOutOfRange { rank, size });
+        }
+        let top = group.id().max_rank();
+        if top >= size {
+            return Err(GetError::RankOutOfRange { rank: top, size });
+        }
+        if !group.contains(rank) {
             return Err(GetError::NotMember(rank));
         }
         self.shared
@@ -176,5 +204,14 @@ impl Handle {
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(GetError::TimedOut),
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(GetError::ShutDown),
         }
+    }
+
+    /// `RankOutOfRange` if a member of `group` is not in the DVM.
+    fn members_in_dvm(&self, group: &Group) -> Result<(), SendError> {
+        let (top, size) = (group.id().max_rank(), self.shared.size);
+        if top >= size {
+            return Err(SendError::RankOutOfRange { rank: top, size });
+        }
+        Ok(())
     }
 }

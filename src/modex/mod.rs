@@ -53,6 +53,14 @@ pub enum GetError {
     NodeDown(Rank),
     /// API misuse: the rank is not a member of the group.
     NotMember(Rank),
+    /// API misuse: the rank (asked for, or a member of the group) is not in the DVM of `size`
+    /// daemons.
+    RankOutOfRange {
+        /// The rank.
+        rank: Rank,
+        /// The DVM's size.
+        size: u32,
+    },
     /// API misuse: the key is longer than [`MODEX_KEY_MAX`] bytes.
     KeyTooLong(usize),
     /// [`MODEX_FETCHES_MAX`] fetches are in flight here; ask again later.
@@ -71,6 +79,9 @@ impl std::fmt::Display for GetError {
             GetError::NotFound => write!(f, "the owner committed no such key for this group"),
             GetError::NodeDown(r) => write!(f, "rank {r} has failed"),
             GetError::NotMember(r) => write!(f, "rank {r} is not a member of the group"),
+            GetError::RankOutOfRange { rank, size } => {
+                write!(f, "rank {rank} is not in the DVM of {size} daemons")
+            }
             GetError::KeyTooLong(n) => write!(f, "a key of {n} bytes is above {MODEX_KEY_MAX}"),
             GetError::Busy => write!(f, "too many fetches in flight; retry later"),
             GetError::Corrupt(r) => write!(f, "rank {r}'s data came back malformed"),
@@ -231,7 +242,11 @@ impl Modex {
         if !group.contains(self.me) {
             return self.answer(token, Err(GetError::NotMember(self.me)));
         }
-        if rank >= self.size || !group.contains(rank) {
+        if rank >= self.size {
+            let size = self.size;
+            return self.answer(token, Err(GetError::RankOutOfRange { rank, size }));
+        }
+        if !group.contains(rank) {
             return self.answer(token, Err(GetError::NotMember(rank)));
         }
         if rank == self.me {
