@@ -662,19 +662,6 @@ impl Conn {
     }
 }
 
-/// What a bulk connection may write in a turn at `now`, the last message
-/// (`node::lane::keeps_bulk_writes_small`) read or queued at `last_message`: short pieces
-/// while messages flow (within `limits::BULK_QUIET_AFTER_MS`), so that none waits long behind
-/// stream data; long ones otherwise, for the stream's bandwidth.
-pub(crate) fn bulk_flush_bytes(now: std::time::Instant, last_message: std::time::Instant) -> usize {
-    let quiet = std::time::Duration::from_millis(limits::BULK_QUIET_AFTER_MS);
-    if now.saturating_duration_since(last_message) < quiet {
-        limits::BULK_FLUSH_BYTES
-    } else {
-        limits::BULK_FLUSH_QUIET_BYTES
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -950,16 +937,7 @@ mod tests {
     }
 
     #[test]
-    fn a_bulk_connection_writes_short_pieces_while_messages_flow_and_long_ones_when_quiet() {
-        let t0 = std::time::Instant::now();
-        let ms = std::time::Duration::from_millis;
-        assert_eq!(bulk_flush_bytes(t0, t0), limits::BULK_FLUSH_BYTES);
-        let still = t0 + ms(limits::BULK_QUIET_AFTER_MS) - ms(1);
-        assert_eq!(bulk_flush_bytes(still, t0), limits::BULK_FLUSH_BYTES);
-        let quiet = t0 + ms(limits::BULK_QUIET_AFTER_MS);
-        assert_eq!(bulk_flush_bytes(quiet, t0), limits::BULK_FLUSH_QUIET_BYTES);
-
-        // The connection keeps to the budget it is given, a turn at a time.
+    fn a_bulk_connection_keeps_to_the_bytes_it_is_given_a_turn() {
         let (mut c, _peer) = pair();
         c.bulk_end = Some(BulkEnd::Out);
         let chunk_len = limits::STREAM_CHUNK_MAX;

@@ -88,9 +88,9 @@ pub(crate) struct EventLoop {
     /// The clock as read at the start of this batch of commands, reads or timers: one read
     /// per batch, not per message.
     now: Instant,
-    /// When a message (`node::lane::keeps_bulk_writes_small`) was last read or queued: stream
-    /// data is written in short pieces for a while after (`EventLoop::bulk_flush_bytes`).
-    last_message: Instant,
+    /// When a message (`node::lane::keeps_bulk_writes_small`) was last read or queued: what
+    /// the loop does for streams while none flows (`driver/quiet.rs`).
+    messages: super::quiet::MessageClock,
     /// Completions of this daemon's collectives by id (the node bounds how many are in flight).
     ag_done: FxHashMap<u64, AllgatherCompletion>,
     /// Group collectives by the token the node reports them with.
@@ -234,7 +234,7 @@ impl EventLoop {
             linger: super::linger::Linger::default(),
             completions: Slab::new(),
             now: Instant::now(),
-            last_message: Instant::now(),
+            messages: super::quiet::MessageClock::new(Instant::now()),
             ag_done: FxHashMap::default(),
             group_done: FxHashMap::default(),
             get_done: FxHashMap::default(),

@@ -24,6 +24,7 @@ mod log_limit;
 mod modex;
 mod nonce;
 mod pending;
+mod quiet;
 mod relm_window;
 mod serve;
 mod stream_reader;

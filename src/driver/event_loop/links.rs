@@ -94,7 +94,7 @@ impl EventLoop {
     ) -> bool {
         let payload = payload.into();
         if crate::node::lane::keeps_bulk_writes_small(&header) {
-            self.last_message = self.now;
+            self.messages.heard(self.now);
         }
         let link = self.links.entry(peer).or_default();
         if let Some(tok) = link.conn
@@ -766,7 +766,7 @@ impl EventLoop {
             return;
         }
         if crate::node::lane::keeps_bulk_writes_small(&frame.header) {
-            self.last_message = self.now;
+            self.messages.heard(self.now);
         }
         if let Some(session) = conn.session.as_mut() {
             match session.inb.accept() {
@@ -1368,7 +1368,7 @@ impl EventLoop {
         dirty.dedup();
         let mut completed = std::mem::take(&mut self.written_early);
         let mut again = Vec::new();
-        let bulk_bytes = super::super::conn::bulk_flush_bytes(self.now, self.last_message);
+        let bulk_bytes = self.messages.bulk_flush_bytes(self.now);
         for tok in dirty.drain(..) {
             let Some(conn) = self.conns.get_mut(tok) else {
                 continue;
