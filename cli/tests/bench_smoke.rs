@@ -135,3 +135,62 @@ fn the_raw_baseline_with_digests_ends_and_reports() {
     assert!(v["msgs"].as_f64().unwrap_or(0.0) >= 63.0, "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The stream role (three daemons: a producer, a relay, a consumer) runs in both of the
+/// bench's measures: alone (`--no-pings`, the bandwidth rows, nothing but the stream) and with
+/// 64 B pings before and beside it (the round trip rows); by a reader and by a callback.
+#[test]
+fn the_stream_role_reports_alone_and_with_pings() {
+    for (extra, pings) in [
+        (&["--no-pings"][..], false),
+        (&["--no-pings", "--callback"][..], false),
+        (&[][..], true),
+    ] {
+        let dir = std::env::temp_dir().join(format!(
+            "tbon-bench-stream-{}-{}",
+            std::process::id(),
+            extra.join("")
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let kids: Vec<_> = (0..3)
+            .map(|rank| {
+                Command::new(env!("CARGO_BIN_EXE_tbon"))
+                    .args(["bench", "--role", "stream", "--size", "3"])
+                    .args([
+                        "--rank",
+                        &rank.to_string(),
+                        "--sender",
+                        "1",
+                        "--receiver",
+                        "2",
+                    ])
+                    .args(["--payload", "1", "--count", &(8u64 << 20).to_string()])
+                    .args(["--route", "direct", "--radix", "2"])
+                    .args(extra)
+                    .arg("--dir")
+                    .arg(&dir)
+                    .env("RUST_LOG", "error")
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("spawn a stream role")
+            })
+            .collect();
+        let outs: Vec<_> = kids
+            .into_iter()
+            .map(|k| k.wait_with_output().expect("a stream role ends"))
+            .collect();
+        for o in &outs {
+            assert!(o.status.success(), "{extra:?}: {o:?}");
+        }
+        let text = String::from_utf8_lossy(&outs[2].stdout);
+        let line = text.lines().last().expect("the consumer's report");
+        let v: serde_json::Value = serde_json::from_str(line).expect("JSON");
+        assert_eq!(v["bytes"].as_u64(), Some(8 << 20), "{extra:?}: {v}");
+        assert!(v["gib_per_s"].as_f64().is_some_and(|g| g > 0.0), "{v}");
+        let pinged = v["stream_pings"].as_u64().unwrap_or(0) > 0
+            || v["idle_rtt_p50_us"].as_f64().unwrap_or(0.0) > 0.0;
+        assert_eq!(pinged, pings, "{extra:?}: {v}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
