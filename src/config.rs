@@ -43,7 +43,7 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    fn invalid(setting: &'static str, reason: impl Into<String>) -> Self {
+    pub(crate) fn invalid(setting: &'static str, reason: impl Into<String>) -> Self {
         ConfigError::Invalid {
             setting,
             reason: reason.into(),

@@ -33,6 +33,16 @@ enum Command {
     /// Show the repaired routing tree for a size, radix and set of failed ranks.
     Tree(tree::TreeArgs),
     /// Run one daemon of a DVM until SIGTERM or a DVM shutdown.
+    ///
+    /// Signals: SIGTERM or SIGINT to rank 0 stops the whole DVM; to another rank, only that
+    /// daemon (the others see a fault and repair around it). SIGUSR1 makes a rank other than 0
+    /// leave the DVM in order (it exits 0 once every other daemon knows).
+    ///
+    /// Exit codes: 0 after a requested stop, a DVM shutdown or a leave; 1 after a fatal stop
+    /// (rank 0 lost, this daemon declared dead by the DVM, left out of wire-up, rank 0
+    /// unreachable at start-up, also with a wrong job key; a refused rejoin); 2 for a start-up
+    /// error (bad flags or settings, no rank, no URI, no usable address, no job key, a bad key
+    /// file), with the reason on stderr.
     Daemon(Box<daemon::DaemonArgs>),
     /// Write a fresh random job key to FILE (mode 0600; refuses to overwrite). Give every
     /// daemon of the DVM the same file with --key-file. With --operator KEYFILE, write instead
@@ -46,6 +56,10 @@ enum Command {
     },
     /// Show a live DVM: which daemons are alive, dead or silent, and where (gathered in the
     /// tree; connects as an operator's tool, never as a daemon).
+    ///
+    /// Exit codes: 0 when every daemon in the tree answered and none is dead (departed and
+    /// absent ranks are no fault), 1 otherwise, 2 when no status could be had (unreachable,
+    /// credential refused: the message says which).
     Status(Box<status::StatusArgs>),
     /// Measure every daemon's wall-clock offset from rank 0 (or the daemon asked), with an
     /// error bound, along the tree (as an operator's tool, like `tbon status`).

@@ -385,3 +385,33 @@ fn ranks_started_before_rank_0_find_it_at_its_host_and_port() {
         assert!(c.wait().unwrap().success());
     }
 }
+
+/// From an outside-in review: `--rejoin` on rank 0, and an initial size above the size, are
+/// refused as flag errors (exit 2) before the daemon binds or writes anything, so a launcher's
+/// URI file for a running DVM is left as it was (rank 0 rejoining used to overwrite it, then
+/// remove it at its exit).
+#[test]
+fn rank_0_rejoining_and_an_initial_size_above_the_size_are_flag_errors_that_touch_nothing() {
+    let dir = std::env::temp_dir().join(format!("tbon-proc-rank0-rejoin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let uri_file = dir.join("hnp.uri");
+    std::fs::write(&uri_file, "a running DVM's file\n").unwrap();
+    for (extra, says) in [
+        (&["--rejoin"][..], "rank 0 cannot rejoin"),
+        (&["--initial-size", "9"][..], "is above the size 4"),
+    ] {
+        let mut cmd = daemon(0, 4, &uri_file);
+        cmd.args(extra).stderr(Stdio::piped());
+        let out = wait_output(cmd.spawn().unwrap());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains(says), "{extra:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{extra:?}: published a URI");
+        assert_eq!(
+            std::fs::read_to_string(&uri_file).unwrap(),
+            "a running DVM's file\n",
+            "{extra:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

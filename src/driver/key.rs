@@ -97,7 +97,15 @@ impl Key {
             path: path.to_path_buf(),
             source,
         };
-        let len = std::fs::metadata(path).map_err(io)?.len();
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if meta.is_dir() {
+            // Its size is the directory's, not a key's: say what it is.
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "is a directory, not a key file",
+            )));
+        }
+        let len = meta.len();
         if len > limits::JOB_KEY_MAX_BYTES as u64 + 2 {
             return Err(KeyError::Length {
                 bytes: usize::try_from(len).unwrap_or(usize::MAX),
@@ -236,6 +244,14 @@ mod tests {
             "never replaced"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_directory_given_as_the_key_file_is_named_as_one() {
+        let e = Key::from_file(std::env::temp_dir())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is a directory"), "{e}");
     }
 
     #[test]

@@ -96,7 +96,10 @@ fn listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
     }
     socket.set_reuse_address(true)?;
     socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(limits::LISTEN_BACKLOG)?;
+    // The address in the error: "address already in use" alone does not say which port. The
+    // kind stays (a port range tries the next port on `AddrInUse`).
+    let at = |e: std::io::Error| std::io::Error::new(e.kind(), format!("listening on {addr}: {e}"));
+    socket.bind(&addr.into()).map_err(at)?;
+    socket.listen(limits::LISTEN_BACKLOG).map_err(at)?;
     Ok(TcpListener::from_std(socket.into()))
 }

@@ -75,6 +75,21 @@ pub fn start(
     hnp: Option<&str>,
 ) -> Result<Daemon, StartError> {
     config.validate()?;
+    // Checked before anything is bound or written: a launcher's URI file stays as it was.
+    if config.initial_size > size {
+        return Err(crate::config::ConfigError::invalid(
+            "initial_size",
+            format!("{} is above the size {size}", config.initial_size),
+        )
+        .into());
+    }
+    if config.rejoin && rank == 0 {
+        return Err(crate::config::ConfigError::invalid(
+            "rejoin",
+            "rank 0 cannot rejoin: a DVM ends with its rank 0 (start a new DVM)",
+        )
+        .into());
+    }
     let hnp = if rank == 0 {
         None
     } else {

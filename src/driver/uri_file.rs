@@ -59,7 +59,8 @@ pub fn read(path: &Path, timeout: Duration) -> Result<String, String> {
     use std::os::unix::fs::MetadataExt;
     let deadline = Instant::now() + timeout;
     loop {
-        match std::fs::read_to_string(path) {
+        // Whether the file is there without a URI in it, for the message at the deadline.
+        let without_uri = match std::fs::read_to_string(path) {
             Ok(s) if uri_of(&s).is_some() => {
                 let owner = std::fs::metadata(path).map(|m| m.uid()).unwrap_or(0);
                 let me = nix::unistd::geteuid().as_raw();
@@ -73,13 +74,18 @@ pub fn read(path: &Path, timeout: Duration) -> Result<String, String> {
                 }
                 return Ok(s);
             }
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
-        }
+        };
         if Instant::now() >= deadline {
+            let what = if without_uri {
+                "held no contact URI"
+            } else {
+                "did not appear"
+            };
             return Err(format!(
-                "{} did not appear within {} ms (the wire-up timeout, `wireup_timeout_ms`)",
+                "{} {what} within {} ms (the wire-up timeout, `wireup_timeout_ms`)",
                 path.display(),
                 timeout.as_millis()
             ));
@@ -167,6 +173,20 @@ mod tests {
     }
 
     /// A directory every user may write to, without the sticky bit, is refused.
+    #[test]
+    fn an_empty_file_is_told_apart_from_a_missing_one() {
+        let dir = std::env::temp_dir().join(format!("tbon-uri-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (empty, missing) = (dir.join("empty.uri"), dir.join("missing.uri"));
+        std::fs::write(&empty, "").unwrap();
+        let short = std::time::Duration::from_millis(60);
+        let e = super::read(&empty, short).unwrap_err();
+        assert!(e.contains("held no contact URI"), "{e}");
+        let e = super::read(&missing, short).unwrap_err();
+        assert!(e.contains("did not appear"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_world_writable_directory_is_refused() {
         let d = dir("open");
