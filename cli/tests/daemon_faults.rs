@@ -246,8 +246,9 @@ fn stopped_daemon_is_declared_dead_and_exits_on_resume_killed_one_is_repaired_bo
     assert!(view.contains("answered 7, dead 0"), "{view}");
     assert!(view.contains("epoch 4"), "{view}");
 
-    // A second daemon for a live rank is refused and exits 1 saying why; so is rank 0.
-    for (rank, why) in [(3, "alive"), (0, "rank 0 cannot rejoin")] {
+    // A second daemon for a live rank is refused and exits 1 saying why; rank 0 rejoining is a
+    // flag error (exit 2) before it binds or touches the DVM's URI file.
+    for (rank, why, exit) in [(3, "alive", 1), (0, "rank 0 cannot rejoin", 2)] {
         let mut impostor = spawn(rank, &uri_file, &["--rejoin"], &tx);
         let deadline = Instant::now() + HANG_GUARD;
         let code = loop {
@@ -260,7 +261,7 @@ fn stopped_daemon_is_declared_dead_and_exits_on_resume_killed_one_is_repaired_bo
             );
             std::thread::sleep(Duration::from_millis(20));
         };
-        assert_eq!(code, Some(1), "rank {rank}'s impostor");
+        assert_eq!(code, Some(exit), "rank {rank}'s impostor");
         lines.until("the refusal's reason", &mut seen, |s| {
             s.iter()
                 .any(|(r, l)| *r == rank as usize && l.starts_with("stderr:") && l.contains(why))

@@ -8,7 +8,9 @@
 //! incarnation is the one its handshake proved (the header's `epoch`), so it is not repeated.
 //!
 //! Layouts (network byte order):
-//! - request (to rank 0): the daemon's contact URI (UTF-8, as in a wire-up report);
+//! - request (to rank 0): `u32 size`, `u32 radix` (the DVM's shape as the daemon was started
+//!   with it: rank 0 refuses another, [`Refusal::Shape`]), then the daemon's contact URI
+//!   (UTF-8, as in a wire-up report);
 //! - welcome: `u64 epoch` (the one its admission opens), `u64 op` (the broadcast operation that
 //!   announces it: it delivers the operations after it, none before), the rank list of every
 //!   rank confirmed dead, then the latest restores rank 0 knows with their epochs, as in an
@@ -68,6 +70,8 @@ pub enum Refusal {
     BadRequest = 4,
     /// Rank 0 admits at most `REJOIN_IN_PROGRESS_MAX` daemons at once.
     Busy = 5,
+    /// The daemon was started with another size or radix than the DVM's.
+    Shape = 6,
 }
 
 impl Refusal {
@@ -79,6 +83,7 @@ impl Refusal {
             3 => Refusal::NotReady,
             4 => Refusal::BadRequest,
             5 => Refusal::Busy,
+            6 => Refusal::Shape,
             _ => return None,
         })
     }
@@ -108,6 +113,10 @@ impl std::fmt::Display for Refusal {
             Refusal::NotReady => "rank 0 is not admitting daemons now (wire-up or shutdown)",
             Refusal::BadRequest => "the request was malformed",
             Refusal::Busy => "rank 0 is admitting as many daemons as it may at once; retry",
+            Refusal::Shape => {
+                "this daemon was started with another size or radix than the DVM's (start it \
+                 with the DVM's --size and --radix)"
+            }
         })
     }
 }
@@ -158,6 +167,25 @@ impl Welcome {
     }
 }
 
+/// Encodes a rejoin request: the shape the daemon was started with, then its contact URI.
+pub fn encode_request(size: u32, radix: u32, uri: &str) -> Bytes {
+    let mut b = BytesMut::with_capacity(8 + uri.len());
+    b.put_u32(size);
+    b.put_u32(radix);
+    b.put_slice(uri.as_bytes());
+    b.freeze()
+}
+
+/// Decodes a rejoin request: (size, radix, the contact URI's bytes, still to be checked as a
+/// wire-up report's).
+pub fn decode_request(p: &Bytes) -> Result<(u32, u32, Bytes), NoticeError> {
+    let (s, rest) = p.split_first_chunk::<4>().ok_or(NoticeError::Truncated)?;
+    let (r, _) = rest
+        .split_first_chunk::<4>()
+        .ok_or(NoticeError::Truncated)?;
+    Ok((u32::from_be_bytes(*s), u32::from_be_bytes(*r), p.slice(8..)))
+}
+
 /// Encodes a settled notice.
 pub fn encode_settled(op: u64) -> Bytes {
     Bytes::copy_from_slice(&op.to_be_bytes())
@@ -200,9 +228,16 @@ mod tests {
             Refusal::NotReady,
             Refusal::BadRequest,
             Refusal::Busy,
+            Refusal::Shape,
         ] {
             assert_eq!(Refusal::decode(&r.encode()), Ok(r));
         }
+        let uri = "tbon.3;tcp://127.0.0.1:4000";
+        assert_eq!(
+            decode_request(&encode_request(10, 4, uri)),
+            Ok((10, 4, Bytes::from_static(uri.as_bytes())))
+        );
+        assert!(decode_request(&Bytes::from_static(&[0, 0, 0, 1, 0])).is_err());
         assert_eq!(decode_settled(&encode_settled(9)), Ok(9));
         assert!(Refusal::decode(&[0]).is_err());
         assert!(Refusal::decode(&[1, 1]).is_err());
@@ -230,6 +265,7 @@ mod tests {
             let _ = Welcome::decode(size, &bytes);
             let _ = Refusal::decode(&bytes);
             let _ = decode_settled(&bytes);
+            let _ = decode_request(&Bytes::from(bytes));
         }
     }
 }

@@ -100,7 +100,7 @@ impl Node {
         let Some(uri) = self.uri.clone() else {
             return;
         };
-        let request = Bytes::from(uri.to_string());
+        let request = rejoin::encode_request(self.size, self.routing.radix(), &uri.to_string());
         let header = self.header(Kind::Msg, self.me, 0, TAG_REJOIN, request.len());
         self.transmit(0, header, request, None);
     }
@@ -318,13 +318,28 @@ impl Node {
         incarnation: u64,
         payload: &Bytes,
     ) {
-        let uri = match super::wireup::decode_report(from, payload) {
-            Ok(u) => u,
+        let decoded = rejoin::decode_request(payload)
+            .map_err(|e| e.to_string())
+            .and_then(|(size, radix, uri)| {
+                let uri = super::wireup::decode_report(from, &uri).map_err(|e| e.to_string())?;
+                Ok((size, radix, uri))
+            });
+        let (size, radix, uri) = match decoded {
+            Ok(d) => d,
             Err(e) => {
                 log::warn!("rank 0: bad rejoin request from rank {from}: {e}");
                 return self.refuse_rejoin(from, Refusal::BadRequest);
             }
         };
+        if (size, radix) != (self.size, self.routing.radix()) {
+            log::warn!(
+                "rank 0: rank {from} asks to rejoin a DVM of {size} daemons at radix {radix}; \
+                 this one has {} at radix {}",
+                self.size,
+                self.routing.radix()
+            );
+            return self.refuse_rejoin(from, Refusal::Shape);
+        }
         if !self.is_wired() || self.stopping.is_some() {
             return self.refuse_rejoin(from, Refusal::NotReady);
         }

@@ -29,7 +29,7 @@ pub const HEADER_LEN: usize = 40;
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"TB";
 /// The wire protocol version this code speaks; a header with any other version is refused.
-pub const PROTOCOL_VERSION: u8 = 16;
+pub const PROTOCOL_VERSION: u8 = 17;
 
 /// What a frame is. The numeric values are the wire encoding and never change meaning.
 #[repr(u8)]

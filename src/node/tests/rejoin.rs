@@ -31,6 +31,11 @@ fn kill(net: &mut Net, r: Rank) {
 fn restart(net: &mut Net, r: Rank, incarnation: u64) {
     let size = net.nodes.len() as u32;
     let radix = net.nodes[0].routing().radix();
+    restart_as(net, r, incarnation, size, radix);
+}
+
+/// [`restart`], the new process started with `size` and `radix`.
+fn restart_as(net: &mut Net, r: Rank, incarnation: u64, size: u32, radix: u32) {
     let cfg = NodeConfig {
         heartbeat: None,
         wired_at_start: false,
@@ -274,6 +279,38 @@ fn a_rejoin_is_refused_for_a_live_rank_or_an_old_incarnation() {
     restart(&mut net, 3, 7);
     net.run();
     assert!(net.nodes[3].is_settled());
+    assert_tree(&net, &[]);
+}
+
+/// From an outside-in review: a daemon restarted with another radix or size than the DVM's
+/// was admitted, and then routed by a tree no other daemon had. Rank 0 refuses it, saying why;
+/// started as the DVM was, it is admitted.
+#[test]
+fn a_rejoin_with_another_radix_or_size_is_refused() {
+    let mut net = Net::new(7, 2, |c| c.incarnation = 1);
+    kill(&mut net, 5);
+    for (incarnation, size, radix) in [(2, 7, 4), (3, 9, 2)] {
+        restart_as(&mut net, 5, incarnation, size, radix);
+        net.run();
+        match net
+            .stops
+            .iter()
+            .rev()
+            .find(|(r, _)| *r == 5)
+            .map(|(_, s)| s.clone())
+        {
+            Some(StopReason::Fatal(why)) => {
+                assert!(why.contains("another size or radix"), "{why}")
+            }
+            other => panic!("size {size}, radix {radix} was not refused: {other:?}"),
+        }
+        net.alive[5] = false;
+        assert_tree(&net, &[5]);
+    }
+    assert_eq!(net.nodes[0].counters().rejoins_refused, 2);
+    restart(&mut net, 5, 4);
+    net.run();
+    assert!(net.nodes[5].is_settled());
     assert_tree(&net, &[]);
 }
 
