@@ -967,7 +967,7 @@ mod tests {
     #[test]
     fn header_errors_surface() {
         for (at, val, want) in [
-            (2usize, 17u8, WireError::BadVersion(17)),
+            (2usize, 18u8, WireError::BadVersion(18)),
             (3, 0, WireError::UnknownKind(0)),
         ] {
             let mut b = hdr(Kind::Msg, 0, 0).encode();

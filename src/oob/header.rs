@@ -256,7 +256,7 @@ mod tests {
     #[rustfmt::skip]
     const GOLDEN: [u8; HEADER_LEN] = [
         b'T', b'B',                                     // magic
-        16,                                             // version
+        17,                                             // version
         3,                                              // kind = Msg
         0x01, 0x02, 0x03, 0x04,                         // origin
         0x05, 0x06, 0x07, 0x08,                         // dst
@@ -292,7 +292,7 @@ mod tests {
         };
         #[rustfmt::skip]
         let want: [u8; HEADER_LEN] = [
-            0x54, 0x42, 0x10, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
+            0x54, 0x42, 0x11, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
             0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5,
             0, 0, 0, 6, 0, 1, 0, 2,
         ];
@@ -337,9 +337,9 @@ mod tests {
         // and tools), 6 (before wire-up slices and contact lookups), 7 (before group
         // collectives), 8 (before clients), 9 (before rejoin), 10 (before link sessions), 11
         // (before broadcasts in parts), 12 (before lives in RELM acks), 13 (before XXH3 stream
-        // digests), 14 (before batch frames), 15 (before reliable batch frames) and any future version
-        // are refused.
-        for v in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17] {
+        // digests), 14 (before batch frames), 15 (before reliable batch frames), 16 (before the
+        // shape in rejoin requests) and any future version are refused.
+        for v in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18] {
             b[2] = v;
             assert_eq!(Header::decode(&b), Err(WireError::BadVersion(v)));
         }
