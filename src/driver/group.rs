@@ -280,6 +280,16 @@ impl Handle {
     /// Checks the call, admits it under `GROUP_INFLIGHT_MAX`, and only once the loop has it
     /// gives it the group's next number.
     /// `what`: the contribution of a collective and what it is, or the mode of a fence.
+    /// `RankOutOfRange` if a member of `group` is not in the DVM (group collectives and the
+    /// data exchange check it before anything is taken).
+    pub(crate) fn members_in_dvm(&self, group: &Group) -> Result<(), SendError> {
+        let (top, size) = (group.id.max_rank(), self.shared.size);
+        if top >= size {
+            return Err(SendError::RankOutOfRange { rank: top, size });
+        }
+        Ok(())
+    }
+
     pub(crate) fn group_submit(
         &self,
         group: &Group,
@@ -287,13 +297,7 @@ impl Handle {
         done: AllgatherCompletion,
     ) -> Result<(), SendError> {
         let shared = &self.shared;
-        let top = group.id.max_rank();
-        if top >= shared.size {
-            return Err(SendError::RankOutOfRange {
-                rank: top,
-                size: shared.size,
-            });
-        }
+        self.members_in_dvm(group)?;
         if !group.contains(shared.rank) {
             return Err(SendError::NotMember(shared.rank));
         }

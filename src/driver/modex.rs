@@ -163,9 +163,8 @@ impl Handle {
         if rank >= size {
             return Err(GetError::RankOutOfRange { rank, size });
         }
-        let top = group.id().max_rank();
-        if top >= size {
-            return Err(GetError::RankOutOfRange { rank: top, size });
+        if let Err(SendError::RankOutOfRange { rank, size }) = self.members_in_dvm(group) {
+            return Err(GetError::RankOutOfRange { rank, size });
         }
         if !group.contains(rank) {
             return Err(GetError::NotMember(rank));
@@ -204,14 +203,5 @@ impl Handle {
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(GetError::TimedOut),
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(GetError::ShutDown),
         }
-    }
-
-    /// `RankOutOfRange` if a member of `group` is not in the DVM.
-    fn members_in_dvm(&self, group: &Group) -> Result<(), SendError> {
-        let (top, size) = (group.id().max_rank(), self.shared.size);
-        if top >= size {
-            return Err(SendError::RankOutOfRange { rank: top, size });
-        }
-        Ok(())
     }
 }
