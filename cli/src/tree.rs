@@ -13,7 +13,7 @@ pub struct TreeArgs {
     /// Number of daemons (ranks 0..SIZE).
     #[arg(long)]
     pub size: u32,
-    /// Radix of the tree (at least 2).
+    /// Radix of the tree. Below 2 it is taken as 2, as `tbon daemon` (and PRRTE) does.
     #[arg(long, default_value_t = 64)]
     pub radix: u32,
     /// Failed ranks, comma separated (rank 0 cannot fail).
@@ -54,7 +54,9 @@ struct JsonRank<'a> {
 /// Render the tree to stdout; the error is a one-line message naming the bad input.
 pub fn run(args: &TreeArgs) -> Result<(), String> {
     let failed = parse_failed(args.failed.as_deref().unwrap_or(""))?;
-    let view = tree_view(args.radix, args.size, &failed).map_err(|e| describe(&e, args))?;
+    // The daemons' own rule (`Config::effective_radix`): the tree shown is the one they build.
+    let radix = args.radix.max(2);
+    let view = tree_view(radix, args.size, &failed).map_err(|e| describe(&e, args))?;
     let out = match args.format {
         Format::Text => text(args, &failed, &view),
         Format::Json => json(args, &failed, &view)?,
@@ -84,6 +86,7 @@ fn parse_failed(list: &str) -> Result<Vec<Rank>, String> {
 
 fn describe(error: &TreeError, args: &TreeArgs) -> String {
     match error {
+        // Not reached: `run` takes a radix below 2 as 2.
         TreeError::RadixTooSmall => format!("--radix must be at least 2 (got {})", args.radix),
         TreeError::EmptyTree => "--size must be at least 1".to_string(),
         TreeError::RankOutOfRange { rank, size } => {
@@ -101,7 +104,16 @@ fn list(ranks: &[Rank]) -> String {
 
 fn text(args: &TreeArgs, failed: &[Rank], view: &[NodeView]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "size {}, radix {}", args.size, args.radix);
+    let radix = args.radix.max(2);
+    if radix == args.radix {
+        let _ = writeln!(out, "size {}, radix {radix}", args.size);
+    } else {
+        let _ = writeln!(
+            out,
+            "size {}, radix {radix} (--radix {} is taken as {radix}, as tbon daemon does)",
+            args.size, args.radix
+        );
+    }
     if failed.is_empty() {
         let _ = writeln!(out, "failed: none");
     } else {
@@ -128,7 +140,7 @@ fn text(args: &TreeArgs, failed: &[Rank], view: &[NodeView]) -> String {
 fn json(args: &TreeArgs, failed: &[Rank], view: &[NodeView]) -> Result<String, String> {
     let tree = JsonTree {
         size: args.size,
-        radix: args.radix,
+        radix: args.radix.max(2),
         failed,
         ranks: view
             .iter()

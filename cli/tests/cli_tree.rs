@@ -48,10 +48,31 @@ fn text_and_dot_output() {
     assert!(dot.contains("1 [style=dashed"), "{dot}");
 }
 
+/// `tbon daemon --radix 1` builds the radix-2 tree (as PRRTE does); `tbon tree` shows that
+/// tree, and says why, rather than refusing what the daemons take.
+#[test]
+fn a_radix_below_2_is_the_daemons_radix_2() {
+    let out = tbon(&["tree", "--size", "7", "--radix", "1"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with("size 7, radix 2 (--radix 1 is taken as 2"),
+        "{text}"
+    );
+    let two = tbon(&["tree", "--size", "7", "--radix", "2"]);
+    let two = String::from_utf8(two.stdout).unwrap();
+    assert_eq!(
+        text.lines().skip(1).collect::<Vec<_>>(),
+        two.lines().skip(1).collect::<Vec<_>>()
+    );
+    let out = tbon(&["tree", "--size", "7", "--radix", "0", "--format", "json"]);
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert!(json.contains("\"radix\":2"), "{json}");
+}
+
 #[test]
 fn bad_input_exits_non_zero_with_one_line() {
     for (args, needle) in [
-        (vec!["--size", "7", "--radix", "1"], "--radix"),
         (vec!["--size", "0", "--radix", "2"], "--size"),
         (
             vec!["--size", "7", "--radix", "2", "--failed", "7"],

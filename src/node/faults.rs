@@ -90,14 +90,14 @@ impl Node {
     pub(super) fn after_repair(&mut self, now: Instant, status: RecoveryStatus) {
         self.counters.repairs += 1;
         log::info!(
-            "rank {}: repaired ({:?} scope, epoch {:?}): failed {:?}, restored {:?}, parent {:?} -> {:?}, children {:?} -> {:?}{}",
+            "rank {}: repaired ({:?} scope, epoch {:?}): failed {:?}, restored {:?}, parent {} -> {}, children {:?} -> {:?}{}",
             self.me,
             status.scope,
             status.epoch,
             status.newly_failed,
             status.restored,
-            status.previous_parent,
-            status.new_parent,
+            crate::routed::ParentName(status.previous_parent),
+            crate::routed::ParentName(status.new_parent),
             status.previous_children,
             status.new_children,
             if status.promoted { ", promoted" } else { "" }

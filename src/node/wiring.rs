@@ -169,9 +169,9 @@ impl Node {
         self.wire = Wire::Wired;
         self.send_slices(&missing);
         log::info!(
-            "rank {}: wired up (parent {:?}, {} children, {} contacts)",
+            "rank {}: wired up (parent {}, {} children, {} contacts)",
             self.me,
-            self.routing.parent(),
+            crate::routed::ParentName(self.routing.parent()),
             self.routing.children().len(),
             self.contacts.owned_len()
         );

@@ -146,8 +146,10 @@ impl fmt::Display for WireError {
         match self {
             WireError::BadMagic(m) => write!(
                 f,
-                "bad frame magic {:02x}{:02x} (expected \"TB\"): not a tbon peer or stream out of sync",
-                m[0], m[1]
+                "bad frame magic 0x{:02x}{:02x} (\"{}\"; expected \"TB\"): not a tbon peer, or a stream out of sync",
+                m[0],
+                m[1],
+                m.escape_ascii()
             ),
             WireError::BadVersion(v) => write!(
                 f,
@@ -327,6 +329,12 @@ mod tests {
         let mut b = GOLDEN;
         b[0] = b'X';
         assert_eq!(Header::decode(&b), Err(WireError::BadMagic([b'X', b'B'])));
+        // Named as an operator reads it: hex with its prefix, and the bytes as text.
+        let text = WireError::BadMagic([b'H', b'T']).to_string();
+        assert!(
+            text.starts_with("bad frame magic 0x4854 (\"HT\"; expected \"TB\")"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -32,6 +32,18 @@ pub use view::{NodeView, tree_view};
 
 use crate::Rank;
 
+/// A lifeline for logs: `rank 3`, or `none (the root)` for rank 0's.
+pub(crate) struct ParentName(pub Option<Rank>);
+
+impl fmt::Display for ParentName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(r) => write!(f, "rank {r}"),
+            None => f.write_str("none (the root)"),
+        }
+    }
+}
+
 /// Why a tree could not be built or changed. Nothing is modified when one is returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TreeError {
@@ -80,4 +92,15 @@ fn check_failed(size: u32, failed: &[Rank]) -> Result<(), TreeError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ParentName;
+
+    #[test]
+    fn a_parent_is_named_as_a_rank_or_as_none() {
+        assert_eq!(ParentName(Some(3)).to_string(), "rank 3");
+        assert_eq!(ParentName(None).to_string(), "none (the root)");
+    }
 }
