@@ -100,8 +100,9 @@ fn a_daemon_with_the_wrong_key_cannot_join() {
     assert_eq!(
         intruder.wait_stopped(HANG_GUARD),
         Some(StopReason::RootLost(
-            tbon::node::FATAL_RANK_0_UNREACHABLE.into()
-        ))
+            tbon::node::FATAL_RANK_0_WRONG_KEY.into()
+        )),
+        "the stop names the key, not the network"
     );
     assert!(!root.wait_wired(Duration::from_millis(10)));
     // Rank 0 saw each attempt hang up before the proof, and counted it.

@@ -240,9 +240,19 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
             return Err("ranks other than 0 need --hnp, --hnp-file or --hnp-host".into());
         }
     };
+    // Rank 0 as this daemon dials it, for the messages of a failed start.
+    let rank0_at = match (&rendezvous, &args.hnp_host) {
+        (Some(Rendezvous::Uri(uri)), _) => uri.clone(),
+        (_, Some(host)) => host.clone(),
+        _ => "?".to_string(),
+    };
     // Rank 0 without --uri-file publishes nothing but the line below.
     let how = rendezvous.unwrap_or(Rendezvous::Uri(String::new()));
     let mut config = args.settings.0;
+    let key_source = config
+        .key_file
+        .as_ref()
+        .map_or_else(|| "TBON_KEY".to_string(), |p| format!("the key file {p}"));
     // The job key itself may be in TBON_KEY (never a flag: command lines are public); the
     // library reads it only when asked, and the command asks, as `Config::from_env` does.
     if config.key_file.is_none() && config.key.is_none() {
@@ -432,6 +442,15 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
                 (Some(p), Some(used)) => follow_uri_file(rank, p, used, wireup_timeout, &term),
                 _ => Ok(1),
             }
+        }
+        StopReason::RootLost(why) if why == tbon::node::FATAL_RANK_0_WRONG_KEY => {
+            log::error!(
+                "rank {rank}: stopped: rank 0 at {} answered, but with another job key than \
+                 this daemon's ({key_source}): give every daemon of the DVM the same key (or \
+                 the URI file names another DVM's rank 0)",
+                rank0_at
+            );
+            Ok(1)
         }
         other => {
             log::error!("rank {rank}: stopped: {other}");

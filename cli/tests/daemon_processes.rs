@@ -231,6 +231,55 @@ fn a_daemon_given_another_size_than_rank_0_exits_1_saying_so() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// From an outside-in review: a daemon started with another job key than rank 0's waited for
+/// its URI file to be replaced, then called the file stale. It now exits 1 at once after its
+/// dials, naming the key (and still not the file as stale).
+#[test]
+fn a_daemon_with_another_key_than_rank_0_exits_1_naming_the_key() {
+    let dir = std::env::temp_dir().join(format!("tbon-proc-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let uri_file = dir.join("hnp.uri");
+    let _ = std::fs::remove_file(&uri_file);
+    let other_key = dir.join("other.key");
+    std::fs::write(&other_key, "another-job-key-of-32-bytes-long").unwrap();
+    let mut dvm = Dvm(Vec::new());
+    dvm.0.push(daemon(0, 2, &uri_file).spawn().unwrap());
+    let deadline = std::time::Instant::now() + HANG_GUARD;
+    while !uri_file.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rank 0 wrote no URI file"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut wrong = Command::new(env!("CARGO_BIN_EXE_tbon"));
+    wrong
+        .args(["daemon", "--rank", "1", "--size", "2", "--radix", "2"])
+        .args(["--if-include", "127.0.0.1/32", "--key-file"])
+        .arg(&other_key)
+        .arg("--hnp-file")
+        .arg(&uri_file)
+        .env("RUST_LOG", "tbon=info")
+        .env("TBON_WIREUP_TIMEOUT_MS", "20000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let started = std::time::Instant::now();
+    let out = wait_output(wrong.spawn().unwrap());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("with another job key than this daemon's") && !stderr.contains("stale"),
+        "{stderr}"
+    );
+    // Its dials only (about 1.5 s), not the wire-up timeout's wait for a new URI file.
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A URI file naming a rank 0 that is gone (its port now closed), as an earlier run leaves it.
 fn stale_uri_file(path: &std::path::Path) {
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -349,6 +349,15 @@ impl Node {
             && !self.routing.is_failed(peer)
     }
 
+    /// A connection this daemon dialled to `peer` failed the handshake because `peer` did not
+    /// prove the job key. Only rank 0's, before wire-up, is kept: should rank 0 stay
+    /// unreachable, the stop names the key as the cause, not the network.
+    pub fn handle_key_refused(&mut self, peer: Rank) {
+        if peer == 0 && !self.is_wired() {
+            self.root_refused_key = true;
+        }
+    }
+
     /// `peer` could not be reached within the driver's bounded reconnect policy. Once wired,
     /// that is a failure of a tree neighbour or of rank 0, and only the end of a direct link
     /// for any other daemon (its messages take the tree); before, only rank 0 is dialled and
@@ -386,10 +395,12 @@ impl Node {
                 "rank {}: cannot reach rank {peer} after {attempts} attempts",
                 self.me
             );
-            self.begin_stop(
-                now,
-                super::StopReason::RootLost(super::FATAL_RANK_0_UNREACHABLE.into()),
-            );
+            let cause = if peer == 0 && self.root_refused_key {
+                super::FATAL_RANK_0_WRONG_KEY
+            } else {
+                super::FATAL_RANK_0_UNREACHABLE
+            };
+            self.begin_stop(now, super::StopReason::RootLost(cause.into()));
         }
     }
 

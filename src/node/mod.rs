@@ -11,6 +11,7 @@
 //! * **Inputs**, each with `now`: [`Node::handle_frame`] (a frame from a neighbour, already
 //!   authenticated by the handshake), [`Node::handle_heard`] (bytes arrived),
 //!   [`Node::handle_link_up`], [`Node::handle_link_lost`], [`Node::handle_unreachable`],
+//!   [`Node::handle_key_refused`],
 //!   [`Node::handle_link_restate`], [`Node::handle_timeout`], and the API:
 //!   [`Node::handle_command`], [`Node::post`], [`Node::cancel`], [`Node::purge`],
 //!   [`Node::handle_shutdown`], [`Node::handle_abort`].
@@ -44,7 +45,9 @@ mod streams;
 pub mod wireup;
 mod wiring;
 
-pub use output::{FATAL_RANK_0_UNREACHABLE, Output, Reroute, StopReason, Trace};
+pub use output::{
+    FATAL_RANK_0_UNREACHABLE, FATAL_RANK_0_WRONG_KEY, Output, Reroute, StopReason, Trace,
+};
 
 use crate::Rank;
 use crate::counters::Counters;
@@ -260,6 +263,9 @@ pub struct Node {
     confirmed: Vec<Rank>,
     counters: Counters,
     stopping: Option<StopReason>,
+    /// Rank 0 answered a dial during wire-up but did not prove this daemon's job key: if it
+    /// stays unreachable, that is the cause named (`FATAL_RANK_0_WRONG_KEY`).
+    root_refused_key: bool,
     relm_next_token: u64,
     /// This daemon's user broadcasts by request id, with their tokens.
     bcast_tokens: FxHashMap<u64, Option<u64>>,
@@ -382,6 +388,7 @@ impl Node {
             confirmed: Vec::new(),
             counters: Counters::default(),
             stopping: None,
+            root_refused_key: false,
             relm_next_token: 0,
             bcast_tokens: FxHashMap::default(),
             relm_posted: Default::default(),

@@ -15,6 +15,12 @@ use bytes::Bytes;
 /// (`tbon daemon`) acts on it (a URI file that may be stale).
 pub const FATAL_RANK_0_UNREACHABLE: &str = "cannot reach rank 0";
 
+/// The cause in the [`StopReason::RootLost`] a daemon stops with when rank 0 answered before
+/// wire-up completed but never proved this daemon's job key (each side checks the other's): a
+/// daemon started with another key than rank 0's. Compare with `==`.
+pub const FATAL_RANK_0_WRONG_KEY: &str =
+    "rank 0 answered but does not hold this daemon's job key (MAC mismatch)";
+
 /// Why a daemon stopped, readable after it has ([`crate::Handle::wait_stopped`]; C:
 /// `tbon_stop_reason`). Only `Requested` and `DvmShutdown` are orderly ends; a supervisor
 /// should treat the others as this daemon's failure. More reasons may come (non-exhaustive).
@@ -30,7 +36,7 @@ pub enum StopReason {
     Aborted,
     /// This daemon lost rank 0, or could not reach it (or its parent) during wire-up: without
     /// rank 0 the DVM cannot continue. The text is the cause (`"cannot reach rank 0"` when it
-    /// was never reached).
+    /// was never reached, [`FATAL_RANK_0_WRONG_KEY`] when it answered with another job key).
     RootLost(String),
     /// The DVM declared this daemon dead (it was silent, unreachable or not reading for too
     /// long) and fenced it: it must not rejoin. The text says who told it.

@@ -742,6 +742,9 @@ impl EventLoop {
                         HandshakeError::BadKey => Refusal::BadMac,
                         _ => Refusal::Malformed,
                     };
+                    if let (HandshakeError::BadKey, Some(peer)) = (&e, conn.dialled) {
+                        self.node.handle_key_refused(peer);
+                    }
                     self.refuse_handshake(tok, reason, &format!("handshake: {e}"));
                 }
             }
