@@ -31,6 +31,10 @@ impl Node {
             self.on_rejoin_request(now, from, h.epoch, &payload);
             return Ok(());
         }
+        if self.is_second_daemon_report(from, &h) {
+            self.refuse_second_daemon(from);
+            return Ok(());
+        }
         if self.is_restored_adopter(from, &h) {
             // A daemon admitted back, which this daemon still believes dead, adopts it: its
             // notice names its restore (see `rejoin.rs`). Not before this daemon's own welcome,

@@ -111,6 +111,35 @@ impl Node {
         self.me == 0 && kind == Kind::Msg && tag == TAG_REJOIN && origin == from
     }
 
+    /// Rank 0, wired: whether `h`, from `from`, is the wire-up report of a second daemon started
+    /// for `from`, a rank alive in the DVM (a launcher that started a rank twice, or a restart
+    /// without `rejoin`): a later incarnation than the one rank 0 met at wire-up. It is refused
+    /// as a rejoin of a living rank is ([`Refusal::Alive`]), so that it stops at once, not at
+    /// its contact table's deadline.
+    pub(super) fn is_second_daemon_report(
+        &self,
+        from: Rank,
+        h: &crate::oob::header::Header,
+    ) -> bool {
+        self.me == 0
+            && h.kind == Kind::Msg
+            && h.tag == super::wireup::TAG_WIREUP_REPORT
+            && h.origin == from
+            && self.is_wired()
+            && !self.routing.is_failed(from)
+            && self.known_incarnation(from).is_some_and(|k| h.epoch > k)
+    }
+
+    /// Rank 0: refuses a second daemon for living rank `from` (see
+    /// [`is_second_daemon_report`](Self::is_second_daemon_report)).
+    pub(super) fn refuse_second_daemon(&mut self, from: Rank) {
+        log::warn!(
+            "rank 0: a second daemon for rank {from}, which is alive, reported for wire-up; \
+             refusing it"
+        );
+        self.send_refusal(from, Refusal::Alive);
+    }
+
     /// Whether this daemon waits for rank 0's welcome (it was started with `rejoin`).
     pub(super) fn is_rejoining(&self) -> bool {
         matches!(self.wire, Wire::Rejoining(..))
@@ -412,8 +441,13 @@ impl Node {
 
     /// Told directly on the connection the daemon made: it may be failed in this view.
     fn refuse_rejoin(&mut self, to: Rank, why: Refusal) {
-        self.counters.rejoins_refused += 1;
         log::warn!("rank 0: rank {to} may not rejoin: {why}");
+        self.send_refusal(to, why);
+    }
+
+    /// Rank 0: tells rank `to` it is not admitted, and counts it (`rejoins_refused`).
+    fn send_refusal(&mut self, to: Rank, why: Refusal) {
+        self.counters.rejoins_refused += 1;
         let p = why.encode();
         let header = self.header(Kind::Msg, 0, to, TAG_REJOIN_REFUSED, p.len());
         self.out.push_back(Output::Transmit {
@@ -608,14 +642,21 @@ impl Node {
 
     /// The rejoining daemon: rank 0 refused it.
     pub(super) fn on_rejoin_refused(&mut self, now: Instant, msg: &Message) {
-        if msg.origin != 0 || !matches!(self.wire, Wire::Rejoining(..)) {
+        let what = match self.wire {
+            Wire::Rejoining(..) => "to admit this daemon back",
+            // Its wire-up report came after the DVM was wired, from a second daemon for a
+            // living rank (`is_second_daemon_report`).
+            Wire::Waiting(..) => "this daemon's wire-up report (a second daemon for its rank?)",
+            _ => return,
+        };
+        if msg.origin != 0 {
             return;
         }
         let why = match Refusal::decode(&msg.payload) {
             Ok(r) => r.to_string(),
             Err(e) => format!("(unreadable reason: {e})"),
         };
-        let text = format!("rank 0 refused to admit this daemon back: {why}");
+        let text = format!("rank 0 refused {what}: {why}");
         log::error!("rank {}: {text}", self.me);
         self.begin_stop(now, StopReason::Fatal(text));
     }

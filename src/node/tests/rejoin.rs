@@ -282,6 +282,78 @@ fn a_rejoin_is_refused_for_a_live_rank_or_an_old_incarnation() {
     assert_tree(&net, &[]);
 }
 
+/// From an outside-in review of the command line: a second daemon started for a living rank
+/// without `rejoin` (a launcher that started a rank twice) sent its wire-up report to a wired
+/// rank 0, which ignored it; it waited twice the wire-up timeout and stopped saying "no contact
+/// table". Rank 0 now refuses it as it refuses a rejoin of a living rank, and it stops at once;
+/// the report of the rank's own daemon (the incarnation met at wire-up) is not refused.
+#[test]
+fn a_second_daemon_for_a_living_rank_is_refused_at_once() {
+    let mut net = Net::new(7, 2, |c| c.incarnation = 5);
+    let now = net.now;
+    net.node(0).handle_link_up(now, 4, 5, false);
+    let own = Header {
+        kind: Kind::Msg,
+        origin: 4,
+        dst: 0,
+        tag: crate::node::wireup::TAG_WIREUP_REPORT,
+        epoch: 5,
+        seq: 0,
+        len: 0,
+        lives: 0,
+    };
+    let report = Bytes::from(uri(4).to_string());
+    net.node(0)
+        .handle_frame(
+            now,
+            4,
+            Header {
+                len: report.len() as u32,
+                ..own
+            },
+            report.clone(),
+        )
+        .unwrap();
+    net.collect(0);
+    assert_eq!(
+        net.nodes[0].counters().rejoins_refused,
+        0,
+        "its own report again"
+    );
+    let survivor = std::mem::replace(
+        &mut net.nodes[4],
+        Node::new(NodeConfig {
+            heartbeat: None,
+            wired_at_start: false,
+            uri: Some(uri(4)),
+            hnp: Some(uri(0)),
+            incarnation: 6,
+            ..NodeConfig::new(4, 7, 2)
+        })
+        .unwrap(),
+    );
+    net.node(4).start(now);
+    net.collect(4);
+    net.run();
+    match net
+        .stops
+        .iter()
+        .find(|(r, _)| *r == 4)
+        .map(|(_, s)| s.clone())
+    {
+        Some(StopReason::Fatal(why)) => {
+            assert!(
+                why.contains("wire-up report") && why.contains("alive"),
+                "{why}"
+            )
+        }
+        other => panic!("the second daemon for rank 4 was not refused: {other:?}"),
+    }
+    net.nodes[4] = survivor;
+    assert_tree(&net, &[]);
+    assert_eq!(net.nodes[0].counters().rejoins_refused, 1);
+}
+
 /// From an outside-in review: a daemon restarted with another radix or size than the DVM's
 /// was admitted, and then routed by a tree no other daemon had. Rank 0 refuses it, saying why;
 /// started as the DVM was, it is admitted.
