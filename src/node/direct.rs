@@ -185,7 +185,14 @@ impl Node {
     /// The direct connection with `peer` could not be made: its messages take the tree, and
     /// no new request goes to it for a while (a cached denial).
     pub(super) fn direct_unreachable(&mut self, now: Instant, peer: Rank, attempts: u32) {
-        log::warn!(
+        // A peer that left in order or failed is expected to be out of reach: no warning.
+        let level = if self.routing.is_failed(peer) || self.departed.contains(&peer) {
+            log::Level::Debug
+        } else {
+            log::Level::Warn
+        };
+        log::log!(
+            level,
             "rank {}: cannot make a direct link with rank {peer} after {attempts} attempts; \
              its messages take the tree",
             self.me
