@@ -75,7 +75,7 @@ pub struct Counters {
     /// origin or destination than the one this daemon knows (rejoin; see `Header::lives`).
     pub dropped_other_life: u64,
     /// Rank 0: rejoin requests it refused (the rank alive, an old incarnation, too many at
-    /// once, ...).
+    /// once, ...), and wire-up reports of a second daemon for a living rank.
     pub rejoins_refused: u64,
     /// Ranks this daemon knows have failed, ascending.
     pub failed: Vec<u32>,
