@@ -921,7 +921,9 @@ pub const STATUS_BUDGET_MS_MAX: u32 = 60_000;
 /// The budget a status query gets when it asks for none.
 pub const STATUS_BUDGET_MS_DEFAULT: u32 = 2_000;
 /// Operator tool connections a daemon holds at once (authenticated with the operator
-/// credential); a tool's `Hello` beyond it is refused at once.
+/// credential); a tool's `Hello` beyond it is refused at once, and so is a tool that proves
+/// the credential when the others took the last one. Tools still in their handshake are not
+/// counted (a stranger's `Hello` must not take a slot): the pending-handshake bounds hold them.
 pub const TOOL_CONNECTIONS_MAX: usize = 8;
 /// A tool connection with no query in progress for this long is closed.
 pub const TOOL_IDLE_MS: u64 = 60_000;

@@ -213,3 +213,59 @@ fn wrong_credentials_and_misbehaving_tools_are_refused() {
     assert_eq!(dvm[1].counters().unwrap().delivered, 0);
     assert_eq!(dvm[0].status(2_000, false).unwrap().answered(), 3);
 }
+
+/// From an outside-in review: a stranger's tool `Hello`s took the tool slots while they
+/// handshook, so eight of them, renewed every handshake timeout, kept the operator out of
+/// `tbon status`. Tools that have not proved the credential take no slot now; eight admitted
+/// tools still do, and a ninth is refused until one leaves.
+#[test]
+fn strangers_tool_hellos_do_not_lock_the_operator_out() {
+    let dvm = start_dvm(2, &loopback_config(2));
+    let contact: ContactUri = dvm[0].contact_uri().to_string().parse().unwrap();
+    let addr = contact.addrs[0];
+    let opts = StatusOptions::default();
+    let tool = |key: Key| HandshakeConfig {
+        me: TOOL_RANK,
+        size: 2,
+        epoch: 0,
+        dvm_id: contact.dvm_id.clone(),
+        key: JobKey::new(key.as_bytes().to_vec()),
+    };
+    // More tool `Hello`s than there are slots, from a stranger without the credential; each
+    // gets its `HelloAck` and says nothing more.
+    let mut strangers = Vec::new();
+    for _ in 0..tbon::limits::TOOL_CONNECTIONS_MAX + 4 {
+        let mut w = Wire::dial(addr);
+        let mut hs = Handshake::dial(&tool(Key::generate().unwrap().operator()), 0, nonce());
+        w.send_all(&mut hs);
+        w.recv().expect("HelloAck");
+        strangers.push(w);
+    }
+    let r = tbon::status::query(&contact, &operator(), &opts).expect("the operator gets in");
+    assert_eq!(r.answered(), 2);
+    drop(strangers);
+    // Admitted tools still have their bound.
+    let mut admitted = Vec::new();
+    for _ in 0..tbon::limits::TOOL_CONNECTIONS_MAX {
+        let mut w = Wire::dial(addr);
+        let mut hs = Handshake::dial(&tool(operator()), 0, nonce());
+        w.join(&mut hs);
+        admitted.push(w);
+    }
+    match tbon::status::query(&contact, &operator(), &opts) {
+        Err(StatusError::Refused(why)) => assert!(why.contains("too many"), "{why}"),
+        other => panic!("a ninth tool was not refused: {other:?}"),
+    }
+    admitted.pop();
+    let deadline = Instant::now() + HANG_GUARD;
+    loop {
+        match tbon::status::query(&contact, &operator(), &opts) {
+            Ok(r) => {
+                assert_eq!(r.answered(), 2);
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "no room after one left: {e:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,7 +1,8 @@
 //! Operator tool connections (`tbon status`): a connection whose dialler proved the operator
 //! credential (`oob::handshake::TOOL_RANK`) is never a link. It may only send status queries,
 //! one at a time; each is answered with a `Report` (or `Refused`) on the same connection.
-//! Anything else closes it. At most `limits::TOOL_CONNECTIONS_MAX` at once; one idle for
+//! Anything else closes it. At most `limits::TOOL_CONNECTIONS_MAX` admitted at once (one that
+//! has not proved the credential yet is a pending handshake like any other); one idle for
 //! `limits::TOOL_IDLE_MS` is closed.
 
 use super::EventLoop;
@@ -26,18 +27,20 @@ pub(super) enum StatusWaiter {
 }
 
 impl EventLoop {
-    /// Tool connections open now (handshaking ones that claim to be a tool included).
+    /// Tools admitted now: those that proved the operator credential. A connection that only
+    /// claims to be a tool is not counted: anyone can send a tool's `Hello`, and counting
+    /// them let a stranger hold every tool slot and lock the operator out (an outside-in
+    /// review: eight `Hello`s renewed every handshake timeout did). Those are pending
+    /// handshakes, bounded as any stranger's.
     fn tools_open(&self) -> usize {
         self.conns
             .iter()
-            .filter(|(_, c)| {
-                matches!(c.state, ConnState::Tool { .. }) || c.claimed == Some(TOOL_RANK)
-            })
+            .filter(|(_, c)| matches!(c.state, ConnState::Tool { .. }))
             .count()
     }
 
     /// A tool's `Hello`: answered like a daemon's, unless `TOOL_CONNECTIONS_MAX` tools are
-    /// connected or connecting.
+    /// admitted already.
     pub(super) fn on_tool_hello(&mut self, tok: usize) -> bool {
         if self.tools_open() >= limits::TOOL_CONNECTIONS_MAX {
             self.refuse_handshake(
@@ -50,8 +53,17 @@ impl EventLoop {
         true
     }
 
-    /// A tool proved the operator credential: admit it as a tool.
+    /// A tool proved the operator credential: admit it as a tool, unless `TOOL_CONNECTIONS_MAX`
+    /// are admitted (several may have passed their `Hello` while there was room).
     pub(super) fn tool_admitted(&mut self, tok: usize) {
+        if self.tools_open() >= limits::TOOL_CONNECTIONS_MAX {
+            self.refuse_handshake(
+                tok,
+                Refusal::TooManyConnections,
+                "too many operator tools connected",
+            );
+            return;
+        }
         self.admit_conn(tok);
         let Some(conn) = self.conns.get_mut(tok) else {
             return;
