@@ -38,6 +38,8 @@
  * HANDLES are 64-bit ids, never reused; 0 is never valid. A freed or unknown handle gives
  * TBON_ERR_BAD_HANDLE, never a crash. NULL where a pointer is required gives TBON_ERR_BAD_PARAM.
  * No Rust panic crosses this boundary (it would become TBON_ERR_INTERNAL).
+ * SIGNALS: tbon changes no signal setting of the process and never raises SIGPIPE (its socket
+ * writes send with MSG_NOSIGNAL): a peer or client that closes its connection cannot kill it.
  *
  * THREADS. Every function may be called from any thread, concurrently. Each daemon runs its own
  * loop thread; several daemons may live in one process.

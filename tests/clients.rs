@@ -527,3 +527,38 @@ fn ending_a_job_disconnects_its_clients_and_tells_their_watchers() {
     let c = h.counters().unwrap().clients;
     assert_eq!(c.live, 1, "only the watcher: {c:?}");
 }
+
+/// From an outside-in review: connections of a user who may not be a client held places among
+/// those awaiting admission until their `Hello` (or the handshake timeout), so a flood of them
+/// evicted real clients' connections. A daemon knows the uid when it accepts (`SO_PEERCRED`)
+/// and now refuses another user's connection at once: each is closed with the reason without
+/// waiting for anything, however many there are.
+#[test]
+fn another_users_connections_are_refused_as_they_are_accepted() {
+    use std::io::Read;
+    let dir = std::env::temp_dir().join(format!("tbon-clients-{}-foreign", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _dir = TempDir(dir.clone());
+    let mut c = loopback_config(2);
+    c.client_socket = Some(dir.join("d.sock").display().to_string());
+    c.client_uids = vec![(nix_uid() + 1).to_string()];
+    // Before, a silent connection was closed only after this long.
+    c.handshake_timeout_ms = 600_000;
+    let d = tbon::start(c, 0, 1, None).unwrap();
+    let cred = d.handle().client_job(1, &[]).unwrap();
+    let silent: Vec<_> = (0..tbon::limits::CLIENT_PENDING_MAX + 16)
+        .map(|_| std::os::unix::net::UnixStream::connect(&cred.socket).unwrap())
+        .collect();
+    for mut s in silent {
+        s.set_read_timeout(Some(HANG_GUARD)).unwrap();
+        let mut refusal = Vec::new();
+        s.read_to_end(&mut refusal)
+            .expect("closed by the daemon, not left waiting");
+        assert!(
+            String::from_utf8_lossy(&refusal).contains("not among client_uids"),
+            "{refusal:?}"
+        );
+    }
+    let c = d.handle().counters().unwrap().clients;
+    assert_eq!(c.refused, tbon::limits::CLIENT_PENDING_MAX as u64 + 16);
+}

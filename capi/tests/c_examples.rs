@@ -73,15 +73,24 @@ fn cargo_build(what: &[&str]) -> PathBuf {
 
 /// Compiles `examples/c/<name>.c` into the test binary's directory and returns the executable.
 fn build_example(name: &str) -> PathBuf {
+    build_c(
+        &format!("examples/c/{name}.c"),
+        &format!("c-example-{name}"),
+    )
+}
+
+/// Compiles the C program at `source` (relative to the repository) into the test binary's
+/// directory as `exe_name` and returns the executable.
+fn build_c(source: &str, exe_name: &str) -> PathBuf {
     let root = repository_root();
     let lib = lib_dir();
-    let out = lib.join(format!("c-example-{name}"));
+    let out = lib.join(exe_name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let output = Command::new(&cc)
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1"])
         .arg("-I")
         .arg(root.join("include"))
-        .arg(root.join(format!("examples/c/{name}.c")))
+        .arg(root.join(source))
         .arg("-L")
         .arg(lib)
         .arg("-ltbon")
@@ -92,7 +101,7 @@ fn build_example(name: &str) -> PathBuf {
         .unwrap_or_else(|e| panic!("run {cc}: {e}"));
     assert!(
         output.status.success(),
-        "{cc} failed on {name}.c:\n{}",
+        "{cc} failed on {source}:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
     out
@@ -193,4 +202,15 @@ fn c_modex_two_jobs_exchange_endpoints_by_full_and_direct_fence() {
 #[test]
 fn c_client_processes_of_two_jobs_talk_through_their_daemons() {
     run_example("client");
+}
+
+/// A C daemon is not killed by SIGPIPE when local processes abandon connections to its client
+/// socket (it was: exit 141; see the program's comment).
+#[test]
+fn c_a_daemon_survives_abandoned_client_connections() {
+    let exe = build_c(
+        "capi/tests/c/client_socket_abuse.c",
+        "c-test-client_socket_abuse",
+    );
+    run_program("client_socket_abuse", &exe, &[]);
 }

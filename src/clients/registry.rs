@@ -205,6 +205,12 @@ impl Clients {
 
     /// A connection's `Hello`: admitted (its name) or refused (why, for the log and the
     /// client).
+    /// Whether a connection from `uid` may become a client at all (`client_uids`). Known when
+    /// the connection is accepted (`SO_PEERCRED`), before its `Hello`.
+    pub fn uid_allowed(&self, uid: u32) -> bool {
+        self.uids.contains(&uid)
+    }
+
     pub fn admit(
         &mut self,
         version: u16,
@@ -233,7 +239,7 @@ impl Clients {
                 super::local::CLIENT_PROTOCOL_VERSION
             ));
         }
-        if !self.uids.contains(&uid) {
+        if !self.uid_allowed(uid) {
             return Err(format!("uid {uid} is not among client_uids"));
         }
         let Some(j) = self.jobs.get(&job).filter(|j| j.open) else {

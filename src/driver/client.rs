@@ -1,6 +1,7 @@
 //! The client library: what an application process links to talk through its daemon (see
 //! [`crate::clients`] for the model). One Unix-domain socket, one reader thread; every call
 //! may come from any thread.
+use super::nosignal::SocketWriter;
 use crate::clients::local::{
     CLIENT_PROTOCOL_VERSION, LOCAL_OVERHEAD_MAX, LocalDecoder, ToClient, ToDaemon,
 };
@@ -90,7 +91,7 @@ struct Inner {
     job: JobId,
     size: u32,
     msg_max: usize,
-    writer: Mutex<UnixStream>,
+    writer: Mutex<SocketWriter>,
     /// The same socket, to shut it down while a writer holds `writer` (blocked by a daemon
     /// that does not read).
     shutter: UnixStream,
@@ -135,16 +136,17 @@ impl Client {
             ClientError::Io(format!("{what} {}: {e}", path.display()))
         };
         let mut stream = UnixStream::connect(path).map_err(|e| io("connect", e))?;
-        stream
-            .write_all(
-                &ToDaemon::Hello {
-                    version: CLIENT_PROTOCOL_VERSION,
-                    job,
-                    key: *key,
-                }
-                .encode(),
-            )
-            .map_err(|e| io("write to", e))?;
+        let hello = ToDaemon::Hello {
+            version: CLIENT_PROTOCOL_VERSION,
+            job,
+            key: *key,
+        }
+        .encode();
+        // A daemon that refuses this process's uid does so as it accepts the connection, and
+        // may have closed it before the Hello is written: its reason is still there to read.
+        let written = SocketWriter(stream.try_clone().map_err(|e| io("clone", e))?)
+            .write_all(&hello)
+            .map_err(|e| io("write to", e));
         stream
             .set_read_timeout(Some(CONNECT_TIMEOUT))
             .map_err(|e| io("configure", e))?;
@@ -157,7 +159,10 @@ impl Client {
                 Err(e) => return Err(ClientError::Io(e)),
             }
             match decoder.read_from(&mut stream) {
-                Ok(0) => return Err(ClientError::Io("the daemon closed the connection".into())),
+                Ok(0) => {
+                    written?;
+                    return Err(ClientError::Io("the daemon closed the connection".into()));
+                }
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(io("read from", e)),
@@ -185,7 +190,7 @@ impl Client {
             job,
             size,
             msg_max,
-            writer: Mutex::new(stream),
+            writer: Mutex::new(SocketWriter(stream)),
             shutter,
             state: Mutex::new(State::default()),
             cv: Condvar::new(),

@@ -14,7 +14,7 @@ use crate::oob::session::{Control, Inbound, Outbound, Runs, SessionError, is_ses
 use crate::oob::stall::StallWatch;
 use mio::net::TcpStream;
 use std::collections::VecDeque;
-use std::io::{self, IoSlice, Write};
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 
 pub(crate) enum ConnState {
@@ -560,7 +560,7 @@ impl Conn {
                 return Ok(false);
             }
             let slices = iov.get(..n).unwrap_or(&iov);
-            let written = match self.stream.write_vectored(slices) {
+            let written = match super::nosignal::send_vectored(&self.stream, slices) {
                 Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
                 Ok(w) => {
                     self.last_progress = std::time::Instant::now();

@@ -23,6 +23,7 @@ mod listen;
 mod log_limit;
 mod modex;
 mod nonce;
+mod nosignal;
 mod pending;
 mod quiet;
 mod relm_window;

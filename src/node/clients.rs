@@ -47,6 +47,14 @@ impl Node {
         self.clients.admit(version, job, key, uid)
     }
 
+    /// Whether a client connection from `uid` may be admitted at all: the driver refuses
+    /// another uid's as soon as it accepts it, so that it holds none of the
+    /// `CLIENT_PENDING_MAX` places of connections awaiting admission (a user who may not be
+    /// a client could otherwise push real clients' connections out of them).
+    pub fn client_uid_allowed(&self, uid: u32) -> bool {
+        self.clients.uid_allowed(uid)
+    }
+
     /// The driver refused a connection before its `Hello` was judged (garbage, no `Hello` in
     /// time, too many awaiting admission): counted with the other refusals.
     pub fn handle_client_refused(&mut self) {

@@ -12,7 +12,7 @@ use mio::net::{UnixListener, UnixStream};
 use mio::{Interest, Token};
 use slab::Slab;
 use std::collections::VecDeque;
-use std::io::{self, IoSlice, Write};
+use std::io::{self, IoSlice};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -148,12 +148,18 @@ impl EventLoop {
                     continue;
                 }
             };
-            self.expire_pending_clients();
-            if self.clients.pending.len() >= limits::CLIENT_PENDING_MAX
-                && let Some(oldest) = self.clients.pending.pop_front()
-            {
-                self.node.handle_client_refused();
-                self.refuse_client(oldest, "too many client connections awaiting admission");
+            // Another user's connection is refused at once: it never holds a place among
+            // those awaiting admission (found by an outside-in review: a flood of them from a
+            // user who may not be a client evicted real clients' connections).
+            let foreign = !self.node.client_uid_allowed(uid);
+            if !foreign {
+                self.expire_pending_clients();
+                if self.clients.pending.len() >= limits::CLIENT_PENDING_MAX
+                    && let Some(oldest) = self.clients.pending.pop_front()
+                {
+                    self.node.handle_client_refused();
+                    self.refuse_client(oldest, "too many client connections awaiting admission");
+                }
             }
             let entry = self.clients.conns.vacant_entry();
             let i = entry.key();
@@ -175,6 +181,11 @@ impl EventLoop {
                 out_bytes: 0,
                 closing: false,
             });
+            if foreign {
+                self.node.handle_client_refused();
+                self.refuse_client(i, &format!("uid {uid} is not among client_uids"));
+                continue;
+            }
             self.clients.pending.push_back(i);
             self.clients.again.insert(i);
         }
@@ -417,7 +428,7 @@ impl EventLoop {
                 break;
             }
             let slices: Vec<IoSlice<'_>> = c.out.iter().take(64).map(|b| IoSlice::new(b)).collect();
-            match c.stream.write_vectored(&slices) {
+            match crate::driver::nosignal::send_vectored(&c.stream, &slices) {
                 Ok(mut n) => {
                     c.out_bytes -= n;
                     while n > 0 {
