@@ -298,9 +298,9 @@ typedef enum {
   TBON_LOG_TRACE = 5,
 } tbon_log_level;
 
-// Why a daemon stopped (`tbon_stop_reason`). Only `TBON_STOP_REQUESTED` and
-// `TBON_STOP_DVM_SHUTDOWN` are orderly ends; a supervisor should treat the others as this
-// daemon's failure.
+// Why a daemon stopped (`tbon_stop_reason`). Only `TBON_STOP_REQUESTED`,
+// `TBON_STOP_DVM_SHUTDOWN` and `TBON_STOP_LEFT` are orderly ends; a supervisor should treat
+// the others as this daemon's failure.
 typedef enum {
   // Still running.
   TBON_STOP_RUNNING = 0,

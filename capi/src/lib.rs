@@ -254,9 +254,9 @@ pub extern "C" fn tbon_log_callback(
     })
 }
 
-/// Why a daemon stopped (`tbon_stop_reason`). Only `TBON_STOP_REQUESTED` and
-/// `TBON_STOP_DVM_SHUTDOWN` are orderly ends; a supervisor should treat the others as this
-/// daemon's failure.
+/// Why a daemon stopped (`tbon_stop_reason`). Only `TBON_STOP_REQUESTED`,
+/// `TBON_STOP_DVM_SHUTDOWN` and `TBON_STOP_LEFT` are orderly ends; a supervisor should treat
+/// the others as this daemon's failure.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum tbon_stop {

@@ -33,7 +33,8 @@ pub struct SimArgs {
     pub faults: String,
     /// Rank 0's `bcast_part_bytes` in every seed (the workload's broadcasts are 20 to 84
     /// bytes: below that they are split into parts), instead of the daemon's default or the
-    /// `split` kind's choice.
+    /// `split` kind's choice. With --sweep-radix: the timed broadcast's parts (0: stored and
+    /// forwarded whole at each level, as PRRTE does) [default: the daemon's, 262144].
     #[arg(long)]
     pub bcast_part_bytes: Option<usize>,
     /// Stop at the first failing seed.
@@ -52,7 +53,7 @@ pub fn run(args: SimArgs) -> Result<i32, String> {
         log::set_max_level(log::LevelFilter::Off);
     }
     if args.sweep.sweep_radix {
-        return super::sweep::run(&args.sweep, args.daemons);
+        return super::sweep::run(&args.sweep, args.daemons, args.bcast_part_bytes);
     }
     super::sweep::check_unused(&args.sweep)?;
     let faults = FaultKinds::parse(&args.faults)?;

@@ -31,10 +31,6 @@ pub struct SweepArgs {
     /// Sweep: the timed broadcast's payload in bytes [default: 64].
     #[arg(long)]
     pub bcast_bytes: Option<usize>,
-    /// Sweep: rank 0 pipelines the broadcast in parts of this many bytes (0: stored and
-    /// forwarded whole at each level, as PRRTE does) [default: the daemon's, 262144].
-    #[arg(long)]
-    pub bcast_part_bytes: Option<usize>,
     /// Sweep: bytes per contact-table entry (wire-up's table is daemons x this) [default: 40].
     #[arg(long)]
     pub uri_bytes: Option<usize>,
@@ -48,7 +44,13 @@ const SWEEP_DAEMONS_DEFAULT: u32 = 1024;
 
 /// Runs the sweep; exit code 0, or an error (bad flags, or a protocol rule broken in one of
 /// the simulated runs).
-pub fn run(args: &SweepArgs, daemons: Option<u32>) -> Result<i32, String> {
+/// `bcast_part_bytes` is `tbon sim`'s own flag (one flag for both uses: clap gives a value to
+/// only one of two fields of the same name, and the sweep's never got it).
+pub fn run(
+    args: &SweepArgs,
+    daemons: Option<u32>,
+    bcast_part_bytes: Option<usize>,
+) -> Result<i32, String> {
     let size = daemons.unwrap_or(SWEEP_DAEMONS_DEFAULT);
     let radixes = if args.radixes.is_empty() {
         SweepParams::default_radixes(size)
@@ -63,9 +65,7 @@ pub fn run(args: &SweepArgs, daemons: Option<u32>) -> Result<i32, String> {
         bandwidth_mbps: args.bandwidth_mbps.unwrap_or(10_000),
         cores: args.cores.unwrap_or(0),
         bcast_bytes: args.bcast_bytes.unwrap_or(64),
-        bcast_part_bytes: args
-            .bcast_part_bytes
-            .unwrap_or(tbon::limits::XCAST_PART_BYTES_DEFAULT),
+        bcast_part_bytes: bcast_part_bytes.unwrap_or(tbon::limits::XCAST_PART_BYTES_DEFAULT),
         uri_bytes: args.uri_bytes.unwrap_or(40),
     };
     let s = sweep(&p)?;
@@ -140,13 +140,12 @@ pub fn check_unused(args: &SweepArgs) -> Result<(), String> {
         || args.bandwidth_mbps.is_some()
         || args.cores.is_some()
         || args.bcast_bytes.is_some()
-        || args.bcast_part_bytes.is_some()
         || args.uri_bytes.is_some()
         || args.format.is_some();
     if !args.sweep_radix && given {
         return Err(
             "--radixes, --latency-us, --frame-ns, --bandwidth-mbps, --cores, \
-             --bcast-bytes, --bcast-part-bytes, --uri-bytes and --format belong to \
+             --bcast-bytes, --uri-bytes and --format belong to \
              --sweep-radix"
                 .into(),
         );

@@ -73,6 +73,18 @@ fn costly_frames_make_the_flat_tree_lose() {
     assert_ne!(costly["recommended"], 199, "{costly}");
 }
 
+/// From a docs audit: `--bcast-part-bytes` was declared twice (the seeds' and the sweep's), and
+/// clap gave the value to the seeds' only, so the sweep always pipelined in 256 KiB parts. A
+/// broadcast of 1 MiB stored and forwarded whole must take longer than one in parts.
+#[test]
+fn the_sweep_takes_bcast_part_bytes() {
+    let big = ["--bcast-bytes", "1048576"];
+    let whole = sweep_json(&[&big[..], &["--bcast-part-bytes", "0"]].concat());
+    let parts = sweep_json(&big);
+    let bcast = |s: &serde_json::Value| s["rows"][0]["bcast_us"].as_u64().unwrap();
+    assert!(bcast(&whole) > bcast(&parts), "{whole} {parts}");
+}
+
 #[test]
 fn the_text_table_and_bad_flags() {
     let out = tbon(&[

@@ -22,8 +22,8 @@ pub const FATAL_RANK_0_WRONG_KEY: &str =
     "rank 0 answered but does not hold this daemon's job key (MAC mismatch)";
 
 /// Why a daemon stopped, readable after it has ([`crate::Handle::wait_stopped`]; C:
-/// `tbon_stop_reason`). Only `Requested` and `DvmShutdown` are orderly ends; a supervisor
-/// should treat the others as this daemon's failure. More reasons may come (non-exhaustive).
+/// `tbon_stop_reason`). Only `Requested`, `DvmShutdown` and `Left` are orderly ends
+/// ([`StopReason::is_orderly`]); a supervisor should treat the others as this daemon's failure. More reasons may come (non-exhaustive).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StopReason {

@@ -300,6 +300,30 @@ mod tests {
         ];
         assert_eq!((h.origin_life(), h.dst_life()), (1, 2));
         assert_eq!(h.encode(), want);
+        // docs/wire.md shows these bytes: its example must follow the protocol version.
+        let hex: Vec<String> = want.iter().map(|b| format!("{b:02x}")).collect();
+        let rows = [
+            format!(
+                "{}  {}  {}  {}",
+                hex[..4].join(" "),
+                hex[4..8].join(" "),
+                hex[8..12].join(" "),
+                hex[12..16].join(" ")
+            ),
+            format!("{}  {}", hex[16..24].join(" "), hex[24..32].join(" ")),
+            format!(
+                "{}  {}  <6 payload bytes>",
+                hex[32..36].join(" "),
+                hex[36..40].join(" ")
+            ),
+        ];
+        let doc = include_str!("../../docs/wire.md");
+        for row in &rows {
+            assert!(
+                doc.contains(row.as_str()),
+                "docs/wire.md lacks the example's row {row:?}"
+            );
+        }
     }
 
     #[test]
