@@ -186,8 +186,11 @@ pub const PENDING_HANDSHAKES_MAX: usize = 1_024;
 /// evicts: at wire-up 2,047 daemons on one machine dial rank 0 at once, and rank 0 used to
 /// accept a thousand in one turn and evict all but 64 of them (the per-source bound), which
 /// then retried and were evicted again. Paced, the others wait in the kernel's backlog and
-/// are taken as room frees. One connection is still taken per pace, so a stranger holding
-/// pending handshakes cannot stop a listener: what it holds is evicted as before.
+/// are taken as room frees. At least one connection is still taken per pace, so a stranger
+/// holding pending handshakes cannot stop a listener: what it holds is evicted as before.
+/// This is not a rate limit: one is also taken at each new readiness event of the listener,
+/// so a flood whose connections keep raising events is accepted faster (an outside-in review
+/// counted 35,759 evictions in 10 s at rank 0), each evicting the oldest pending handshake.
 pub const ACCEPT_PACE_PENDING: usize = 32;
 
 /// The pace of accepting above `ACCEPT_PACE_PENDING` pending handshakes (milliseconds).

@@ -1180,9 +1180,13 @@ impl EventLoop {
                          holds the operator credential ({why})"
                     )
                 } else {
+                    // Said as it is: a daemon of the DVM that gave up this dial (it found our
+                    // proof wrong, or its own dial of us won, or it stopped) hangs up here
+                    // too, not only a stranger (from an outside-in review: a repair's redial
+                    // read like an intrusion).
                     format!(
-                        "{addr} (claiming rank {p}) closed the connection before proving it \
-                         holds the job key ({why})"
+                        "{addr} (claiming rank {p}) closed the connection before its proof of \
+                         the job key: a stranger, or a daemon that gave up this dial ({why})"
                     )
                 }
             });
