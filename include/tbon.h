@@ -74,7 +74,9 @@
  * tbon_size never block. A log callback (tbon_log_callback) runs on whichever thread logs.
  *
  * FORK. A daemon's loop thread does not exist in a child made by fork(): a child must not use
- * a daemon its parent started (not even tbon_free; the child's copy of the handle is dead). Fork
+ * a daemon its parent started (not even tbon_free). In a child, the parent's daemon, client,
+ * stream, writer and status handles are TBON_ERR_BAD_HANDLE (tbon forgets them there, without
+ * freeing: their threads are not in the child); configurations and groups stay usable. Fork
  * before tbon_start, or exec in the child (the sockets are close-on-exec). A child may start
  * daemons of its own.
  *
@@ -881,6 +883,8 @@ extern "C" {
 // outside `TBON_LOG_OFF..TBON_LOG_TRACE`.
 tbon_rc tbon_log_callback(tbon_log_cb cb, void *user, int max_level);
 
+extern int pthread_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void));
+
 // A static, NUL-terminated description of a result code (never NULL; unknown codes get
 // "unknown tbon_rc"). Takes an `int` so that any value is safe to pass.
 const char *tbon_strerror(int rc);
@@ -1226,7 +1230,8 @@ tbon_rc tbon_counters_get(tbon_daemon d, tbon_counters *out);
 // Errors: `TBON_ERR_NO_SOCKET` (the daemon's `client_socket` setting is unset),
 // `TBON_ERR_BUSY` (1,024 jobs open on this daemon; or from a callback: this call waits for
 // the daemon's loop), `TBON_ERR_SHUT_DOWN`, `TBON_ERR_BAD_PARAM` (`key_hex` NULL,
-// `accept_from` NULL with `n_accept` > 0), `TBON_ERR_BAD_HANDLE`.
+// `accept_from` NULL with `n_accept` > 0), `TBON_ERR_TOO_LARGE` (`n_accept` above 1,024,
+// `CLIENT_ACCEPT_FROM_MAX`: nothing is read), `TBON_ERR_BAD_HANDLE`.
 tbon_rc tbon_client_job(tbon_daemon d,
                         uint64_t job,
                         const uint64_t *accept_from,
@@ -1691,7 +1696,8 @@ tbon_rc tbon_serve(tbon_daemon d, const char *service, tbon_serve_cb cb, void *u
 // `*written` < `len`; write the rest later. The stream's end: `TBON_ERR_CANCELLED` (the
 // consumer gave it up, or moved it to a new stream: the service is called again for the
 // rest), `TBON_ERR_PEER_DIED`, `TBON_ERR_CORRUPT`, `TBON_ERR_SHUT_DOWN`: stop producing.
-// One thread at a time per writer.
+// `TBON_ERR_TOO_LARGE`: no memory for the copy of `len` bytes (nothing taken; write less at a
+// time, or use `tbon_writer_write_nocopy`). One thread at a time per writer.
 tbon_rc tbon_writer_write(tbon_writer w,
                           const void *data,
                           size_t len,

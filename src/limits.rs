@@ -945,6 +945,10 @@ pub const CLIENTS_MAX: usize = 4_096;
 /// Jobs open for clients on one daemon (`Handle::client_job`); beyond it the call fails
 /// `Busy`. `Handle::client_job_close` frees one.
 pub const CLIENT_JOBS_MAX: usize = 1_024;
+
+/// The jobs one job's `accept_from` may list (`Handle::client_job`; C: `n_accept`): a longer
+/// list is refused (`ClientError::TooLarge`, C `TBON_ERR_TOO_LARGE`) before it is copied.
+pub const CLIENT_ACCEPT_FROM_MAX: usize = 1_024;
 /// Connections to the client socket that have not yet been admitted; at the bound the oldest
 /// is closed. Each also closes after `handshake_timeout_ms`.
 pub const CLIENT_PENDING_MAX: usize = 64;

@@ -561,4 +561,11 @@ fn another_users_connections_are_refused_as_they_are_accepted() {
     }
     let c = d.handle().counters().unwrap().clients;
     assert_eq!(c.refused, tbon::limits::CLIENT_PENDING_MAX as u64 + 16);
+    // A job's accept_from list has its bound too.
+    let max = tbon::limits::CLIENT_ACCEPT_FROM_MAX;
+    assert_eq!(
+        d.handle().client_job(2, &vec![1; max + 1]).unwrap_err(),
+        ClientError::TooLarge { len: max + 1, max }
+    );
+    assert!(d.handle().client_job(2, &vec![1; max]).is_ok());
 }

@@ -200,6 +200,14 @@ unsafe fn jobs_arg<'a>(accept: *const u64, n: usize) -> Result<&'a [u64], Fail> 
     if n == 0 {
         return Ok(&[]);
     }
+    // Before the slice is made: a length beyond the bound must not be read (or be undefined).
+    let max = tbon::limits::CLIENT_ACCEPT_FROM_MAX;
+    if n > max {
+        return fail(
+            tbon_rc::TBON_ERR_TOO_LARGE,
+            format!("accept_from lists {n} jobs; at most {max}"),
+        );
+    }
     non_null(accept, "accept_from")?;
     // SAFETY: non-null, and the caller promised `n` readable job numbers for the call.
     Ok(unsafe { std::slice::from_raw_parts(accept, n) })
@@ -363,7 +371,8 @@ unsafe fn register(client: Client, out: *mut tbon_client) {
 /// Errors: `TBON_ERR_NO_SOCKET` (the daemon's `client_socket` setting is unset),
 /// `TBON_ERR_BUSY` (1,024 jobs open on this daemon; or from a callback: this call waits for
 /// the daemon's loop), `TBON_ERR_SHUT_DOWN`, `TBON_ERR_BAD_PARAM` (`key_hex` NULL,
-/// `accept_from` NULL with `n_accept` > 0), `TBON_ERR_BAD_HANDLE`.
+/// `accept_from` NULL with `n_accept` > 0), `TBON_ERR_TOO_LARGE` (`n_accept` above 1,024,
+/// `CLIENT_ACCEPT_FROM_MAX`: nothing is read), `TBON_ERR_BAD_HANDLE`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tbon_client_job(
     d: tbon_daemon,

@@ -178,6 +178,14 @@ pub unsafe extern "C" fn tbon_group_new(
 ) -> tbon_rc {
     guard(|| {
         non_null(out, "out")?;
+        // Before the slice is made: a length beyond the bound must not be read.
+        let max = tbon::limits::GROUP_MEMBERS_MAX;
+        if nmembers > max {
+            return fail(
+                tbon_rc::TBON_ERR_TOO_LARGE,
+                format!("a group of {nmembers} members; at most {max}"),
+            );
+        }
         let ranks: &[u32] = if nmembers == 0 {
             &[]
         } else {

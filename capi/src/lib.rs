@@ -859,6 +859,8 @@ struct DaemonEntry {
 
 #[derive(Default)]
 struct Registry {
+    /// The process generation ([`FORKS`]) its handles belong to.
+    forks: u64,
     next_id: u64,
     configs: HashMap<u64, Config>,
     daemons: HashMap<u64, Arc<DaemonEntry>>,
@@ -873,6 +875,17 @@ impl Registry {
     fn new_id(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
+    }
+
+    /// In a forked child: forgets the parent's daemons and what hangs on their threads,
+    /// without dropping them (a drop would stop and join threads this process does not have).
+    /// Configurations and groups are plain data and stay usable.
+    fn forget_the_parents(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.daemons));
+        std::mem::forget(std::mem::take(&mut self.writers));
+        std::mem::forget(std::mem::take(&mut self.streams));
+        std::mem::forget(std::mem::take(&mut self.statuses));
+        std::mem::forget(std::mem::take(&mut self.clients));
     }
 
     /// Gives the tables' memory back once they are empty, so that a program that freed all its
@@ -904,8 +917,77 @@ impl Registry {
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 
+/// How many times this process is a child made by `fork()` of a process that used tbon:
+/// bumped in the child (`pthread_atfork`). The daemons, clients, streams, writers and status
+/// queries of the registry then belong to the parent: their threads do not exist here, and
+/// using them sent into the void, blocked for ever or panicked (found by an outside-in C
+/// program). The child forgets them, so their handles are `TBON_ERR_BAD_HANDLE` there.
+static FORKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static WATCH_FORKS: std::sync::Once = std::sync::Once::new();
+
+thread_local! {
+    /// The registry's lock, held by the forking thread across `fork()`: a child must not
+    /// inherit it locked by a thread it does not have.
+    static HELD_ACROSS_FORK: RefCell<Option<std::sync::MutexGuard<'static, Registry>>> =
+        const { RefCell::new(None) };
+}
+
+unsafe extern "C" {
+    fn pthread_atfork(
+        prepare: Option<unsafe extern "C" fn()>,
+        parent: Option<unsafe extern "C" fn()>,
+        child: Option<unsafe extern "C" fn()>,
+    ) -> c_int;
+}
+
+/// Tries for a bounded while (`FORK_LOCK_TRIES`): the forking thread may hold the lock itself
+/// (a fork from inside a callback), and must not wait for itself.
+unsafe extern "C" fn before_fork() {
+    for _ in 0..FORK_LOCK_TRIES {
+        match REGISTRY.try_lock() {
+            Ok(held) => {
+                HELD_ACROSS_FORK.with(|h| *h.borrow_mut() = Some(held));
+                return;
+            }
+            Err(std::sync::TryLockError::Poisoned(e)) => {
+                HELD_ACROSS_FORK.with(|h| *h.borrow_mut() = Some(e.into_inner()));
+                return;
+            }
+            Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+    }
+}
+
+/// How many times `before_fork` tries the registry's lock (each try yields the processor).
+const FORK_LOCK_TRIES: u32 = 10_000;
+
+unsafe extern "C" fn after_fork_in_parent() {
+    HELD_ACROSS_FORK.with(|h| drop(h.borrow_mut().take()));
+}
+
+unsafe extern "C" fn after_fork_in_child() {
+    FORKS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    HELD_ACROSS_FORK.with(|h| drop(h.borrow_mut().take()));
+}
+
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
-    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+    WATCH_FORKS.call_once(|| {
+        // SAFETY: three handlers with the C signature pthread_atfork expects; registered once.
+        unsafe {
+            pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_in_parent),
+                Some(after_fork_in_child),
+            )
+        };
+    });
+    let mut r = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    let forks = FORKS.load(std::sync::atomic::Ordering::SeqCst);
+    if r.forks != forks {
+        r.forget_the_parents();
+        r.forks = forks;
+    }
+    r
 }
 
 fn entry(d: tbon_daemon) -> Result<Arc<DaemonEntry>, Fail> {
@@ -913,7 +995,10 @@ fn entry(d: tbon_daemon) -> Result<Arc<DaemonEntry>, Fail> {
         Some(e) => Ok(Arc::clone(e)),
         None => fail(
             tbon_rc::TBON_ERR_BAD_HANDLE,
-            format!("no daemon with handle {d} (never started or already freed)"),
+            format!(
+                "no daemon with handle {d} (never started, already freed, or started by the \
+                 parent of this forked process)"
+            ),
         ),
     }
 }
@@ -1697,7 +1782,14 @@ pub unsafe extern "C" fn tbon_send_batch(
             return Ok(());
         }
         non_null(msgs, "msgs")?;
-        // SAFETY: non-null, and the caller promised `n` readable elements for the call.
+        if n > isize::MAX as usize / std::mem::size_of::<tbon_outgoing>() {
+            return fail(
+                tbon_rc::TBON_ERR_TOO_LARGE,
+                format!("{n} messages is more than any array holds"),
+            );
+        }
+        // SAFETY: non-null, within isize::MAX bytes, and the caller promised `n` readable
+        // elements for the call.
         let all = unsafe { std::slice::from_raw_parts(msgs, n) };
         let (size, max) = (h.size(), h.msg_max_bytes());
         for (i, m) in all.iter().enumerate() {
@@ -1821,6 +1913,13 @@ fn lend(
     });
     if len > 0 {
         non_null(data, "data")?;
+    }
+    // No slice may span more (its bytes are sliced later); `lent` is freed on the way out.
+    if len > isize::MAX as usize {
+        return fail(
+            tbon_rc::TBON_ERR_TOO_LARGE,
+            format!("{len} bytes is larger than any buffer"),
+        );
     }
     Ok(lent)
 }

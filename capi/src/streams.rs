@@ -142,9 +142,24 @@ unsafe fn bytes_arg(
             format!("a {what} of {len} bytes exceeds the maximum of {max} bytes"),
         );
     }
-    // SAFETY: non-null, and the caller promised `len` readable bytes for the call.
+    if len > isize::MAX as usize {
+        return fail(
+            tbon_rc::TBON_ERR_TOO_LARGE,
+            format!("a {what} of {len} bytes is larger than any buffer"),
+        );
+    }
+    // SAFETY: non-null, at most isize::MAX, and the caller promised `len` readable bytes.
     let s = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
-    Ok(Bytes::copy_from_slice(s))
+    // A copy the allocator cannot give is an error, not an abort of the caller's process.
+    let mut copy = Vec::new();
+    if copy.try_reserve_exact(len).is_err() {
+        return fail(
+            tbon_rc::TBON_ERR_TOO_LARGE,
+            format!("no memory for a copy of the {len} bytes of {what}"),
+        );
+    }
+    copy.extend_from_slice(s);
+    Ok(Bytes::from(copy))
 }
 
 /// A service name: NUL-terminated UTF-8 of at most `limits::STREAM_SERVICE_MAX` bytes.
@@ -318,7 +333,8 @@ fn run_service(
 /// `*written` < `len`; write the rest later. The stream's end: `TBON_ERR_CANCELLED` (the
 /// consumer gave it up, or moved it to a new stream: the service is called again for the
 /// rest), `TBON_ERR_PEER_DIED`, `TBON_ERR_CORRUPT`, `TBON_ERR_SHUT_DOWN`: stop producing.
-/// One thread at a time per writer.
+/// `TBON_ERR_TOO_LARGE`: no memory for the copy of `len` bytes (nothing taken; write less at a
+/// time, or use `tbon_writer_write_nocopy`). One thread at a time per writer.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tbon_writer_write(
     w: tbon_writer,

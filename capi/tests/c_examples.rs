@@ -204,6 +204,15 @@ fn c_client_processes_of_two_jobs_talk_through_their_daemons() {
     run_example("client");
 }
 
+/// In a forked child the parent's handles are `TBON_ERR_BAD_HANDLE` (no send into the void,
+/// no panic, no hang), the child may start its own daemon, and lengths past every bound are
+/// `TBON_ERR_TOO_LARGE` before anything is read (see the program's comment).
+#[test]
+fn c_a_forked_child_and_lengths_past_the_bounds_get_errors() {
+    let exe = build_c("capi/tests/c/fork_and_bounds.c", "c-test-fork_and_bounds");
+    run_program("fork_and_bounds", &exe, &[]);
+}
+
 /// A C daemon is not killed by SIGPIPE when local processes abandon connections to its client
 /// socket (it was: exit 141; see the program's comment).
 #[test]

@@ -175,7 +175,8 @@ pub enum ClientError {
     /// the receiver.
     NodeDown(Rank),
     /// The payload is larger than `Client::msg_max_bytes` (the DVM's `msg_max_bytes` less the
-    /// 28-byte header a client message carries between daemons).
+    /// 28-byte header a client message carries between daemons). From `Handle::client_job`:
+    /// `accept_from` lists more than `limits::CLIENT_ACCEPT_FROM_MAX` jobs (`len` jobs).
     TooLarge {
         /// The payload's length.
         len: usize,
@@ -216,7 +217,11 @@ impl fmt::Display for ClientError {
             ClientError::ClientGone(n) => write!(f, "client {n} has exited"),
             ClientError::NodeDown(r) => write!(f, "daemon {r} died"),
             ClientError::TooLarge { len, max } => {
-                write!(f, "payload of {len} bytes exceeds msg_max_bytes {max}")
+                write!(
+                    f,
+                    "{len} is above the limit of {max} (a payload's bytes: msg_max_bytes; \
+                           a job's accept_from: CLIENT_ACCEPT_FROM_MAX)"
+                )
             }
             ClientError::ReservedTag(t) => write!(f, "tag {t} is reserved for the runtime"),
             ClientError::Busy => write!(f, "busy: a client bound is reached; try again later"),

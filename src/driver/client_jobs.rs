@@ -13,7 +13,9 @@ impl Handle {
     /// job decides). Opening a job again makes a new key (clients admitted stay) and replaces
     /// the list.
     ///
-    /// Errors: [`ClientError::NoSocket`] (the `client_socket` setting is unset),
+    /// Errors: [`ClientError::NoSocket`] (the `client_socket` setting is unset), `TooLarge`
+    /// (`accept_from` lists more than `limits::CLIENT_ACCEPT_FROM_MAX` jobs: `len` jobs,
+    /// `max` the bound),
     /// `Busy` (`limits::CLIENT_JOBS_MAX` jobs open, closed ones with clients left included;
     /// or a call from a callback on the daemon's loop thread, which cannot wait for the loop's
     /// answer), `DaemonLost` (the daemon stopped).
@@ -41,6 +43,12 @@ impl Handle {
         let Some(socket) = self.shared.client_socket.clone() else {
             return Err(ClientError::NoSocket);
         };
+        if accept_from.len() > crate::limits::CLIENT_ACCEPT_FROM_MAX {
+            return Err(ClientError::TooLarge {
+                len: accept_from.len(),
+                max: crate::limits::CLIENT_ACCEPT_FROM_MAX,
+            });
+        }
         if self.shared.on_loop_thread() {
             return Err(ClientError::Busy);
         }
