@@ -930,7 +930,9 @@ tbon_rc tbon_start(tbon_config cfg,
 // `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK`, `PMIX_RANK`; `TBON_SIZE`, `SLURM_NTASKS`,
 // `OMPI_COMM_WORLD_SIZE`); rank 0 is found through `rendezvous`: `"uri:URI"`, `"file:PATH"`
 // (rank 0 writes its URI there and removes it when its daemon is freed; the others wait for
-// it up to the wire-up timeout) or `"host:NAME:PORT"` (no shared filesystem: rank 0 listens
+// it up to the wire-up timeout; remove a file left by a run that did not end cleanly before
+// the launch: a rank that reads it dials a rank 0 that is gone and fails, it does not wait
+// for a new one) or `"host:NAME:PORT"` (no shared filesystem: rank 0 listens
 // on PORT; the others wait up to the wire-up timeout for it to listen, then dial NAME:PORT),
 // or, if NULL, from `TBON_HNP`, `TBON_HNP_FILE` or
 // `TBON_HNP_HOST` (`NAME:PORT`). Rank 0 needs no rendezvous unless others look for it in a
@@ -1195,7 +1197,10 @@ tbon_rc tbon_purge(tbon_daemon d, uint32_t peer);
 // is returned with the required length in `*len`: size `buf` for `msg_max_bytes` if in doubt.
 // `buf` may be NULL only if `*len` is 0. Errors: `TBON_ERR_TIMED_OUT`, `TBON_ERR_DUPLICATE`
 // (a receive for this peer and tag is posted), `TBON_ERR_SHUT_DOWN`, argument errors as
-// `tbon_recv`. Not from a callback (`TBON_ERR_BUSY`).
+// `tbon_recv`. Not from a callback (`TBON_ERR_BUSY`). The receive is posted and withdrawn by
+// the daemon's loop thread (so that a message matched as the time runs out is not lost): while
+// a callback holds that thread, the call returns only once the callback has (keep callbacks
+// short).
 tbon_rc tbon_recv_blocking(tbon_daemon d,
                            uint32_t peer,
                            uint32_t tag,
