@@ -196,17 +196,7 @@ fn a_daemon_given_another_size_than_rank_0_exits_1_saying_so() {
     let dir = std::env::temp_dir().join(format!("tbon-proc-size-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let uri_file = dir.join("hnp.uri");
-    let _ = std::fs::remove_file(&uri_file);
-    let mut dvm = Dvm(Vec::new());
-    dvm.0.push(daemon(0, 2, &uri_file).spawn().unwrap());
-    let deadline = std::time::Instant::now() + HANG_GUARD;
-    while !uri_file.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "rank 0 wrote no URI file"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let _dvm = rank_0_of_2(&uri_file);
     let mut wrong = daemon(1, 3, &uri_file);
     wrong.stderr(Stdio::piped());
     let child = wrong.spawn().unwrap();
@@ -239,19 +229,9 @@ fn a_daemon_with_another_key_than_rank_0_exits_1_naming_the_key() {
     let dir = std::env::temp_dir().join(format!("tbon-proc-key-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let uri_file = dir.join("hnp.uri");
-    let _ = std::fs::remove_file(&uri_file);
     let other_key = dir.join("other.key");
     std::fs::write(&other_key, "another-job-key-of-32-bytes-long").unwrap();
-    let mut dvm = Dvm(Vec::new());
-    dvm.0.push(daemon(0, 2, &uri_file).spawn().unwrap());
-    let deadline = std::time::Instant::now() + HANG_GUARD;
-    while !uri_file.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "rank 0 wrote no URI file"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let _dvm = rank_0_of_2(&uri_file);
     let mut wrong = Command::new(env!("CARGO_BIN_EXE_tbon"));
     wrong
         .args(["daemon", "--rank", "1", "--size", "2", "--radix", "2"])
@@ -278,6 +258,21 @@ fn a_daemon_with_another_key_than_rank_0_exits_1_naming_the_key() {
         started.elapsed()
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Rank 0 of a DVM of 2 with its URI file written (killed when the `Dvm` drops).
+fn rank_0_of_2(uri_file: &std::path::Path) -> Dvm {
+    let _ = std::fs::remove_file(uri_file);
+    let dvm = Dvm(vec![daemon(0, 2, uri_file).spawn().unwrap()]);
+    let deadline = std::time::Instant::now() + HANG_GUARD;
+    while !uri_file.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rank 0 wrote no URI file"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    dvm
 }
 
 /// A URI file naming a rank 0 that is gone (its port now closed), as an earlier run leaves it.
