@@ -104,6 +104,26 @@ fn a_daemon_with_the_wrong_key_cannot_join() {
         )),
         "the stop names the key, not the network"
     );
+    // A restarted (or joining) daemon with the wrong key says so too, after its dials: it
+    // used to ask again until its rejoin's deadline (twice the wire-up timeout).
+    let mut rejoining = loopback_config(2);
+    rejoining.key_file = Some(wrong.display().to_string());
+    rejoining.reconnect_base_ms = 10;
+    rejoining.rejoin = true;
+    rejoining.wireup_timeout_ms = 60_000;
+    let started = Instant::now();
+    let again = tbon::start(rejoining, 1, 2, Some(root.contact_uri())).unwrap();
+    assert_eq!(
+        again.wait_stopped(HANG_GUARD),
+        Some(StopReason::RootLost(
+            tbon::node::FATAL_RANK_0_WRONG_KEY.into()
+        ))
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
     assert!(!root.wait_wired(Duration::from_millis(10)));
     // Rank 0 saw each attempt hang up before the proof, and counted it.
     assert!(root.counters().unwrap().protocol_errors >= 1);

@@ -385,6 +385,21 @@ impl Node {
                 "rank {}: rank {peer} unreachable while rejoining; ignored",
                 self.me
             );
+        } else if peer == 0
+            && self.root_refused_key
+            && matches!(self.wire, super::Wire::Rejoining(..))
+            && self.stopping.is_none()
+        {
+            // Another key will not become this one: asking again until the rejoin's deadline
+            // only hid the cause for two minutes (from an outside-in walkthrough).
+            log::error!(
+                "rank {}: rank 0 answered but does not hold this daemon's job key",
+                self.me
+            );
+            self.begin_stop(
+                now,
+                super::StopReason::RootLost(super::FATAL_RANK_0_WRONG_KEY.into()),
+            );
         } else if matches!(self.wire, super::Wire::Rejoining(..)) {
             // Rank 0 out of reach for a while (a partition, a switch restarting): the request
             // goes again every `REJOIN_RETRY_MS`, which dials again, until the rejoin's

@@ -669,11 +669,17 @@ pub fn analyse(inp: Input<'_>) -> Report {
     }
     let passed = ran && problems.is_empty() && checks.iter().all(|(_, ok)| *ok);
 
-    let mode = match args.mode {
-        super::super::workload::Mode::Mixed => {
+    let mode = match (args.mode, args.pattern) {
+        // The pattern decides what a message is: say so rather than the mixed mode's shares
+        // (from an outside-in walkthrough: the header said "1 in 20 broadcast" for a run of
+        // broadcasts only).
+        (super::super::workload::Mode::Mixed, super::super::workload::Pattern::Broadcast) => {
+            "mixed (the pattern makes every message a broadcast)".to_string()
+        }
+        (super::super::workload::Mode::Mixed, _) => {
             "mixed (1 in 20 broadcast, 1 in 4 point-to-point reliable)".to_string()
         }
-        m => value_name(&m),
+        (m, _) => value_name(&m),
     };
     let mut t = String::new();
     let _ = writeln!(
