@@ -126,10 +126,15 @@ fn wrong_credentials_and_misbehaving_tools_are_refused() {
         dvm_id: "another-dvm".into(),
         ..contact.clone()
     };
-    assert!(matches!(
-        tbon::status::query(&bad_contact, &operator(), &opts),
-        Err(StatusError::Refused(_))
-    ));
+    match tbon::status::query(&bad_contact, &operator(), &opts) {
+        Err(StatusError::Refused(why)) => {
+            assert!(
+                why.contains("another DVM") && why.contains("another-dvm"),
+                "{why}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
 
     // A tool that sends a user message instead of a query is cut off.
     let addr = contact.addrs[0];

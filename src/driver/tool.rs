@@ -48,8 +48,9 @@ impl Default for StatusOptions {
 /// Errors: `Invalid` (a zero budget or connect timeout), `Unreachable` (no address answered,
 /// or the handshake did not complete in time: a stopped daemon), `Credential` (the daemon
 /// does not hold the key the credential derives from), `Refused` (the daemon is not wired up,
-/// stopping, busy, or closed the connection during the handshake: too many tools, or a
-/// contact naming another DVM or rank), `TimedOut` (no answer in time), `ShutDown` (the
+/// stopping, busy, or closed the connection during the handshake: its text says whether it
+/// refused the tool's `Hello` (a contact naming another DVM or rank, or every tool slot
+/// taken) or hung up after the credential was proved (too many tools, or stopping)), `TimedOut` (no answer in time), `ShutDown` (the
 /// connection closed before the answer), `Protocol`.
 pub fn query(
     contact: &ContactUri,
@@ -103,13 +104,22 @@ pub fn query(
         while let Some((h, p)) = hs.poll_transmit() {
             write_frame(&mut stream, &h, &p).map_err(io)?;
         }
+        // Which step the daemon hung up at tells the causes apart: a refused `Hello` (another
+        // DVM, another rank, every tool slot taken) or a proof beyond the last tool slot.
+        let proved = hs.has_sent_proof();
         let frame =
             read_frame(&mut stream, &mut decoder, handshake_deadline).map_err(|e| match e {
-                ReadError::Closed => StatusError::Refused(
-                    "the daemon closed the connection during the handshake: too many operator \
-                     tools connected (try again), or the contact names another DVM or rank"
-                        .into(),
-                ),
+                ReadError::Closed if proved => StatusError::Refused(format!(
+                    "the daemon closed the connection once the credential was proved: too many \
+                     operator tools connected (at most {}; try again), or it is stopping",
+                    limits::TOOL_CONNECTIONS_MAX
+                )),
+                ReadError::Closed => StatusError::Refused(format!(
+                    "the daemon refused this tool's Hello: the contact names DVM {:?} and rank \
+                     {}, and the daemon at that address is of another DVM or rank (a stale URI \
+                     file?), or too many operator tools are connected (try again)",
+                    contact.dvm_id, contact.rank
+                )),
                 ReadError::TimedOut => StatusError::Unreachable(
                     "the daemon did not complete the handshake in time (stopped or overloaded?)"
                         .into(),
