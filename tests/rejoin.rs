@@ -281,3 +281,93 @@ fn a_group_collective_in_flight_across_a_rejoin_completes_and_the_next_waits_for
         d.shutdown();
     }
 }
+
+/// A second daemon for a living rank, started without `rejoin` or with it before any death, is
+/// refused on its own connection: rank 0's link to the living daemon stays, and no plain message
+/// flowing over it meanwhile is lost. (Rank 0 used to let the newcomer's connection replace the
+/// living daemon's link for a moment; the link session of another incarnation then gave up what
+/// was in flight, and the living daemon had to reconnect.)
+#[test]
+fn a_second_daemon_for_a_living_rank_leaves_its_link_and_its_messages_alone() {
+    const TAG: u32 = 4_242;
+    let cfg = loopback_config(2);
+    let dvm = start_dvm(2, &cfg);
+    let got = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let in_order = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (g, o) = (got.clone(), in_order.clone());
+    dvm[1]
+        .recv(
+            tbon::Peer::Rank(0),
+            TAG,
+            tbon::RecvMode::Persistent,
+            move |m| {
+                let n = u64::from_le_bytes(m.payload[..8].try_into().unwrap());
+                if n != g.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                    o.store(false, std::sync::atomic::Ordering::SeqCst);
+                }
+            },
+        )
+        .unwrap();
+    // Rank 0 sends to rank 1 without pause while the second daemons try their luck.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender = {
+        let (h, stop) = (dvm[0].handle(), stop.clone());
+        std::thread::spawn(move || {
+            let mut sent = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match h.send(1, TAG, Bytes::from(sent.to_le_bytes().to_vec())) {
+                    Ok(()) => sent += 1,
+                    Err(tbon::SendError::Busy(_)) => std::thread::sleep(Duration::from_micros(200)),
+                    Err(e) => panic!("send {sent}: {e}"),
+                }
+            }
+            sent
+        })
+    };
+    wait_for("the first messages", || {
+        got.load(std::sync::atomic::Ordering::SeqCst) > 1_000
+    });
+    let uri = dvm[0].contact_uri().to_string();
+    for rejoin in [false, true] {
+        let second = tbon::start(
+            Config {
+                rejoin,
+                ..cfg.clone()
+            },
+            1,
+            2,
+            Some(&uri),
+        )
+        .expect("start the second daemon");
+        match second.wait_stopped(HANG_GUARD) {
+            Some(tbon::StopReason::Fatal(why)) => {
+                assert!(why.contains("alive"), "rejoin {rejoin}: {why}")
+            }
+            other => panic!("rejoin {rejoin}: the second daemon was not refused: {other:?}"),
+        }
+    }
+    // Some more traffic after the second attempt, then every message counted, in order.
+    let after = got.load(std::sync::atomic::Ordering::SeqCst) + 1_000;
+    wait_for("messages after the attempts", || {
+        got.load(std::sync::atomic::Ordering::SeqCst) > after
+    });
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent = sender.join().unwrap();
+    wait_for("every message sent", || {
+        got.load(std::sync::atomic::Ordering::SeqCst) >= sent
+    });
+    assert_eq!(got.load(std::sync::atomic::Ordering::SeqCst), sent);
+    assert!(
+        in_order.load(std::sync::atomic::Ordering::SeqCst),
+        "out of order or lost"
+    );
+    let c0 = dvm[0].counters().unwrap();
+    assert_eq!(c0.rejoins_refused, 2, "{c0:?}");
+    assert!(c0.failed.is_empty(), "{c0:?}");
+    let c1 = dvm[1].counters().unwrap();
+    assert_eq!(
+        (c1.link_resumes, c1.link_frames_given_up),
+        (0, 0),
+        "rank 1's link was broken: {c1:?}"
+    );
+}

@@ -130,6 +130,37 @@ impl Node {
             && self.known_incarnation(from).is_some_and(|k| h.epoch > k)
     }
 
+    /// Rank 0, wired: whether a connection that proved it is rank `peer`, `incarnation`, comes
+    /// from a second daemon for a living rank: `peer` is alive here and `incarnation` is later
+    /// than the one rank 0 knows for it, which no admission recorded (a second daemon started
+    /// without `rejoin`, or a restart with `rejoin` before the DVM confirmed the death). The
+    /// driver answers it with [`second_daemon_refusal`](Self::second_daemon_refusal) on that
+    /// connection and closes it: the living daemon's link is not replaced, so nothing in
+    /// flight on it is given up.
+    pub fn is_second_daemon(&self, peer: Rank, incarnation: u64) -> bool {
+        self.me == 0
+            && self.is_wired()
+            && self.stopping.is_none()
+            && !self.routing.is_failed(peer)
+            && self
+                .known_incarnation(peer)
+                .is_some_and(|k| incarnation > k)
+    }
+
+    /// Rank 0: the refusal [`Refusal::Alive`] for a second daemon for living rank `peer`, to
+    /// write on its own connection ([`is_second_daemon`](Self::is_second_daemon)); counted in
+    /// `rejoins_refused`.
+    pub fn second_daemon_refusal(&mut self, peer: Rank) -> (crate::oob::header::Header, Bytes) {
+        log::warn!(
+            "rank 0: a second daemon for rank {peer}, which is alive, connected; refusing it \
+             (the living daemon's link stays)"
+        );
+        self.counters.rejoins_refused += 1;
+        let p = Refusal::Alive.encode();
+        let header = self.header(Kind::Msg, 0, peer, TAG_REJOIN_REFUSED, p.len());
+        (header, p)
+    }
+
     /// Rank 0: refuses a second daemon for living rank `from` (see
     /// [`is_second_daemon_report`](Self::is_second_daemon_report)).
     pub(super) fn refuse_second_daemon(&mut self, from: Rank) {
@@ -203,6 +234,16 @@ impl Node {
                     h.tag,
                     TAG_WELCOME | TAG_REJOIN_REFUSED | crate::faults::notice::TAG_DECLARED_DEAD
                 );
+        }
+        if matches!(self.wire, Wire::Waiting(..))
+            && h.kind == Kind::Msg
+            && h.origin == 0
+            && h.dst == self.me
+            && h.tag == TAG_REJOIN_REFUSED
+        {
+            // A second daemon for a living rank, refused: rank 0 wrote the living daemon's
+            // life, which this one, not wired, does not know (a rank admitted back has life 1).
+            return true;
         }
         let routed = matches!(h.kind, Kind::Msg | Kind::RelmData);
         h.origin_life() == self.life_of(h.origin)

@@ -896,6 +896,14 @@ impl EventLoop {
             self.tell_dead_and_close(tok, peer);
             return;
         }
+        if self.node.is_second_daemon(peer, incarnation) {
+            // Rank 0: a second daemon for a living rank. Answered on its own connection, so
+            // that the living daemon's link (and what is in flight on it) stays.
+            self.admit_conn(tok);
+            let (h, payload) = self.node.second_daemon_refusal(peer);
+            self.answer_and_close(tok, peer, h, payload);
+            return;
+        }
         let quiet = Duration::from_millis(self.link_stall_ms() / 2);
         let now = self.now;
         let link = self.links.entry(peer).or_default();
@@ -1483,6 +1491,12 @@ impl EventLoop {
     /// up.
     fn tell_dead_and_close(&mut self, tok: usize, peer: Rank) {
         let h = self.node.declared_dead_frame(peer);
+        self.answer_and_close(tok, peer, h, Bytes::new());
+    }
+
+    /// Writes one frame on an admitted connection that will not become `peer`'s link (a
+    /// dialler reads nothing before `Ready`), then closes it.
+    fn answer_and_close(&mut self, tok: usize, peer: Rank, h: Header, payload: Bytes) {
         if let Some(conn) = self.conns.get_mut(tok) {
             // The dialler's end is established: its session wants a `Resume` before any
             // frame (session 0 is no real session's number).
@@ -1491,7 +1505,7 @@ impl EventLoop {
                 first: 0,
             };
             let _ = conn.push(start.header(self.me, peer), Bytes::new(), None);
-            let _ = conn.push(h, Bytes::new(), None);
+            let _ = conn.push(h, payload, None);
             let mut done = Vec::new();
             // One tiny frame on a fresh socket; if the kernel does not take it now, the peer
             // learns it from the closed connection and its failed reconnects instead.
