@@ -255,7 +255,10 @@ pub struct StreamCounters {
     /// Consumer: times a stream resumed at the byte it stood at (a relay died, a link was
     /// lost, a gap, a silence).
     pub resumes: u64,
-    /// Consumer: data bytes received and checked, handed to the application.
+    /// Consumer: data bytes received in order and handed towards the application: a
+    /// `Stream` reader's queue counts too, so this runs up to a window ahead of what the
+    /// application has read (and a reader-checked chunk is checked by the reader's thread,
+    /// after it is counted here).
     pub bytes_received: u64,
     /// Streams open now: produced here, and fetched here.
     pub producing: u64,
@@ -301,12 +304,15 @@ pub struct DirectCounters {
     pub fallbacks: u64,
     /// Idle links this daemon closed to make room for a new one (least recently used first).
     pub links_evicted: u64,
-    /// User messages originated here that took a direct link, and their payload bytes.
+    /// User messages originated here that took a direct link, and their payload bytes. A
+    /// stream's own messages count too, by the route they took: a consumer's credit and a
+    /// producer's data (streams travel as messages of runtime tag 14).
     pub direct_messages: u64,
     /// Payload bytes of `direct_messages`.
     pub direct_bytes: u64,
     /// User messages originated here for daemons that are not tree neighbours that took the
-    /// tree, and their payload bytes.
+    /// tree, and their payload bytes (a stream's own messages too, as for
+    /// `direct_messages`).
     pub tree_messages: u64,
     /// Payload bytes of `tree_messages`.
     pub tree_bytes: u64,

@@ -38,13 +38,14 @@ pub struct FetchOptions {
     /// The bytes the producer may send ahead of what the application took (the credit
     /// window; at most `limits::STREAM_WINDOW_MAX`, a larger one is cut to it): this bounds
     /// the stream's memory here and on every relay, and with the round trip its rate.
-    /// Default 4 MiB.
+    /// Default 4 MiB; 0 means the default (as in C's `tbon_fetch_opts`).
     pub window: u32,
     /// How long the stream waits for news from the producer while it owes us bytes before it
     /// fails `TimedOut`, never longer. Each quarter of it without news resumes the stream
     /// (bytes may have been lost on the way), which calls the producer's service again from
     /// the byte the stream stands at: a service should send its first bytes within a quarter
-    /// of it. A reader that holds every granted byte runs no clock. Default 60 s.
+    /// of it. A reader that holds every granted byte runs no clock. Default 60 s; zero means
+    /// the default (as in C's `tbon_fetch_opts`).
     pub idle: Duration,
     /// The stream's own route, both ways (the producer follows the consumer's choice):
     /// `Some(Route::Direct)` asks for a direct link to the producer, `Some(Route::Tree)` does
@@ -59,6 +60,28 @@ impl Default for FetchOptions {
             window: 4 << 20,
             idle: Duration::from_secs(60),
             route: None,
+        }
+    }
+}
+
+impl FetchOptions {
+    /// The options a fetch runs with: zeros are the defaults (a zero window crawled a byte at
+    /// a time and a zero idle time failed the stream at once, where C's zeros mean the
+    /// defaults: found by an outside-in review), the window cut to `STREAM_WINDOW_MAX`.
+    fn in_force(self) -> Self {
+        let d = FetchOptions::default();
+        FetchOptions {
+            window: if self.window == 0 {
+                d.window
+            } else {
+                self.window.min(limits::STREAM_WINDOW_MAX as u32)
+            },
+            idle: if self.idle.is_zero() {
+                d.idle
+            } else {
+                self.idle
+            },
+            route: self.route,
         }
     }
 }
@@ -133,6 +156,7 @@ impl Handle {
             }),
             reader_reports: true,
         };
+        let opts = opts.in_force();
         let id = self.open_stream(producer, service, request.into(), opts, sink)?;
         Ok(Stream::new(self.shared.clone(), id, rx, opts.window))
     }
@@ -195,8 +219,8 @@ impl Handle {
             producer,
             service: service.to_string(),
             request,
-            window: opts.window.clamp(1, limits::STREAM_WINDOW_MAX as u32),
-            idle: opts.idle,
+            window: opts.in_force().window,
+            idle: opts.in_force().idle,
             route: opts.route,
             // A `Stream` reader checks each chunk's digest on its own thread.
             reader_checks: sink.reader_reports,
@@ -221,5 +245,35 @@ impl Handle {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.shared.submit(caddy(Some(tx)))?;
         rx.recv().unwrap_or(Err(SendError::ShutDown))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeros_in_fetch_options_are_the_defaults_and_the_window_is_cut() {
+        let d = FetchOptions::default();
+        let zeros = FetchOptions {
+            window: 0,
+            idle: Duration::ZERO,
+            route: Some(Route::Tree),
+        };
+        assert_eq!(
+            zeros.in_force(),
+            FetchOptions {
+                route: Some(Route::Tree),
+                ..d
+            }
+        );
+        let huge = FetchOptions {
+            window: u32::MAX,
+            idle: Duration::from_millis(5),
+            route: None,
+        };
+        assert_eq!(huge.in_force().window, limits::STREAM_WINDOW_MAX as u32);
+        assert_eq!(huge.in_force().idle, Duration::from_millis(5));
+        assert_eq!(d.in_force(), d);
     }
 }
