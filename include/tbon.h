@@ -76,9 +76,11 @@
  * FORK. A daemon's loop thread does not exist in a child made by fork(): a child must not use
  * a daemon its parent started (not even tbon_free). In a child, the parent's daemon, client,
  * stream, writer and status handles are TBON_ERR_BAD_HANDLE (tbon forgets them there, without
- * freeing: their threads are not in the child); configurations and groups stay usable. Fork
- * before tbon_start, or exec in the child (the sockets are close-on-exec). A child may start
- * daemons of its own.
+ * freeing: their threads are not in the child); configurations stay usable, and so do groups
+ * not yet used with a daemon (a group is bound to the first daemon it is used with: one the
+ * parent used is bound to a daemon the child does not have, and its calls fail; make the
+ * child's own with tbon_group_new). Fork before tbon_start, or exec in the child (the sockets
+ * are close-on-exec). A child may start daemons of its own.
  *
  * MEMORY. tbon never keeps a caller pointer past a call except `user` (and the lent buffer of
  * tbon_send_nocopy). Payloads are COPIED by tbon_send / tbon_send_reliable / tbon_broadcast

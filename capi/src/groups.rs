@@ -359,10 +359,12 @@ pub unsafe extern "C" fn tbon_group_broadcast(
             Bytes::new()
         };
         let user = UserPtr(user);
-        // Through the allgather rather than `Handle::group_broadcast`, which reports an
-        // overflowed result as the root's death.
+        // Not `Handle::group_broadcast`, which refuses at once a payload that would overflow
+        // with the members' bookkeeping: C reports that to every member, in the callback. A
+        // broadcast all the same (not an allgather): members that called something else
+        // under its number, or another root, end it with TBON_ERR_MISMATCH.
         submit(d, g, &entry, |group, seq| {
-            h.group_allgather(group, payload, move |r| {
+            h.group_broadcast_gathered(group, root, payload, move |r| {
                 broadcast_done(cb, seq, root, r, user)
             })
         })
@@ -559,6 +561,51 @@ mod tests {
         assert_eq!(unsafe { tbon_group_next_seq(g[1], &mut seq) }, TBON_OK);
         assert_eq!(seq, 3);
         assert_eq!(tbon_group_barrier(d[2], g[2], 60_000), TBON_OK);
+
+        // Members that call different collectives under one number all end it with
+        // TBON_ERR_MISMATCH: an allgather against a broadcast, then broadcasts from two roots
+        // (the C broadcast ran as an allgather and both passed, from an outside-in review);
+        // the same broadcast at both is delivered.
+        let calls: [(Option<u32>, Option<u32>, tbon_rc); 3] = [
+            (None, Some(1), TBON_ERR_MISMATCH),
+            (Some(1), Some(2), TBON_ERR_MISMATCH),
+            (Some(2), Some(2), TBON_OK),
+        ];
+        for (round, (at1, at2, want)) in calls.into_iter().enumerate() {
+            let got = [Slot::default(), Slot::default(), Slot::default()];
+            for (r, root) in [(1usize, at1), (2, at2)] {
+                let p = b"xy".as_ptr().cast();
+                // SAFETY: valid pointers; the slots outlive the callbacks.
+                let rc = unsafe {
+                    match root {
+                        None => {
+                            tbon_group_allgather(d[r], g[r], p, 2, Some(on_gathered), got[r].user())
+                        }
+                        Some(root) => tbon_group_broadcast(
+                            d[r],
+                            g[r],
+                            root,
+                            p,
+                            2,
+                            Some(on_bcast),
+                            got[r].user(),
+                        ),
+                    }
+                };
+                assert_eq!(rc, TBON_OK);
+            }
+            for r in [1, 2] {
+                let (rc, seq, _) = got[r].wait();
+                assert_eq!(
+                    (rc, seq),
+                    (want, 3 + round as u64),
+                    "rank {r}, round {round}"
+                );
+            }
+            if want == TBON_OK {
+                assert_eq!(got[1].wait().2, 2, "the root's two bytes");
+            }
+        }
 
         assert_eq!(tbon_shutdown_dvm(d[0]), TBON_OK);
         for &x in &d {

@@ -256,6 +256,35 @@ impl Handle {
         self.group_submit(group, Ok((data, GroupCall::Broadcast(root))), done)
     }
 
+    /// [`Handle::group_broadcast`] for the C API: the root's payload is checked only against
+    /// the gathered bytes' bound (as a contribution is), and `done` gets the gathered result,
+    /// its `overflowed` set when the payload with the members' bookkeeping passed the bound,
+    /// so that every member can report that apart from the root's death. The call is a
+    /// broadcast from `root` all the same: members that called something else under its
+    /// number end it with `Mismatch`.
+    #[doc(hidden)]
+    pub fn group_broadcast_gathered(
+        &self,
+        group: &Group,
+        root: Rank,
+        payload: impl Into<Bytes>,
+        done: impl FnOnce(Result<AllgatherResult, SendError>) + Send + 'static,
+    ) -> Result<(), SendError> {
+        if !group.contains(root) {
+            return Err(SendError::NotMember(root));
+        }
+        let data = if self.rank() == root {
+            payload.into()
+        } else {
+            Bytes::new()
+        };
+        self.group_submit(
+            group,
+            Ok((data, GroupCall::Broadcast(root))),
+            Box::new(done),
+        )
+    }
+
     /// [`Handle::group_broadcast`], blocking until the root's payload arrived or `timeout`
     /// passed (see [`Handle::group_allgather_wait`]).
     pub fn group_broadcast_wait(

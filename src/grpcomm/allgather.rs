@@ -600,7 +600,7 @@ impl Allgather {
         let mut excluded = c
             .data
             .excluded_list(self.view.failed.iter().copied(), |_| true);
-        if !c.own && !c.data.overflowed && !excluded.contains(&me) {
+        if !c.own && !excluded.contains(&me) {
             excluded.push(me);
             excluded.sort_unstable();
         }
@@ -853,27 +853,25 @@ impl Allgather {
             return;
         }
         c.result_emitted = true;
-        let result = if c.data.overflowed {
-            AllgatherResult {
-                id,
-                overflowed: true,
-                ..AllgatherResult::default()
+        // An overflowed result carries no data, but names the ranks that did not enter as
+        // any result does: its entries kept their ranks (`Gathering`).
+        let excluded: Vec<Rank> = (0..self.view.size)
+            .filter(|r| !c.data.entries.contains_key(r))
+            .collect();
+        for r in &excluded {
+            if !self.view.failed.contains(r) && !c.data.excused.contains(r) {
+                log::error!("allgather {id}: rank {r} is living but did not contribute");
             }
-        } else {
-            let excluded: Vec<Rank> = (0..self.view.size)
-                .filter(|r| !c.data.entries.contains_key(r))
-                .collect();
-            for r in &excluded {
-                if !self.view.failed.contains(r) && !c.data.excused.contains(r) {
-                    log::error!("allgather {id}: rank {r} is living but did not contribute");
-                }
-            }
-            AllgatherResult {
-                id,
-                overflowed: false,
-                contributions: c.data.entry_list(),
-                excluded,
-            }
+        }
+        let result = AllgatherResult {
+            id,
+            overflowed: c.data.overflowed,
+            contributions: if c.data.overflowed {
+                Vec::new()
+            } else {
+                c.data.entry_list()
+            },
+            excluded,
         };
         self.events
             .push_back(AllgatherEvent::ResultReady { result });

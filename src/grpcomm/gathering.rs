@@ -14,7 +14,9 @@ const EXCLUDED_OVERHEAD: usize = 4;
 const HEARD_OVERHEAD: usize = 16;
 
 /// One collective's data at one daemon. Entries are idempotent: the first bytes seen for a
-/// rank are kept, later copies ignored.
+/// rank are kept, later copies ignored. Once the collective overflowed, an entry keeps its rank
+/// and drops its bytes: who entered is still known, so the result names the members that did
+/// not (`excluded`) as it does without an overflow.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Gathering {
     pub entries: BTreeMap<Rank, Bytes>,
@@ -32,9 +34,10 @@ pub(crate) struct Gathering {
 
 impl Gathering {
     pub fn add_entry(&mut self, rank: Rank, bytes: Bytes) {
-        if self.overflowed || self.entries.contains_key(&rank) {
+        if self.entries.contains_key(&rank) {
             return;
         }
+        let bytes = if self.overflowed { Bytes::new() } else { bytes };
         self.bytes = self
             .bytes
             .saturating_add(bytes.len())
@@ -46,7 +49,7 @@ impl Gathering {
     }
 
     pub fn add_excluded(&mut self, rank: Rank) {
-        if self.overflowed || self.entries.contains_key(&rank) {
+        if self.entries.contains_key(&rank) {
             return;
         }
         if self.excluded.insert(rank) {
@@ -54,8 +57,8 @@ impl Gathering {
         }
     }
 
-    /// Merges what a sender reported (its entries but `me`'s, its excluded ranks, or its
-    /// overflow).
+    /// Merges what a sender reported (its entries but `me`'s, its excluded ranks, and its
+    /// overflow: then its entries carry no bytes).
     pub fn merge(
         &mut self,
         me: Rank,
@@ -63,11 +66,8 @@ impl Gathering {
         entries: Vec<(Rank, Bytes)>,
         excluded: Vec<Rank>,
     ) {
-        if overflowed {
-            if !self.overflowed {
-                self.set_overflowed();
-            }
-            return;
+        if overflowed && !self.overflowed {
+            self.set_overflowed();
         }
         for (rank, bytes) in entries {
             if rank != me {
@@ -134,20 +134,28 @@ impl Gathering {
         if self.overflowed || self.bytes <= ALLGATHER_MAX_BYTES {
             return false;
         }
-        log::warn!("{what}: more than {ALLGATHER_MAX_BYTES} bytes; the collective fails");
+        // Info, not a warning: every member's caller gets the result marked overflowed (a
+        // full fence still ends, and its gets fetch), and every relay on the way logs this.
+        log::info!(
+            "{what}: more than {ALLGATHER_MAX_BYTES} bytes gathered; its result is marked \
+             overflowed and carries no data"
+        );
         self.set_overflowed();
         true
     }
 
     fn set_overflowed(&mut self) {
         self.overflowed = true;
-        self.entries.clear();
-        self.excluded.clear();
+        for bytes in self.entries.values_mut() {
+            *bytes = Bytes::new();
+        }
         self.bytes = self
             .heard
             .len()
             .saturating_mul(HEARD_OVERHEAD)
-            .saturating_add(self.excused.len().saturating_mul(EXCLUDED_OVERHEAD));
+            .saturating_add(self.excused.len().saturating_mul(EXCLUDED_OVERHEAD))
+            .saturating_add(self.excluded.len().saturating_mul(EXCLUDED_OVERHEAD))
+            .saturating_add(self.entries.len().saturating_mul(ENTRY_OVERHEAD));
     }
 
     /// Follows a repair (the view already moved): `complete` keeps the children that are
@@ -176,21 +184,19 @@ impl Gathering {
         self.heard.retain(|r, _| !view.failed.contains(r));
     }
 
-    /// The entries, in rank order, for a message (shared bytes, no copy).
+    /// The entries, in rank order, for a message (shared bytes, no copy; once overflowed,
+    /// without bytes: the ranks that entered).
     pub fn entry_list(&self) -> Vec<(Rank, Bytes)> {
         self.entries.iter().map(|(r, b)| (*r, b.clone())).collect()
     }
 
     /// The ranks to report as excluded: those reported from below and the failed ranks
-    /// `failed` yields that are `relevant`, less those with an entry; none once overflowed.
+    /// `failed` yields that are `relevant`, less those with an entry.
     pub fn excluded_list(
         &self,
         failed: impl Iterator<Item = Rank>,
         relevant: impl Fn(Rank) -> bool,
     ) -> Vec<Rank> {
-        if self.overflowed {
-            return Vec::new();
-        }
         self.excluded
             .iter()
             .copied()
@@ -199,5 +205,30 @@ impl Gathering {
             .collect::<BTreeSet<Rank>>()
             .into_iter()
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_overflow_keeps_who_entered_and_who_did_not() {
+        let mut g = Gathering::default();
+        g.add_entry(1, Bytes::from(vec![0; 10]));
+        g.add_excluded(3);
+        g.add_entry(2, Bytes::from(vec![0; ALLGATHER_MAX_BYTES]));
+        assert!(g.check_overflow(&"a collective"));
+        assert_eq!(g.entries.keys().copied().collect::<Vec<_>>(), vec![1, 2]);
+        assert!(
+            g.entries.values().all(Bytes::is_empty),
+            "the bytes are dropped"
+        );
+        // A sender's overflowed report: rank 4 entered (its bytes dropped), rank 5 failed
+        // without an entry; rank 6 is known failed here.
+        g.merge(0, true, vec![(4, Bytes::from_static(b"data"))], vec![5]);
+        assert_eq!(g.entries.get(&4), Some(&Bytes::new()));
+        assert_eq!(g.excluded_list(std::iter::once(6), |_| true), vec![3, 5, 6]);
+        assert!(!g.check_overflow(&"a collective"), "once only");
     }
 }

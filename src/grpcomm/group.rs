@@ -691,7 +691,10 @@ impl GroupGather {
             }
             None => {
                 self.stats.answered_lost += 1;
-                log::warn!(
+                // Info, not a warning: a member below `to` ends the collective with
+                // `ResultLost` and its caller is told; a relay (a rank adopted by a repair,
+                // say) only passes the answer on.
+                log::info!(
                     "group collectives: {} finished and its result is no longer cached; \
                      answered rank {to} that it is lost",
                     Named(op)
@@ -741,33 +744,32 @@ impl GroupGather {
             return;
         }
         if me == 0 {
-            let data = if p.data.overflowed {
-                GroupData {
-                    overflowed: true,
-                    ..GroupData::default()
+            // An overflowed result carries no data, but names the members that did not enter
+            // as any result does: its entries kept their ranks (`Gathering`).
+            let excluded: Vec<Rank> = op
+                .group
+                .members()
+                .iter()
+                .copied()
+                .filter(|r| !p.data.entries.contains_key(r))
+                .collect();
+            for r in &excluded {
+                if !failed.contains(r) && !p.data.excused.contains(r) {
+                    log::error!(
+                        "{}: member {r} is living but did not contribute",
+                        Named(&op)
+                    );
                 }
-            } else {
-                let excluded: Vec<Rank> = op
-                    .group
-                    .members()
-                    .iter()
-                    .copied()
-                    .filter(|r| !p.data.entries.contains_key(r))
-                    .collect();
-                for r in &excluded {
-                    if !failed.contains(r) && !p.data.excused.contains(r) {
-                        log::error!(
-                            "{}: member {r} is living but did not contribute",
-                            Named(&op)
-                        );
-                    }
-                }
-                GroupData {
-                    overflowed: false,
-                    entries: p.data.entry_list(),
-                    excluded,
-                    excused: Vec::new(),
-                }
+            }
+            let data = GroupData {
+                overflowed: p.data.overflowed,
+                entries: if p.data.overflowed {
+                    Vec::new()
+                } else {
+                    p.data.entry_list()
+                },
+                excluded,
+                excused: Vec::new(),
             };
             self.finish(routing, op, false, data);
             return;

@@ -217,8 +217,9 @@ pub struct AllgatherResult {
     pub overflowed: bool,
     /// (rank, bytes) of every contributing rank, ascending.
     pub contributions: Vec<(Rank, Bytes)>,
-    /// Ranks that failed before their contribution reached the tree, ascending. Unless the
-    /// collective overflowed, contributing and excluded ranks together are `0..size`.
+    /// Ranks that failed before their contribution reached the tree, ascending (an overflowed
+    /// result names them too). Unless the collective overflowed, contributing and excluded
+    /// ranks together are `0..size`.
     pub excluded: Vec<Rank>,
 }
 

@@ -158,7 +158,11 @@ impl EventLoop {
                     && let Some(oldest) = self.clients.pending.pop_front()
                 {
                     self.node.handle_client_refused();
-                    self.refuse_client(oldest, "too many client connections awaiting admission");
+                    self.refuse_client(
+                        oldest,
+                        "the oldest of the client connections awaiting admission, closed to \
+                         make room for a newer one (CLIENT_PENDING_MAX)",
+                    );
                 }
             }
             let entry = self.clients.conns.vacant_entry();

@@ -460,3 +460,41 @@ fn a_returned_member_is_excused_from_what_was_in_flight_even_as_a_relay() {
         assert_eq!(core.tracked(), 0);
     }
 }
+
+#[test]
+fn an_overflowed_result_still_names_the_members_that_did_not_enter() {
+    // Radix 2, size 4: 0 -> {1, 2}, 1 -> {3}. Group {0, 1, 2, 3}; rank 2 died before its call.
+    // Ranks 1 and 3 bring 9 MiB each: rank 1 overflows merging them. The result carries no
+    // data, but names rank 2 as excluded (it named nobody: a full fence then reported no
+    // member lost, from an outside-in review of jobs from C).
+    let mut states: Vec<RoutingState> = (0..4).map(|me| routing(2, 4, me)).collect();
+    let mut cores: Vec<GroupGather> = states.iter().map(GroupGather::new).collect();
+    for (state, core) in states.iter_mut().zip(cores.iter_mut()) {
+        if state.me() != 2 {
+            let status = state.fail(&[2], Scope::Global, Some(1)).unwrap();
+            core.handle_repair(&status);
+        }
+    }
+    let o = op(9, &[0, 1, 2, 3], 0);
+    let big = Bytes::from(vec![7u8; 9 << 20]);
+    cores[3].contribute(o.clone(), big.clone()).unwrap();
+    cores[1].contribute(o.clone(), big).unwrap();
+    cores[0]
+        .contribute(o.clone(), Bytes::from_static(b"0"))
+        .unwrap();
+    let (r0, r1, r3) = (states[0].clone(), states[1].clone(), states[3].clone());
+    let [zero, one, _, three] = &mut cores[..] else {
+        unreachable!()
+    };
+    exchange(&mut [(&r0, zero), (&r1, one), (&r3, three)]);
+    for rank in [0, 1, 3] {
+        match &events(&mut cores[rank])[..] {
+            [GroupEvent::Done { result: Ok(r), .. }] => {
+                assert!(r.overflowed, "rank {rank}");
+                assert!(r.contributions.is_empty(), "rank {rank}");
+                assert_eq!(r.excluded, vec![2], "rank {rank}");
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+}
