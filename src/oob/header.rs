@@ -370,8 +370,11 @@ mod tests {
         // collectives), 8 (before clients), 9 (before rejoin), 10 (before link sessions), 11
         // (before broadcasts in parts), 12 (before lives in RELM acks), 13 (before XXH3 stream
         // digests), 14 (before batch frames), 15 (before reliable batch frames), 16 (before the
-        // shape in rejoin requests) and any future version are refused.
-        for v in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18] {
+        // shape in rejoin requests), 17 (before overflowed collectives kept their entries'
+        // ranks) and any future version are refused.
+        for v in [
+            1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19,
+        ] {
             b[2] = v;
             assert_eq!(Header::decode(&b), Err(WireError::BadVersion(v)));
         }
