@@ -132,7 +132,9 @@ pub struct HarnessArgs {
     /// comma separated (needs --hosts and --nics 2 or more). Not a fault: the daemons on that
     /// host live on over their other networks, so their links fail over (`link_stall_ms`); no
     /// daemon may be declared dead and no message, plain ones included, may be lost,
-    /// duplicated or reordered.
+    /// duplicated or reordered. RANK:NIC@SECONDS+OUTAGE brings it back after OUTAGE seconds:
+    /// then every network of a host may be down together (an outage), for less than half the
+    /// heartbeat timeout, and that is no fault either.
     #[arg(long, value_delimiter = ',', requires = "hosts")]
     pub cut_nic: Vec<String>,
     /// Destroy every TCP connection of these living daemons at these times (`ss -K`):
@@ -655,7 +657,6 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
     let traffic_s = messages as f64 / args.rate;
     let mut faults = plan(&args, traffic_s)?;
     let mut resets = reset::plan(&args.reset, n)?;
-    let mut nic_cuts = nic_cut::plan(&args.cut_nic, n, args.hosts, args.nics)?;
     // Growth: (rank, seconds since traffic started, when it was started).
     let mut grows: Vec<(u32, f64, Option<u64>)> = Vec::new();
     for spec in &args.grow {
@@ -697,6 +698,13 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
         .heartbeat_timeout_ms
         .or(has_stop.then_some(3000))
         .or_else(|| scale::overcommitted_heartbeat_timeout_ms(n));
+    let mut nic_cuts = nic_cut::plan(
+        &args.cut_nic,
+        n,
+        args.hosts,
+        args.nics,
+        hb_timeout.unwrap_or(tbon::config::Config::default().heartbeat_timeout_ms),
+    )?;
 
     let interrupted = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -1075,6 +1083,12 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                             h.set_nic(c.host, c.nic, false)?;
                         }
                     }
+                    if c.done && !c.restored && c.back_at_s().is_some_and(|b| since >= b) {
+                        c.restored = true;
+                        if let Some(h) = &hosts {
+                            h.set_nic(c.host, c.nic, true)?;
+                        }
+                    }
                 }
                 for r in resets.iter_mut() {
                     if r.destroyed.is_none() && since >= r.at_s {
@@ -1170,11 +1184,18 @@ pub fn run(args: HarnessArgs) -> Result<i32, String> {
                         Some((at, before)) if before == got => {
                             if at.elapsed() >= Duration::from_secs(1) {
                                 phase = "shutdown";
-                                clock_check = Some(clocks::measure(
-                                    seen.uris.get(&0),
-                                    &key_file,
-                                    procs.alive(),
-                                ));
+                                clock_check = Some(match &hosts {
+                                    Some(h) => clocks::measure_in(
+                                        &h.namespace(net::host_of(args.hosts, 0, n)),
+                                        &exe,
+                                        seen.uris.get(&0),
+                                        &key_file,
+                                        procs.alive(),
+                                    ),
+                                    None => {
+                                        clocks::measure(seen.uris.get(&0), &key_file, procs.alive())
+                                    }
+                                });
                                 if let (Some(h), false) = (&hosts, nic_cuts.is_empty()) {
                                     failed_over = match seen.uris.get(&0) {
                                         Some(uri) => nic_cut::links_failed_over(

@@ -302,6 +302,7 @@ impl EventLoop {
         self.node.handle_wall_clock(self.now, wall_clock_ns());
         self.node.start(self.now);
         self.carry_out();
+        self.note_link_stall_cap();
         self.arm_link_watch();
         let mut events = Events::with_capacity(limits::POLL_EVENTS_MAX);
         // When the loop last woke from `poll`: a turn far longer than usual is logged, so that

@@ -65,6 +65,11 @@ impl HeartbeatMonitor {
         }
     }
 
+    /// Whether `peer` is watched: a neighbour whose silence the timeout will report.
+    pub fn watches(&self, peer: Rank) -> bool {
+        self.heard.contains_key(&peer)
+    }
+
     /// Bytes arrived from `peer`.
     pub fn heard(&mut self, peer: Rank, now: Instant) {
         if let Some(t) = self.heard.get_mut(&peer) {

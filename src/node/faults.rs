@@ -400,8 +400,11 @@ impl Node {
         if self.stopping.is_some() {
             return;
         }
+        // Said from this daemon's side: it may be the one cut off while rank 0 and the rest
+        // are fine (from an outside-in review: the log read as the whole DVM's end).
         log::error!(
-            "rank {}: lost rank 0 ({cause}); the DVM cannot continue without it, exiting",
+            "rank {}: lost rank 0 ({cause}); this daemon cannot continue without it and stops \
+             (rank 0 may be alive and this daemon the one cut off)",
             self.me
         );
         // A flood: without rank 0 there is no sequencer for a broadcast.

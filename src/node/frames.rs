@@ -362,6 +362,21 @@ impl Node {
         }
     }
 
+    /// Whether the driver, its reconnect attempts to `peer` used up without an answer from
+    /// the peer's host (no route, a network down or silent: not a refused connection), keeps
+    /// dialling instead of calling [`handle_unreachable`](Self::handle_unreachable): true for a
+    /// tree neighbour the heartbeats watch, once wired. Its silence then decides, after
+    /// `heartbeat_timeout_ms` as for any neighbour, so that a network outage shorter than that
+    /// costs no daemon. (A daemon whose own networks went down used its attempts up in about
+    /// 1.5 s and stopped, rank 0 lost, though the outage lasted 6 s: from an outside-in
+    /// review.) A refused connection still ends the attempts at once: the host answered and
+    /// nothing of the DVM listens there, the daemon is gone.
+    pub fn keeps_dialling(&self, peer: Rank) -> bool {
+        self.is_wired()
+            && self.stopping.is_none()
+            && self.monitor.as_ref().is_some_and(|m| m.watches(peer))
+    }
+
     /// `peer` could not be reached within the driver's bounded reconnect policy. Once wired,
     /// that is a failure of a tree neighbour or of rank 0, and only the end of a direct link
     /// for any other daemon (its messages take the tree); before, only rank 0 is dialled and

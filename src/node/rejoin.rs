@@ -585,7 +585,9 @@ impl Node {
     /// The rejoining daemon: rank 0 admitted it.
     pub(super) fn on_welcome(&mut self, now: Instant, msg: &Message) {
         if msg.origin != 0 || !matches!(self.wire, Wire::Rejoining(..)) {
-            log::warn!(
+            // Rank 0 answers every request again, and a rejoin over a slow or failing network
+            // asks more than once: the later welcomes reach a daemon already admitted.
+            log::debug!(
                 "rank {}: unexpected welcome from rank {} ignored",
                 self.me,
                 msg.origin

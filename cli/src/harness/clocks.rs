@@ -28,6 +28,76 @@ pub struct ClockCheck {
     pub error: Option<String>,
 }
 
+/// Runs `tbon clock` (the binary `exe`) in network namespace `ns`, where rank 0 is reachable
+/// (`--hosts`: the harness itself is not on the hosts' networks, and every daemon there still
+/// shares this machine's clock), and reads its JSON. Without it, a `--hosts` run measured
+/// nothing and passed the clock check all the same (from an outside-in review).
+pub fn measure_in(
+    ns: &str,
+    exe: &Path,
+    uri: Option<&String>,
+    key_file: &Path,
+    survivors: usize,
+) -> ClockCheck {
+    let mut c = ClockCheck::default();
+    let Some(uri) = uri else {
+        c.error = Some("rank 0 never said where it listens".into());
+        return c;
+    };
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(exe)
+        .args(["clock", "--hnp", uri, "--format", "json"])
+        .args(["--budget-ms", &CLOCK_BUDGET_MS.to_string()])
+        .args([
+            "--connect-timeout-ms",
+            &CLOCK_CONNECT_TIMEOUT.as_millis().to_string(),
+        ])
+        .arg("--key-file")
+        .arg(key_file)
+        .stdin(std::process::Stdio::null())
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            c.error = Some(format!("cannot run tbon clock: {e}"));
+            return c;
+        }
+    };
+    // Exit 1 with its JSON when some daemon was not measured: read either way.
+    let v: Value = match serde_json::from_slice(&out.stdout) {
+        Ok(v) => v,
+        Err(_) => {
+            c.error = Some(format!(
+                "tbon clock: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+            return c;
+        }
+    };
+    for o in v["offsets"].as_array().into_iter().flatten() {
+        if let (Some(r), Some(off), Some(b)) = (
+            o["rank"].as_u64(),
+            o["offset_ns"].as_i64(),
+            o["bound_ns"].as_u64(),
+        ) {
+            c.measured.push((r as u32, off, b));
+        }
+    }
+    for r in v["unmeasured"].as_array().into_iter().flatten() {
+        if let Some(r) = r.as_u64() {
+            c.unmeasured.push(r as u32);
+        }
+    }
+    if c.measured.len() + c.unmeasured.len() < survivors {
+        c.error = Some(format!(
+            "{} of {survivors} living daemons answered",
+            c.measured.len() + c.unmeasured.len()
+        ));
+    }
+    c
+}
+
 /// Queries rank 0 at `uri` with the operator credential of the key in `key_file`.
 pub fn measure(uri: Option<&String>, key_file: &Path, survivors: usize) -> ClockCheck {
     let mut c = ClockCheck::default();

@@ -4,6 +4,11 @@
 //! over the cut network stall, fail over to another address (`link_stall_ms`), and the link
 //! sessions write again what the stalled connections did not deliver. No daemon may be
 //! declared dead and no message, plain ones included, may be lost, duplicated or reordered.
+//!
+//! `RANK:NIC@SECONDS+OUTAGE` brings the network back after `OUTAGE` seconds. Cuts that all
+//! come back may take every network of a host down together: an outage shorter than half the
+//! heartbeat timeout is no fault either (the daemons dial on until the heartbeats decide, and
+//! the links resume when a network returns).
 
 use super::net;
 use std::path::Path;
@@ -71,21 +76,54 @@ pub struct NicCut {
     pub host: u32,
     pub nic: u32,
     pub at_s: f64,
+    /// How long the network stays down (`None`: for the rest of the run).
+    pub outage_s: Option<f64>,
     pub done: bool,
+    /// The network came back (after `outage_s`).
+    pub restored: bool,
 }
 
-/// `RANK:NIC@SECONDS` specs, in time order. Refused: a rank beyond the daemons, a network the
-/// hosts do not have, or a cut that leaves a host no network (that is `--cut`, a host failure).
-pub fn plan(specs: &[String], n: u32, hosts: u32, nics: u32) -> Result<Vec<NicCut>, String> {
+impl NicCut {
+    /// When the network comes back, if it does.
+    pub fn back_at_s(&self) -> Option<f64> {
+        self.outage_s.map(|o| self.at_s + o)
+    }
+}
+
+/// `RANK:NIC@SECONDS[+OUTAGE]` specs, in time order. Refused: a rank beyond the daemons, a
+/// network the hosts do not have, a cut for good that leaves a host no network (that is
+/// `--cut`, a host failure), or an outage of every network of a host not shorter than half of
+/// `heartbeat_timeout_ms` (a failure too).
+pub fn plan(
+    specs: &[String],
+    n: u32,
+    hosts: u32,
+    nics: u32,
+    heartbeat_timeout_ms: u64,
+) -> Result<Vec<NicCut>, String> {
     let mut cuts: Vec<NicCut> = Vec::new();
     for spec in specs {
         let bad = |why: &str| format!("--cut-nic {spec:?}: {why}");
         let (rn, t) = spec
             .split_once('@')
-            .ok_or_else(|| bad("expected RANK:NIC@SECONDS"))?;
+            .ok_or_else(|| bad("expected RANK:NIC@SECONDS[+OUTAGE]"))?;
+        let (t, outage) = match t.split_once('+') {
+            Some((t, o)) => (t, Some(o)),
+            None => (t, None),
+        };
+        let outage_s: Option<f64> = match outage {
+            Some(o) => {
+                let o: f64 = o.trim().parse().map_err(|e| bad(&format!("outage: {e}")))?;
+                if o.is_nan() || o <= 0.0 {
+                    return Err(bad("an outage of more than 0 seconds"));
+                }
+                Some(o)
+            }
+            None => None,
+        };
         let (r, k) = rn
             .split_once(':')
-            .ok_or_else(|| bad("expected RANK:NIC@SECONDS"))?;
+            .ok_or_else(|| bad("expected RANK:NIC@SECONDS[+OUTAGE]"))?;
         let rank: u32 = r.trim().parse().map_err(|e| bad(&format!("rank: {e}")))?;
         let nic: u32 = k.trim().parse().map_err(|e| bad(&format!("NIC: {e}")))?;
         let at_s: f64 = t.trim().parse().map_err(|e| bad(&format!("time: {e}")))?;
@@ -104,21 +142,51 @@ pub fn plan(specs: &[String], n: u32, hosts: u32, nics: u32) -> Result<Vec<NicCu
             host,
             nic,
             at_s,
+            outage_s,
             done: false,
+            restored: false,
         });
         let mut left: Vec<u32> = (0..nics).collect();
         left.retain(|k| !cuts.iter().any(|c| c.host == host && c.nic == *k));
-        if left.is_empty() {
+        let for_good = cuts.iter().any(|c| c.host == host && c.outage_s.is_none());
+        if left.is_empty() && for_good {
             return Err(bad(
-                "that cuts every network of the host: a host failure, which is --cut",
+                "that cuts every network of the host for good: a host failure, which is --cut \
+                 (give every cut of the host an outage, +SECONDS, for an outage)",
             ));
+        }
+        if left.is_empty() {
+            // Every network of the host down together at some time: the longest such stretch
+            // must stay well within the heartbeat timeout.
+            let from = cuts
+                .iter()
+                .filter(|c| c.host == host)
+                .map(|c| c.at_s)
+                .fold(f64::MIN, f64::max);
+            let to = cuts
+                .iter()
+                .filter(|c| c.host == host)
+                .filter_map(NicCut::back_at_s)
+                .fold(f64::MAX, f64::min);
+            let half_s = heartbeat_timeout_ms as f64 / 2000.0;
+            if to - from >= half_s {
+                return Err(bad(&format!(
+                    "every network of the host would be down for {:.1} s: not shorter than \
+                     half the heartbeat timeout ({half_s:.1} s), a host failure",
+                    to - from
+                )));
+            }
         }
     }
     // Two cut hosts with no network left in common cannot reach each other: a partition,
-    // which heartbeats rightly take for a failure.
+    // which heartbeats rightly take for a failure. Only cuts for good count: an outage ends.
     let left = |h: u32| -> Vec<u32> {
         (0..nics)
-            .filter(|k| !cuts.iter().any(|c| c.host == h && c.nic == *k))
+            .filter(|k| {
+                !cuts
+                    .iter()
+                    .any(|c| c.host == h && c.nic == *k && c.outage_s.is_none())
+            })
             .collect()
     };
     for a in &cuts {
@@ -144,11 +212,16 @@ pub fn render(
     links: &Result<Vec<FailedOver>, String>,
 ) -> (String, serde_json::Value) {
     let mut text = String::from(
-        "\n  network cuts (one network of a host down; its daemons live on over the others; not faults):",
+        "\n  network cuts (one network of a host down, or every one for a short outage; its daemons live on; not faults):",
     );
     for c in cuts {
+        let back = match (c.outage_s, c.restored) {
+            (None, _) => String::new(),
+            (Some(o), true) => format!(" for {o:.1} s"),
+            (Some(o), false) => format!(" for {o:.1} s (never back)"),
+        };
         text.push_str(&format!(
-            " network {} of host {} (rank {}) at {:.1} s{};",
+            " network {} of host {} (rank {}) at {:.1} s{back}{};",
             c.nic,
             c.host,
             c.rank,
@@ -189,6 +262,7 @@ mod tests {
 
     #[test]
     fn specs_are_checked() {
+        let plan = |specs: &[String], n, hosts, nics| plan(specs, n, hosts, nics, 10_000);
         let c = plan(&["5:0@2".into(), "2:0@1.5".into()], 8, 4, 2).unwrap();
         assert_eq!((c[0].rank, c[0].nic, c[0].host), (2, 0, 1));
         assert_eq!((c[1].rank, c[1].nic, c[1].host), (5, 0, 2));
@@ -203,5 +277,14 @@ mod tests {
         assert!(plan(&["2:0@1".into(), "5:0@2".into()], 8, 4, 2).is_ok());
         // One network of a one-network host: the same.
         assert!(plan(&["2:0@1".into()], 8, 4, 1).is_err());
+        // Outages: every network of host 1 down together for 3 s is no failure with a 10 s
+        // heartbeat timeout, for 5 s it is, and so is one cut for good among them.
+        let c = plan(&["2:0@1+3".into(), "3:1@1+3".into()], 8, 4, 2).unwrap();
+        assert_eq!(c[0].back_at_s(), Some(4.0));
+        assert!(plan(&["2:0@1+5".into(), "3:1@1+5".into()], 8, 4, 2).is_err());
+        assert!(plan(&["2:0@1+3".into(), "3:1@1".into()], 8, 4, 2).is_err());
+        assert!(plan(&["2:0@1+0".into()], 8, 4, 2).is_err());
+        // Outages end: host 1's network 0 and host 2's network 1 down for a while is fine.
+        assert!(plan(&["2:0@1+2".into(), "5:1@2+2".into()], 8, 4, 2).is_ok());
     }
 }

@@ -193,7 +193,7 @@ impl EventLoop {
         let Some(addr) = addrs.get(link.addr_index % addrs.len().max(1)).copied() else {
             return;
         };
-        let Some(tok) = self.connect(peer, addr, "bulk connection") else {
+        let Ok(tok) = self.connect(peer, addr, "bulk connection") else {
             self.bulk_failed(peer);
             return;
         };

@@ -23,6 +23,19 @@ impl EventLoop {
             .min(self.cfg.heartbeat_timeout_ms / 2)
     }
 
+    /// Says at start that `link_stall_ms` was cut to half of `heartbeat_timeout_ms` (an
+    /// operator asked for more and would not otherwise know: from an outside-in review).
+    pub(super) fn note_link_stall_cap(&self) {
+        let asked = self.cfg.link_stall_ms;
+        if asked > self.link_stall_ms() {
+            log::info!(
+                "rank {}: link_stall_ms {asked} is capped at half of heartbeat_timeout_ms: {} ms",
+                self.me,
+                self.link_stall_ms()
+            );
+        }
+    }
+
     /// Arms the next watch tick (a quarter of the stall time), unless failover is off.
     pub(super) fn arm_link_watch(&mut self) {
         let stall = self.link_stall_ms();

@@ -69,6 +69,27 @@ pub(super) struct Link {
     pub bulk_retry_at: Option<Instant>,
 }
 
+/// How a dial failed: whether the peer's host answered (refused or reset the connection, or
+/// accepted it and then lost it: nothing of this DVM listens there) or nothing answered (no
+/// route, a network down or silent). Only an answer shows the daemon gone before its
+/// heartbeats' silence does (`Node::keeps_dialling`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DialFailure {
+    Answered,
+    NoAnswer,
+}
+
+impl DialFailure {
+    fn of(e: &io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted => DialFailure::Answered,
+            _ => DialFailure::NoAnswer,
+        }
+    }
+}
+
 impl Link {
     /// Whether a connection to this peer is wanted: frames wait for one, the link is probed,
     /// or its session holds frames written and not confirmed.
@@ -232,9 +253,12 @@ impl EventLoop {
             self.node.want_contact(Instant::now(), peer);
             return;
         };
-        let Some(tok) = self.connect(peer, addr, "connect") else {
-            self.dial_failed(peer);
-            return;
+        let tok = match self.connect(peer, addr, "connect") {
+            Ok(tok) => tok,
+            Err(failure) => {
+                self.dial_failed(peer, failure);
+                return;
+            }
         };
         self.links.entry(peer).or_default().dialing = Some(tok);
         log::debug!("rank {}: dialling rank {peer} at {addr}", self.me);
@@ -243,12 +267,19 @@ impl EventLoop {
     /// Starts a non-blocking connect to `peer` at `addr` and stores the connection (its
     /// handshake starts once connected). `None` (logged at debug level as `what`) if the
     /// socket or the poller refused.
-    pub(super) fn connect(&mut self, peer: Rank, addr: SocketAddr, what: &str) -> Option<usize> {
+    pub(super) fn connect(
+        &mut self,
+        peer: Rank,
+        addr: SocketAddr,
+        what: &str,
+    ) -> Result<usize, DialFailure> {
         match TcpStream::connect(addr) {
-            Ok(stream) => self.add_conn(stream, addr, ConnState::Connecting, Some(peer)),
+            Ok(stream) => self
+                .add_conn(stream, addr, ConnState::Connecting, Some(peer))
+                .ok_or(DialFailure::NoAnswer),
             Err(e) => {
                 log::debug!("rank {}: {what} to {peer} at {addr}: {e}", self.me);
-                None
+                Err(DialFailure::of(&e))
             }
         }
     }
@@ -294,8 +325,10 @@ impl EventLoop {
         }
     }
 
-    pub(super) fn dial_failed(&mut self, peer: Rank) {
+    pub(super) fn dial_failed(&mut self, peer: Rank, failure: DialFailure) {
         let retries = self.cfg.reconnect_retries;
+        let keep_dialling = failure == DialFailure::NoAnswer && self.node.keeps_dialling(peer);
+        let me = self.me;
         let link = self.links.entry(peer).or_default();
         link.dialing = None;
         link.attempt += 1;
@@ -303,7 +336,16 @@ impl EventLoop {
             link.attempt = 0;
             return;
         }
-        if link.attempt > retries {
+        if link.attempt > retries && keep_dialling {
+            // The heartbeats' timeout decides (`Node::keeps_dialling`): dial on (the peer's
+            // addresses in turn) at the longest delay, the attempts bounded by that timeout.
+            if link.attempt == retries + 1 {
+                log::warn!(
+                    "rank {me}: no answer from rank {peer} after {retries} connection \
+                     attempts; dialling on until its heartbeat timeout decides"
+                );
+            }
+        } else if link.attempt > retries {
             let attempts = link.attempt;
             link.attempt = 0;
             link.probe = false;
@@ -515,7 +557,7 @@ impl EventLoop {
                     return;
                 }
                 self.close(tok, None);
-                self.dial_failed(peer);
+                self.dial_failed(peer, DialFailure::of(&e));
                 return;
             }
             let nonce = super::super::nonce::fresh();
@@ -1208,7 +1250,8 @@ impl EventLoop {
             dialled.filter(|p| self.links.get(p).and_then(|l| l.dialing) == Some(tok));
         self.close(tok, None);
         if let Some(p) = was_dialing {
-            self.dial_failed(p);
+            // The connection was made: the peer's host answered.
+            self.dial_failed(p, DialFailure::Answered);
         }
     }
 
