@@ -229,15 +229,8 @@ impl Handle {
         payload: impl Into<Bytes>,
         done: impl FnOnce(Result<Bytes, SendError>) + Send + 'static,
     ) -> Result<(), SendError> {
-        if !group.contains(root) {
-            return Err(SendError::NotMember(root));
-        }
+        let data = self.broadcast_part(group, root, payload)?;
         let max = self.group_broadcast_max(group);
-        let data = if self.rank() == root {
-            payload.into()
-        } else {
-            Bytes::new()
-        };
         if data.len() > max {
             return Err(SendError::TooLarge {
                 len: data.len(),
@@ -256,6 +249,25 @@ impl Handle {
         self.group_submit(group, Ok((data, GroupCall::Broadcast(root))), done)
     }
 
+    /// What this daemon brings to a broadcast from `root`: the payload at the root, nothing at
+    /// the other members (their payloads are not sent); `NotMember(root)` if `root` is not a
+    /// member.
+    fn broadcast_part(
+        &self,
+        group: &Group,
+        root: Rank,
+        payload: impl Into<Bytes>,
+    ) -> Result<Bytes, SendError> {
+        if !group.contains(root) {
+            return Err(SendError::NotMember(root));
+        }
+        Ok(if self.rank() == root {
+            payload.into()
+        } else {
+            Bytes::new()
+        })
+    }
+
     /// [`Handle::group_broadcast`] for the C API: the root's payload is checked only against
     /// the gathered bytes' bound (as a contribution is), and `done` gets the gathered result,
     /// its `overflowed` set when the payload with the members' bookkeeping passed the bound,
@@ -270,14 +282,7 @@ impl Handle {
         payload: impl Into<Bytes>,
         done: impl FnOnce(Result<AllgatherResult, SendError>) + Send + 'static,
     ) -> Result<(), SendError> {
-        if !group.contains(root) {
-            return Err(SendError::NotMember(root));
-        }
-        let data = if self.rank() == root {
-            payload.into()
-        } else {
-            Bytes::new()
-        };
+        let data = self.broadcast_part(group, root, payload)?;
         self.group_submit(
             group,
             Ok((data, GroupCall::Broadcast(root))),

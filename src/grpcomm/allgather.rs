@@ -866,11 +866,7 @@ impl Allgather {
         let result = AllgatherResult {
             id,
             overflowed: c.data.overflowed,
-            contributions: if c.data.overflowed {
-                Vec::new()
-            } else {
-                c.data.entry_list()
-            },
+            contributions: c.data.result_entries(),
             excluded,
         };
         self.events

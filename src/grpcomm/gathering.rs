@@ -190,6 +190,16 @@ impl Gathering {
         self.entries.iter().map(|(r, b)| (*r, b.clone())).collect()
     }
 
+    /// The entries a result carries: [`entry_list`](Self::entry_list), none once overflowed
+    /// (an overflowed result carries no data; its excluded ranks still count).
+    pub fn result_entries(&self) -> Vec<(Rank, Bytes)> {
+        if self.overflowed {
+            Vec::new()
+        } else {
+            self.entry_list()
+        }
+    }
+
     /// The ranks to report as excluded: those reported from below and the failed ranks
     /// `failed` yields that are `relevant`, less those with an entry.
     pub fn excluded_list(

@@ -763,11 +763,7 @@ impl GroupGather {
             }
             let data = GroupData {
                 overflowed: p.data.overflowed,
-                entries: if p.data.overflowed {
-                    Vec::new()
-                } else {
-                    p.data.entry_list()
-                },
+                entries: p.data.result_entries(),
                 excluded,
                 excused: Vec::new(),
             };
