@@ -274,3 +274,37 @@ fn members_that_call_different_collectives_all_learn_it() {
     );
     assert_eq!((a.join().unwrap(), b.join().unwrap()), (Ok(()), Ok(())));
 }
+
+#[test]
+fn an_overflowed_collective_still_names_the_dead_member() {
+    // 15 daemons, radix 2 (see above): members 2, 7, 9 and 11; rank 9 dies before the
+    // collective. Ranks 7 and 11 bring 9 MiB each: their relay, rank 3 (no member), overflows
+    // merging them and sends up who entered without their bytes (decoded by rank 1, then rank
+    // 0). Every member gets a result with no data that excludes rank 9 (it excluded nobody:
+    // from an outside-in review of jobs from C).
+    let dvm = start_dvm(15, &loopback_config(2));
+    let members: Vec<Rank> = vec![2, 7, 9, 11];
+    dvm[9].abort();
+    for d in dvm.iter().filter(|d| d.rank() != 9) {
+        wait_until("rank 9's death known", || {
+            d.counters().is_ok_and(|c| c.failed.contains(&9))
+        });
+    }
+    let big = Bytes::from(vec![7u8; 9 << 20]);
+    let (tx, rx) = unbounded();
+    for m in [2, 7, 11] {
+        let tx = tx.clone();
+        let group = Group::new(1, members.clone()).unwrap();
+        dvm[m as usize]
+            .group_allgather(&group, big.clone(), move |r| tx.send((m, r)).unwrap())
+            .unwrap();
+    }
+    for _ in 0..3 {
+        let (m, r) = rx.recv_timeout(HANG_GUARD).expect("a result");
+        let r = r.unwrap_or_else(|e| panic!("member {m}: {e}"));
+        assert!(r.overflowed, "member {m}");
+        assert!(r.contributions.is_empty(), "member {m}");
+        assert_eq!(r.excluded, vec![9], "member {m}");
+    }
+    assert!(dvm[3].counters().unwrap().protocol_errors == 0);
+}

@@ -27,7 +27,8 @@
 //!   the entries;
 //! - excused: `u32 count`, then `count` x `u32 rank`, strictly ascending (ranks a collective
 //!   does not wait for in a later life: see `super::allgather`, "Rejoins");
-//! - flags: bit 0 = overflowed (then there are no entries); in a `Contribution`, bit 1 = the
+//! - flags: bit 0 = overflowed (then every entry's length is 0: the entries name who entered,
+//!   without their bytes; a result has none); in a `Contribution`, bit 1 = the
 //!   sender returned (rejoined or joined); the other bits must be zero.
 //!
 //! A broadcast payload split into parts (`limits::XCAST_PART_BYTES_DEFAULT`) travels as
@@ -177,7 +178,8 @@ pub struct Contribution {
     pub id: u64,
     /// The sender's view digest: the contribution covers its subtree under that view.
     pub digest: u64,
-    /// The collective overflowed `ALLGATHER_MAX_BYTES` below the sender (no entries then).
+    /// The collective overflowed `ALLGATHER_MAX_BYTES` below the sender (the entries then
+    /// carry no bytes: they name who entered).
     pub overflowed: bool,
     /// (rank, bytes), ranks strictly ascending.
     pub entries: Vec<(Rank, Bytes)>,
@@ -666,18 +668,20 @@ impl Reader {
         Ok(ranks)
     }
 
-    /// An entries list then an excluded list (see the module header). An overflowed message
-    /// has no entries; no rank is in both lists.
+    /// An entries list then an excluded list (see the module header). An overflowed message's
+    /// entries carry no bytes; no rank is in both lists.
     fn entries(&mut self, size: u32, overflowed: bool) -> Result<EntriesAndExcluded, WireError> {
         let n = self.count(size, 8)?;
-        if overflowed && n > 0 {
-            return Err(WireError::Invalid("entries in an overflowed message"));
-        }
         let mut entries = Vec::with_capacity(n);
         let mut last = None;
         for _ in 0..n {
             let rank = self.ascending(size, &mut last)?;
             let len = self.u32()? as usize;
+            if overflowed && len > 0 {
+                return Err(WireError::Invalid(
+                    "bytes in an overflowed message's entries",
+                ));
+            }
             entries.push((rank, self.bytes(len)?));
         }
         let m = self.count(size, 4)?;

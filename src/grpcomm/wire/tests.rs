@@ -222,8 +222,9 @@ fn bad_fields_are_errors() {
         XcastMsg::decode(8, AllgatherMsg::Sync { digest: 0 }.encode()),
         Err(WireError::UnknownKind(17))
     );
-    // Entries out of order, a rank both contributing and excluded, entries when overflowed,
-    // unknown flags, a count larger than the DVM or than the frame.
+    // Entries out of order, a rank both contributing and excluded, an entry with bytes when
+    // overflowed (data-less ones name who entered: decoded below), unknown flags, a count
+    // larger than the DVM or than the frame.
     let bad = |entries: Vec<(Rank, Bytes)>, excluded: Vec<Rank>, overflowed: bool| {
         AllgatherMsg::Contribution(Contribution {
             id: 1,
@@ -240,12 +241,24 @@ fn bad_fields_are_errors() {
         bad(vec![(2, Bytes::new()), (1, Bytes::new())], vec![], false),
         bad(vec![(1, Bytes::new())], vec![1], false),
         bad(vec![], vec![2, 2], false),
-        bad(vec![(1, Bytes::new())], vec![], true),
+        bad(vec![(1, Bytes::from_static(b"x"))], vec![], true),
     ] {
         assert!(matches!(
             AllgatherMsg::decode(8, frame),
             Err(WireError::Invalid(_))
         ));
+    }
+    let named = bad(vec![(1, Bytes::new()), (3, Bytes::new())], vec![2], true);
+    match AllgatherMsg::decode(8, named) {
+        Ok(AllgatherMsg::Contribution(c)) => {
+            assert!(c.overflowed);
+            assert_eq!(
+                c.entries.iter().map(|e| e.0).collect::<Vec<_>>(),
+                vec![1, 3]
+            );
+            assert_eq!(c.excluded, vec![2]);
+        }
+        other => panic!("an overflowed contribution naming who entered: {other:?}"),
     }
     let mut flags = allgather_samples().remove(0).encode().to_vec();
     flags[17] = 4;
