@@ -237,3 +237,35 @@ fn losing_rank_0_ends_every_daemon() {
         );
     }
 }
+
+/// A receive callback that panics stops its daemon, as a crash would for its peers, and its own
+/// handle says so with the cause (it reported no stop at all, so a supervisor waiting for one
+/// waited for ever: from an outside-in review).
+#[test]
+fn a_panicking_callback_stops_its_daemon_with_the_cause() {
+    let dvm = start_dvm(3, &loopback_config(2));
+    dvm[2]
+        .recv(Peer::Any, 4_300, tbon::RecvMode::Persistent, |_| {
+            panic!("the application's bug")
+        })
+        .unwrap();
+    dvm[0].send(2, 4_300, Bytes::from_static(b"boom")).unwrap();
+    match dvm[2].wait_stopped(HANG_GUARD) {
+        Some(StopReason::Fatal(why)) => {
+            assert!(why.contains("panicked"), "{why}");
+            assert!(why.contains("the application's bug"), "{why}");
+        }
+        other => panic!("the daemon whose callback panicked: {other:?}"),
+    }
+    assert!(dvm[2].is_stopped());
+    assert!(matches!(
+        dvm[2].send(0, 4_301, Bytes::new()),
+        Err(SendError::ShutDown)
+    ));
+    // Its peers take it for a crash.
+    let start = Instant::now();
+    while !dvm[0].counters().unwrap().failed.contains(&2) {
+        assert!(start.elapsed() < HANG_GUARD, "rank 2's death not found");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -195,8 +195,24 @@ pub fn start(
             // Set before the loop runs any callback, so calls from callbacks never block on
             // the loop itself.
             on_thread.mark_loop_thread();
+            let shared = std::sync::Arc::downgrade(&on_thread);
             drop(on_thread);
-            ev.run()
+            // A panic (a receive callback's, say) unwinds the loop: its sockets close and its
+            // peers see a crash. Its own handles must see a stop too, with the cause: they
+            // reported none, and a supervisor waiting for one waited for ever (from an
+            // outside-in review).
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ev.run()));
+            if let (Err(panic), Some(shared)) = (ran, shared.upgrade()) {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".to_string());
+                log::error!("rank {rank}: the loop thread panicked ({what}); the daemon stopped");
+                shared.set_stopped(StopReason::Fatal(format!(
+                    "the loop thread panicked (a callback?): {what}"
+                )));
+            }
         })?;
     *handle::lock(&shared.join) = Some(thread);
     log::debug!("rank {rank}: started, contact {}", shared.uri);

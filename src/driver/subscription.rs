@@ -42,8 +42,13 @@ struct Shared {
 ///
 /// Bounded: at [`limits::SUBSCRIPTION_QUEUE_MAX`] unread messages the daemon stops matching and
 /// holds further ones in its unmatched list (`unmatched_max`, where the oldest is dropped with
-/// a warning at the bound), and resumes once the reader has caught up: a slow reader slows
-/// nothing else.
+/// a warning at the bound: plain messages of other receives held there too), and resumes once
+/// the reader has caught up. Reliable messages are never dropped: beyond what the daemon
+/// holds, RELM leaves them unacknowledged at their origin, whose reliable window
+/// (`relm_unacked_max`, one per daemon, for every destination) fills: the origin's reliable
+/// sends to every daemon are refused `Busy(ReliableWindow)` until this reader catches up, and
+/// what was refused here arrives after the origin's next retransmission (seconds, backed off).
+/// Read a subscription that takes reliable traffic promptly.
 pub struct Subscription {
     handle: Handle,
     peer: Peer,

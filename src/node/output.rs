@@ -42,7 +42,8 @@ pub enum StopReason {
     /// long) and fenced it: it must not rejoin. The text says who told it.
     DeclaredDead(String),
     /// Anything else that stops a daemon (a contact table for another size, left out of
-    /// wire-up, no table in time, the event loop failed, ...); the text says why.
+    /// wire-up, no table in time, the event loop failed, a callback panicked and unwound the
+    /// loop thread, ...); the text says why.
     Fatal(String),
     /// This daemon left the DVM in order (`Handle::leave`): every living daemon knows it is
     /// gone, and none reported it as a failure.
