@@ -64,7 +64,7 @@ pub enum Pattern {
     /// Every message is a broadcast to all daemons.
     Broadcast,
     /// Only the leaves of the initial tree send, each to every other leaf in turn (traffic
-    /// that must cross interior daemons).
+    /// that must cross interior daemons); point to point only, no broadcast.
     Leaves,
     /// Messages all-to-all, and every daemon also fetches `--streams` streams of
     /// `--stream-bytes` each from the others, checking every byte (issue "Streams").

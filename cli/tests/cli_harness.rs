@@ -57,6 +57,19 @@ fn short_harness_run_with_a_kill_passes() {
     let _ = std::fs::remove_file(&html);
 }
 
+/// A rate of 0 is a bad option, exit 2, said at once (it was taken, and the run hung in its
+/// traffic phase until its timeout: from an outside-in review).
+#[test]
+fn a_rate_of_zero_is_a_bad_option() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tbon"))
+        .args(["harness", "--rate", "0", "--timeout", "20"])
+        .output()
+        .expect("run tbon harness");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--rate must be more than 0"), "{err}");
+}
+
 /// A run that fails (here: it cannot finish within its `--timeout`) still writes its report,
 /// and the report says it failed, why, and what it could not show.
 #[test]

@@ -676,6 +676,10 @@ pub fn analyse(inp: Input<'_>) -> Report {
         (super::super::workload::Mode::Mixed, super::super::workload::Pattern::Broadcast) => {
             "mixed (the pattern makes every message a broadcast)".to_string()
         }
+        // Leaves send to leaves: point to point only (the header claimed broadcasts too).
+        (super::super::workload::Mode::Mixed, super::super::workload::Pattern::Leaves) => {
+            "mixed (leaves to leaves, point to point only: 1 in 4 reliable)".to_string()
+        }
         (super::super::workload::Mode::Mixed, _) => {
             "mixed (1 in 20 broadcast, 1 in 4 point-to-point reliable)".to_string()
         }

@@ -44,6 +44,9 @@ pub(super) struct GroupApps {
     gets: HashMap<u64, (Rank, usize, Rank)>,
     /// Gets answered with the right value, and with `NodeDown` (checked at the end).
     pub endpoints_got: u64,
+    /// Gets refused `Busy` at the daemon's bound on fetches in flight (a fence's gets of a
+    /// group larger than it, asked all at once).
+    pub gets_busy: u64,
     node_down: Vec<Rank>,
 }
 
@@ -265,6 +268,16 @@ impl World {
             match answer {
                 Ok(value) if value == endpoint(group, owner) => self.groups.endpoints_got += 1,
                 Err(GetError::NodeDown(x)) if x == owner => self.groups.node_down.push(owner),
+                // The designed answer at the bound: the workload asks every other member at
+                // once, more than `MODEX_FETCHES_MAX` in a large group (the checker refused it,
+                // and seeds of 800 daemons and more failed: from an outside-in review).
+                Err(GetError::Busy)
+                    if self.group_op(group, 0).is_some_and(|o| {
+                        o.group.members().len() > crate::limits::MODEX_FETCHES_MAX
+                    }) =>
+                {
+                    self.groups.gets_busy += 1;
+                }
                 // A returned member's new life may not have committed yet.
                 Err(GetError::NotFound) if self.returned(owner) => {}
                 // A daemon that stops (declared dead, or cut off from rank 0) ends its gets.
