@@ -199,9 +199,13 @@ pub struct Allgather {
     dirty: BTreeSet<u64>,
     /// Excuses and outcomes to send, oldest first ([`ALLGATHER_QUEUED_MAX`]).
     queued: VecDeque<Transmit<AllgatherMsg>>,
-    /// Recent results, oldest first, and their accounted bytes
-    /// ([`ALLGATHER_RESULTS_CACHED_MAX`], [`ALLGATHER_RESULTS_CACHED_BYTES`]).
-    results: VecDeque<(AllgatherResult, usize)>,
+    /// Recent results, oldest first: (id, the result's encoding in the pieces it came in, its
+    /// accounted bytes) ([`ALLGATHER_RESULTS_CACHED_MAX`], [`ALLGATHER_RESULTS_CACHED_BYTES`]).
+    /// Kept as the broadcast's parts, slices of the frames that brought them, and decoded again
+    /// only to answer a returned daemon: a decoded copy costs 40 bytes a rank, a reassembled
+    /// one 13, on every daemon (quadratic in a simulated DVM, which holds every daemon and
+    /// shares one copy of each frame among them).
+    results: VecDeque<(u64, Vec<Bytes>, usize)>,
     results_bytes: usize,
     /// This daemon returned (rejoined or joined): broadcasts before its admission never reach
     /// it, so an "unknown" outcome ends its collective.
@@ -270,11 +274,8 @@ impl Allgather {
                 return Err(AllgatherError::Finished);
             }
             // A returned daemon whose application learns of a collective after its result.
-            let cached = self.results.iter().find(|(r, _)| r.id == id);
-            self.events.push_back(match cached {
-                Some((result, _)) => AllgatherEvent::AllgatherDone {
-                    result: result.clone(),
-                },
+            self.events.push_back(match self.cached(id) {
+                Some(result) => AllgatherEvent::AllgatherDone { result },
                 None => AllgatherEvent::AllgatherLost { id },
             });
             return Ok(());
@@ -340,8 +341,18 @@ impl Allgather {
     /// [`AllgatherEvent::ResultReady`] at rank 0). Decodes it for this DVM's size and emits
     /// [`AllgatherEvent::AllgatherDone`]; fails with the decoding error, changing nothing.
     pub fn handle_result_bytes(&mut self, payload: Bytes) -> Result<(), WireError> {
+        self.handle_result_parts(payload.clone(), vec![payload])
+    }
+
+    /// [`Allgather::handle_result_bytes`] for a result broadcast in parts: `payload` is the
+    /// parts together, and `parts` the parts as they came (the cache keeps those, not a copy).
+    pub fn handle_result_parts(
+        &mut self,
+        payload: Bytes,
+        parts: Vec<Bytes>,
+    ) -> Result<(), WireError> {
         let result = AllgatherResult::decode(self.view.size, payload)?;
-        self.handle_result(result);
+        self.finish(result, Some(parts));
         Ok(())
     }
 
@@ -349,6 +360,11 @@ impl Allgather {
     /// [`AllgatherEvent::AllgatherDone`]; a second result for the same id is counted and
     /// ignored.
     pub fn handle_result(&mut self, result: AllgatherResult) {
+        self.finish(result, None);
+    }
+
+    /// [`Allgather::handle_result`], given the result's encoding (in pieces) if it came as one.
+    fn finish(&mut self, result: AllgatherResult, encoded: Option<Vec<Bytes>>) {
         if self.view.dead {
             return;
         }
@@ -371,7 +387,7 @@ impl Allgather {
         }
         self.dirty.remove(&id);
         self.remember_finished(id);
-        self.cache(&result);
+        self.cache(&result, encoded);
         self.events
             .push_back(AllgatherEvent::AllgatherDone { result });
     }
@@ -402,7 +418,7 @@ impl Allgather {
     }
 
     /// Keeps `result` to answer late contributions (bounded, oldest dropped first).
-    fn cache(&mut self, result: &AllgatherResult) {
+    fn cache(&mut self, result: &AllgatherResult, encoded: Option<Vec<Bytes>>) {
         let bytes = result
             .contributions
             .iter()
@@ -415,13 +431,27 @@ impl Allgather {
         while self.results.len() >= ALLGATHER_RESULTS_CACHED_MAX
             || self.results_bytes.saturating_add(bytes) > ALLGATHER_RESULTS_CACHED_BYTES
         {
-            let Some((_, old)) = self.results.pop_front() else {
+            let Some((_, _, old)) = self.results.pop_front() else {
                 break;
             };
             self.results_bytes = self.results_bytes.saturating_sub(old);
         }
         self.results_bytes = self.results_bytes.saturating_add(bytes);
-        self.results.push_back((result.clone(), bytes));
+        let encoded = encoded.unwrap_or_else(|| vec![result.encode()]);
+        self.results.push_back((result.id, encoded, bytes));
+    }
+
+    /// The cached result of `id`, if still cached.
+    fn cached(&self, id: u64) -> Option<AllgatherResult> {
+        let (_, pieces, _) = self.results.iter().find(|(r, _, _)| *r == id)?;
+        let encoded = match &pieces[..] {
+            [one] => one.clone(),
+            more => Bytes::from(more.concat()),
+        };
+        // It decoded once (or was encoded here): a failure now is a defect, not bad input.
+        AllgatherResult::decode(self.view.size, encoded)
+            .inspect_err(|e| log::error!("allgather {id}: the cached result does not decode: {e}"))
+            .ok()
     }
 
     /// Follow a repair of this daemon's routing state (every status, in order).
@@ -781,11 +811,7 @@ impl Allgather {
     /// Answers `to`'s contribution or excuse for finished collective `id` from the cache.
     fn answer_late(&mut self, to: Rank, id: u64) {
         log::trace!("rank {}: allgather {id}: late from {to}", self.view.me);
-        let result = self
-            .results
-            .iter()
-            .find(|(r, _)| r.id == id)
-            .map(|(r, _)| r.clone());
+        let result = self.cached(id);
         if result.is_some() {
             self.stats.answered_late += 1;
         } else {

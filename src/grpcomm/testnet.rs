@@ -410,6 +410,7 @@ impl Sim {
                         originator,
                         tag,
                         payload,
+                        parts: _,
                     } => {
                         assert_eq!(
                             first,

@@ -105,6 +105,11 @@ pub enum XcastEvent {
         originator: Rank,
         tag: Tag,
         payload: Bytes,
+        /// A broadcast split in parts: those parts, slices of the frames that brought them
+        /// (shared with every other daemon's copy in a simulation), for a caller that keeps
+        /// the broadcast long; `payload` is a copy of them together. Empty for an unsplit
+        /// broadcast (`payload` is its one part).
+        parts: Vec<Bytes>,
     },
     /// This daemon's request `request` became operation `op` (its last part, if split), and
     /// every daemon living in rank 0's view has delivered it.
@@ -881,15 +886,17 @@ impl Xcast {
     /// The broadcast starting at operation `first`, if every part of it is held.
     fn gather(&self, first: u64) -> Option<Gathered> {
         let head = self.store.get(&first)?;
-        let deliver = |op: u64, payload: Bytes| XcastEvent::Deliver {
+        let deliver = |op: u64, payload: Bytes, parts: Vec<Bytes>| XcastEvent::Deliver {
             first,
             op,
             originator: head.originator,
             tag: head.tag,
             payload,
+            parts,
         };
         if head.parts <= 1 {
-            return Some(Gathered::Whole(deliver(first, head.payload.clone()), 1));
+            let whole = deliver(first, head.payload.clone(), Vec::new());
+            return Some(Gathered::Whole(whole, 1));
         }
         if head.part != 0 {
             return Some(Gathered::Broken(
@@ -916,7 +923,11 @@ impl Xcast {
         for op in &parts {
             payload.put_slice(&op.payload);
         }
-        Some(Gathered::Whole(deliver(last, payload.freeze()), count))
+        let kept = parts.iter().map(|op| op.payload.clone()).collect();
+        Some(Gathered::Whole(
+            deliver(last, payload.freeze(), kept),
+            count,
+        ))
     }
 
     // ----- inputs --------------------------------------------------------------------------

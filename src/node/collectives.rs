@@ -565,6 +565,7 @@ impl Node {
                 originator,
                 tag,
                 payload,
+                parts,
             } => {
                 if self.trace {
                     self.out.push_back(Output::Trace(Trace::Broadcast {
@@ -575,7 +576,7 @@ impl Node {
                         payload: payload.clone(),
                     }));
                 }
-                self.xcast_deliver(now, op, originator, tag, payload)
+                self.xcast_deliver(now, (op, originator, tag), payload, parts)
             }
             // Rank 0's own notices have no entry: only user broadcasts are counted.
             XcastEvent::Completed { request, op } => {
@@ -611,7 +612,15 @@ impl Node {
         self.done(token, result);
     }
 
-    fn xcast_deliver(&mut self, now: Instant, op: u64, originator: Rank, tag: Tag, payload: Bytes) {
+    /// A broadcast delivered here: operation `op` (its last part) of `originator` under `tag`,
+    /// and its parts when it came in more than one (see `XcastEvent::Deliver`).
+    fn xcast_deliver(
+        &mut self,
+        now: Instant,
+        (op, originator, tag): (u64, Rank, Tag),
+        payload: Bytes,
+        parts: Vec<Bytes>,
+    ) {
         if tag >= TAG_USER_MIN {
             self.deliver(
                 now,
@@ -637,7 +646,13 @@ impl Node {
                 }
             }
             TAG_ALLGATHER_RESULT => {
-                if let Err(e) = self.allgather.handle_result_bytes(payload) {
+                // Its parts, when split, are what the result cache keeps (not a copy).
+                let decoded = if parts.is_empty() {
+                    self.allgather.handle_result_bytes(payload)
+                } else {
+                    self.allgather.handle_result_parts(payload, parts)
+                };
+                if let Err(e) = decoded {
                     self.counters.grpcomm_malformed += 1;
                     log::warn!(
                         "rank {}: bad allgather result in broadcast {op}: {e}",

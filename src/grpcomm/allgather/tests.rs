@@ -612,3 +612,49 @@ fn a_returned_rank_gets_a_result_it_missed_from_its_parent_or_its_child() {
     exchange(&mut [(0, &mut root), (1, &mut first)]);
     assert!(events(&mut first).is_empty());
 }
+
+#[test]
+fn a_result_broadcast_in_parts_is_kept_as_those_parts_and_answers_a_returned_rank() {
+    // Rank 7 (radix 2, size 8) takes collective 5's result in three parts; rank 3, its
+    // returned parent, asks for it and gets it whole.
+    let result = AllgatherResult {
+        id: 5,
+        overflowed: false,
+        contributions: (0..8).map(|r| (r, data(r, 5))).collect(),
+        excluded: vec![],
+    };
+    let encoded = result.encode();
+    let third = encoded.len() / 3;
+    let parts = vec![
+        encoded.slice(..third),
+        encoded.slice(third..2 * third),
+        encoded.slice(2 * third..),
+    ];
+    let mut a7 = Allgather::new(&routing(2, 8, 7));
+    a7.handle_result_parts(Bytes::copy_from_slice(&encoded), parts.clone())
+        .unwrap();
+    assert!(matches!(
+        &events(&mut a7)[..],
+        [AllgatherEvent::AllgatherDone { result: r }] if *r == result
+    ));
+    // Kept: the parts themselves, not the copy that was decoded.
+    let (_, kept, _) = &a7.results[0];
+    assert_eq!(kept.len(), 3);
+    for (kept, part) in kept.iter().zip(&parts) {
+        assert_eq!(kept.as_ptr(), part.as_ptr());
+    }
+    let mut a3 = Allgather::rejoined(&routing(2, 8, 3));
+    a3.contribute(5, data(3, 5)).unwrap();
+    exchange(&mut [(3, &mut a3), (7, &mut a7)]);
+    assert!(matches!(
+        &events(&mut a3)[..],
+        [AllgatherEvent::AllgatherDone { result: r }] if *r == result
+    ));
+    assert_eq!(a7.stats().answered_late, 1);
+    // A result that does not decode is refused and changes nothing.
+    assert!(
+        a7.handle_result_parts(encoded.slice(..third), parts)
+            .is_err()
+    );
+    assert_eq!(a7.results.len(), 1);
+}

@@ -47,7 +47,8 @@ fn a_lone_rank_zero_delivers_and_completes() {
                 op: 1,
                 originator: 0,
                 tag: 100,
-                payload: Bytes::from_static(b"hi")
+                payload: Bytes::from_static(b"hi"),
+                parts: vec![],
             },
             XcastEvent::Completed { request, op: 1 }
         ]
@@ -154,8 +155,16 @@ fn a_split_broadcast_is_forwarded_part_by_part_and_delivered_whole() {
                     originator: 0,
                     tag: 100,
                     payload: Bytes::from_static(b"0123456789"),
+                    parts: parts.iter().map(|o| o.payload.clone()).collect(),
                 }]
             );
+            // The parts handed over are the received ones (shared), not copies.
+            let [XcastEvent::Deliver { parts: kept, .. }] = &events[..] else {
+                unreachable!()
+            };
+            for (kept, part) in kept.iter().zip(&parts) {
+                assert_eq!(kept.as_ptr(), part.payload.as_ptr());
+            }
         }
     }
     assert_eq!(one.next_expected(), 4);
