@@ -53,8 +53,16 @@ pub struct Welcome {
     pub lives: Vec<u16>,
     /// The welcomed daemon's life (`Header::lives`): how many times it was admitted back.
     pub life: u16,
-    /// The latest restores rank 0 knows, with the epoch of each.
+    /// The latest restores rank 0 knows, with the epoch of each (at most
+    /// `REJOIN_RESTORES_TOLD_MAX`: they carry contacts).
     pub restored: Vec<(super::notice::Restored, u64)>,
+    /// Every living rank admitted back or joined (life above 0), ascending, with its life: all
+    /// of them, where `restored` carries only the latest. A newcomer never delivers the older
+    /// confirmations, and a message names both its ends' lives: one naming a life the receiver
+    /// does not know is dropped, both ways (seed 1 of `all` at 600 daemons: a daemon admitted
+    /// after 296 others took its parent, which had joined early, for life 0, and their subtree
+    /// lost every message).
+    pub living: Vec<(Rank, u16)>,
 }
 
 /// Why rank 0 refused a daemon that asked to rejoin.
@@ -131,6 +139,9 @@ impl Welcome {
         super::notice::put_ranks(&mut b, &self.failed);
         super::notice::put_lives(&mut b, &self.lives, self.failed.len());
         super::notice::put_restores(&mut b, &self.restored);
+        let (ranks, lives): (Vec<Rank>, Vec<u16>) = self.living.iter().copied().unzip();
+        super::notice::put_ranks(&mut b, &ranks);
+        super::notice::put_lives(&mut b, &lives, ranks.len());
         b.freeze()
     }
 
@@ -152,6 +163,9 @@ impl Welcome {
         let failed = super::notice::take_ranks(&mut p, size)?;
         let lives = super::notice::take_lives(&mut p, failed.len())?;
         let restored = super::notice::take_restores(&mut p, size)?;
+        let ranks = super::notice::take_ranks(&mut p, size)?;
+        let living_lives = super::notice::take_lives(&mut p, ranks.len())?;
+        let living = ranks.into_iter().zip(living_lives).collect();
         if !p.is_empty() {
             return Err(NoticeError::Trailing(p.len()));
         }
@@ -163,6 +177,7 @@ impl Welcome {
             lives,
             life,
             restored,
+            living,
         })
     }
 }
@@ -220,8 +235,18 @@ mod tests {
                 },
                 2,
             )],
+            living: vec![(1, 2), (4, 1)],
         };
-        assert_eq!(Welcome::decode(8, &w.encode()), Ok(w));
+        assert_eq!(Welcome::decode(8, &w.encode()), Ok(w.clone()));
+        // A living rank beyond the DVM is refused, as a dead one is.
+        let beyond = Welcome {
+            living: vec![(8, 1)],
+            ..w
+        };
+        assert_eq!(
+            Welcome::decode(8, &beyond.encode()),
+            Err(NoticeError::BadRank { rank: 8, size: 8 })
+        );
         for r in [
             Refusal::Alive,
             Refusal::OldIncarnation,
@@ -251,7 +276,8 @@ mod tests {
                     failed: vec![5],
                     lives: vec![0],
                     life: 0,
-                    restored: Vec::new()
+                    restored: Vec::new(),
+                    living: Vec::new(),
                 }
                 .encode()
             ),

@@ -474,10 +474,24 @@ impl Node {
                 .into_iter()
                 .filter(|(r, _)| r.rank != to)
                 .collect(),
+            living: self.living_lives(to),
         }
         .encode();
         let h = self.header(Kind::Msg, 0, to, TAG_WELCOME, w.len());
         self.transmit(to, h, w, None);
+    }
+
+    /// Rank 0: every living rank but `to` whose life is above 0, ascending, with its life
+    /// (`Welcome::living`).
+    fn living_lives(&self, to: Rank) -> Vec<(Rank, u16)> {
+        let mut living: Vec<(Rank, u16)> = self
+            .lives
+            .iter()
+            .filter(|(r, life)| **r != to && **life > 0 && !self.routing.is_failed(**r))
+            .map(|(r, life)| (*r, *life))
+            .collect();
+        living.sort_unstable();
+        living
     }
 
     /// Told directly on the connection the daemon made: it may be failed in this view.
@@ -629,6 +643,11 @@ impl Node {
         self.confirmed = w.failed.clone();
         for (r, life) in w.failed.iter().zip(&w.lives) {
             if *life > 0 {
+                self.lives.insert(*r, *life);
+            }
+        }
+        for (r, life) in &w.living {
+            if *r != self.me {
                 self.lives.insert(*r, *life);
             }
         }

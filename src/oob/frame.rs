@@ -967,7 +967,7 @@ mod tests {
     #[test]
     fn header_errors_surface() {
         for (at, val, want) in [
-            (2usize, 19u8, WireError::BadVersion(19)),
+            (2usize, 20u8, WireError::BadVersion(20)),
             (3, 0, WireError::UnknownKind(0)),
         ] {
             let mut b = hdr(Kind::Msg, 0, 0).encode();

@@ -29,7 +29,7 @@ pub const HEADER_LEN: usize = 40;
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"TB";
 /// The wire protocol version this code speaks; a header with any other version is refused.
-pub const PROTOCOL_VERSION: u8 = 18;
+pub const PROTOCOL_VERSION: u8 = 19;
 
 /// What a frame is. The numeric values are the wire encoding and never change meaning.
 #[repr(u8)]
@@ -258,7 +258,7 @@ mod tests {
     #[rustfmt::skip]
     const GOLDEN: [u8; HEADER_LEN] = [
         b'T', b'B',                                     // magic
-        18,                                             // version
+        19,                                             // version
         3,                                              // kind = Msg
         0x01, 0x02, 0x03, 0x04,                         // origin
         0x05, 0x06, 0x07, 0x08,                         // dst
@@ -294,7 +294,7 @@ mod tests {
         };
         #[rustfmt::skip]
         let want: [u8; HEADER_LEN] = [
-            0x54, 0x42, 0x12, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
+            0x54, 0x42, 0x13, 0x03, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,
             0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5,
             0, 0, 0, 6, 0, 1, 0, 2,
         ];
@@ -371,9 +371,10 @@ mod tests {
         // (before broadcasts in parts), 12 (before lives in RELM acks), 13 (before XXH3 stream
         // digests), 14 (before batch frames), 15 (before reliable batch frames), 16 (before the
         // shape in rejoin requests), 17 (before overflowed collectives kept their entries'
-        // ranks) and any future version are refused.
+        // ranks), 18 (before every living rank's life in the welcome) and any future version
+        // are refused.
         for v in [
-            1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19,
+            1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20,
         ] {
             b[2] = v;
             assert_eq!(Header::decode(&b), Err(WireError::BadVersion(v)));

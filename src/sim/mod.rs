@@ -908,6 +908,19 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
         bcast_part_bytes: None,
         found: "overload: as seed 802624, on the connection of a direct link rank 3 granted while stalled (28 frames dropped)",
     },
+    RegressionSeed {
+        seed: 27,
+        daemons: 330,
+        radix: 32,
+        faults: FaultKinds {
+            grow: true,
+            ..FaultKinds::NONE
+        },
+        bcast_part_bytes: None,
+        found: "rejoin: a welcome names only the latest 256 restores; a daemon that joined after more \
+         took the earlier joiners for their first life, and messages between them were dropped \
+         both ways (a reliable send gave up Unreachable; seed 1 of all at 600 daemons too)",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to
