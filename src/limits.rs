@@ -476,7 +476,8 @@ pub const CONTACT_CACHE_MAX: usize = 4_096;
 
 /// Daemons rank 0 admits back at once (issue "Rejoin"): admitted and not yet settled (their
 /// admission's broadcast not yet delivered everywhere). A request beyond it is refused `Busy`
-/// and the daemon may retry; it bounds rank 0's table of admissions in progress.
+/// and the daemon asks again (every [`REJOIN_RETRY_MS`] until its deadline); it bounds rank 0's
+/// table of admissions in progress.
 pub const REJOIN_IN_PROGRESS_MAX: usize = 64;
 
 /// Restores a daemon passes on (the latest first) in each adoption notice, and rank 0 in each

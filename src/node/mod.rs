@@ -243,6 +243,9 @@ pub struct Node {
     lives: FxHashMap<Rank, u16>,
     /// This daemon's own life (from rank 0's welcome; 0 for a daemon of the first wire-up).
     my_life: u16,
+    /// A rejoining daemon: how many times rank 0 answered `Busy` (it asks again until its
+    /// deadline, which then says so).
+    rejoin_busy: u32,
     /// A rejoining daemon: frames from others than rank 0 that arrived before its welcome, in
     /// order (`REJOIN_HELD_FRAMES_MAX`), read at the first pump after it.
     rejoin_held: VecDeque<(Rank, Header, Bytes)>,
@@ -377,6 +380,7 @@ impl Node {
             departing: BTreeMap::new(),
             lives: FxHashMap::default(),
             my_life: 0,
+            rejoin_busy: 0,
             admitting: BTreeMap::new(),
             rejoin_held: VecDeque::new(),
             wireup_timeout: cfg.wireup_timeout,

@@ -496,7 +496,12 @@ impl Node {
 
     /// Told directly on the connection the daemon made: it may be failed in this view.
     fn refuse_rejoin(&mut self, to: Rank, why: Refusal) {
-        log::warn!("rank 0: rank {to} may not rejoin: {why}");
+        if why == Refusal::Busy {
+            // The daemon asks again: back-pressure, as a send's `Busy` is.
+            log::info!("rank 0: rank {to} may not rejoin yet: {why}");
+        } else {
+            log::warn!("rank 0: rank {to} may not rejoin: {why}");
+        }
         self.send_refusal(to, why);
     }
 
@@ -714,7 +719,20 @@ impl Node {
         if msg.origin != 0 {
             return;
         }
-        let why = match Refusal::decode(&msg.payload) {
+        let refusal = Refusal::decode(&msg.payload);
+        if matches!(self.wire, Wire::Rejoining(..)) && refusal == Ok(Refusal::Busy) {
+            // Back-pressure, not a verdict: a rack restarted at once would otherwise leave all
+            // but `REJOIN_IN_PROGRESS_MAX` of its daemons to be started again by hand.
+            self.rejoin_busy = self.rejoin_busy.saturating_add(1);
+            log::info!(
+                "rank {}: rank 0 is admitting as many daemons as it may at once; asking again \
+                 in {} ms",
+                self.me,
+                crate::limits::REJOIN_RETRY_MS
+            );
+            return;
+        }
+        let why = match refusal {
             Ok(r) => r.to_string(),
             Err(e) => format!("(unreadable reason: {e})"),
         };
@@ -764,11 +782,22 @@ impl Node {
 
     /// A rejoining daemon that got no answer within its deadline.
     pub(super) fn no_welcome_in_time(&mut self, now: Instant) {
-        let why = format!(
-            "no answer from rank 0 to the rejoin request within {} ms (twice the wire-up \
-             timeout): check that rank 0 runs and that its contact is current",
-            2 * self.wireup_timeout.as_millis()
-        );
+        let why = if self.rejoin_busy > 0 {
+            format!(
+                "no answer from rank 0 to the rejoin request within {} ms (twice the wire-up \
+                 timeout) but \"busy\" ({} times: it admits {} daemons at once and they did \
+                 not settle); start it again",
+                2 * self.wireup_timeout.as_millis(),
+                self.rejoin_busy,
+                crate::limits::REJOIN_IN_PROGRESS_MAX
+            )
+        } else {
+            format!(
+                "no answer from rank 0 to the rejoin request within {} ms (twice the wire-up \
+                 timeout): check that rank 0 runs and that its contact is current",
+                2 * self.wireup_timeout.as_millis()
+            )
+        };
         log::error!("rank {}: {why}", self.me);
         self.begin_stop(now, StopReason::Fatal(why));
     }

@@ -457,3 +457,61 @@ fn new_ranks_join_a_dvm_started_with_room_to_grow() {
         assert_eq!(delivered(&net, at, from, text), 1, "{text}");
     }
 }
+
+/// Seventy daemons join at once: rank 0 admits `REJOIN_IN_PROGRESS_MAX` (64) and answers the
+/// others `Busy`. They stopped (a fatal error, to be started again by hand); they ask again
+/// now, and every one is admitted.
+#[test]
+fn daemons_refused_busy_ask_again_and_are_admitted() {
+    let mut net = Net::new(80, 4, |c| c.initial_size = 10);
+    for r in 10..80 {
+        net.alive[r] = false;
+    }
+    net.run();
+    for r in 10..80 {
+        restart(&mut net, r, 2);
+    }
+    net.run();
+    assert_eq!(net.nodes[0].counters().rejoins_refused, 6);
+    for _ in 0..10 {
+        net.advance(crate::limits::REJOIN_RETRY_MS);
+        net.run();
+    }
+    assert_eq!(net.stops, vec![], "a daemon refused busy stopped");
+    for r in 10..80 {
+        assert!(net.nodes[r].is_settled(), "rank {r} never settled");
+    }
+    assert_tree(&net, &[]);
+    assert_eq!(net.nodes[0].counters().rejoins, 70);
+}
+
+/// A daemon that joins after more restores than a welcome lists (`REJOIN_RESTORES_TOLD_MAX`)
+/// knows the lives of the earlier joiners: it took them for their first life, and messages
+/// between them were dropped both ways (seed 1 of `all` at 600 daemons; regression seed 27).
+#[test]
+fn a_daemon_that_joins_after_many_knows_the_lives_of_the_first() {
+    let told = crate::limits::REJOIN_RESTORES_TOLD_MAX as u32;
+    let size = told + 12;
+    let mut net = Net::new(size, 32, |c| c.initial_size = 2);
+    for r in 2..size {
+        net.alive[r as usize] = false;
+    }
+    net.run();
+    for first in (2..size).step_by(32) {
+        for r in first..(first + 32).min(size) {
+            restart(&mut net, r, 2);
+        }
+        net.run();
+    }
+    let last = size - 1;
+    assert!(net.nodes[last as usize].is_settled());
+    assert_eq!(net.nodes[0].counters().rejoins, u64::from(size - 2));
+    send(&mut net, last, 2, true, 1, "last to first");
+    send(&mut net, 2, last, true, 2, "first to last");
+    send(&mut net, last, 3, false, 3, "last to second");
+    net.run();
+    assert_eq!(delivered(&net, 2, last, "last to first"), 1);
+    assert_eq!(delivered(&net, last, 2, "first to last"), 1);
+    assert_eq!(delivered(&net, 3, last, "last to second"), 1);
+    assert_eq!(net.nodes[last as usize].counters().dropped_other_life, 0);
+}
