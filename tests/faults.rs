@@ -269,3 +269,36 @@ fn a_panicking_callback_stops_its_daemon_with_the_cause() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// From an outside-in review of the Rust API: a receive callback that blocks longer than the
+/// heartbeat timeout gets its daemon declared dead; the daemon must say so when it runs again
+/// (`DeclaredDead`), not blame rank 0 (`RootLost`) after another heartbeat timeout.
+#[test]
+fn a_daemon_stalled_in_a_callback_past_the_heartbeat_timeout_learns_it_was_declared_dead() {
+    let cfg = tbon::config::Config {
+        heartbeat_interval_ms: 100,
+        heartbeat_timeout_ms: 1_000,
+        ..loopback_config(2)
+    };
+    // At once after wire-up (before the stalled daemon's first heartbeat tick: its monitor
+    // then took the stall for its parent's silence), and after a few ticks.
+    for wait_ms in [0, 300] {
+        let dvm = start_dvm(3, &cfg);
+        dvm[2]
+            .recv(Peer::Any, 4_310, tbon::RecvMode::Persistent, |_| {
+                std::thread::sleep(Duration::from_millis(2_500))
+            })
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(wait_ms));
+        dvm[0].send(2, 4_310, Bytes::from_static(b"block")).unwrap();
+        let start = Instant::now();
+        while !dvm[0].counters().unwrap().failed.contains(&2) {
+            assert!(start.elapsed() < HANG_GUARD, "rank 2's stall not found");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        match dvm[2].wait_stopped(HANG_GUARD) {
+            Some(StopReason::DeclaredDead(_)) => {}
+            other => panic!("stalled {wait_ms} ms after wire-up: {other:?}"),
+        }
+    }
+}

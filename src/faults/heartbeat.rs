@@ -59,6 +59,10 @@ impl HeartbeatMonitor {
 
     /// Replaces the set of watched neighbours. A newly watched neighbour's clock starts now.
     pub fn set_neighbours(&mut self, neighbours: &[Rank], now: Instant) {
+        // The clocks start now, and so does the check of this daemon's own stalls: one before
+        // the first tick (a callback that blocked right after wire-up) must not be taken for
+        // the neighbours' silence.
+        self.last_tick.get_or_insert(now);
         self.heard.retain(|r, _| neighbours.contains(r));
         for r in neighbours {
             self.heard.entry(*r).or_insert(now);
@@ -149,6 +153,13 @@ mod tests {
         // Clocks restarted: still nobody silent shortly after.
         let t = m.tick(later + ms(100));
         assert!(t.silent.is_empty() && !t.stalled);
+        // Stalled before its first tick (a callback that blocked right after wire-up): the
+        // same (it accused its parent, and its daemon stopped blaming rank 0).
+        let mut m = HeartbeatMonitor::new(ms(100), ms(1000));
+        m.set_neighbours(&[0], t0);
+        let t = m.tick(t0 + Duration::from_millis(2_500));
+        assert!(t.stalled);
+        assert!(t.silent.is_empty());
     }
 
     #[test]
