@@ -178,3 +178,54 @@ fn cut_connections_between_live_daemons_lose_nothing() {
     assert!(resumes > 0 && resent > 0, "no frame was ever written again");
     assert_eq!(gaps, 0);
 }
+
+/// A listener whose accept queue is full, on loopback: the kernel drops further SYNs without a
+/// word, as a network that went down silently does. Kept open while the test runs.
+fn black_hole() -> (
+    socket2::Socket,
+    Vec<std::net::TcpStream>,
+    std::net::SocketAddr,
+) {
+    use socket2::{Domain, Socket, Type};
+    let hole = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    hole.bind(
+        &"127.0.0.1:0"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
+    hole.listen(0).unwrap();
+    let addr = hole.local_addr().unwrap().as_socket().unwrap();
+    let mut filled = Vec::new();
+    for _ in 0..16 {
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+            Ok(s) => filled.push(s),
+            Err(_) => return (hole, filled, addr),
+        }
+    }
+    panic!("the accept queue of a listener with backlog 0 never filled");
+}
+
+/// From session 44's review of several networks: a dial to an address on a network that
+/// drops packets silently waited the whole handshake timeout (5 s) before the peer's next
+/// address. Now the connect gives up after half the stall time when there is another address
+/// to try: rank 1 is given rank 0's contact with a black hole first, and wires up without a
+/// handshake timing out.
+#[test]
+fn a_dial_into_a_silent_address_moves_on_to_the_next_before_the_handshake_timeout() {
+    let (_hole, _filled, hole) = black_hole();
+    let root = tbon::start(loopback_config(2), 0, 2, None).expect("start rank 0");
+    let uri = root.contact_uri().to_string();
+    let (name, addrs) = uri.split_once(';').unwrap();
+    let through_hole = format!("{name};tcp://{hole};{addrs}");
+    let one = tbon::start(loopback_config(2), 1, 2, Some(&through_hole)).expect("start rank 1");
+    assert!(one.wait_wired(HANG_GUARD), "rank 1 never wired up");
+    assert!(root.wait_wired(HANG_GUARD));
+    let c = one.counters().unwrap();
+    assert_eq!(
+        c.handshakes_timed_out, 0,
+        "the dial waited for the handshake timeout"
+    );
+    assert!(c.reconnects >= 1, "{c:?}");
+}

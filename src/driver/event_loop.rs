@@ -1210,6 +1210,9 @@ impl EventLoop {
                         self.refuse_handshake(token, Refusal::Timeout, "handshake timed out");
                     }
                 }
+                TimerKind::Connect { token, generation } => {
+                    self.connect_timed_out(token, generation);
+                }
                 TimerKind::Redial { rank, attempt } => {
                     let link = self.links.entry(rank).or_default();
                     if link.redial_armed && link.attempt == attempt {

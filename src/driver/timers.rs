@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 pub(crate) enum TimerKind {
     /// Close the connection at this slab index if it is still handshaking with this generation.
     Handshake { token: usize, generation: u64 },
+    /// Give up the dial at this slab index if its TCP connect is still in progress with this
+    /// generation (`EventLoop::connect_timeout_ms`): the peer's next address is tried.
+    Connect { token: usize, generation: u64 },
     /// Try dialling this peer again, if this attempt is still the current one.
     Redial { rank: u32, attempt: u32 },
     /// Stop lingering to flush frames and exit.
@@ -34,8 +37,8 @@ pub(crate) struct Timers {
 }
 
 impl Timers {
-    /// Arms a timer. The heap's size is bounded by the callers: at most one handshake timer per
-    /// connection, one redial timer per peer, one linger timer, one link watch, one acknowledgement delay, node timers only
+    /// Arms a timer. The heap's size is bounded by the callers: at most one handshake timer and
+    /// one connect timer per connection, one redial timer per peer, one linger timer, one link watch, one acknowledgement delay, node timers only
     /// earlier than every armed one (stale ones are popped as their deadlines pass).
     pub(crate) fn arm(&mut self, at: Instant, kind: TimerKind) {
         self.seq += 1;

@@ -10,6 +10,7 @@
 //! still decides whether the peer lives: the stall time is capped at half of it so that a
 //! failover has the other half to complete.
 
+use super::super::conn::ConnState;
 use super::super::timers::TimerKind;
 use super::EventLoop;
 use crate::Rank;
@@ -21,6 +22,37 @@ impl EventLoop {
         self.cfg
             .link_stall_ms
             .min(self.cfg.heartbeat_timeout_ms / 2)
+    }
+
+    /// How long a dial's TCP connect may take before the peer's next address is tried: half the
+    /// stall time in force, at most the handshake timeout (which also covers the connect).
+    /// `None` when failover is off, or when the peer has one address (the handshake timeout
+    /// then decides: nothing else to try). A network that drops packets silently answers no
+    /// connect: without this a dial waited the whole handshake timeout (5 s) on it.
+    pub(super) fn connect_timeout_ms(&self, peer: Rank) -> Option<u64> {
+        let ms = (self.link_stall_ms() / 2).min(self.cfg.handshake_timeout_ms);
+        (ms > 0 && self.peer_addrs(peer).len() > 1).then_some(ms)
+    }
+
+    /// A dial's connect timer ran out: if the connect is still in progress, the dial is given
+    /// up as unanswered and the peer's next address dialled.
+    pub(super) fn connect_timed_out(&mut self, tok: usize, generation: u64) {
+        let Some(conn) = self.conns.get(tok) else {
+            return;
+        };
+        if conn.generation != generation || !matches!(conn.state, ConnState::Connecting) {
+            return;
+        }
+        let (addr, dialled) = (conn.addr, conn.dialled);
+        if let Some(peer) = dialled {
+            log::info!(
+                "rank {}: no answer from rank {peer} at {addr} within {} ms; trying its next \
+                 address",
+                self.me,
+                self.connect_timeout_ms(peer).unwrap_or(0)
+            );
+        }
+        self.lost(tok, "connect timed out");
     }
 
     /// Says at start that `link_stall_ms` was cut to half of `heartbeat_timeout_ms` (an

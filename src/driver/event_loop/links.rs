@@ -426,6 +426,7 @@ impl EventLoop {
         dialled: Option<Rank>,
     ) -> Option<usize> {
         self.tune(&stream);
+        let connecting = matches!(state, ConnState::Connecting);
         let generation = self.bump_generation();
         let entry = self.conns.vacant_entry();
         let tok = entry.key();
@@ -449,6 +450,17 @@ impl EventLoop {
                 generation,
             },
         );
+        if let (true, Some(peer)) = (connecting, dialled)
+            && let Some(ms) = self.connect_timeout_ms(peer)
+        {
+            self.timers.arm(
+                Instant::now() + Duration::from_millis(ms),
+                TimerKind::Connect {
+                    token: tok,
+                    generation,
+                },
+            );
+        }
         Some(tok)
     }
 
@@ -1214,6 +1226,13 @@ impl EventLoop {
             return;
         }
         let claimed = conn.claimed;
+        // A connect still in progress got no answer (its timer, or the handshake timeout, ran
+        // out); otherwise the connection was made: the peer's host answered.
+        let failure = if matches!(conn.state, ConnState::Connecting) {
+            DialFailure::NoAnswer
+        } else {
+            DialFailure::Answered
+        };
         if conn.refused {
             // Already logged and counted by whoever refused it.
         } else if let Some(p) = claimed {
@@ -1250,8 +1269,7 @@ impl EventLoop {
             dialled.filter(|p| self.links.get(p).and_then(|l| l.dialing) == Some(tok));
         self.close(tok, None);
         if let Some(p) = was_dialing {
-            // The connection was made: the peer's host answered.
-            self.dial_failed(p, DialFailure::Answered);
+            self.dial_failed(p, failure);
         }
     }
 
