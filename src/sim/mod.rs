@@ -921,6 +921,19 @@ pub const REGRESSION_SEEDS: &[RegressionSeed] = &[
          took the earlier joiners for their first life, and messages between them were dropped \
          both ways (a reliable send gave up Unreachable; seed 1 of all at 600 daemons too)",
     },
+    RegressionSeed {
+        seed: 305,
+        daemons: 400,
+        radix: 8,
+        faults: FaultKinds {
+            group: true,
+            ..FaultKinds::NONE
+        },
+        bcast_part_bytes: None,
+        found: "simulator: a fence's gets beside another fence's still in flight passed \
+         MODEX_FETCHES_MAX at the asker, whose Busy (the designed answer) the group checker \
+         took only in a group larger than the bound",
+    },
 ];
 
 /// `all` and `rejoin` when the seeds found with them were (spelled out: a kind added to
