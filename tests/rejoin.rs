@@ -371,3 +371,73 @@ fn a_second_daemon_for_a_living_rank_leaves_its_link_and_its_messages_alone() {
         "rank 1's link was broken: {c1:?}"
     );
 }
+
+/// From an outside-in review of restarting from the command line: a daemon hung past the
+/// heartbeat timeout was declared dead and a new daemon admitted under its rank; when the hung
+/// one woke, its neighbours took its older incarnation's connection for the rank's (the rank
+/// lived again), and the two daemons replaced each other's links about 3,700 times a second
+/// until the old one was killed by hand. It must learn it was declared dead and stop.
+#[test]
+fn a_hung_daemon_that_wakes_after_its_replacement_was_admitted_stops() {
+    const TAG: u32 = 4_320;
+    let cfg = Config {
+        heartbeat_interval_ms: 100,
+        heartbeat_timeout_ms: 1_000,
+        ..loopback_config(2)
+    };
+    let dvm = start_dvm(3, &cfg);
+    dvm[2]
+        .recv(tbon::Peer::Any, TAG, tbon::RecvMode::Persistent, |_| {
+            std::thread::sleep(Duration::from_millis(4_000))
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    dvm[0].send(2, TAG, Bytes::from_static(b"hang")).unwrap();
+    wait_for("rank 2 declared dead", || {
+        failed_at(&dvm[0]).contains(&2) && failed_at(&dvm[1]).contains(&2)
+    });
+    let uri = dvm[0].contact_uri().to_string();
+    let again = tbon::start(
+        Config {
+            rejoin: true,
+            ..cfg.clone()
+        },
+        2,
+        3,
+        Some(&uri),
+    )
+    .expect("restart");
+    assert!(again.wait_wired(HANG_GUARD), "rank 2 was not admitted");
+    match dvm[2].wait_stopped(HANG_GUARD) {
+        Some(tbon::StopReason::DeclaredDead(_)) => {}
+        other => panic!("the old daemon of rank 2, awake again: {other:?}"),
+    }
+    // The new daemon keeps its place: what rank 0 and rank 1 send it arrives.
+    let (tx, rx) = crossbeam_channel::unbounded();
+    again
+        .recv(
+            tbon::Peer::Any,
+            TAG + 1,
+            tbon::RecvMode::Persistent,
+            move |m| {
+                let _ = tx.send(m.origin);
+            },
+        )
+        .unwrap();
+    for r in [0, 1] {
+        dvm[r]
+            .send_reliable(2, TAG + 1, Bytes::from_static(b"hello"))
+            .unwrap();
+    }
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        got.push(
+            rx.recv_timeout(HANG_GUARD)
+                .expect("a message to the new rank 2"),
+        );
+    }
+    got.sort_unstable();
+    assert_eq!(got, [0, 1]);
+    assert!(!again.is_stopped());
+    assert!(failed_at(&dvm[0]).is_empty());
+}

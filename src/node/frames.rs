@@ -80,7 +80,15 @@ impl Node {
         if self.is_rejoining() && self.hold_until_welcome(from, h, &payload) {
             return Ok(());
         }
-        if !self.same_lives(&h) {
+        // Told "declared dead" by a neighbour on the connection this daemon made: meant for
+        // it, whatever life the neighbour names (the rank's newer one, when a restart was
+        // admitted while this daemon hung: it dropped the notice and dialled again for ever).
+        let told_dead = h.kind == Kind::Msg
+            && h.tag == TAG_DECLARED_DEAD
+            && h.origin == from
+            && h.dst == self.me
+            && !self.is_rejoining();
+        if !told_dead && !self.same_lives(&h) {
             // Sent by or for another incarnation of its origin or destination (rejoin): what
             // was meant for a dead daemon never reaches the one that took its rank, and the
             // reverse. Reliable messages are sent again by their origin once it knows.

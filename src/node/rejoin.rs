@@ -365,11 +365,22 @@ impl Node {
     /// daemon believes failed may connect only under a newer incarnation than the dead one's:
     /// to ask rank 0 to rejoin, or to reach a neighbour that has not yet learnt of its return
     /// (its frames are dropped until then). An older or the same incarnation is told it was
-    /// declared dead.
+    /// declared dead. So is an incarnation older than the one rank 0 admitted back for a
+    /// living rank (known from the restore, not from a first contact): the daemon that held
+    /// the rank before (a hung daemon that woke after its replacement was admitted took the
+    /// rank's links from it, and the two replaced each other's connections without end: from
+    /// an outside-in review).
     pub fn may_link(&self, peer: Rank, incarnation: u64) -> bool {
+        if !self.routing.is_failed(peer) {
+            return !self.restored_at.contains_key(&peer)
+                || self
+                    .incarnations
+                    .get(&peer)
+                    .is_none_or(|known| incarnation >= *known);
+        }
         // A rank that left in order is not fenced: rank 0 dials it to say it may stop, and
         // its frames are dropped like any failed rank's.
-        if !self.routing.is_failed(peer) || self.departed.contains(&peer) {
+        if self.departed.contains(&peer) {
             return true;
         }
         let known = self
