@@ -302,3 +302,44 @@ fn a_daemon_stalled_in_a_callback_past_the_heartbeat_timeout_learns_it_was_decla
         }
     }
 }
+
+/// From an outside-in review of restarts from the command line: with a heartbeat timeout of
+/// 400 s, a SIGSTOPped daemon was declared dead after 34 s: its link stalled, and the dials of
+/// the failover timed out their handshakes (the host takes the connection, the hung daemon
+/// never answers) until the reconnect attempts ran out. A hung daemon is the heartbeat
+/// timeout's to judge: a daemon hung for less than it is not declared dead.
+#[test]
+fn a_daemon_hung_for_less_than_the_heartbeat_timeout_is_not_declared_dead_by_dials() {
+    const TAG: u32 = 4_330;
+    let cfg = tbon::config::Config {
+        heartbeat_interval_ms: 200,
+        heartbeat_timeout_ms: 20_000,
+        link_stall_ms: 1_000,
+        handshake_timeout_ms: 300,
+        reconnect_base_ms: 50,
+        reconnect_max_ms: 200,
+        ..loopback_config(2)
+    };
+    let dvm = start_dvm(3, &cfg);
+    let (tx, rx) = unbounded();
+    dvm[2]
+        .recv(Peer::Any, TAG, tbon::RecvMode::Persistent, move |m| {
+            if m.payload.as_ref() == b"hang" {
+                std::thread::sleep(Duration::from_millis(6_000));
+            }
+            let _ = tx.send(m.payload.clone());
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    dvm[0].send(2, TAG, Bytes::from_static(b"hang")).unwrap();
+    dvm[0].send(2, TAG, Bytes::from_static(b"after")).unwrap();
+    for want in [&b"hang"[..], b"after"] {
+        let got = rx.recv_timeout(HANG_GUARD).expect("a message to rank 2");
+        assert_eq!(got.as_ref(), want);
+    }
+    assert!(
+        dvm[0].counters().unwrap().failed.is_empty(),
+        "rank 2 declared dead"
+    );
+    assert!(!dvm[2].is_stopped());
+}

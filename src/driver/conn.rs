@@ -112,6 +112,9 @@ pub(crate) struct Conn {
     /// Its refusal was already logged and counted (a handshake refused, timed out or
     /// evicted): closing it must not count it again.
     pub refused: bool,
+    /// Its handshake timed out: the peer's host took the connection but no daemon answered on
+    /// it (a hung or stopped daemon), which the heartbeats judge (`DialFailure::NoAnswer`).
+    pub unanswered: bool,
     /// The link session, while this is the established connection to a daemon.
     pub session: Option<Box<LinkSession>>,
     /// When the peer was last heard on it, and whether its frames wait in silence
@@ -165,6 +168,7 @@ impl Conn {
             written_since_feed: 0,
             last_progress: std::time::Instant::now(),
             refused: false,
+            unanswered: false,
             session: None,
             watch: StallWatch::new(std::time::Instant::now()),
             read_since_ack: 0,

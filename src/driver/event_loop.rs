@@ -1207,6 +1207,9 @@ impl EventLoop {
                         .get(token)
                         .is_some_and(|c| c.generation == generation && c.in_handshake());
                     if stuck {
+                        if let Some(c) = self.conns.get_mut(token) {
+                            c.unanswered = true;
+                        }
                         self.refuse_handshake(token, Refusal::Timeout, "handshake timed out");
                     }
                 }

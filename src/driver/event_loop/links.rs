@@ -327,7 +327,8 @@ impl EventLoop {
 
     pub(super) fn dial_failed(&mut self, peer: Rank, failure: DialFailure) {
         let retries = self.cfg.reconnect_retries;
-        let keep_dialling = failure == DialFailure::NoAnswer && self.node.keeps_dialling(peer);
+        let watched = self.node.keeps_dialling(peer);
+        let keep_dialling = failure == DialFailure::NoAnswer && watched;
         let me = self.me;
         let link = self.links.entry(peer).or_default();
         link.dialing = None;
@@ -335,6 +336,12 @@ impl EventLoop {
         if !link.wanted() {
             link.attempt = 0;
             return;
+        }
+        if failure == DialFailure::Answered && watched && link.attempt > retries + 1 {
+            // Answered after a silence the heartbeats were judging: a hung daemon woke, and
+            // its own dial may have crossed this one (which it then closes). A daemon that
+            // died refuses the next attempt too.
+            link.attempt = retries;
         }
         if link.attempt > retries && keep_dialling {
             // The heartbeats' timeout decides (`Node::keeps_dialling`): dial on (the peer's
@@ -1227,8 +1234,11 @@ impl EventLoop {
         }
         let claimed = conn.claimed;
         // A connect still in progress got no answer (its timer, or the handshake timeout, ran
-        // out); otherwise the connection was made: the peer's host answered.
-        let failure = if matches!(conn.state, ConnState::Connecting) {
+        // out), nor did a handshake that timed out (the host took the connection, no daemon
+        // answered: a hung one, which the heartbeat timeout is to judge, not the dials: from
+        // an outside-in review, a SIGSTOPped daemon declared dead after 34 s with a heartbeat
+        // timeout of 400 s); otherwise the peer answered (it closed, reset or refused).
+        let failure = if matches!(conn.state, ConnState::Connecting) || conn.unanswered {
             DialFailure::NoAnswer
         } else {
             DialFailure::Answered
