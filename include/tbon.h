@@ -836,7 +836,7 @@ typedef void (*tbon_serve_cb)(tbon_writer w,
 typedef struct {
   // Bytes the producer may send ahead of what was read (the credit window; it bounds the
   // stream's memory here and on every relay). 0: 4 MiB; at most 64 MiB (a larger window is
-  // cut to 64 MiB).
+  // cut to 64 MiB), at least 64 KiB (a smaller one, which crawls, is raised to 64 KiB).
   uint32_t window;
   // How long the stream waits for news from the producer while it owes bytes, before it
   // ends `TBON_ERR_IDLE`. 0: 60 s.

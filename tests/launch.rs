@@ -188,3 +188,14 @@ fn without_a_shared_filesystem_rank_0_listens_on_a_known_port() {
     let e = launch(loopback_config(2), Placement { rank: 1, size: 2 }, &nowhere).unwrap_err();
     assert!(matches!(e, StartError::Hnp(_)), "{e}");
 }
+
+/// From an outside-in review of the C API: a rank beyond the size without a contact URI was
+/// refused as "rank 0's contact URI is required"; the rank is what is wrong.
+#[test]
+fn a_rank_beyond_the_size_is_named_before_the_missing_contact() {
+    for hnp in [None, Some("tbon.0;tcp://127.0.0.1:9")] {
+        let e = tbon::start(loopback_config(2), 3, 2, hnp).unwrap_err();
+        assert!(matches!(e, StartError::Tree(_)), "{e}");
+        assert!(e.to_string().contains("rank 3 is out of range for size 2"), "{e}");
+    }
+}

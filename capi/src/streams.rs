@@ -208,7 +208,7 @@ fn stream_entry(s: tbon_stream) -> Result<Arc<StreamEntry>, Fail> {
 pub struct tbon_fetch_opts {
     /// Bytes the producer may send ahead of what was read (the credit window; it bounds the
     /// stream's memory here and on every relay). 0: 4 MiB; at most 64 MiB (a larger window is
-    /// cut to 64 MiB).
+    /// cut to 64 MiB), at least 64 KiB (a smaller one, which crawls, is raised to 64 KiB).
     pub window: u32,
     /// How long the stream waits for news from the producer while it owes bytes, before it
     /// ends `TBON_ERR_IDLE`. 0: 60 s.

@@ -77,6 +77,13 @@ pub fn start(
 ) -> Result<Daemon, StartError> {
     config.validate()?;
     // Checked before anything is bound or written: a launcher's URI file stays as it was.
+    if rank >= size {
+        // Before the contact URI, whose absence it would be taken for (outside-in review).
+        return Err(StartError::Tree(crate::routed::TreeError::RankOutOfRange {
+            rank,
+            size,
+        }));
+    }
     if config.initial_size > size {
         return Err(crate::config::ConfigError::invalid(
             "initial_size",

@@ -36,9 +36,10 @@ pub type ServiceHandler = dyn Fn(StreamRequest, StreamWriter) + Send + Sync + 's
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FetchOptions {
     /// The bytes the producer may send ahead of what the application took (the credit
-    /// window; at most `limits::STREAM_WINDOW_MAX`, a larger one is cut to it): this bounds
-    /// the stream's memory here and on every relay, and with the round trip its rate.
-    /// Default 4 MiB; 0 means the default (as in C's `tbon_fetch_opts`).
+    /// window; at most `limits::STREAM_WINDOW_MAX`, a larger one is cut to it, and at least
+    /// `limits::STREAM_WINDOW_MIN` (64 KiB), a smaller one is raised to it): this bounds the
+    /// stream's memory here and on every relay, and with the round trip its rate. Default
+    /// 4 MiB; 0 means the default (as in C's `tbon_fetch_opts`).
     pub window: u32,
     /// How long the stream waits for news from the producer while it owes us bytes before it
     /// fails `TimedOut`, never longer. Each quarter of it without news resumes the stream
@@ -67,14 +68,18 @@ impl Default for FetchOptions {
 impl FetchOptions {
     /// The options a fetch runs with: zeros are the defaults (a zero window crawled a byte at
     /// a time and a zero idle time failed the stream at once, where C's zeros mean the
-    /// defaults: found by an outside-in review), the window cut to `STREAM_WINDOW_MAX`.
+    /// defaults: found by an outside-in review), the window cut to `STREAM_WINDOW_MAX` and
+    /// raised to `STREAM_WINDOW_MIN`.
     fn in_force(self) -> Self {
         let d = FetchOptions::default();
         FetchOptions {
             window: if self.window == 0 {
                 d.window
             } else {
-                self.window.min(limits::STREAM_WINDOW_MAX as u32)
+                self.window.clamp(
+                    limits::STREAM_WINDOW_MIN as u32,
+                    limits::STREAM_WINDOW_MAX as u32,
+                )
             },
             idle: if self.idle.is_zero() {
                 d.idle
@@ -275,5 +280,8 @@ mod tests {
         assert_eq!(huge.in_force().window, limits::STREAM_WINDOW_MAX as u32);
         assert_eq!(huge.in_force().idle, Duration::from_millis(5));
         assert_eq!(d.in_force(), d);
+        // A window of a byte crawled (a frame per byte on every daemon of the path).
+        let tiny = FetchOptions { window: 1, ..d };
+        assert_eq!(tiny.in_force().window, limits::STREAM_WINDOW_MIN as u32);
     }
 }
