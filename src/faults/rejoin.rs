@@ -72,7 +72,7 @@ pub enum Refusal {
     Alive = 1,
     /// The daemon's incarnation is not newer than the one the DVM knows for its rank.
     OldIncarnation = 2,
-    /// Rank 0 is still wiring up the DVM, or stopping.
+    /// Rank 0 is stopping (before wire-up 19: or still wiring up, now [`Refusal::WiringUp`]).
     NotReady = 3,
     /// The request named another rank, or no usable contact.
     BadRequest = 4,
@@ -80,6 +80,9 @@ pub enum Refusal {
     Busy = 5,
     /// The daemon was started with another size or radix than the DVM's.
     Shape = 6,
+    /// Rank 0 is still wiring up the DVM: the daemon asks again, as for [`Refusal::Busy`] (a
+    /// whole allocation started at once, joiners among the initial ranks).
+    WiringUp = 7,
 }
 
 impl Refusal {
@@ -92,6 +95,7 @@ impl Refusal {
             4 => Refusal::BadRequest,
             5 => Refusal::Busy,
             6 => Refusal::Shape,
+            7 => Refusal::WiringUp,
             _ => return None,
         })
     }
@@ -118,13 +122,14 @@ impl std::fmt::Display for Refusal {
             Refusal::OldIncarnation => {
                 "this daemon's incarnation is not newer than the one the DVM knows for its rank"
             }
-            Refusal::NotReady => "rank 0 is not admitting daemons now (wire-up or shutdown)",
+            Refusal::NotReady => "rank 0 is shutting down",
             Refusal::BadRequest => "the request was malformed",
             Refusal::Busy => "rank 0 is admitting as many daemons as it may at once; retry",
             Refusal::Shape => {
                 "this daemon was started with another size or radix than the DVM's (start it \
                  with the DVM's --size and --radix)"
             }
+            Refusal::WiringUp => "rank 0 is still wiring up the DVM's initial daemons",
         })
     }
 }
@@ -254,6 +259,7 @@ mod tests {
             Refusal::BadRequest,
             Refusal::Busy,
             Refusal::Shape,
+            Refusal::WiringUp,
         ] {
             assert_eq!(Refusal::decode(&r.encode()), Ok(r));
         }

@@ -421,8 +421,11 @@ impl Node {
             );
             return self.refuse_rejoin(from, Refusal::Shape);
         }
-        if !self.is_wired() || self.stopping.is_some() {
+        if self.stopping.is_some() {
             return self.refuse_rejoin(from, Refusal::NotReady);
+        }
+        if !self.is_wired() {
+            return self.refuse_rejoin(from, Refusal::WiringUp);
         }
         if let Some(a) = self.admitting.get(&from).copied()
             && a.incarnation == incarnation
@@ -507,7 +510,7 @@ impl Node {
 
     /// Told directly on the connection the daemon made: it may be failed in this view.
     fn refuse_rejoin(&mut self, to: Rank, why: Refusal) {
-        if why == Refusal::Busy {
+        if matches!(why, Refusal::Busy | Refusal::WiringUp) {
             // The daemon asks again: back-pressure, as a send's `Busy` is.
             log::info!("rank 0: rank {to} may not rejoin yet: {why}");
         } else {
@@ -731,13 +734,15 @@ impl Node {
             return;
         }
         let refusal = Refusal::decode(&msg.payload);
-        if matches!(self.wire, Wire::Rejoining(..)) && refusal == Ok(Refusal::Busy) {
-            // Back-pressure, not a verdict: a rack restarted at once would otherwise leave all
-            // but `REJOIN_IN_PROGRESS_MAX` of its daemons to be started again by hand.
+        if let (Wire::Rejoining(..), Ok(r @ (Refusal::Busy | Refusal::WiringUp))) =
+            (&self.wire, &refusal)
+        {
+            // Not a verdict: a rack restarted at once would otherwise leave all but
+            // `REJOIN_IN_PROGRESS_MAX` of its daemons to be started again by hand, and an
+            // allocation started at once every joiner that asked before wire-up ended.
             self.rejoin_busy = self.rejoin_busy.saturating_add(1);
             log::info!(
-                "rank {}: rank 0 is admitting as many daemons as it may at once; asking again \
-                 in {} ms",
+                "rank {}: {r}; asking again in {} ms",
                 self.me,
                 crate::limits::REJOIN_RETRY_MS
             );
@@ -796,8 +801,8 @@ impl Node {
         let why = if self.rejoin_busy > 0 {
             format!(
                 "no answer from rank 0 to the rejoin request within {} ms (twice the wire-up \
-                 timeout) but \"busy\" ({} times: it admits {} daemons at once and they did \
-                 not settle); start it again",
+                 timeout) but \"busy\" or \"still wiring up\" ({} times: it admits {} daemons \
+                 at once, once its initial daemons are wired); start it again",
                 2 * self.wireup_timeout.as_millis(),
                 self.rejoin_busy,
                 crate::limits::REJOIN_IN_PROGRESS_MAX

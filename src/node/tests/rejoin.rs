@@ -515,3 +515,33 @@ fn a_daemon_that_joins_after_many_knows_the_lives_of_the_first() {
     assert_eq!(delivered(&net, 3, last, "last to second"), 1);
     assert_eq!(net.nodes[last as usize].counters().dropped_other_life, 0);
 }
+
+/// From an outside-in review: a whole allocation started at once, its joiners among the
+/// initial daemons, lost every joiner that asked before rank 0 had wired up (refused "not
+/// ready", a fatal stop). Such a daemon asks again, and is admitted once wire-up ends.
+#[test]
+fn a_join_during_wire_up_asks_again_and_is_admitted_after_it() {
+    let mut net = Net::new(8, 2, |c| {
+        c.wired_at_start = false;
+        c.initial_size = 4;
+        c.uri = Some(uri(c.rank));
+        c.hnp = Some(uri(0));
+        c.wireup_timeout = Duration::from_secs(3);
+    });
+    // Rank 3, an initial daemon, is late: rank 0 is still wiring up when rank 6 asks.
+    for r in [3, 4, 5, 6, 7] {
+        net.alive[r] = false;
+    }
+    net.run();
+    restart(&mut net, 6, 2);
+    net.run();
+    assert!(!net.nodes[0].is_wired());
+    assert!(net.nodes[0].counters().rejoins_refused >= 1);
+    for _ in 0..8 {
+        net.advance(crate::limits::REJOIN_RETRY_MS);
+        net.run();
+    }
+    assert!(net.nodes[0].is_wired());
+    assert!(net.stops.iter().all(|(r, _)| *r != 6), "{:?}", net.stops);
+    assert!(net.nodes[6].is_settled(), "rank 6 never settled");
+}
