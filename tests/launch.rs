@@ -196,6 +196,9 @@ fn a_rank_beyond_the_size_is_named_before_the_missing_contact() {
     for hnp in [None, Some("tbon.0;tcp://127.0.0.1:9")] {
         let e = tbon::start(loopback_config(2), 3, 2, hnp).unwrap_err();
         assert!(matches!(e, StartError::Tree(_)), "{e}");
-        assert!(e.to_string().contains("rank 3 is out of range for size 2"), "{e}");
+        assert!(
+            e.to_string().contains("rank 3 is out of range for size 2"),
+            "{e}"
+        );
     }
 }
