@@ -317,7 +317,9 @@ typedef enum {
   // This daemon lost rank 0, or could not reach it (or its parent) during wire-up; the
   // text names the cause ("cannot reach rank 0" when it was never reached).
   TBON_STOP_ROOT_LOST = 4,
-  // The DVM declared this daemon dead and fenced it: it must not rejoin.
+  // The DVM declared this daemon dead and fenced it: this daemon may not come back, but a
+  // new one started with the setting `rejoin` (`tbon_config_set(cfg, "rejoin", "true")`,
+  // `tbon daemon --rejoin`) may take its rank back.
   TBON_STOP_DECLARED_DEAD = 5,
   // Anything else (a contact table for another size, left out of wire-up, no table in time,
   // the event loop failed, ...); the text says why.

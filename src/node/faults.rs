@@ -424,7 +424,8 @@ impl Node {
             return;
         }
         log::error!(
-            "rank {}: declared dead by the DVM ({why}); exiting without rejoining",
+            "rank {}: declared dead by the DVM ({why}); exiting (a daemon started with rejoin, \
+             `tbon daemon --rejoin`, may take the rank back)",
             self.me
         );
         self.begin_stop(now, StopReason::DeclaredDead(why.to_string()));

@@ -85,7 +85,7 @@ impl Node {
             return;
         }
         log::info!(
-            "rank {}: asking rank 0 to admit this daemon back (incarnation {})",
+            "rank {}: asking rank 0 to admit this daemon (a rejoin or a join; incarnation {})",
             self.me,
             self.incarnation
         );
@@ -652,7 +652,7 @@ impl Node {
             }
         };
         log::info!(
-            "rank {}: admitted back in epoch {} (operation {}), {} rank(s) dead",
+            "rank {}: admitted in epoch {} (operation {}), {} rank(s) dead or not yet joined",
             self.me,
             w.epoch,
             w.op,

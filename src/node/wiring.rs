@@ -84,9 +84,9 @@ impl Node {
         let absent = missing.iter().filter(|r| **r >= self.initial_size).count();
         if absent > 0 {
             log::info!(
-                "rank 0: ranks {}..{} are room to grow: absent until they join",
+                "rank 0: ranks {} to {} are room to grow: absent until they join",
                 self.initial_size,
-                self.size
+                self.size - 1
             );
         }
         if missing.len() > absent {
