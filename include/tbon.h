@@ -668,11 +668,13 @@ typedef struct {
   uint64_t stream_refused;
   uint64_t stream_bytes_sent;
   // Streams, consumer side: fetched, finished, ended with an error (cancels included),
-  // resumed at the byte they stood at, data bytes received and checked.
+  // resumed at the byte they stood at, probes sent (a quarter of the idle time without
+  // news), data bytes received and checked.
   uint64_t stream_fetched;
   uint64_t stream_finished;
   uint64_t stream_failed;
   uint64_t stream_resumes;
+  uint64_t stream_probes;
   uint64_t stream_bytes_received;
   // Streams open now: produced here, and fetched here.
   uint64_t stream_producing;
@@ -840,8 +842,9 @@ typedef struct {
   // stream's memory here and on every relay). 0: 4 MiB; at most 64 MiB (a larger window is
   // cut to 64 MiB), at least 64 KiB (a smaller one, which crawls, is raised to 64 KiB).
   uint32_t window;
-  // How long the stream waits for news from the producer while it owes bytes, before it
-  // ends `TBON_ERR_IDLE`. 0: 60 s.
+  // How long the stream waits for data from the producer while it owes bytes, before it
+  // ends `TBON_ERR_IDLE` (a service must send its first bytes within it; a slower one is
+  // probed each quarter of it, not called again). 0: 60 s.
   uint32_t idle_ms;
   // `TBON_FETCH_ROUTE_SETTING` (0: the daemons' `route` settings decide, as for a
   // message), `TBON_FETCH_ROUTE_TREE` (ask for no direct link) or `TBON_FETCH_ROUTE_DIRECT`

@@ -253,8 +253,11 @@ pub struct StreamCounters {
     /// daemon saw the stream's end (and counted it `finished`) is counted here too.
     pub failed: u64,
     /// Consumer: times a stream resumed at the byte it stood at (a relay died, a link was
-    /// lost, a gap, a silence).
+    /// lost, a gap, data or an end a probe found lost).
     pub resumes: u64,
+    /// Consumer: probes sent (a quarter of the stream's idle time without news: the producer
+    /// answers where it stands, and the stream resumes only if something was lost).
+    pub probes: u64,
     /// Consumer: data bytes received in order and handed towards the application: a
     /// `Stream` reader's queue counts too, so this runs up to a window ahead of what the
     /// application has read (and a reader-checked chunk is checked by the reader's thread,

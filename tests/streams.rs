@@ -437,3 +437,51 @@ fn a_stop_returns_only_once_the_service_handlers_have_returned() {
         drop(s);
     }
 }
+
+/// Outside-in review (session 45): a service slower to its first bytes than a quarter of the
+/// stream's idle time (a file read from slow storage) was called again at each quarter, the
+/// stream resumed each time: nine service threads for one stream. The consumer now probes
+/// the producer, which answers where it stands: a slow service is called once.
+#[test]
+fn a_service_slower_than_a_quarter_of_the_idle_time_is_called_once() {
+    let dvm = start_dvm_with(3, |_| loopback_config(2));
+    let consumer = dvm[1].handle();
+    let calls = Arc::new(AtomicU64::new(0));
+    dvm[2]
+        .serve("slow", {
+            let calls = calls.clone();
+            move |req: StreamRequest, mut w: StreamWriter| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                // Slow to the first byte: past two of the consumer's probes (or, without them,
+                // until the service is called a second time).
+                let guard = Instant::now() + HANG_GUARD;
+                while Instant::now() < guard
+                    && calls.load(Ordering::SeqCst) < 2
+                    && consumer.counters().is_ok_and(|c| c.streams.probes < 2)
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let rest = (100_000 - req.offset) as usize;
+                if w.write(vec![7u8; rest]).is_ok() {
+                    let _ = w.finish();
+                }
+            }
+        })
+        .unwrap();
+    let opts = FetchOptions {
+        idle: Duration::from_secs(4),
+        ..FetchOptions::default()
+    };
+    let mut s = dvm[1].fetch_with(2, "slow", &b""[..], opts).unwrap();
+    let mut got = Vec::new();
+    s.reader().read_to_end(&mut got).unwrap();
+    assert_eq!(got, vec![7u8; 100_000]);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the service was called again"
+    );
+    let c = dvm[1].counters().unwrap().streams;
+    assert!(c.probes >= 2, "{c:?}");
+    assert_eq!((c.resumes, c.finished), (0, 1), "{c:?}");
+}

@@ -538,11 +538,13 @@ pub struct tbon_counters {
     pub stream_refused: u64,
     pub stream_bytes_sent: u64,
     /// Streams, consumer side: fetched, finished, ended with an error (cancels included),
-    /// resumed at the byte they stood at, data bytes received and checked.
+    /// resumed at the byte they stood at, probes sent (a quarter of the idle time without
+    /// news), data bytes received and checked.
     pub stream_fetched: u64,
     pub stream_finished: u64,
     pub stream_failed: u64,
     pub stream_resumes: u64,
+    pub stream_probes: u64,
     pub stream_bytes_received: u64,
     /// Streams open now: produced here, and fetched here.
     pub stream_producing: u64,
@@ -685,6 +687,7 @@ impl From<&Counters> for tbon_counters {
             stream_finished: c.streams.finished,
             stream_failed: c.streams.failed,
             stream_resumes: c.streams.resumes,
+            stream_probes: c.streams.probes,
             stream_bytes_received: c.streams.bytes_received,
             stream_producing: c.streams.producing,
             stream_consuming: c.streams.consuming,

@@ -210,8 +210,9 @@ pub struct tbon_fetch_opts {
     /// stream's memory here and on every relay). 0: 4 MiB; at most 64 MiB (a larger window is
     /// cut to 64 MiB), at least 64 KiB (a smaller one, which crawls, is raised to 64 KiB).
     pub window: u32,
-    /// How long the stream waits for news from the producer while it owes bytes, before it
-    /// ends `TBON_ERR_IDLE`. 0: 60 s.
+    /// How long the stream waits for data from the producer while it owes bytes, before it
+    /// ends `TBON_ERR_IDLE` (a service must send its first bytes within it; a slower one is
+    /// probed each quarter of it, not called again). 0: 60 s.
     pub idle_ms: u32,
     /// `TBON_FETCH_ROUTE_SETTING` (0: the daemons' `route` settings decide, as for a
     /// message), `TBON_FETCH_ROUTE_TREE` (ask for no direct link) or `TBON_FETCH_ROUTE_DIRECT`

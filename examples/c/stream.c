@@ -8,6 +8,7 @@
  * producer lends without a copy (tbon_writer_write_nocopy, freed once). It also checks the
  * ends a consumer must tell apart: no such service, the producer's own failure with its code,
  * a refused fail that still ends the writer, and a cancel that reaches the producer's writer;
+ * a service slower to its first byte than a quarter of the idle time (probed, called once);
  * that the stream data took a bulk connection; bad arguments; and that after tbon_free no
  * service callback runs any more. Exits non-zero on any failure.
  *
@@ -123,6 +124,28 @@ static void serve_slow_end(tbon_writer w, uint32_t consumer, const char *service
     atomic_store(&slow_end_returned, 1);
 }
 
+/* The "slow-first" service: slow to its first byte (a file on slow storage), past two of the
+ * consumer's probes (a quarter of its idle time each). It is called once, not again at each
+ * quarter. */
+static atomic_int slow_first_calls;
+
+static void serve_slow_first(tbon_writer w, uint32_t consumer, const char *service,
+                             const uint8_t *request, size_t len, uint64_t offset, void *user) {
+    (void)consumer, (void)service, (void)request, (void)len, (void)user;
+    atomic_fetch_add(&slow_first_calls, 1);
+    tbon_counters c = {0};
+    for (int waited = 0; waited < TIMEOUT_MS && atomic_load(&slow_first_calls) == 1; waited += 10) {
+        if (tbon_counters_get(d[CONSUMER], &c) != TBON_OK || c.stream_probes >= 2)
+            break;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    static const uint8_t fives[1000] = {5};
+    if (tbon_writer_write(w, fives + offset, sizeof fives - offset, TBON_WAIT_FOREVER, NULL) ==
+        TBON_OK)
+        tbon_writer_finish(w);
+}
+
 /* The "lent" service: one 4 MiB buffer lent to tbon without a copy (tbon_writer_write_nocopy);
  * tbon calls on_freed once it no longer reads it. */
 #define LENT_LEN (4u << 20)
@@ -234,6 +257,7 @@ int main(void) {
     CHECK_RC(tbon_serve(d[PRODUCER], "lent", serve_lent, NULL));
     CHECK_RC(tbon_serve(d[PRODUCER], "reserved", serve_reserved, NULL));
     CHECK_RC(tbon_serve(d[PRODUCER], "slow-end", serve_slow_end, NULL));
+    CHECK_RC(tbon_serve(d[PRODUCER], "slow-first", serve_slow_first, NULL));
 
     /* 1. A file-sized object, read into a small buffer. */
     fetch_and_check(5, OBJECT_LEN);
@@ -345,9 +369,28 @@ int main(void) {
         CHECK_RC(tbon_stream_close(cs));
     }
 
+    /* A service slower to its first byte than a quarter of the idle time: probed, not called
+     * again, and the stream ends with all its bytes. */
+    {
+        tbon_fetch_opts patient = {.window = 0, .idle_ms = 2000, .route = 0};
+        tbon_stream ss;
+        CHECK_RC(tbon_fetch(d[CONSUMER], PRODUCER, "slow-first", NULL, 0, &patient, &ss));
+        size_t total = 0;
+        do {
+            rc = tbon_stream_read(ss, buf, sizeof buf, &got, TIMEOUT_MS);
+            total += got;
+        } while (rc == TBON_OK && got > 0);
+        CHECK(rc == TBON_OK && total == 1000, "slow-first: %s after %zu bytes", tbon_strerror(rc),
+              total);
+        CHECK(atomic_load(&slow_first_calls) == 1, "the slow service was called %d times",
+              atomic_load(&slow_first_calls));
+        CHECK_RC(tbon_stream_close(ss));
+    }
+
     tbon_counters c;
     CHECK_RC(tbon_counters_get(d[CONSUMER], &c));
-    CHECK(c.stream_finished == 3, "%llu streams finished", (unsigned long long)c.stream_finished);
+    CHECK(c.stream_probes >= 2, "%llu probes", (unsigned long long)c.stream_probes);
+    CHECK(c.stream_finished == 4, "%llu streams finished", (unsigned long long)c.stream_finished);
     CHECK(c.stream_bytes_received >= OBJECT_LEN + (3u << 20), "%llu bytes received",
           (unsigned long long)c.stream_bytes_received);
     /* The producer's stream data took a bulk connection to its parent (setting

@@ -41,12 +41,13 @@ pub struct FetchOptions {
     /// stream's memory here and on every relay, and with the round trip its rate. Default
     /// 4 MiB; 0 means the default (as in C's `tbon_fetch_opts`).
     pub window: u32,
-    /// How long the stream waits for news from the producer while it owes us bytes before it
-    /// fails `TimedOut`, never longer. Each quarter of it without news resumes the stream
-    /// (bytes may have been lost on the way), which calls the producer's service again from
-    /// the byte the stream stands at: a service should send its first bytes within a quarter
-    /// of it. A reader that holds every granted byte runs no clock. Default 60 s; zero means
-    /// the default (as in C's `tbon_fetch_opts`).
+    /// How long the stream waits for data from the producer while it owes us bytes before it
+    /// fails `TimedOut`, never longer: a service must send its first bytes within it. Each
+    /// quarter of it without news probes the producer, which says where it stands: the
+    /// stream resumes only if bytes were lost on the way (the service is then called again
+    /// from the byte the stream stands at), never for a slow service. A reader that holds
+    /// every granted byte runs no clock. Default 60 s; zero means the default (as in C's
+    /// `tbon_fetch_opts`).
     pub idle: Duration,
     /// The stream's own route, both ways (the producer follows the consumer's choice):
     /// `Some(Route::Direct)` asks for a direct link to the producer, `Some(Route::Tree)` does

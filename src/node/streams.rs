@@ -668,6 +668,35 @@ impl Node {
                     self.flush_incoming(now, id);
                 }
             }
+            StreamMsg::Probe => {
+                // Answered by the route the data takes, behind the data already sent.
+                let (answer, route) = match self.streams.outgoing.get(&(from, id)) {
+                    Some(s) => (
+                        StreamMsg::Position {
+                            sent: s.sent(),
+                            upto: s.upto(),
+                        },
+                        s.route(),
+                    ),
+                    None => (StreamMsg::Unknown, None),
+                };
+                self.send_stream(now, from, id, &answer, route);
+            }
+            StreamMsg::Position { .. } | StreamMsg::Unknown => {
+                if let Some((_, s)) = self.streams.incoming.get_mut(&id)
+                    && s.producer() == from
+                {
+                    match m {
+                        StreamMsg::Position { sent, upto } => s.handle_position(sent, upto),
+                        _ => s.handle_unknown(),
+                    }
+                    if s.wants_resume() {
+                        self.resume_stream(now, id);
+                    } else {
+                        self.flush_incoming(now, id);
+                    }
+                }
+            }
         }
     }
 
@@ -817,7 +846,9 @@ impl Node {
         for wire in due {
             let resume = match self.streams.incoming.get_mut(&wire) {
                 Some((_, s)) => {
-                    s.handle_timeout(now);
+                    if s.handle_timeout(now) {
+                        self.streams.stats.probes += 1;
+                    }
                     s.wants_resume()
                 }
                 None => false,

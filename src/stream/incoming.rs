@@ -47,13 +47,14 @@ pub struct Incoming {
     /// The route of the stream's messages both ways (`None`: the daemons' settings).
     route: Option<Route>,
     heard: Instant,
-    /// A chunk went missing (a gap, or a quarter of the idle time without news): the node
-    /// should [`Incoming::resume`] it.
+    /// A chunk went missing (a gap, data or an end the producer's `Position` or `Unknown`
+    /// says was lost): the node should [`Incoming::resume`] it.
     wants_resume: bool,
-    /// The resume wanted is for silence (not news: the idle clock keeps running through it).
+    /// The resume wanted was found by a probe (not news: the idle clock keeps running
+    /// through it).
     silent: bool,
-    /// When the stream last resumed (silence resumes are a quarter of the idle time apart).
-    resumed_at: Instant,
+    /// When the stream last probed or resumed (probes are a quarter of the idle time apart).
+    asked_at: Instant,
     resumes: u32,
     /// The application's reader checks each chunk's digest as it takes the chunk, on its own
     /// thread ([`Incoming::with_reader_checks`]): not checked here.
@@ -91,7 +92,7 @@ impl Incoming {
             heard: now,
             wants_resume: false,
             silent: false,
-            resumed_at: now,
+            asked_at: now,
             resumes: 0,
             reader_checks: false,
         };
@@ -295,8 +296,8 @@ impl Incoming {
         self.fail_with(StreamError::ProducerDied(self.producer));
     }
 
-    /// Whether chunks went missing and the stream should resume (a gap, or a quarter of its
-    /// idle time without news: a lost chunk, credit or end).
+    /// Whether chunks went missing and the stream should resume (a gap, or a probe's answer
+    /// that says data or the end was lost).
     pub fn wants_resume(&self) -> bool {
         self.wants_resume && self.status == Status::Streaming
     }
@@ -319,12 +320,12 @@ impl Incoming {
         }
         self.id = new_id;
         self.digests = 0;
-        // A resume for silence is no news: the stream still ends `TimedOut` once its idle
-        // time passed without any (a slow producer is asked again meanwhile, not for ever).
+        // A resume a probe found is no news: the stream still ends `TimedOut` once its idle
+        // time passed without any.
         if !silent {
             self.heard = now;
         }
-        self.resumed_at = now;
+        self.asked_at = now;
         self.out.clear();
         self.granted = self.consumed.max(self.received) + self.window;
         self.push_open();
@@ -338,16 +339,16 @@ impl Incoming {
     }
 
     /// When [`Incoming::handle_timeout`] is due: a quarter of the idle time after the last
-    /// news (a resume), then the idle time (the end). No clock runs while every byte granted
-    /// has arrived: the producer then waits for the application (a slow consumer), not the
-    /// other way round.
+    /// news, probe or resume (a probe), then the idle time (the end). No clock runs while
+    /// every byte granted has arrived: the producer then waits for the application (a slow
+    /// consumer), not the other way round.
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.status != Status::Streaming || (self.received >= self.granted && !self.wants_resume)
         {
             return None;
         }
         let end = self.heard + self.idle;
-        let quarter = self.heard.max(self.resumed_at) + self.idle / 4;
+        let quarter = self.heard.max(self.asked_at) + self.idle / 4;
         Some(if self.wants_resume {
             end
         } else {
@@ -355,16 +356,46 @@ impl Incoming {
         })
     }
 
-    /// Time passed: a stream that heard nothing for a quarter of its idle time wants to
-    /// resume; one that heard nothing for its idle time fails `TimedOut`.
-    pub fn handle_timeout(&mut self, now: Instant) {
+    /// Time passed: a stream that heard nothing for a quarter of its idle time probes its
+    /// producer (`Probe`: a slow service is not asked again, and the answer shows what was
+    /// lost); one that heard nothing for its idle time fails `TimedOut`. Returns whether it
+    /// probed.
+    pub fn handle_timeout(&mut self, now: Instant) -> bool {
         if self.poll_timeout().is_none() {
-            return;
+            return false;
         }
         if now >= self.heard + self.idle {
             self.out.push_back(StreamMsg::Cancel);
             self.status = Status::Failed(StreamError::TimedOut);
-        } else if now >= self.heard.max(self.resumed_at) + self.idle / 4 {
+        } else if now >= self.heard.max(self.asked_at) + self.idle / 4 {
+            self.asked_at = now;
+            self.out.push_back(StreamMsg::Probe);
+            return true;
+        }
+        false
+    }
+
+    /// The producer's answer to a probe: its data was sent up to `sent` and it holds credit
+    /// up to `upto`. Data sent beyond what arrived was lost (the answer follows the data on
+    /// its way): the stream wants to resume. Otherwise the producer is slow, not lost: only a
+    /// lost credit is granted again. Neither is news for the idle clock (a service that hangs
+    /// still times out).
+    pub fn handle_position(&mut self, sent: u64, upto: u64) {
+        if self.status != Status::Streaming || self.wants_resume {
+            return;
+        }
+        if sent > self.received {
+            self.wants_resume = true;
+            self.silent = true;
+        } else if upto < self.granted {
+            self.out.push_back(StreamMsg::Credit { upto: self.granted });
+        }
+    }
+
+    /// The producer does not have the stream (its `Open` was lost, or it ended the stream and
+    /// its end was lost): the stream wants to resume, without news for the idle clock.
+    pub fn handle_unknown(&mut self) {
+        if self.status == Status::Streaming && !self.wants_resume {
             self.wants_resume = true;
             self.silent = true;
         }

@@ -38,13 +38,16 @@
 //! handling, within the failure-detection time); the death of the consumer ends the
 //! producer's. When chunks may have been lost while both ends live (a relay on the path died,
 //! a direct link was lost, a connection on the path dropped: a gap in the offsets, or a
-//! quarter of the idle time without news, which also covers a lost credit or end), the
-//! consumer resumes: it opens the stream again under a new id at the byte it stands at
+//! probe's answer), the consumer resumes: it opens the stream again under a new id at the byte it stands at
 //! ([`Incoming::resume`], at most [`crate::limits::STREAM_RESUMES_MAX`] times), so no byte is
 //! lost or delivered twice; late frames of the old id are stale and ignored. The
 //! producer's service is asked again with the same request and that offset (it must be able
-//! to start there: a file, a buffer). A stream that hears nothing for its idle time fails
-//! `TimedOut`.
+//! to start there: a file, a buffer). A stream that hears nothing for a quarter of its idle
+//! time probes its producer (`Probe`), which answers where it stands (`Position`: data sent
+//! beyond what arrived was lost, resume; a credit short of the one granted is granted again;
+//! otherwise the service is slow, left alone) or that it does not have the stream (`Unknown`:
+//! its open or end was lost, resume). A stream that hears no data for its idle time fails
+//! `TimedOut`: probes and their answers are no news.
 //!
 //! # Bounds
 //! Per stream, the bytes in flight: the window, at most [`crate::limits::STREAM_WINDOW_MAX`];

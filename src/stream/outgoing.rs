@@ -105,6 +105,18 @@ impl Outgoing {
         self.upto
     }
 
+    /// The offset its data left this daemon up to: what was written, less what still waits
+    /// here to be released (a probe's answer, `Position`).
+    pub fn sent(&self) -> u64 {
+        self.out
+            .iter()
+            .find_map(|m| match m {
+                StreamMsg::Data { offset, .. } => Some(*offset),
+                _ => None,
+            })
+            .unwrap_or(self.next)
+    }
+
     /// Bytes it may send now; 0 means: wait for credit (back-pressure, never a buffer).
     pub fn room(&self) -> u64 {
         match self.state {

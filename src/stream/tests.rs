@@ -210,11 +210,13 @@ fn the_producer_fails_or_dies_or_goes_quiet() {
     c.handle_producer_failed();
     assert_eq!(c.status(), &Status::Failed(StreamError::ProducerDied(3)));
     let mut c = Incoming::open(now, 32, 3, "file", Bytes::new(), 1024, IDLE);
-    // A quarter of the idle time without news: something was lost, resume.
+    assert!(matches!(c.poll_msg(), Some(StreamMsg::Open { .. })));
+    // A quarter of the idle time without news: the producer is asked where it stands.
     assert_eq!(c.poll_timeout(), Some(now + IDLE / 4));
-    c.handle_timeout(now + IDLE / 4);
-    assert!(c.wants_resume());
-    assert_eq!(c.poll_timeout(), Some(now + IDLE));
+    assert!(c.handle_timeout(now + IDLE / 4));
+    assert_eq!(c.poll_msg().map(|m| wire(m, 32)), Some(StreamMsg::Probe));
+    assert!(!c.wants_resume());
+    assert_eq!(c.poll_timeout(), Some(now + IDLE / 2));
     c.handle_timeout(now + IDLE);
     assert_eq!(c.status(), &Status::Failed(StreamError::TimedOut));
     assert_eq!(c.poll_timeout(), None);
@@ -283,26 +285,105 @@ fn a_consumer_that_holds_every_granted_byte_runs_no_idle_clock() {
 }
 
 #[test]
-fn silence_resumes_a_quarter_apart_and_still_ends_at_the_idle_time() {
+fn silence_probes_a_quarter_apart_and_still_ends_at_the_idle_time() {
     let now = Instant::now();
     let mut c = Incoming::open(now, 50, 3, "slow", Bytes::new(), 1024, IDLE);
-    let mut id = 50;
-    let mut resumes = 0;
+    let mut p = accept(&mut c, 9);
+    let mut probes = 0;
     let mut t = now;
-    // A producer that never answers: resumes at each quarter, then the end at `IDLE`.
+    // A producer whose service never writes: each probe is answered "nothing sent yet",
+    // which is no news: probes at each quarter, no resume, then the end at `IDLE`.
     while c.status() == &Status::Streaming {
         t = c.poll_timeout().expect("a streaming stream has a deadline");
-        c.handle_timeout(t);
-        if c.wants_resume() {
-            id += 1;
-            c.resume(t, id);
-            resumes += 1;
+        if c.handle_timeout(t) {
+            probes += 1;
         }
-        assert!(resumes <= 4, "a resume storm");
+        while let Some(m) = c.poll_msg() {
+            if wire(m, 50) == StreamMsg::Probe {
+                c.handle_position(p.sent(), p.upto());
+            }
+        }
+        assert!(!c.wants_resume(), "a slow service is not asked again");
+        assert!(probes <= 4, "a probe storm");
     }
     assert_eq!(c.status(), &Status::Failed(StreamError::TimedOut));
     assert_eq!(t, now + IDLE, "it ends at the idle time, not later");
-    assert_eq!(resumes, 3);
+    assert_eq!(probes, 3);
+    assert!(
+        p.write(&mut data(1)).is_ok(),
+        "the producer was never cancelled before"
+    );
+}
+
+/// Outside-in review (session 45): a service slower to its first bytes than a quarter of the
+/// idle time was called again at each quarter (a resume each), nine service threads for one
+/// stream. A probe's answer tells a slow producer from a lost message.
+#[test]
+fn a_probe_resumes_only_what_was_lost() {
+    let now = Instant::now();
+    let quarter = now + IDLE / 4;
+    // Slow: nothing sent yet. The stream stays, and finishes once the service writes.
+    let mut c = Incoming::open(now, 70, 3, "slow", Bytes::new(), 1024, IDLE);
+    let mut p = accept(&mut c, 9);
+    assert!(c.handle_timeout(quarter));
+    assert_eq!(c.poll_msg(), Some(StreamMsg::Probe));
+    c.handle_position(p.sent(), p.upto());
+    assert!(!c.wants_resume());
+    assert_eq!(c.poll_msg(), None, "nothing to grant again");
+    let all = data(700);
+    p.write(&mut all.clone()).unwrap();
+    p.finish().unwrap();
+    assert_eq!(exchange(quarter, &mut p, &mut c), all[..]);
+    assert_eq!(c.status(), &Status::Finished);
+
+    // Data sent and lost on the way: resume at the byte the consumer stands at.
+    let mut c = Incoming::open(now, 71, 3, "file", Bytes::new(), 1024, IDLE);
+    let mut p = accept(&mut c, 9);
+    p.write(&mut data(300)).unwrap();
+    while p.poll_msg().is_some() {}
+    assert_eq!(p.sent(), 300);
+    assert!(c.handle_timeout(quarter));
+    c.handle_position(p.sent(), p.upto());
+    assert!(c.wants_resume());
+    c.resume(quarter, 72);
+    assert!(
+        c.poll_timeout().is_some_and(|t| t <= now + IDLE),
+        "a probe's find is no news"
+    );
+
+    // Data still waiting at the producer (not sent) is not lost.
+    let mut c = Incoming::open(now, 73, 3, "file", Bytes::new(), 1024, IDLE);
+    let mut p = accept(&mut c, 9);
+    p.write(&mut data(300)).unwrap();
+    assert_eq!(p.sent(), 0);
+    c.handle_position(p.sent(), p.upto());
+    assert!(!c.wants_resume());
+
+    // A credit lost on the way: granted again, nothing resumed.
+    let mut c = Incoming::open(now, 74, 3, "file", Bytes::new(), 1024, IDLE);
+    let mut p = accept(&mut c, 9);
+    p.write(&mut data(1024)).unwrap();
+    assert_eq!(exchange(now, &mut p, &mut c).len(), 1024);
+    c.consumed(now, 1024);
+    assert!(
+        matches!(c.poll_msg(), Some(StreamMsg::Credit { .. })),
+        "lost"
+    );
+    assert_eq!(p.room(), 0);
+    assert!(c.handle_timeout(quarter));
+    assert_eq!(c.poll_msg(), Some(StreamMsg::Probe));
+    c.handle_position(p.sent(), p.upto());
+    assert!(!c.wants_resume());
+    match c.poll_msg() {
+        Some(StreamMsg::Credit { upto }) => p.handle_credit(upto).unwrap(),
+        other => panic!("expected the credit again, got {other:?}"),
+    }
+    assert_eq!(p.room(), 1024);
+
+    // The producer does not know the stream (its open or its end was lost): resume.
+    let mut c = Incoming::open(now, 75, 3, "file", Bytes::new(), 1024, IDLE);
+    c.handle_unknown();
+    assert!(c.wants_resume());
 }
 
 /// Found by the simulator (regression seed 4712): chunks lost with a dropped connection, and

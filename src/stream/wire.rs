@@ -9,6 +9,9 @@
 //! | 4 | `End` | producer → consumer | total length (u64), the sum of the digests it sent (u64) |
 //! | 5 | `Fail` | producer → consumer | code (u32), reason (the rest, UTF-8) |
 //! | 6 | `Cancel` | consumer → producer | — |
+//! | 7 | `Probe` | consumer → producer | — |
+//! | 8 | `Position` | producer → consumer | the offset its data was sent up to (u64), the credit it holds (u64) |
+//! | 9 | `Unknown` | producer → consumer | — |
 
 use crate::direct::Route;
 use crate::limits::{STREAM_CHUNK_MAX, STREAM_REASON_MAX, STREAM_REQUEST_MAX, STREAM_SERVICE_MAX};
@@ -18,9 +21,10 @@ use bytes::{BufMut, Bytes, BytesMut};
 pub const DATA_HEADER_LEN: usize = 1 + 8 + 8 + 8;
 
 /// Whether a message of kind byte `kind` goes from producer to consumer (`Data`, `End`,
-/// `Fail`): the bulk lane's messages (`node::lane`).
+/// `Fail`, `Position`, `Unknown`): the bulk lane's messages (`node::lane`), so that a
+/// `Position` follows the data sent before it.
 pub fn from_producer(kind: u8) -> bool {
-    matches!(kind, 2 | 4 | 5)
+    matches!(kind, 2 | 4 | 5 | 8 | 9)
 }
 
 /// One stream message (its id apart).
@@ -52,6 +56,15 @@ pub enum StreamMsg {
     Fail { code: u32, reason: String },
     /// The consumer gives up the stream.
     Cancel,
+    /// The consumer heard nothing for a quarter of its idle time: where does the producer
+    /// stand? Answered `Position` or `Unknown`; the producer's service is not asked again.
+    Probe,
+    /// The producer's answer to a `Probe`: its data was sent up to offset `sent` (what is
+    /// still queued at the producer not counted), and it holds credit up to `upto`.
+    Position { sent: u64, upto: u64 },
+    /// The producer's answer to a `Probe` of a stream it does not have (its `Open` was lost,
+    /// or it ended the stream and forgot it): the consumer resumes.
+    Unknown,
 }
 
 /// A `Data` message's bytes before its chunk: kind, id, offset, digest.
@@ -120,6 +133,9 @@ impl StreamMsg {
             StreamMsg::End { .. } => 4,
             StreamMsg::Fail { .. } => 5,
             StreamMsg::Cancel => 6,
+            StreamMsg::Probe => 7,
+            StreamMsg::Position { .. } => 8,
+            StreamMsg::Unknown => 9,
         };
         b.put_u8(kind);
         b.put_u64(id);
@@ -163,7 +179,11 @@ impl StreamMsg {
                 let r = reason.as_bytes();
                 b.put_slice(r.get(..r.len().min(STREAM_REASON_MAX)).unwrap_or_default());
             }
-            StreamMsg::Cancel => {}
+            StreamMsg::Position { sent, upto } => {
+                b.put_u64(*sent);
+                b.put_u64(*upto);
+            }
+            StreamMsg::Cancel | StreamMsg::Probe | StreamMsg::Unknown => {}
         }
         b.freeze()
     }
@@ -279,6 +299,21 @@ impl StreamMsg {
                 exact(0)?;
                 StreamMsg::Cancel
             }
+            7 => {
+                exact(0)?;
+                StreamMsg::Probe
+            }
+            8 => {
+                exact(16)?;
+                StreamMsg::Position {
+                    sent: u64_at(rest, "sent")?,
+                    upto: u64_at(rest.get(8..).unwrap_or_default(), "credit")?,
+                }
+            }
+            9 => {
+                exact(0)?;
+                StreamMsg::Unknown
+            }
             k => return Err(format!("stream {id}: unknown kind {k}")),
         };
         Ok((id, msg))
@@ -314,6 +349,12 @@ mod tests {
                 reason: "no such file".into(),
             },
             StreamMsg::Cancel,
+            StreamMsg::Probe,
+            StreamMsg::Position {
+                sent: 1 << 33,
+                upto: (1 << 33) + 5,
+            },
+            StreamMsg::Unknown,
         ];
         let pool = std::sync::Arc::new(super::super::BufferPool::default());
         for m in all {
@@ -355,7 +396,10 @@ mod tests {
         for bad in [
             Bytes::new(),
             Bytes::from_static(&[3, 0, 0]),
-            Bytes::from_static(&[9, 0, 0, 0, 0, 0, 0, 0, 1]),
+            Bytes::from_static(&[10, 0, 0, 0, 0, 0, 0, 0, 1]),
+            Bytes::from_static(&[7, 0, 0, 0, 0, 0, 0, 0, 1, 0]),
+            Bytes::from_static(&[8, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]),
+            Bytes::from_static(&[9, 0, 0, 0, 0, 0, 0, 0, 1, 0]),
             Bytes::from_static(&[3, 0, 0, 0, 0, 0, 0, 0, 1, 0]),
             Bytes::from_static(&[
                 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 9,
