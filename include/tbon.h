@@ -246,7 +246,7 @@ typedef enum {
   // Streams: the producer failed the stream (its code: `tbon_stream_fail_code`; a message
   // with its reason: `tbon_last_error`).
   TBON_ERR_STREAM_FAILED = 16,
-  // Streams: the other end of the stream (producer or consumer) died.
+  // Streams: the other end of the stream (producer or consumer) died, or its daemon stopped.
   TBON_ERR_PEER_DIED = 17,
   // Streams: the consumer cancelled the stream.
   TBON_ERR_CANCELLED = 18,

@@ -485,3 +485,68 @@ fn a_service_slower_than_a_quarter_of_the_idle_time_is_called_once() {
     assert!(c.probes >= 2, "{c:?}");
     assert_eq!((c.resumes, c.finished), (0, 1), "{c:?}");
 }
+
+/// Outside-in review (session 45): an orderly stop at one end of a stream reached the other
+/// end only as a death, once the stop was found (1.55 s with the default settings; a blocked
+/// writer waited that long). Failure detection is slowed here past the consumer's idle time
+/// and the hang guard: only the stopping daemon's own message ends the other side in time.
+#[test]
+fn an_orderly_stop_at_either_end_ends_the_other_side_at_once() {
+    let dvm = start_dvm_with(4, |_| {
+        let mut c = loopback_config(2);
+        c.reconnect_base_ms = 300_000;
+        c.reconnect_max_ms = 300_000;
+        c.heartbeat_timeout_ms = 900_000;
+        c
+    });
+    let (tx, stopped) = crossbeam_channel::unbounded();
+    for p in [1, 3] {
+        let tx = tx.clone();
+        dvm[p]
+            .serve("endless", move |_, mut w: StreamWriter| {
+                let piece = bytes::Bytes::from(vec![1u8; 10_000]);
+                let e = loop {
+                    if let Err(e) = w.write(piece.clone()) {
+                        break e;
+                    }
+                };
+                let _ = tx.send((p, e));
+            })
+            .unwrap();
+    }
+    let opts = FetchOptions {
+        window: 256 * 1024,
+        idle: Duration::from_secs(30),
+        ..FetchOptions::default()
+    };
+    // The producer (rank 3) stops: the consumer's stream ends `ProducerDied`, not `TimedOut`.
+    let mut s = dvm[2].fetch_with(3, "endless", &b""[..], opts).unwrap();
+    for _ in 0..5 {
+        s.next().unwrap().unwrap();
+    }
+    dvm[3].handle().shutdown();
+    assert_eq!(
+        stopped.recv_timeout(HANG_GUARD).unwrap(),
+        (3, StreamError::ShutDown)
+    );
+    for chunk in s.by_ref() {
+        if chunk.is_err() {
+            break;
+        }
+    }
+    assert_eq!(s.outcome(), Some(&Err(StreamError::ProducerDied(3))));
+    // The consumer (rank 2) stops: the producer's writer fails `ConsumerDied` at once.
+    let mut s = dvm[2].fetch_with(1, "endless", &b""[..], opts).unwrap();
+    for _ in 0..5 {
+        s.next().unwrap().unwrap();
+    }
+    std::thread::spawn({
+        let h = dvm[2].handle();
+        move || h.shutdown()
+    });
+    assert_eq!(
+        stopped.recv_timeout(HANG_GUARD).unwrap(),
+        (1, StreamError::ConsumerDied(2))
+    );
+    drop(s);
+}

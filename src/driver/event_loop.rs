@@ -1273,12 +1273,21 @@ impl EventLoop {
             self.give_up(p, SendError::ShutDown);
         }
         // Connections still connecting or handshaking carry no data: close them now. Idle
-        // established ones too, unless the peers are to close first.
+        // established ones too, unless the peers are to close first, or the link's bulk
+        // connection still writes (closing a link closes its bulk connection: the stop's own
+        // stream messages may have just moved there).
         let keep = self.close_after_peers;
+        let bulk_busy = |c: &Conn| {
+            c.peer
+                .and_then(|p| self.links.get(&p))
+                .and_then(|l| l.bulk_out)
+                .and_then(|b| self.conns.get(b))
+                .is_some_and(|b| !b.is_drained())
+        };
         let idle: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| !c.is_established() || (c.is_drained() && !keep))
+            .filter(|(_, c)| !c.is_established() || (c.is_drained() && !keep && !bulk_busy(c)))
             .map(|(t, _)| t)
             .collect();
         for t in idle {

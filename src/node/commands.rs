@@ -249,6 +249,9 @@ impl Node {
         }
         log::debug!("rank {}: stopping ({reason:?})", self.me);
         self.pump_relm(now);
+        if !matches!(reason, StopReason::Aborted) {
+            self.streams_stop(now);
+        }
         self.stopping = Some(reason.clone());
         let held: Vec<Command> = self.prewire.drain(..).collect();
         for c in held {

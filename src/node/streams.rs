@@ -29,6 +29,10 @@ pub const TAG_STREAM: Tag = 14;
 pub const FAIL_NO_SERVICE: u32 = u32::MAX;
 /// A producer's `Fail` code meaning "no room for another stream here".
 pub const FAIL_NO_ROOM: u32 = u32::MAX - 1;
+/// A producer's `Fail` code meaning "the producer's daemon stops" (reported as
+/// [`StreamError::ProducerDied`], at once rather than once the stop is found as a death).
+/// (`u32::MAX - 2` is the driver's `FAIL_ABANDONED`.)
+pub const FAIL_STOPPED: u32 = u32::MAX - 3;
 
 /// What the application asks of streams.
 #[derive(Debug)]
@@ -414,6 +418,9 @@ impl Node {
                 {
                     Err(StreamError::NoService(reason.clone()))
                 }
+                Status::Failed(StreamError::Producer { code, .. }) if *code == FAIL_STOPPED => {
+                    Err(StreamError::ProducerDied(s.producer()))
+                }
                 Status::Failed(e) => Err(e.clone()),
                 Status::Streaming => return,
             };
@@ -606,14 +613,18 @@ impl Node {
                         })));
                 }
             }
-            StreamMsg::Cancel => {
+            StreamMsg::Cancel | StreamMsg::Stopping => {
                 self.streams.held.remove(&(from, id));
                 if self.streams.outgoing.remove(&(from, id)).is_some() {
+                    let why = match m {
+                        StreamMsg::Cancel => StreamError::Cancelled,
+                        _ => StreamError::ConsumerDied(from),
+                    };
                     self.out
                         .push_back(Output::Stream(Box::new(StreamEvent::Stopped {
                             consumer: from,
                             id,
-                            why: StreamError::Cancelled,
+                            why,
                         })));
                 }
             }
@@ -831,6 +842,34 @@ impl Node {
         self.streams.wire_of.insert(user, new);
         self.streams.incoming.insert(new, (user, s));
         self.flush_incoming(now, new);
+    }
+
+    /// The daemon stops (not a crash): the other end of each of its streams is told now,
+    /// with the linger's frames, rather than once the stop is found as a death. A consumer's
+    /// stream fails `ProducerDied` (a `Fail` with `FAIL_STOPPED`, behind the data already
+    /// sent; data still waiting here is dropped), a producer's writer `ConsumerDied`.
+    pub(super) fn streams_stop(&mut self, now: Instant) {
+        let mut produced: Vec<(Rank, u64)> = self.streams.outgoing.keys().copied().collect();
+        produced.sort_unstable();
+        let stopped = StreamMsg::Fail {
+            code: FAIL_STOPPED,
+            reason: format!("rank {} stopped", self.me),
+        };
+        for (consumer, id) in produced {
+            self.streams.held.remove(&(consumer, id));
+            if let Some(s) = self.streams.outgoing.remove(&(consumer, id)) {
+                self.send_stream(now, consumer, id, &stopped, s.route());
+            }
+        }
+        let mut consumed: Vec<u64> = self.streams.incoming.keys().copied().collect();
+        consumed.sort_unstable();
+        for wire in consumed {
+            let to = match self.streams.incoming.get(&wire) {
+                Some((_, s)) if s.status() == &Status::Streaming => (s.producer(), s.route()),
+                _ => continue,
+            };
+            self.send_stream(now, to.0, wire, &StreamMsg::Stopping, to.1);
+        }
     }
 
     /// Consumer idle timeouts.

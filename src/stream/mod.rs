@@ -36,7 +36,10 @@
 //! # Faults
 //! The death of the producer ends the consumer's stream `ProducerDied` (through the fault
 //! handling, within the failure-detection time); the death of the consumer ends the
-//! producer's. When chunks may have been lost while both ends live (a relay on the path died,
+//! producer's. A daemon that stops (not a crash) tells the other end of each of its streams
+//! at once, with its last frames: a producer fails them with the reserved code
+//! `FAIL_STOPPED` (`ProducerDied` at the consumer), a consumer sends `Stopping`
+//! (`ConsumerDied` at the producer). When chunks may have been lost while both ends live (a relay on the path died,
 //! a direct link was lost, a connection on the path dropped: a gap in the offsets, or a
 //! probe's answer), the consumer resumes: it opens the stream again under a new id at the byte it stands at
 //! ([`Incoming::resume`], at most [`crate::limits::STREAM_RESUMES_MAX`] times), so no byte is
@@ -90,9 +93,9 @@ pub enum StreamError {
         /// The producer's reason, as text.
         reason: String,
     },
-    /// The producer died.
+    /// The producer's daemon died, or stopped (its stop tells the consumer at once).
     ProducerDied(Rank),
-    /// The consumer died.
+    /// The consumer's daemon died, or stopped (its stop tells the producer at once).
     ConsumerDied(Rank),
     /// The consumer cancelled it.
     Cancelled,
@@ -119,8 +122,8 @@ impl std::fmt::Display for StreamError {
             StreamError::Producer { code, reason } => {
                 write!(f, "the producer failed the stream ({code}: {reason})")
             }
-            StreamError::ProducerDied(r) => write!(f, "the producer, rank {r}, died"),
-            StreamError::ConsumerDied(r) => write!(f, "the consumer, rank {r}, died"),
+            StreamError::ProducerDied(r) => write!(f, "the producer, rank {r}, died or stopped"),
+            StreamError::ConsumerDied(r) => write!(f, "the consumer, rank {r}, died or stopped"),
             StreamError::Cancelled => write!(f, "cancelled by the consumer"),
             StreamError::TimedOut => write!(f, "nothing arrived for the stream's idle time"),
             StreamError::Corrupt { offset } => write!(f, "corrupt data at byte {offset}"),

@@ -12,6 +12,7 @@
 //! | 7 | `Probe` | consumer → producer | — |
 //! | 8 | `Position` | producer → consumer | the offset its data was sent up to (u64), the credit it holds (u64) |
 //! | 9 | `Unknown` | producer → consumer | — |
+//! | 10 | `Stopping` | consumer → producer | — |
 
 use crate::direct::Route;
 use crate::limits::{STREAM_CHUNK_MAX, STREAM_REASON_MAX, STREAM_REQUEST_MAX, STREAM_SERVICE_MAX};
@@ -65,6 +66,10 @@ pub enum StreamMsg {
     /// The producer's answer to a `Probe` of a stream it does not have (its `Open` was lost,
     /// or it ended the stream and forgot it): the consumer resumes.
     Unknown,
+    /// The consumer's daemon stops: the producer's writer fails `ConsumerDied` at once, not
+    /// once the stop is found as a death. (A producer that stops fails its streams with the
+    /// reserved code `FAIL_STOPPED`, behind the data it sent.)
+    Stopping,
 }
 
 /// A `Data` message's bytes before its chunk: kind, id, offset, digest.
@@ -136,6 +141,7 @@ impl StreamMsg {
             StreamMsg::Probe => 7,
             StreamMsg::Position { .. } => 8,
             StreamMsg::Unknown => 9,
+            StreamMsg::Stopping => 10,
         };
         b.put_u8(kind);
         b.put_u64(id);
@@ -183,7 +189,7 @@ impl StreamMsg {
                 b.put_u64(*sent);
                 b.put_u64(*upto);
             }
-            StreamMsg::Cancel | StreamMsg::Probe | StreamMsg::Unknown => {}
+            StreamMsg::Cancel | StreamMsg::Probe | StreamMsg::Unknown | StreamMsg::Stopping => {}
         }
         b.freeze()
     }
@@ -314,6 +320,10 @@ impl StreamMsg {
                 exact(0)?;
                 StreamMsg::Unknown
             }
+            10 => {
+                exact(0)?;
+                StreamMsg::Stopping
+            }
             k => return Err(format!("stream {id}: unknown kind {k}")),
         };
         Ok((id, msg))
@@ -355,6 +365,7 @@ mod tests {
                 upto: (1 << 33) + 5,
             },
             StreamMsg::Unknown,
+            StreamMsg::Stopping,
         ];
         let pool = std::sync::Arc::new(super::super::BufferPool::default());
         for m in all {
@@ -396,7 +407,8 @@ mod tests {
         for bad in [
             Bytes::new(),
             Bytes::from_static(&[3, 0, 0]),
-            Bytes::from_static(&[10, 0, 0, 0, 0, 0, 0, 0, 1]),
+            Bytes::from_static(&[11, 0, 0, 0, 0, 0, 0, 0, 1]),
+            Bytes::from_static(&[10, 0, 0, 0, 0, 0, 0, 0, 1, 0]),
             Bytes::from_static(&[7, 0, 0, 0, 0, 0, 0, 0, 1, 0]),
             Bytes::from_static(&[8, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]),
             Bytes::from_static(&[9, 0, 0, 0, 0, 0, 0, 0, 1, 0]),
