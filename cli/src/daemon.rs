@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tbon::driver::uri_file;
 use tbon::launch::{Placement, Rendezvous, launch};
@@ -39,8 +39,9 @@ pub struct DaemonArgs {
     /// timeout for it to listen, then dials it.
     #[arg(long, env = "TBON_HNP_HOST", conflicts_with_all = ["hnp", "hnp_file", "uri_file"])]
     pub hnp_host: Option<String>,
-    /// Self-test: once wired, send one message to every other daemon and print a line when one
-    /// has arrived from every other daemon.
+    /// Self-test: once wired, send one message to every other daemon (and to each daemon that
+    /// joins or rejoins later), and print a line when one has arrived from every other rank of
+    /// the size.
     #[arg(long)]
     pub ping_all: bool,
     /// Print one JSON line per repair of this daemon's tree to stdout (`{"fault": {...}}`, with a
@@ -342,10 +343,15 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
     if args.ping_all {
         let h = daemon.handle();
         let others = size.saturating_sub(1);
-        let seen = Arc::new(AtomicU32::new(0));
-        let counted = seen.clone();
+        // Distinct ranks heard from: a daemon that rejoins pings everyone again.
+        let mut heard = vec![false; size as usize];
+        let mut n = 0;
         let posted = h.recv(Peer::Any, PING_TAG, tbon::RecvMode::Persistent, move |m| {
-            let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            let Some(seen) = heard.get_mut(m.origin as usize).filter(|s| !**s) else {
+                return;
+            };
+            *seen = true;
+            n += 1;
             log::debug!("rank {rank}: ping from {} ({n}/{others})", m.origin);
             if n == others {
                 println!("rank {rank}: all-to-all ok ({n} of {others})");
@@ -361,14 +367,34 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
         if others == 0 {
             println!("rank {rank}: all-to-all ok (0 of 0)");
         }
+        // A rank absent at wire-up (room to grow) or restarted gets its ping when it joins.
+        let joined = h.clone();
+        let registered = daemon.on_fault(move |s| {
+            for &dst in s.restored.iter().filter(|&&d| d != rank) {
+                let msg = Bytes::from(format!("ping from {rank}"));
+                if let Err(e) = joined.send(dst, PING_TAG, msg) {
+                    log::warn!("rank {rank}: ping to rank {dst}, which joined: {e}");
+                }
+            }
+        });
+        if let Err(e) = registered
+            && !daemon.is_stopped()
+        {
+            return Err(e.to_string());
+        }
         match wait_wired(&daemon, &term, wireup_timeout * 2)? {
             Wireup::Signal => return stop_on_signal(rank, daemon),
             Wireup::Stopped => {}
             Wireup::Wired => {
                 for dst in (0..size).filter(|d| *d != rank) {
                     let msg = Bytes::from(format!("ping from {rank}"));
-                    if let Err(e) = h.send(dst, PING_TAG, msg) {
-                        log::warn!("rank {rank}: ping to {dst}: {e}");
+                    match h.send(dst, PING_TAG, msg) {
+                        // Absent (not yet joined) or dead: pinged if it joins.
+                        Err(tbon::SendError::NodeDown(_)) => {
+                            log::debug!("rank {rank}: ping to rank {dst}: not up");
+                        }
+                        Err(e) => log::warn!("rank {rank}: ping to {dst}: {e}"),
+                        Ok(()) => {}
                     }
                 }
             }

@@ -2,7 +2,7 @@
 //! declared dead; after SIGCONT it exits non-zero instead of rejoining; a SIGKILLed interior
 //! daemon is found by its lost connections. Both are then started again with `--rejoin` at
 //! once and take back their places (issue "Rejoin"); a live rank's impostor and rank 0 are
-//! refused. Then SIGUSR1 makes the rejoined interior daemon leave in order: it exits 0 and
+//! refused; `--ping-all` completes at the rejoined daemons too. Then SIGUSR1 makes the rejoined interior daemon leave in order: it exits 0 and
 //! every other daemon reports it departed, not failed. Everyone stops cleanly at the end.
 
 mod procs;
@@ -228,6 +228,15 @@ fn stopped_daemon_is_declared_dead_and_exits_on_resume_killed_one_is_repaired_bo
         lines.until("the rejoined daemon to settle", &mut seen, |s| {
             s.iter()
                 .any(|(r, l)| *r == rank && l.contains("rejoined; every living daemon knows"))
+        });
+    }
+    // `--ping-all`: the survivors ping each daemon that rejoins, so each hears from all six
+    // others (found by an outside-in review: a joined daemon never finished its self-test).
+    for rank in [1, 2] {
+        lines.until("the rejoined daemon's all-to-all", &mut seen, |s| {
+            s[admitted_from..]
+                .iter()
+                .any(|(r, l)| *r == rank && l.contains("all-to-all ok (6 of 6)"))
         });
     }
     let restored: Vec<&String> = seen[admitted_from..]
