@@ -204,7 +204,9 @@ pub struct Counters {
     /// Connections closed because their handshake did not finish within
     /// `handshake_timeout_ms`.
     pub handshakes_timed_out: u64,
-    /// Accepted connections whose peer hung up before proving it holds the job key.
+    /// Accepted connections whose peer hung up before proving it holds the job key (a
+    /// stranger; or a daemon that gave up its dial, e.g. because ours to it crossed it: then
+    /// not counted in `protocol_errors` either).
     pub handshakes_abandoned: u64,
     /// Connections refused in their handshake for what they sent (wrong DVM, wrong MAC,
     /// malformed or unexpected frames), or at accept beyond `limits::CONNECTIONS_MAX`. Each

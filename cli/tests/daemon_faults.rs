@@ -239,6 +239,12 @@ fn stopped_daemon_is_declared_dead_and_exits_on_resume_killed_one_is_repaired_bo
                 .any(|(r, l)| *r == rank && l.contains("all-to-all ok (6 of 6)"))
         });
     }
+    // A dial that crossed the rejoined daemon's own is no stranger's (it warned at every join).
+    let strangers: Vec<_> = seen[admitted_from..]
+        .iter()
+        .filter(|(_, l)| l.contains("before its proof of the job key"))
+        .collect();
+    assert!(strangers.is_empty(), "{strangers:?}");
     let restored: Vec<&String> = seen[admitted_from..]
         .iter()
         .filter(|(r, l)| *r == 0 && l.contains("\"restored\":["))

@@ -1243,8 +1243,28 @@ impl EventLoop {
         } else {
             DialFailure::Answered
         };
+        // The claimed rank is one we dial, or are linked to, right now: most likely its dial
+        // crossed ours and it kept ours (the link rule), an everyday event of joins and
+        // repairs, not a stranger's (from an outside-in review: warnings at every join).
+        let crossing = claimed.filter(|&p| p != TOOL_RANK).is_some_and(|p| {
+            self.links.get(&p).is_some_and(|l| {
+                l.dialing.is_some_and(|t| t != tok)
+                    || l.conn
+                        .filter(|&t| t != tok)
+                        .and_then(|t| self.conns.get(t))
+                        .is_some_and(Conn::is_established)
+            })
+        });
         if conn.refused {
             // Already logged and counted by whoever refused it.
+        } else if let (true, Some(p)) = (crossing, claimed) {
+            self.node.counters_mut().handshakes_abandoned += 1;
+            log::debug!(
+                "rank {}: {} (claiming rank {p}) gave up its dial before its proof: ours to it \
+                 crossed it ({why})",
+                self.me,
+                conn.addr
+            );
         } else if let Some(p) = claimed {
             // The dialler hung up between our HelloAck and its proof: most often it found our
             // MAC wrong, i.e. it does not hold this DVM's key (it logs that on its side).
