@@ -82,6 +82,8 @@ pub struct HarnessArgs {
     #[arg(long)]
     pub kill: Option<usize>,
     /// Kill these ranks at these times: RANK@SECONDS (since traffic started), comma separated.
+    /// RANK is one of the daemons started at the beginning, 1 to --daemons less 1 (not rank 0,
+    /// not a rank --grow adds), each at most once.
     #[arg(long, value_delimiter = ',')]
     pub kill_at: Vec<String>,
     /// Kill this many daemons with SIGKILL while traffic flows (chosen as --kill chooses, never
@@ -93,7 +95,7 @@ pub struct HarnessArgs {
     #[arg(long, default_value_t = 0)]
     pub restart: usize,
     /// Restart these ranks (SIGKILL at these times, then `--rejoin`): RANK@SECONDS (since
-    /// traffic started), comma separated.
+    /// traffic started), comma separated; RANK as for --kill-at.
     #[arg(long, value_delimiter = ',')]
     pub restart_at: Vec<String>,
     /// Grow the DVM while traffic flows (issue "Rejoin and grow"): K@SECONDS starts K new
@@ -299,7 +301,8 @@ fn plan(args: &HarnessArgs, traffic_s: f64) -> Result<Vec<Fault>, String> {
     for f in &faults {
         if f.rank == 0 || f.rank >= n {
             return Err(format!(
-                "cannot inject a fault into rank {} (ranks 1..{} only: losing rank 0 ends the DVM)",
+                "cannot inject a fault into rank {} (ranks 1 to {} only, the daemons started at the \
+                 beginning: losing rank 0 ends the DVM, and ranks --grow adds are not faulted)",
                 f.rank,
                 n.saturating_sub(1)
             ));
