@@ -250,6 +250,23 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
     // Rank 0 without --uri-file publishes nothing but the line below.
     let how = rendezvous.unwrap_or(Rendezvous::Uri(String::new()));
     let mut config = args.settings.0;
+    // The client flags are checked before the daemon takes part in the DVM: found after its
+    // wire-up, a typo made the DVM record a fault (outside-in review).
+    if !args.client_job.is_empty() && config.client_socket.is_none() {
+        return Err(
+            "--client-job needs --client-socket PATH (the socket clients connect to)".into(),
+        );
+    }
+    let client_key = match &args.client_key_file {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .map_err(|e| format!("{}: {e}", f.display()))
+                .and_then(|t| {
+                    tbon::clients::parse_key(&t).map_err(|e| format!("{}: {e}", f.display()))
+                })?,
+        ),
+        None => None,
+    };
     let key_source = config
         .key_file
         .as_ref()
@@ -285,16 +302,7 @@ pub fn run(args: DaemonArgs) -> Result<i32, String> {
         .map_err(|e| e.to_string())?;
 
     if !args.client_job.is_empty() {
-        let key = match &args.client_key_file {
-            Some(f) => Some(
-                std::fs::read_to_string(f)
-                    .map_err(|e| format!("{}: {e}", f.display()))
-                    .and_then(|t| {
-                        tbon::clients::parse_key(&t).map_err(|e| format!("{}: {e}", f.display()))
-                    })?,
-            ),
-            None => None,
-        };
+        let key = client_key;
         for &job in &args.client_job {
             let h = daemon.handle();
             let cred = match key {

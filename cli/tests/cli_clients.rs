@@ -2,7 +2,7 @@
 //! one client key (`--client-job`, `--client-key-file`, as a launcher would); a `tbon client
 //! recv` on rank 2 gets, in order, what `tbon client send` on rank 0 sends it; sends to a
 //! client that exited and to a name never given fail with their reasons; the job key is
-//! refused as a client key.
+//! refused as a client key; bad client flags are refused before the daemon starts.
 
 mod procs;
 
@@ -138,5 +138,70 @@ fn shell_clients_exchange_through_daemon_processes() {
     assert!(err.contains("wrong client key"), "{err}");
     drop(procs);
     std::thread::sleep(Duration::from_millis(50));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Outside-in review: a bad client flag (a malformed client key file, a missing one, a job
+/// without a socket) was found only after the daemon had started and joined the DVM, which
+/// then recorded it as a fault. Such a daemon now exits 2 before it starts (it never listens,
+/// never dials rank 0, whose address here has nobody behind it).
+#[test]
+fn bad_client_flags_are_refused_before_the_daemon_joins() {
+    let dir = std::env::temp_dir().join(format!("tbon-cli-clients-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad_key = dir.join("bad.key");
+    std::fs::write(&bad_key, "bad\n").unwrap();
+    let socket = dir.join("d1.sock");
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[
+                "--client-socket",
+                socket.to_str().unwrap(),
+                "--client-job",
+                "7",
+                "--client-key-file",
+                bad_key.to_str().unwrap(),
+            ],
+            "64 hexadecimal digits",
+        ),
+        (
+            &[
+                "--client-socket",
+                socket.to_str().unwrap(),
+                "--client-job",
+                "7",
+                "--client-key-file",
+                "/nonexistent/key",
+            ],
+            "/nonexistent/key",
+        ),
+        (&["--client-job", "7"], "--client-socket"),
+    ];
+    for (flags, says) in cases {
+        let out = tbon()
+            .args([
+                "daemon",
+                "--rank",
+                "1",
+                "--size",
+                "2",
+                "--hnp",
+                "tbon.0;tcp://127.0.0.1:1",
+            ])
+            .arg("--key-file")
+            .arg(procs::keygen_file())
+            .args(["--wireup-timeout-ms", "60000"])
+            .args(flags)
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(err.contains(says), "{flags:?}: {err}");
+        assert!(
+            !err.contains("listening at"),
+            "{flags:?}: started first: {err}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
