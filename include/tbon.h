@@ -1303,7 +1303,10 @@ tbon_rc tbon_client_from_env(tbon_client *out);
 // Closes client `c` and frees its handle; 0 does nothing (`TBON_OK`). Its daemon removes it,
 // and the clients watching it are told `TBON_CLIENT_EXITED`. Calls on `c` in progress on
 // other threads end first (a wait ends `TBON_ERR_DAEMON_LOST` within 50 ms); then the
-// connection closes: the callbacks of sends still unanswered get `TBON_ERR_DAEMON_LOST` and
+// connection closes. Close does not flush: sends it accepted and the daemon has not yet
+// answered may never be delivered; to be sure they were, wait for their callbacks (or use
+// `tbon_client_send_wait`) before closing. The callbacks of sends still unanswered get
+// `TBON_ERR_DAEMON_LOST` and
 // the daemon-lost callbacks run, on the client's thread, before this returns. Afterwards no
 // callback of `c` runs any more: the safe point to free their `user` data. From a callback,
 // this does not wait: the connection closes once the calls on `c` in progress returned, and

@@ -179,7 +179,7 @@ impl fmt::Display for Limit {
             Limit::CollectivesInFlight => "the collectives in flight",
             Limit::GroupCollectivesInFlight => "the group collectives in flight",
             Limit::ClientJobs => "the jobs open for clients",
-            Limit::ModexGroups => "the groups with committed data",
+            Limit::ModexGroups => "the table of groups with data (put or committed)",
             Limit::Batch => "the batch",
             Limit::ServiceTable => "the service table",
             Limit::StreamTable => "the stream table",

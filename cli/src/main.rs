@@ -73,6 +73,11 @@ enum Command {
     Sim(sim::SimArgs),
     /// A client process: connect to a daemon's client socket (`--client-socket`) with a job's
     /// credential, print the name it got, send or receive messages.
+    ///
+    /// Exit codes: 0 when done; 1 when `recv` ended short of its count (timed out, or the
+    /// client's daemon went away); 2 for any other error (refused credential or flags, a send
+    /// that failed: no such client, a client that exited, a reserved tag; the message says
+    /// which).
     Client(client::ClientArgs),
     /// One client process of `tbon harness --clients-per-daemon` (started by its daemon).
     #[command(hide = true)]

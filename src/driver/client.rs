@@ -577,7 +577,9 @@ impl Client {
     }
 
     /// Closes the connection and waits for the reader thread (what `Drop` does). Pending
-    /// sends end `DaemonLost`.
+    /// sends end `DaemonLost`: close does not flush, so a message whose send was accepted but
+    /// not yet answered may never be delivered; wait for the sends' results (`send_wait`, or
+    /// their callbacks) before closing to be sure.
     pub fn close(mut self) {
         self.shut();
     }
