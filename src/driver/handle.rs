@@ -94,7 +94,7 @@ pub(crate) struct Shared {
     pub group_inflight: AtomicUsize,
     /// The data exchange's puts, by group, since the group was first used here (committed or
     /// not: a commit sends all of them); at most `MODEX_GROUPS_MAX` groups.
-    pub modex_staged: Mutex<HashMap<crate::grpcomm::GroupId, crate::modex::blob::Entries>>,
+    pub modex_staged: Mutex<HashMap<crate::grpcomm::GroupId, crate::modex::blob::Staged>>,
     /// The client socket's path (`client_socket`), for the credentials `client_job` makes.
     pub client_socket: Option<std::path::PathBuf>,
 }

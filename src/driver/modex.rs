@@ -6,7 +6,7 @@ use super::handle::{Handle, lock};
 use crate::Rank;
 use crate::error::{Limit, SendError};
 use crate::limits::{ALLGATHER_MAX_BYTES, MODEX_GROUPS_MAX, MODEX_KEY_MAX};
-use crate::modex::{GetError, blob};
+use crate::modex::GetError;
 use crate::node::FenceMode;
 use bytes::Bytes;
 use std::time::Duration;
@@ -42,9 +42,7 @@ impl Handle {
             return Err(SendError::Busy(Limit::ModexGroups));
         }
         let entries = staged.entry(group.id().clone()).or_default();
-        let before = blob::encoded_len(entries);
-        let old = entries.get(key).map_or(0, |v| 6 + key.len() + v.len());
-        let after = before - old + 6 + key.len() + value.len();
+        let after = entries.len_with(key, value.len());
         // What a full fence can gather of one member (the entry's 8 bytes and the call's tag).
         let max = ALLGATHER_MAX_BYTES - 8 - crate::node::GROUP_CALL_LEN;
         if after > max {
@@ -73,7 +71,7 @@ impl Handle {
             if !staged.contains_key(group.id()) && staged.len() >= MODEX_GROUPS_MAX {
                 return Err(SendError::Busy(Limit::ModexGroups));
             }
-            blob::encode(staged.entry(group.id().clone()).or_default())
+            staged.entry(group.id().clone()).or_default().encode()
         };
         shared.submit(Caddy::ModexCommit {
             group: group.id().clone(),

@@ -38,6 +38,7 @@ use crate::limits::{
     MODEX_GROUPS_MAX, MODEX_KEY_MAX,
 };
 use crate::rml::Tag;
+use blob::Indexed;
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 use wire::{Reply, Request, TAG_MODEX_REPLY, TAG_MODEX_REQUEST};
@@ -121,12 +122,12 @@ struct Fetch {
 pub struct Modex {
     me: Rank,
     size: u32,
-    committed: BTreeMap<GroupId, Bytes>,
+    committed: BTreeMap<GroupId, Indexed>,
     /// (context, rank) -> (group, blob, last use); `lru` orders the same by last use. Keyed by
     /// the context, not the whole group: comparing member lists on every lookup cost a full
     /// fence of 256 members over a second of processor time. A hit must also match the group
     /// (a context used again with other members replaces the entry).
-    cache: BTreeMap<(u64, Rank), (GroupId, Bytes, u64)>,
+    cache: BTreeMap<(u64, Rank), (GroupId, Indexed, u64)>,
     lru: BTreeMap<u64, (u64, Rank)>,
     cache_bytes: usize,
     clock: u64,
@@ -180,13 +181,13 @@ impl Modex {
         if !self.committed.contains_key(&group) && self.committed.len() >= MODEX_GROUPS_MAX {
             return false;
         }
-        self.committed.insert(group, blob);
+        self.committed.insert(group, Indexed::new(blob));
         true
     }
 
     /// This daemon's committed blob for `group`, if any.
     pub fn committed(&self, group: &GroupId) -> Option<&Bytes> {
-        self.committed.get(group)
+        self.committed.get(group).map(Indexed::blob)
     }
 
     /// The job is over here: its committed data and cached blobs go; gets still fetching for
@@ -226,7 +227,7 @@ impl Modex {
         self.fenced(group);
         for (rank, blob) in &result.contributions {
             if *rank != self.me {
-                self.cache_put(group, *rank, blob.clone());
+                self.cache_put(group, *rank, Indexed::new(blob.clone()));
             }
         }
     }
@@ -315,7 +316,7 @@ impl Modex {
                 self.stats.served += 1;
                 let reply = Reply {
                     id: q.id,
-                    blob: self.committed.get(&q.group).cloned(),
+                    blob: self.committed.get(&q.group).map(|x| x.blob().clone()),
                 };
                 self.sends
                     .push_back((from, TAG_MODEX_REPLY, reply.encode()));
@@ -338,7 +339,7 @@ impl Modex {
                 self.waiting = self.waiting.saturating_sub(f.waiting.len());
                 let k = (f.group, f.rank);
                 self.by_target.remove(&k);
-                let blob = r.blob;
+                let blob = r.blob.map(Indexed::new);
                 if let Some(b) = &blob {
                     self.cache_put(&k.0, k.1, b.clone());
                 }
@@ -407,8 +408,8 @@ impl Modex {
         self.answers.push_back((token, r));
     }
 
-    fn answer_from(&mut self, token: u64, rank: Rank, blob: Option<&Bytes>, key: &str) {
-        let r = match blob.map(|b| blob::lookup(b, key)) {
+    fn answer_from(&mut self, token: u64, rank: Rank, blob: Option<&Indexed>, key: &str) {
+        let r = match blob.map(|b| b.lookup(key)) {
             None | Some(Ok(None)) => Err(GetError::NotFound),
             Some(Ok(Some(v))) => Ok(v),
             Some(Err(why)) => {
@@ -419,7 +420,7 @@ impl Modex {
         self.answer(token, r);
     }
 
-    fn cache_get(&mut self, group: &GroupId, rank: Rank) -> Option<Bytes> {
+    fn cache_get(&mut self, group: &GroupId, rank: Rank) -> Option<Indexed> {
         self.clock += 1;
         let now = self.clock;
         let k = (group.context(), rank);
@@ -433,32 +434,32 @@ impl Modex {
         Some(blob.clone())
     }
 
-    fn cache_put(&mut self, group: &GroupId, rank: Rank, blob: Bytes) {
+    fn cache_put(&mut self, group: &GroupId, rank: Rank, blob: Indexed) {
         let k = (group.context(), rank);
         self.uncache(&k);
-        if blob.len() > MODEX_CACHE_BYTES {
+        if blob.bytes() > MODEX_CACHE_BYTES {
             return;
         }
         while self.cache.len() >= MODEX_CACHE_MAX
-            || self.cache_bytes + blob.len() > MODEX_CACHE_BYTES
+            || self.cache_bytes + blob.bytes() > MODEX_CACHE_BYTES
         {
             let Some((_, oldest)) = self.lru.pop_first() else {
                 break;
             };
             if let Some((_, b, _)) = self.cache.remove(&oldest) {
-                self.cache_bytes -= b.len();
+                self.cache_bytes -= b.bytes();
                 self.stats.evicted += 1;
             }
         }
         self.clock += 1;
-        self.cache_bytes += blob.len();
+        self.cache_bytes += blob.bytes();
         self.lru.insert(self.clock, k);
         self.cache.insert(k, (group.clone(), blob, self.clock));
     }
 
     fn uncache(&mut self, k: &(u64, Rank)) {
         if let Some((_, b, used)) = self.cache.remove(k) {
-            self.cache_bytes -= b.len();
+            self.cache_bytes -= b.bytes();
             self.lru.remove(&used);
         }
     }

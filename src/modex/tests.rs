@@ -142,7 +142,7 @@ fn bounds_fetches_cache_and_groups() {
     let mut m = Modex::new(0, 3);
     for i in 0..MODEX_CACHE_MAX as u64 + 10 {
         let g = GroupId::new(i, [0, 1]).unwrap();
-        m.cache_put(&g, 1, Bytes::from_static(b"x"));
+        m.cache_put(&g, 1, blob::Indexed::new(Bytes::from_static(b"x")));
     }
     assert_eq!(m.sizes().0, MODEX_CACHE_MAX);
     assert_eq!(m.stats().evicted, 10);
