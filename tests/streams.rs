@@ -492,8 +492,17 @@ fn a_service_slower_than_a_quarter_of_the_idle_time_is_called_once() {
 /// and the hang guard: only the stopping daemon's own message ends the other side in time.
 #[test]
 fn an_orderly_stop_at_either_end_ends_the_other_side_at_once() {
+    orderly_stops(RouteSetting::Tree);
+    // Over direct links too: a link granted and not yet connected when the end stops (the
+    // window went by the tree before the grant) took the stop's message to a dial that the
+    // stop then closed (outside-in review: half of such stops were found only as deaths).
+    orderly_stops(RouteSetting::Direct);
+}
+
+fn orderly_stops(route: RouteSetting) {
     let dvm = start_dvm_with(4, |_| {
         let mut c = loopback_config(2);
+        c.route = route;
         c.reconnect_base_ms = 300_000;
         c.reconnect_max_ms = 300_000;
         c.heartbeat_timeout_ms = 900_000;
@@ -525,10 +534,16 @@ fn an_orderly_stop_at_either_end_ends_the_other_side_at_once() {
         s.next().unwrap().unwrap();
     }
     dvm[3].handle().shutdown();
-    assert_eq!(
-        stopped.recv_timeout(HANG_GUARD).unwrap(),
-        (3, StreamError::ShutDown)
-    );
+    // A writer of a stream that resumed meanwhile (over a direct link, the switch may lose
+    // the link) ends `Cancelled` first.
+    let last_end = |rank: usize| loop {
+        match stopped.recv_timeout(HANG_GUARD).unwrap() {
+            (r, StreamError::Cancelled) if r == rank => continue,
+            (r, e) if r == rank => break e,
+            _ => continue,
+        }
+    };
+    assert_eq!(last_end(3), StreamError::ShutDown);
     for chunk in s.by_ref() {
         if chunk.is_err() {
             break;
@@ -544,9 +559,6 @@ fn an_orderly_stop_at_either_end_ends_the_other_side_at_once() {
         let h = dvm[2].handle();
         move || h.shutdown()
     });
-    assert_eq!(
-        stopped.recv_timeout(HANG_GUARD).unwrap(),
-        (1, StreamError::ConsumerDied(2))
-    );
+    assert_eq!(last_end(1), StreamError::ConsumerDied(2));
     drop(s);
 }

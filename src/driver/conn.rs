@@ -124,6 +124,11 @@ pub(crate) struct Conn {
     /// due (waiting for a frame to ride on, or `LINK_ACK_DELAY_MS`).
     pub read_since_ack: usize,
     pub ack_due: bool,
+    /// The daemon stops and wrote all it had here: our side is shut down for writing (the
+    /// peer reads our frames, then the end), and what the peer still sends is read and
+    /// dropped until it closes too. Closing with its bytes unread would reset the connection,
+    /// and a reset throws away what the peer had not read yet: the stop's own last frames.
+    pub half_closed: bool,
     /// The peer's `Start` arrived and the session resumed: session frames may be queued.
     session_ready: bool,
     next_seq: u64,
@@ -173,6 +178,7 @@ impl Conn {
             watch: StallWatch::new(std::time::Instant::now()),
             read_since_ack: 0,
             ack_due: false,
+            half_closed: false,
             session_ready: false,
             next_seq: 0,
             bulk_end: None,

@@ -341,6 +341,7 @@ impl EventLoop {
             self.turn_clients();
             self.resume_paused();
             self.publish_gate();
+            self.half_close_drained();
             if self.ready_to_exit() {
                 return Ok(());
             }
@@ -1272,22 +1273,13 @@ impl EventLoop {
         for p in peers {
             self.give_up(p, SendError::ShutDown);
         }
-        // Connections still connecting or handshaking carry no data: close them now. Idle
-        // established ones too, unless the peers are to close first, or the link's bulk
-        // connection still writes (closing a link closes its bulk connection: the stop's own
-        // stream messages may have just moved there).
-        let keep = self.close_after_peers;
-        let bulk_busy = |c: &Conn| {
-            c.peer
-                .and_then(|p| self.links.get(&p))
-                .and_then(|l| l.bulk_out)
-                .and_then(|b| self.conns.get(b))
-                .is_some_and(|b| !b.is_drained())
-        };
+        // Connections still connecting or handshaking carry no data: close them now. The
+        // established ones are shut down for writing once they have written what they hold
+        // (`half_close_drained`), and close when their peers do.
         let idle: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| !c.is_established() || (c.is_drained() && !keep && !bulk_busy(c)))
+            .filter(|(_, c)| !c.is_established())
             .map(|(t, _)| t)
             .collect();
         for t in idle {
@@ -1297,14 +1289,47 @@ impl EventLoop {
         self.timers.arm(at, TimerKind::Linger);
     }
 
-    /// Stopping, and every queued frame has reached the kernel (or the linger ran out); with
-    /// `close_after_peers`, every peer has closed its established connection too.
+    /// Stopping: every established connection that wrote all it had is shut down for writing
+    /// (`Conn::half_closed`), so that it closes after the peer has read it, not with a reset.
+    /// Not when the peers are to close first (rank 0 ending the DVM waits for them as it did).
+    fn half_close_drained(&mut self) {
+        if self.stopping.is_none() || self.close_after_peers {
+            return;
+        }
+        // A link waits for its bulk connection: the link's close closes it (the stop's own
+        // stream messages may have just moved there).
+        let bulk_busy = |c: &Conn| {
+            c.bulk_end.is_none()
+                && c.peer
+                    .and_then(|p| self.links.get(&p))
+                    .and_then(|l| l.bulk_out)
+                    .and_then(|b| self.conns.get(b))
+                    .is_some_and(|b| !b.is_drained())
+        };
+        let ready: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.is_established() && c.is_drained() && !c.half_closed && !bulk_busy(c)
+            })
+            .map(|(t, _)| t)
+            .collect();
+        for t in ready {
+            if let Some(c) = self.conns.get_mut(t) {
+                c.half_closed = true;
+                let _ = c.stream.shutdown(std::net::Shutdown::Write);
+            }
+        }
+    }
+
+    /// Stopping, and every queued frame has reached the kernel and every peer has closed its
+    /// side after reading it (or the linger ran out: `close_all`); with `close_after_peers`,
+    /// every peer has closed its established connection too.
     fn ready_to_exit(&self) -> bool {
         self.stopping.is_some()
-            && self
-                .conns
-                .iter()
-                .all(|(_, c)| c.is_drained() && !(self.close_after_peers && c.is_established()))
+            && self.conns.iter().all(|(_, c)| {
+                c.is_drained() && !c.half_closed && !(self.close_after_peers && c.is_established())
+            })
     }
 
     /// Closes everything and fails whatever is still waiting.

@@ -621,6 +621,9 @@ impl EventLoop {
             if matches!(conn.state, ConnState::Connecting) {
                 return;
             }
+            if conn.half_closed {
+                return self.drop_until_closed(tok);
+            }
             let generation = conn.generation;
             // Flow control: frames from this neighbour could be for a congested queue; leave
             // them in the socket (TCP pushes back on the sender) until the node says so.
@@ -760,6 +763,26 @@ impl EventLoop {
                 return;
             }
         }
+    }
+
+    /// A half-closed connection of a stopping daemon (`Conn::half_closed`): reads what the
+    /// peer still sends and drops it, and closes the connection at the peer's end (or an
+    /// error). At most `READS_PER_EVENT_MAX` reads a turn; the linger bounds the whole wait.
+    fn drop_until_closed(&mut self, tok: usize) {
+        let mut scratch = [0u8; 16 * 1024];
+        for _ in 0..limits::READS_PER_EVENT_MAX {
+            let Some(conn) = self.conns.get_mut(tok) else {
+                return;
+            };
+            match conn.stream.read(&mut scratch) {
+                Ok(0) => return self.close(tok, None),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return self.close(tok, None),
+            }
+        }
+        self.readable_again.insert(tok);
     }
 
     pub(super) fn alive(&self, tok: usize, generation: u64) -> bool {
