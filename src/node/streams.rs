@@ -693,15 +693,7 @@ impl Node {
                 // The producer's daemon stops: every stream from it is over, also one that
                 // moved to a new id meanwhile (a lost direct link resumes it: the stop's
                 // message, by the tree, then names the old id).
-                let mut from_it: Vec<u64> = self
-                    .streams
-                    .incoming
-                    .iter()
-                    .filter(|(_, (_, s))| s.producer() == from)
-                    .map(|(w, _)| *w)
-                    .collect();
-                from_it.sort_unstable();
-                for wire in from_it {
+                for wire in self.incoming_from(from) {
                     if let Some((_, s)) = self.streams.incoming.get_mut(&wire) {
                         s.handle_producer_failed();
                     }
@@ -845,17 +837,22 @@ impl Node {
         }
     }
 
-    /// The direct link to `peer` was lost: its streams' chunks on it may be gone.
-    pub(super) fn streams_link_lost(&mut self, now: Instant, peer: Rank) {
+    /// The wire ids of the streams this daemon fetches from `producer`, in order.
+    fn incoming_from(&self, producer: Rank) -> Vec<u64> {
         let mut wires: Vec<u64> = self
             .streams
             .incoming
             .iter()
-            .filter(|(_, (_, s))| s.producer() == peer)
+            .filter(|(_, (_, s))| s.producer() == producer)
             .map(|(w, _)| *w)
             .collect();
         wires.sort_unstable();
-        for wire in wires {
+        wires
+    }
+
+    /// The direct link to `peer` was lost: its streams' chunks on it may be gone.
+    pub(super) fn streams_link_lost(&mut self, now: Instant, peer: Rank) {
+        for wire in self.incoming_from(peer) {
             self.resume_stream(now, wire);
         }
     }
